@@ -1,0 +1,86 @@
+# mpengine build. `make` builds the engine library, the Lua module and the CLI;
+# `make test` and `make demo` first install missing Debian packages (make deps).
+
+PREFIX   ?= /usr/local
+BUILD    ?= build
+CC       ?= cc
+LUA_INC  := $(shell pkg-config --cflags lua5.4 2>/dev/null || echo -I/usr/include/lua5.4)
+LUA_LIB  := $(shell pkg-config --libs lua5.4 2>/dev/null || echo -llua5.4)
+BLAS_INC := -I/usr/include/x86_64-linux-gnu/openblas-pthread
+CFLAGS   ?= -O2 -g
+CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fPIC -fopenmp -I. $(BLAS_INC)
+LDLIBS   := -lopenblas -lz -lm -fopenmp -lpthread
+VERSION  := 0.1.0
+
+DEBS := liblua5.4-dev lua5.4 libopenblas-dev zlib1g-dev libreadline-dev libcriterion-dev \
+        lua-busted dataset-fashion-mnist pkg-config gcc make
+
+ENGINE_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
+ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
+BIND_SRC   := $(filter-out lua/mpengine.c,$(wildcard lua/*.c))
+BIND_OBJ   := $(BIND_SRC:%.c=$(BUILD)/obj/%.o)
+CTEST_SRC  := $(wildcard tests/c/test_*.c)
+CTEST_BIN  := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
+BENCH_SRC  := $(wildcard scripts/bench/*.c)
+BENCH_BIN  := $(BENCH_SRC:scripts/bench/%.c=$(BUILD)/bench/%)
+
+LIB  := $(BUILD)/libmpengine.a
+CORE := $(BUILD)/mp/core.so
+CLI  := $(BUILD)/mpengine
+
+.PHONY: all deps test test-c test-lua demo bench install clean gpu-check
+all: $(LIB) $(CORE) $(CLI)
+	@echo "built backends: cpu (CUDA: see issue 5)"
+
+$(BUILD)/obj/%.o: %.c $(wildcard engine/*.h kernels/*.h kernels/cpu/*.h lua/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LUA_INC) -DMP_VERSION='"$(VERSION)"' -c $< -o $@
+
+$(LIB): $(ENGINE_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(CORE): $(BIND_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -o $@ $(BIND_OBJ) $(LIB) $(LDLIBS)
+
+$(CLI): $(BUILD)/obj/lua/mpengine.o $(BIND_OBJ) $(LIB)
+	$(CC) -o $@ $^ $(LUA_LIB) -lreadline $(LDLIBS) -Wl,-E
+
+$(BUILD)/tests/%: tests/c/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LIB) -lcriterion $(LDLIBS)
+
+$(BUILD)/bench/%: scripts/bench/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O3 -o $@ $< $(LIB) $(LDLIBS)
+
+# Install missing Debian packages (as root), else print the command to run.
+deps:
+	@missing=$$(for p in $(DEBS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -z "$$missing" ]; then echo "deps: all Debian packages present"; \
+	elif [ "$$(id -u)" = 0 ]; then echo "deps: installing $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else echo "deps: run as root: apt-get install $$missing"; exit 1; fi
+
+test: deps
+	@$(MAKE) --no-print-directory all $(CTEST_BIN)
+	@BUILD=$(BUILD) sh tests/run.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	$(CLI) scripts/demo.lua
+
+bench: all $(BENCH_BIN)
+	@BUILD=$(BUILD) sh scripts/bench/run.sh
+
+LUADIR  := $(DESTDIR)$(PREFIX)/share/lua/5.4
+CLUADIR := $(DESTDIR)$(PREFIX)/lib/lua/5.4
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(LUADIR)/mp $(CLUADIR)/mp
+	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/mpengine
+	install -m 644 lua/mp/*.lua $(LUADIR)/mp/
+	install -m 755 $(CORE) $(CLUADIR)/mp/core.so
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,56 @@
+/*
+ * ops.h: the engine's tensor operations.
+ *
+ * Each op validates its arguments (shape, dtype, device, ranges), picks the
+ * output dtype, allocates the output and calls the backend through its table.
+ * On failure it returns NULL (or -1) with a message in mp_error().
+ *
+ * Dims follow the Lua face: 1-based, negative counts from the end (-1 is the
+ * last). Index *values* (argmax, max's indices) are 0-based class ids, the same
+ * numbering as labels and cross-entropy targets, as in PyTorch.
+ */
+#ifndef MP_OPS_H
+#define MP_OPS_H
+
+#include "engine/tensor.h"
+
+/* creation */
+mp_tensor *mp_full(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape, double value);
+mp_tensor *mp_arange(int64_t n, mp_dtype dt, mp_device dev);
+mp_tensor *mp_rand(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
+mp_tensor *mp_randn(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
+mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape,
+                       const double *values);
+void mp_manual_seed(uint64_t seed);
+/* the random stream's position, for checkpoints */
+void mp_rng_get(uint64_t *seed, uint64_t *offset);
+void mp_rng_set(uint64_t seed, uint64_t offset);
+
+/* reading values back: `count` elements from flat index `start`, as doubles */
+int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out);
+
+/* dtype and device */
+mp_dtype mp_promote(mp_dtype a, mp_dtype b);
+mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev);   /* new reference; t itself if nothing changes */
+mp_tensor *mp_clone(mp_tensor *t);
+
+/* shape: reshape/view and narrow along dim 1 share storage */
+int mp_dim(const mp_tensor *t, int d, int *out);              /* user dim -> 0-based */
+mp_tensor *mp_reshape(mp_tensor *t, int ndim, const int64_t *shape);  /* one -1 allowed */
+mp_tensor *mp_transpose(mp_tensor *t, int d1, int d2);
+mp_tensor *mp_narrow(mp_tensor *t, int d, int64_t start, int64_t len);  /* start 1-based */
+
+/* arithmetic */
+mp_tensor *mp_binary(mp_binop op, mp_tensor *a, mp_tensor *b);
+/* a OP s, or s OP a when scalar_first */
+mp_tensor *mp_binary_scalar(mp_binop op, mp_tensor *a, double s, int scalar_first);
+mp_tensor *mp_unary(mp_unop op, mp_tensor *a, double p);
+int mp_broadcast(const mp_tensor *a, const mp_tensor *b, mp_bcast *bc);
+
+/* reductions; dim 0 means all dims (a scalar result) */
+mp_tensor *mp_reduce(mp_redop op, mp_tensor *a, int dim, int keepdim);
+
+/* matmul: {m,k}@{k,n}, batched {b,m,k}@{b,k,n}, {b,m,k}@{k,n}, 1-D as in numpy */
+mp_tensor *mp_matmul(mp_tensor *a, mp_tensor *b);
+
+#endif

@@ -1,0 +1,143 @@
+/*
+ * ops_create.c: making tensors (constants, ranges, random, from host values),
+ * reading values back, and moving between dtypes and devices.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "engine/ops.h"
+#include "engine/error.h"
+
+mp_tensor *mp_full(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape, double value)
+{
+    mp_tensor *t = mp_empty(dt, dev, ndim, shape);
+    if (t) mp_be(t)->fill(mp_data(t), dt, t->numel, value);
+    return t;
+}
+
+mp_tensor *mp_arange(int64_t n, mp_dtype dt, mp_device dev)
+{
+    if (n <= 0) return mp_fail(MP_EINVAL, "n must be positive (got %lld)", (long long)n), NULL;
+    if (dt == MP_U8 && n > 256) return mp_fail(MP_EINVAL, "n = %lld does not fit in u8", (long long)n), NULL;
+    mp_tensor *t = mp_empty(dt, dev, 1, &n);
+    if (t) mp_be(t)->arange(mp_data(t), dt, n);
+    return t;
+}
+
+/* One global counter-based stream: a draw of n numbers takes the n counters
+ * after `offset`, so (seed, offset) is the whole state of the generator. */
+static uint64_t rng_seed = 0x853c49e6748fea9bULL, rng_offset;
+
+void mp_manual_seed(uint64_t seed) { rng_seed = seed, rng_offset = 0; }
+void mp_rng_get(uint64_t *seed, uint64_t *offset) { *seed = rng_seed, *offset = rng_offset; }
+void mp_rng_set(uint64_t seed, uint64_t offset) { rng_seed = seed, rng_offset = offset; }
+
+static mp_tensor *random_tensor(int normal, mp_dtype dt, mp_device dev, int ndim, const int64_t *shape)
+{
+    if (!mp_is_float(dt))
+        return mp_fail(MP_EINVAL, "random values need a float dtype (got %s)", mp_dtype_name(dt)), NULL;
+    mp_tensor *t = mp_empty(dt, dev, ndim, shape);
+    if (!t) return NULL;
+    const mp_backend *be = mp_be(t);
+    (normal ? be->rand_normal : be->rand_uniform)(mp_data(t), dt, t->numel, rng_seed, rng_offset);
+    rng_offset += (uint64_t)t->numel;
+    return t;
+}
+
+mp_tensor *mp_rand(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape)
+{
+    return random_tensor(0, dt, dev, ndim, shape);
+}
+
+mp_tensor *mp_randn(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape)
+{
+    return random_tensor(1, dt, dev, ndim, shape);
+}
+
+mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape, const double *v)
+{
+    int64_t n;
+    if (mp_check_shape(ndim, shape, &n)) return NULL;
+    /* convert on the host through f32 (floats) or saturating integers */
+    mp_tensor *host = mp_empty(dt, MP_CPU, ndim, shape);
+    if (!host) return NULL;
+    void *p = mp_data(host);
+    for (int64_t i = 0; i < n; i++) {
+        double x = v[i];
+        switch (dt) {
+        case MP_F32: ((float *)p)[i] = (float)x; break;
+        case MP_I32: ((int32_t *)p)[i] = isnan(x) ? 0 : x >= 2147483647.0 ? INT32_MAX
+                                       : x <= -2147483648.0 ? INT32_MIN : (int32_t)x; break;
+        case MP_U8: ((uint8_t *)p)[i] = isnan(x) || x <= 0 ? 0 : x >= 255 ? 255 : (uint8_t)x; break;
+        default: { float f = (float)x; mp_cpu_backend.cast((char *)p + 2 * i, dt, &f, MP_F32, 1); }
+        }
+    }
+    if (dev == MP_CPU) return host;
+    mp_tensor *t = mp_to(host, dt, dev);
+    mp_release(host);
+    return t;
+}
+
+int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out)
+{
+    if (start < 0 || count < 0 || start + count > t->numel)
+        return mp_fail(MP_EINVAL, "read of elements [%lld, %lld) outside %lld",
+                       (long long)start, (long long)(start + count), (long long)t->numel);
+    size_t es = mp_dtype_size(t->dtype);
+    enum { CHUNK = 4096 };
+    unsigned char raw[CHUNK * 4];
+    float f[CHUNK];
+    for (int64_t done = 0; done < count; done += CHUNK) {
+        int64_t m = count - done < CHUNK ? count - done : CHUNK;
+        const char *src = (const char *)mp_data(t) + (size_t)(start + done) * es;
+        if (t->dev == MP_CPU) memcpy(raw, src, (size_t)m * es);
+        else mp_be(t)->to_host(raw, src, (size_t)m * es);
+        if (t->dtype == MP_F16 || t->dtype == MP_BF16)
+            mp_cpu_backend.cast(f, MP_F32, raw, t->dtype, m);
+        for (int64_t i = 0; i < m; i++) {
+            switch (t->dtype) {
+            case MP_F32: out[done + i] = ((float *)raw)[i]; break;
+            case MP_I32: out[done + i] = ((int32_t *)raw)[i]; break;
+            case MP_U8: out[done + i] = raw[i]; break;
+            default: out[done + i] = f[i];
+            }
+        }
+    }
+    return 0;
+}
+
+mp_dtype mp_promote(mp_dtype a, mp_dtype b)
+{
+    if (a == b) return a;
+    if (mp_is_float(a) && mp_is_float(b)) return MP_F32;   /* f16+bf16, or either with f32 */
+    if (mp_is_float(a)) return a;
+    if (mp_is_float(b)) return b;
+    return MP_I32;                                          /* i32 with u8 */
+}
+
+mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev)
+{
+    if (t->dtype == dt && t->dev == dev) return mp_retain(t);
+    if (mp_device_check(dev)) return NULL;
+    if (t->dev == dev) {
+        mp_tensor *o = mp_empty(dt, dev, t->ndim, t->shape);
+        if (o) mp_be(o)->cast(mp_data(o), dt, mp_data(t), t->dtype, t->numel);
+        return o;
+    }
+    /* across devices: move the bytes as they are, then cast on the destination */
+    mp_tensor *o = mp_empty(t->dtype, dev, t->ndim, t->shape);
+    if (!o) return NULL;
+    if (dev == MP_CPU) mp_be(t)->to_host(mp_data(o), mp_data(t), mp_nbytes(t));
+    else mp_be(o)->from_host(mp_data(o), mp_data(t), mp_nbytes(t));
+    if (dt == t->dtype) return o;
+    mp_tensor *c = mp_to(o, dt, dev);
+    mp_release(o);
+    return c;
+}
+
+mp_tensor *mp_clone(mp_tensor *t)
+{
+    mp_tensor *o = mp_empty(t->dtype, t->dev, t->ndim, t->shape);
+    if (o) mp_be(o)->copy(mp_data(o), mp_data(t), mp_nbytes(t));
+    return o;
+}

@@ -1,0 +1,199 @@
+/*
+ * tensor.c: tensor headers, refcounted storage, per-device byte accounting.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+#include "engine/tensor.h"
+#include "engine/error.h"
+
+static const char *dtype_names[MP_NDTYPES] = {"f32", "f16", "bf16", "i32", "u8"};
+static const struct { const char *alias; mp_dtype t; } dtype_aliases[] = {
+    {"float32", MP_F32}, {"float", MP_F32}, {"float16", MP_F16}, {"half", MP_F16},
+    {"bfloat16", MP_BF16}, {"int32", MP_I32}, {"int", MP_I32}, {"uint8", MP_U8},
+    {"byte", MP_U8},
+};
+static const char *device_names[MP_NDEVICES] = {"cpu", "cuda"};
+
+const char *mp_dtype_name(mp_dtype t) { return (unsigned)t < MP_NDTYPES ? dtype_names[t] : "?"; }
+const char *mp_device_name(mp_device d) { return (unsigned)d < MP_NDEVICES ? device_names[d] : "?"; }
+bool mp_is_float(mp_dtype t) { return t == MP_F32 || t == MP_F16 || t == MP_BF16; }
+
+int mp_dtype_parse(const char *name, mp_dtype *out)
+{
+    for (int i = 0; i < MP_NDTYPES; i++)
+        if (strcmp(name, dtype_names[i]) == 0) return *out = i, 0;
+    for (size_t i = 0; i < sizeof dtype_aliases / sizeof *dtype_aliases; i++)
+        if (strcmp(name, dtype_aliases[i].alias) == 0) return *out = dtype_aliases[i].t, 0;
+    return mp_fail(MP_EINVAL, "unknown dtype '%s' (expected f32, f16, bf16, i32 or u8)", name);
+}
+
+int mp_device_parse(const char *name, mp_device *out)
+{
+    for (int i = 0; i < MP_NDEVICES; i++)
+        if (strcmp(name, device_names[i]) == 0) return *out = i, 0;
+    return mp_fail(MP_EINVAL, "unknown device '%s' (expected cpu or cuda)", name);
+}
+
+/* The CUDA backend is a shared object loaded at run time (issue 5); until one
+ * is loaded, only the CPU has a backend. */
+static const mp_backend *backends[MP_NDEVICES] = {&mp_cpu_backend, NULL};
+
+const mp_backend *mp_backend_of(mp_device d)
+{
+    return (unsigned)d < MP_NDEVICES ? backends[d] : NULL;
+}
+
+int mp_device_check(mp_device d)
+{
+    if (mp_backend_of(d)) return 0;
+    return mp_fail(MP_EDEVICE, "device '%s' is not available on this machine", mp_device_name(d));
+}
+
+/* ---- byte accounting ---- */
+
+static mp_memstats stats[MP_NDEVICES];
+
+static size_t default_limit(mp_device d)
+{
+    if (d != MP_CPU) return SIZE_MAX;
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || psize <= 0) return SIZE_MAX;
+    /* refuse clearly rather than let the kernel's OOM killer end the process */
+    return (size_t)pages * (size_t)psize / 10 * 9;
+}
+
+mp_memstats mp_memory(mp_device d)
+{
+    if (stats[d].limit == 0) stats[d].limit = default_limit(d);
+    return stats[d];
+}
+
+void mp_set_memory_limit(mp_device d, size_t bytes) { stats[d].limit = bytes; }
+
+static mp_storage *storage_new(mp_device dev, size_t nbytes)
+{
+    const mp_backend *be = mp_backend_of(dev);
+    if (!be) return mp_device_check(dev), NULL;
+    mp_memstats *s = &stats[dev];
+    if (s->limit == 0) s->limit = default_limit(dev);
+    if (nbytes > s->limit || s->in_use > s->limit - nbytes) {
+        mp_fail(MP_EOOM, "out of memory: cannot allocate %zu bytes on %s (%zu in use, limit %zu)",
+                nbytes, mp_device_name(dev), s->in_use, s->limit);
+        return NULL;
+    }
+    mp_storage *st = malloc(sizeof *st);
+    void *data = st ? be->alloc(nbytes ? nbytes : 1) : NULL;
+    if (!data) {
+        free(st);
+        mp_fail(MP_EOOM, "out of memory: cannot allocate %zu bytes on %s", nbytes, mp_device_name(dev));
+        return NULL;
+    }
+    *st = (mp_storage){.refs = 1, .dev = dev, .nbytes = nbytes, .data = data};
+    s->in_use += nbytes;
+    s->allocs++;
+    if (s->in_use > s->peak) s->peak = s->in_use;
+    return st;
+}
+
+static void storage_release(mp_storage *st)
+{
+    if (--st->refs > 0) return;
+    mp_backend_of(st->dev)->free(st->data, st->nbytes);
+    stats[st->dev].in_use -= st->nbytes;
+    stats[st->dev].allocs--;
+    free(st);
+}
+
+/* ---- shapes ---- */
+
+int mp_check_shape(int ndim, const int64_t *shape, int64_t *numel)
+{
+    if (ndim < 0 || ndim > MP_MAXDIM)
+        return mp_fail(MP_EINVAL, "a tensor has at most %d dims (got %d)", MP_MAXDIM, ndim);
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] <= 0)
+            return mp_fail(MP_EINVAL, "size of dim %d must be positive (got %lld)", i + 1,
+                           (long long)shape[i]);
+        if (n > INT64_MAX / 16 / shape[i])
+            return mp_fail(MP_EOOM, "out of memory: shape too large to allocate");
+        n *= shape[i];
+    }
+    if (numel) *numel = n;
+    return 0;
+}
+
+int mp_same_shape(const mp_tensor *a, const mp_tensor *b)
+{
+    if (a->ndim != b->ndim) return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i]) return 0;
+    return 1;
+}
+
+const char *mp_shape_str(int ndim, const int64_t *shape, char *buf, size_t len)
+{
+    size_t k = (size_t)snprintf(buf, len, "{");
+    for (int i = 0; i < ndim && k < len; i++)
+        k += (size_t)snprintf(buf + k, len - k, i ? ",%lld" : "%lld", (long long)shape[i]);
+    if (k < len) snprintf(buf + k, len - k, "}");
+    return buf;
+}
+
+/* ---- tensors ---- */
+
+static mp_tensor *header(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape, int64_t numel)
+{
+    mp_tensor *t = calloc(1, sizeof *t);
+    if (!t) return mp_fail(MP_EOOM, "out of memory"), NULL;
+    t->refs = 1;
+    t->dtype = dt;
+    t->dev = dev;
+    t->ndim = ndim;
+    if (ndim) memcpy(t->shape, shape, sizeof(int64_t) * ndim);
+    t->numel = numel;
+    return t;
+}
+
+mp_tensor *mp_empty(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape)
+{
+    int64_t n;
+    if ((unsigned)dt >= MP_NDTYPES) return mp_fail(MP_EINVAL, "bad dtype"), NULL;
+    if (mp_check_shape(ndim, shape, &n) || mp_device_check(dev)) return NULL;
+    mp_storage *st = storage_new(dev, (size_t)n * mp_dtype_size(dt));
+    if (!st) return NULL;
+    mp_tensor *t = header(dt, dev, ndim, shape, n);
+    if (!t) return storage_release(st), NULL;
+    t->st = st;
+    return t;
+}
+
+mp_tensor *mp_view(mp_tensor *src, int ndim, const int64_t *shape, int64_t offset)
+{
+    int64_t n;
+    if (mp_check_shape(ndim, shape, &n)) return NULL;
+    if (offset < 0 || (size_t)(offset + n) * mp_dtype_size(src->dtype) > src->st->nbytes)
+        return mp_fail(MP_EINVAL, "view out of bounds of its storage"), NULL;
+    mp_tensor *t = header(src->dtype, src->dev, ndim, shape, n);
+    if (!t) return NULL;
+    t->offset = offset;
+    t->st = src->st;
+    t->st->refs++;
+    return t;
+}
+
+mp_tensor *mp_retain(mp_tensor *t)
+{
+    t->refs++;
+    return t;
+}
+
+void mp_release(mp_tensor *t)
+{
+    if (!t || --t->refs > 0) return;
+    storage_release(t->st);
+    free(t);
+}

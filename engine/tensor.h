@@ -1,0 +1,69 @@
+/*
+ * tensor.h: tensors and their storage.
+ *
+ * A tensor is a refcounted header (dtype, device, shape, offset) over a
+ * refcounted storage. Tensors are always contiguous and row-major: views
+ * (reshape, narrow along the first dim) share storage at an offset, every
+ * other layout change makes a contiguous copy. The engine counts the bytes it
+ * holds per device so that the binding can pace Lua's garbage collector.
+ */
+#ifndef MP_TENSOR_H
+#define MP_TENSOR_H
+
+#include <stdbool.h>
+#include "kernels/backend.h"   /* mp_dtype, mp_device, MP_MAXDIM, mp_backend */
+
+typedef struct mp_storage {
+    int refs;
+    mp_device dev;
+    size_t nbytes;
+    void *data;
+} mp_storage;
+
+typedef struct mp_tensor {
+    int refs;
+    mp_dtype dtype;
+    mp_device dev;
+    int ndim;                      /* 0 for a scalar */
+    int64_t shape[MP_MAXDIM];
+    int64_t numel;
+    int64_t offset;                /* in elements, into the storage */
+    mp_storage *st;
+} mp_tensor;
+
+typedef struct {
+    size_t in_use, peak, limit;    /* bytes */
+    int64_t allocs;                /* storages alive */
+} mp_memstats;
+
+const char *mp_dtype_name(mp_dtype t);
+int mp_dtype_parse(const char *name, mp_dtype *out);        /* accepts aliases; -1 if unknown */
+const char *mp_device_name(mp_device d);
+int mp_device_parse(const char *name, mp_device *out);      /* -1 if unknown */
+bool mp_is_float(mp_dtype t);
+
+/* NULL when the device has no usable backend on this machine */
+const mp_backend *mp_backend_of(mp_device d);
+int mp_device_check(mp_device d);                           /* -1 + error if unavailable */
+
+mp_tensor *mp_empty(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
+mp_tensor *mp_view(mp_tensor *t, int ndim, const int64_t *shape, int64_t offset);
+mp_tensor *mp_retain(mp_tensor *t);
+void mp_release(mp_tensor *t);
+
+int mp_check_shape(int ndim, const int64_t *shape, int64_t *numel);
+int mp_same_shape(const mp_tensor *a, const mp_tensor *b);
+/* "{2,3}" into buf (for error messages) */
+const char *mp_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
+
+mp_memstats mp_memory(mp_device d);
+void mp_set_memory_limit(mp_device d, size_t bytes);
+
+static inline size_t mp_nbytes(const mp_tensor *t) { return (size_t)t->numel * mp_dtype_size(t->dtype); }
+static inline void *mp_data(const mp_tensor *t)
+{
+    return (char *)t->st->data + (size_t)t->offset * mp_dtype_size(t->dtype);
+}
+static inline const mp_backend *mp_be(const mp_tensor *t) { return mp_backend_of(t->dev); }
+
+#endif

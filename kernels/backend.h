@@ -1,0 +1,96 @@
+/*
+ * backend.h: the one contract between the engine and its kernels.
+ *
+ * A backend (kernels/cpu, kernels/cuda) fills one mp_backend table of function
+ * pointers. The engine calls kernels only through it. A kernel takes raw pointers,
+ * sizes, dtypes and scalars, and trusts its caller: every argument was checked
+ * once, in engine/. Nothing here knows about tensors, autograd or Lua.
+ *
+ * Numerics (DESIGN.md section 3): an op on f16/bf16 data widens its inputs to f32,
+ * computes in f32 and rounds its output once.
+ */
+#ifndef MP_BACKEND_H
+#define MP_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MP_MAXDIM 8
+
+typedef enum { MP_F32, MP_F16, MP_BF16, MP_I32, MP_U8, MP_NDTYPES } mp_dtype;
+typedef enum { MP_CPU, MP_CUDA, MP_NDEVICES } mp_device;
+
+static inline size_t mp_dtype_size(mp_dtype t)
+{
+    static const size_t sz[MP_NDTYPES] = {4, 2, 2, 4, 1};
+    return sz[t];
+}
+
+/* Elementwise binary ops; `out = a OP b` with broadcasting described by mp_bcast. */
+typedef enum { MP_ADD, MP_SUB, MP_MUL, MP_DIV, MP_NBINOPS } mp_binop;
+
+/* Elementwise unary ops; `p` is the op's scalar: x^p (MP_POW), x*p (MP_MULS),
+ * x+p (MP_ADDS), p-x (MP_RSUBS), x/p (MP_DIVS), p/x (MP_RDIVS). */
+typedef enum {
+    MP_NEG, MP_ABS, MP_EXP, MP_LOG, MP_SQRT, MP_POW, MP_MULS, MP_ADDS, MP_RSUBS, MP_DIVS,
+    MP_RDIVS, MP_RELU, MP_TANH, MP_SIGMOID, MP_NUNOPS
+} mp_unop;
+
+/* Reductions over the middle axis of a {outer, n, inner} view. MP_ARGMAX writes
+ * i32 indices (0-based, the first maximum); the others write the input dtype. */
+typedef enum { MP_SUM, MP_MEAN, MP_MAX, MP_ARGMAX, MP_NREDOPS } mp_redop;
+
+/* Broadcast description for a binary op: the output shape and, for each input,
+ * its stride (in elements) along each output dim; 0 where the input broadcasts. */
+typedef struct {
+    int ndim;
+    int64_t shape[MP_MAXDIM];
+    int64_t sa[MP_MAXDIM];
+    int64_t sb[MP_MAXDIM];
+} mp_bcast;
+
+typedef struct mp_backend {
+    const char *name;
+
+    /* memory: alloc returns NULL on failure; bytes are device bytes */
+    void *(*alloc)(size_t nbytes);
+    void (*free)(void *p, size_t nbytes);
+    void (*zero)(void *p, size_t nbytes);
+    void (*copy)(void *dst, const void *src, size_t nbytes);       /* same device */
+    void (*to_host)(void *host_dst, const void *src, size_t nbytes);
+    void (*from_host)(void *dst, const void *host_src, size_t nbytes);
+
+    /* n elements of src (dtype sd) converted into dst (dtype dd) */
+    void (*cast)(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);
+    void (*fill)(void *dst, mp_dtype dt, int64_t n, double value);
+    void (*arange)(void *dst, mp_dtype dt, int64_t n);
+    /* counter-based random numbers: element i depends only on (seed, offset + i),
+     * so every backend draws the same stream */
+    void (*rand_uniform)(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
+    void (*rand_normal)(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
+
+    void (*binary)(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
+                   const mp_bcast *bc);
+    void (*unary)(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
+    void (*reduce)(mp_redop op, mp_dtype dt, void *out, const void *a,
+                   int64_t outer, int64_t n, int64_t inner);
+
+    /* Batched C = alpha * op(A) @ op(B) + beta * C, row-major, all of dtype dt;
+     * A is {m,k} (or {k,m} when ta), B is {k,n} (or {n,k} when tb), C is {m,n};
+     * sA, sB, sC are the element strides between batch items (0 broadcasts).
+     * Returns 0, or -1 when the kernel could not get its working memory. */
+    int (*gemm)(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+                 float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
+                 float beta, void *c, int64_t sc);
+
+    /* out = in with dims permuted: out dim d is in dim perm[d] (contiguous copy) */
+    void (*permute)(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape,
+                    const int *perm);
+    /* copy a {outer, len, inner} block starting at `start` of an {outer, n, inner} source */
+    void (*narrow)(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
+                   int64_t start, int64_t len, int64_t inner);
+} mp_backend;
+
+extern const mp_backend mp_cpu_backend;
+
+#endif

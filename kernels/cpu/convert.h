@@ -1,0 +1,27 @@
+/*
+ * convert.h: bulk f16/bf16 <-> f32 conversion on the CPU.
+ *
+ * Two paths with bit-identical results: one using the F16C instructions
+ * (vcvtph2ps / vcvtps2ph, round to nearest even) where the processor has them,
+ * and a portable one for every other processor. The mp_cpu_* entry points pick
+ * the F16C path at run time; the explicit ones exist for tests and benchmarks.
+ */
+#ifndef MP_CPU_CONVERT_H
+#define MP_CPU_CONVERT_H
+
+#include <stdint.h>
+
+int mp_cpu_has_f16c(void);
+
+void mp_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n);
+void mp_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n);
+void mp_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
+void mp_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
+
+void mp_cpu_f16_to_f32_portable(float *dst, const uint16_t *src, int64_t n);
+void mp_cpu_f32_to_f16_portable(uint16_t *dst, const float *src, int64_t n);
+/* only call these when mp_cpu_has_f16c() */
+void mp_cpu_f16_to_f32_f16c(float *dst, const uint16_t *src, int64_t n);
+void mp_cpu_f32_to_f16_f16c(uint16_t *dst, const float *src, int64_t n);
+
+#endif

@@ -1,0 +1,60 @@
+/*
+ * cpu.h: what the CPU kernel files share: moving blocks of any float dtype to
+ * and from f32, so that every low-precision kernel widens, computes in f32 and
+ * rounds once; and the per-file kernels that cpu_backend.c puts in the table.
+ */
+#ifndef MP_CPU_H
+#define MP_CPU_H
+
+#include "kernels/backend.h"
+#include "kernels/cpu/convert.h"
+
+/* elements per block that a kernel widens to f32 at a time (fits in L1) */
+#define MP_BLOCK 1024
+/* below this many elements a kernel runs on one thread */
+#define MP_PAR_MIN 32768
+
+/* n elements of float dtype dt at src+i into f32 */
+static inline void cpu_load(mp_dtype dt, const void *src, int64_t i, float *dst, int64_t n)
+{
+    switch (dt) {
+    case MP_F16: mp_cpu_f16_to_f32(dst, (const uint16_t *)src + i, n); break;
+    case MP_BF16: mp_cpu_bf16_to_f32(dst, (const uint16_t *)src + i, n); break;
+    default: {
+        const float *s = (const float *)src + i;
+        for (int64_t j = 0; j < n; j++) dst[j] = s[j];
+    }
+    }
+}
+
+static inline void cpu_store(mp_dtype dt, void *dst, int64_t i, const float *src, int64_t n)
+{
+    switch (dt) {
+    case MP_F16: mp_cpu_f32_to_f16((uint16_t *)dst + i, src, n); break;
+    case MP_BF16: mp_cpu_f32_to_bf16((uint16_t *)dst + i, src, n); break;
+    default: {
+        float *d = (float *)dst + i;
+        for (int64_t j = 0; j < n; j++) d[j] = src[j];
+    }
+    }
+}
+
+/* scratch memory that grows and is kept per thread (GEMM widening buffers) */
+void *cpu_scratch(int slot, size_t nbytes);
+
+void cpu_cast(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);
+void cpu_fill(void *dst, mp_dtype dt, int64_t n, double value);
+void cpu_arange(void *dst, mp_dtype dt, int64_t n);
+void cpu_rand_uniform(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
+void cpu_rand_normal(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
+void cpu_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc);
+void cpu_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
+void cpu_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner);
+int cpu_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+              float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
+              float beta, void *c, int64_t sc);
+void cpu_permute(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm);
+void cpu_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
+                int64_t start, int64_t len, int64_t inner);
+
+#endif

@@ -1,0 +1,54 @@
+/*
+ * cpu_backend.c: the CPU backend's table and its memory functions. Host memory
+ * is 64-byte aligned so that SIMD loads never straddle cache lines.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/cpu/cpu.h"
+
+static void *cpu_alloc(size_t nbytes)
+{
+    void *p = NULL;
+    size_t rounded = (nbytes + 63) & ~(size_t)63;
+    if (rounded < nbytes || posix_memalign(&p, 64, rounded)) return NULL;
+    return p;
+}
+
+static void cpu_free(void *p, size_t nbytes) { free(p); }
+static void cpu_zero(void *p, size_t nbytes) { memset(p, 0, nbytes); }
+static void cpu_copy(void *dst, const void *src, size_t nbytes) { memcpy(dst, src, nbytes); }
+
+void *cpu_scratch(int slot, size_t nbytes)
+{
+    static _Thread_local void *buf[4];
+    static _Thread_local size_t cap[4];
+    if (nbytes > cap[slot]) {
+        free(buf[slot]);
+        cap[slot] = 0;
+        buf[slot] = cpu_alloc(nbytes);
+        if (!buf[slot]) return NULL;
+        cap[slot] = nbytes;
+    }
+    return buf[slot];
+}
+
+const mp_backend mp_cpu_backend = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .zero = cpu_zero,
+    .copy = cpu_copy,
+    .to_host = cpu_copy,
+    .from_host = cpu_copy,
+    .cast = cpu_cast,
+    .fill = cpu_fill,
+    .arange = cpu_arange,
+    .rand_uniform = cpu_rand_uniform,
+    .rand_normal = cpu_rand_normal,
+    .binary = cpu_binary,
+    .unary = cpu_unary,
+    .reduce = cpu_reduce,
+    .gemm = cpu_gemm,
+    .permute = cpu_permute,
+    .narrow = cpu_narrow,
+};

@@ -1,0 +1,121 @@
+/*
+ * cpu_create.c: casts between dtypes, constant fills, ranges and random numbers.
+ *
+ * Random numbers come from Philox4x32-10 (Salmon et al., "Parallel random
+ * numbers: as easy as 1, 2, 3"), a counter-based generator: element i is a pure
+ * function of (seed, offset + i), so threads, backends and resumed runs all draw
+ * the same values.
+ */
+#include <math.h>
+#include <string.h>
+#include "kernels/cpu/cpu.h"
+
+/* float -> integer without undefined behaviour: NaN to 0, saturate at the ends */
+static int64_t to_int(float f, int64_t lo, int64_t hi)
+{
+    if (isnan(f)) return 0;
+    if (f <= (float)lo) return lo;
+    if (f >= (float)hi) return hi;
+    return (int64_t)f;
+}
+
+static void cast_block(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t i, int64_t n)
+{
+    float f[MP_BLOCK];
+    if (sd == MP_I32) for (int64_t j = 0; j < n; j++) f[j] = (float)((const int32_t *)src)[i + j];
+    else if (sd == MP_U8) for (int64_t j = 0; j < n; j++) f[j] = ((const uint8_t *)src)[i + j];
+    else cpu_load(sd, src, i, f, n);
+
+    if (dd == MP_I32 && sd == MP_U8) for (int64_t j = 0; j < n; j++) ((int32_t *)dst)[i + j] = ((const uint8_t *)src)[i + j];
+    else if (dd == MP_U8 && sd == MP_I32) for (int64_t j = 0; j < n; j++) ((uint8_t *)dst)[i + j] = (uint8_t)((const int32_t *)src)[i + j];
+    else if (dd == MP_I32) for (int64_t j = 0; j < n; j++) ((int32_t *)dst)[i + j] = (int32_t)to_int(f[j], INT32_MIN, INT32_MAX);
+    else if (dd == MP_U8) for (int64_t j = 0; j < n; j++) ((uint8_t *)dst)[i + j] = (uint8_t)to_int(f[j], 0, 255);
+    else cpu_store(dd, dst, i, f, n);
+}
+
+void cpu_cast(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
+{
+    if (dd == sd) { memcpy(dst, src, (size_t)n * mp_dtype_size(dd)); return; }
+    if (dd == MP_F32 && sd == MP_F16) { mp_cpu_f16_to_f32(dst, src, n); return; }
+    if (dd == MP_F16 && sd == MP_F32) { mp_cpu_f32_to_f16(dst, src, n); return; }
+    if (dd == MP_F32 && sd == MP_BF16) { mp_cpu_bf16_to_f32(dst, src, n); return; }
+    if (dd == MP_BF16 && sd == MP_F32) { mp_cpu_f32_to_bf16(dst, src, n); return; }
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += MP_BLOCK)
+        cast_block(dst, dd, src, sd, i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
+}
+
+void cpu_fill(void *dst, mp_dtype dt, int64_t n, double value)
+{
+    unsigned char one[4];
+    if (dt == MP_I32) {   /* exact, not through f32 */
+        int32_t v = isnan(value) ? 0 : value >= INT32_MAX ? INT32_MAX
+                  : value <= INT32_MIN ? INT32_MIN : (int32_t)value;
+        memcpy(one, &v, 4);
+    } else if (dt == MP_U8) {
+        one[0] = isnan(value) || value <= 0 ? 0 : value >= 255 ? 255 : (uint8_t)value;
+    } else {
+        float f = (float)value;
+        cpu_store(dt, one, 0, &f, 1);
+    }
+    size_t es = mp_dtype_size(dt);
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++) memcpy((char *)dst + (size_t)i * es, one, es);
+}
+
+void cpu_arange(void *dst, mp_dtype dt, int64_t n)
+{
+    for (int64_t i = 0; i < n; i += MP_BLOCK) {
+        int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
+        if (dt == MP_I32) { for (int64_t j = 0; j < len; j++) ((int32_t *)dst)[i + j] = (int32_t)(i + j); continue; }
+        if (dt == MP_U8) { for (int64_t j = 0; j < len; j++) ((uint8_t *)dst)[i + j] = (uint8_t)(i + j); continue; }
+        float f[MP_BLOCK];
+        for (int64_t j = 0; j < len; j++) f[j] = (float)(i + j);
+        cpu_store(dt, dst, i, f, len);
+    }
+}
+
+/* Philox4x32-10: four 32-bit outputs for a 128-bit counter and a 64-bit key */
+static void philox(uint64_t counter, uint64_t key, uint32_t out[4])
+{
+    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
+    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
+    for (int r = 0; r < 10; r++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c1 = (uint32_t)p1, c3 = (uint32_t)p0, c0 = n0, c2 = n2;
+        k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+    }
+    out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
+}
+
+/* uniform in [0, 1) with 24 random bits, exactly representable in f32 */
+static float unit(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+
+static void random_fill(int normal, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
+{
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += MP_BLOCK) {
+        int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
+        float f[MP_BLOCK];
+        for (int64_t j = 0; j < len; j++) {
+            uint32_t r[4];
+            philox(offset + (uint64_t)(i + j), seed, r);
+            if (!normal) { f[j] = unit(r[0]); continue; }
+            /* Box-Muller; 1 - u keeps the log's argument in (0, 1] */
+            float u1 = 1.0f - unit(r[0]), u2 = unit(r[1]);
+            f[j] = sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2);
+        }
+        cpu_store(dt, dst, i, f, len);
+    }
+}
+
+void cpu_rand_uniform(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
+{
+    random_fill(0, dst, dt, n, seed, offset);
+}
+
+void cpu_rand_normal(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
+{
+    random_fill(1, dst, dt, n, seed, offset);
+}

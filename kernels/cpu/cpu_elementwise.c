@@ -1,0 +1,180 @@
+/*
+ * cpu_elementwise.c: binary ops with broadcasting and unary maths.
+ *
+ * Broadcast dims are first merged where both inputs allow, so most calls become
+ * "rows of a contiguous inner run", where each input's inner stride is 1 or 0.
+ * Work is split into (row, block) items over OpenMP threads. f16/bf16 blocks are
+ * widened to f32, computed, and rounded once on the way out.
+ */
+#include <math.h>
+#include <string.h>
+#include "kernels/cpu/cpu.h"
+
+/* o[j] = a[j*ia] OP b[j*ib] with the common stride cases spelled out so they vectorise */
+#define BIN_LOOP(EXPR)                                                                \
+    do {                                                                              \
+        if (ia == 1 && ib == 1) for (int64_t j = 0; j < n; j++) { float x = a[j], y = b[j]; o[j] = EXPR; } \
+        else if (ia == 0 && ib == 1) { float x = a[0]; for (int64_t j = 0; j < n; j++) { float y = b[j]; o[j] = EXPR; } } \
+        else if (ia == 1 && ib == 0) { float y = b[0]; for (int64_t j = 0; j < n; j++) { float x = a[j]; o[j] = EXPR; } } \
+        else for (int64_t j = 0; j < n; j++) { float x = a[j * ia], y = b[j * ib]; o[j] = EXPR; } \
+    } while (0)
+
+static void bin_f32(mp_binop op, float *o, const float *a, int64_t ia, const float *b, int64_t ib, int64_t n)
+{
+    switch (op) {
+    case MP_ADD: BIN_LOOP(x + y); break;
+    case MP_SUB: BIN_LOOP(x - y); break;
+    case MP_MUL: BIN_LOOP(x * y); break;
+    case MP_DIV: BIN_LOOP(x / y); break;
+    default: break;
+    }
+}
+
+static int64_t bin_int(mp_binop op, int64_t x, int64_t y)
+{
+    switch (op) {
+    case MP_ADD: return x + y;
+    case MP_SUB: return x - y;
+    case MP_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
+    default: return 0;   /* integer division is computed in f32 by the engine */
+    }
+}
+
+/* merge adjacent dims that are contiguous for both inputs; returns the new ndim */
+static int coalesce(const mp_bcast *in, mp_bcast *bc)
+{
+    int n = 0;
+    for (int i = 0; i < in->ndim; i++) {
+        if (n > 0 && bc->sa[n - 1] == in->sa[i] * in->shape[i] && bc->sb[n - 1] == in->sb[i] * in->shape[i]) {
+            bc->shape[n - 1] *= in->shape[i];
+            bc->sa[n - 1] = in->sa[i];
+            bc->sb[n - 1] = in->sb[i];
+        } else {
+            bc->shape[n] = in->shape[i], bc->sa[n] = in->sa[i], bc->sb[n] = in->sb[i];
+            n++;
+        }
+    }
+    if (n == 0) bc->shape[0] = 1, bc->sa[0] = bc->sb[0] = 0, n = 1;
+    return bc->ndim = n;
+}
+
+/* input offsets of the first element of output row r (all dims but the last) */
+static void row_offsets(const mp_bcast *bc, int64_t r, int64_t *oa, int64_t *ob)
+{
+    int64_t a = 0, b = 0;
+    for (int d = bc->ndim - 2; d >= 0; d--) {
+        int64_t i = r % bc->shape[d];
+        r /= bc->shape[d];
+        a += i * bc->sa[d], b += i * bc->sb[d];
+    }
+    *oa = a, *ob = b;
+}
+
+/* gather n values of float dtype dt from src[off + j*stride] into f32 */
+static void gather(mp_dtype dt, const void *src, int64_t off, int64_t stride, float *dst, int64_t n)
+{
+    if (stride == 1) { cpu_load(dt, src, off, dst, n); return; }
+    float v;
+    if (stride == 0) {
+        cpu_load(dt, src, off, &v, 1);
+        for (int64_t j = 0; j < n; j++) dst[j] = v;
+        return;
+    }
+    for (int64_t j = 0; j < n; j++) cpu_load(dt, src, off + j * stride, dst + j, 1);
+}
+
+void cpu_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
+{
+    mp_bcast bc;
+    int nd = coalesce(bc0, &bc);
+    int64_t len = bc.shape[nd - 1], ia = bc.sa[nd - 1], ib = bc.sb[nd - 1];
+    int64_t rows = 1;
+    for (int d = 0; d < nd - 1; d++) rows *= bc.shape[d];
+    int64_t blocks = (len + MP_BLOCK - 1) / MP_BLOCK, items = rows * blocks;
+
+    #pragma omp parallel for if (rows * len >= MP_PAR_MIN) schedule(static)
+    for (int64_t it = 0; it < items; it++) {
+        int64_t r = it / blocks, j0 = (it % blocks) * MP_BLOCK;
+        int64_t n = len - j0 < MP_BLOCK ? len - j0 : MP_BLOCK, oa, ob, oo = r * len + j0;
+        row_offsets(&bc, r, &oa, &ob);
+        oa += j0 * ia, ob += j0 * ib;
+        if (dt == MP_F32) {
+            bin_f32(op, (float *)out + oo, (const float *)a + oa, ia, (const float *)b + ob, ib, n);
+        } else if (dt == MP_F16 || dt == MP_BF16) {
+            float x[MP_BLOCK], y[MP_BLOCK], z[MP_BLOCK];
+            gather(dt, a, oa, ia, x, n);
+            gather(dt, b, ob, ib, y, n);
+            bin_f32(op, z, x, 1, y, 1, n);
+            cpu_store(dt, out, oo, z, n);
+        } else if (dt == MP_I32) {
+            const int32_t *pa = (const int32_t *)a + oa, *pb = (const int32_t *)b + ob;
+            int32_t *po = (int32_t *)out + oo;
+            for (int64_t j = 0; j < n; j++) po[j] = (int32_t)(uint32_t)bin_int(op, pa[j * ia], pb[j * ib]);
+        } else {
+            const uint8_t *pa = (const uint8_t *)a + oa, *pb = (const uint8_t *)b + ob;
+            uint8_t *po = (uint8_t *)out + oo;
+            for (int64_t j = 0; j < n; j++) po[j] = (uint8_t)bin_int(op, pa[j * ia], pb[j * ib]);
+        }
+    }
+}
+
+static void un_f32(mp_unop op, float *o, const float *x, int64_t n, double pd)
+{
+    float p = (float)pd;
+    switch (op) {
+    case MP_NEG: for (int64_t j = 0; j < n; j++) o[j] = -x[j]; break;
+    case MP_ABS: for (int64_t j = 0; j < n; j++) o[j] = fabsf(x[j]); break;
+    case MP_EXP: for (int64_t j = 0; j < n; j++) o[j] = expf(x[j]); break;
+    case MP_LOG: for (int64_t j = 0; j < n; j++) o[j] = logf(x[j]); break;
+    case MP_SQRT: for (int64_t j = 0; j < n; j++) o[j] = sqrtf(x[j]); break;
+    case MP_POW:
+        if (p == 2.0f) for (int64_t j = 0; j < n; j++) o[j] = x[j] * x[j];
+        else for (int64_t j = 0; j < n; j++) o[j] = powf(x[j], p);
+        break;
+    case MP_MULS: for (int64_t j = 0; j < n; j++) o[j] = x[j] * p; break;
+    case MP_ADDS: for (int64_t j = 0; j < n; j++) o[j] = x[j] + p; break;
+    case MP_RSUBS: for (int64_t j = 0; j < n; j++) o[j] = p - x[j]; break;
+    case MP_DIVS: for (int64_t j = 0; j < n; j++) o[j] = x[j] / p; break;
+    case MP_RDIVS: for (int64_t j = 0; j < n; j++) o[j] = p / x[j]; break;
+    case MP_RELU: for (int64_t j = 0; j < n; j++) o[j] = x[j] < 0.0f ? 0.0f : x[j]; break;
+    case MP_TANH: for (int64_t j = 0; j < n; j++) o[j] = tanhf(x[j]); break;
+    case MP_SIGMOID: for (int64_t j = 0; j < n; j++) o[j] = 1.0f / (1.0f + expf(-x[j])); break;
+    default: break;
+    }
+}
+
+/* the integer ops the engine lets through: neg, abs, relu and integral scalars */
+static int64_t un_int(mp_unop op, int64_t x, int64_t p)
+{
+    switch (op) {
+    case MP_NEG: return -x;
+    case MP_ABS: return x < 0 ? -x : x;
+    case MP_RELU: return x < 0 ? 0 : x;
+    case MP_MULS: return (int64_t)((uint64_t)x * (uint64_t)p);
+    case MP_ADDS: return x + p;
+    case MP_RSUBS: return p - x;
+    default: return 0;
+    }
+}
+
+void cpu_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
+{
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += MP_BLOCK) {
+        int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
+        if (dt == MP_F32) {
+            un_f32(op, (float *)out + i, (const float *)a + i, len, p);
+        } else if (dt == MP_F16 || dt == MP_BF16) {
+            float x[MP_BLOCK];
+            cpu_load(dt, a, i, x, len);
+            un_f32(op, x, x, len, p);
+            cpu_store(dt, out, i, x, len);
+        } else if (dt == MP_I32) {
+            for (int64_t j = i; j < i + len; j++)
+                ((int32_t *)out)[j] = (int32_t)(uint32_t)un_int(op, ((const int32_t *)a)[j], (int64_t)p);
+        } else {
+            for (int64_t j = i; j < i + len; j++)
+                ((uint8_t *)out)[j] = (uint8_t)un_int(op, ((const uint8_t *)a)[j], (int64_t)p);
+        }
+    }
+}

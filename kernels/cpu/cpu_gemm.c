@@ -1,0 +1,60 @@
+/*
+ * cpu_gemm.c: matrix products through OpenBLAS sgemm. f16/bf16 operands are
+ * widened to f32 scratch, multiplied with f32 accumulation and rounded once into
+ * the output: the numerics of a GPU GEMM with CUBLAS_COMPUTE_32F.
+ */
+#include <cblas.h>
+#include "kernels/cpu/cpu.h"
+
+static void sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float *a, const float *b, float beta, float *c)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (blasint)m, (blasint)n, (blasint)k, alpha, a, ta ? (blasint)m : (blasint)k,
+                b, tb ? (blasint)k : (blasint)n, beta, c, (blasint)n);
+}
+
+static void widen(mp_dtype dt, const void *src, float *dst, int64_t n)
+{
+    #pragma omp parallel for if (n > 4 * MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += 16 * MP_BLOCK) {
+        int64_t len = n - i < 16 * MP_BLOCK ? n - i : 16 * MP_BLOCK;
+        cpu_load(dt, src, i, dst + i, len);
+    }
+}
+
+static void narrow_to(mp_dtype dt, const float *src, void *dst, int64_t n)
+{
+    #pragma omp parallel for if (n > 4 * MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += 16 * MP_BLOCK) {
+        int64_t len = n - i < 16 * MP_BLOCK ? n - i : 16 * MP_BLOCK;
+        cpu_store(dt, dst, i, src + i, len);
+    }
+}
+
+int cpu_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+             float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
+             float beta, void *c, int64_t sc)
+{
+    if (dt == MP_F32) {
+        for (int64_t i = 0; i < batch; i++)
+            sgemm(ta, tb, m, n, k, alpha, (const float *)a + i * sa, (const float *)b + i * sb,
+                  beta, (float *)c + i * sc);
+        return 0;
+    }
+    /* widen whole operands once; a broadcast operand (stride 0) is widened once */
+    int64_t na = (sa ? batch : 1) * m * k, nb = (sb ? batch : 1) * k * n, nc = m * n;
+    float *fa = cpu_scratch(0, (size_t)na * 4), *fb = cpu_scratch(1, (size_t)nb * 4);
+    float *fc = cpu_scratch(2, (size_t)nc * 4);
+    if (!fa || !fb || !fc) return -1;
+    widen(dt, a, fa, na);
+    widen(dt, b, fb, nb);
+    size_t es = mp_dtype_size(dt);
+    for (int64_t i = 0; i < batch; i++) {
+        void *ci = (char *)c + (size_t)(i * sc) * es;
+        if (beta != 0.0f) widen(dt, ci, fc, nc);
+        sgemm(ta, tb, m, n, k, alpha, fa + (sa ? i * m * k : 0), fb + (sb ? i * k * n : 0), beta, fc);
+        narrow_to(dt, fc, ci, nc);
+    }
+    return 0;
+}

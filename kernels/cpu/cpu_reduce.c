@@ -1,0 +1,98 @@
+/*
+ * cpu_reduce.c: sum, mean, max and argmax over the middle axis of an
+ * {outer, n, inner} view. Sums accumulate in double on the CPU (the reference
+ * backend errs on the accurate side) and round once into the output dtype.
+ * max propagates NaN and argmax takes the first maximum, NaN counting as the
+ * largest value, as PyTorch does.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include "kernels/cpu/cpu.h"
+
+static double get(mp_dtype dt, const void *p, int64_t i)
+{
+    float f;
+    switch (dt) {
+    case MP_F32: return ((const float *)p)[i];
+    case MP_I32: return ((const int32_t *)p)[i];
+    case MP_U8: return ((const uint8_t *)p)[i];
+    default: cpu_load(dt, p, i, &f, 1); return f;
+    }
+}
+
+static void put(mp_dtype dt, void *p, int64_t i, double v)
+{
+    float f = (float)v;
+    switch (dt) {
+    case MP_F32: ((float *)p)[i] = f; break;
+    case MP_I32: ((int32_t *)p)[i] = (int32_t)(uint32_t)(int64_t)v; break;
+    case MP_U8: ((uint8_t *)p)[i] = (uint8_t)(int64_t)v; break;
+    default: cpu_store(dt, p, i, &f, 1);
+    }
+}
+
+/* sum of n contiguous elements, widened blockwise */
+static double sum_run(mp_dtype dt, const void *a, int64_t off, int64_t n)
+{
+    double s = 0;
+    if (dt == MP_F32) {
+        const float *x = (const float *)a + off;
+        for (int64_t j = 0; j < n; j++) s += x[j];
+    } else if (dt == MP_F16 || dt == MP_BF16) {
+        float buf[MP_BLOCK];
+        for (int64_t j = 0; j < n; j += MP_BLOCK) {
+            int64_t len = n - j < MP_BLOCK ? n - j : MP_BLOCK;
+            cpu_load(dt, a, off + j, buf, len);
+            for (int64_t q = 0; q < len; q++) s += buf[q];
+        }
+    } else {
+        int64_t is = 0;
+        for (int64_t j = 0; j < n; j++) is += (int64_t)get(dt, a, off + j);
+        s = (double)is;
+    }
+    return s;
+}
+
+/* one output element: the reduction of a[o*n*inner + j*inner + i] over j */
+static void reduce_one(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t o, int64_t n,
+                       int64_t inner, int64_t i)
+{
+    int64_t base = o * n * inner + i;
+    if (op == MP_SUM || op == MP_MEAN) {
+        double s = 0;
+        if (inner == 1) s = sum_run(dt, a, base, n);
+        else for (int64_t j = 0; j < n; j++) s += get(dt, a, base + j * inner);
+        put(dt, out, o * inner + i, op == MP_MEAN ? s / (double)n : s);
+        return;
+    }
+    double best = get(dt, a, base);
+    int64_t at = 0;
+    for (int64_t j = 1; j < n && !isnan(best); j++) {
+        double v = get(dt, a, base + j * inner);
+        if (v > best || isnan(v)) best = v, at = j;
+    }
+    if (op == MP_MAX) put(dt, out, o * inner + i, best);
+    else ((int32_t *)out)[o * inner + i] = (int32_t)at;
+}
+
+void cpu_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner)
+{
+    int64_t items = outer * inner;
+    if (items == 1 && (op == MP_SUM || op == MP_MEAN) && n >= MP_PAR_MIN) {
+        /* one long sum: split it over threads, combine the partial sums in order */
+        double part[64] = {0};
+        int64_t chunk = (n + 63) / 64;
+        #pragma omp parallel for schedule(static)
+        for (int c = 0; c < 64; c++) {
+            int64_t s = c * chunk, e = s + chunk < n ? s + chunk : n;
+            if (s < e) part[c] = sum_run(dt, a, s, e - s);
+        }
+        double s = 0;
+        for (int c = 0; c < 64; c++) s += part[c];
+        put(dt, out, 0, op == MP_MEAN ? s / (double)n : s);
+        return;
+    }
+    #pragma omp parallel for if (items * n >= MP_PAR_MIN) schedule(static)
+    for (int64_t it = 0; it < items; it++)
+        reduce_one(op, dt, out, a, it / inner, n, inner, it % inner);
+}

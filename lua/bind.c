@@ -1,0 +1,147 @@
+/*
+ * bind.c: helpers shared by the binding files: the tensor userdata, raising
+ * engine errors, pacing the garbage collector, and reading shapes, dtypes,
+ * devices and option tables from Lua.
+ */
+#include <math.h>
+#include <string.h>
+#include "lua/bind.h"
+
+LTensor *lt_new(lua_State *L)
+{
+    LTensor *u = lua_newuserdatauv(L, sizeof *u, 0);
+    u->t = NULL;
+    luaL_setmetatable(L, MP_TENSOR_MT);
+    return u;
+}
+
+int lt_error(lua_State *L, const char *name)
+{
+    return luaL_error(L, "%s: %s", name, mp_error());
+}
+
+void lt_set(lua_State *L, LTensor *u, mp_tensor *t, const char *name)
+{
+    if (!t) lt_error(L, name);
+    u->t = t;
+    lt_pace_gc(L, mp_nbytes(t));
+}
+
+/* Lua's collector sees only the small userdata, not the tensor bytes behind it.
+ * Count each engine byte as a fraction of a Lua heap byte, the ratio of the Lua
+ * heap to the engine's bytes in use (at least 64 MiB), so that a collection
+ * cycle runs about each time the engine's memory doubles. */
+void lt_pace_gc(lua_State *L, size_t nbytes)
+{
+    static double carry_kb;
+    size_t in_use = mp_memory(MP_CPU).in_use + mp_memory(MP_CUDA).in_use;
+    double floor = 64.0 * 1024 * 1024;
+    double heap = lua_gc(L, LUA_GCCOUNT, 0) * 1024.0 + lua_gc(L, LUA_GCCOUNTB, 0);
+    carry_kb += (double)nbytes * heap / (in_use > floor ? (double)in_use : floor) / 1024.0;
+    if (carry_kb >= 1.0) {
+        int kb = carry_kb > 1e9 ? 1000000000 : (int)carry_kb;
+        carry_kb -= kb;
+        lua_gc(L, LUA_GCSTEP, kb);
+    }
+}
+
+mp_tensor *lt_opt(lua_State *L, int i)
+{
+    LTensor *u = luaL_testudata(L, i, MP_TENSOR_MT);
+    if (!u) return NULL;
+    if (!u->t) luaL_argerror(L, i, "tensor was freed (used after t:free())");
+    return u->t;
+}
+
+mp_tensor *lt_check(lua_State *L, int i)
+{
+    mp_tensor *t = lt_opt(L, i);
+    if (!t) luaL_typeerror(L, i, "tensor");
+    return t;
+}
+
+static int64_t int_arg(lua_State *L, int i, const char *what, const char *name)
+{
+    int ok;
+    lua_Integer v = lua_tointegerx(L, i, &ok);
+    if (!ok) luaL_error(L, "%s: %s must be an integer (got %s)", name, what,
+                        lua_type(L, i) == LUA_TNUMBER ? "a fraction" : luaL_typename(L, i));
+    return v;
+}
+
+int lb_shape(lua_State *L, int i, int64_t *shape, const char *name)
+{
+    if (lua_isnumber(L, i)) {
+        shape[0] = int_arg(L, i, "size", name);
+        if (shape[0] <= 0) luaL_error(L, "%s: size must be positive (got %lld)", name, (long long)shape[0]);
+        return 1;
+    }
+    if (!lua_istable(L, i)) luaL_error(L, "%s: shape must be a table of sizes (got %s)", name, luaL_typename(L, i));
+    int n = (int)luaL_len(L, i);
+    if (n > MP_MAXDIM) luaL_error(L, "%s: a tensor has at most %d dims (got %d)", name, MP_MAXDIM, n);
+    for (int d = 0; d < n; d++) {
+        lua_geti(L, i, d + 1);
+        char what[32];
+        snprintf(what, sizeof what, "size of dim %d", d + 1);
+        shape[d] = int_arg(L, -1, what, name);
+        lua_pop(L, 1);
+    }
+    return n;
+}
+
+mp_dtype lb_dtype(lua_State *L, int i, const char *name)
+{
+    mp_dtype dt;
+    const char *s = lua_tostring(L, i);
+    if (lua_type(L, i) != LUA_TSTRING) luaL_error(L, "%s: dtype must be a string (got %s)", name, luaL_typename(L, i));
+    if (mp_dtype_parse(s, &dt)) lt_error(L, name);
+    return dt;
+}
+
+mp_device lb_device(lua_State *L, int i, const char *name)
+{
+    mp_device d;
+    if (lua_type(L, i) != LUA_TSTRING) luaL_error(L, "%s: device must be a string (got %s)", name, luaL_typename(L, i));
+    if (mp_device_parse(lua_tostring(L, i), &d) || mp_device_check(d)) lt_error(L, name);
+    return d;
+}
+
+static const char DEVICE_KEY = 0;   /* registry key of the default device */
+
+mp_device lb_default_device(lua_State *L)
+{
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &DEVICE_KEY);
+    mp_device d = lua_isinteger(L, -1) ? (mp_device)lua_tointeger(L, -1) : MP_CPU;
+    lua_pop(L, 1);
+    return d;
+}
+
+int lb_set_default_device(lua_State *L)
+{
+    mp_device d = lb_device(L, 1, "mp.set_default_device");
+    lua_pushinteger(L, d);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &DEVICE_KEY);
+    return 0;
+}
+
+lb_opts lb_options(lua_State *L, int i, const char *name)
+{
+    return lb_options_def(L, i, name, (lb_opts){MP_F32, lb_default_device(L)});
+}
+
+lb_opts lb_options_def(lua_State *L, int i, const char *name, lb_opts o)
+{
+    if (lua_isnoneornil(L, i)) return o;
+    if (!lua_istable(L, i)) luaL_error(L, "%s: options must be a table (got %s)", name, luaL_typename(L, i));
+    i = lua_absindex(L, i);
+    lua_pushnil(L);
+    while (lua_next(L, i)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
+        if (strcmp(k, "dtype") == 0) o.dtype = lb_dtype(L, -1, name);
+        else if (strcmp(k, "device") == 0) o.device = lb_device(L, -1, name);
+        else luaL_error(L, "%s: unknown option '%s' (expected dtype or device)", name,
+                        lua_type(L, -2) == LUA_TSTRING ? k : luaL_typename(L, -2));
+        lua_pop(L, 1);
+    }
+    return o;
+}

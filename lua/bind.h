@@ -1,0 +1,61 @@
+/*
+ * bind.h: what the binding files share. A tensor userdata holds one reference
+ * to an engine tensor (NULL once freed). Engine failures become Lua errors
+ * prefixed with the Lua name of the function; an allocation failure first runs
+ * a full collection and retries once.
+ */
+#ifndef MP_BIND_H
+#define MP_BIND_H
+
+#include <lua.h>
+#include <lauxlib.h>
+#include "engine/ops.h"
+#include "engine/error.h"
+
+#define MP_TENSOR_MT "mp.Tensor"
+
+typedef struct { mp_tensor *t; } LTensor;
+
+/* a new userdata holding no tensor yet, so an error before it is filled leaks nothing */
+LTensor *lt_new(lua_State *L);
+/* fill a new userdata with an engine result; raises `name: message` on failure */
+void lt_set(lua_State *L, LTensor *u, mp_tensor *t, const char *name);
+mp_tensor *lt_check(lua_State *L, int i);
+mp_tensor *lt_opt(lua_State *L, int i);             /* NULL when not a tensor */
+int lt_error(lua_State *L, const char *name);       /* raise the engine's error */
+void lt_pace_gc(lua_State *L, size_t nbytes);
+
+/* Run an engine call that returns a new tensor; on out-of-memory collect
+ * garbage and try once more. Evaluates EXPR up to twice. */
+#define LT_CALL(L, EXPR)                                                   \
+    ({                                                                     \
+        mp_clear_error();                                                  \
+        mp_tensor *r_ = (EXPR);                                            \
+        if (!r_ && mp_errcode_last() == MP_EOOM) {                         \
+            lua_gc((L), LUA_GCCOLLECT);                                    \
+            mp_clear_error();                                              \
+            r_ = (EXPR);                                                   \
+        }                                                                  \
+        r_;                                                                \
+    })
+/* push a new tensor userdata holding the result of EXPR */
+#define LT_PUSH(L, NAME, EXPR)                                             \
+    do {                                                                   \
+        LTensor *u_ = lt_new(L);                                           \
+        lt_set((L), u_, LT_CALL((L), (EXPR)), (NAME));                     \
+    } while (0)
+
+/* shapes, dtypes, devices and options from Lua values */
+int lb_shape(lua_State *L, int i, int64_t *shape, const char *name);   /* returns ndim */
+mp_dtype lb_dtype(lua_State *L, int i, const char *name);
+mp_device lb_device(lua_State *L, int i, const char *name);
+mp_device lb_default_device(lua_State *L);
+typedef struct { mp_dtype dtype; mp_device device; } lb_opts;
+int lb_set_default_device(lua_State *L);
+lb_opts lb_options(lua_State *L, int i, const char *name);
+lb_opts lb_options_def(lua_State *L, int i, const char *name, lb_opts defaults);
+
+int luaopen_mp_tensor(lua_State *L);                 /* leaves the methods table */
+int lt_tostring(lua_State *L);
+
+#endif

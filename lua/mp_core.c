@@ -1,0 +1,231 @@
+/*
+ * mp_core.c: luaopen_mp_core, the C half of the `mp` module: tensor
+ * constructors, the random seed, devices, memory figures and functional
+ * aliases of tensor methods (mp.matmul). lua/mp/init.lua builds on it.
+ */
+#include <string.h>
+#include "lua/bind.h"
+#include "lua/mp_core.h"
+
+/* ---- mp.tensor(data [, opts]) ---- */
+
+/* the shape of nested tables, following the first element at each level */
+static int nested_shape(lua_State *L, int i, int64_t *shape)
+{
+    int nd = 0;
+    lua_pushvalue(L, i);
+    while (lua_istable(L, -1)) {
+        if (nd == MP_MAXDIM) luaL_error(L, "mp.tensor: data nested deeper than %d levels", MP_MAXDIM);
+        lua_Integer n = luaL_len(L, -1);
+        if (n == 0) luaL_error(L, "mp.tensor: empty table in data (sizes must be positive)");
+        shape[nd++] = n;
+        lua_geti(L, -1, 1);
+        lua_remove(L, -2);
+    }
+    lua_pop(L, 1);
+    return nd;
+}
+
+/* copy nested tables into v, checking that every level has the same shape */
+static void nested_values(lua_State *L, int i, const int64_t *shape, int nd, int d, double *v,
+                          int64_t *k, char *path, size_t plen)
+{
+    if (d == nd) {
+        if (lua_type(L, i) != LUA_TNUMBER)
+            luaL_error(L, "mp.tensor: data%s is %s (expected a number)", path, luaL_typename(L, i));
+        v[(*k)++] = lua_tonumber(L, i);
+        return;
+    }
+    if (!lua_istable(L, i))
+        luaL_error(L, "mp.tensor: ragged data: data%s is %s (expected a table of %lld)", path,
+                   luaL_typename(L, i), (long long)shape[d]);
+    lua_Integer n = luaL_len(L, i);
+    if (n != shape[d])
+        luaL_error(L, "mp.tensor: ragged data: data%s has %lld elements (expected %lld)", path,
+                   (long long)n, (long long)shape[d]);
+    luaL_checkstack(L, 2, "nested data");
+    for (lua_Integer j = 1; j <= n; j++) {
+        size_t len = strlen(path);
+        snprintf(path + len, plen - len, "[%lld]", (long long)j);
+        lua_geti(L, i, j);
+        nested_values(L, lua_gettop(L), shape, nd, d + 1, v, k, path, plen);
+        lua_pop(L, 1);
+        path[len] = 0;
+    }
+}
+
+static int m_tensor(lua_State *L)
+{
+    mp_tensor *src = lt_opt(L, 1);
+    if (src) {   /* a copy of a tensor, in the dtype/device asked for */
+        lb_opts o = lb_options_def(L, 2, "mp.tensor", (lb_opts){src->dtype, src->dev});
+        LT_PUSH(L, "mp.tensor", src->dtype == o.dtype && src->dev == o.device ? mp_clone(src)
+                                                                             : mp_to(src, o.dtype, o.device));
+        return 1;
+    }
+    lb_opts o = lb_options(L, 2, "mp.tensor");
+    int64_t shape[MP_MAXDIM];
+    int nd = 0;
+    if (lua_type(L, 1) == LUA_TTABLE) nd = nested_shape(L, 1, shape);
+    else if (lua_type(L, 1) != LUA_TNUMBER)
+        return luaL_error(L, "mp.tensor: data must be a number or nested tables of numbers (got %s)",
+                          luaL_typename(L, 1));
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++) n *= shape[d];
+    double *v = lua_newuserdatauv(L, sizeof(double) * (size_t)n, 0);
+    int64_t k = 0;
+    char path[256] = "";
+    nested_values(L, 1, shape, nd, 0, v, &k, path, sizeof path);
+    LT_PUSH(L, "mp.tensor", mp_from_f64(o.dtype, o.device, nd, shape, v));
+    return 1;
+}
+
+/* ---- constructors from a shape ---- */
+
+static int m_zeros(lua_State *L)
+{
+    int64_t shape[MP_MAXDIM];
+    int nd = lb_shape(L, 1, shape, "mp.zeros");
+    lb_opts o = lb_options(L, 2, "mp.zeros");
+    LT_PUSH(L, "mp.zeros", mp_full(o.dtype, o.device, nd, shape, 0));
+    return 1;
+}
+
+static int m_ones(lua_State *L)
+{
+    int64_t shape[MP_MAXDIM];
+    int nd = lb_shape(L, 1, shape, "mp.ones");
+    lb_opts o = lb_options(L, 2, "mp.ones");
+    LT_PUSH(L, "mp.ones", mp_full(o.dtype, o.device, nd, shape, 1));
+    return 1;
+}
+
+static int m_full(lua_State *L)
+{
+    int64_t shape[MP_MAXDIM];
+    int nd = lb_shape(L, 1, shape, "mp.full");
+    if (lua_type(L, 2) != LUA_TNUMBER)
+        return luaL_error(L, "mp.full: value must be a number (got %s)", luaL_typename(L, 2));
+    double v = lua_tonumber(L, 2);
+    lb_opts o = lb_options(L, 3, "mp.full");
+    LT_PUSH(L, "mp.full", mp_full(o.dtype, o.device, nd, shape, v));
+    return 1;
+}
+
+static int m_arange(lua_State *L)
+{
+    if (!lua_isinteger(L, 1))
+        return luaL_error(L, "mp.arange: n must be an integer (got %s)", luaL_typename(L, 1));
+    int64_t n = lua_tointeger(L, 1);
+    lb_opts o = lb_options(L, 2, "mp.arange");
+    LT_PUSH(L, "mp.arange", mp_arange(n, o.dtype, o.device));
+    return 1;
+}
+
+static int m_rand(lua_State *L)
+{
+    int64_t shape[MP_MAXDIM];
+    int nd = lb_shape(L, 1, shape, "mp.rand");
+    lb_opts o = lb_options(L, 2, "mp.rand");
+    LT_PUSH(L, "mp.rand", mp_rand(o.dtype, o.device, nd, shape));
+    return 1;
+}
+
+static int m_randn(lua_State *L)
+{
+    int64_t shape[MP_MAXDIM];
+    int nd = lb_shape(L, 1, shape, "mp.randn");
+    lb_opts o = lb_options(L, 2, "mp.randn");
+    LT_PUSH(L, "mp.randn", mp_randn(o.dtype, o.device, nd, shape));
+    return 1;
+}
+
+static int m_manual_seed(lua_State *L)
+{
+    if (!lua_isinteger(L, 1))
+        return luaL_error(L, "mp.manual_seed: seed must be an integer (got %s)", luaL_typename(L, 1));
+    mp_manual_seed((uint64_t)lua_tointeger(L, 1));
+    return 0;
+}
+
+static int m_matmul(lua_State *L)
+{
+    mp_tensor *a = lt_check(L, 1), *b = lt_check(L, 2);
+    LT_PUSH(L, "mp.matmul", mp_matmul(a, b));
+    return 1;
+}
+
+/* ---- devices and memory ---- */
+
+static void push_memory(lua_State *L, mp_device d)
+{
+    mp_memstats s = mp_memory(d);
+    lua_createtable(L, 0, 4);
+    lua_pushinteger(L, (lua_Integer)s.in_use);
+    lua_setfield(L, -2, "in_use");
+    lua_pushinteger(L, (lua_Integer)s.peak);
+    lua_setfield(L, -2, "peak");
+    lua_pushinteger(L, (lua_Integer)(s.limit > (size_t)LUA_MAXINTEGER ? LUA_MAXINTEGER : s.limit));
+    lua_setfield(L, -2, "limit");
+    lua_pushinteger(L, s.allocs);
+    lua_setfield(L, -2, "storages");
+}
+
+/* mp.memory([device]) -> {in_use=, peak=, limit=, storages=} in bytes */
+static int m_memory(lua_State *L)
+{
+    mp_device d = MP_CPU;
+    if (!lua_isnoneornil(L, 1) && mp_device_parse(luaL_checkstring(L, 1), &d)) return lt_error(L, "mp.memory");
+    push_memory(L, d);
+    return 1;
+}
+
+static int m_default_device(lua_State *L)
+{
+    lua_pushstring(L, mp_device_name(lb_default_device(L)));
+    return 1;
+}
+
+static int cuda_is_available(lua_State *L)
+{
+    lua_pushboolean(L, mp_backend_of(MP_CUDA) != NULL);
+    return 1;
+}
+
+static int cuda_memory(lua_State *L)
+{
+    if (mp_device_check(MP_CUDA)) return lt_error(L, "mp.cuda.memory");
+    push_memory(L, MP_CUDA);
+    return 1;
+}
+
+static int cuda_synchronize(lua_State *L)
+{
+    if (mp_device_check(MP_CUDA)) return lt_error(L, "mp.cuda.synchronize");
+    return 0;
+}
+
+static const luaL_Reg funcs[] = {
+    {"tensor", m_tensor}, {"zeros", m_zeros}, {"ones", m_ones}, {"full", m_full},
+    {"arange", m_arange}, {"rand", m_rand}, {"randn", m_randn}, {"manual_seed", m_manual_seed},
+    {"matmul", m_matmul}, {"memory", m_memory},
+    {"set_default_device", lb_set_default_device}, {"default_device", m_default_device},
+    {NULL, NULL}
+};
+
+static const luaL_Reg cuda_funcs[] = {
+    {"is_available", cuda_is_available}, {"memory", cuda_memory}, {"synchronize", cuda_synchronize},
+    {NULL, NULL}
+};
+
+int luaopen_mp_core(lua_State *L)
+{
+    luaL_newlib(L, funcs);
+    luaopen_mp_tensor(L);
+    lua_setfield(L, -2, "Tensor");        /* the methods table, for Lua extensions */
+    luaL_newlib(L, cuda_funcs);
+    lua_setfield(L, -2, "cuda");
+    lua_pushliteral(L, MP_VERSION);
+    lua_setfield(L, -2, "version");
+    return 1;
+}

@@ -1,0 +1,10 @@
+/*
+ * mp_core.h: the C half of the Lua module `mp` (loaded as `mp.core`).
+ * Built into build/mp/core.so for plain lua5.4 and linked into the mpengine CLI,
+ * which registers it in package.preload.
+ */
+#ifndef MP_CORE_H
+#define MP_CORE_H
+#include <lua.h>
+int luaopen_mp_core(lua_State *L);
+#endif

@@ -1,0 +1,315 @@
+/*
+ * tensor.c: the Tensor userdata: its methods, properties and metamethods.
+ * Methods live in `meth`, metamethods in `metameth`; __index looks up a method
+ * first and then a property (shape, dtype, device). __gc, __close and free()
+ * share one function.
+ */
+#include <string.h>
+#include "lua/bind.h"
+
+#define TENSOR_RETURN(L, NAME, EXPR) do { LT_PUSH(L, NAME, EXPR); return 1; } while (0)
+
+static void push_shape(lua_State *L, const mp_tensor *t)
+{
+    lua_createtable(L, t->ndim, 0);
+    for (int d = 0; d < t->ndim; d++) {
+        lua_pushinteger(L, t->shape[d]);
+        lua_rawseti(L, -2, d + 1);
+    }
+}
+
+static int t_gc(lua_State *L)
+{
+    LTensor *u = luaL_checkudata(L, 1, MP_TENSOR_MT);
+    mp_release(u->t);
+    u->t = NULL;
+    return 0;
+}
+
+static int t_size(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    if (lua_isnoneornil(L, 2)) { push_shape(L, t); return 1; }
+    int d;
+    mp_clear_error();
+    if (mp_dim(t, (int)luaL_checkinteger(L, 2), &d)) return lt_error(L, "Tensor:size");
+    lua_pushinteger(L, t->shape[d]);
+    return 1;
+}
+
+static int t_dim(lua_State *L) { lua_pushinteger(L, lt_check(L, 1)->ndim); return 1; }
+static int t_numel(lua_State *L) { lua_pushinteger(L, lt_check(L, 1)->numel); return 1; }
+
+static void push_value(lua_State *L, mp_dtype dt, double v)
+{
+    if (mp_is_float(dt)) lua_pushnumber(L, v);
+    else lua_pushinteger(L, (lua_Integer)v);
+}
+
+static int t_item(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    double v;
+    if (t->numel != 1)
+        return luaL_error(L, "Tensor:item: tensor has %lld elements (expected exactly 1)", (long long)t->numel);
+    mp_clear_error();
+    if (mp_read_f64(t, 0, 1, &v)) return lt_error(L, "Tensor:item");
+    push_value(L, t->dtype, v);
+    return 1;
+}
+
+/* nested tables of dim d from values v (row-major), advancing *k */
+static void push_nested(lua_State *L, const mp_tensor *t, const double *v, int d, int64_t *k)
+{
+    luaL_checkstack(L, 4, "tensor too deep");
+    lua_createtable(L, (int)t->shape[d], 0);
+    for (int64_t i = 0; i < t->shape[d]; i++) {
+        if (d == t->ndim - 1) push_value(L, t->dtype, v[(*k)++]);
+        else push_nested(L, t, v, d + 1, k);
+        lua_rawseti(L, -2, i + 1);
+    }
+}
+
+static int t_totable(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    double *v = lua_newuserdatauv(L, sizeof(double) * (size_t)t->numel, 0);   /* freed by GC */
+    mp_clear_error();
+    if (mp_read_f64(t, 0, t->numel, v)) return lt_error(L, "Tensor:totable");
+    int64_t k = 0;
+    if (t->ndim == 0) push_value(L, t->dtype, v[0]);
+    else push_nested(L, t, v, 0, &k);
+    return 1;
+}
+
+static int t_free(lua_State *L)
+{
+    LTensor *u = luaL_checkudata(L, 1, MP_TENSOR_MT);
+    if (!u->t) return luaL_error(L, "Tensor:free: tensor was already freed");
+    return t_gc(L);
+}
+
+/* t:to(dtype), t:to(device), t:to(dtype, device) in either order */
+static int t_to(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    mp_dtype dt = t->dtype;
+    mp_device dev = t->dev;
+    int top = lua_gettop(L);
+    if (top < 2) return luaL_error(L, "Tensor:to: expected a dtype or a device name");
+    for (int i = 2; i <= top && i <= 3; i++) {
+        const char *s = luaL_checkstring(L, i);
+        if (mp_dtype_parse(s, &dt) && mp_device_parse(s, &dev))
+            return luaL_error(L, "Tensor:to: '%s' is neither a dtype (f32, f16, bf16, i32, u8) "
+                                 "nor a device (cpu, cuda)", s);
+    }
+    TENSOR_RETURN(L, "Tensor:to", mp_to(t, dt, dev));
+}
+
+#define CAST_METHOD(fn, DT, DEV, NAME)                                          \
+    static int fn(lua_State *L)                                                 \
+    {                                                                           \
+        mp_tensor *t = lt_check(L, 1);                                          \
+        TENSOR_RETURN(L, NAME, mp_to(t, DT, DEV));                              \
+    }
+CAST_METHOD(t_f32, MP_F32, t->dev, "Tensor:f32")
+CAST_METHOD(t_f16, MP_F16, t->dev, "Tensor:f16")
+CAST_METHOD(t_bf16, MP_BF16, t->dev, "Tensor:bf16")
+CAST_METHOD(t_cpu, t->dtype, MP_CPU, "Tensor:cpu")
+CAST_METHOD(t_cuda, t->dtype, MP_CUDA, "Tensor:cuda")
+
+static int t_clone(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    TENSOR_RETURN(L, "Tensor:clone", mp_clone(t));
+}
+
+/* without autograd, detach is a new tensor sharing the same storage */
+static int t_detach(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    TENSOR_RETURN(L, "Tensor:detach", mp_view(t, t->ndim, t->shape, t->offset));
+}
+
+/* shape from a table, or from the remaining arguments: t:reshape{2,3} or t:reshape(2,3) */
+static int shape_args(lua_State *L, int i, int64_t *shape, const char *name)
+{
+    if (lua_istable(L, i)) {
+        int n = (int)luaL_len(L, i);
+        if (n > MP_MAXDIM) luaL_error(L, "%s: a tensor has at most %d dims (got %d)", name, MP_MAXDIM, n);
+        for (int d = 0; d < n; d++) {
+            lua_geti(L, i, d + 1);
+            if (!lua_isinteger(L, -1)) luaL_error(L, "%s: size of dim %d must be an integer (got %s)", name, d + 1,
+                                                  luaL_typename(L, -1));
+            shape[d] = lua_tointeger(L, -1);
+            lua_pop(L, 1);
+        }
+        return n;
+    }
+    int n = lua_gettop(L) - i + 1;
+    if (n > MP_MAXDIM) luaL_error(L, "%s: a tensor has at most %d dims (got %d)", name, MP_MAXDIM, n);
+    for (int d = 0; d < n; d++) {
+        if (!lua_isinteger(L, i + d)) luaL_error(L, "%s: size of dim %d must be an integer (got %s)", name, d + 1,
+                                                 luaL_typename(L, i + d));
+        shape[d] = lua_tointeger(L, i + d);
+    }
+    return n;
+}
+
+static int t_reshape(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    int64_t shape[MP_MAXDIM];
+    int n = shape_args(L, 2, shape, "Tensor:reshape");
+    TENSOR_RETURN(L, "Tensor:reshape", mp_reshape(t, n, shape));
+}
+
+static int t_view(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    int64_t shape[MP_MAXDIM];
+    int n = shape_args(L, 2, shape, "Tensor:view");
+    TENSOR_RETURN(L, "Tensor:view", mp_reshape(t, n, shape));
+}
+
+static int t_transpose(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    int d1 = (int)luaL_checkinteger(L, 2), d2 = (int)luaL_checkinteger(L, 3);
+    TENSOR_RETURN(L, "Tensor:transpose", mp_transpose(t, d1, d2));
+}
+
+static int t_narrow(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    int d = (int)luaL_checkinteger(L, 2);
+    int64_t start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4);
+    TENSOR_RETURN(L, "Tensor:narrow", mp_narrow(t, d, start, len));
+}
+
+/* arithmetic: tensor OP tensor, tensor OP number, number OP tensor */
+static int arith(lua_State *L, mp_binop op, const char *name)
+{
+    mp_tensor *a = lt_opt(L, 1), *b = lt_opt(L, 2);
+    if (a && b) TENSOR_RETURN(L, name, mp_binary(op, a, b));
+    if (a && lua_type(L, 2) == LUA_TNUMBER) TENSOR_RETURN(L, name, mp_binary_scalar(op, a, lua_tonumber(L, 2), 0));
+    if (b && lua_type(L, 1) == LUA_TNUMBER) TENSOR_RETURN(L, name, mp_binary_scalar(op, b, lua_tonumber(L, 1), 1));
+    return luaL_error(L, "%s: expected tensors or numbers (got %s and %s)", name, luaL_typename(L, 1),
+                      luaL_typename(L, 2));
+}
+
+static int t_add(lua_State *L) { return arith(L, MP_ADD, "Tensor:__add"); }
+static int t_sub(lua_State *L) { return arith(L, MP_SUB, "Tensor:__sub"); }
+static int t_mul(lua_State *L) { return arith(L, MP_MUL, "Tensor:__mul"); }
+static int t_div(lua_State *L) { return arith(L, MP_DIV, "Tensor:__div"); }
+
+static int t_unm(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    TENSOR_RETURN(L, "Tensor:__unm", mp_unary(MP_NEG, t, 0));
+}
+
+#define UNARY_METHOD(fn, OP, NAME)                                              \
+    static int fn(lua_State *L)                                                 \
+    {                                                                           \
+        mp_tensor *t = lt_check(L, 1);                                          \
+        TENSOR_RETURN(L, NAME, mp_unary(OP, t, 0));                             \
+    }
+UNARY_METHOD(t_abs, MP_ABS, "Tensor:abs")
+UNARY_METHOD(t_exp, MP_EXP, "Tensor:exp")
+UNARY_METHOD(t_log, MP_LOG, "Tensor:log")
+UNARY_METHOD(t_sqrt, MP_SQRT, "Tensor:sqrt")
+
+static int t_pow(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    double p = luaL_checknumber(L, 2);
+    TENSOR_RETURN(L, "Tensor:pow", mp_unary(MP_POW, t, p));
+}
+
+/* optional dim argument: 0 (all dims) when absent */
+static int opt_dim(lua_State *L, int i, const char *name)
+{
+    if (lua_isnoneornil(L, i)) return 0;
+    if (!lua_isinteger(L, i)) luaL_error(L, "%s: dim must be an integer (got %s)", name, luaL_typename(L, i));
+    lua_Integer d = lua_tointeger(L, i);
+    if (d == 0) luaL_error(L, "%s: dim 0 is not a dim (dims are 1-based; -1 is the last)", name);
+    return d < -1000 ? -1000 : d > 1000 ? 1000 : (int)d;   /* out of range either way */
+}
+
+static int reduce(lua_State *L, mp_redop op, const char *name)
+{
+    mp_tensor *t = lt_check(L, 1);
+    int d = opt_dim(L, 2, name);
+    TENSOR_RETURN(L, name, mp_reduce(op, t, d, 0));
+}
+
+static int t_sum(lua_State *L) { return reduce(L, MP_SUM, "Tensor:sum"); }
+static int t_mean(lua_State *L) { return reduce(L, MP_MEAN, "Tensor:mean"); }
+static int t_argmax(lua_State *L) { return reduce(L, MP_ARGMAX, "Tensor:argmax"); }
+
+/* t:max() -> the largest value as a 0-d tensor; t:max(d) -> values, indices (0-based) */
+static int t_max(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    int d = opt_dim(L, 2, "Tensor:max");
+    LT_PUSH(L, "Tensor:max", mp_reduce(MP_MAX, t, d, 0));
+    if (d == 0) return 1;
+    LT_PUSH(L, "Tensor:max", mp_reduce(MP_ARGMAX, t, d, 0));
+    return 2;
+}
+
+static int t_matmul(lua_State *L)
+{
+    mp_tensor *a = lt_check(L, 1), *b = lt_check(L, 2);
+    TENSOR_RETURN(L, "mp.matmul", mp_matmul(a, b));
+}
+
+static int t_index(lua_State *L)
+{
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;   /* a method */
+    const char *k = lua_tostring(L, 2);
+    if (!k) return 0;
+    mp_tensor *t = lt_check(L, 1);
+    if (strcmp(k, "shape") == 0) push_shape(L, t);
+    else if (strcmp(k, "dtype") == 0) lua_pushstring(L, mp_dtype_name(t->dtype));
+    else if (strcmp(k, "device") == 0) lua_pushstring(L, mp_device_name(t->dev));
+    else lua_pushnil(L);
+    return 1;
+}
+
+static int t_eq(lua_State *L)
+{
+    LTensor *a = luaL_checkudata(L, 1, MP_TENSOR_MT), *b = luaL_checkudata(L, 2, MP_TENSOR_MT);
+    lua_pushboolean(L, a->t && a->t == b->t);
+    return 1;
+}
+
+static const luaL_Reg meth[] = {
+    {"size", t_size}, {"dim", t_dim}, {"numel", t_numel}, {"item", t_item}, {"totable", t_totable},
+    {"free", t_free}, {"to", t_to}, {"f32", t_f32}, {"f16", t_f16}, {"bf16", t_bf16},
+    {"cpu", t_cpu}, {"cuda", t_cuda}, {"clone", t_clone}, {"detach", t_detach},
+    {"reshape", t_reshape}, {"view", t_view}, {"transpose", t_transpose}, {"narrow", t_narrow},
+    {"matmul", t_matmul}, {"sum", t_sum}, {"mean", t_mean}, {"max", t_max}, {"argmax", t_argmax},
+    {"abs", t_abs}, {"exp", t_exp}, {"log", t_log}, {"sqrt", t_sqrt}, {"pow", t_pow},
+    {NULL, NULL}
+};
+
+static const luaL_Reg metameth[] = {
+    {"__gc", t_gc}, {"__close", t_gc}, {"__tostring", lt_tostring},
+    {"__add", t_add}, {"__sub", t_sub}, {"__mul", t_mul}, {"__div", t_div}, {"__unm", t_unm},
+    {"__eq", t_eq}, {"__index", NULL}, {NULL, NULL}
+};
+
+int luaopen_mp_tensor(lua_State *L)
+{
+    luaL_newmetatable(L, MP_TENSOR_MT);
+    luaL_setfuncs(L, metameth, 0);
+    luaL_newlib(L, meth);
+    lua_pushvalue(L, -1);
+    lua_pushcclosure(L, t_index, 1);
+    lua_setfield(L, -3, "__index");
+    lua_remove(L, -2);
+    return 1;
+}

@@ -1,0 +1,41 @@
+#!/bin/sh
+# Runs every test: the Criterion binaries in $BUILD/tests, then the busted specs
+# in tests/lua through `require "mp"` from plain lua5.4. Ends with one line
+# `N passed, N failed` (`, N skipped` where any were skipped); exits 1 on failure.
+BUILD=${BUILD:-build}
+cd "$(dirname "$0")/.." || exit 1
+pass=0 fail=0 skip=0
+log=$(mktemp) && trap 'rm -f "$log"' EXIT
+
+for t in "$BUILD"/tests/test_*; do
+  [ -x "$t" ] || continue
+  echo "== $t"
+  "$t" --short-filename >"$log" 2>&1
+  rc=$?
+  grep -v '^\[----\]' "$log" | tail -n 20
+  line=$(grep 'Synthesis:' "$log" | tail -n 1)
+  if [ -z "$line" ]; then echo "!! $t exited $rc without a summary"; fail=$((fail + 1)); continue; fi
+  n_pass=$(echo "$line" | sed -n 's/.*Passing: \([0-9]*\).*/\1/p')
+  n_fail=$(echo "$line" | sed -n 's/.*Failing: \([0-9]*\).*/\1/p')
+  n_crash=$(echo "$line" | sed -n 's/.*Crashing: \([0-9]*\).*/\1/p')
+  n_skip=$(echo "$line" | sed -n 's/.*Skipped: \([0-9]*\).*/\1/p')
+  pass=$((pass + ${n_pass:-0})); fail=$((fail + ${n_fail:-0} + ${n_crash:-0})); skip=$((skip + ${n_skip:-0}))
+done
+
+export LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;;"
+export LUA_CPATH="$PWD/$BUILD/?.so;;"
+export MP_TEST_BUILD="$PWD/$BUILD"
+echo "== busted tests/lua"
+busted --output=utfTerminal --no-auto-insulate tests/lua >"$log" 2>&1
+grep -v '^$' "$log" | tail -n 60
+line=$(grep -E '[0-9]+ success' "$log" | tail -n 1)
+if [ -z "$line" ]; then
+  echo "!! busted printed no summary"; fail=$((fail + 1))
+else
+  n() { echo "$line" | sed -n "s/.*\([^0-9]\|^\)\([0-9][0-9]*\) $1.*/\2/p"; }
+  pass=$((pass + $(n success))); fail=$((fail + $(n failure) + $(n error))); skip=$((skip + $(n pending)))
+fi
+
+if [ "$skip" -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"
+else echo "$pass passed, $fail failed"; fi
+[ "$fail" -eq 0 ]
