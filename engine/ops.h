@@ -40,6 +40,9 @@ mp_tensor *mp_reshape(mp_tensor *t, int ndim, const int64_t *shape);  /* one -1 
 mp_tensor *mp_transpose(mp_tensor *t, int d1, int d2);
 mp_tensor *mp_narrow(mp_tensor *t, int d, int64_t start, int64_t len);  /* start 1-based */
 
+/* t's entries at 0-based i32 indices idx (1-d) along dim */
+mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx);
+
 /* arithmetic */
 mp_tensor *mp_binary(mp_binop op, mp_tensor *a, mp_tensor *b);
 /* a OP s, or s OP a when scalar_first */

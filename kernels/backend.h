@@ -86,6 +86,13 @@ typedef struct mp_backend {
     /* out = in with dims permuted: out dim d is in dim perm[d] (contiguous copy) */
     void (*permute)(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape,
                     const int *perm);
+    /* out[o, j, i] = in[o, idx[j], i] for an {outer, n, inner} input and nidx indices
+     * (0-based, already checked to lie in [0, n)); idx is an i32 array on this device */
+    void (*gather)(mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx,
+                   int64_t outer, int64_t n, int64_t inner);
+    /* out[o, idx[j], i] += src[o, j, i]: the adjoint of gather, in index order */
+    void (*scatter_add)(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
+                        int64_t outer, int64_t n, int64_t inner);
     /* copy a {outer, len, inner} block starting at `start` of an {outer, n, inner} source */
     void (*narrow)(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
                    int64_t start, int64_t len, int64_t inner);

@@ -259,6 +259,14 @@ static int t_max(lua_State *L)
     return 2;
 }
 
+static int t_index_select(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    int d = (int)luaL_checkinteger(L, 2);
+    mp_tensor *idx = lt_check(L, 3);
+    TENSOR_RETURN(L, "Tensor:index_select", mp_index_select(t, d, idx));
+}
+
 static int t_matmul(lua_State *L)
 {
     mp_tensor *a = lt_check(L, 1), *b = lt_check(L, 2);
@@ -291,7 +299,7 @@ static const luaL_Reg meth[] = {
     {"free", t_free}, {"to", t_to}, {"f32", t_f32}, {"f16", t_f16}, {"bf16", t_bf16},
     {"cpu", t_cpu}, {"cuda", t_cuda}, {"clone", t_clone}, {"detach", t_detach},
     {"reshape", t_reshape}, {"view", t_view}, {"transpose", t_transpose}, {"narrow", t_narrow},
-    {"matmul", t_matmul}, {"sum", t_sum}, {"mean", t_mean}, {"max", t_max}, {"argmax", t_argmax},
+    {"index_select", t_index_select}, {"matmul", t_matmul}, {"sum", t_sum}, {"mean", t_mean}, {"max", t_max}, {"argmax", t_argmax},
     {"abs", t_abs}, {"exp", t_exp}, {"log", t_log}, {"sqrt", t_sqrt}, {"pow", t_pow},
     {NULL, NULL}
 };

@@ -54,6 +54,10 @@ int cpu_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, i
               float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
               float beta, void *c, int64_t sc);
 void cpu_permute(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm);
+void cpu_gather(mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx,
+                int64_t outer, int64_t n, int64_t inner);
+void cpu_scatter_add(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
+                     int64_t outer, int64_t n, int64_t inner);
 void cpu_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
                 int64_t start, int64_t len, int64_t inner);
 

@@ -51,4 +51,6 @@ const mp_backend mp_cpu_backend = {
     .gemm = cpu_gemm,
     .permute = cpu_permute,
     .narrow = cpu_narrow,
+    .gather = cpu_gather,
+    .scatter_add = cpu_scatter_add,
 };

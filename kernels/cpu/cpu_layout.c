@@ -44,3 +44,36 @@ void cpu_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n
         memcpy((char *)out + (size_t)o * row,
                (const char *)in + (size_t)((o * n + start) * inner) * es, row);
 }
+
+void cpu_gather(mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx,
+                int64_t outer, int64_t n, int64_t inner)
+{
+    size_t es = mp_dtype_size(dt), row = (size_t)inner * es;
+    #pragma omp parallel for if (outer * nidx * inner >= MP_PAR_MIN) schedule(static)
+    for (int64_t q = 0; q < outer * nidx; q++) {
+        int64_t o = q / nidx, j = q % nidx;
+        memcpy((char *)out + (size_t)q * row, (const char *)in + (size_t)(o * n + idx[j]) * row, row);
+    }
+}
+
+/* sequential over indices so repeated indices add in a fixed order (deterministic) */
+void cpu_scatter_add(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
+                     int64_t outer, int64_t n, int64_t inner)
+{
+    float a[MP_BLOCK], b[MP_BLOCK];
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t j = 0; j < nidx; j++) {
+            int64_t dst = (o * n + idx[j]) * inner, s = (o * nidx + j) * inner;
+            for (int64_t i = 0; i < inner; i += MP_BLOCK) {
+                int64_t len = inner - i < MP_BLOCK ? inner - i : MP_BLOCK;
+                if (dt == MP_I32) {
+                    for (int64_t k = 0; k < len; k++) ((int32_t *)out)[dst + i + k] += ((const int32_t *)src)[s + i + k];
+                    continue;
+                }
+                cpu_load(dt, out, dst + i, a, len);
+                cpu_load(dt, src, s + i, b, len);
+                for (int64_t k = 0; k < len; k++) a[k] += b[k];
+                cpu_store(dt, out, dst + i, a, len);
+            }
+        }
+}

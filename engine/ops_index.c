@@ -1,0 +1,44 @@
+/*
+ * ops_index.c: selecting entries by index: index_select along a dim (the
+ * batching of a data loader, the forward of an embedding). Index values are
+ * 0-based, like labels and class ids.
+ */
+#include "engine/ops.h"
+#include "engine/error.h"
+
+/* every index in [0, n) */
+static int check_indices(const mp_tensor *idx, int64_t n)
+{
+    if (idx->dtype != MP_I32 || idx->ndim != 1)
+        return mp_fail(MP_EINVAL, "indices must be a 1-d i32 tensor (got %s with %d dims)",
+                       mp_dtype_name(idx->dtype), idx->ndim);
+    mp_tensor *host = mp_to((mp_tensor *)idx, MP_I32, MP_CPU);
+    if (!host) return -1;
+    const int32_t *v = mp_data(host);
+    int rc = 0;
+    for (int64_t j = 0; j < host->numel && rc == 0; j++)
+        if (v[j] < 0 || v[j] >= n)
+            rc = mp_fail(MP_EINVAL, "index %d at position %lld out of range [0, %lld)", v[j],
+                         (long long)j + 1, (long long)n);
+    mp_release(host);
+    return rc;
+}
+
+mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx)
+{
+    int k;
+    if (mp_dim(t, dim, &k)) return NULL;
+    if (idx->dev != t->dev)
+        return mp_fail(MP_EINVAL, "indices are on %s, the tensor on %s", mp_device_name(idx->dev),
+                       mp_device_name(t->dev)), NULL;
+    if (check_indices(idx, t->shape[k])) return NULL;
+    int64_t outer = 1, inner = 1, shape[MP_MAXDIM];
+    for (int i = 0; i < t->ndim; i++) {
+        shape[i] = i == k ? idx->numel : t->shape[i];
+        if (i < k) outer *= t->shape[i];
+        if (i > k) inner *= t->shape[i];
+    }
+    mp_tensor *o = mp_empty(t->dtype, t->dev, t->ndim, shape);
+    if (o) mp_be(o)->gather(t->dtype, mp_data(o), mp_data(t), mp_data(idx), idx->numel, outer, t->shape[k], inner);
+    return o;
+}
