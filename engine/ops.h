@@ -32,6 +32,7 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out);
 /* dtype and device */
 mp_dtype mp_promote(mp_dtype a, mp_dtype b);
 mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev);   /* new reference; t itself if nothing changes */
+mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev); /* the same, never recorded by autograd */
 mp_tensor *mp_clone(mp_tensor *t);
 
 /* shape: reshape/view and narrow along dim 1 share storage */
@@ -55,5 +56,20 @@ mp_tensor *mp_reduce(mp_redop op, mp_tensor *a, int dim, int keepdim);
 
 /* matmul: {m,k}@{k,n}, batched {b,m,k}@{b,k,n}, {b,m,k}@{k,n}, 1-D as in numpy */
 mp_tensor *mp_matmul(mp_tensor *a, mp_tensor *b);
+
+typedef enum { MP_REDUCE_MEAN, MP_REDUCE_SUM, MP_REDUCE_NONE } mp_reduction;
+
+/* neural-network ops (ops_nn.c), all differentiable */
+mp_tensor *mp_softmax(mp_tensor *x, int dim, int log);
+mp_tensor *mp_cross_entropy(mp_tensor *logits, mp_tensor *target, mp_reduction red);
+mp_tensor *mp_mse_loss(mp_tensor *a, mp_tensor *b);
+mp_tensor *mp_layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps);   /* w, b may be NULL */
+mp_tensor *mp_embedding(mp_tensor *idx, mp_tensor *w);
+mp_tensor *mp_dropout(mp_tensor *x, double p, bool training);
+mp_tensor *mp_cat(int n, mp_tensor *const *ts, int dim);
+mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b);
+
+/* x{.., in} @ w{out, in}^T + b{out}; b may be NULL */
+mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b);
 
 #endif

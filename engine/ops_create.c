@@ -7,6 +7,7 @@
 #include <string.h>
 #include "engine/ops.h"
 #include "engine/error.h"
+#include "engine/autograd.h"
 
 mp_tensor *mp_full(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape, double value)
 {
@@ -73,7 +74,7 @@ mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shap
         }
     }
     if (dev == MP_CPU) return host;
-    mp_tensor *t = mp_to(host, dt, dev);
+    mp_tensor *t = mp_to_raw(host, dt, dev);
     mp_release(host);
     return t;
 }
@@ -115,7 +116,7 @@ mp_dtype mp_promote(mp_dtype a, mp_dtype b)
     return MP_I32;                                          /* i32 with u8 */
 }
 
-mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev)
+mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev)
 {
     if (t->dtype == dt && t->dev == dev) return mp_retain(t);
     if (mp_device_check(dev)) return NULL;
@@ -130,14 +131,39 @@ mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev)
     if (dev == MP_CPU) mp_be(t)->to_host(mp_data(o), mp_data(t), mp_nbytes(t));
     else mp_be(o)->from_host(mp_data(o), mp_data(t), mp_nbytes(t));
     if (dt == t->dtype) return o;
-    mp_tensor *c = mp_to(o, dt, dev);
+    mp_tensor *c = mp_to_raw(o, dt, dev);
     mp_release(o);
     return c;
+}
+
+/* the gradient of a cast or a copy: back to the input's dtype and device */
+static int to_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    gin[0] = mp_to_raw(g, n->in[0].dtype, n->in[0].dev);
+    return gin[0] ? 0 : -1;
+}
+
+static mp_tensor *record_copy(mp_tensor *o, mp_tensor *t, const char *name)
+{
+    mp_node *n;
+    if (o && mp_record(o, name, to_backward, 1, &t, &n)) {
+        mp_release(o);
+        return NULL;
+    }
+    return o;
+}
+
+mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev)
+{
+    if (t->dtype == dt && t->dev == dev) return mp_retain(t);
+    mp_tensor *o = mp_to_raw(t, dt, dev);
+    /* casts to integers are not differentiable: they cut the graph */
+    return mp_is_float(dt) ? record_copy(o, t, "to") : o;
 }
 
 mp_tensor *mp_clone(mp_tensor *t)
 {
     mp_tensor *o = mp_empty(t->dtype, t->dev, t->ndim, t->shape);
     if (o) mp_be(o)->copy(mp_data(o), mp_data(t), mp_nbytes(t));
-    return o;
+    return record_copy(o, t, "clone");
 }

@@ -5,6 +5,7 @@
  */
 #include "engine/ops.h"
 #include "engine/error.h"
+#include "engine/autograd.h"
 
 /* every index in [0, n) */
 static int check_indices(const mp_tensor *idx, int64_t n)
@@ -12,7 +13,7 @@ static int check_indices(const mp_tensor *idx, int64_t n)
     if (idx->dtype != MP_I32 || idx->ndim != 1)
         return mp_fail(MP_EINVAL, "indices must be a 1-d i32 tensor (got %s with %d dims)",
                        mp_dtype_name(idx->dtype), idx->ndim);
-    mp_tensor *host = mp_to((mp_tensor *)idx, MP_I32, MP_CPU);
+    mp_tensor *host = mp_to_raw((mp_tensor *)idx, MP_I32, MP_CPU);
     if (!host) return -1;
     const int32_t *v = mp_data(host);
     int rc = 0;
@@ -22,6 +23,18 @@ static int check_indices(const mp_tensor *idx, int64_t n)
                          (long long)j + 1, (long long)n);
     mp_release(host);
     return rc;
+}
+
+/* the adjoint of a gather: selected rows add back into zeros of the input's shape */
+static int index_select_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    mp_edge *e = &n->in[0];
+    mp_tensor *idx = n->saved[0];
+    mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
+    if (!r) return -1;
+    mp_be(r)->scatter_add(g->dtype, mp_data(r), mp_data(g), mp_data(idx), idx->numel, n->i[0], n->i[1], n->i[2]);
+    gin[0] = r;
+    return 0;
 }
 
 mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx)
@@ -40,5 +53,14 @@ mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx)
     }
     mp_tensor *o = mp_empty(t->dtype, t->dev, t->ndim, shape);
     if (o) mp_be(o)->gather(t->dtype, mp_data(o), mp_data(t), mp_data(idx), idx->numel, outer, t->shape[k], inner);
+    mp_node *n;
+    if (o && mp_record(o, "index_select", index_select_backward, 1, &t, &n)) {
+        mp_release(o);
+        return NULL;
+    }
+    if (o && n) {
+        mp_save(n, 0, idx);
+        n->i[0] = outer, n->i[1] = t->shape[k], n->i[2] = inner;
+    }
     return o;
 }

@@ -7,6 +7,7 @@
 #include <math.h>
 #include "engine/ops.h"
 #include "engine/error.h"
+#include "engine/autograd.h"
 
 static int same_device(const mp_tensor *a, const mp_tensor *b)
 {
@@ -38,8 +39,63 @@ int mp_broadcast(const mp_tensor *a, const mp_tensor *b, mp_bcast *bc)
     return 0;
 }
 
-/* a new reference to t in dtype dt (t itself when it already is) */
-static mp_tensor *as_dtype(mp_tensor *t, mp_dtype dt) { return mp_to(t, dt, t->dev); }
+/* a new reference to t in dtype dt (t itself when it already is), not recorded:
+ * an op's own node differentiates with respect to its original inputs */
+static mp_tensor *as_dtype(mp_tensor *t, mp_dtype dt) { return mp_to_raw(t, dt, t->dev); }
+
+/* gradient g (computed in the op's dtype) reduced to input i's shape and dtype */
+static mp_tensor *to_input(mp_node *n, int i, mp_tensor *g)
+{
+    mp_edge *e = &n->in[i];
+    mp_tensor *s = mp_sum_to(g, e->ndim, e->shape);
+    if (!s || s->dtype == e->dtype) return s;
+    mp_tensor *c = mp_to_raw(s, e->dtype, e->dev);
+    mp_release(s);
+    return c;
+}
+
+/* finish an op: record its node, or undo the output when recording fails */
+static mp_tensor *recorded(mp_tensor *o, const char *name, mp_backward_fn fn, int nin, mp_tensor *const *ins,
+                           mp_node **node)
+{
+    *node = NULL;
+    if (o && mp_record(o, name, fn, nin, ins, node)) {
+        mp_release(o);
+        return NULL;
+    }
+    return o;
+}
+
+static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    mp_binop op = (mp_binop)n->i[0];
+    mp_tensor *x = n->saved[0], *y = n->saved[1], *ga = NULL, *gb = NULL, *t = NULL;
+    bool wa = mp_edge_wants(n, 0), wb = mp_edge_wants(n, 1);
+    switch (op) {
+    case MP_ADD: ga = wa ? mp_retain(g) : NULL; gb = wb ? mp_retain(g) : NULL; break;
+    case MP_SUB: ga = wa ? mp_retain(g) : NULL; gb = wb ? mp_unary(MP_NEG, g, 0) : NULL; break;
+    case MP_MUL: ga = wa ? mp_binary(MP_MUL, g, y) : NULL; gb = wb ? mp_binary(MP_MUL, g, x) : NULL; break;
+    case MP_DIV:   /* d(x/y)/dy = -x/y^2 */
+        ga = wa ? mp_binary(MP_DIV, g, y) : NULL;
+        if (wb && (t = mp_binary(MP_MUL, y, y)) && (gb = mp_binary(MP_DIV, x, t))) {
+            mp_tensor *u = mp_binary(MP_MUL, g, gb);
+            mp_release(gb);
+            gb = u ? mp_unary(MP_NEG, u, 0) : NULL;
+            mp_release(u);
+        }
+        mp_release(t);
+        break;
+    default: return mp_fail(MP_EINVAL, "no gradient for comparisons");
+    }
+    int rc = (wa && !ga) || (wb && !gb) ? -1 : 0;
+    if (rc == 0 && wa && !(gin[0] = to_input(n, 0, ga))) rc = -1;
+    if (rc == 0 && wb && !(gin[1] = to_input(n, 1, gb))) rc = -1;
+    mp_release(ga);
+    mp_release(gb);
+    return rc;
+}
+
+static const char *binop_name[MP_NBINOPS] = {"add", "sub", "mul", "div", "gt", "lt", "ge", "le", "eq", "ne"};
 
 mp_tensor *mp_binary(mp_binop op, mp_tensor *a, mp_tensor *b)
 {
@@ -49,8 +105,17 @@ mp_tensor *mp_binary(mp_binop op, mp_tensor *a, mp_tensor *b)
     mp_dtype dt = mp_promote(a->dtype, b->dtype);
     if (op == MP_DIV && !mp_is_float(dt)) dt = MP_F32;
     mp_tensor *x = as_dtype(a, dt), *y = x ? as_dtype(b, dt) : NULL, *o = NULL;
-    if (y) o = mp_empty(dt, a->dev, bc.ndim, bc.shape);
+    if (y) o = mp_empty(MP_IS_CMP(op) ? MP_U8 : dt, a->dev, bc.ndim, bc.shape);
     if (o) mp_be(o)->binary(op, dt, mp_data(o), mp_data(x), mp_data(y), &bc);
+    mp_node *n = NULL;
+    if (!MP_IS_CMP(op)) {
+        mp_tensor *ins[2] = {a, b};
+        o = recorded(o, binop_name[op], binary_backward, 2, ins, &n);
+    }
+    if (n) {
+        n->i[0] = op;
+        if (op == MP_MUL || op == MP_DIV) mp_save(n, 0, x), mp_save(n, 1, y);
+    }
     mp_release(x);
     mp_release(y);
     return o;
@@ -69,12 +134,42 @@ static mp_dtype unary_dtype(mp_unop op, mp_dtype dt, double p)
     }
 }
 
+static int unary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *x = n->saved[0], *y = n->saved[1];
+    mp_tensor *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
+    if (!r) return -1;
+    mp_be(r)->unary_grad((mp_unop)n->i[0], g->dtype, mp_data(r), mp_data(g), x ? mp_data(x) : NULL,
+                         y ? mp_data(y) : NULL, g->numel, n->f[0]);
+    gin[0] = r;
+    return 0;
+}
+
+static const char *unop_name[MP_NUNOPS] = {
+    "neg", "abs", "exp", "log", "sqrt", "pow", "mul", "add", "rsub", "div", "rdiv",
+    "relu", "tanh", "sigmoid", "gelu", "dropout_mask"
+};
+
 mp_tensor *mp_unary(mp_unop op, mp_tensor *a, double p)
 {
     if ((unsigned)op >= MP_NUNOPS) return mp_fail(MP_EINVAL, "bad unary op"), NULL;
     mp_dtype dt = unary_dtype(op, a->dtype, p);
     mp_tensor *x = as_dtype(a, dt), *o = x ? mp_empty(dt, a->dev, a->ndim, a->shape) : NULL;
     if (o) mp_be(o)->unary(op, dt, mp_data(o), mp_data(x), a->numel, p);
+    mp_node *n;
+    o = op == MP_DROPMASK ? o : recorded(o, unop_name[op], unary_backward, 1, &a, &n);
+    if (o && op != MP_DROPMASK && n) {
+        n->i[0] = op, n->f[0] = p;
+        bool needs_x = op == MP_ABS || op == MP_LOG || op == MP_POW || op == MP_RDIVS || op == MP_RELU || op == MP_GELU;
+        bool needs_y = op == MP_EXP || op == MP_SQRT || op == MP_TANH || op == MP_SIGMOID || op == MP_RDIVS;
+        if (needs_x) mp_save(n, 0, x);
+        if (needs_y) {
+            mp_tensor *d = mp_detached(o);
+            if (!d) { mp_release(x); mp_release(o); return NULL; }
+            mp_save(n, 1, d);
+            mp_release(d);
+        }
+    }
     mp_release(x);
     return o;
 }
@@ -89,6 +184,43 @@ mp_tensor *mp_binary_scalar(mp_binop op, mp_tensor *a, double s, int scalar_firs
     default: return mp_fail(MP_EINVAL, "bad binary op"), NULL;
     }
 }
+
+static int reduce_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    mp_edge *e = &n->in[0];
+    mp_redop op = (mp_redop)n->i[0];
+    int k = (int)n->i[1];   /* 0-based dim, or -1 for all */
+    int64_t keep[MP_MAXDIM];
+    for (int d = 0; d < e->ndim; d++) keep[d] = k < 0 || d == k ? 1 : e->shape[d];
+    if (op == MP_MAX) {   /* the gradient goes to the (first) maximum */
+        mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
+        if (!r) return -1;
+        int64_t outer = 1, len = r->numel, inner = 1;
+        if (k >= 0) {
+            len = e->shape[k];
+            for (int d = 0; d < e->ndim; d++) {
+                if (d < k) outer *= e->shape[d];
+                if (d > k) inner *= e->shape[d];
+            }
+        }
+        mp_be(r)->put_along(g->dtype, mp_data(r), mp_data(g), mp_data(n->saved[0]), outer, len, inner);
+        gin[0] = r;
+        return 0;
+    }
+    mp_tensor *gk = mp_reshape(g, e->ndim, keep), *s = gk;
+    if (gk && op == MP_MEAN) {
+        double cnt = 1;
+        for (int d = 0; d < e->ndim; d++) cnt *= k < 0 || d == k ? (double)e->shape[d] : 1.0;
+        s = mp_unary(MP_DIVS, gk, cnt);
+        mp_release(gk);
+    }
+    if (!s) return -1;
+    gin[0] = mp_expand(s, e->ndim, e->shape);
+    mp_release(s);
+    return gin[0] ? 0 : -1;
+}
+
+static const char *redop_name[MP_NREDOPS] = {"sum", "mean", "max", "argmax"};
 
 mp_tensor *mp_reduce(mp_redop op, mp_tensor *a, int dim, int keepdim)
 {
@@ -116,6 +248,18 @@ mp_tensor *mp_reduce(mp_redop op, mp_tensor *a, int dim, int keepdim)
     mp_dtype out = op == MP_ARGMAX ? MP_I32 : in;
     mp_tensor *x = as_dtype(a, in), *o = x ? mp_empty(out, a->dev, nd, shape) : NULL;
     if (o) mp_be(o)->reduce(op, in, mp_data(o), mp_data(x), outer, n, inner);
+    mp_node *node = NULL;
+    if (op != MP_ARGMAX) o = recorded(o, redop_name[op], reduce_backward, 1, &a, &node);
+    if (node) {
+        node->i[0] = op, node->i[1] = k;
+        if (op == MP_MAX) {   /* where each maximum was, for the backward */
+            mp_tensor *idx = mp_empty(MP_I32, a->dev, nd, shape);
+            if (!idx) { mp_release(x); mp_release(o); return NULL; }
+            mp_be(idx)->reduce(MP_ARGMAX, in, mp_data(idx), mp_data(x), outer, n, inner);
+            mp_save(node, 0, idx);
+            mp_release(idx);
+        }
+    }
     mp_release(x);
     return o;
 }

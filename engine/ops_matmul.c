@@ -1,58 +1,214 @@
 /*
- * ops_matmul.c: matrix products. 2-D, batched 3-D, a batch times one matrix,
- * and 1-D operands as numpy treats them (a vector is a row on the left and a
- * column on the right, and that dim is dropped from the result).
+ * ops_matmul.c: matrix products and linear layers. matmul takes 2-D, batched
+ * 3-D, a batch times one matrix (one big GEMM), one matrix times a batch, and
+ * 1-D operands as numpy treats them (a vector is a row on the left and a column
+ * on the right, and that dim is dropped). linear computes x @ w^T + b with the
+ * bias loaded into the output before the GEMM accumulates onto it, so the
+ * result is rounded once, as a GPU GEMM with a bias epilogue does.
  */
 #include "engine/ops.h"
 #include "engine/error.h"
+#include "engine/autograd.h"
 
-mp_tensor *mp_matmul(mp_tensor *a, mp_tensor *b)
+/* C{batch,m,n} = op(A) @ op(B) as a new tensor (2-D when batch is 0) */
+static mp_tensor *gemm_new(mp_dtype dt, mp_device dev, int ta, int tb, int64_t batch, int64_t m, int64_t n,
+                           int64_t k, const mp_tensor *a, int64_t sa, const mp_tensor *b, int64_t sb)
+{
+    int64_t shape[3] = {batch, m, n};
+    mp_tensor *c = batch ? mp_empty(dt, dev, 3, shape) : mp_empty(dt, dev, 2, shape + 1);
+    if (c && mp_be(c)->gemm(dt, ta, tb, batch ? batch : 1, m, n, k, 1.0f, mp_data(a), sa, mp_data(b), sb,
+                            0.0f, mp_data(c), m * n)) {
+        mp_release(c);
+        return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
+                       (long long)m, (long long)n, (long long)k), NULL;
+    }
+    return c;
+}
+
+/* gradients of C = A @ B for the 2-D/3-D cases of mp_matmul */
+static int matmul_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *a = nd->saved[0], *b = nd->saved[1];
+    mp_dtype dt = g->dtype;
+    int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1], n = b->shape[b->ndim - 1];
+    int64_t batch = a->ndim == 3 ? a->shape[0] : b->ndim == 3 ? b->shape[0] : 0;
+    if (mp_edge_wants(nd, 0)) {
+        if (b->ndim == 2)   /* dA{..,m,k} = dC{..,m,n} @ B^T, all rows as one GEMM */
+            gin[0] = gemm_new(dt, g->dev, 0, 1, 0, a->numel / k, k, n, g, 0, b, 0);
+        else {
+            gin[0] = gemm_new(dt, g->dev, 0, 1, batch, m, k, n, g, m * n, b, k * n);
+            if (gin[0] && a->ndim == 2) {   /* A was shared by every batch item */
+                mp_tensor *s = mp_reduce(MP_SUM, gin[0], 1, 0);
+                mp_release(gin[0]);
+                gin[0] = s;
+            }
+        }
+        if (!gin[0]) return -1;
+        if (a->ndim == 3 && gin[0]->ndim == 2) {
+            mp_tensor *r = mp_reshape(gin[0], 3, a->shape);
+            mp_release(gin[0]);
+            if (!(gin[0] = r)) return -1;
+        }
+    }
+    if (mp_edge_wants(nd, 1)) {
+        if (b->ndim == 2)   /* dB{k,n} = A^T @ dC over all rows */
+            gin[1] = gemm_new(dt, g->dev, 1, 0, 0, k, n, a->numel / k, a, 0, g, 0);
+        else
+            gin[1] = gemm_new(dt, g->dev, 1, 0, batch, k, n, m, a, a->ndim == 3 ? m * k : 0, g, m * n);
+        if (!gin[1]) return -1;
+    }
+    return 0;
+}
+
+static mp_tensor *matmul_core(mp_tensor *a, mp_tensor *b)
 {
     char b1[128], b2[128];
-    if (a->dev != b->dev)
-        return mp_fail(MP_EINVAL, "tensors are on different devices (%s and %s)",
-                       mp_device_name(a->dev), mp_device_name(b->dev)), NULL;
-    if (a->dtype != b->dtype)
-        return mp_fail(MP_EINVAL, "dtypes %s and %s differ (cast one with :to())",
-                       mp_dtype_name(a->dtype), mp_dtype_name(b->dtype)), NULL;
-    if (!mp_is_float(a->dtype))
-        return mp_fail(MP_EINVAL, "matmul needs a float dtype (got %s)", mp_dtype_name(a->dtype)), NULL;
-    if (a->ndim < 1 || a->ndim > 3 || b->ndim < 1 || b->ndim > 3)
-        return mp_fail(MP_EINVAL, "matmul takes 1-, 2- or 3-d tensors (got %d-d and %d-d)",
-                       a->ndim, b->ndim), NULL;
     if (a->ndim == 3 && b->ndim == 3 && a->shape[0] != b->shape[0])
         return mp_fail(MP_EINVAL, "batch sizes of %s and %s differ (%lld vs %lld)",
                        mp_shape_str(a->ndim, a->shape, b1, sizeof b1),
                        mp_shape_str(b->ndim, b->shape, b2, sizeof b2),
                        (long long)a->shape[0], (long long)b->shape[0]), NULL;
-
-    int64_t batch = 1, m, k, k2, n, sa, sb;
-    m = a->ndim == 1 ? 1 : a->shape[a->ndim - 2];
-    k = a->shape[a->ndim - 1];
-    k2 = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
-    n = b->ndim == 1 ? 1 : b->shape[b->ndim - 1];
+    int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1], k2 = b->shape[b->ndim - 2];
+    int64_t n = b->shape[b->ndim - 1];
     if (k != k2)
         return mp_fail(MP_EINVAL, "shapes %s and %s do not match (%lld vs %lld)",
                        mp_shape_str(a->ndim, a->shape, b1, sizeof b1),
                        mp_shape_str(b->ndim, b->shape, b2, sizeof b2), (long long)k, (long long)k2), NULL;
-    if (a->ndim == 3) batch = a->shape[0];
-    if (b->ndim == 3) batch = b->shape[0];
-    sa = a->ndim == 3 ? m * k : 0;
-    sb = b->ndim == 3 ? k * n : 0;
-    if (a->ndim == 3 && b->ndim < 3)   /* one big GEMM: {batch*m, k} @ {k, n} */
-        m *= batch, batch = 1;
-
-    int64_t shape[3];
-    int nd = 0;
-    if (a->ndim == 3 || b->ndim == 3) shape[nd++] = a->ndim == 3 ? a->shape[0] : b->shape[0];
-    if (a->ndim > 1) shape[nd++] = a->ndim == 3 && b->ndim < 3 ? m / a->shape[0] : m;
-    if (b->ndim > 1) shape[nd++] = n;
-    mp_tensor *o = mp_empty(a->dtype, a->dev, nd, shape);
-    if (o && mp_be(o)->gemm(a->dtype, 0, 0, batch, m, n, k, 1.0f, mp_data(a), sa, mp_data(b), sb,
-                            0.0f, mp_data(o), m * n)) {
-        mp_release(o);
-        return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
-                       (long long)m, (long long)n, (long long)k), NULL;
+    mp_tensor *o;
+    if (a->ndim == 3 && b->ndim == 2) {   /* one big GEMM: {batch*m, k} @ {k, n} */
+        o = gemm_new(a->dtype, a->dev, 0, 0, 0, a->shape[0] * m, n, k, a, 0, b, 0);
+        if (o) {
+            int64_t shape[3] = {a->shape[0], m, n};
+            mp_tensor *r = mp_view(o, 3, shape, 0);
+            mp_release(o);
+            o = r;
+        }
+    } else if (a->ndim == 2 && b->ndim == 2) {
+        o = gemm_new(a->dtype, a->dev, 0, 0, 0, m, n, k, a, 0, b, 0);
+    } else {
+        int64_t batch = a->ndim == 3 ? a->shape[0] : b->shape[0];
+        o = gemm_new(a->dtype, a->dev, 0, 0, batch, m, n, k, a, a->ndim == 3 ? m * k : 0, b,
+                     b->ndim == 3 ? k * n : 0);
     }
+    mp_node *nd;
+    mp_tensor *ins[2] = {a, b};
+    if (o && mp_record(o, "matmul", matmul_backward, 2, ins, &nd)) {
+        mp_release(o);
+        return NULL;
+    }
+    if (o && nd) mp_save(nd, 0, a), mp_save(nd, 1, b);
     return o;
+}
+
+static int check_pair(const mp_tensor *a, const mp_tensor *b)
+{
+    if (a->dev != b->dev)
+        return mp_fail(MP_EINVAL, "tensors are on different devices (%s and %s)",
+                       mp_device_name(a->dev), mp_device_name(b->dev));
+    if (a->dtype != b->dtype)
+        return mp_fail(MP_EINVAL, "dtypes %s and %s differ (cast one with :to())",
+                       mp_dtype_name(a->dtype), mp_dtype_name(b->dtype));
+    if (!mp_is_float(a->dtype))
+        return mp_fail(MP_EINVAL, "matmul needs a float dtype (got %s)", mp_dtype_name(a->dtype));
+    return 0;
+}
+
+mp_tensor *mp_matmul(mp_tensor *a, mp_tensor *b)
+{
+    if (check_pair(a, b)) return NULL;
+    if (a->ndim < 1 || a->ndim > 3 || b->ndim < 1 || b->ndim > 3)
+        return mp_fail(MP_EINVAL, "matmul takes 1-, 2- or 3-d tensors (got %d-d and %d-d)",
+                       a->ndim, b->ndim), NULL;
+    if (a->ndim > 1 && b->ndim > 1) return matmul_core(a, b);
+    /* vectors: a row on the left, a column on the right, dropped from the result */
+    char b1[128], b2[128];
+    int64_t ka = a->shape[a->ndim - 1], kb = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
+    if (ka != kb)
+        return mp_fail(MP_EINVAL, "shapes %s and %s do not match (%lld vs %lld)",
+                       mp_shape_str(a->ndim, a->shape, b1, sizeof b1),
+                       mp_shape_str(b->ndim, b->shape, b2, sizeof b2), (long long)ka, (long long)kb), NULL;
+    int64_t row[2] = {1, ka}, col[2] = {kb, 1};
+    mp_tensor *a2 = a->ndim == 1 ? mp_reshape(a, 2, row) : mp_retain(a);
+    mp_tensor *b2t = a2 && b->ndim == 1 ? mp_reshape(b, 2, col) : a2 ? mp_retain(b) : NULL;
+    mp_tensor *c = b2t ? matmul_core(a2, b2t) : NULL, *r = NULL;
+    if (c) {
+        int64_t shape[MP_MAXDIM];
+        int nd = 0;
+        for (int d = 0; d < c->ndim; d++) {
+            bool drop = (a->ndim == 1 && d == c->ndim - 2) || (b->ndim == 1 && d == c->ndim - 1);
+            if (!drop) shape[nd++] = c->shape[d];
+        }
+        r = mp_reshape(c, nd, shape);
+    }
+    mp_release(a2);
+    mp_release(b2t);
+    mp_release(c);
+    return r;
+}
+
+/* ---- linear: x{.., in} @ w{out, in}^T + b{out} ---- */
+
+static int linear_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *x = nd->saved[0], *w = nd->saved[1];
+    int64_t out = w->shape[0], in = w->shape[1], rows = x->numel / in;
+    if (mp_edge_wants(nd, 0)) {   /* dx{rows,in} = g{rows,out} @ w{out,in} */
+        mp_tensor *d = gemm_new(g->dtype, g->dev, 0, 0, 0, rows, in, out, g, 0, w, 0);
+        gin[0] = d ? mp_reshape(d, x->ndim, x->shape) : NULL;
+        mp_release(d);
+        if (!gin[0]) return -1;
+    }
+    if (mp_edge_wants(nd, 1) && !(gin[1] = gemm_new(g->dtype, g->dev, 1, 0, 0, out, in, rows, g, 0, x, 0)))
+        return -1;   /* dw{out,in} = g^T @ x */
+    if (nd->nin > 2 && mp_edge_wants(nd, 2)) {
+        int64_t flat[2] = {rows, out};
+        mp_tensor *g2 = mp_reshape(g, 2, flat);
+        gin[2] = g2 ? mp_reduce(MP_SUM, g2, 1, 0) : NULL;
+        mp_release(g2);
+        if (!gin[2]) return -1;
+    }
+    return 0;
+}
+
+mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b)
+{
+    char b1[128], b2[128];
+    if (check_pair(x, w) || (b && check_pair(x, b))) return NULL;
+    if (w->ndim != 2)
+        return mp_fail(MP_EINVAL, "weight must be 2-d {out, in} (got %s)",
+                       mp_shape_str(w->ndim, w->shape, b1, sizeof b1)), NULL;
+    if (x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
+        return mp_fail(MP_EINVAL, "input %s does not match weight %s (last dim must be %lld)",
+                       mp_shape_str(x->ndim, x->shape, b1, sizeof b1),
+                       mp_shape_str(w->ndim, w->shape, b2, sizeof b2), (long long)w->shape[1]), NULL;
+    if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
+        return mp_fail(MP_EINVAL, "bias %s does not match weight %s (expected {%lld})",
+                       mp_shape_str(b->ndim, b->shape, b1, sizeof b1),
+                       mp_shape_str(w->ndim, w->shape, b2, sizeof b2), (long long)w->shape[0]), NULL;
+    int64_t out = w->shape[0], in = w->shape[1], rows = x->numel / in, shape[MP_MAXDIM];
+    for (int d = 0; d < x->ndim; d++) shape[d] = d == x->ndim - 1 ? out : x->shape[d];
+    mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, shape);
+    if (!y) return NULL;
+    float beta = 0.0f;
+    if (b) {   /* every row of y starts as the bias: 0 + b broadcast over the rows */
+        mp_tensor *zero = mp_full(x->dtype, x->dev, 1, &out, 0);
+        if (!zero) { mp_release(y); return NULL; }
+        mp_bcast bc = {.ndim = 2, .shape = {rows, out}, .sa = {0, 1}, .sb = {0, 1}};
+        mp_be(y)->binary(MP_ADD, x->dtype, mp_data(y), mp_data(zero), mp_data(b), &bc);
+        mp_release(zero);
+        beta = 1.0f;
+    }
+    if (mp_be(y)->gemm(x->dtype, 0, 1, 1, rows, out, in, 1.0f, mp_data(x), 0, mp_data(w), 0, beta, mp_data(y), 0)) {
+        mp_release(y);
+        return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
+                       (long long)rows, (long long)out, (long long)in), NULL;
+    }
+    mp_node *nd;
+    mp_tensor *ins[3] = {x, w, b};
+    if (mp_record(y, "linear", linear_backward, b ? 3 : 2, ins, &nd)) {
+        mp_release(y);
+        return NULL;
+    }
+    if (nd) mp_save(nd, 0, x), mp_save(nd, 1, w);
+    return y;
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include "engine/tensor.h"
 #include "engine/error.h"
+#include "engine/autograd.h"
 
 static const char *dtype_names[MP_NDTYPES] = {"f32", "f16", "bf16", "i32", "u8"};
 static const struct { const char *alias; mp_dtype t; } dtype_aliases[] = {
@@ -194,6 +195,8 @@ mp_tensor *mp_retain(mp_tensor *t)
 void mp_release(mp_tensor *t)
 {
     if (!t || --t->refs > 0) return;
+    mp_release(t->grad);
+    mp_node_release(t->grad_fn);
     storage_release(t->st);
     free(t);
 }

@@ -29,6 +29,11 @@ typedef struct mp_tensor {
     int64_t numel;
     int64_t offset;                /* in elements, into the storage */
     mp_storage *st;
+    /* autograd (engine/autograd.h): a leaf that requires grad accumulates into
+     * `grad`; a tensor computed from one has the node that made it */
+    bool requires_grad;
+    struct mp_tensor *grad;
+    struct mp_node *grad_fn;
 } mp_tensor;
 
 typedef struct {

@@ -26,14 +26,20 @@ static inline size_t mp_dtype_size(mp_dtype t)
     return sz[t];
 }
 
-/* Elementwise binary ops; `out = a OP b` with broadcasting described by mp_bcast. */
-typedef enum { MP_ADD, MP_SUB, MP_MUL, MP_DIV, MP_NBINOPS } mp_binop;
+/* Elementwise binary ops; `out = a OP b` with broadcasting described by mp_bcast.
+ * The comparisons write u8 0/1 whatever the input dtype. */
+typedef enum {
+    MP_ADD, MP_SUB, MP_MUL, MP_DIV, MP_GT, MP_LT, MP_GE, MP_LE, MP_EQ, MP_NE, MP_NBINOPS
+} mp_binop;
+#define MP_IS_CMP(op) ((op) >= MP_GT)
 
 /* Elementwise unary ops; `p` is the op's scalar: x^p (MP_POW), x*p (MP_MULS),
- * x+p (MP_ADDS), p-x (MP_RSUBS), x/p (MP_DIVS), p/x (MP_RDIVS). */
+ * x+p (MP_ADDS), p-x (MP_RSUBS), x/p (MP_DIVS), p/x (MP_RDIVS); MP_GELU uses the
+ * erf form when p == 0 and the tanh approximation otherwise; MP_DROPMASK maps a
+ * uniform x to 1/(1-p) when x >= p, else 0 (a dropout mask). */
 typedef enum {
     MP_NEG, MP_ABS, MP_EXP, MP_LOG, MP_SQRT, MP_POW, MP_MULS, MP_ADDS, MP_RSUBS, MP_DIVS,
-    MP_RDIVS, MP_RELU, MP_TANH, MP_SIGMOID, MP_NUNOPS
+    MP_RDIVS, MP_RELU, MP_TANH, MP_SIGMOID, MP_GELU, MP_DROPMASK, MP_NUNOPS
 } mp_unop;
 
 /* Reductions over the middle axis of a {outer, n, inner} view. MP_ARGMAX writes
@@ -72,8 +78,34 @@ typedef struct mp_backend {
     void (*binary)(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
                    const mp_bcast *bc);
     void (*unary)(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
+    /* gin = gout * d op(x)/dx, given the input x and the output y of the forward */
+    void (*unary_grad)(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,
+                       const void *y, int64_t n, double p);
     void (*reduce)(mp_redop op, mp_dtype dt, void *out, const void *a,
                    int64_t outer, int64_t n, int64_t inner);
+    /* out[o, idx[o,i], i] = src[o, i] on a zeroed {outer, n, inner} out (max's backward) */
+    void (*put_along)(mp_dtype dt, void *out, const void *src, const int32_t *idx,
+                      int64_t outer, int64_t n, int64_t inner);
+    /* out = cond ? a : b elementwise, all contiguous of n elements; cond is u8 */
+    void (*where)(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
+
+    /* softmax (or log-softmax when log) over the middle axis of {outer, n, inner} */
+    void (*softmax)(mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log);
+    void (*softmax_grad)(mp_dtype dt, void *gx, const void *gy, const void *y,
+                         int64_t outer, int64_t n, int64_t inner, int log);
+    /* cross-entropy of rows x {rows, classes} against 0-based targets: loss[r] and
+     * the row's log-sum-exp (both f32); the gradient gx = (softmax(x) - onehot) * scale[r] */
+    void (*cross_entropy)(mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
+                          int64_t rows, int64_t classes);
+    void (*cross_entropy_grad)(mp_dtype dt, void *gx, const void *x, const float *lse,
+                               const int32_t *target, const float *scale, int64_t rows, int64_t classes);
+    /* layer norm over the last dim of {rows, n}: y = (x - mean) * rstd * w + b, with
+     * mean and rstd (f32, one per row) kept for the backward; w or b may be NULL */
+    void (*layer_norm)(mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
+                       const void *b, int64_t rows, int64_t n, float eps);
+    /* gx, and gw/gb (f32 sums over rows, may be NULL) */
+    void (*layer_norm_grad)(mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
+                            const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
 
     /* Batched C = alpha * op(A) @ op(B) + beta * C, row-major, all of dtype dt;
      * A is {m,k} (or {k,m} when ta), B is {k,n} (or {n,k} when tb), C is {m,n};
@@ -96,6 +128,9 @@ typedef struct mp_backend {
     /* copy a {outer, len, inner} block starting at `start` of an {outer, n, inner} source */
     void (*narrow)(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
                    int64_t start, int64_t len, int64_t inner);
+    /* the reverse: write a {outer, len, inner} source into an {outer, n, inner} out at `start` */
+    void (*narrow_put)(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
+                       int64_t start, int64_t len, int64_t inner);
 } mp_backend;
 
 extern const mp_backend mp_cpu_backend;

@@ -6,6 +6,7 @@
  */
 #include <string.h>
 #include "lua/bind.h"
+#include "engine/autograd.h"
 
 #define TENSOR_RETURN(L, NAME, EXPR) do { LT_PUSH(L, NAME, EXPR); return 1; } while (0)
 
@@ -273,6 +274,76 @@ static int t_matmul(lua_State *L)
     TENSOR_RETURN(L, "mp.matmul", mp_matmul(a, b));
 }
 
+#define COMPARE_METHOD(fn, OP, NAME)                                            \
+    static int fn(lua_State *L)                                                 \
+    {                                                                           \
+        mp_tensor *a = lt_check(L, 1), *b = lt_opt(L, 2);                       \
+        if (b) TENSOR_RETURN(L, NAME, mp_binary(OP, a, b));                     \
+        if (lua_type(L, 2) != LUA_TNUMBER)                                      \
+            return luaL_error(L, "%s: expected a tensor or a number (got %s)", NAME, luaL_typename(L, 2)); \
+        mp_tensor *s;                                                           \
+        LTensor *u = lt_new(L);                                                 \
+        lt_set(L, u, LT_CALL(L, mp_full(a->dtype, a->dev, 0, NULL, lua_tonumber(L, 2))), NAME); \
+        s = u->t;                                                               \
+        TENSOR_RETURN(L, NAME, mp_binary(OP, a, s));                            \
+    }
+COMPARE_METHOD(t_gt, MP_GT, "Tensor:gt")
+COMPARE_METHOD(t_lt, MP_LT, "Tensor:lt")
+COMPARE_METHOD(t_ge, MP_GE, "Tensor:ge")
+COMPARE_METHOD(t_le, MP_LE, "Tensor:le")
+COMPARE_METHOD(t_eq_, MP_EQ, "Tensor:eq")
+COMPARE_METHOD(t_ne, MP_NE, "Tensor:ne")
+
+/* t:requires_grad() -> boolean; t:requires_grad(flag) sets it and returns t */
+static int t_requires_grad(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    if (lua_isnone(L, 2)) { lua_pushboolean(L, t->requires_grad); return 1; }
+    mp_clear_error();
+    if (mp_set_requires_grad(t, lua_toboolean(L, 2))) return lt_error(L, "Tensor:requires_grad");
+    lua_settop(L, 1);
+    return 1;
+}
+
+static int t_backward(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1), *g = lua_isnoneornil(L, 2) ? NULL : lt_check(L, 2);
+    mp_clear_error();
+    int rc = mp_backward(t, g);
+    if (rc && mp_errcode_last() == MP_EOOM) {
+        lua_gc(L, LUA_GCCOLLECT);
+        mp_clear_error();
+        rc = mp_backward(t, g);
+    }
+    if (rc) return lt_error(L, "Tensor:backward");
+    return 0;
+}
+
+/* a new userdata for an engine tensor the caller holds a reference to already */
+static void push_ref(lua_State *L, mp_tensor *t)
+{
+    if (!t) { lua_pushnil(L); return; }
+    LTensor *u = lt_new(L);
+    u->t = mp_retain(t);
+}
+
+static int t_newindex(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    const char *k = lua_tostring(L, 2);
+    if (k && strcmp(k, "grad") == 0) {
+        mp_tensor *g = lua_isnil(L, 3) ? NULL : lt_check(L, 3);
+        if (g && (!mp_same_shape(g, t) || g->dev != t->dev))
+            return luaL_error(L, "Tensor.grad: must be nil or a tensor of the tensor's shape and device");
+        if (g) mp_retain(g);
+        mp_release(t->grad);
+        t->grad = g;
+        return 0;
+    }
+    return luaL_error(L, "Tensor: cannot set field '%s' (tensors have no writable fields but grad)",
+                      k ? k : luaL_typename(L, 2));
+}
+
 static int t_index(lua_State *L)
 {
     lua_pushvalue(L, 2);
@@ -283,6 +354,12 @@ static int t_index(lua_State *L)
     if (strcmp(k, "shape") == 0) push_shape(L, t);
     else if (strcmp(k, "dtype") == 0) lua_pushstring(L, mp_dtype_name(t->dtype));
     else if (strcmp(k, "device") == 0) lua_pushstring(L, mp_device_name(t->dev));
+    else if (strcmp(k, "grad") == 0) push_ref(L, t->grad);
+    else if (strcmp(k, "is_leaf") == 0) lua_pushboolean(L, t->grad_fn == NULL);
+    else if (strcmp(k, "grad_fn") == 0) {
+        if (t->grad_fn) lua_pushstring(L, t->grad_fn->name);
+        else lua_pushnil(L);
+    }
     else lua_pushnil(L);
     return 1;
 }
@@ -300,6 +377,8 @@ static const luaL_Reg meth[] = {
     {"cpu", t_cpu}, {"cuda", t_cuda}, {"clone", t_clone}, {"detach", t_detach},
     {"reshape", t_reshape}, {"view", t_view}, {"transpose", t_transpose}, {"narrow", t_narrow},
     {"index_select", t_index_select}, {"matmul", t_matmul}, {"sum", t_sum}, {"mean", t_mean}, {"max", t_max}, {"argmax", t_argmax},
+    {"gt", t_gt}, {"lt", t_lt}, {"ge", t_ge}, {"le", t_le}, {"eq", t_eq_}, {"ne", t_ne},
+    {"requires_grad", t_requires_grad}, {"backward", t_backward},
     {"abs", t_abs}, {"exp", t_exp}, {"log", t_log}, {"sqrt", t_sqrt}, {"pow", t_pow},
     {NULL, NULL}
 };
@@ -307,7 +386,7 @@ static const luaL_Reg meth[] = {
 static const luaL_Reg metameth[] = {
     {"__gc", t_gc}, {"__close", t_gc}, {"__tostring", lt_tostring},
     {"__add", t_add}, {"__sub", t_sub}, {"__mul", t_mul}, {"__div", t_div}, {"__unm", t_unm},
-    {"__eq", t_eq}, {"__index", NULL}, {NULL, NULL}
+    {"__eq", t_eq}, {"__newindex", t_newindex}, {"__index", NULL}, {NULL, NULL}
 };
 
 int luaopen_mp_tensor(lua_State *L)

@@ -61,4 +61,23 @@ void cpu_scatter_add(mp_dtype dt, void *out, const void *src, const int32_t *idx
 void cpu_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
                 int64_t start, int64_t len, int64_t inner);
 
+void cpu_unary_grad(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
+                    int64_t n, double p);
+void cpu_where(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
+void cpu_narrow_put(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
+                    int64_t start, int64_t len, int64_t inner);
+void cpu_put_along(mp_dtype dt, void *out, const void *src, const int32_t *idx,
+                   int64_t outer, int64_t n, int64_t inner);
+void cpu_softmax(mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log);
+void cpu_softmax_grad(mp_dtype dt, void *gx, const void *gy, const void *y,
+                      int64_t outer, int64_t n, int64_t inner, int log);
+void cpu_cross_entropy(mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
+                       int64_t rows, int64_t classes);
+void cpu_cross_entropy_grad(mp_dtype dt, void *gx, const void *x, const float *lse,
+                            const int32_t *target, const float *scale, int64_t rows, int64_t classes);
+void cpu_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
+                    const void *b, int64_t rows, int64_t n, float eps);
+void cpu_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
+                         const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
+
 #endif

@@ -83,6 +83,29 @@ static void gather(mp_dtype dt, const void *src, int64_t off, int64_t stride, fl
     for (int64_t j = 0; j < n; j++) cpu_load(dt, src, off + j * stride, dst + j, 1);
 }
 
+static double getd(mp_dtype dt, const void *p, int64_t i)
+{
+    float f;
+    switch (dt) {
+    case MP_F32: return ((const float *)p)[i];
+    case MP_I32: return ((const int32_t *)p)[i];
+    case MP_U8: return ((const uint8_t *)p)[i];
+    default: cpu_load(dt, p, i, &f, 1); return f;
+    }
+}
+
+static uint8_t cmp(mp_binop op, double x, double y)
+{
+    switch (op) {
+    case MP_GT: return x > y;
+    case MP_LT: return x < y;
+    case MP_GE: return x >= y;
+    case MP_LE: return x <= y;
+    case MP_EQ: return x == y;
+    default: return x != y;
+    }
+}
+
 void cpu_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
 {
     mp_bcast bc;
@@ -98,7 +121,10 @@ void cpu_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *
         int64_t n = len - j0 < MP_BLOCK ? len - j0 : MP_BLOCK, oa, ob, oo = r * len + j0;
         row_offsets(&bc, r, &oa, &ob);
         oa += j0 * ia, ob += j0 * ib;
-        if (dt == MP_F32) {
+        if (MP_IS_CMP(op)) {
+            for (int64_t j = 0; j < n; j++)
+                ((uint8_t *)out)[oo + j] = cmp(op, getd(dt, a, oa + j * ia), getd(dt, b, ob + j * ib));
+        } else if (dt == MP_F32) {
             bin_f32(op, (float *)out + oo, (const float *)a + oa, ia, (const float *)b + ob, ib, n);
         } else if (dt == MP_F16 || dt == MP_BF16) {
             float x[MP_BLOCK], y[MP_BLOCK], z[MP_BLOCK];
@@ -139,7 +165,56 @@ static void un_f32(mp_unop op, float *o, const float *x, int64_t n, double pd)
     case MP_RELU: for (int64_t j = 0; j < n; j++) o[j] = x[j] < 0.0f ? 0.0f : x[j]; break;
     case MP_TANH: for (int64_t j = 0; j < n; j++) o[j] = tanhf(x[j]); break;
     case MP_SIGMOID: for (int64_t j = 0; j < n; j++) o[j] = 1.0f / (1.0f + expf(-x[j])); break;
+    case MP_GELU:
+        if (pd == 0) for (int64_t j = 0; j < n; j++) o[j] = 0.5f * x[j] * (1.0f + erff(x[j] * 0.70710678118654752f));
+        else for (int64_t j = 0; j < n; j++) {
+            float v = x[j], u = 0.79788456080286536f * (v + 0.044715f * v * v * v);
+            o[j] = 0.5f * v * (1.0f + tanhf(u));
+        }
+        break;
+    case MP_DROPMASK: {
+        float keep = 1.0f / (1.0f - p);
+        for (int64_t j = 0; j < n; j++) o[j] = x[j] >= p ? keep : 0.0f;
+        break;
+    }
     default: break;
+    }
+}
+
+/* gi = go * op'(x), with the forward output y where that is cheaper */
+static void grad_f32(mp_unop op, float *gi, const float *go, const float *x, const float *y, int64_t n, double pd)
+{
+    float p = (float)pd;
+    switch (op) {
+    case MP_NEG: for (int64_t j = 0; j < n; j++) gi[j] = -go[j]; break;
+    case MP_ABS: for (int64_t j = 0; j < n; j++) gi[j] = x[j] > 0 ? go[j] : x[j] < 0 ? -go[j] : 0.0f; break;
+    case MP_EXP: for (int64_t j = 0; j < n; j++) gi[j] = go[j] * y[j]; break;
+    case MP_LOG: for (int64_t j = 0; j < n; j++) gi[j] = go[j] / x[j]; break;
+    case MP_SQRT: for (int64_t j = 0; j < n; j++) gi[j] = go[j] / (2.0f * y[j]); break;
+    case MP_POW:
+        if (p == 2.0f) for (int64_t j = 0; j < n; j++) gi[j] = go[j] * 2.0f * x[j];
+        else for (int64_t j = 0; j < n; j++) gi[j] = p == 0.0f ? 0.0f : go[j] * p * powf(x[j], p - 1.0f);
+        break;
+    case MP_MULS: for (int64_t j = 0; j < n; j++) gi[j] = go[j] * p; break;
+    case MP_ADDS: for (int64_t j = 0; j < n; j++) gi[j] = go[j]; break;
+    case MP_RSUBS: for (int64_t j = 0; j < n; j++) gi[j] = -go[j]; break;
+    case MP_DIVS: for (int64_t j = 0; j < n; j++) gi[j] = go[j] / p; break;
+    case MP_RDIVS: for (int64_t j = 0; j < n; j++) gi[j] = -go[j] * y[j] / x[j]; break;
+    case MP_RELU: for (int64_t j = 0; j < n; j++) gi[j] = x[j] > 0.0f ? go[j] : 0.0f; break;
+    case MP_TANH: for (int64_t j = 0; j < n; j++) gi[j] = go[j] * (1.0f - y[j] * y[j]); break;
+    case MP_SIGMOID: for (int64_t j = 0; j < n; j++) gi[j] = go[j] * y[j] * (1.0f - y[j]); break;
+    case MP_GELU:
+        if (pd == 0) for (int64_t j = 0; j < n; j++) {
+            float v = x[j], cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+            float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+            gi[j] = go[j] * (cdf + v * pdf);
+        }
+        else for (int64_t j = 0; j < n; j++) {
+            float v = x[j], k = 0.79788456080286536f, u = k * (v + 0.044715f * v * v * v), t = tanhf(u);
+            gi[j] = go[j] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * v * v));
+        }
+        break;
+    default: for (int64_t j = 0; j < n; j++) gi[j] = 0.0f; break;
     }
 }
 
@@ -177,4 +252,27 @@ void cpu_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, dou
                 ((uint8_t *)out)[j] = (uint8_t)un_int(op, ((const uint8_t *)a)[j], (int64_t)p);
         }
     }
+}
+
+void cpu_unary_grad(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
+                    int64_t n, double p)
+{
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += MP_BLOCK) {
+        int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
+        float g[MP_BLOCK], xs[MP_BLOCK], ys[MP_BLOCK], r[MP_BLOCK];
+        cpu_load(dt, gout, i, g, len);
+        if (x) cpu_load(dt, x, i, xs, len);
+        if (y) cpu_load(dt, y, i, ys, len);
+        grad_f32(op, r, g, xs, ys, len, p);
+        cpu_store(dt, gin, i, r, len);
+    }
+}
+
+void cpu_where(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n)
+{
+    size_t es = mp_dtype_size(dt);
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        memcpy((char *)out + (size_t)i * es, (const char *)(cond[i] ? a : b) + (size_t)i * es, es);
 }

@@ -77,3 +77,23 @@ void cpu_scatter_add(mp_dtype dt, void *out, const void *src, const int32_t *idx
             }
         }
 }
+
+void cpu_narrow_put(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
+                    int64_t start, int64_t len, int64_t inner)
+{
+    size_t es = mp_dtype_size(dt), row = (size_t)(len * inner) * es;
+    #pragma omp parallel for if (outer * len * inner >= MP_PAR_MIN) schedule(static)
+    for (int64_t o = 0; o < outer; o++)
+        memcpy((char *)out + (size_t)((o * n + start) * inner) * es, (const char *)in + (size_t)o * row, row);
+}
+
+void cpu_put_along(mp_dtype dt, void *out, const void *src, const int32_t *idx,
+                   int64_t outer, int64_t n, int64_t inner)
+{
+    size_t es = mp_dtype_size(dt);
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            int64_t q = o * inner + i;
+            memcpy((char *)out + (size_t)((o * n + idx[q]) * inner + i) * es, (const char *)src + (size_t)q * es, es);
+        }
+}

@@ -1,0 +1,80 @@
+/*
+ * autograd.h: dynamic reverse-mode differentiation.
+ *
+ * An op whose inputs require grad (with grad mode on) records a node: its
+ * backward function, edges to where each input's gradient goes (the node that
+ * made the input, or the input itself when it is a leaf), the tensors and
+ * scalars its backward needs, and a sequence number. mp_backward walks the
+ * nodes reachable from a tensor in reverse creation order, calls each backward
+ * once with the summed gradient of its output, frees its saved tensors, and
+ * accumulates leaf gradients into `.grad` in the leaf's own dtype, in place
+ * when `.grad` exists (so gradients that are views into an arena stay views).
+ *
+ * Nodes point only backwards (to earlier nodes and leaves) and save outputs
+ * detached, so the graph has no reference cycles; it lives as long as the
+ * tensors computed from it.
+ */
+#ifndef MP_AUTOGRAD_H
+#define MP_AUTOGRAD_H
+
+#include "engine/tensor.h"
+
+#define MP_NODE_MAXIN 4
+#define MP_NODE_MAXSAVED 4
+
+typedef struct mp_node mp_node;
+
+/* gradients of the node's inputs from the gradient of its output: set gin[i] to
+ * a new tensor shaped like input i (NULL where not needed); 0 or -1 */
+typedef int (*mp_backward_fn)(mp_node *n, mp_tensor *gout, mp_tensor **gin);
+
+typedef struct {
+    mp_node *node;                 /* the input was computed: its gradient goes here */
+    mp_tensor *leaf;               /* the input is a leaf that requires grad */
+    mp_dtype dtype;                /* the input's dtype, device and shape */
+    mp_device dev;
+    int ndim;
+    int64_t shape[MP_MAXDIM];
+} mp_edge;
+
+struct mp_node {
+    int refs;
+    const char *name;
+    mp_backward_fn backward;
+    uint64_t seq, visit;
+    int nin;
+    mp_edge in[MP_NODE_MAXIN];
+    mp_tensor *saved[MP_NODE_MAXSAVED];
+    bool released;                 /* saved tensors already freed by a backward pass */
+    double f[4];                   /* scalars of the op */
+    int64_t i[6];                  /* integers of the op */
+    mp_tensor *grad;               /* gradient of the output, summed during backward */
+};
+
+bool mp_grad_enabled(void);
+bool mp_set_grad_enabled(bool on);            /* returns the previous mode */
+
+/* true when an op on these inputs must record a node */
+bool mp_needs_grad(int n, mp_tensor *const *ins);
+
+/* Record a node for out (computed from ins) when mp_needs_grad; *node is the new
+ * node or NULL when nothing was recorded. Returns -1 only on allocation failure. */
+int mp_record(mp_tensor *out, const char *name, mp_backward_fn fn, int nin, mp_tensor *const *ins,
+              mp_node **node);
+/* keep t for the backward pass (a detached header when t is the op's output) */
+void mp_save(mp_node *n, int slot, mp_tensor *t);
+mp_tensor *mp_detached(mp_tensor *t);            /* new header, same storage, no grad_fn */
+/* true when input i of n wants a gradient */
+static inline bool mp_edge_wants(const mp_node *n, int i) { return n->in[i].node || n->in[i].leaf; }
+
+void mp_node_release(mp_node *n);
+
+/* backward from t; grad NULL means ones (t must then have one element) */
+int mp_backward(mp_tensor *t, mp_tensor *grad);
+int mp_set_requires_grad(mp_tensor *t, bool on);
+
+/* helpers for backward functions */
+mp_tensor *mp_sum_to(mp_tensor *g, int ndim, const int64_t *shape);   /* undo broadcasting */
+mp_tensor *mp_expand(mp_tensor *g, int ndim, const int64_t *shape);   /* broadcast copy */
+
+#endif

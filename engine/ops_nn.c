@@ -1,0 +1,402 @@
+/*
+ * ops_nn.c: the functional ops of neural networks, each with its backward:
+ * softmax, log_softmax, cross_entropy (fused with log-softmax), mse_loss,
+ * layer_norm, embedding, dropout, cat and where.
+ */
+#include <math.h>
+#include <string.h>
+#include "engine/ops.h"
+#include "engine/error.h"
+#include "engine/autograd.h"
+
+static mp_tensor *finish(mp_tensor *o, const char *name, mp_backward_fn fn, int nin, mp_tensor *const *ins,
+                         mp_node **node)
+{
+    *node = NULL;
+    if (o && mp_record(o, name, fn, nin, ins, node)) {
+        mp_release(o);
+        return NULL;
+    }
+    return o;
+}
+
+static int need_float(const mp_tensor *t, const char *what)
+{
+    if (mp_is_float(t->dtype)) return 0;
+    return mp_fail(MP_EINVAL, "%s must be a float tensor (got %s)", what, mp_dtype_name(t->dtype));
+}
+
+static void split(const mp_tensor *t, int k, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    *outer = *inner = 1;
+    *n = t->shape[k];
+    for (int d = 0; d < t->ndim; d++) {
+        if (d < k) *outer *= t->shape[d];
+        if (d > k) *inner *= t->shape[d];
+    }
+}
+
+/* ---- softmax / log_softmax ---- */
+
+static int softmax_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *y = nd->saved[0], *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
+    if (!r) return -1;
+    mp_be(r)->softmax_grad(g->dtype, mp_data(r), mp_data(g), mp_data(y), nd->i[0], nd->i[1], nd->i[2], (int)nd->i[3]);
+    gin[0] = r;
+    return 0;
+}
+
+mp_tensor *mp_softmax(mp_tensor *x, int dim, int log)
+{
+    int k;
+    if (need_float(x, "input") || mp_dim(x, dim, &k)) return NULL;
+    int64_t outer, n, inner;
+    split(x, k, &outer, &n, &inner);
+    mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
+    if (y) mp_be(y)->softmax(x->dtype, mp_data(y), mp_data(x), outer, n, inner, log);
+    mp_node *nd;
+    y = finish(y, log ? "log_softmax" : "softmax", softmax_backward, 1, &x, &nd);
+    if (nd) {
+        mp_tensor *d = mp_detached(y);
+        if (!d) { mp_release(y); return NULL; }
+        mp_save(nd, 0, d);
+        mp_release(d);
+        nd->i[0] = outer, nd->i[1] = n, nd->i[2] = inner, nd->i[3] = log;
+    }
+    return y;
+}
+
+/* ---- cross_entropy ---- */
+
+/* every target in [0, classes) */
+static int check_targets(const mp_tensor *t, int64_t classes)
+{
+    mp_tensor *host = mp_to_raw((mp_tensor *)t, MP_I32, MP_CPU);
+    if (!host) return -1;
+    const int32_t *v = mp_data(host);
+    int rc = 0;
+    for (int64_t i = 0; i < host->numel && !rc; i++)
+        if (v[i] < 0 || v[i] >= classes)
+            rc = mp_fail(MP_EINVAL, "target %d at position %lld out of range [0, %lld)", v[i],
+                         (long long)i + 1, (long long)classes);
+    mp_release(host);
+    return rc;
+}
+
+static int ce_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *x = nd->saved[0], *target = nd->saved[1], *lse = nd->saved[2];
+    int64_t rows = nd->i[0], classes = nd->i[1];
+    mp_reduction red = (mp_reduction)nd->i[2];
+    /* each row's factor: the incoming gradient, over rows for the mean */
+    mp_tensor *g32 = mp_to_raw(g, MP_F32, g->dev), *scale;
+    if (!g32) return -1;
+    if (red == MP_REDUCE_NONE) {
+        scale = mp_retain(g32);
+    } else {
+        scale = mp_expand(g32, 1, &rows);
+        if (scale && red == MP_REDUCE_MEAN) {
+            mp_tensor *s = mp_unary(MP_DIVS, scale, (double)rows);
+            mp_release(scale);
+            scale = s;
+        }
+    }
+    mp_release(g32);
+    if (!scale) return -1;
+    mp_tensor *r = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
+    if (r) mp_be(r)->cross_entropy_grad(x->dtype, mp_data(r), mp_data(x), mp_data(lse), mp_data(target),
+                                        mp_data(scale), rows, classes);
+    mp_release(scale);
+    gin[0] = r;
+    return r ? 0 : -1;
+}
+
+mp_tensor *mp_cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red)
+{
+    char b1[128], b2[128];
+    if (need_float(x, "logits")) return NULL;
+    if (target->dtype != MP_I32)
+        return mp_fail(MP_EINVAL, "targets must be i32 class indices (got %s)", mp_dtype_name(target->dtype)), NULL;
+    if (x->dev != target->dev)
+        return mp_fail(MP_EINVAL, "logits are on %s, targets on %s", mp_device_name(x->dev),
+                       mp_device_name(target->dev)), NULL;
+    bool ok = x->ndim >= 1 && target->ndim == x->ndim - 1;
+    for (int d = 0; ok && d < target->ndim; d++) ok = target->shape[d] == x->shape[d];
+    if (!ok)
+        return mp_fail(MP_EINVAL, "logits %s and targets %s do not match (targets must be the logits' "
+                                  "shape without the last dim)",
+                       mp_shape_str(x->ndim, x->shape, b1, sizeof b1),
+                       mp_shape_str(target->ndim, target->shape, b2, sizeof b2)), NULL;
+    int64_t classes = x->shape[x->ndim - 1], rows = x->numel / classes;
+    if (check_targets(target, classes)) return NULL;
+    mp_tensor *loss = mp_empty(MP_F32, x->dev, 1, &rows), *lse = mp_empty(MP_F32, x->dev, 1, &rows), *o = NULL;
+    if (loss && lse) {
+        mp_be(x)->cross_entropy(x->dtype, mp_data(loss), mp_data(lse), mp_data(x), mp_data(target), rows, classes);
+        if (red == MP_REDUCE_NONE) o = mp_reshape(loss, target->ndim, target->shape);
+        else o = mp_reduce(red == MP_REDUCE_MEAN ? MP_MEAN : MP_SUM, loss, 0, 0);
+    }
+    mp_release(loss);
+    mp_node *nd;
+    o = finish(o, "cross_entropy", ce_backward, 1, &x, &nd);
+    if (nd) {
+        mp_save(nd, 0, x), mp_save(nd, 1, target), mp_save(nd, 2, lse);
+        nd->i[0] = rows, nd->i[1] = classes, nd->i[2] = red;
+    }
+    mp_release(lse);
+    return o;
+}
+
+/* ---- mse_loss: mean((a - b)^2), composed so autograd follows ---- */
+
+mp_tensor *mp_mse_loss(mp_tensor *a, mp_tensor *b)
+{
+    char b1[128], b2[128];
+    if (!mp_same_shape(a, b))
+        return mp_fail(MP_EINVAL, "shapes %s and %s differ", mp_shape_str(a->ndim, a->shape, b1, sizeof b1),
+                       mp_shape_str(b->ndim, b->shape, b2, sizeof b2)), NULL;
+    if (need_float(a, "input") || need_float(b, "target")) return NULL;
+    mp_tensor *d = mp_binary(MP_SUB, a, b), *sq = d ? mp_unary(MP_POW, d, 2) : NULL;
+    mp_tensor *m = sq ? mp_reduce(MP_MEAN, sq, 0, 0) : NULL;
+    mp_release(d);
+    mp_release(sq);
+    return m;
+}
+
+/* ---- layer_norm over the last dim ---- */
+
+static int ln_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *x = nd->saved[0], *w = nd->saved[1], *mean = nd->saved[2], *rstd = nd->saved[3];
+    int64_t n = x->shape[x->ndim - 1], rows = x->numel / n;
+    bool ww = nd->nin > 1 && mp_edge_wants(nd, 1), wb = nd->nin > 2 && mp_edge_wants(nd, 2);
+    mp_tensor *gx = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
+    mp_tensor *gw = ww ? mp_empty(MP_F32, x->dev, 1, &n) : NULL, *gb = wb ? mp_empty(MP_F32, x->dev, 1, &n) : NULL;
+    int rc = -1;
+    if (gx && (!ww || gw) && (!wb || gb)) {
+        mp_be(x)->layer_norm_grad(x->dtype, mp_data(gx), gw ? mp_data(gw) : NULL, gb ? mp_data(gb) : NULL,
+                                  mp_data(g), mp_data(x), mp_data(mean), mp_data(rstd), w ? mp_data(w) : NULL,
+                                  rows, n);
+        gin[0] = mp_retain(gx);
+        rc = 0;
+        if (gw && !(gin[1] = mp_to_raw(gw, nd->in[1].dtype, x->dev))) rc = -1;
+        if (gb && !(gin[2] = mp_to_raw(gb, nd->in[2].dtype, x->dev))) rc = -1;
+    }
+    mp_release(gx), mp_release(gw), mp_release(gb);
+    return rc;
+}
+
+mp_tensor *mp_layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps)
+{
+    char b1[128], b2[128];
+    if (need_float(x, "input")) return NULL;
+    if (x->ndim < 1) return mp_fail(MP_EINVAL, "input must have at least one dim"), NULL;
+    int64_t n = x->shape[x->ndim - 1], rows = x->numel / n;
+    mp_tensor *pw[2] = {w, b};
+    const char *what[2] = {"weight", "bias"};
+    for (int i = 0; i < 2; i++) {
+        mp_tensor *p = pw[i];
+        if (!p) continue;
+        if (p->ndim != 1 || p->shape[0] != n)
+            return mp_fail(MP_EINVAL, "%s %s does not match input %s (expected {%lld})", what[i],
+                           mp_shape_str(p->ndim, p->shape, b1, sizeof b1),
+                           mp_shape_str(x->ndim, x->shape, b2, sizeof b2), (long long)n), NULL;
+        if (p->dtype != x->dtype || p->dev != x->dev)
+            return mp_fail(MP_EINVAL, "%s is %s on %s, input %s on %s", what[i], mp_dtype_name(p->dtype),
+                           mp_device_name(p->dev), mp_dtype_name(x->dtype), mp_device_name(x->dev)), NULL;
+    }
+    if (!(eps > 0) || !isfinite(eps)) return mp_fail(MP_EINVAL, "eps must be positive (got %g)", eps), NULL;
+    mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
+    mp_tensor *mean = mp_empty(MP_F32, x->dev, 1, &rows), *rstd = mp_empty(MP_F32, x->dev, 1, &rows);
+    if (y && mean && rstd)
+        mp_be(x)->layer_norm(x->dtype, mp_data(y), mp_data(mean), mp_data(rstd), mp_data(x), w ? mp_data(w) : NULL,
+                             b ? mp_data(b) : NULL, rows, n, (float)eps);
+    else mp_release(y), y = NULL;
+    mp_node *nd;
+    mp_tensor *ins[3] = {x, w, b};
+    y = finish(y, "layer_norm", ln_backward, 3, ins, &nd);
+    if (nd) mp_save(nd, 0, x), mp_save(nd, 1, w), mp_save(nd, 2, mean), mp_save(nd, 3, rstd);
+    mp_release(mean), mp_release(rstd);
+    return y;
+}
+
+/* ---- embedding: rows of w at i32 indices of any shape ---- */
+
+mp_tensor *mp_embedding(mp_tensor *idx, mp_tensor *w)
+{
+    char b1[128];
+    if (w->ndim != 2)
+        return mp_fail(MP_EINVAL, "weight must be 2-d {n, d} (got %s)", mp_shape_str(w->ndim, w->shape, b1, sizeof b1)), NULL;
+    if (idx->dtype != MP_I32)
+        return mp_fail(MP_EINVAL, "indices must be i32 (got %s)", mp_dtype_name(idx->dtype)), NULL;
+    if (idx->ndim + 1 > MP_MAXDIM) return mp_fail(MP_EINVAL, "indices have too many dims"), NULL;
+    int64_t flat = idx->numel, shape[MP_MAXDIM];
+    mp_tensor *f = mp_view(idx, 1, &flat, idx->offset);
+    mp_tensor *rows = f ? mp_index_select(w, 1, f) : NULL, *r = NULL;
+    mp_release(f);
+    if (rows) {
+        memcpy(shape, idx->shape, sizeof(int64_t) * idx->ndim);
+        shape[idx->ndim] = w->shape[1];
+        r = mp_reshape(rows, idx->ndim + 1, shape);
+    }
+    mp_release(rows);
+    return r;
+}
+
+/* ---- dropout: x * mask, the mask 1/(1-p) where kept and 0 where dropped ---- */
+
+mp_tensor *mp_dropout(mp_tensor *x, double p, bool training)
+{
+    if (!(p >= 0 && p <= 1)) return mp_fail(MP_EINVAL, "p must be in [0, 1] (got %g)", p), NULL;
+    if (need_float(x, "input")) return NULL;
+    if (!training || p == 0) return mp_retain(x);
+    mp_tensor *mask;
+    if (p == 1) mask = mp_full(x->dtype, x->dev, x->ndim, x->shape, 0);
+    else {
+        mp_tensor *u = mp_rand(MP_F32, x->dev, x->ndim, x->shape);
+        mask = u ? mp_unary(MP_DROPMASK, u, p) : NULL;
+        mp_release(u);
+        if (mask && mask->dtype != x->dtype) {
+            mp_tensor *m = mp_to_raw(mask, x->dtype, x->dev);
+            mp_release(mask);
+            mask = m;
+        }
+    }
+    mp_tensor *y = mask ? mp_binary(MP_MUL, x, mask) : NULL;
+    mp_release(mask);
+    return y;
+}
+
+/* ---- cat along a dim ---- */
+
+static int cat_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    int dim = (int)nd->i[0];
+    int64_t start = 1;
+    for (int i = 0; i < nd->nin; i++) {
+        int64_t len = nd->in[i].shape[dim - 1];
+        if (mp_edge_wants(nd, i) && !(gin[i] = mp_narrow(g, dim, start, len))) return -1;
+        start += len;
+    }
+    return 0;
+}
+
+static mp_tensor *cat_some(int n, mp_tensor *const *ts, int dim);
+
+mp_tensor *mp_cat(int n, mp_tensor *const *ts, int dim)
+{
+    char b1[128], b2[128];
+    if (n < 1) return mp_fail(MP_EINVAL, "needs at least one tensor"), NULL;
+    int k;
+    if (mp_dim(ts[0], dim, &k)) return NULL;
+    for (int i = 1; i < n; i++) {
+        const mp_tensor *t = ts[i];
+        bool ok = t->ndim == ts[0]->ndim;
+        for (int d = 0; ok && d < t->ndim; d++) ok = d == k || t->shape[d] == ts[0]->shape[d];
+        if (!ok)
+            return mp_fail(MP_EINVAL, "tensor %d %s does not match tensor 1 %s outside dim %d", i + 1,
+                           mp_shape_str(t->ndim, t->shape, b1, sizeof b1),
+                           mp_shape_str(ts[0]->ndim, ts[0]->shape, b2, sizeof b2), dim), NULL;
+        if (t->dev != ts[0]->dev)
+            return mp_fail(MP_EINVAL, "tensor %d is on %s, tensor 1 on %s", i + 1, mp_device_name(t->dev),
+                           mp_device_name(ts[0]->dev)), NULL;
+    }
+    /* autograd nodes hold at most MP_NODE_MAXIN inputs: a longer list joins its halves */
+    if (n <= MP_NODE_MAXIN) return cat_some(n, ts, k + 1);
+    int half = n / 2;
+    mp_tensor *two[2] = {mp_cat(half, ts, k + 1), NULL}, *r = NULL;
+    if (two[0]) two[1] = mp_cat(n - half, ts + half, k + 1);
+    if (two[1]) r = cat_some(2, two, k + 1);
+    mp_release(two[0]);
+    mp_release(two[1]);
+    return r;
+}
+
+static mp_tensor *cat_some(int n, mp_tensor *const *ts, int dim)
+{
+    int k = dim - 1;
+    mp_dtype dt = ts[0]->dtype;
+    for (int i = 1; i < n; i++) dt = mp_promote(dt, ts[i]->dtype);
+    int64_t shape[MP_MAXDIM], outer, len, inner, total = 0;
+    memcpy(shape, ts[0]->shape, sizeof shape);
+    for (int i = 0; i < n; i++) total += ts[i]->shape[k];
+    shape[k] = total;
+    mp_tensor *o = mp_empty(dt, ts[0]->dev, ts[0]->ndim, shape);
+    int64_t start = 0;
+    for (int i = 0; o && i < n; i++) {
+        mp_tensor *c = mp_to_raw(ts[i], dt, ts[i]->dev);
+        if (!c) { mp_release(o); return NULL; }
+        split(c, k, &outer, &len, &inner);
+        mp_be(o)->narrow_put(dt, mp_data(o), mp_data(c), outer, total, start, len, inner);
+        start += len;
+        mp_release(c);
+    }
+    mp_node *nd;
+    o = finish(o, "cat", cat_backward, n, ts, &nd);
+    if (nd) nd->i[0] = dim;
+    return o;
+}
+
+/* ---- where(cond, a, b), broadcasting all three ---- */
+
+static int where_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *cond = nd->saved[0], *zero = mp_full(g->dtype, g->dev, 0, NULL, 0);
+    if (!zero) return -1;
+    int rc = 0;
+    for (int i = 1; i <= 2 && rc == 0; i++) {
+        if (!mp_edge_wants(nd, i)) continue;
+        mp_tensor *sel = mp_where(cond, i == 1 ? g : zero, i == 1 ? zero : g), *s = NULL;
+        if (sel) s = mp_sum_to(sel, nd->in[i].ndim, nd->in[i].shape);
+        if (s && s->dtype != nd->in[i].dtype) {
+            mp_tensor *c = mp_to_raw(s, nd->in[i].dtype, s->dev);
+            mp_release(s);
+            s = c;
+        }
+        mp_release(sel);
+        if (!(gin[i] = s)) rc = -1;
+    }
+    mp_release(zero);
+    return rc;
+}
+
+mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b)
+{
+    mp_bcast ab, abc;
+    if (cond->dev != a->dev || a->dev != b->dev)
+        return mp_fail(MP_EINVAL, "cond, a and b must be on one device"), NULL;
+    if (mp_broadcast(a, b, &ab)) return NULL;
+    mp_tensor shape_ab = {.ndim = ab.ndim};
+    memcpy(shape_ab.shape, ab.shape, sizeof ab.shape);
+    if (mp_broadcast(&shape_ab, cond, &abc)) return NULL;
+    mp_dtype dt = mp_promote(a->dtype, b->dtype);
+    /* materialise all three at the output shape, then one select pass */
+    mp_tensor *c8 = NULL, *ce = NULL, *ax = NULL, *bx = NULL, *o = NULL;
+    mp_tensor *cn = mp_to_raw(cond, cond->dtype, cond->dev);
+    if (cn) {   /* nonzero is true, whatever cond's dtype */
+        mp_tensor *z = mp_full(cond->dtype, cond->dev, 0, NULL, 0);
+        c8 = z ? mp_binary(MP_NE, cn, z) : NULL;
+        mp_release(z);
+    }
+    bool was = mp_set_grad_enabled(false);
+    if (c8) ce = mp_expand(c8, abc.ndim, abc.shape);
+    mp_tensor *ac = ce ? mp_to_raw(a, dt, a->dev) : NULL, *bc = ac ? mp_to_raw(b, dt, b->dev) : NULL;
+    if (bc) ax = mp_expand(ac, abc.ndim, abc.shape);
+    if (ax) bx = mp_expand(bc, abc.ndim, abc.shape);
+    mp_set_grad_enabled(was);
+    if (bx && ce->dtype != MP_U8) {   /* the expand of a u8 mask stays u8 */
+        mp_tensor *u = mp_to_raw(ce, MP_U8, ce->dev);
+        mp_release(ce);
+        ce = u;
+    }
+    if (bx && ce) {
+        o = mp_empty(dt, a->dev, abc.ndim, abc.shape);
+        if (o) mp_be(o)->where(dt, mp_data(o), mp_data(ce), mp_data(ax), mp_data(bx), o->numel);
+    }
+    mp_node *nd;
+    mp_tensor *ins[3] = {cond, a, b};
+    o = finish(o, "where", where_backward, 3, ins, &nd);
+    if (nd) mp_save(nd, 0, ce);
+    mp_release(cn), mp_release(c8), mp_release(ce), mp_release(ac), mp_release(bc), mp_release(ax), mp_release(bx);
+    return o;
+}

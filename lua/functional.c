@@ -1,0 +1,208 @@
+/*
+ * functional.c: mp.relu, mp.softmax, mp.cross_entropy ... (API.md "Functional
+ * ops") and grad mode (mp.no_grad, mp.set_grad_enabled, mp.is_grad_enabled).
+ */
+#include <string.h>
+#include "lua/bind.h"
+#include "engine/autograd.h"
+
+#define RETURN_TENSOR(L, NAME, EXPR) do { LT_PUSH(L, NAME, EXPR); return 1; } while (0)
+
+static int f_relu(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1);
+    RETURN_TENSOR(L, "mp.relu", mp_unary(MP_RELU, x, 0));
+}
+
+static int f_tanh(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1);
+    RETURN_TENSOR(L, "mp.tanh", mp_unary(MP_TANH, x, 0));
+}
+
+static int f_sigmoid(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1);
+    RETURN_TENSOR(L, "mp.sigmoid", mp_unary(MP_SIGMOID, x, 0));
+}
+
+/* mp.gelu(x [, {approximate="none"|"tanh"}]) */
+static int f_gelu(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1);
+    double tanh_form = 0;
+    if (!lua_isnoneornil(L, 2)) {
+        luaL_checktype(L, 2, LUA_TTABLE);
+        lua_getfield(L, 2, "approximate");
+        const char *a = lua_isnil(L, -1) ? "none" : lua_tostring(L, -1);
+        if (!a || (strcmp(a, "none") && strcmp(a, "tanh")))
+            return luaL_error(L, "mp.gelu: approximate must be \"none\" or \"tanh\" (got %s)",
+                              a ? a : luaL_typename(L, -1));
+        tanh_form = strcmp(a, "tanh") == 0;
+        lua_pop(L, 1);
+    }
+    RETURN_TENSOR(L, "mp.gelu", mp_unary(MP_GELU, x, tanh_form));
+}
+
+static int dim_arg(lua_State *L, int i, const char *name)
+{
+    if (!lua_isinteger(L, i)) luaL_error(L, "%s: dim must be an integer (got %s)", name, luaL_typename(L, i));
+    lua_Integer d = lua_tointeger(L, i);
+    return d < -1000 ? -1000 : d > 1000 ? 1000 : (int)d;
+}
+
+static int f_softmax(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1);
+    int d = dim_arg(L, 2, "mp.softmax");
+    RETURN_TENSOR(L, "mp.softmax", mp_softmax(x, d, 0));
+}
+
+static int f_log_softmax(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1);
+    int d = dim_arg(L, 2, "mp.log_softmax");
+    RETURN_TENSOR(L, "mp.log_softmax", mp_softmax(x, d, 1));
+}
+
+static int f_linear(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1), *w = lt_check(L, 2), *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3);
+    RETURN_TENSOR(L, "mp.linear", mp_linear(x, w, b));
+}
+
+static int f_layer_norm(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1);
+    mp_tensor *w = lua_isnoneornil(L, 2) ? NULL : lt_check(L, 2), *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3);
+    double eps = luaL_optnumber(L, 4, 1e-5);
+    RETURN_TENSOR(L, "mp.layer_norm", mp_layer_norm(x, w, b, eps));
+}
+
+static int f_embedding(lua_State *L)
+{
+    mp_tensor *idx = lt_check(L, 1), *w = lt_check(L, 2);
+    RETURN_TENSOR(L, "mp.embedding", mp_embedding(idx, w));
+}
+
+static int f_dropout(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1);
+    if (lua_type(L, 2) != LUA_TNUMBER)
+        return luaL_error(L, "mp.dropout: p must be a number (got %s)", luaL_typename(L, 2));
+    double p = lua_tonumber(L, 2);
+    bool training = lua_isnone(L, 3) ? true : lua_toboolean(L, 3);
+    RETURN_TENSOR(L, "mp.dropout", mp_dropout(x, p, training));
+}
+
+/* mp.cross_entropy(logits, targets [, {reduction="mean"|"sum"|"none"}]) */
+static int f_cross_entropy(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1), *t = lt_check(L, 2);
+    mp_reduction red = MP_REDUCE_MEAN;
+    if (!lua_isnoneornil(L, 3)) {
+        if (!lua_istable(L, 3)) return luaL_error(L, "mp.cross_entropy: options must be a table (got %s)", luaL_typename(L, 3));
+        lua_getfield(L, 3, "reduction");
+        if (!lua_isnil(L, -1)) {
+            const char *r = lua_tostring(L, -1);
+            if (r && strcmp(r, "mean") == 0) red = MP_REDUCE_MEAN;
+            else if (r && strcmp(r, "sum") == 0) red = MP_REDUCE_SUM;
+            else if (r && strcmp(r, "none") == 0) red = MP_REDUCE_NONE;
+            else return luaL_error(L, "mp.cross_entropy: reduction must be \"mean\", \"sum\" or \"none\" (got %s)",
+                                   r ? r : luaL_typename(L, -1));
+        }
+        lua_pop(L, 1);
+    }
+    RETURN_TENSOR(L, "mp.cross_entropy", mp_cross_entropy(x, t, red));
+}
+
+static int f_mse_loss(lua_State *L)
+{
+    mp_tensor *a = lt_check(L, 1), *b = lt_check(L, 2);
+    RETURN_TENSOR(L, "mp.mse_loss", mp_mse_loss(a, b));
+}
+
+/* mp.cat({t1, t2, ...}, dim) */
+static int f_cat(lua_State *L)
+{
+    if (!lua_istable(L, 1)) return luaL_error(L, "mp.cat: expected a list of tensors (got %s)", luaL_typename(L, 1));
+    int n = (int)luaL_len(L, 1), d = dim_arg(L, 2, "mp.cat");
+    if (n < 1) return luaL_error(L, "mp.cat: the list is empty");
+    mp_tensor **ts = lua_newuserdatauv(L, sizeof(mp_tensor *) * (size_t)n, 0);   /* freed by GC */
+    for (int i = 0; i < n; i++) {
+        lua_geti(L, 1, i + 1);
+        ts[i] = lt_opt(L, -1);
+        if (!ts[i]) return luaL_error(L, "mp.cat: element %d is %s (expected a tensor)", i + 1, luaL_typename(L, -1));
+        lua_pop(L, 1);
+    }
+    RETURN_TENSOR(L, "mp.cat", mp_cat(n, ts, d));
+}
+
+/* mp.where(cond, a, b): a and b may be numbers */
+static int f_where(lua_State *L)
+{
+    mp_tensor *c = lt_check(L, 1), *ab[2];
+    LTensor *tmp[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        if (lua_type(L, i + 2) == LUA_TNUMBER) {
+            mp_tensor *ref = lt_opt(L, 3 - i) ? lt_opt(L, 3 - i) : NULL;
+            mp_dtype dt = ref ? ref->dtype : MP_F32;
+            tmp[i] = lt_new(L);   /* keeps the scalar tensor alive until the call ends */
+            lt_set(L, tmp[i], LT_CALL(L, mp_full(dt, c->dev, 0, NULL, lua_tonumber(L, i + 2))), "mp.where");
+            ab[i] = tmp[i]->t;
+        } else {
+            ab[i] = lt_check(L, i + 2);
+        }
+    }
+    RETURN_TENSOR(L, "mp.where", mp_where(c, ab[0], ab[1]));
+}
+
+/* ---- grad mode ---- */
+
+static int guard_close(lua_State *L)
+{
+    int *prev = luaL_checkudata(L, 1, "mp.GradGuard");
+    if (*prev >= 0) mp_set_grad_enabled(*prev), *prev = -1;
+    return 0;
+}
+
+/* local _ <close> = mp.no_grad(): grad mode off until the variable goes out of scope */
+static int f_no_grad(lua_State *L)
+{
+    int *prev = lua_newuserdatauv(L, sizeof(int), 0);
+    *prev = -1;
+    luaL_setmetatable(L, "mp.GradGuard");
+    *prev = mp_set_grad_enabled(false);
+    return 1;
+}
+
+static int f_set_grad_enabled(lua_State *L)
+{
+    lua_pushboolean(L, mp_set_grad_enabled(lua_toboolean(L, 1)));
+    return 1;
+}
+
+static int f_is_grad_enabled(lua_State *L)
+{
+    lua_pushboolean(L, mp_grad_enabled());
+    return 1;
+}
+
+static const luaL_Reg funcs[] = {
+    {"relu", f_relu}, {"gelu", f_gelu}, {"tanh", f_tanh}, {"sigmoid", f_sigmoid},
+    {"softmax", f_softmax}, {"log_softmax", f_log_softmax}, {"linear", f_linear},
+    {"layer_norm", f_layer_norm}, {"embedding", f_embedding}, {"dropout", f_dropout},
+    {"cross_entropy", f_cross_entropy}, {"mse_loss", f_mse_loss}, {"cat", f_cat}, {"where", f_where},
+    {"no_grad", f_no_grad}, {"set_grad_enabled", f_set_grad_enabled}, {"is_grad_enabled", f_is_grad_enabled},
+    {NULL, NULL}
+};
+
+void mp_open_functional(lua_State *L)
+{
+    if (luaL_newmetatable(L, "mp.GradGuard")) {
+        lua_pushcfunction(L, guard_close);   /* no __gc: only the scope's end restores the mode */
+        lua_setfield(L, -2, "__close");
+    }
+    lua_pop(L, 1);
+    luaL_setfuncs(L, funcs, 0);
+}
