@@ -156,19 +156,22 @@ static int accumulate(mp_tensor **acc, mp_tensor *g)
     return 0;
 }
 
-/* into leaf->grad in the leaf's dtype, in place when it exists */
+/* into leaf->grad in the leaf's dtype, in place when it exists (it may be a
+ * view into an optimizer's gradient arena, which must stay a view) */
 static int accumulate_leaf(mp_tensor *leaf, mp_tensor *g)
 {
-    mp_tensor *c = g->dtype == leaf->dtype && g->dev == leaf->dev ? mp_clone(g) : mp_to_raw(g, leaf->dtype, leaf->dev);
-    if (!c) return -1;
-    if (!leaf->grad) { leaf->grad = c; return 0; }
-    if (!mp_same_shape(leaf->grad, c)) {
-        mp_release(c);
-        return mp_fail(MP_EINVAL, "gradient shape does not match the leaf's .grad");
+    if (!leaf->grad) {   /* a copy: g may alias a gradient that is still in use */
+        leaf->grad = g->dtype == leaf->dtype && g->dev == leaf->dev ? mp_clone(g)
+                                                                    : mp_to_raw(g, leaf->dtype, leaf->dev);
+        return leaf->grad ? 0 : -1;
     }
+    if (!mp_same_shape(leaf->grad, g))
+        return mp_fail(MP_EINVAL, "gradient shape does not match the leaf's .grad");
+    mp_tensor *c = mp_to_raw(g, leaf->grad->dtype, leaf->grad->dev);
+    if (!c) return -1;
     mp_bcast bc;
     mp_broadcast(leaf->grad, c, &bc);
-    mp_be(c)->binary(MP_ADD, leaf->dtype, mp_data(leaf->grad), mp_data(leaf->grad), mp_data(c), &bc);
+    mp_be(c)->binary(MP_ADD, c->dtype, mp_data(leaf->grad), mp_data(leaf->grad), mp_data(c), &bc);
     mp_release(c);
     return 0;
 }

@@ -34,6 +34,8 @@ mp_dtype mp_promote(mp_dtype a, mp_dtype b);
 mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev);   /* new reference; t itself if nothing changes */
 mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev); /* the same, never recorded by autograd */
 mp_tensor *mp_clone(mp_tensor *t);
+/* copy src's values (cast to dst's dtype, from any device) into dst, in place */
+int mp_copy_(mp_tensor *dst, mp_tensor *src);
 
 /* shape: reshape/view and narrow along dim 1 share storage */
 int mp_dim(const mp_tensor *t, int d, int *out);              /* user dim -> 0-based */

@@ -167,3 +167,18 @@ mp_tensor *mp_clone(mp_tensor *t)
     if (o) mp_be(o)->copy(mp_data(o), mp_data(t), mp_nbytes(t));
     return record_copy(o, t, "clone");
 }
+
+int mp_copy_(mp_tensor *dst, mp_tensor *src)
+{
+    char b1[128], b2[128];
+    if (!mp_same_shape(dst, src))
+        return mp_fail(MP_EINVAL, "shapes %s and %s differ", mp_shape_str(dst->ndim, dst->shape, b1, sizeof b1),
+                       mp_shape_str(src->ndim, src->shape, b2, sizeof b2));
+    if (dst->requires_grad && mp_grad_enabled())
+        return mp_fail(MP_EINVAL, "in-place copy into a tensor that requires grad (use it inside mp.no_grad())");
+    mp_tensor *c = mp_to_raw(src, dst->dtype, dst->dev);
+    if (!c) return -1;
+    if (c->st != dst->st || c->offset != dst->offset) mp_be(dst)->copy(mp_data(dst), mp_data(c), mp_nbytes(dst));
+    mp_release(c);
+    return 0;
+}

@@ -99,7 +99,7 @@ static mp_storage *storage_new(mp_device dev, size_t nbytes)
     return st;
 }
 
-static void storage_release(mp_storage *st)
+void mp_storage_release(mp_storage *st)
 {
     if (--st->refs > 0) return;
     mp_backend_of(st->dev)->free(st->data, st->nbytes);
@@ -167,7 +167,7 @@ mp_tensor *mp_empty(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape)
     mp_storage *st = storage_new(dev, (size_t)n * mp_dtype_size(dt));
     if (!st) return NULL;
     mp_tensor *t = header(dt, dev, ndim, shape, n);
-    if (!t) return storage_release(st), NULL;
+    if (!t) return mp_storage_release(st), NULL;
     t->st = st;
     return t;
 }
@@ -197,6 +197,6 @@ void mp_release(mp_tensor *t)
     if (!t || --t->refs > 0) return;
     mp_release(t->grad);
     mp_node_release(t->grad_fn);
-    storage_release(t->st);
+    mp_storage_release(t->st);
     free(t);
 }

@@ -18,6 +18,7 @@ typedef struct mp_storage {
     mp_device dev;
     size_t nbytes;
     void *data;
+    bool arena;                    /* an optimizer's parameter arena */
 } mp_storage;
 
 typedef struct mp_tensor {
@@ -54,6 +55,7 @@ int mp_device_check(mp_device d);                           /* -1 + error if una
 mp_tensor *mp_empty(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
 mp_tensor *mp_view(mp_tensor *t, int ndim, const int64_t *shape, int64_t offset);
 mp_tensor *mp_retain(mp_tensor *t);
+void mp_storage_release(mp_storage *st);
 void mp_release(mp_tensor *t);
 
 int mp_check_shape(int ndim, const int64_t *shape, int64_t *numel);

@@ -55,6 +55,16 @@ typedef struct {
     int64_t sb[MP_MAXDIM];
 } mp_bcast;
 
+/* Optimizer updates over flat f32 arrays (masters, gradients, state). Scalars
+ * that depend on the step (bias corrections) are computed once by the engine. */
+typedef enum { MP_SGD, MP_ADAM, MP_ADAMW } mp_optim_kind;
+typedef struct {
+    float lr, momentum, dampening, weight_decay, beta1, beta2, eps;
+    float step_size;               /* Adam: lr / (1 - beta1^step) */
+    float bc2_sqrt;                /* Adam: sqrt(1 - beta2^step) */
+    int nesterov, first;           /* SGD: first step initialises the momentum buffer */
+} mp_optim_args;
+
 typedef struct mp_backend {
     const char *name;
 
@@ -86,6 +96,9 @@ typedef struct mp_backend {
     /* out[o, idx[o,i], i] = src[o, i] on a zeroed {outer, n, inner} out (max's backward) */
     void (*put_along)(mp_dtype dt, void *out, const void *src, const int32_t *idx,
                       int64_t outer, int64_t n, int64_t inner);
+    /* one optimizer step over n parameters p with gradients g and state s1, s2 */
+    void (*optim_step)(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
+                       const mp_optim_args *a);
     /* out = cond ? a : b elementwise, all contiguous of n elements; cond is u8 */
     void (*where)(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
 

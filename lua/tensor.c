@@ -119,6 +119,15 @@ CAST_METHOD(t_bf16, MP_BF16, t->dev, "Tensor:bf16")
 CAST_METHOD(t_cpu, t->dtype, MP_CPU, "Tensor:cpu")
 CAST_METHOD(t_cuda, t->dtype, MP_CUDA, "Tensor:cuda")
 
+static int t_copy_(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1), *src = lt_check(L, 2);
+    mp_clear_error();
+    if (mp_copy_(t, src)) return lt_error(L, "Tensor:copy_");
+    lua_settop(L, 1);
+    return 1;
+}
+
 static int t_clone(lua_State *L)
 {
     mp_tensor *t = lt_check(L, 1);
@@ -374,7 +383,7 @@ static int t_eq(lua_State *L)
 static const luaL_Reg meth[] = {
     {"size", t_size}, {"dim", t_dim}, {"numel", t_numel}, {"item", t_item}, {"totable", t_totable},
     {"free", t_free}, {"to", t_to}, {"f32", t_f32}, {"f16", t_f16}, {"bf16", t_bf16},
-    {"cpu", t_cpu}, {"cuda", t_cuda}, {"clone", t_clone}, {"detach", t_detach},
+    {"cpu", t_cpu}, {"cuda", t_cuda}, {"clone", t_clone}, {"copy_", t_copy_}, {"detach", t_detach},
     {"reshape", t_reshape}, {"view", t_view}, {"transpose", t_transpose}, {"narrow", t_narrow},
     {"index_select", t_index_select}, {"matmul", t_matmul}, {"sum", t_sum}, {"mean", t_mean}, {"max", t_max}, {"argmax", t_argmax},
     {"gt", t_gt}, {"lt", t_lt}, {"ge", t_ge}, {"le", t_le}, {"eq", t_eq_}, {"ne", t_ne},

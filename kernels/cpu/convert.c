@@ -35,7 +35,7 @@
 #endif
 
 /* below this many elements one thread does the whole array */
-#define PAR_MIN ((int64_t)1 << 16)
+#define PAR_MIN ((int64_t)1 << 18)
 
 typedef void (*run_fn)(void *dst, const void *src, int64_t n);
 

@@ -9,10 +9,21 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/convert.h"
 
+/* Hot loops are compiled for AVX-512, AVX2 and plain x86-64, and the loader
+ * picks the best the processor has (GCC function multiversioning): one binary
+ * is fast on this machine and still runs on an older one. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MP_SIMD __attribute__((target_clones("default", "avx2", "arch=skylake-avx512")))
+#else
+#define MP_SIMD
+#endif
+
 /* elements per block that a kernel widens to f32 at a time (fits in L1) */
 #define MP_BLOCK 1024
-/* below this many elements a kernel runs on one thread */
-#define MP_PAR_MIN 32768
+/* Below this many elements a kernel runs on one thread. Forking a team costs
+ * more than it saves on small tensors, and idle OpenMP workers spin for a while
+ * after each region, stealing the cores that OpenBLAS's threads need next. */
+#define MP_PAR_MIN ((int64_t)1 << 18)
 
 /* n elements of float dtype dt at src+i into f32 */
 static inline void cpu_load(mp_dtype dt, const void *src, int64_t i, float *dst, int64_t n)
@@ -79,5 +90,8 @@ void cpu_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const void *
                     const void *b, int64_t rows, int64_t n, float eps);
 void cpu_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                          const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
+
+void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
+                    const mp_optim_args *a);
 
 #endif

@@ -51,6 +51,7 @@ const mp_backend mp_cpu_backend = {
     .reduce = cpu_reduce,
     .put_along = cpu_put_along,
     .where = cpu_where,
+    .optim_step = cpu_optim_step,
     .softmax = cpu_softmax,
     .softmax_grad = cpu_softmax_grad,
     .cross_entropy = cpu_cross_entropy,

@@ -19,7 +19,7 @@
         else for (int64_t j = 0; j < n; j++) { float x = a[j * ia], y = b[j * ib]; o[j] = EXPR; } \
     } while (0)
 
-static void bin_f32(mp_binop op, float *o, const float *a, int64_t ia, const float *b, int64_t ib, int64_t n)
+MP_SIMD static void bin_f32(mp_binop op, float *o, const float *a, int64_t ia, const float *b, int64_t ib, int64_t n)
 {
     switch (op) {
     case MP_ADD: BIN_LOOP(x + y); break;
@@ -144,7 +144,7 @@ void cpu_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *
     }
 }
 
-static void un_f32(mp_unop op, float *o, const float *x, int64_t n, double pd)
+MP_SIMD static void un_f32(mp_unop op, float *o, const float *x, int64_t n, double pd)
 {
     float p = (float)pd;
     switch (op) {
@@ -182,7 +182,7 @@ static void un_f32(mp_unop op, float *o, const float *x, int64_t n, double pd)
 }
 
 /* gi = go * op'(x), with the forward output y where that is cheaper */
-static void grad_f32(mp_unop op, float *gi, const float *go, const float *x, const float *y, int64_t n, double pd)
+MP_SIMD static void grad_f32(mp_unop op, float *gi, const float *go, const float *x, const float *y, int64_t n, double pd)
 {
     float p = (float)pd;
     switch (op) {

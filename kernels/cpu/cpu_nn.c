@@ -33,7 +33,7 @@ static float logsumexp(const float *r, int64_t n)
 
 void cpu_softmax(mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log)
 {
-    #pragma omp parallel
+    #pragma omp parallel if (outer * n * inner >= MP_PAR_MIN)
     {
         float *r = malloc(sizeof(float) * (size_t)n);
         #pragma omp for schedule(static)
@@ -52,7 +52,7 @@ void cpu_softmax(mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, 
 void cpu_softmax_grad(mp_dtype dt, void *gx, const void *gy, const void *y,
                       int64_t outer, int64_t n, int64_t inner, int log)
 {
-    #pragma omp parallel
+    #pragma omp parallel if (outer * n * inner >= MP_PAR_MIN)
     {
         float *g = malloc(sizeof(float) * (size_t)n * 2), *p = g ? g + n : NULL;
         #pragma omp for schedule(static)
@@ -78,7 +78,7 @@ void cpu_softmax_grad(mp_dtype dt, void *gx, const void *gy, const void *y,
 void cpu_cross_entropy(mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
                        int64_t rows, int64_t classes)
 {
-    #pragma omp parallel
+    #pragma omp parallel if (rows * classes >= MP_PAR_MIN)
     {
         float *r = malloc(sizeof(float) * (size_t)classes);
         #pragma omp for schedule(static)
@@ -95,7 +95,7 @@ void cpu_cross_entropy(mp_dtype dt, float *loss, float *lse, const void *x, cons
 void cpu_cross_entropy_grad(mp_dtype dt, void *gx, const void *x, const float *lse,
                             const int32_t *target, const float *scale, int64_t rows, int64_t classes)
 {
-    #pragma omp parallel
+    #pragma omp parallel if (rows * classes >= MP_PAR_MIN)
     {
         float *r = malloc(sizeof(float) * (size_t)classes);
         #pragma omp for schedule(static)
@@ -113,7 +113,7 @@ void cpu_cross_entropy_grad(mp_dtype dt, void *gx, const void *x, const float *l
 void cpu_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
                     const void *b, int64_t rows, int64_t n, float eps)
 {
-    #pragma omp parallel
+    #pragma omp parallel if (rows * n >= MP_PAR_MIN)
     {
         float *r = malloc(sizeof(float) * (size_t)n * 3), *wf = r ? r + n : NULL, *bf = r ? r + 2 * n : NULL;
         if (r) {

@@ -75,8 +75,39 @@ static void reduce_one(mp_redop op, mp_dtype dt, void *out, const void *a, int64
     else ((int32_t *)out)[o * inner + i] = (int32_t)at;
 }
 
+/* sums over the middle axis when it is not the last: whole rows of `inner`
+ * values add into a double accumulator, so the loads stay contiguous */
+static void sum_rows(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t o, int64_t n,
+                     int64_t inner, int64_t i0, int64_t len)
+{
+    double acc[MP_BLOCK] = {0};
+    float buf[MP_BLOCK];
+    for (int64_t j = 0; j < n; j++) {
+        int64_t base = (o * n + j) * inner + i0;
+        if (dt == MP_F32) {
+            const float *x = (const float *)a + base;
+            for (int64_t q = 0; q < len; q++) acc[q] += x[q];
+        } else if (dt == MP_F16 || dt == MP_BF16) {
+            cpu_load(dt, a, base, buf, len);
+            for (int64_t q = 0; q < len; q++) acc[q] += buf[q];
+        } else {
+            for (int64_t q = 0; q < len; q++) acc[q] += get(dt, a, base + q);
+        }
+    }
+    for (int64_t q = 0; q < len; q++) put(dt, out, o * inner + i0 + q, op == MP_MEAN ? acc[q] / (double)n : acc[q]);
+}
+
 void cpu_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner)
 {
+    if ((op == MP_SUM || op == MP_MEAN) && inner > 1 && (dt != MP_I32 || n < (1 << 20))) {
+        int64_t blocks = (inner + MP_BLOCK - 1) / MP_BLOCK;
+        #pragma omp parallel for if (outer * n * inner >= MP_PAR_MIN) schedule(static)
+        for (int64_t it = 0; it < outer * blocks; it++) {
+            int64_t o = it / blocks, i0 = (it % blocks) * MP_BLOCK;
+            sum_rows(op, dt, out, a, o, n, inner, i0, inner - i0 < MP_BLOCK ? inner - i0 : MP_BLOCK);
+        }
+        return;
+    }
     int64_t items = outer * inner;
     if (items == 1 && (op == MP_SUM || op == MP_MEAN) && n >= MP_PAR_MIN) {
         /* one long sum: split it over threads, combine the partial sums in order */

@@ -1,9 +1,19 @@
--- mp: the Lua face of mpengine. The C module mp.core holds tensors and ops;
--- this file adds what is easier to write in Lua and picks the default device.
+-- mp: the Lua face of mpengine. The C module mp.core holds tensors, ops,
+-- autograd and optimizers; this file gathers the Lua libraries around it
+-- (nn, optim, data, ...) and picks the default device.
 local core = require "mp.core"
 
 local mp = {}
-for k, v in pairs(core) do mp[k] = v end
+for k, v in pairs(core) do
+  if type(k) ~= "string" or k:sub(1, 1) ~= "_" then mp[k] = v end
+end
+-- the submodules may require "mp" themselves: let them see this table
+package.loaded["mp"] = mp
+
+mp.optim = require "mp.optim"
+mp.data = require "mp.data"
+local ok, nn = pcall(require, "mp.nn")
+if ok then mp.nn = nn elseif not tostring(nn):find("module 'mp.nn' not found", 1, true) then error(nn, 0) end
 
 -- default device: MP_DEVICE, else cuda when present, else cpu
 local env = os.getenv("MP_DEVICE")

@@ -1,0 +1,182 @@
+/*
+ * optim.c: packing parameters into arenas, the optimizer step, zero_grad and
+ * gradient clipping.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "engine/optim.h"
+#include "engine/ops.h"
+#include "engine/error.h"
+
+int mp_optim_check_config(const mp_optim_config *c)
+{
+    if (!(c->lr >= 0) || !isfinite(c->lr)) return mp_fail(MP_EINVAL, "lr must be a finite number >= 0 (got %g)", c->lr);
+    if (!(c->weight_decay >= 0)) return mp_fail(MP_EINVAL, "weight_decay must be >= 0 (got %g)", c->weight_decay);
+    if (c->kind == MP_SGD) {
+        if (!(c->momentum >= 0)) return mp_fail(MP_EINVAL, "momentum must be >= 0 (got %g)", c->momentum);
+        if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
+            return mp_fail(MP_EINVAL, "nesterov needs a momentum > 0 and dampening 0");
+        return 0;
+    }
+    if (!(c->beta1 >= 0 && c->beta1 < 1)) return mp_fail(MP_EINVAL, "betas[1] must be in [0, 1) (got %g)", c->beta1);
+    if (!(c->beta2 >= 0 && c->beta2 < 1)) return mp_fail(MP_EINVAL, "betas[2] must be in [0, 1) (got %g)", c->beta2);
+    if (!(c->eps >= 0)) return mp_fail(MP_EINVAL, "eps must be >= 0 (got %g)", c->eps);
+    return 0;
+}
+
+static int check_params(int n, mp_tensor *const *ps)
+{
+    if (n < 1) return mp_fail(MP_EINVAL, "the parameter list is empty");
+    for (int i = 0; i < n; i++) {
+        mp_tensor *p = ps[i];
+        if (p->dtype != MP_F32)
+            return mp_fail(MP_EINVAL, "parameter %d is %s: optimizers keep f32 master weights "
+                                      "(cast the model with :f32())", i + 1, mp_dtype_name(p->dtype));
+        if (!p->requires_grad || p->grad_fn)
+            return mp_fail(MP_EINVAL, "parameter %d is not a leaf that requires grad", i + 1);
+        if (p->dev != ps[0]->dev)
+            return mp_fail(MP_EINVAL, "parameters 1 and %d are on different devices", i + 1);
+        if (p->st->arena)
+            return mp_fail(MP_EINVAL, "parameter %d already belongs to an optimizer", i + 1);
+        for (int j = 0; j < i; j++)
+            if (ps[j] == p) return mp_fail(MP_EINVAL, "parameter %d appears twice (also at %d)", i + 1, j + 1);
+    }
+    return 0;
+}
+
+mp_tensor *mp_optim_view(mp_optim *o, mp_tensor *arena, int i)
+{
+    if (!arena) return NULL;
+    mp_tensor *p = o->params[i];
+    return mp_view(arena, p->ndim, p->shape, o->offsets[i]);
+}
+
+/* point p at the arena's storage from element off, keeping p's header */
+static void adopt(mp_tensor *p, mp_tensor *arena, int64_t off)
+{
+    mp_storage *old = p->st;
+    p->st = arena->st;
+    p->st->refs++;
+    p->offset = off;
+    mp_storage_release(old);   /* freed unless another view still holds it */
+}
+
+mp_optim *mp_optim_new(const mp_optim_config *cfg, int n, mp_tensor *const *ps)
+{
+    if (mp_optim_check_config(cfg) || check_params(n, ps)) return NULL;
+    mp_optim *o = calloc(1, sizeof *o);
+    if (!o || !(o->params = calloc((size_t)n, sizeof *o->params)) || !(o->offsets = calloc((size_t)n, sizeof *o->offsets))) {
+        mp_optim_free(o);
+        return mp_fail(MP_EOOM, "out of memory"), NULL;
+    }
+    o->cfg = *cfg;
+    for (int i = 0; i < n; i++) o->offsets[i] = o->numel, o->numel += ps[i]->numel;
+    o->values = mp_full(MP_F32, ps[0]->dev, 1, &o->numel, 0);
+    o->grads = o->values ? mp_full(MP_F32, ps[0]->dev, 1, &o->numel, 0) : NULL;
+    if (!o->grads) {
+        mp_optim_free(o);
+        return NULL;
+    }
+    const mp_backend *be = mp_be(o->values);
+    for (int i = 0; i < n; i++) {   /* nothing can fail from here on */
+        mp_tensor *p = ps[i];
+        size_t off = (size_t)o->offsets[i] * 4;
+        be->copy((char *)mp_data(o->values) + off, mp_data(p), mp_nbytes(p));
+        if (p->grad && p->grad->dtype == MP_F32 && mp_same_shape(p->grad, p))
+            be->copy((char *)mp_data(o->grads) + off, mp_data(p->grad), mp_nbytes(p));
+        adopt(p, o->values, o->offsets[i]);
+        o->params[i] = mp_retain(p);
+    }
+    o->values->st->arena = true;
+    o->n = n;
+    return mp_optim_zero_grad(o) ? (mp_optim_free(o), NULL) : o;
+}
+
+void mp_optim_free(mp_optim *o)
+{
+    if (!o) return;
+    for (int i = 0; i < o->n; i++) mp_release(o->params[i]);
+    if (o->values) o->values->st->arena = false;
+    mp_release(o->values), mp_release(o->grads), mp_release(o->state1), mp_release(o->state2);
+    free(o->params);
+    free(o->offsets);
+    free(o);
+}
+
+int mp_optim_ensure_state(mp_optim *o)
+{
+    bool two = o->cfg.kind != MP_SGD, one = two || o->cfg.momentum != 0;
+    if (one && !o->state1 && !(o->state1 = mp_full(MP_F32, o->values->dev, 1, &o->numel, 0))) return -1;
+    if (two && !o->state2 && !(o->state2 = mp_full(MP_F32, o->values->dev, 1, &o->numel, 0))) return -1;
+    return 0;
+}
+
+int mp_optim_zero_grad(mp_optim *o)
+{
+    mp_be(o->grads)->zero(mp_data(o->grads), mp_nbytes(o->grads));
+    for (int i = 0; i < o->n; i++) {
+        mp_tensor *p = o->params[i];
+        if (p->grad && p->grad->st == o->grads->st && p->grad->offset == o->offsets[i]) continue;
+        mp_tensor *v = mp_optim_view(o, o->grads, i);   /* .grad was replaced or dropped: a view again */
+        if (!v) return -1;
+        mp_release(p->grad);
+        p->grad = v;
+    }
+    return 0;
+}
+
+int mp_optim_step(mp_optim *o)
+{
+    if (mp_optim_ensure_state(o)) return -1;
+    /* a .grad the user replaced with another tensor still counts: copy it into the arena */
+    for (int i = 0; i < o->n; i++) {
+        mp_tensor *p = o->params[i], *g = p->grad;
+        if (!g || (g->st == o->grads->st && g->offset == o->offsets[i])) continue;
+        mp_tensor *c = mp_to_raw(g, MP_F32, o->grads->dev);
+        if (!c) return -1;
+        mp_be(c)->copy((float *)mp_data(o->grads) + o->offsets[i], mp_data(c), mp_nbytes(p));
+        mp_release(c);
+    }
+    const mp_optim_config *c = &o->cfg;
+    o->step++;
+    mp_optim_args a = {
+        .lr = (float)c->lr, .momentum = (float)c->momentum, .dampening = (float)c->dampening,
+        .weight_decay = (float)c->weight_decay, .beta1 = (float)c->beta1, .beta2 = (float)c->beta2,
+        .eps = (float)c->eps, .nesterov = c->nesterov, .first = o->step == 1,
+    };
+    if (c->kind != MP_SGD) {   /* bias corrections in double, as PyTorch computes them in Python */
+        double bc1 = 1 - pow(c->beta1, (double)o->step), bc2 = 1 - pow(c->beta2, (double)o->step);
+        a.step_size = (float)(c->lr / bc1);
+        a.bc2_sqrt = (float)sqrt(bc2);
+    }
+    mp_be(o->values)->optim_step(c->kind, mp_data(o->values), mp_data(o->grads),
+                                 o->state1 ? mp_data(o->state1) : NULL, o->state2 ? mp_data(o->state2) : NULL,
+                                 o->numel, &a);
+    return 0;
+}
+
+int mp_clip_grad_norm(int n, mp_tensor *const *ps, double max_norm, double *total)
+{
+    if (!(max_norm > 0)) return mp_fail(MP_EINVAL, "max_norm must be positive (got %g)", max_norm);
+    double sq = 0;
+    for (int i = 0; i < n; i++) {
+        mp_tensor *g = ps[i]->grad;
+        if (!g) continue;
+        mp_tensor *g2 = mp_unary(MP_POW, g, 2), *s = g2 ? mp_reduce(MP_SUM, g2, 0, 0) : NULL;
+        double v = 0;
+        int rc = s ? mp_read_f64(s, 0, 1, &v) : -1;
+        mp_release(g2);
+        mp_release(s);
+        if (rc) return -1;
+        sq += v;
+    }
+    *total = sqrt(sq);
+    double coef = max_norm / (*total + 1e-6);
+    if (coef >= 1) return 0;
+    for (int i = 0; i < n; i++) {   /* in place, so arena views stay views */
+        mp_tensor *g = ps[i]->grad;
+        if (g) mp_be(g)->unary(MP_MULS, g->dtype, mp_data(g), mp_data(g), g->numel, coef);
+    }
+    return 0;
+}

@@ -1,0 +1,46 @@
+/*
+ * optim.h: optimizers over flat arenas.
+ *
+ * Creating an optimizer packs its parameters once: their values move into one
+ * contiguous f32 arena and their gradients into a second one, and each
+ * parameter tensor keeps its identity (the same header, so every Lua reference
+ * stays valid) while becoming a view into the arena. A step is then one fused
+ * pass over contiguous memory (DESIGN.md section 4), with PyTorch's update
+ * formulas in PyTorch's order of floating-point operations.
+ */
+#ifndef MP_OPTIM_H
+#define MP_OPTIM_H
+
+#include "engine/tensor.h"
+
+typedef struct {
+    mp_optim_kind kind;
+    double lr, momentum, dampening, weight_decay, beta1, beta2, eps;
+    bool nesterov;
+} mp_optim_config;
+
+typedef struct mp_optim {
+    mp_optim_config cfg;
+    int n;
+    mp_tensor **params;            /* retained, in the order given */
+    int64_t *offsets;              /* each parameter's first element in the arenas */
+    mp_tensor *values, *grads;     /* f32 {numel} arenas */
+    mp_tensor *state1, *state2;    /* momentum / exp_avg and exp_avg_sq, NULL until needed */
+    int64_t numel, step;
+} mp_optim;
+
+mp_optim *mp_optim_new(const mp_optim_config *cfg, int n, mp_tensor *const *params);
+void mp_optim_free(mp_optim *o);
+int mp_optim_check_config(const mp_optim_config *cfg);
+/* one update of every parameter from the gradient arena */
+int mp_optim_step(mp_optim *o);
+/* zero the gradient arena and make every .grad a view into it again */
+int mp_optim_zero_grad(mp_optim *o);
+/* the view of an arena that belongs to parameter i (state arenas: NULL until created) */
+mp_tensor *mp_optim_view(mp_optim *o, mp_tensor *arena, int i);
+int mp_optim_ensure_state(mp_optim *o);
+
+/* total 2-norm of the gradients of n tensors; scale them so it is at most max_norm */
+int mp_clip_grad_norm(int n, mp_tensor *const *params, double max_norm, double *total);
+
+#endif

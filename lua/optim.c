@@ -1,0 +1,206 @@
+/*
+ * optim.c: the Optimizer userdata (engine/optim.h) behind mp.optim.SGD/Adam/AdamW
+ * (lua/mp/optim.lua adds defaults, state_dict and friends). Hyperparameters are
+ * fields: opt.lr reads and writes the engine's copy.
+ */
+#include <string.h>
+#include "lua/bind.h"
+#include "engine/optim.h"
+
+#define OPTIM_MT "mp.Optimizer"
+
+typedef struct { mp_optim *o; } LOptim;
+
+static mp_optim *check_optim(lua_State *L, int i)
+{
+    LOptim *u = luaL_checkudata(L, i, OPTIM_MT);
+    if (!u->o) luaL_argerror(L, i, "optimizer was freed");
+    return u->o;
+}
+
+static double num_field(lua_State *L, int t, const char *k, double dflt, const char *name)
+{
+    double v = dflt;
+    if (lua_getfield(L, t, k) != LUA_TNIL) {
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            luaL_error(L, "%s: %s must be a number (got %s)", name, k, luaL_typename(L, -1));
+        v = lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+/* core._optimizer(kind, params, config) with config already defaulted in Lua */
+static int o_new(lua_State *L)
+{
+    static const char *kinds[] = {"sgd", "adam", "adamw", NULL};
+    static const char *names[] = {"mp.optim.SGD", "mp.optim.Adam", "mp.optim.AdamW"};
+    int kind = luaL_checkoption(L, 1, NULL, kinds);
+    const char *name = names[kind];
+    if (!lua_istable(L, 2)) return luaL_error(L, "%s: params must be a list of tensors (got %s)", name, luaL_typename(L, 2));
+    luaL_checktype(L, 3, LUA_TTABLE);
+    mp_optim_config c = {.kind = (mp_optim_kind)kind};
+    c.lr = num_field(L, 3, "lr", 0, name);
+    c.momentum = num_field(L, 3, "momentum", 0, name);
+    c.dampening = num_field(L, 3, "dampening", 0, name);
+    c.weight_decay = num_field(L, 3, "weight_decay", 0, name);
+    c.beta1 = num_field(L, 3, "beta1", 0.9, name);
+    c.beta2 = num_field(L, 3, "beta2", 0.999, name);
+    c.eps = num_field(L, 3, "eps", 1e-8, name);
+    lua_getfield(L, 3, "nesterov");
+    c.nesterov = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    int n = (int)luaL_len(L, 2);
+    mp_tensor **ps = lua_newuserdatauv(L, sizeof(mp_tensor *) * (size_t)(n ? n : 1), 0);
+    for (int i = 0; i < n; i++) {
+        lua_geti(L, 2, i + 1);
+        if (!(ps[i] = lt_opt(L, -1)))
+            return luaL_error(L, "%s: params[%d] is %s (expected a tensor)", name, i + 1, luaL_typename(L, -1));
+        lua_pop(L, 1);
+    }
+    LOptim *u = lua_newuserdatauv(L, sizeof *u, 0);
+    u->o = NULL;
+    luaL_setmetatable(L, OPTIM_MT);
+    mp_clear_error();
+    if (!(u->o = mp_optim_new(&c, n, ps))) {
+        if (mp_errcode_last() != MP_EOOM) return lt_error(L, name);
+        lua_gc(L, LUA_GCCOLLECT);
+        if (!(u->o = mp_optim_new(&c, n, ps))) return lt_error(L, name);
+    }
+    return 1;
+}
+
+static int o_gc(lua_State *L)
+{
+    LOptim *u = luaL_checkudata(L, 1, OPTIM_MT);
+    mp_optim_free(u->o);
+    u->o = NULL;
+    return 0;
+}
+
+static int o_step(lua_State *L)
+{
+    mp_optim *o = check_optim(L, 1);
+    mp_clear_error();
+    if (mp_optim_step(o)) return lt_error(L, "Optimizer:step");
+    return 0;
+}
+
+static int o_zero_grad(lua_State *L)
+{
+    mp_optim *o = check_optim(L, 1);
+    mp_clear_error();
+    if (mp_optim_zero_grad(o)) return lt_error(L, "Optimizer:zero_grad");
+    return 0;
+}
+
+/* o:_views(which) -> list of per-parameter views of an arena ("values", "grads",
+ * "state1", "state2"), creating the state arenas when asked for */
+static int o_views(lua_State *L)
+{
+    mp_optim *o = check_optim(L, 1);
+    static const char *which[] = {"values", "grads", "state1", "state2", NULL};
+    int w = luaL_checkoption(L, 2, NULL, which);
+    if (w >= 2 && mp_optim_ensure_state(o)) return lt_error(L, "Optimizer:_views");
+    mp_tensor *arena = w == 0 ? o->values : w == 1 ? o->grads : w == 2 ? o->state1 : o->state2;
+    if (!arena) { lua_pushnil(L); return 1; }
+    lua_createtable(L, o->n, 0);
+    for (int i = 0; i < o->n; i++) {
+        LT_PUSH(L, "Optimizer:_views", mp_optim_view(o, arena, i));
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
+}
+
+static double *config_field(mp_optim *o, const char *k)
+{
+    if (strcmp(k, "lr") == 0) return &o->cfg.lr;
+    if (strcmp(k, "momentum") == 0) return &o->cfg.momentum;
+    if (strcmp(k, "dampening") == 0) return &o->cfg.dampening;
+    if (strcmp(k, "weight_decay") == 0) return &o->cfg.weight_decay;
+    if (strcmp(k, "beta1") == 0) return &o->cfg.beta1;
+    if (strcmp(k, "beta2") == 0) return &o->cfg.beta2;
+    if (strcmp(k, "eps") == 0) return &o->cfg.eps;
+    return NULL;
+}
+
+static int o_index(lua_State *L)
+{
+    lua_pushvalue(L, 2);
+    if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
+    mp_optim *o = check_optim(L, 1);
+    const char *k = luaL_checkstring(L, 2);
+    double *f = config_field(o, k);
+    if (f) lua_pushnumber(L, *f);
+    else if (strcmp(k, "step_count") == 0) lua_pushinteger(L, o->step);
+    else if (strcmp(k, "nesterov") == 0) lua_pushboolean(L, o->cfg.nesterov);
+    else if (strcmp(k, "numel") == 0) lua_pushinteger(L, o->numel);
+    else lua_pushnil(L);
+    return 1;
+}
+
+static int o_newindex(lua_State *L)
+{
+    mp_optim *o = check_optim(L, 1);
+    const char *k = luaL_checkstring(L, 2);
+    if (strcmp(k, "step_count") == 0) {
+        lua_Integer s = luaL_checkinteger(L, 3);
+        if (s < 0) return luaL_error(L, "Optimizer.step_count: must be >= 0 (got %lld)", (long long)s);
+        o->step = s;
+        return 0;
+    }
+    double *f = config_field(o, k);
+    if (!f) return luaL_error(L, "Optimizer: no field '%s' to set", k);
+    if (lua_type(L, 3) != LUA_TNUMBER)
+        return luaL_error(L, "Optimizer.%s: must be a number (got %s)", k, luaL_typename(L, 3));
+    double old = *f;
+    *f = lua_tonumber(L, 3);
+    mp_clear_error();
+    if (mp_optim_check_config(&o->cfg)) {
+        *f = old;
+        return lt_error(L, "Optimizer");
+    }
+    return 0;
+}
+
+static int o_clip_grad_norm(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    double max_norm = luaL_checknumber(L, 2), total;
+    int n = (int)luaL_len(L, 1);
+    mp_tensor **ps = lua_newuserdatauv(L, sizeof(mp_tensor *) * (size_t)(n ? n : 1), 0);
+    for (int i = 0; i < n; i++) {
+        lua_geti(L, 1, i + 1);
+        if (!(ps[i] = lt_opt(L, -1)))
+            return luaL_error(L, "mp.optim.clip_grad_norm: params[%d] is %s (expected a tensor)", i + 1,
+                              luaL_typename(L, -1));
+        lua_pop(L, 1);
+    }
+    mp_clear_error();
+    if (mp_clip_grad_norm(n, ps, max_norm, &total)) return lt_error(L, "mp.optim.clip_grad_norm");
+    lua_pushnumber(L, total);
+    return 1;
+}
+
+static const luaL_Reg meth[] = {
+    {"step", o_step}, {"zero_grad", o_zero_grad}, {"_views", o_views}, {"free", o_gc}, {NULL, NULL}
+};
+
+void mp_open_optim(lua_State *L)
+{
+    luaL_newmetatable(L, OPTIM_MT);
+    luaL_newlib(L, meth);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -4, "_optim_methods");   /* lua/mp/optim.lua adds state_dict & co. */
+    lua_pushcclosure(L, o_index, 1);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, o_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushcfunction(L, o_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
+    lua_pushcfunction(L, o_new);
+    lua_setfield(L, -2, "_optimizer");
+    lua_pushcfunction(L, o_clip_grad_norm);
+    lua_setfield(L, -2, "_clip_grad_norm");
+}
