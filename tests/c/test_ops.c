@@ -36,7 +36,7 @@ Test(ops, broadcast_matches_naive_loop)
     int64_t sa[3] = {4, 1, 5}, sb[2] = {3, 1};
     mp_manual_seed(1);
     mp_tensor *a = randt(MP_F32, 3, sa), *b = randt(MP_F32, 2, sb);
-    for (mp_binop op = MP_ADD; op < MP_NBINOPS; op++) {
+    for (mp_binop op = MP_ADD; op <= MP_DIV; op++) {
         mp_tensor *c = mp_binary(op, a, b);
         cr_assert(c, "%s", mp_error());
         cr_assert_eq(c->ndim, 3);
@@ -52,6 +52,22 @@ Test(ops, broadcast_matches_naive_loop)
     }
     mp_release(a);
     mp_release(b);
+}
+
+Test(ops, comparisons_write_u8)
+{
+    int64_t s[1] = {4};
+    double x[4] = {1, 2, NAN, -1}, y[4] = {1, 1, 0, 0};
+    mp_tensor *a = make(MP_F16, 1, s, x), *b = make(MP_F32, 1, s, y);
+    double want[6][4] = {{0, 1, 0, 0}, {0, 0, 0, 1}, {1, 1, 0, 0}, {1, 0, 0, 1}, {1, 0, 0, 0}, {0, 1, 1, 1}};
+    for (mp_binop op = MP_GT; op <= MP_NE; op++) {
+        mp_tensor *c = mp_binary(op, a, b);
+        cr_assert(c, "%s", mp_error());
+        cr_assert_eq(c->dtype, MP_U8);
+        for (int i = 0; i < 4; i++) cr_assert_eq(at(c, i), want[op - MP_GT][i], "op %d at %d", op, i);
+        mp_release(c);
+    }
+    mp_release(a), mp_release(b);
 }
 
 Test(ops, f16_arithmetic_rounds_once)
