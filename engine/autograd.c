@@ -230,6 +230,11 @@ static int run_node(mp_node *x)
     for (int i = 0; i < x->nin && rc == 0; i++) {
         if (!gin[i]) continue;
         mp_edge *e = &x->in[i];
+        if (gin[i]->dtype != e->dtype || gin[i]->dev != e->dev) {   /* each input gets its own dtype back */
+            mp_tensor *c = mp_to_raw(gin[i], e->dtype, e->dev);
+            mp_release(gin[i]);
+            if (!(gin[i] = c)) { rc = -1; break; }
+        }
         if (e->node) rc = accumulate(&e->node->grad, gin[i]);
         else if (e->leaf) rc = accumulate_leaf(e->leaf, gin[i]);
     }

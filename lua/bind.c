@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 #include "lua/bind.h"
+#include "engine/autograd.h"
 
 LTensor *lt_new(lua_State *L)
 {
@@ -126,7 +127,7 @@ int lb_set_default_device(lua_State *L)
 
 lb_opts lb_options(lua_State *L, int i, const char *name)
 {
-    return lb_options_def(L, i, name, (lb_opts){MP_F32, lb_default_device(L)});
+    return lb_options_def(L, i, name, (lb_opts){MP_F32, lb_default_device(L), 0});
 }
 
 lb_opts lb_options_def(lua_State *L, int i, const char *name, lb_opts o)
@@ -139,9 +140,18 @@ lb_opts lb_options_def(lua_State *L, int i, const char *name, lb_opts o)
         const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
         if (strcmp(k, "dtype") == 0) o.dtype = lb_dtype(L, -1, name);
         else if (strcmp(k, "device") == 0) o.device = lb_device(L, -1, name);
-        else luaL_error(L, "%s: unknown option '%s' (expected dtype or device)", name,
+        else if (strcmp(k, "requires_grad") == 0) o.requires_grad = lua_toboolean(L, -1);
+        else luaL_error(L, "%s: unknown option '%s' (expected dtype, device or requires_grad)", name,
                         lua_type(L, -2) == LUA_TSTRING ? k : luaL_typename(L, -2));
         lua_pop(L, 1);
     }
     return o;
+}
+
+void lb_apply_options(lua_State *L, const lb_opts *o, const char *name)
+{
+    if (!o->requires_grad) return;
+    LTensor *u = luaL_checkudata(L, -1, MP_TENSOR_MT);
+    mp_clear_error();
+    if (mp_set_requires_grad(u->t, true)) lt_error(L, name);
 }

@@ -50,12 +50,19 @@ int lb_shape(lua_State *L, int i, int64_t *shape, const char *name);   /* return
 mp_dtype lb_dtype(lua_State *L, int i, const char *name);
 mp_device lb_device(lua_State *L, int i, const char *name);
 mp_device lb_default_device(lua_State *L);
-typedef struct { mp_dtype dtype; mp_device device; } lb_opts;
+typedef struct { mp_dtype dtype; mp_device device; int requires_grad; } lb_opts;
 int lb_set_default_device(lua_State *L);
 lb_opts lb_options(lua_State *L, int i, const char *name);
 lb_opts lb_options_def(lua_State *L, int i, const char *name, lb_opts defaults);
+/* apply opts.requires_grad to the new tensor on top of the stack */
+void lb_apply_options(lua_State *L, const lb_opts *o, const char *name);
 
 int luaopen_mp_tensor(lua_State *L);                 /* leaves the methods table */
 int lt_tostring(lua_State *L);
+void mp_open_data(lua_State *L);                     /* adds mp.core._data (lua/data.c) */
+void mp_open_io(lua_State *L);                       /* adds mp.save, mp.load (lua/io.c) */
+void mp_open_functional(lua_State *L);               /* functional ops and grad mode (lua/functional.c) */
+void mp_open_optim(lua_State *L);                    /* the Optimizer type (lua/optim.c) */
+void mp_open_util(lua_State *L);                     /* clock, isatty, rng state (lua/util.c) */
 
 #endif

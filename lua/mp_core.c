@@ -58,9 +58,10 @@ static int m_tensor(lua_State *L)
 {
     mp_tensor *src = lt_opt(L, 1);
     if (src) {   /* a copy of a tensor, in the dtype/device asked for */
-        lb_opts o = lb_options_def(L, 2, "mp.tensor", (lb_opts){src->dtype, src->dev});
+        lb_opts o = lb_options_def(L, 2, "mp.tensor", (lb_opts){src->dtype, src->dev, 0});
         LT_PUSH(L, "mp.tensor", src->dtype == o.dtype && src->dev == o.device ? mp_clone(src)
                                                                              : mp_to(src, o.dtype, o.device));
+        lb_apply_options(L, &o, "mp.tensor");
         return 1;
     }
     lb_opts o = lb_options(L, 2, "mp.tensor");
@@ -77,6 +78,7 @@ static int m_tensor(lua_State *L)
     char path[256] = "";
     nested_values(L, 1, shape, nd, 0, v, &k, path, sizeof path);
     LT_PUSH(L, "mp.tensor", mp_from_f64(o.dtype, o.device, nd, shape, v));
+    lb_apply_options(L, &o, "mp.tensor");
     return 1;
 }
 
@@ -88,6 +90,7 @@ static int m_zeros(lua_State *L)
     int nd = lb_shape(L, 1, shape, "mp.zeros");
     lb_opts o = lb_options(L, 2, "mp.zeros");
     LT_PUSH(L, "mp.zeros", mp_full(o.dtype, o.device, nd, shape, 0));
+    lb_apply_options(L, &o, "mp.zeros");
     return 1;
 }
 
@@ -97,6 +100,7 @@ static int m_ones(lua_State *L)
     int nd = lb_shape(L, 1, shape, "mp.ones");
     lb_opts o = lb_options(L, 2, "mp.ones");
     LT_PUSH(L, "mp.ones", mp_full(o.dtype, o.device, nd, shape, 1));
+    lb_apply_options(L, &o, "mp.ones");
     return 1;
 }
 
@@ -109,6 +113,7 @@ static int m_full(lua_State *L)
     double v = lua_tonumber(L, 2);
     lb_opts o = lb_options(L, 3, "mp.full");
     LT_PUSH(L, "mp.full", mp_full(o.dtype, o.device, nd, shape, v));
+    lb_apply_options(L, &o, "mp.full");
     return 1;
 }
 
@@ -119,6 +124,7 @@ static int m_arange(lua_State *L)
     int64_t n = lua_tointeger(L, 1);
     lb_opts o = lb_options(L, 2, "mp.arange");
     LT_PUSH(L, "mp.arange", mp_arange(n, o.dtype, o.device));
+    lb_apply_options(L, &o, "mp.arange");
     return 1;
 }
 
@@ -128,6 +134,7 @@ static int m_rand(lua_State *L)
     int nd = lb_shape(L, 1, shape, "mp.rand");
     lb_opts o = lb_options(L, 2, "mp.rand");
     LT_PUSH(L, "mp.rand", mp_rand(o.dtype, o.device, nd, shape));
+    lb_apply_options(L, &o, "mp.rand");
     return 1;
 }
 
@@ -137,6 +144,7 @@ static int m_randn(lua_State *L)
     int nd = lb_shape(L, 1, shape, "mp.randn");
     lb_opts o = lb_options(L, 2, "mp.randn");
     LT_PUSH(L, "mp.randn", mp_randn(o.dtype, o.device, nd, shape));
+    lb_apply_options(L, &o, "mp.randn");
     return 1;
 }
 
@@ -227,5 +235,10 @@ int luaopen_mp_core(lua_State *L)
     lua_setfield(L, -2, "cuda");
     lua_pushliteral(L, MP_VERSION);
     lua_setfield(L, -2, "version");
+    mp_open_data(L);
+    mp_open_io(L);
+    mp_open_functional(L);
+    mp_open_optim(L);
+    mp_open_util(L);
     return 1;
 }

@@ -342,8 +342,9 @@ static int t_newindex(lua_State *L)
     const char *k = lua_tostring(L, 2);
     if (k && strcmp(k, "grad") == 0) {
         mp_tensor *g = lua_isnil(L, 3) ? NULL : lt_check(L, 3);
-        if (g && (!mp_same_shape(g, t) || g->dev != t->dev))
-            return luaL_error(L, "Tensor.grad: must be nil or a tensor of the tensor's shape and device");
+        if (g && (!mp_same_shape(g, t) || g->dev != t->dev || g->dtype != t->dtype))
+            return luaL_error(L, "Tensor.grad: must be nil or a tensor of the tensor's shape, dtype (%s) "
+                                 "and device (%s)", mp_dtype_name(t->dtype), mp_device_name(t->dev));
         if (g) mp_retain(g);
         mp_release(t->grad);
         t->grad = g;

@@ -2,9 +2,20 @@
  * cpu_backend.c: the CPU backend's table and its memory functions. Host memory
  * is 64-byte aligned so that SIMD loads never straddle cache lines.
  */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
+
+/* OpenMP regions run on one thread unless OMP_NUM_THREADS asks for more. The
+ * GEMMs, where two cores pay off, run on OpenBLAS's own threads; libgomp's idle
+ * workers spin after each region and take the cores those threads need. On this
+ * project's 2-core machines, with another process busy, an MLP training step took
+ * 132 ms with two OpenMP threads and 8 ms with one (scripts/bench/bench_mlp.lua). */
+__attribute__((constructor)) static void cpu_threads_init(void)
+{
+    if (!getenv("OMP_NUM_THREADS")) omp_set_num_threads(1);
+}
 
 static void *cpu_alloc(size_t nbytes)
 {

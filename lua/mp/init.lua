@@ -12,8 +12,7 @@ package.loaded["mp"] = mp
 
 mp.optim = require "mp.optim"
 mp.data = require "mp.data"
-local ok, nn = pcall(require, "mp.nn")
-if ok then mp.nn = nn elseif not tostring(nn):find("module 'mp.nn' not found", 1, true) then error(nn, 0) end
+mp.nn = require "mp.nn"
 
 -- default device: MP_DEVICE, else cuda when present, else cpu
 local env = os.getenv("MP_DEVICE")
