@@ -1,0 +1,586 @@
+/*
+ * io_safetensors.c: reading and writing safetensors files (see io.h).
+ *
+ * The JSON header is parsed and printed by cJSON (Debian's libcjson-dev); the
+ * data is read and written with stdio. Loading validates the whole header
+ * against the file's size before it allocates or reads any tensor, so every
+ * read stays inside the file. Saving writes a temporary file next to the
+ * target and renames it over the target only once it is complete and synced.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cjson/cJSON.h>      /* cJSON_ParseWithLengthOpts, cJSON_PrintUnformatted */
+#include "engine/io.h"
+#include "engine/error.h"
+#include "engine/ops.h"       /* mp_to, for tensors on another device */
+
+/* safetensors' own limit: a larger header is a corrupt or hostile file */
+#define MAX_HEADER (100u * 1000u * 1000u)
+/* JSON numbers are doubles: integers beyond 2^53 would not be exact */
+#define MAX_JSON_INT 9007199254740992.0
+
+static const struct { const char *name; mp_dtype dt; } st_dtypes[] = {
+    {"F32", MP_F32}, {"F16", MP_F16}, {"BF16", MP_BF16}, {"I32", MP_I32}, {"U8", MP_U8},
+};
+
+static const char *st_dtype_name(mp_dtype dt)
+{
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof *st_dtypes; i++)
+        if (st_dtypes[i].dt == dt) return st_dtypes[i].name;
+    return NULL;
+}
+
+static int st_dtype_parse(const char *name, mp_dtype *out)
+{
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof *st_dtypes; i++)
+        if (strcmp(st_dtypes[i].name, name) == 0) return *out = st_dtypes[i].dt, 0;
+    return -1;
+}
+
+/* mp_fail with the path in front: every file error names the file */
+__attribute__((format(printf, 2, 3)))
+static int fail_at(const char *path, const char *fmt, ...)
+{
+    char buf[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return mp_fail(MP_EINVAL, "'%s': %s", path, buf);
+}
+
+bool mp_utf8_valid(const char *str, size_t len)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    for (size_t i = 0; i < len;) {
+        unsigned c = s[i], cp, min;
+        size_t n;
+        if (c == 0) return false;
+        if (c < 0x80) { i++; continue; }
+        if (c >= 0xC2 && c <= 0xDF) n = 1, min = 0x80;
+        else if (c >= 0xE0 && c <= 0xEF) n = 2, min = 0x800;
+        else if (c >= 0xF0 && c <= 0xF4) n = 3, min = 0x10000;
+        else return false;
+        if (len - i <= n) return false;            /* truncated sequence */
+        cp = c & (0x3Fu >> n);
+        for (size_t k = 1; k <= n; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) return false;
+            cp = cp << 6 | (s[i + k] & 0x3F);
+        }
+        /* overlong forms, UTF-16 surrogates and code points past U+10FFFF */
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+        i += n + 1;
+    }
+    return true;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* a name that occurs twice in names[0..n), or NULL */
+static const char *find_duplicate(const char *const *names, int n)
+{
+    if (n < 2) return NULL;
+    const char **s = malloc(sizeof *s * (size_t)n);
+    if (!s) return NULL;   /* only a diagnostic: the caller's other checks still run */
+    memcpy(s, names, sizeof *s * (size_t)n);
+    qsort(s, (size_t)n, sizeof *s, cmp_str);
+    const char *dup = NULL;
+    for (int i = 1; i < n && !dup; i++)
+        if (strcmp(s[i - 1], s[i]) == 0) dup = s[i];
+    free(s);
+    return dup;
+}
+
+/* =================================================================== writing */
+
+static long long fail_after = -1;
+
+void mp_st_fail_after(long long after) { fail_after = after; }
+
+typedef struct {
+    FILE *f;
+    unsigned long long written;
+    long long fail_after;    /* the test hook, captured for this save */
+} writer;
+
+static int write_bytes(writer *w, const void *p, size_t n)
+{
+    if (w->fail_after >= 0 && w->written + n > (unsigned long long)w->fail_after) {
+        size_t part = (size_t)((unsigned long long)w->fail_after - w->written);
+        fwrite(p, 1, part, w->f);
+        w->written += part;
+        errno = ENOSPC;
+        return -1;
+    }
+    if (n && fwrite(p, 1, n, w->f) != n) return -1;
+    w->written += n;
+    return 0;
+}
+
+static int check_save_args(const char *path, int n, const char *const *names, mp_tensor *const *tensors,
+                           int nmeta, const char *const *keys, const char *const *values)
+{
+    if (n < 0 || nmeta < 0) return fail_at(path, "negative count of tensors or metadata");
+    for (int i = 0; i < n; i++) {
+        if (!names[i] || !mp_utf8_valid(names[i], strlen(names[i])))
+            return fail_at(path, "tensor name %d is not valid UTF-8", i + 1);
+        if (strcmp(names[i], "__metadata__") == 0)
+            return fail_at(path, "'__metadata__' cannot name a tensor");
+        if (!tensors[i] || !st_dtype_name(tensors[i]->dtype))
+            return fail_at(path, "tensor '%s' is missing or has no safetensors dtype", names[i]);
+    }
+    for (int i = 0; i < nmeta; i++)
+        if (!keys[i] || !values[i] || !mp_utf8_valid(keys[i], strlen(keys[i])) ||
+            !mp_utf8_valid(values[i], strlen(values[i])))
+            return fail_at(path, "metadata entry %d is not valid UTF-8", i + 1);
+    const char *dup = find_duplicate(names, n);
+    if (dup) return fail_at(path, "tensor name '%s' is used twice", dup);
+    dup = find_duplicate(keys, nmeta);
+    if (dup) return fail_at(path, "metadata key '%s' is used twice", dup);
+    return 0;
+}
+
+/* "[2,3]" as a raw JSON value: cJSON prints large doubles with exponents, and
+ * readers that want unsigned integers (Rust's serde) refuse "1e+15" */
+static cJSON *int_array(int n, const unsigned long long *v)
+{
+    char buf[MP_MAXDIM * 24 + 4];
+    size_t k = 0;
+    buf[k++] = '[';
+    for (int i = 0; i < n; i++)
+        k += (size_t)snprintf(buf + k, sizeof buf - k, i ? ",%llu" : "%llu", v[i]);
+    snprintf(buf + k, sizeof buf - k, "]");
+    return cJSON_CreateRaw(buf);
+}
+
+static bool add_tensor_entry(cJSON *root, const char *name, const mp_tensor *t, unsigned long long *offset)
+{
+    unsigned long long shape[MP_MAXDIM], offs[2] = {*offset, *offset + mp_nbytes(t)};
+    for (int d = 0; d < t->ndim; d++) shape[d] = (unsigned long long)t->shape[d];
+    *offset = offs[1];
+    cJSON *e = cJSON_CreateObject();
+    if (!e || !cJSON_AddItemToObject(root, name, e)) return cJSON_Delete(e), false;
+    return cJSON_AddStringToObject(e, "dtype", st_dtype_name(t->dtype)) &&
+           cJSON_AddItemToObject(e, "shape", int_array(t->ndim, shape)) &&
+           cJSON_AddItemToObject(e, "data_offsets", int_array(2, offs));
+}
+
+/* The header text padded with spaces to a multiple of 8 (so that the data
+ * starts aligned, as safetensors does); NULL when out of memory. */
+static char *build_header(int n, const char *const *names, mp_tensor *const *tensors, int nmeta,
+                          const char *const *keys, const char *const *values, size_t *len)
+{
+    cJSON *root = cJSON_CreateObject();
+    bool ok = root != NULL;
+    if (ok && nmeta > 0) {
+        cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
+        ok = m != NULL;
+        for (int i = 0; ok && i < nmeta; i++) ok = cJSON_AddStringToObject(m, keys[i], values[i]) != NULL;
+    }
+    unsigned long long offset = 0;
+    for (int i = 0; ok && i < n; i++) ok = add_tensor_entry(root, names[i], tensors[i], &offset);
+    char *text = ok ? cJSON_PrintUnformatted(root) : NULL;
+    cJSON_Delete(root);
+    if (!text) return NULL;
+    size_t k = strlen(text), padded = (k + 7) / 8 * 8;
+    char *out = realloc(text, padded + 1);
+    if (!out) return free(text), NULL;
+    memset(out + k, ' ', padded - k);
+    out[padded] = 0;
+    *len = padded;
+    return out;
+}
+
+/* one tensor's bytes; a tensor on another device is copied to the host first */
+static int write_tensor(writer *w, mp_tensor *t)
+{
+    if (t->dev == MP_CPU) return write_bytes(w, mp_data(t), mp_nbytes(t));
+    if (mp_device_check(t->dev)) return -2;
+    mp_tensor *h = mp_to(t, t->dtype, MP_CPU);
+    if (!h) return -2;
+    int rc = write_bytes(w, mp_data(h), mp_nbytes(h));
+    mp_release(h);
+    return rc;
+}
+
+/* the permissions a new file would get (the umask applied), or the target's */
+static mode_t file_mode(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) == 0) return st.st_mode & 07777;
+    mode_t mask = umask(0);   /* umask can only be read by setting it */
+    umask(mask);
+    return 0666 & ~mask;
+}
+
+/* Make the rename durable. The checkpoint is complete and in place by now;
+ * some file systems refuse to fsync a directory, which loses nothing more. */
+static void fsync_dir(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy) return;
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+    free(copy);
+}
+
+/* header length, header, then every tensor's bytes, then flush and fsync */
+static int write_file(writer *w, const char *hdr, size_t hlen, int n, mp_tensor *const *tensors)
+{
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((unsigned long long)hlen >> (8 * i));
+    if (write_bytes(w, len8, 8) || write_bytes(w, hdr, hlen)) return -1;
+    for (int i = 0; i < n; i++) {
+        int rc = write_tensor(w, tensors[i]);
+        if (rc) return rc;
+    }
+    if (fflush(w->f) || fsync(fileno(w->f))) return -1;
+    return 0;
+}
+
+int mp_st_save(const char *path, int n, const char *const *names, mp_tensor *const *tensors,
+               int nmeta, const char *const *keys, const char *const *values)
+{
+    long long hook = fail_after;
+    fail_after = -1;
+    if (check_save_args(path, n, names, tensors, nmeta, keys, values)) return -1;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return fail_at(path, "is a directory");
+
+    size_t hlen;
+    char *hdr = build_header(n, names, tensors, nmeta, keys, values, &hlen);
+    if (!hdr) return mp_fail(MP_EOOM, "'%s': out of memory building the header", path);
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    if (!tmp) return free(hdr), mp_fail(MP_EOOM, "'%s': out of memory", path);
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp-XXXXXX", 12);
+
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int e = errno;
+        free(hdr), free(tmp);
+        return fail_at(path, "cannot create a file there: %s", strerror(e));
+    }
+    writer w = {fdopen(fd, "wb"), 0, hook};
+    int rc = w.f ? 0 : -1;
+    if (!rc && fchmod(fd, file_mode(path))) rc = -1;
+    if (!rc) rc = write_file(&w, hdr, hlen, n, tensors);
+    int e = errno;
+    int closed = w.f ? fclose(w.f) : close(fd);
+    if (closed && !rc) rc = -1, e = errno;
+    if (!rc && rename(tmp, path)) rc = -1, e = errno;
+    free(hdr);
+    if (rc) {
+        char why[400];
+        /* -2: the engine already said why (a device copy failed), maybe out of
+         * memory, which the binding answers with a collection and a retry */
+        mp_errcode code = rc == -2 ? mp_errcode_last() : MP_EINVAL;
+        snprintf(why, sizeof why, "%s", rc == -2 ? mp_error() : strerror(e));
+        unlink(tmp);
+        free(tmp);
+        return mp_fail(code, "'%s': write failed, file left unchanged: %s", path, why);
+    }
+    free(tmp);
+    fsync_dir(path);
+    return 0;
+}
+
+/* =================================================================== reading */
+
+typedef struct {
+    const char *name;          /* points into the parsed header */
+    mp_dtype dt;
+    int ndim;
+    int64_t shape[MP_MAXDIM];
+    unsigned long long begin, end;
+} st_entry;
+
+static int read_exact(FILE *f, void *p, size_t n) { return fread(p, 1, n, f) == n ? 0 : -1; }
+
+/* The header text (NUL-terminated, *hlen bytes) after checking its length
+ * against the file; NULL + error otherwise. */
+static char *read_header(FILE *f, const char *path, unsigned long long fsize, size_t *hlen)
+{
+    unsigned char len8[8];
+    if (fsize < 8) return fail_at(path, "too short for a safetensors file (%llu bytes; the header length alone takes 8)", fsize), NULL;
+    if (read_exact(f, len8, 8)) return fail_at(path, "cannot read the header length: %s", strerror(errno)), NULL;
+    unsigned long long n = 0;
+    for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
+    if (n > fsize - 8)
+        return fail_at(path, "header length %llu runs past the end of the file (%llu bytes after the length)", n, fsize - 8), NULL;
+    if (n > MAX_HEADER) return fail_at(path, "header length %llu is too large (at most %u)", n, MAX_HEADER), NULL;
+    char *hdr = malloc((size_t)n + 1);
+    if (!hdr) return mp_fail(MP_EOOM, "'%s': out of memory for a %llu-byte header", path, n), NULL;
+    if (read_exact(f, hdr, (size_t)n)) {
+        free(hdr);
+        return fail_at(path, "cannot read the header: %s", strerror(errno)), NULL;
+    }
+    hdr[n] = 0;
+    *hlen = (size_t)n;
+    return hdr;
+}
+
+static cJSON *parse_header(const char *hdr, size_t hlen, const char *path)
+{
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(hdr, hlen, &end, 0);
+    if (!root) {
+        size_t at = end && end >= hdr && end <= hdr + hlen ? (size_t)(end - hdr) : 0;
+        return fail_at(path, "invalid JSON in the header (near byte %zu)", at), NULL;
+    }
+    for (const char *p = end; p < hdr + hlen; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            cJSON_Delete(root);
+            return fail_at(path, "invalid JSON in the header (trailing bytes at byte %zu)", (size_t)(p - hdr)), NULL;
+        }
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return fail_at(path, "the header is not a JSON object"), NULL;
+    }
+    return root;
+}
+
+/* a JSON number that is a non-negative integer exactly representable */
+static bool json_uint(const cJSON *v, unsigned long long *out)
+{
+    if (!cJSON_IsNumber(v)) return false;
+    double d = v->valuedouble;
+    if (!isfinite(d) || d < 0 || d != floor(d) || d > MAX_JSON_INT) return false;
+    *out = (unsigned long long)d;
+    return true;
+}
+
+static int parse_shape(const cJSON *shape, const char *path, st_entry *e)
+{
+    if (!cJSON_IsArray(shape)) return fail_at(path, "shape of tensor '%s' is not an array", e->name);
+    int nd = cJSON_GetArraySize(shape);
+    if (nd > MP_MAXDIM) return fail_at(path, "tensor '%s' has %d dims (at most %d supported)", e->name, nd, MP_MAXDIM);
+    e->ndim = 0;
+    for (const cJSON *s = shape->child; s; s = s->next) {
+        unsigned long long v;
+        if (!json_uint(s, &v))
+            return fail_at(path, "shape of tensor '%s' has an entry that is not a non-negative integer", e->name);
+        if (v == 0) return fail_at(path, "tensor '%s' has a zero-sized dim (not supported)", e->name);
+        e->shape[e->ndim++] = (int64_t)v;
+    }
+    return 0;
+}
+
+static int parse_offsets(const cJSON *offs, const char *path, st_entry *e)
+{
+    const cJSON *b = cJSON_IsArray(offs) ? offs->child : NULL;
+    const cJSON *x = b ? b->next : NULL;
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !json_uint(b, &e->begin) || !json_uint(x, &e->end))
+        return fail_at(path, "data_offsets of tensor '%s' is not a pair of non-negative integers", e->name);
+    if (e->begin > e->end)
+        return fail_at(path, "data_offsets [%llu, %llu] of tensor '%s' are out of order", e->begin, e->end, e->name);
+    return 0;
+}
+
+/* checks that the shape's bytes equal the span of the offsets */
+static int check_size(const char *path, const st_entry *e)
+{
+    unsigned long long bytes = mp_dtype_size(e->dt);
+    for (int d = 0; d < e->ndim; d++) {
+        if ((unsigned long long)e->shape[d] > ~0ull / bytes)
+            return fail_at(path, "shape of tensor '%s' is too large", e->name);
+        bytes *= (unsigned long long)e->shape[d];
+    }
+    char sh[MP_MAXDIM * 24];
+    if (bytes != e->end - e->begin)
+        return fail_at(path, "tensor '%s' of shape %s and dtype %s takes %llu bytes but data_offsets [%llu, %llu] span %llu",
+                       e->name, mp_shape_str(e->ndim, e->shape, sh, sizeof sh), st_dtype_name(e->dt), bytes,
+                       e->begin, e->end, e->end - e->begin);
+    return 0;
+}
+
+static int parse_entry(const cJSON *item, const char *path, st_entry *e)
+{
+    e->name = item->string;
+    if (!cJSON_IsObject(item)) return fail_at(path, "entry for tensor '%s' is not an object", e->name);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(item, "dtype");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
+    const cJSON *offs = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
+    if (!dt || !shape || !offs)
+        return fail_at(path, "tensor '%s' has no %s", e->name, !dt ? "dtype" : !shape ? "shape" : "data_offsets");
+    if (!cJSON_IsString(dt)) return fail_at(path, "dtype of tensor '%s' is not a string", e->name);
+    if (st_dtype_parse(dt->valuestring, &e->dt))
+        return fail_at(path, "unsupported dtype %.40s for tensor '%s' (supported: F32, F16, BF16, I32, U8)",
+                       dt->valuestring, e->name);
+    if (parse_shape(shape, path, e) || parse_offsets(offs, path, e)) return -1;
+    return check_size(path, e);
+}
+
+static int cmp_begin(const void *a, const void *b)
+{
+    const st_entry *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* sorted by offset, the tensors must tile [0, datasize) exactly */
+static int check_layout(st_entry *e, int n, unsigned long long datasize, const char *path)
+{
+    qsort(e, (size_t)n, sizeof *e, cmp_begin);
+    unsigned long long at = 0;
+    for (int i = 0; i < n; i++) {
+        if (e[i].end > datasize)
+            return fail_at(path, "data_offsets [%llu, %llu] of tensor '%s' leave the data section (%llu bytes)",
+                           e[i].begin, e[i].end, e[i].name, datasize);
+        if (e[i].begin < at)
+            return fail_at(path, "tensors '%s' and '%s' overlap (data_offsets [%llu, %llu] and [%llu, %llu])",
+                           e[i - 1].name, e[i].name, e[i - 1].begin, e[i - 1].end, e[i].begin, e[i].end);
+        if (e[i].begin > at)
+            return fail_at(path, "data bytes [%llu, %llu) belong to no tensor (before tensor '%s')", at, e[i].begin, e[i].name);
+        at = e[i].end;
+    }
+    if (at != datasize)
+        return fail_at(path, "data bytes [%llu, %llu) at the end of the file belong to no tensor", at, datasize);
+    return 0;
+}
+
+static int parse_metadata(const cJSON *m, const char *path, mp_stfile *out)
+{
+    if (!cJSON_IsObject(m)) return fail_at(path, "__metadata__ is not an object");
+    int n = cJSON_GetArraySize(m);
+    out->meta_keys = calloc((size_t)n + 1, sizeof(char *));
+    out->meta_values = calloc((size_t)n + 1, sizeof(char *));
+    if (!out->meta_keys || !out->meta_values) return mp_fail(MP_EOOM, "'%s': out of memory", path);
+    for (const cJSON *v = m->child; v; v = v->next) {
+        if (!cJSON_IsString(v)) return fail_at(path, "__metadata__ value for '%s' is not a string", v->string);
+        int i = out->nmeta;
+        out->meta_keys[i] = strdup(v->string);
+        out->meta_values[i] = strdup(v->valuestring);
+        out->nmeta++;
+        if (!out->meta_keys[i] || !out->meta_values[i]) return mp_fail(MP_EOOM, "'%s': out of memory", path);
+    }
+    const char *dup = find_duplicate((const char *const *)out->meta_keys, out->nmeta);
+    if (dup) return fail_at(path, "__metadata__ key '%s' occurs twice", dup);
+    return 0;
+}
+
+/* every tensor entry checked, then the layout; fills e[0..*n) sorted by offset */
+static int parse_entries(const cJSON *root, const char *path, unsigned long long datasize, st_entry *e, int *n,
+                         mp_stfile *out)
+{
+    *n = 0;
+    for (const cJSON *item = root->child; item; item = item->next) {
+        if (strcmp(item->string, "__metadata__") == 0) {
+            if (out->meta_keys) return fail_at(path, "__metadata__ occurs twice");
+            if (parse_metadata(item, path, out)) return -1;
+        } else if (parse_entry(item, path, &e[(*n)++])) {
+            return -1;
+        }
+    }
+    const char **names = malloc(sizeof *names * ((size_t)*n + 1));
+    if (!names) return mp_fail(MP_EOOM, "'%s': out of memory", path);
+    for (int i = 0; i < *n; i++) names[i] = e[i].name;
+    const char *dup = find_duplicate(names, *n);
+    int rc = dup ? fail_at(path, "tensor '%s' occurs twice in the header", dup) : 0;
+    free(names);
+    return rc ? rc : check_layout(e, *n, datasize, path);
+}
+
+/* the tensors' bytes, in file order; the file sits just past the header */
+static int read_tensors(FILE *f, const char *path, const st_entry *e, int n, mp_stfile *out)
+{
+    out->names = calloc((size_t)n + 1, sizeof(char *));
+    out->tensors = calloc((size_t)n + 1, sizeof(mp_tensor *));
+    if (!out->names || !out->tensors) return mp_fail(MP_EOOM, "'%s': out of memory", path);
+    for (int i = 0; i < n; i++) {
+        out->names[i] = strdup(e[i].name);
+        out->tensors[i] = mp_empty(e[i].dt, MP_CPU, e[i].ndim, e[i].shape);
+        out->ntensors++;
+        if (!out->names[i]) return mp_fail(MP_EOOM, "'%s': out of memory", path);
+        if (!out->tensors[i]) return -1;
+        if (read_exact(f, mp_data(out->tensors[i]), mp_nbytes(out->tensors[i])))
+            return fail_at(path, "cannot read tensor '%s' (%s)", e[i].name,
+                           ferror(f) ? strerror(errno) : "the file ended early; did it change while being read?");
+    }
+    return 0;
+}
+
+/* O_NONBLOCK so that a FIFO given by mistake is refused instead of waited on */
+static FILE *open_regular(const char *path, unsigned long long *size)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return fail_at(path, "cannot open: %s", strerror(errno)), NULL;
+    struct stat st;
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail_at(path, "not a regular file"), NULL;
+    }
+    FILE *f = fcntl(fd, F_SETFL, 0) == 0 ? fdopen(fd, "rb") : NULL;
+    if (!f) {
+        int e = errno;
+        close(fd);
+        return fail_at(path, "cannot open: %s", strerror(e)), NULL;
+    }
+    *size = (unsigned long long)st.st_size;
+    return f;
+}
+
+mp_stfile *mp_st_load(const char *path)
+{
+    unsigned long long fsize;
+    FILE *f = open_regular(path, &fsize);
+    if (!f) return NULL;
+    size_t hlen = 0;
+    char *hdr = read_header(f, path, fsize, &hlen);
+    cJSON *root = hdr ? parse_header(hdr, hlen, path) : NULL;
+    mp_stfile *out = root ? calloc(1, sizeof *out) : NULL;
+    if (root && !out) mp_fail(MP_EOOM, "'%s': out of memory", path);
+    st_entry *e = out ? calloc((size_t)cJSON_GetArraySize(root) + 1, sizeof *e) : NULL;
+    if (out && !e) mp_fail(MP_EOOM, "'%s': out of memory", path);
+    int n = 0;
+    int rc = e ? parse_entries(root, path, fsize - 8 - hlen, e, &n, out) : -1;
+    if (!rc) rc = read_tensors(f, path, e, n, out);
+    free(e);
+    cJSON_Delete(root);
+    free(hdr);
+    fclose(f);
+    if (rc) {
+        mp_st_free(out);
+        return NULL;
+    }
+    return out;
+}
+
+void mp_st_free(mp_stfile *f)
+{
+    if (!f) return;
+    for (int i = 0; i < f->ntensors; i++) {
+        free(f->names[i]);
+        mp_release(f->tensors[i]);
+    }
+    for (int i = 0; i < f->nmeta; i++) {
+        free(f->meta_keys[i]);
+        free(f->meta_values[i]);
+    }
+    free(f->names);
+    free(f->tensors);
+    free(f->meta_keys);
+    free(f->meta_values);
+    free(f);
+}
+
+const char *mp_st_meta(const mp_stfile *f, const char *key)
+{
+    for (int i = 0; i < f->nmeta; i++)
+        if (strcmp(f->meta_keys[i], key) == 0) return f->meta_values[i];
+    return NULL;
+}
