@@ -1,0 +1,88 @@
+-- train_spec.lua: scripts/train_mlp.lua end to end, in child processes: options,
+-- bit-identical weights for the same seed, and a run saved after k steps and
+-- resumed giving bit-identical weights to a straight run.
+local mp = require "mp"
+
+local build = os.getenv("MP_TEST_BUILD") or "build"
+local exe = build .. "/mpengine"
+local script = "scripts/train_mlp.lua"
+
+local function run(args)
+  local p = io.popen(string.format("%s %s %s 2>&1; echo \"exit=$?\"", exe, script, args))
+  local out = p:read("a")
+  p:close()
+  return out, tonumber(out:match("exit=(%d+)%s*$"))
+end
+
+local function tmp(name) return os.tmpname() .. "-" .. name end
+
+-- every tensor of two checkpoints' models, bit for bit (compared as raw f32 bytes)
+local function same_model(a, b)
+  local ca, cb = mp.load(a), mp.load(b)
+  local n = 0
+  for k, t in pairs(ca.model) do
+    local u = cb.model[k]
+    assert(u, "missing " .. k)
+    local x, y = t:reshape{-1}:totable(), u:reshape{-1}:totable()
+    assert(#x == #y, k)
+    for i = 1, #x do
+      if string.pack("<f", x[i]) ~= string.pack("<f", y[i]) then return false, k .. "[" .. i .. "]" end
+    end
+    n = n + 1
+  end
+  return n == 6, "tensor count " .. n
+end
+
+describe("train_mlp.lua", function()
+  it("trains, prints its final accuracy last, and writes metrics", function()
+    local ck, metrics = tmp("a.safetensors"), tmp("m.jsonl")
+    local out, code = run("--max-steps 200 --seed 3 --save " .. ck .. " --metrics " .. metrics)
+    assert.are.equal(0, code, out)
+    local acc = tonumber(out:match("final test accuracy: (0%.%d%d%d%d)%s*exit="))
+    assert.is_not_nil(acc, out)
+    assert.is_true(acc > 0.7, out)   -- 200 steps of Adam already pass 70%
+    local lines = {}
+    for l in io.lines(metrics) do lines[#lines + 1] = l end
+    assert.are.equal(2, #lines)
+    assert.is_truthy(lines[2]:match('^{"step": 200, "epoch": 1, "loss": [%d.e-]+, "lr": 0.001, "samples_per_s": [%d.]+}$'), lines[2])
+    os.remove(ck); os.remove(metrics)
+  end)
+
+  it("gives bit-identical weights for the same seed, different ones for another", function()
+    local a, b, c = tmp("a"), tmp("b"), tmp("c")
+    assert.are.equal(0, select(2, run("--max-steps 30 --seed 7 --save " .. a)))
+    assert.are.equal(0, select(2, run("--max-steps 30 --seed 7 --save " .. b)))
+    assert.are.equal(0, select(2, run("--max-steps 30 --seed 8 --save " .. c)))
+    assert.is_true(same_model(a, b))
+    assert.is_false(same_model(a, c))
+    os.remove(a); os.remove(b); os.remove(c)
+  end)
+
+  it("resumes mid-epoch bit-identically to a straight run", function()
+    local straight, half, resumed = tmp("s"), tmp("h"), tmp("r")
+    assert.are.equal(0, select(2, run("--max-steps 40 --seed 5 --save " .. straight)))
+    assert.are.equal(0, select(2, run("--max-steps 17 --seed 5 --save " .. half)))
+    local out, code = run("--max-steps 40 --seed 5 --resume " .. half .. " --save " .. resumed)
+    assert.are.equal(0, code, out)
+    assert.is_truthy(out:find("resumed from", 1, true))
+    local ok, where = same_model(straight, resumed)
+    assert.is_true(ok, where)
+    assert.are.equal(40, mp.load(resumed).step)
+    os.remove(straight); os.remove(half); os.remove(resumed)
+  end)
+
+  it("rejects bad options with a clear message", function()
+    for _, case in ipairs{
+      {"--epochs 0", "--epochs must be a positive integer"},
+      {"--lr abc", "--lr must be a positive number"},
+      {"--bogus 1", "unknown option --bogus"},
+      {"--amp f32", "--amp must be off, f16 or bf16"},
+      {"--amp f16", "mixed-precision"},
+      {"--batch", "needs a value"},
+    } do
+      local out, code = run(case[1])
+      assert.are_not.equal(0, code, case[1])
+      assert.is_truthy(out:find(case[2], 1, true), case[1] .. ": " .. out)
+    end
+  end)
+end)
