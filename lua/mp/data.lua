@@ -1,0 +1,203 @@
+-- mp.data: datasets and the batch loader (API.md, "data and files").
+--
+--   mp.data.read_idx(path)              -> tensor (IDX file, gzip or raw)
+--   mp.data.fashion_mnist(split [, dir]) -> {images = u8 {N,28,28}, labels = i32 {N}}
+--   mp.data.loader(dataset, {batch=, shuffle=false, seed=, drop_last=false})
+--       -> an iterator object: `for x, y in loader do`; `#loader` is the number of batches
+--
+-- The file reading and the shuffle are C (lua/data.c over engine/data_idx.c
+-- and engine/data_perm.c); this file checks the arguments and cuts batches
+-- with index_select. The dataset stays on the cpu and batches are made there,
+-- as with PyTorch's DataLoader; a script moves each batch to its device
+-- (x:to("cuda")).
+--
+-- Shuffling: each call to mp.data.loader is one epoch with its own order.
+-- With `seed`, the order is a pure function of (N, seed): the same seed gives the
+-- same order, on any machine. Without `seed`, the loader draws its seed from the
+-- engine's global random stream, as PyTorch's RandomSampler does: after
+-- mp.manual_seed(s) the sequence of epoch orders is reproducible, and every epoch
+-- differs from the last. (So a training loop should leave `seed` nil and call
+-- mp.manual_seed once; `seed = base + epoch` is the explicit alternative.)
+-- The draw moves the global stream on by two counters (engine/data.h,
+-- mp_draw_seed), so it is part of the generator state checkpoints save.
+-- Loaders that do not shuffle never touch the global stream, and ignore `seed`.
+local core = require "mp.core"
+local D = core._data
+
+local M = {}
+
+M.FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+local TensorMT = getmetatable(core.zeros(1, {device = "cpu"}))
+local function is_tensor(v) return getmetatable(v) == TensorMT end
+
+local function describe(v)
+  if type(v) == "string" then return "'" .. v .. "'" end
+  if is_tensor(v) then return "a tensor" end
+  if type(v) == "number" then return tostring(v) end
+  return type(v)
+end
+
+-- raise a message at the position of the public function's caller, as
+-- luaL_error does for C functions; depth is 1 when called from the public
+-- function itself, 2 from a helper it calls
+local function fail(depth, fmt, ...)
+  error(string.format(fmt, ...), depth + 2)
+end
+
+-- call a C building block; re-raise its error at the public function's caller,
+-- dropping the position inside this file, and with an optional hint appended
+local function call(level, hint, f, ...)
+  local ok, r = pcall(f, ...)
+  if ok then return r end
+  local msg = tostring(r):gsub("^[^\n]-:%d+: ", "", 1)
+  if hint and msg:find("cannot open", 1, true) then msg = msg .. hint end
+  error(msg, level + 1)
+end
+
+function M.read_idx(path)
+  local t = call(2, nil, D.read_idx, path)   -- not a tail call: error levels count this frame
+  return t
+end
+
+-- ---- Fashion-MNIST ----
+
+local FILES = {
+  train = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"},
+  test = {"t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"},
+}
+
+local FM = "mp.data.fashion_mnist"
+local FM_HINT = " (Fashion-MNIST comes from Debian's dataset-fashion-mnist package, in "
+  .. M.FASHION_MNIST_DIR .. "; or pass the directory holding the four .gz files)"
+
+local function shape_str(t) return "{" .. table.concat(t.shape, ",") .. "}" end
+
+function M.fashion_mnist(split, dir)
+  local files = type(split) == "string" and FILES[split]
+  if not files then fail(1, "%s: split must be 'train' or 'test' (got %s)", FM, describe(split)) end
+  if dir ~= nil and type(dir) ~= "string" then
+    fail(1, "%s: dir must be a string (got %s)", FM, describe(dir))
+  end
+  dir = (dir or M.FASHION_MNIST_DIR):gsub("/+$", "")
+  if dir == "" then dir = "/" end
+  local ipath, lpath = dir .. "/" .. files[1], dir .. "/" .. files[2]
+  local images = call(2, FM_HINT, D.read_idx, ipath, FM)
+  local labels = call(2, FM_HINT, D.read_idx, lpath, FM)
+  local ish, lsh = images.shape, labels.shape
+  if images.dtype ~= "u8" or #ish ~= 3 or ish[2] ~= 28 or ish[3] ~= 28 then
+    fail(1, "%s: %s: expected u8 images {N,28,28} (got %s %s)", FM, ipath, images.dtype, shape_str(images))
+  end
+  if labels.dtype ~= "u8" or #lsh ~= 1 then
+    fail(1, "%s: %s: expected u8 labels {N} (got %s %s)", FM, lpath, labels.dtype, shape_str(labels))
+  end
+  if ish[1] ~= lsh[1] then
+    fail(1, "%s: %s has %d images but %s has %d labels", FM, ipath, ish[1], lpath, lsh[1])
+  end
+  local top = labels:max():item()
+  if top > 9 then fail(1, "%s: %s: label %d out of range (classes are 0..9)", FM, lpath, top) end
+  local labels32 = labels:to("i32")
+  labels:free()
+  return {images = images, labels = labels32}
+end
+
+-- ---- the loader ----
+
+local LD = "mp.data.loader"
+local OPTIONS = {batch = true, shuffle = true, seed = true, drop_last = true}
+
+local function check_options(opts)
+  if type(opts) ~= "table" then
+    fail(2, "%s: options must be a table with batch= (got %s)", LD, describe(opts))
+  end
+  for k in pairs(opts) do
+    if not OPTIONS[k] then
+      fail(2, "%s: unknown option %s (expected batch, shuffle, seed or drop_last)", LD, describe(k))
+    end
+  end
+  -- math.tointeger would also take the string "8"; options want numbers
+  local function int(v) return type(v) == "number" and math.tointeger(v) or nil end
+  local batch = int(opts.batch)
+  if not batch or batch < 1 then
+    fail(2, "%s: batch must be a positive integer (got %s)", LD, describe(opts.batch))
+  end
+  for _, k in ipairs{"shuffle", "drop_last"} do
+    if opts[k] ~= nil and type(opts[k]) ~= "boolean" then
+      fail(2, "%s: %s must be a boolean (got %s)", LD, k, describe(opts[k]))
+    end
+  end
+  local seed = opts.seed
+  if seed ~= nil and not int(seed) then
+    fail(2, "%s: seed must be an integer (got %s)", LD, describe(seed))
+  end
+  return batch, opts.shuffle or false, seed and int(seed), opts.drop_last or false
+end
+
+local function check_dataset(ds)
+  if type(ds) ~= "table" then
+    fail(2, "%s: dataset must be a table {images = tensor, labels = tensor} (got %s)", LD, describe(ds))
+  end
+  for _, k in ipairs{"images", "labels"} do
+    if not is_tensor(ds[k]) then
+      fail(2, "%s: dataset.%s must be a tensor (got %s)", LD, k, describe(ds[k]))
+    end
+    if ds[k]:dim() < 1 then fail(2, "%s: dataset.%s must have at least one dim (got a scalar)", LD, k) end
+  end
+  for _, k in ipairs{"images", "labels"} do
+    if ds[k].device ~= "cpu" then
+      fail(2, "%s: dataset.%s must be on the cpu (got %s); move each batch instead: x:to(device)",
+           LD, k, ds[k].device)
+    end
+  end
+  local n, nl = ds.images:size(1), ds.labels:size(1)
+  if n ~= nl then
+    fail(2, "%s: dataset has %d images but %d labels (first dims %s and %s)", LD, n, nl,
+         shape_str(ds.images), shape_str(ds.labels))
+  end
+  if n > 2147483647 then
+    fail(2, "%s: dataset has %d examples, more than i32 indices can address", LD, n)
+  end
+  return n
+end
+
+local Loader = {}
+Loader.__index = Loader
+
+-- the next batch, or nothing at the end of the epoch: index_select gathers
+-- whole rows (memcpy), then u8 pixels are divided by 255 into f32
+function Loader.__call(self)
+  local i = self.next
+  if i > self.nbatches then
+    if self.order then self.order:free(); self.order = nil end
+    return nil
+  end
+  self.next = i + 1
+  local start = (i - 1) * self.batch + 1
+  local idx = self.order:narrow(1, start, math.min(self.batch, self.n - start + 1))   -- a view
+  local xb = self.images:index_select(1, idx)
+  local x = xb
+  if xb.dtype == "u8" then x = xb / 255
+  elseif xb.dtype ~= "f32" then x = xb:to("f32") end
+  if not rawequal(x, xb) then xb:free() end   -- free the temporary now, not at the next GC
+  local y = self.labels:index_select(1, idx)
+  idx:free()
+  return x, y
+end
+
+function Loader.__len(self) return self.nbatches end
+
+function M.loader(ds, opts)
+  local n = check_dataset(ds)
+  local batch, shuffle, seed, drop_last = check_options(opts)
+  local order
+  if shuffle then
+    order = D.randperm(n, seed or D.draw_seed())
+  else
+    order = core.arange(n, {dtype = "i32", device = "cpu"})
+  end
+  local nbatches = drop_last and n // batch or (n + batch - 1) // batch
+  return setmetatable({images = ds.images, labels = ds.labels, n = n, batch = batch,
+                       nbatches = nbatches, next = 1, order = order}, Loader)
+end
+
+return M

@@ -1,0 +1,341 @@
+-- data_spec.lua: mp.data (IDX reading, Fashion-MNIST, the batch loader).
+-- busted tests/lua/data_spec.lua, with LUA_PATH/LUA_CPATH as in tests/run.sh.
+--
+-- The Fashion-MNIST figures below were read from Debian's files
+-- (/usr/share/datasets/fashion-mnist) with Python's gzip module, independently
+-- of this engine: the first ten labels of each split, the pixel sums of the
+-- first images and of the whole training set, and 6000 (train) / 1000 (test)
+-- examples per class. Tests on the real data are pending where the package is
+-- not installed; everything else builds its own small datasets.
+local mp = require "mp"
+local data = mp.data or require "mp.data"
+
+local DIR = data.FASHION_MNIST_DIR
+local have_fmnist = io.open(DIR .. "/train-images-idx3-ubyte.gz", "rb")
+if have_fmnist then have_fmnist:close() end
+
+-- each split read once for the whole file
+local cache = {}
+local function fmnist(split)
+  cache[split] = cache[split] or data.fashion_mnist(split)
+  return cache[split]
+end
+
+-- run f, expect an error whose message (position stripped) contains `want`
+local function raises(want, f, ...)
+  local ok, err = pcall(f, ...)
+  assert.is_false(ok, "expected an error containing: " .. want)
+  err = tostring(err)
+  assert(err:find(want, 1, true), "error '" .. err .. "' lacks '" .. want .. "'")
+  return err
+end
+
+-- a raw IDX file written from Lua (big-endian header), for read_idx and for
+-- fake Fashion-MNIST directories (gzread reads raw files under .gz names too)
+local function write_idx(path, type_byte, dims, payload)
+  local f = assert(io.open(path, "wb"))
+  f:write(string.pack(">BBBB", 0, 0, type_byte, #dims))
+  for _, d in ipairs(dims) do f:write(string.pack(">I4", d)) end
+  f:write(payload)
+  f:close()
+end
+
+local function tmpdir()
+  local p = os.tmpname()
+  os.remove(p)
+  assert(os.execute("mkdir -p '" .. p .. "'"))
+  return p
+end
+
+local function rmdir(p) os.execute("rm -rf '" .. p .. "'") end
+
+-- the labels of a whole epoch, in order, and the number of examples seen
+local function epoch_labels(ds, opts)
+  local out = {}
+  for _, y in data.loader(ds, opts) do
+    for _, v in ipairs(y:totable()) do out[#out + 1] = v end
+  end
+  return out
+end
+
+local function same_list(a, b)
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
+describe("mp.data.read_idx", function()
+  local dir
+  setup(function() dir = tmpdir() end)
+  teardown(function() rmdir(dir) end)
+
+  it("reads u8 and big-endian i32 / f32 files", function()
+    write_idx(dir .. "/a.idx", 0x08, {2, 3}, "\1\2\3\250\251\252")
+    local t = data.read_idx(dir .. "/a.idx")
+    assert.equal("u8", t.dtype)
+    assert.same({2, 3}, t.shape)
+    assert.same({{1, 2, 3}, {250, 251, 252}}, t:totable())
+
+    write_idx(dir .. "/b.idx", 0x0C, {3}, string.pack(">i4>i4>i4", -7, 65536, 2147483647))
+    t = data.read_idx(dir .. "/b.idx")
+    assert.equal("i32", t.dtype)
+    assert.same({-7, 65536, 2147483647}, t:totable())
+
+    write_idx(dir .. "/c.idx", 0x0D, {2}, string.pack(">f>f", -1.5, 0.25))
+    t = data.read_idx(dir .. "/c.idx")
+    assert.equal("f32", t.dtype)
+    assert.same({-1.5, 0.25}, t:totable())
+  end)
+
+  it("names the function, the path and the problem", function()
+    local err = raises("mp.data.read_idx: " .. dir .. "/none.idx: cannot open: No such file or directory",
+                       function() local t = data.read_idx(dir .. "/none.idx"); return t end)
+    assert.truthy(err:match("^[^:]*data_spec%.lua:%d+: mp%.data%.read_idx"), err)   -- the caller's line
+    write_idx(dir .. "/short.idx", 0x08, {60000, 28, 28}, string.rep("\0", 1000))
+    raises("short.idx: truncated: expected 47040000 data bytes, got 1000", data.read_idx, dir .. "/short.idx")
+    write_idx(dir .. "/huge.idx", 0x08, {65536, 65536, 256}, "")
+    raises("huge.idx: dims too large", data.read_idx, dir .. "/huge.idx")
+    local f = assert(io.open(dir .. "/text.idx", "wb")); f:write("hello world\n"); f:close()
+    raises("text.idx: bad magic", data.read_idx, dir .. "/text.idx")
+    raises("mp.data.read_idx: path must be a string (got number)", data.read_idx, 42)
+  end)
+end)
+
+describe("mp.data.fashion_mnist", function()
+  it("has 60000 training and 10000 test examples of 28x28 u8 with i32 labels", function()
+    if not have_fmnist then return pending("dataset-fashion-mnist is not installed") end
+    for split, n in pairs{train = 60000, test = 10000} do
+      local ds = fmnist(split)
+      assert.equal("u8", ds.images.dtype)
+      assert.same({n, 28, 28}, ds.images.shape)
+      assert.equal("i32", ds.labels.dtype)
+      assert.same({n}, ds.labels.shape)
+      local counts = {}
+      for _, v in ipairs(ds.labels:totable()) do counts[v] = (counts[v] or 0) + 1 end
+      local keys = 0
+      for _ in pairs(counts) do keys = keys + 1 end
+      assert.equal(10, keys)          -- classes 0..9 and nothing else
+      for c = 0, 9 do assert.equal(n // 10, counts[c], split .. " class " .. c) end
+    end
+  end)
+
+  it("matches checksums read independently from the files", function()
+    if not have_fmnist then return pending("dataset-fashion-mnist is not installed") end
+    local tr, te = fmnist("train"), fmnist("test")
+    assert.same({9, 2, 1, 1, 6, 1, 4, 6, 5, 7}, te.labels:narrow(1, 1, 10):totable())
+    assert.same({9, 0, 0, 3, 0, 2, 7, 2, 5, 5}, tr.labels:narrow(1, 1, 10):totable())
+    assert.equal(76247, tr.images:narrow(1, 1, 1):sum():item())
+    assert.equal(33456, te.images:narrow(1, 1, 1):sum():item())
+    assert.equal(255, te.images:max():item())
+  end)
+
+  it("rejects bad split names and dirs", function()
+    raises("mp.data.fashion_mnist: split must be 'train' or 'test' (got 'x')", data.fashion_mnist, "x")
+    raises("mp.data.fashion_mnist: split must be 'train' or 'test' (got nil)", data.fashion_mnist)
+    raises("mp.data.fashion_mnist: dir must be a string (got 3)", data.fashion_mnist, "test", 3)
+    local err = raises("mp.data.fashion_mnist: /nonexistent/dir/t10k-images-idx3-ubyte.gz: cannot open: "
+                       .. "No such file or directory", data.fashion_mnist, "test", "/nonexistent/dir")
+    assert.truthy(err:find("dataset-fashion-mnist", 1, true), err)   -- says where the data comes from
+  end)
+
+  describe("checks the files it reads", function()
+    local dir
+    before_each(function() dir = tmpdir() end)
+    after_each(function() rmdir(dir) end)
+    local IMG, LAB = "/t10k-images-idx3-ubyte.gz", "/t10k-labels-idx1-ubyte.gz"
+
+    it("reads a well-formed directory (raw files under .gz names)", function()
+      write_idx(dir .. IMG, 0x08, {2, 28, 28}, string.rep("\7", 2 * 784))
+      write_idx(dir .. LAB, 0x08, {2}, "\3\9")
+      local ds = data.fashion_mnist("test", dir .. "/")
+      assert.same({2, 28, 28}, ds.images.shape)
+      assert.equal("i32", ds.labels.dtype)
+      assert.same({3, 9}, ds.labels:totable())
+    end)
+
+    it("rejects mismatched counts, wrong shapes and out-of-range labels", function()
+      write_idx(dir .. IMG, 0x08, {3, 28, 28}, string.rep("\0", 3 * 784))
+      write_idx(dir .. LAB, 0x08, {2}, "\1\2")
+      raises("has 3 images but " .. dir .. LAB .. " has 2 labels", data.fashion_mnist, "test", dir)
+      write_idx(dir .. LAB, 0x08, {3}, "\1\10\2")
+      raises(LAB .. ": label 10 out of range (classes are 0..9)", data.fashion_mnist, "test", dir)
+      write_idx(dir .. IMG, 0x08, {3, 4, 4}, string.rep("\0", 48))
+      raises("expected u8 images {N,28,28} (got u8 {3,4,4})", data.fashion_mnist, "test", dir)
+      write_idx(dir .. IMG, 0x08, {3, 28, 28}, string.rep("\0", 100))
+      raises("mp.data.fashion_mnist: " .. dir .. IMG .. ": truncated: expected 2352 data bytes, got 100",
+             data.fashion_mnist, "test", dir)
+    end)
+  end)
+end)
+
+describe("mp.data.loader", function()
+  -- a small dataset whose image rows carry their own index, so every batch
+  -- shows exactly which examples it holds and that images and labels pair up
+  local function indexed(n, dtype)
+    local rows = mp.arange(n, {dtype = "i32"}):reshape{n, 1}
+    return {images = dtype and rows:to(dtype) or rows, labels = mp.arange(n, {dtype = "i32"})}
+  end
+
+  it("gives f32 {B,28,28} in [0,1] and i32 {B}, with the last partial batch", function()
+    if not have_fmnist then return pending("dataset-fashion-mnist is not installed") end
+    local te = fmnist("test")
+    local l = data.loader(te, {batch = 128})
+    assert.equal(79, #l)              -- 78 full batches and one of 16
+    local n, nb, first = 0, 0, true
+    for x, y in l do
+      nb = nb + 1
+      local b = nb < 79 and 128 or 16
+      assert.equal("f32", x.dtype)
+      assert.same({b, 28, 28}, x.shape)
+      assert.equal("i32", y.dtype)
+      assert.same({b}, y.shape)
+      if first then
+        first = false
+        assert.same({9, 2, 1, 1, 6, 1, 4, 6, 5, 7}, y:narrow(1, 1, 10):totable())
+        assert.is_true(x:max():item() <= 1 and (-x):max():item() <= 0)
+        -- the first image is the file's, divided by 255
+        local px = te.images:narrow(1, 1, 1):reshape{784}:totable()
+        local fx = x:narrow(1, 1, 1):reshape{784}:totable()
+        for i = 1, 784 do assert.near(px[i] / 255, fx[i], 1e-7) end
+      end
+      n = n + b
+    end
+    assert.equal(79, nb)
+    assert.equal(10000, n)
+  end)
+
+  it("drops the last partial batch with drop_last", function()
+    local ds = indexed(10, "u8")
+    local l = data.loader(ds, {batch = 4, drop_last = true})
+    assert.equal(2, #l)
+    local seen = epoch_labels(ds, {batch = 4, drop_last = true})
+    assert.same({0, 1, 2, 3, 4, 5, 6, 7}, seen)
+    assert.same({0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, epoch_labels(ds, {batch = 4}))
+    assert.equal(3, #data.loader(ds, {batch = 4}))
+    assert.equal(0, #data.loader(ds, {batch = 11, drop_last = true}))
+    assert.same({}, epoch_labels(ds, {batch = 11, drop_last = true}))
+    assert.equal(1, #data.loader(ds, {batch = 11}))
+  end)
+
+  it("scales u8 by 1/255 and only casts other dtypes", function()
+    local function first_x(ds) for x, y in data.loader(ds, {batch = 3}) do return x, y end end
+    local u8 = first_x(indexed(5, "u8"))
+    assert.equal("f32", u8.dtype)
+    local function f32(v) return (string.unpack("<f", string.pack("<f", v))) end
+    assert.same({{0}, {f32(1 / 255)}, {f32(2 / 255)}}, u8:totable())   -- k/255 rounded to f32
+    assert.same({{0}, {1}, {2}}, first_x(indexed(5)):totable())          -- i32: cast
+    assert.same({{0}, {1}, {2}}, first_x(indexed(5, "f32")):totable())   -- f32: as is
+    assert.same({{0}, {1}, {2}}, first_x(indexed(5, "f16")):totable())   -- f16: widened
+    -- labels keep their dtype
+    local _, y = first_x({images = indexed(4, "u8").images, labels = mp.tensor({3, 1, 0, 2}, {dtype = "u8"})})
+    assert.equal("u8", y.dtype)
+    assert.same({3, 1, 0}, y:totable())
+  end)
+
+  it("covers every example exactly once per shuffled epoch, images and labels together", function()
+    local n = 1000
+    local ds = indexed(n, "f32")
+    local seen, count = {}, 0
+    for x, y in data.loader(ds, {batch = 64, shuffle = true, seed = 11}) do
+      local xs, ys = x:totable(), y:totable()
+      for i = 1, #ys do
+        assert.equal(ys[i], xs[i][1])          -- the row's own label
+        assert.is_nil(seen[ys[i]])
+        seen[ys[i]] = true
+        count = count + 1
+      end
+    end
+    assert.equal(n, count)
+    for i = 0, n - 1 do assert.is_true(seen[i]) end
+  end)
+
+  it("covers the whole training set once per epoch, shuffled", function()
+    if not have_fmnist then return pending("dataset-fashion-mnist is not installed") end
+    local tr = fmnist("train")
+    local count, label_sum, pixel_sum, classes = 0, 0, 0, {}
+    for x, y in data.loader(tr, {batch = 128, shuffle = true, seed = 1}) do
+      count = count + y.shape[1]
+      label_sum = label_sum + y:sum():item()
+      pixel_sum = pixel_sum + x:sum():item()
+      for _, v in ipairs(y:totable()) do classes[v] = (classes[v] or 0) + 1 end
+    end
+    assert.equal(60000, count)
+    assert.equal(270000, label_sum)
+    for c = 0, 9 do assert.equal(6000, classes[c]) end
+    -- 3431114169 is the sum of all training pixels (Python); f32 batch sums round
+    assert.near(3431114169, pixel_sum * 255, 3431114169 * 1e-6)
+  end)
+
+  it("shuffles reproducibly: the same seed gives the same order", function()
+    local ds = indexed(500, "u8")
+    local a = epoch_labels(ds, {batch = 32, shuffle = true, seed = 42})
+    local b = epoch_labels(ds, {batch = 32, shuffle = true, seed = 42})
+    local c = epoch_labels(ds, {batch = 32, shuffle = true, seed = 43})
+    local plain = epoch_labels(ds, {batch = 32})
+    assert.is_true(same_list(a, b))
+    assert.is_false(same_list(a, c))
+    assert.is_false(same_list(a, plain))
+    -- a seeded order does not depend on the batch size, only on (N, seed)
+    assert.is_true(same_list(a, epoch_labels(ds, {batch = 7, shuffle = true, seed = 42})))
+    -- pinned: the C generator is xoshiro256** seeded by splitmix64, Fisher-Yates
+    -- with Lemire's bounded draws (checked against a Python model in test_data.c)
+    assert.same({9, 1, 4, 2, 8, 7, 6, 5, 3, 0}, epoch_labels(indexed(10), {batch = 4, shuffle = true, seed = 42}))
+  end)
+
+  it("without a seed, draws one from the global stream: new order each epoch, fixed by mp.manual_seed", function()
+    local ds = indexed(300, "u8")
+    mp.manual_seed(5)
+    local e1 = epoch_labels(ds, {batch = 50, shuffle = true})
+    local e2 = epoch_labels(ds, {batch = 50, shuffle = true})
+    assert.is_false(same_list(e1, e2))
+    mp.manual_seed(5)
+    assert.is_true(same_list(e1, epoch_labels(ds, {batch = 50, shuffle = true})))
+    assert.is_true(same_list(e2, epoch_labels(ds, {batch = 50, shuffle = true})))
+  end)
+
+  it("leaves the global random stream alone when it does not shuffle", function()
+    local ds = indexed(20, "u8")
+    mp.manual_seed(9)
+    local r1 = mp.rand(3):totable()
+    mp.manual_seed(9)
+    epoch_labels(ds, {batch = 6})
+    epoch_labels(ds, {batch = 6, shuffle = true, seed = 1})
+    assert.same(r1, mp.rand(3):totable())
+  end)
+
+  it("can stop early and start again", function()
+    local ds = indexed(100, "u8")
+    for _, y in data.loader(ds, {batch = 10}) do
+      assert.same({10}, y.shape)
+      break
+    end
+    assert.equal(100, #epoch_labels(ds, {batch = 10, shuffle = true, seed = 2}))
+  end)
+
+  it("rejects bad options and datasets, naming mp.data.loader at the caller's line", function()
+    local ds = indexed(5, "u8")
+    local err = raises("mp.data.loader: batch must be a positive integer (got 0)",
+                       function() local l = data.loader(ds, {batch = 0}); return l end)
+    assert.truthy(err:match("^[^:]*data_spec%.lua:%d+: mp%.data%.loader"), err)   -- the caller's line
+    err = raises("mp.data.fashion_mnist: split must be", function() local d = data.fashion_mnist("x"); return d end)
+    assert.truthy(err:match("^[^:]*data_spec%.lua:%d+: mp%.data%.fashion_mnist"), err)
+    raises("batch must be a positive integer (got -3)", data.loader, ds, {batch = -3})
+    raises("batch must be a positive integer (got 1.5)", data.loader, ds, {batch = 1.5})
+    raises("batch must be a positive integer (got '8')", data.loader, ds, {batch = "8"})
+    raises("batch must be a positive integer (got nil)", data.loader, ds, {})
+    raises("mp.data.loader: options must be a table with batch= (got nil)", data.loader, ds)
+    raises("mp.data.loader: unknown option 'shufle' (expected batch, shuffle, seed or drop_last)",
+           data.loader, ds, {batch = 2, shufle = true})
+    raises("mp.data.loader: shuffle must be a boolean (got 1)", data.loader, ds, {batch = 2, shuffle = 1})
+    raises("mp.data.loader: drop_last must be a boolean (got 'yes')", data.loader, ds, {batch = 2, drop_last = "yes"})
+    raises("mp.data.loader: seed must be an integer (got 0.5)", data.loader, ds, {batch = 2, shuffle = true, seed = 0.5})
+    raises("mp.data.loader: seed must be an integer (got '1')", data.loader, ds, {batch = 2, shuffle = true, seed = "1"})
+    assert.equal(3, #data.loader(ds, {batch = 2.0}))   -- an integral float is an integer
+    raises("mp.data.loader: dataset must be a table {images = tensor, labels = tensor} (got nil)", data.loader)
+    raises("mp.data.loader: dataset.images must be a tensor (got nil)", data.loader, {labels = ds.labels}, {batch = 2})
+    raises("mp.data.loader: dataset.labels must be a tensor (got table)", data.loader,
+           {images = ds.images, labels = {1, 2, 3}}, {batch = 2})
+    raises("mp.data.loader: dataset has 5 images but 4 labels (first dims {5,1} and {4})", data.loader,
+           {images = ds.images, labels = mp.arange(4, {dtype = "i32"})}, {batch = 2})
+  end)
+end)
