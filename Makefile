@@ -44,9 +44,11 @@ $(LIB): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
+# -z nodelete: lua_close unloads C modules, but OpenMP's worker threads may still
+# be running code from this one
 $(CORE): $(BIND_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -o $@ $(BIND_OBJ) $(LIB) $(LDLIBS)
+	$(CC) -shared -Wl,-z,nodelete -o $@ $(BIND_OBJ) $(LIB) $(LDLIBS)
 
 $(CLI): $(BUILD)/obj/lua/mpengine.o $(BIND_OBJ) $(LIB)
 	$(CC) -o $@ $^ $(LUA_LIB) -lreadline $(LDLIBS) -Wl,-E

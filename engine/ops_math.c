@@ -241,10 +241,11 @@ mp_tensor *mp_reduce(mp_redop op, mp_tensor *a, int dim, int keepdim)
     } else if (keepdim) {
         for (int i = 0; i < a->ndim; i++) shape[nd++] = 1;
     }
-    /* integer sums accumulate into i32; integer means are f32 */
+    /* integer sums and means are f32 (accumulated in double, rounded once): there is
+     * no 64-bit integer dtype, and an i32 total would wrap silently (the pixels of
+     * Fashion-MNIST add up to 3.4e9) */
     mp_dtype in = a->dtype;
-    if (op == MP_MEAN && !mp_is_float(in)) in = MP_F32;
-    if (op == MP_SUM && in == MP_U8) in = MP_I32;
+    if ((op == MP_MEAN || op == MP_SUM) && !mp_is_float(in)) in = MP_F32;
     mp_dtype out = op == MP_ARGMAX ? MP_I32 : in;
     mp_tensor *x = as_dtype(a, in), *o = x ? mp_empty(out, a->dev, nd, shape) : NULL;
     if (o) mp_be(o)->reduce(op, in, mp_data(o), mp_data(x), outer, n, inner);

@@ -74,7 +74,7 @@ int lb_shape(lua_State *L, int i, int64_t *shape, const char *name)
 {
     if (lua_isnumber(L, i)) {
         shape[0] = int_arg(L, i, "size", name);
-        if (shape[0] <= 0) luaL_error(L, "%s: size must be positive (got %lld)", name, (long long)shape[0]);
+        if (shape[0] <= 0) luaL_error(L, "%s: size must be positive (got %I)", name, (lua_Integer)shape[0]);
         return 1;
     }
     if (!lua_istable(L, i)) luaL_error(L, "%s: shape must be a table of sizes (got %s)", name, luaL_typename(L, i));

@@ -37,12 +37,12 @@ static void nested_values(lua_State *L, int i, const int64_t *shape, int nd, int
         return;
     }
     if (!lua_istable(L, i))
-        luaL_error(L, "mp.tensor: ragged data: data%s is %s (expected a table of %lld)", path,
-                   luaL_typename(L, i), (long long)shape[d]);
+        luaL_error(L, "mp.tensor: ragged data: data%s is %s (expected a table of %I)", path,
+                   luaL_typename(L, i), (lua_Integer)shape[d]);
     lua_Integer n = luaL_len(L, i);
     if (n != shape[d])
-        luaL_error(L, "mp.tensor: ragged data: data%s has %lld elements (expected %lld)", path,
-                   (long long)n, (long long)shape[d]);
+        luaL_error(L, "mp.tensor: ragged data: data%s has %I elements (expected %I)", path,
+                   (lua_Integer)n, (lua_Integer)shape[d]);
     luaL_checkstack(L, 2, "nested data");
     for (lua_Integer j = 1; j <= n; j++) {
         size_t len = strlen(path);

@@ -145,7 +145,7 @@ static int o_newindex(lua_State *L)
     const char *k = luaL_checkstring(L, 2);
     if (strcmp(k, "step_count") == 0) {
         lua_Integer s = luaL_checkinteger(L, 3);
-        if (s < 0) return luaL_error(L, "Optimizer.step_count: must be >= 0 (got %lld)", (long long)s);
+        if (s < 0) return luaL_error(L, "Optimizer.step_count: must be >= 0 (got %I)", (lua_Integer)s);
         o->step = s;
         return 0;
     }

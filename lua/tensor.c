@@ -52,7 +52,7 @@ static int t_item(lua_State *L)
     mp_tensor *t = lt_check(L, 1);
     double v;
     if (t->numel != 1)
-        return luaL_error(L, "Tensor:item: tensor has %lld elements (expected exactly 1)", (long long)t->numel);
+        return luaL_error(L, "Tensor:item: tensor has %I elements (expected exactly 1)", (lua_Integer)t->numel);
     mp_clear_error();
     if (mp_read_f64(t, 0, 1, &v)) return lt_error(L, "Tensor:item");
     push_value(L, t->dtype, v);
