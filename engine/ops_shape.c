@@ -65,8 +65,9 @@ mp_tensor *mp_reshape(mp_tensor *t, int ndim, const int64_t *shape)
         } else if (s[i] <= 0) {
             return mp_fail(MP_EINVAL, "size of dim %d must be positive or -1 (got %lld)", i + 1,
                            (long long)s[i]), NULL;
+        } else if (s[i] > t->numel / known) {   /* can't match; and known * s[i] might overflow */
+            known = t->numel + 1;
         } else {
-            if (known > t->numel) break;   /* can't match; avoids overflow below */
             known *= s[i];
         }
     }
@@ -113,7 +114,7 @@ mp_tensor *mp_narrow(mp_tensor *t, int d, int64_t start, int64_t len)
     if (start < 1 || start > n)
         return mp_fail(MP_EINVAL, "start %lld out of range for dim %d of size %lld (expected 1..%lld)",
                        (long long)start, d, (long long)n, (long long)n), NULL;
-    if (len < 1 || start - 1 + len > n)
+    if (len < 1 || len > n - (start - 1))
         return mp_fail(MP_EINVAL, "length %lld out of range: dim %d has %lld elements from %lld",
                        (long long)len, d, (long long)(n - start + 1), (long long)start), NULL;
     int64_t shape[MP_MAXDIM], outer = 1, inner = 1;

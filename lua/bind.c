@@ -61,30 +61,44 @@ mp_tensor *lt_check(lua_State *L, int i)
     return t;
 }
 
-static int64_t int_arg(lua_State *L, int i, const char *what, const char *name)
+int64_t lb_integer(lua_State *L, int i, const char *what, const char *name)
 {
-    int ok;
-    lua_Integer v = lua_tointegerx(L, i, &ok);
+    int ok = lua_type(L, i) == LUA_TNUMBER;
+    lua_Integer v = ok ? lua_tointegerx(L, i, &ok) : 0;
     if (!ok) luaL_error(L, "%s: %s must be an integer (got %s)", name, what,
                         lua_type(L, i) == LUA_TNUMBER ? "a fraction" : luaL_typename(L, i));
     return v;
 }
 
+int lb_dim(lua_State *L, int i, const char *name)
+{
+    int64_t d = lb_integer(L, i, "dim", name);
+    if (d > MP_MAXDIM || d < -MP_MAXDIM)   /* the engine's check would see a truncated int */
+        luaL_error(L, "%s: dim %I out of range (tensors have at most %d dims)", name, (lua_Integer)d, MP_MAXDIM);
+    return (int)d;
+}
+
+int lb_len(lua_State *L, int i, int max, const char *what, const char *name)
+{
+    lua_Integer n = luaL_len(L, i);
+    if (n < 0 || n > max) luaL_error(L, "%s: %s has %I entries (at most %d)", name, what, n, max);
+    return (int)n;
+}
+
 int lb_shape(lua_State *L, int i, int64_t *shape, const char *name)
 {
-    if (lua_isnumber(L, i)) {
-        shape[0] = int_arg(L, i, "size", name);
+    if (lua_type(L, i) == LUA_TNUMBER) {
+        shape[0] = lb_integer(L, i, "size", name);
         if (shape[0] <= 0) luaL_error(L, "%s: size must be positive (got %I)", name, (lua_Integer)shape[0]);
         return 1;
     }
     if (!lua_istable(L, i)) luaL_error(L, "%s: shape must be a table of sizes (got %s)", name, luaL_typename(L, i));
-    int n = (int)luaL_len(L, i);
-    if (n > MP_MAXDIM) luaL_error(L, "%s: a tensor has at most %d dims (got %d)", name, MP_MAXDIM, n);
+    int n = lb_len(L, i, MP_MAXDIM, "shape", name);
     for (int d = 0; d < n; d++) {
         lua_geti(L, i, d + 1);
         char what[32];
         snprintf(what, sizeof what, "size of dim %d", d + 1);
-        shape[d] = int_arg(L, -1, what, name);
+        shape[d] = lb_integer(L, -1, what, name);
         lua_pop(L, 1);
     }
     return n;
@@ -93,9 +107,8 @@ int lb_shape(lua_State *L, int i, int64_t *shape, const char *name)
 mp_dtype lb_dtype(lua_State *L, int i, const char *name)
 {
     mp_dtype dt;
-    const char *s = lua_tostring(L, i);
     if (lua_type(L, i) != LUA_TSTRING) luaL_error(L, "%s: dtype must be a string (got %s)", name, luaL_typename(L, i));
-    if (mp_dtype_parse(s, &dt)) lt_error(L, name);
+    if (mp_dtype_parse(lua_tostring(L, i), &dt)) lt_error(L, name);
     return dt;
 }
 

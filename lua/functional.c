@@ -44,12 +44,7 @@ static int f_gelu(lua_State *L)
     RETURN_TENSOR(L, "mp.gelu", mp_unary(MP_GELU, x, tanh_form));
 }
 
-static int dim_arg(lua_State *L, int i, const char *name)
-{
-    if (!lua_isinteger(L, i)) luaL_error(L, "%s: dim must be an integer (got %s)", name, luaL_typename(L, i));
-    lua_Integer d = lua_tointeger(L, i);
-    return d < -1000 ? -1000 : d > 1000 ? 1000 : (int)d;
-}
+static int dim_arg(lua_State *L, int i, const char *name) { return lb_dim(L, i, name); }
 
 static int f_softmax(lua_State *L)
 {
@@ -126,7 +121,7 @@ static int f_mse_loss(lua_State *L)
 static int f_cat(lua_State *L)
 {
     if (!lua_istable(L, 1)) return luaL_error(L, "mp.cat: expected a list of tensors (got %s)", luaL_typename(L, 1));
-    int n = (int)luaL_len(L, 1), d = dim_arg(L, 2, "mp.cat");
+    int n = lb_len(L, 1, 1 << 20, "the list", "mp.cat"), d = dim_arg(L, 2, "mp.cat");
     if (n < 1) return luaL_error(L, "mp.cat: the list is empty");
     mp_tensor **ts = lua_newuserdatauv(L, sizeof(mp_tensor *) * (size_t)n, 0);   /* freed by GC */
     for (int i = 0; i < n; i++) {

@@ -13,11 +13,15 @@
 static int nested_shape(lua_State *L, int i, int64_t *shape)
 {
     int nd = 0;
+    lua_Integer total = 1;
     lua_pushvalue(L, i);
     while (lua_istable(L, -1)) {
         if (nd == MP_MAXDIM) luaL_error(L, "mp.tensor: data nested deeper than %d levels", MP_MAXDIM);
         lua_Integer n = luaL_len(L, -1);
-        if (n == 0) luaL_error(L, "mp.tensor: empty table in data (sizes must be positive)");
+        if (n <= 0) luaL_error(L, "mp.tensor: empty table in data (sizes must be positive)");
+        if (n > ((lua_Integer)1 << 40) / total)   /* a table cannot really hold that much: a lying __len */
+            luaL_error(L, "mp.tensor: data too large (%I entries at level %d)", n, nd + 1);
+        total *= n;
         shape[nd++] = n;
         lua_geti(L, -1, 1);
         lua_remove(L, -2);
@@ -119,9 +123,7 @@ static int m_full(lua_State *L)
 
 static int m_arange(lua_State *L)
 {
-    if (!lua_isinteger(L, 1))
-        return luaL_error(L, "mp.arange: n must be an integer (got %s)", luaL_typename(L, 1));
-    int64_t n = lua_tointeger(L, 1);
+    int64_t n = lb_integer(L, 1, "n", "mp.arange");
     lb_opts o = lb_options(L, 2, "mp.arange");
     LT_PUSH(L, "mp.arange", mp_arange(n, o.dtype, o.device));
     lb_apply_options(L, &o, "mp.arange");
@@ -182,8 +184,7 @@ static void push_memory(lua_State *L, mp_device d)
 /* mp.memory([device]) -> {in_use=, peak=, limit=, storages=} in bytes */
 static int m_memory(lua_State *L)
 {
-    mp_device d = MP_CPU;
-    if (!lua_isnoneornil(L, 1) && mp_device_parse(luaL_checkstring(L, 1), &d)) return lt_error(L, "mp.memory");
+    mp_device d = lua_isnoneornil(L, 1) ? MP_CPU : lb_device(L, 1, "mp.memory");
     push_memory(L, d);
     return 1;
 }

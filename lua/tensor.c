@@ -33,7 +33,7 @@ static int t_size(lua_State *L)
     if (lua_isnoneornil(L, 2)) { push_shape(L, t); return 1; }
     int d;
     mp_clear_error();
-    if (mp_dim(t, (int)luaL_checkinteger(L, 2), &d)) return lt_error(L, "Tensor:size");
+    if (mp_dim(t, lb_dim(L, 2, "Tensor:size"), &d)) return lt_error(L, "Tensor:size");
     lua_pushinteger(L, t->shape[d]);
     return 1;
 }
@@ -144,14 +144,13 @@ static int t_detach(lua_State *L)
 /* shape from a table, or from the remaining arguments: t:reshape{2,3} or t:reshape(2,3) */
 static int shape_args(lua_State *L, int i, int64_t *shape, const char *name)
 {
+    char what[32];
     if (lua_istable(L, i)) {
-        int n = (int)luaL_len(L, i);
-        if (n > MP_MAXDIM) luaL_error(L, "%s: a tensor has at most %d dims (got %d)", name, MP_MAXDIM, n);
+        int n = lb_len(L, i, MP_MAXDIM, "shape", name);
         for (int d = 0; d < n; d++) {
             lua_geti(L, i, d + 1);
-            if (!lua_isinteger(L, -1)) luaL_error(L, "%s: size of dim %d must be an integer (got %s)", name, d + 1,
-                                                  luaL_typename(L, -1));
-            shape[d] = lua_tointeger(L, -1);
+            snprintf(what, sizeof what, "size of dim %d", d + 1);
+            shape[d] = lb_integer(L, -1, what, name);
             lua_pop(L, 1);
         }
         return n;
@@ -159,9 +158,8 @@ static int shape_args(lua_State *L, int i, int64_t *shape, const char *name)
     int n = lua_gettop(L) - i + 1;
     if (n > MP_MAXDIM) luaL_error(L, "%s: a tensor has at most %d dims (got %d)", name, MP_MAXDIM, n);
     for (int d = 0; d < n; d++) {
-        if (!lua_isinteger(L, i + d)) luaL_error(L, "%s: size of dim %d must be an integer (got %s)", name, d + 1,
-                                                 luaL_typename(L, i + d));
-        shape[d] = lua_tointeger(L, i + d);
+        snprintf(what, sizeof what, "size of dim %d", d + 1);
+        shape[d] = lb_integer(L, i + d, what, name);
     }
     return n;
 }
@@ -185,15 +183,15 @@ static int t_view(lua_State *L)
 static int t_transpose(lua_State *L)
 {
     mp_tensor *t = lt_check(L, 1);
-    int d1 = (int)luaL_checkinteger(L, 2), d2 = (int)luaL_checkinteger(L, 3);
+    int d1 = lb_dim(L, 2, "Tensor:transpose"), d2 = lb_dim(L, 3, "Tensor:transpose");
     TENSOR_RETURN(L, "Tensor:transpose", mp_transpose(t, d1, d2));
 }
 
 static int t_narrow(lua_State *L)
 {
     mp_tensor *t = lt_check(L, 1);
-    int d = (int)luaL_checkinteger(L, 2);
-    int64_t start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4);
+    int d = lb_dim(L, 2, "Tensor:narrow");
+    int64_t start = lb_integer(L, 3, "start", "Tensor:narrow"), len = lb_integer(L, 4, "length", "Tensor:narrow");
     TENSOR_RETURN(L, "Tensor:narrow", mp_narrow(t, d, start, len));
 }
 
@@ -241,10 +239,9 @@ static int t_pow(lua_State *L)
 static int opt_dim(lua_State *L, int i, const char *name)
 {
     if (lua_isnoneornil(L, i)) return 0;
-    if (!lua_isinteger(L, i)) luaL_error(L, "%s: dim must be an integer (got %s)", name, luaL_typename(L, i));
-    lua_Integer d = lua_tointeger(L, i);
+    int d = lb_dim(L, i, name);
     if (d == 0) luaL_error(L, "%s: dim 0 is not a dim (dims are 1-based; -1 is the last)", name);
-    return d < -1000 ? -1000 : d > 1000 ? 1000 : (int)d;   /* out of range either way */
+    return d;
 }
 
 static int reduce(lua_State *L, mp_redop op, const char *name)
@@ -272,7 +269,7 @@ static int t_max(lua_State *L)
 static int t_index_select(lua_State *L)
 {
     mp_tensor *t = lt_check(L, 1);
-    int d = (int)luaL_checkinteger(L, 2);
+    int d = lb_dim(L, 2, "Tensor:index_select");
     mp_tensor *idx = lt_check(L, 3);
     TENSOR_RETURN(L, "Tensor:index_select", mp_index_select(t, d, idx));
 }
@@ -374,10 +371,11 @@ static int t_index(lua_State *L)
     return 1;
 }
 
+/* identity, as for tables: use t:eq(u) for elementwise equality */
 static int t_eq(lua_State *L)
 {
-    LTensor *a = luaL_checkudata(L, 1, MP_TENSOR_MT), *b = luaL_checkudata(L, 2, MP_TENSOR_MT);
-    lua_pushboolean(L, a->t && a->t == b->t);
+    LTensor *a = luaL_testudata(L, 1, MP_TENSOR_MT), *b = luaL_testudata(L, 2, MP_TENSOR_MT);
+    lua_pushboolean(L, a && b && a->t && a->t == b->t);
     return 1;
 }
 

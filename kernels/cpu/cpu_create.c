@@ -27,7 +27,11 @@ static void cast_block(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int
     else cpu_load(sd, src, i, f, n);
 
     if (dd == MP_I32 && sd == MP_U8) for (int64_t j = 0; j < n; j++) ((int32_t *)dst)[i + j] = ((const uint8_t *)src)[i + j];
-    else if (dd == MP_U8 && sd == MP_I32) for (int64_t j = 0; j < n; j++) ((uint8_t *)dst)[i + j] = (uint8_t)((const int32_t *)src)[i + j];
+    else if (dd == MP_U8 && sd == MP_I32)   /* saturate, as float -> u8 does */
+        for (int64_t j = 0; j < n; j++) {
+            int32_t v = ((const int32_t *)src)[i + j];
+            ((uint8_t *)dst)[i + j] = v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
+        }
     else if (dd == MP_I32) for (int64_t j = 0; j < n; j++) ((int32_t *)dst)[i + j] = (int32_t)to_int(f[j], INT32_MIN, INT32_MAX);
     else if (dd == MP_U8) for (int64_t j = 0; j < n; j++) ((uint8_t *)dst)[i + j] = (uint8_t)to_int(f[j], 0, 255);
     else cpu_store(dd, dst, i, f, n);
@@ -59,8 +63,18 @@ void cpu_fill(void *dst, mp_dtype dt, int64_t n, double value)
         cpu_store(dt, one, 0, &f, 1);
     }
     size_t es = mp_dtype_size(dt);
-    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i++) memcpy((char *)dst + (size_t)i * es, one, es);
+    if (memcmp(one, "\0\0\0\0", es) == 0) { memset(dst, 0, (size_t)n * es); return; }
+    if (es == 4) {
+        uint32_t v;
+        memcpy(&v, one, 4);
+        for (int64_t i = 0; i < n; i++) ((uint32_t *)dst)[i] = v;
+    } else if (es == 2) {
+        uint16_t v;
+        memcpy(&v, one, 2);
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = v;
+    } else {
+        memset(dst, one[0], (size_t)n);
+    }
 }
 
 void cpu_arange(void *dst, mp_dtype dt, int64_t n)
@@ -89,8 +103,10 @@ static void philox(uint64_t counter, uint64_t key, uint32_t out[4])
     out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
 }
 
-/* uniform in [0, 1) with 24 random bits, exactly representable in f32 */
-static float unit(uint32_t x) { return (float)(x >> 8) * (1.0f / 16777216.0f); }
+/* uniform in [0, 1) with as many random bits as the dtype's significand holds
+ * (24 for f32, 11 for f16, 8 for bf16), so rounding to the dtype never gives 1 */
+static float unit_bits(uint32_t x, int bits) { return (float)(x >> (32 - bits)) * ldexpf(1.0f, -bits); }
+static float unit(uint32_t x) { return unit_bits(x, 24); }
 
 static void random_fill(int normal, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
@@ -101,7 +117,7 @@ static void random_fill(int normal, void *dst, mp_dtype dt, int64_t n, uint64_t 
         for (int64_t j = 0; j < len; j++) {
             uint32_t r[4];
             philox(offset + (uint64_t)(i + j), seed, r);
-            if (!normal) { f[j] = unit(r[0]); continue; }
+            if (!normal) { f[j] = unit_bits(r[0], dt == MP_F16 ? 11 : dt == MP_BF16 ? 8 : 24); continue; }
             /* Box-Muller; 1 - u keeps the log's argument in (0, 1] */
             float u1 = 1.0f - unit(r[0]), u2 = unit(r[1]);
             f[j] = sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2);

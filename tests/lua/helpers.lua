@@ -1,0 +1,181 @@
+-- helpers.lua: shared by tests/lua/*_spec.lua (not a spec itself).
+-- Load it with:  local H = dofile(debug.getinfo(1, "S").source:match("^@(.*/)") .. "helpers.lua")
+-- (busted runs the specs with `require "mp"` on LUA_PATH/LUA_CPATH; see tests/run.sh)
+
+local H = {}
+
+-- repository root, from where this file lives (tests/lua/helpers.lua)
+local here = debug.getinfo(1, "S").source:gsub("^@", "")
+local dir = here:match("^(.*)/[^/]*$") or "."
+H.root = dir .. "/../.."
+H.build = os.getenv("MP_TEST_BUILD") or (H.root .. "/build")
+H.lua = os.getenv("LUA") or "lua5.4"
+
+function H.q(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
+
+-- the value of x rounded to f32 (an independent reference: string.pack)
+function H.f32(x) return (string.unpack("<f", string.pack("<f", x))) end
+
+function H.isnan(x) return x ~= x end
+
+-- |a - b| <= atol + rtol * |b|
+function H.close(a, b, rtol, atol)
+  rtol, atol = rtol or 1e-5, atol or 1e-6
+  if H.isnan(a) or H.isnan(b) then return H.isnan(a) and H.isnan(b) end
+  if a == b then return true end
+  return math.abs(a - b) <= atol + rtol * math.abs(b)
+end
+
+-- flatten nested tables (row-major)
+function H.flat(t, out)
+  out = out or {}
+  if type(t) ~= "table" then out[#out + 1] = t; return out end
+  for i = 1, #t do H.flat(t[i], out) end
+  return out
+end
+
+-- asserts two nested tables (or numbers) hold the same values within tolerance
+function H.assert_close(got, want, rtol, atol, what)
+  local g, w = H.flat(got), H.flat(want)
+  assert(#g == #w, (what or "values") .. ": " .. #g .. " elements, expected " .. #w)
+  for i = 1, #w do
+    if not H.close(g[i], w[i], rtol, atol) then
+      error(string.format("%s: element %d is %.9g, expected %.9g", what or "values", i, g[i], w[i]), 2)
+    end
+  end
+  return true
+end
+
+-- exact equality of nested tables, NaN equal to NaN, with the first difference in the message
+function H.assert_same(got, want, what)
+  local g, w = H.flat(got), H.flat(want)
+  assert(#g == #w, (what or "values") .. ": " .. #g .. " elements, expected " .. #w)
+  for i = 1, #w do
+    if not (g[i] == w[i] or (H.isnan(g[i]) and H.isnan(w[i]))) then
+      error(string.format("%s: element %d is %.17g, expected %.17g", what or "values", i, g[i], w[i]), 2)
+    end
+  end
+  return true
+end
+
+-- a Lua matrix (table of rows) from a flat table
+function H.rows(flat, m, n)
+  local r = {}
+  for i = 1, m do
+    r[i] = {}
+    for j = 1, n do r[i][j] = flat[(i - 1) * n + j] end
+  end
+  return r
+end
+
+-- naive product of Lua matrices A {m,k} and B {k,n}
+function H.matmul(A, B)
+  local m, k, n = #A, #B, #B[1]
+  assert(#A[1] == k)
+  local C = {}
+  for i = 1, m do
+    C[i] = {}
+    for j = 1, n do
+      local s = 0
+      for p = 1, k do s = s + A[i][p] * B[p][j] end
+      C[i][j] = s
+    end
+  end
+  return C
+end
+
+-- resident set size of this process in bytes (nil where /proc is missing)
+function H.rss()
+  local f = io.open("/proc/self/status", "r")
+  if not f then return nil end
+  local s = f:read("a")
+  f:close()
+  local kb = s:match("VmRSS:%s*(%d+)%s*kB")
+  return kb and tonumber(kb) * 1024
+end
+
+local function spit(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
+local function slurp(path)
+  local f = io.open(path, "rb")
+  if not f then return "" end
+  local s = f:read("a")
+  f:close()
+  return s
+end
+
+-- Runs a Lua chunk in a child lua5.4 with `mp` loaded. Returns a table:
+--   rc      exit status as the shell reports it (128 + n: killed by signal n)
+--   signal  the signal number, or nil when the child exited normally
+--   out     what the child wrote on stdout
+--   err     what the child wrote on stderr
+-- raw=true runs `code` as the whole script; otherwise the code is the body of a
+-- function run under pcall, and the child writes "OK:<tostring of the first
+-- result>" or "ERR:<message>" and exits 0 (no error) or 3 (error) WITHOUT
+-- closing the Lua state (os.exit(n, false)), so that crashes at exit (a
+-- separate bug) do not mask what the call itself did. envvars: extra environment
+-- variables for the child, {NAME = "value"}.
+function H.child(code, raw, envvars)
+  local script, errf = os.tmpname(), os.tmpname()
+  local body = code
+  if not raw then
+    body = "local mp = require 'mp'\n"
+        .. "local ok, r = pcall(function()\n" .. code .. "\nend)\n"
+        .. "io.write(ok and ('OK:' .. tostring(r)) or ('ERR:' .. tostring(r)))\n"
+        .. "io.stdout:flush()\n"
+        .. "os.exit(ok and 0 or 3, false)\n"
+  end
+  spit(script, body)
+  local env = "LUA_PATH=" .. H.q(H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;;")
+           .. " LUA_CPATH=" .. H.q(H.build .. "/?.so;;")
+  for k, v in pairs(envvars or {}) do env = env .. " " .. k .. "=" .. H.q(v) end
+  local cmd = "{ env " .. env .. " " .. H.lua .. " " .. H.q(script) .. " 2>" .. H.q(errf)
+           .. "; } 2>/dev/null; echo \"__rc=$?\""
+  local p = io.popen(cmd)
+  local out = p:read("a")
+  p:close()
+  local rc = tonumber(out:match("__rc=(%d+)\n?$"))
+  out = out:gsub("__rc=%d+\n?$", "")
+  local err = slurp(errf)
+  os.remove(script)
+  os.remove(errf)
+  return { rc = rc, signal = rc and rc > 128 and rc - 128 or nil, out = out, err = err }
+end
+
+-- Asserts that `code` (a function body, see H.child) raises a Lua error in a
+-- child process without killing it, and that the message contains every
+-- string in `words` (plain, case-insensitive). Returns the message.
+function H.child_error(code, words)
+  local r = H.child(code)
+  assert(not r.signal, string.format("child killed by signal %s running:\n%s\nstderr: %s",
+                                     tostring(r.signal), code, r.err))
+  local msg = r.out:match("^ERR:(.*)$")
+  assert(msg, string.format("expected an error from:\n%s\ngot: %s (rc %s) %s", code, r.out,
+                            tostring(r.rc), r.err))
+  assert(r.rc == 3, "child exit status " .. tostring(r.rc) .. " for:\n" .. code)
+  local low = msg:lower()
+  for _, w in ipairs(words or {}) do
+    assert(low:find(w:lower(), 1, true),
+           string.format("error from:\n%s\nis %q; expected it to mention %q", code, msg, w))
+  end
+  return msg
+end
+
+-- In-process: calls fn, asserts it raises, and that the message mentions each word.
+function H.raises(fn, words)
+  local ok, msg = pcall(fn)
+  assert(not ok, "expected an error, the call succeeded")
+  msg = tostring(msg)
+  local low = msg:lower()
+  for _, w in ipairs(words or {}) do
+    assert(low:find(w:lower(), 1, true),
+           string.format("error is %q; expected it to mention %q", msg, w))
+  end
+  return msg
+end
+
+return H

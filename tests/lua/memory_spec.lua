@@ -1,0 +1,180 @@
+-- memory_spec.lua: engine memory from Lua (DESIGN.md section 4): the binding
+-- paces Lua's collector with the engine's bytes so that scripts never need
+-- collectgarbage(); __gc, __close and t:free() release tensors.
+-- LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" busted tests/lua/memory_spec.lua
+
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+local mp = require "mp"
+
+local MiB = 1024 * 1024
+
+local function in_use() return mp.memory().in_use end
+
+-- a full collection (twice: a finalizer may free what another held)
+local function full_gc()
+  collectgarbage()
+  collectgarbage()
+end
+
+describe("memory", function()
+  it("mp.memory() reports in_use, peak, limit and storages as integers", function()
+    local m = mp.memory()
+    for _, k in ipairs { "in_use", "peak", "limit", "storages" } do
+      assert.are.equal("integer", math.type(m[k]), k)
+      assert.is_true(m[k] >= 0, k)
+    end
+    assert.is_true(m.limit > 0)
+    assert.are.same(m, mp.memory("cpu"))
+  end)
+
+  it("counts exactly the bytes of each dtype", function()
+    full_gc()
+    local base = in_use()
+    local sizes = { f32 = 4, f16 = 2, bf16 = 2, i32 = 4, u8 = 1 }
+    for dt, es in pairs(sizes) do
+      local t = mp.zeros({ 10, 100 }, { dtype = dt })
+      assert.are.equal(base + 1000 * es, in_use(), dt)
+      t:free()
+      assert.are.equal(base, in_use(), dt)
+    end
+  end)
+
+  it("50,000 tensors of 1 MiB in a loop without collectgarbage() stay bounded", function()
+    local rss0 = H.rss()
+    if not rss0 then
+      pending("no /proc/self/status on this system")
+      return
+    end
+    full_gc()
+    local use0 = in_use()
+    local peak_rss, peak_use = rss0, use0
+    for i = 1, 50000 do
+      local t = mp.zeros { 262144 } -- 1 MiB of f32
+      if i % 5000 == 0 then
+        local r, u = H.rss(), in_use()
+        if r > peak_rss then peak_rss = r end
+        if u > peak_use then peak_use = u end
+        assert.is_true(t:numel() == 262144)
+      end
+    end
+    local r, u = H.rss(), in_use()
+    if r > peak_rss then peak_rss = r end
+    if u > peak_use then peak_use = u end
+    local grew = (peak_rss - rss0) / MiB
+    assert.is_true(grew < 1024, string.format("resident size grew by %.0f MiB (limit 1024)", grew))
+    local held = (peak_use - use0) / MiB
+    assert.is_true(held < 512, string.format("engine held up to %.0f MiB at once (limit 512)", held))
+  end)
+
+  it("after dropping references and a full collection, in_use returns to its start", function()
+    full_gc()
+    local base = mp.memory()
+    do
+      local keep = {}
+      for i = 1, 100 do keep[i] = mp.randn { 1000 } end
+      local a = mp.ones { 300, 300 }
+      local b = a:reshape { 900, 100 }
+      local c = a:transpose(1, 2)
+      local d = mp.matmul(a, c) + 1
+      local e = d:sum(1):f16()
+      assert.is_true(in_use() > base.in_use + 100 * 4000)
+      keep, a, b, c, d, e = nil, nil, nil, nil, nil, nil
+    end
+    full_gc()
+    local now = mp.memory()
+    assert.are.equal(base.in_use, now.in_use)
+    assert.are.equal(base.storages, now.storages)
+  end)
+
+  it("t:free() releases at once, without the collector", function()
+    full_gc()
+    local base = mp.memory()
+    collectgarbage("stop")
+    local ok, err = pcall(function()
+      local t = mp.zeros { 262144 }
+      assert.are.equal(base.in_use + MiB, in_use())
+      assert.are.equal(base.storages + 1, mp.memory().storages)
+      t:free()
+      assert.are.equal(base.in_use, in_use())
+      assert.are.equal(base.storages, mp.memory().storages)
+    end)
+    collectgarbage("restart")
+    assert(ok, err)
+  end)
+
+  it("free() of one of two tensors sharing storage keeps the storage", function()
+    full_gc()
+    local base = in_use()
+    local t = mp.zeros { 262144 }
+    local v = t:reshape { 512, 512 }
+    local n = t:narrow(1, 1, 1000)
+    assert.are.equal(base + MiB, in_use())
+    t:free()
+    assert.are.equal(base + MiB, in_use())
+    v:free()
+    assert.are.equal(base + MiB, in_use())
+    local s = n:sum()
+    assert.are.equal(0, s:item())
+    s:free()
+    n:free()
+    assert.are.equal(base, in_use())
+  end)
+
+  it("a <close> variable releases its tensor at the end of the scope", function()
+    full_gc()
+    local base = in_use()
+    do
+      local t <close> = mp.ones { 1000 }
+      assert.are.equal(base + 4000, in_use())
+      local s <close> = t:sum()
+      assert.are.equal(1000, s:item())
+    end
+    assert.are.equal(base, in_use())
+  end)
+
+  it("a <close> variable releases its tensor when an error unwinds the scope", function()
+    full_gc()
+    local base = in_use()
+    local ok = pcall(function()
+      local t <close> = mp.ones { 1000 }
+      error("boom")
+    end)
+    assert.is_false(ok)
+    assert.are.equal(base, in_use())
+  end)
+
+  it("a <close> on a tensor already freed is harmless", function()
+    full_gc()
+    local base = in_use()
+    do
+      local t <close> = mp.ones { 1000 }
+      t:free()
+    end
+    assert.are.equal(base, in_use())
+  end)
+
+  it("__gc releases a dropped tensor", function()
+    full_gc()
+    local base = in_use()
+    local t = mp.zeros { 262144 }
+    assert.are.equal(base + MiB, in_use())
+    t = nil
+    full_gc()
+    assert.are.equal(base, in_use())
+  end)
+
+  it("peak is at least in_use and records the high-water mark", function()
+    full_gc()
+    local m0 = mp.memory()
+    assert.is_true(m0.peak >= m0.in_use)
+    local t = mp.zeros { 4 * 262144 } -- 4 MiB
+    local m1 = mp.memory()
+    assert.is_true(m1.peak >= m1.in_use)
+    assert.is_true(m1.peak >= m0.in_use + 4 * MiB)
+    t:free()
+    local m2 = mp.memory()
+    assert.is_true(m2.peak >= m2.in_use)
+    assert.is_true(m2.peak >= m1.peak, "peak never goes down")
+    assert.are.equal(m0.in_use, m2.in_use)
+  end)
+end)
