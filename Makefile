@@ -29,7 +29,7 @@ LIB  := $(BUILD)/libmpengine.a
 CORE := $(BUILD)/mp/core.so
 CLI  := $(BUILD)/mpengine
 
-.PHONY: all deps pydeps test test-c test-lua demo bench install clean gpu-check
+.PHONY: all deps pydeps test demo bench bench-deps install clean
 all: $(LIB) $(CORE) $(CLI)
 	@echo "built backends: cpu (CUDA: see issue 5)"
 
@@ -89,8 +89,17 @@ test: deps pydeps
 demo: deps
 	@$(MAKE) --no-print-directory all
 	$(CLI) scripts/demo.lua
+	$(CLI) scripts/train_mlp.lua --epochs 1
 
-bench: all $(BENCH_BIN)
+# the PyTorch reference rows need Debian's python3-torch (large: only for benchmarks)
+bench-deps:
+	@if /usr/bin/python3 -c "import torch" 2>/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ]; then echo "bench: installing python3-torch for the reference rows"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch >/dev/null \
+	  || echo "bench: python3-torch could not be installed; PyTorch rows will be skipped"; \
+	else echo "bench: python3-torch missing (apt-get install python3-torch); PyTorch rows will be skipped"; fi
+
+bench: all $(BENCH_BIN) bench-deps
 	@BUILD=$(BUILD) sh scripts/bench/run.sh
 
 LUADIR  := $(DESTDIR)$(PREFIX)/share/lua/5.4
