@@ -13,7 +13,7 @@
  * picks the best the processor has (GCC function multiversioning): one binary
  * is fast on this machine and still runs on an older one. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MP_SIMD __attribute__((target_clones("default", "avx2", "arch=skylake-avx512")))
+#define MP_SIMD __attribute__((target_clones("default", "avx2", "avx512f")))
 #else
 #define MP_SIMD
 #endif
