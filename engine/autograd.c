@@ -6,6 +6,7 @@
 #include "engine/autograd.h"
 #include "engine/ops.h"
 #include "engine/error.h"
+#include "engine/autocast.h"
 
 static bool grad_on = true;
 static uint64_t next_seq = 1, next_visit = 1;
@@ -66,13 +67,16 @@ void mp_save(mp_node *n, int slot, mp_tensor *t)
     n->saved[slot] = t ? mp_retain(t) : NULL;
 }
 
+/* a node that saved nothing can be walked again (a cached autocast cast, reused
+ * by the next step's graph); one whose saved tensors are gone cannot */
 static void release_saved(mp_node *n)
 {
     for (int i = 0; i < MP_NODE_MAXSAVED; i++) {
+        if (!n->saved[i]) continue;
         mp_release(n->saved[i]);
         n->saved[i] = NULL;
+        n->released = true;
     }
-    n->released = true;
 }
 
 /* Free a node whose last reference went away, and every node that this frees
@@ -263,6 +267,7 @@ int mp_backward(mp_tensor *t, mp_tensor *grad)
     }
     if (!g) return -1;
     bool was = mp_set_grad_enabled(false);
+    int ac = mp_autocast_enter(false, MP_F32);   /* backward ops run in their own dtypes */
     int rc = 0;
     if (!t->grad_fn) {
         rc = accumulate_leaf(t, g);
@@ -282,6 +287,7 @@ int mp_backward(mp_tensor *t, mp_tensor *grad)
         }
         free(order);
     }
+    mp_autocast_exit(ac);
     mp_set_grad_enabled(was);
     return rc;
 }

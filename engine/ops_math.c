@@ -8,6 +8,7 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/autograd.h"
+#include "engine/autocast.h"
 
 static int same_device(const mp_tensor *a, const mp_tensor *b)
 {
@@ -97,10 +98,21 @@ static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 
 static const char *binop_name[MP_NBINOPS] = {"add", "sub", "mul", "div", "gt", "lt", "ge", "le", "eq", "ne"};
 
+static mp_tensor *binary(mp_binop op, mp_tensor *a, mp_tensor *b);
+
 mp_tensor *mp_binary(mp_binop op, mp_tensor *a, mp_tensor *b)
 {
-    mp_bcast bc;
     if ((unsigned)op >= MP_NBINOPS) return mp_fail(MP_EINVAL, "bad binary op"), NULL;
+    mp_tensor *x = mp_autocast_arg(binop_name[op], a), *y = x ? mp_autocast_arg(binop_name[op], b) : NULL;
+    mp_tensor *o = y ? binary(op, x, y) : NULL;
+    mp_release(x);
+    mp_release(y);
+    return o;
+}
+
+static mp_tensor *binary(mp_binop op, mp_tensor *a, mp_tensor *b)
+{
+    mp_bcast bc;
     if (same_device(a, b) || mp_broadcast(a, b, &bc)) return NULL;
     mp_dtype dt = mp_promote(a->dtype, b->dtype);
     if (op == MP_DIV && !mp_is_float(dt)) dt = MP_F32;
@@ -150,9 +162,20 @@ static const char *unop_name[MP_NUNOPS] = {
     "relu", "tanh", "sigmoid", "gelu", "dropout_mask"
 };
 
+static mp_tensor *unary(mp_unop op, mp_tensor *a, double p);
+
 mp_tensor *mp_unary(mp_unop op, mp_tensor *a, double p)
 {
     if ((unsigned)op >= MP_NUNOPS) return mp_fail(MP_EINVAL, "bad unary op"), NULL;
+    mp_tensor *x = mp_autocast_arg(unop_name[op], a);
+    if (!x) return NULL;
+    mp_tensor *o = unary(op, x, p);
+    mp_release(x);
+    return o;
+}
+
+static mp_tensor *unary(mp_unop op, mp_tensor *a, double p)
+{
     mp_dtype dt = unary_dtype(op, a->dtype, p);
     mp_tensor *x = as_dtype(a, dt), *o = x ? mp_empty(dt, a->dev, a->ndim, a->shape) : NULL;
     if (o) mp_be(o)->unary(op, dt, mp_data(o), mp_data(x), a->numel, p);
@@ -222,10 +245,21 @@ static int reduce_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 
 static const char *redop_name[MP_NREDOPS] = {"sum", "mean", "max", "argmax"};
 
+static mp_tensor *reduce(mp_redop op, mp_tensor *a, int dim, int keepdim);
+
 mp_tensor *mp_reduce(mp_redop op, mp_tensor *a, int dim, int keepdim)
 {
-    int k = -1;
     if ((unsigned)op >= MP_NREDOPS) return mp_fail(MP_EINVAL, "bad reduction"), NULL;
+    mp_tensor *x = mp_autocast_arg(redop_name[op], a);
+    if (!x) return NULL;
+    mp_tensor *o = reduce(op, x, dim, keepdim);
+    mp_release(x);
+    return o;
+}
+
+static mp_tensor *reduce(mp_redop op, mp_tensor *a, int dim, int keepdim)
+{
+    int k = -1;
     if (dim != 0 && mp_dim(a, dim, &k)) return NULL;
     if (dim == 0 && op == MP_ARGMAX && a->ndim > 1)
         return mp_fail(MP_EINVAL, "argmax needs a dim for a %d-d tensor", a->ndim), NULL;

@@ -9,6 +9,7 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/autograd.h"
+#include "engine/autocast.h"
 
 /* C{batch,m,n} = op(A) @ op(B) as a new tensor (2-D when batch is 0) */
 static mp_tensor *gemm_new(mp_dtype dt, mp_device dev, int ta, int tb, int64_t batch, int64_t m, int64_t n,
@@ -113,7 +114,18 @@ static int check_pair(const mp_tensor *a, const mp_tensor *b)
     return 0;
 }
 
+static mp_tensor *matmul(mp_tensor *a, mp_tensor *b);
+
 mp_tensor *mp_matmul(mp_tensor *a, mp_tensor *b)
+{
+    mp_tensor *x = mp_autocast_arg("matmul", a), *y = x ? mp_autocast_arg("matmul", b) : NULL;
+    mp_tensor *o = y ? matmul(x, y) : NULL;
+    mp_release(x);
+    mp_release(y);
+    return o;
+}
+
+static mp_tensor *matmul(mp_tensor *a, mp_tensor *b)
 {
     if (check_pair(a, b)) return NULL;
     if (a->ndim < 1 || a->ndim > 3 || b->ndim < 1 || b->ndim > 3)
@@ -170,7 +182,18 @@ static int linear_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
+static mp_tensor *linear(mp_tensor *x, mp_tensor *w, mp_tensor *b);
+
 mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b)
+{
+    mp_tensor *cx = mp_autocast_arg("linear", x), *cw = cx ? mp_autocast_arg("linear", w) : NULL;
+    mp_tensor *cb = cw && b ? mp_autocast_arg("linear", b) : NULL, *o = NULL;
+    if (cw && (!b || cb)) o = linear(cx, cw, cb);
+    mp_release(cx), mp_release(cw), mp_release(cb);
+    return o;
+}
+
+static mp_tensor *linear(mp_tensor *x, mp_tensor *w, mp_tensor *b)
 {
     char b1[128], b2[128];
     if (check_pair(x, w) || (b && check_pair(x, b))) return NULL;

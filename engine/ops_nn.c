@@ -8,6 +8,7 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/autograd.h"
+#include "engine/autocast.h"
 
 static mp_tensor *finish(mp_tensor *o, const char *name, mp_backward_fn fn, int nin, mp_tensor *const *ins,
                          mp_node **node)
@@ -47,7 +48,16 @@ static int softmax_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
+static mp_tensor *softmax(mp_tensor *x, int dim, int log);
+
 mp_tensor *mp_softmax(mp_tensor *x, int dim, int log)
+{
+    mp_tensor *c = mp_autocast_arg(log ? "log_softmax" : "softmax", x), *o = c ? softmax(c, dim, log) : NULL;
+    mp_release(c);
+    return o;
+}
+
+static mp_tensor *softmax(mp_tensor *x, int dim, int log)
 {
     int k;
     if (need_float(x, "input") || mp_dim(x, dim, &k)) return NULL;
@@ -112,7 +122,16 @@ static int ce_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return r ? 0 : -1;
 }
 
+static mp_tensor *cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red);
+
 mp_tensor *mp_cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red)
+{
+    mp_tensor *c = mp_autocast_arg("cross_entropy", x), *o = c ? cross_entropy(c, target, red) : NULL;
+    mp_release(c);
+    return o;
+}
+
+static mp_tensor *cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red)
 {
     char b1[128], b2[128];
     if (need_float(x, "logits")) return NULL;
@@ -149,7 +168,7 @@ mp_tensor *mp_cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red)
 
 /* ---- mse_loss: mean((a - b)^2), composed so autograd follows ---- */
 
-mp_tensor *mp_mse_loss(mp_tensor *a, mp_tensor *b)
+static mp_tensor *mse_loss(mp_tensor *a, mp_tensor *b)
 {
     char b1[128], b2[128];
     if (!mp_same_shape(a, b))
@@ -160,6 +179,15 @@ mp_tensor *mp_mse_loss(mp_tensor *a, mp_tensor *b)
     mp_tensor *m = sq ? mp_reduce(MP_MEAN, sq, 0, 0) : NULL;
     mp_release(d);
     mp_release(sq);
+    return m;
+}
+
+mp_tensor *mp_mse_loss(mp_tensor *a, mp_tensor *b)
+{
+    mp_tensor *x = mp_autocast_arg("mse_loss", a), *y = x ? mp_autocast_arg("mse_loss", b) : NULL;
+    mp_tensor *m = y ? mse_loss(x, y) : NULL;
+    mp_release(x);
+    mp_release(y);
     return m;
 }
 
@@ -186,7 +214,18 @@ static int ln_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return rc;
 }
 
+static mp_tensor *layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps);
+
 mp_tensor *mp_layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps)
+{
+    mp_tensor *cx = mp_autocast_arg("layer_norm", x), *cw = cx && w ? mp_autocast_arg("layer_norm", w) : NULL;
+    mp_tensor *cb = cx && b ? mp_autocast_arg("layer_norm", b) : NULL, *o = NULL;
+    if (cx && (!w || cw) && (!b || cb)) o = layer_norm(cx, cw, cb, eps);
+    mp_release(cx), mp_release(cw), mp_release(cb);
+    return o;
+}
+
+static mp_tensor *layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps)
 {
     char b1[128], b2[128];
     if (need_float(x, "input")) return NULL;

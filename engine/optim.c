@@ -90,7 +90,14 @@ mp_optim *mp_optim_new(const mp_optim_config *cfg, int n, mp_tensor *const *ps)
     }
     o->values->st->arena = true;
     o->n = n;
-    return mp_optim_zero_grad(o) ? (mp_optim_free(o), NULL) : o;
+    /* .grad becomes a view into the arena, keeping any gradient it already held */
+    for (int i = 0; i < n; i++) {
+        mp_tensor *v = mp_optim_view(o, o->grads, i);
+        if (!v) { mp_optim_free(o); return NULL; }
+        mp_release(o->params[i]->grad);
+        o->params[i]->grad = v;
+    }
+    return o;
 }
 
 void mp_optim_free(mp_optim *o)
@@ -126,33 +133,56 @@ int mp_optim_zero_grad(mp_optim *o)
     return 0;
 }
 
-int mp_optim_step(mp_optim *o)
+int mp_optim_sync_grads(mp_optim *o)
 {
-    if (mp_optim_ensure_state(o)) return -1;
-    /* a .grad the user replaced with another tensor still counts: copy it into the arena */
     for (int i = 0; i < o->n; i++) {
         mp_tensor *p = o->params[i], *g = p->grad;
         if (!g || (g->st == o->grads->st && g->offset == o->offsets[i])) continue;
-        mp_tensor *c = mp_to_raw(g, MP_F32, o->grads->dev);
-        if (!c) return -1;
-        mp_be(c)->copy((float *)mp_data(o->grads) + o->offsets[i], mp_data(c), mp_nbytes(p));
+        /* a .grad the script replaced: its values go into the arena, and .grad is the view again */
+        mp_tensor *c = mp_to_raw(g, MP_F32, o->grads->dev), *v = c ? mp_optim_view(o, o->grads, i) : NULL;
+        if (v) mp_be(c)->copy(mp_data(v), mp_data(c), mp_nbytes(p));
         mp_release(c);
+        if (!v) return -1;
+        mp_release(p->grad);
+        p->grad = v;
     }
+    return 0;
+}
+
+int mp_optim_step(mp_optim *o)
+{
+    if (mp_optim_ensure_state(o) || mp_optim_sync_grads(o)) return -1;
     const mp_optim_config *c = &o->cfg;
     o->step++;
     mp_optim_args a = {
-        .lr = (float)c->lr, .momentum = (float)c->momentum, .dampening = (float)c->dampening,
-        .weight_decay = (float)c->weight_decay, .beta1 = (float)c->beta1, .beta2 = (float)c->beta2,
-        .eps = (float)c->eps, .nesterov = c->nesterov, .first = o->step == 1,
+        .lr = (float)c->lr, .momentum = (float)c->momentum, .weight_decay = (float)c->weight_decay,
+        .beta1 = (float)c->beta1, .beta2 = (float)c->beta2, .eps = (float)c->eps,
+        .one_minus_dampening = (float)(1 - c->dampening), .one_minus_beta1 = (float)(1 - c->beta1),
+        .one_minus_beta2 = (float)(1 - c->beta2), .decay = (float)(1 - c->lr * c->weight_decay),
+        .nesterov = c->nesterov, .first = o->step == 1,
     };
     if (c->kind != MP_SGD) {   /* bias corrections in double, as PyTorch computes them in Python */
         double bc1 = 1 - pow(c->beta1, (double)o->step), bc2 = 1 - pow(c->beta2, (double)o->step);
         a.step_size = (float)(c->lr / bc1);
         a.bc2_sqrt = (float)sqrt(bc2);
     }
-    mp_be(o->values)->optim_step(c->kind, mp_data(o->values), mp_data(o->grads),
-                                 o->state1 ? mp_data(o->state1) : NULL, o->state2 ? mp_data(o->state2) : NULL,
-                                 o->numel, &a);
+    float *p = mp_data(o->values), *g = mp_data(o->grads);
+    float *s1 = o->state1 ? mp_data(o->state1) : NULL, *s2 = o->state2 ? mp_data(o->state2) : NULL;
+    const mp_backend *be = mp_be(o->values);
+    bool all = true;
+    for (int i = 0; i < o->n && all; i++) all = o->params[i]->grad != NULL;
+    if (all) {   /* the usual case: one pass over the arena */
+        be->optim_step(c->kind, p, g, s1, s2, o->numel, &a);
+        return 0;
+    }
+    /* a parameter whose .grad was set to nil is left alone, as PyTorch skips grad None;
+     * unlike PyTorch the step count (Adam's bias correction) is shared by all */
+    for (int i = 0; i < o->n; i++) {
+        if (!o->params[i]->grad) continue;
+        int64_t off = o->offsets[i];
+        be->optim_step(c->kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL,
+                       o->params[i]->numel, &a);
+    }
     return 0;
 }
 

@@ -34,6 +34,8 @@ void mp_optim_free(mp_optim *o);
 int mp_optim_check_config(const mp_optim_config *cfg);
 /* one update of every parameter from the gradient arena */
 int mp_optim_step(mp_optim *o);
+/* copy any .grad a script replaced into the arena, making it a view again */
+int mp_optim_sync_grads(mp_optim *o);
 /* zero the gradient arena and make every .grad a view into it again */
 int mp_optim_zero_grad(mp_optim *o);
 /* the view of an arena that belongs to parameter i (state arenas: NULL until created) */

@@ -59,11 +59,26 @@ typedef struct {
  * that depend on the step (bias corrections) are computed once by the engine. */
 typedef enum { MP_SGD, MP_ADAM, MP_ADAMW } mp_optim_kind;
 typedef struct {
-    float lr, momentum, dampening, weight_decay, beta1, beta2, eps;
+    float lr, momentum, weight_decay, beta1, beta2, eps;
+    /* 1 - x factors, computed in double and rounded once as PyTorch does in Python */
+    float one_minus_dampening, one_minus_beta1, one_minus_beta2, decay;   /* decay: 1 - lr*wd */
     float step_size;               /* Adam: lr / (1 - beta1^step) */
     float bc2_sqrt;                /* Adam: sqrt(1 - beta2^step) */
     int nesterov, first;           /* SGD: first step initialises the momentum buffer */
 } mp_optim_args;
+
+/* What the loss scaler's unscale pass measures over a run of scaled f32
+ * gradients: non-finite values, the largest magnitude, and with telemetry the
+ * values that are zero, that would round to zero (|x| <= 2^-25) or to inf
+ * (|x| >= 65520) in f16 at the current scale, and a log2 histogram of |x|:
+ * bin i counts 2^(i+MP_HIST_LO) <= |x| < 2^(i+1+MP_HIST_LO), clamped at both ends. */
+#define MP_HIST_BINS 64
+#define MP_HIST_LO (-48)
+typedef struct {
+    int64_t n, nan, inf, zeros, underflow, overflow;
+    float amax;                    /* of the finite scaled values */
+    int64_t hist[MP_HIST_BINS];
+} mp_grad_stats;
 
 typedef struct mp_backend {
     const char *name;
@@ -96,6 +111,9 @@ typedef struct mp_backend {
     /* out[o, idx[o,i], i] = src[o, i] on a zeroed {outer, n, inner} out (max's backward) */
     void (*put_along)(mp_dtype dt, void *out, const void *src, const int32_t *idx,
                       int64_t outer, int64_t n, int64_t inner);
+    /* g *= inv_scale over n values, adding what it sees to *st (counts and histogram
+     * only when telemetry) */
+    void (*unscale)(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st);
     /* one optimizer step over n parameters p with gradients g and state s1, s2 */
     void (*optim_step)(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                        const mp_optim_args *a);

@@ -143,6 +143,16 @@ static int o_newindex(lua_State *L)
 {
     mp_optim *o = check_optim(L, 1);
     const char *k = luaL_checkstring(L, 2);
+    if (strcmp(k, "nesterov") == 0) {
+        bool old = o->cfg.nesterov;
+        o->cfg.nesterov = lua_toboolean(L, 3);
+        mp_clear_error();
+        if (mp_optim_check_config(&o->cfg)) {
+            o->cfg.nesterov = old;
+            return lt_error(L, "Optimizer");
+        }
+        return 0;
+    }
     if (strcmp(k, "step_count") == 0) {
         lua_Integer s = luaL_checkinteger(L, 3);
         if (s < 0) return luaL_error(L, "Optimizer.step_count: must be >= 0 (got %I)", (lua_Integer)s);

@@ -27,8 +27,8 @@ export LUA_CPATH="$PWD/$BUILD/?.so;;"
 export MP_TEST_BUILD="$PWD/$BUILD"
 echo "== busted tests/lua"
 busted --output=utfTerminal --no-auto-insulate tests/lua >"$log" 2>&1
-grep -v '^$' "$log" | tail -n 60
-line=$(grep -E '[0-9]+ success' "$log" | tail -n 1)
+grep -av "^$" "$log" | tail -n 60
+line=$(grep -aE "[0-9]+ success" "$log" | tail -n 1)
 if [ -z "$line" ]; then
   echo "!! busted printed no summary"; fail=$((fail + 1))
 else

@@ -16,6 +16,8 @@
 #define MP_SIMD __attribute__((target_clones("default", "avx2", "avx512f")))
 #else
 #define MP_SIMD
+void cpu_unscale(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st);
+
 #endif
 
 /* elements per block that a kernel widens to f32 at a time (fits in L1) */
@@ -93,5 +95,7 @@ void cpu_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void
 
 void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                     const mp_optim_args *a);
+
+void cpu_unscale(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st);
 
 #endif

@@ -63,6 +63,7 @@ const mp_backend mp_cpu_backend = {
     .put_along = cpu_put_along,
     .where = cpu_where,
     .optim_step = cpu_optim_step,
+    .unscale = cpu_unscale,
     .softmax = cpu_softmax,
     .softmax_grad = cpu_softmax_grad,
     .cross_entropy = cpu_cross_entropy,

@@ -10,7 +10,7 @@
 
 MP_SIMD static void sgd(float *restrict p, const float *restrict g, float *restrict buf, int64_t n, const mp_optim_args *a)
 {
-    const float lr = a->lr, wd = a->weight_decay, mom = a->momentum, damp = 1.0f - a->dampening;
+    const float lr = a->lr, wd = a->weight_decay, mom = a->momentum, damp = a->one_minus_dampening;
     const int first = a->first, nesterov = a->nesterov;
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++) {
@@ -28,8 +28,8 @@ MP_SIMD static void sgd(float *restrict p, const float *restrict g, float *restr
 MP_SIMD static void adam(int decoupled, float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
                  int64_t n, const mp_optim_args *a)
 {
-    const float b1 = a->beta1, b2 = a->beta2, c1 = 1.0f - a->beta1, c2 = 1.0f - a->beta2;
-    const float wd = a->weight_decay, decay = 1.0f - a->lr * a->weight_decay;
+    const float b1 = a->beta1, b2 = a->beta2, c1 = a->one_minus_beta1, c2 = a->one_minus_beta2;
+    const float wd = a->weight_decay, decay = a->decay;
     const float bc2 = a->bc2_sqrt, eps = a->eps, step = -a->step_size;
     if (decoupled) {   /* AdamW: p *= 1 - lr*wd, then the Adam update */
         #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)

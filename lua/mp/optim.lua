@@ -30,7 +30,7 @@ end
 
 local function betas(name, b)
   if b == nil then return 0.9, 0.999 end
-  if type(b) ~= "table" or type(b[1]) ~= "number" or type(b[2]) ~= "number" then
+  if type(b) ~= "table" or #b ~= 2 or type(b[1]) ~= "number" or type(b[2]) ~= "number" then
     error(name .. ": betas must be a table of two numbers, e.g. {0.9, 0.999}", 3)
   end
   return b[1], b[2]
@@ -78,6 +78,13 @@ function methods.state_dict(opt)
   return {state = state, param_groups = {group}}
 end
 
+local function same_shape(t, u)
+  local a, b = t.shape, u.shape
+  if #a ~= #b then return false end
+  for i = 1, #a do if a[i] ~= b[i] then return false end end
+  return true
+end
+
 function methods.load_state_dict(opt, sd)
   local name = "Optimizer:load_state_dict"
   if type(sd) ~= "table" or type(sd.param_groups) ~= "table" or type(sd.param_groups[1]) ~= "table" then
@@ -86,32 +93,48 @@ function methods.load_state_dict(opt, sd)
   local group = sd.param_groups[1]
   local state = sd.state or {}
   local values = opt:_views("values")
+  -- hyperparameters first (they decide which state exists), undone if any is bad
+  local old = {nesterov = opt.nesterov, step = opt.step_count}
+  for _, k in ipairs(HYPER) do old[k] = opt[k] end
+  local ok, err = pcall(function()
+    for _, k in ipairs(HYPER) do
+      if group[k] ~= nil then opt[k] = group[k] end
+    end
+    if group.nesterov ~= nil then opt.nesterov = group.nesterov end
+  end)
+  local function undo()
+    opt.momentum, opt.dampening = old.momentum, old.dampening
+    for _, k in ipairs(HYPER) do pcall(function() opt[k] = old[k] end) end
+    pcall(function() opt.nesterov = old.nesterov end)
+  end
+  if not ok then
+    undo()
+    error(name .. ": " .. tostring(err):gsub("^.-Optimizer: ", ""), 2)
+  end
   local s1, s2 = opt:_views("state1"), opt:_views("state2")
   if next(state) ~= nil and #state ~= #values then
+    undo()
     error(string.format("%s: state has %d parameters, this optimizer %d", name, #state, #values), 2)
   end
-  -- check everything before changing anything
+  -- check every tensor before changing any
   for i, st in pairs(state) do
-    local want = s2 and {"exp_avg", "exp_avg_sq"} or {"momentum_buffer"}
+    local want = s2 and {"exp_avg", "exp_avg_sq"} or s1 and {"momentum_buffer"} or {}
     for _, k in ipairs(want) do
       local t = st[k]
-      if t == nil then error(string.format("%s: state[%d] has no %s", name, i, k), 2) end
-      local ok, n = pcall(function() return t:numel() end)
-      if not ok or n ~= values[i]:numel() then
-        error(string.format("%s: state[%d].%s does not match parameter %d", name, i, k, i), 2)
+      local okt, same = pcall(same_shape, t or {}, values[i])
+      if t == nil or not okt or not same then
+        undo()
+        error(string.format("%s: state[%d].%s is missing or does not match parameter %d's shape", name, i, k, i), 2)
       end
     end
   end
   for i, st in pairs(state) do
     if s2 then
-      s1[i]:copy_(st.exp_avg:reshape(values[i].shape))
-      s2[i]:copy_(st.exp_avg_sq:reshape(values[i].shape))
+      s1[i]:copy_(st.exp_avg)
+      s2[i]:copy_(st.exp_avg_sq)
     elseif s1 then
-      s1[i]:copy_(st.momentum_buffer:reshape(values[i].shape))
+      s1[i]:copy_(st.momentum_buffer)
     end
-  end
-  for _, k in ipairs(HYPER) do
-    if group[k] ~= nil then opt[k] = group[k] end
   end
   opt.step_count = group.step or 0
 end

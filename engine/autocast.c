@@ -1,0 +1,107 @@
+/*
+ * autocast.c: the region stack, the op-class table and the per-region cast cache.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include "engine/autocast.h"
+#include "engine/ops.h"
+#include "engine/error.h"
+
+#define MAX_DEPTH 64
+#define MAX_OPS 128
+#define MAX_CACHE 1024
+
+static struct { bool on; mp_dtype dt; } stack[MAX_DEPTH];
+static int depth;
+
+static struct { char name[32]; mp_ac_class c; } ops[MAX_OPS] = {
+    {"matmul", MP_AC_LOW}, {"linear", MP_AC_LOW},
+    {"softmax", MP_AC_F32}, {"log_softmax", MP_AC_F32}, {"cross_entropy", MP_AC_F32},
+    {"mse_loss", MP_AC_F32}, {"layer_norm", MP_AC_F32}, {"sum", MP_AC_F32}, {"mean", MP_AC_F32},
+    {"exp", MP_AC_F32}, {"log", MP_AC_F32}, {"pow", MP_AC_F32},
+    {"add", MP_AC_PROMOTE}, {"sub", MP_AC_PROMOTE}, {"mul", MP_AC_PROMOTE}, {"div", MP_AC_PROMOTE},
+    {"cat", MP_AC_PROMOTE}, {"where", MP_AC_PROMOTE},
+};
+static int nops = 18;
+
+/* the cast cache: (leaf, dtype) -> its cast, alive for the outermost region */
+static struct { mp_tensor *src, *cast; } cache[MAX_CACHE];
+static int ncache;
+
+static void clear_cache(void)
+{
+    for (int i = 0; i < ncache; i++) {
+        mp_release(cache[i].src);
+        mp_release(cache[i].cast);
+    }
+    ncache = 0;
+}
+
+int mp_autocast_enter(bool enabled, mp_dtype dt)
+{
+    if (depth == MAX_DEPTH) return mp_fail(MP_EINVAL, "autocast regions nested deeper than %d", MAX_DEPTH);
+    if (enabled && dt != MP_F16 && dt != MP_BF16)
+        return mp_fail(MP_EINVAL, "autocast dtype must be f16 or bf16 (got %s)", mp_dtype_name(dt));
+    stack[depth].on = enabled;
+    stack[depth].dt = dt;
+    return depth++;
+}
+
+void mp_autocast_exit(int token)
+{
+    if (token < 0 || token >= depth) return;   /* already closed (regions close innermost first) */
+    depth = token;
+    if (depth == 0) clear_cache();
+}
+
+bool mp_autocast_active(mp_dtype *dt)
+{
+    if (depth == 0 || !stack[depth - 1].on) return false;
+    if (dt) *dt = stack[depth - 1].dt;
+    return true;
+}
+
+int mp_autocast_register(const char *op, mp_ac_class c)
+{
+    if (!op || !*op || strlen(op) >= sizeof ops[0].name)
+        return mp_fail(MP_EINVAL, "op name must be 1 to %zu characters", sizeof ops[0].name - 1);
+    for (int i = 0; i < nops; i++)
+        if (strcmp(ops[i].name, op) == 0) return ops[i].c = c, 0;
+    if (nops == MAX_OPS) return mp_fail(MP_EINVAL, "too many registered ops (%d)", MAX_OPS);
+    strcpy(ops[nops].name, op);
+    ops[nops++].c = c;
+    return 0;
+}
+
+mp_ac_class mp_autocast_class(const char *op)
+{
+    for (int i = 0; i < nops; i++)
+        if (strcmp(ops[i].name, op) == 0) return ops[i].c;
+    return MP_AC_NONE;
+}
+
+const char *mp_autocast_entry(int i, mp_ac_class *c)
+{
+    if (i < 0 || i >= nops) return NULL;
+    *c = ops[i].c;
+    return ops[i].name;
+}
+
+mp_tensor *mp_autocast_arg(const char *op, mp_tensor *t)
+{
+    mp_dtype low;
+    if (!t || !mp_autocast_active(&low) || !mp_is_float(t->dtype)) return t ? mp_retain(t) : NULL;
+    mp_ac_class c = mp_autocast_class(op);
+    mp_dtype want = c == MP_AC_LOW ? low : c == MP_AC_F32 ? MP_F32 : t->dtype;
+    if (want == t->dtype) return mp_retain(t);
+    bool cacheable = t->requires_grad && !t->grad_fn;   /* a master weight */
+    if (cacheable)
+        for (int i = 0; i < ncache; i++)
+            if (cache[i].src == t && cache[i].cast->dtype == want) return mp_retain(cache[i].cast);
+    mp_tensor *r = mp_to(t, want, t->dev);   /* recorded: the gradient flows back in t's dtype */
+    if (r && cacheable && ncache < MAX_CACHE) {
+        cache[ncache].src = mp_retain(t);
+        cache[ncache++].cast = mp_retain(r);
+    }
+    return r;
+}

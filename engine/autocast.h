@@ -1,0 +1,38 @@
+/*
+ * autocast.h: automatic mixed precision for ops (DESIGN.md section 6).
+ *
+ * Inside an autocast region each op looks up its class by name:
+ *   low     (matmul, linear): float inputs are cast to the region's dtype (f16/bf16);
+ *   f32     (softmax, log_softmax, cross_entropy, mse_loss, layer_norm, sum, mean,
+ *            exp, log, pow): float inputs are cast to f32;
+ *   promote (add, sub, mul, div, cat, where): the widest input dtype, which is what
+ *            these ops do anyway.
+ * Ops of no class run in their inputs' dtypes. The classes can be changed and
+ * extended by name (mp.amp.register). A leaf that requires grad (an FP32 master
+ * weight) is cast at most once per region: the cast is cached, and it is an
+ * autograd op whose backward accumulates the low-precision gradient into the
+ * leaf's FP32 .grad.
+ */
+#ifndef MP_AUTOCAST_H
+#define MP_AUTOCAST_H
+
+#include "engine/tensor.h"
+
+typedef enum { MP_AC_NONE, MP_AC_LOW, MP_AC_F32, MP_AC_PROMOTE } mp_ac_class;
+
+/* enter a region (dtype MP_F16/MP_BF16, or enabled=false to switch autocast off
+ * inside an outer region); returns a token for mp_autocast_exit */
+int mp_autocast_enter(bool enabled, mp_dtype dt);
+void mp_autocast_exit(int token);
+bool mp_autocast_active(mp_dtype *dt);
+
+int mp_autocast_register(const char *op, mp_ac_class c);
+mp_ac_class mp_autocast_class(const char *op);
+/* the registered names and classes, for listing: i from 0; NULL past the end */
+const char *mp_autocast_entry(int i, mp_ac_class *c);
+
+/* the input an op named `op` should use under the current region: a new reference
+ * (t itself when nothing changes); NULL with an error on failure */
+mp_tensor *mp_autocast_arg(const char *op, mp_tensor *t);
+
+#endif

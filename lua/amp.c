@@ -1,0 +1,307 @@
+/*
+ * amp.c: autocast regions and the Scaler userdata (engine/autocast.h,
+ * engine/scaler.h). lua/mp/amp.lua builds mp.amp.GradScaler and the policies on
+ * these: `core._scaler(policy_table)` and the methods below.
+ */
+#include <math.h>
+#include <string.h>
+#include "lua/bind.h"
+#include "engine/autocast.h"
+#include "engine/scaler.h"
+
+#define SCALER_MT "mp.Scaler"
+#define GUARD_MT "mp.AutocastGuard"
+
+/* ---- autocast ---- */
+
+static int guard_close(lua_State *L)
+{
+    int *tok = luaL_checkudata(L, 1, GUARD_MT);
+    if (*tok >= 0) mp_autocast_exit(*tok), *tok = -1;
+    return 0;
+}
+
+/* mp.amp.autocast("f16" | "bf16" | false) -> a to-be-closed guard */
+static int a_autocast(lua_State *L)
+{
+    bool on = true;
+    mp_dtype dt = MP_F16;
+    if (lua_isboolean(L, 1) && !lua_toboolean(L, 1)) on = false;
+    else if (lua_type(L, 1) == LUA_TSTRING) dt = lb_dtype(L, 1, "mp.amp.autocast");
+    else return luaL_error(L, "mp.amp.autocast: expected \"f16\", \"bf16\" or false (got %s)", luaL_typename(L, 1));
+    int *tok = lua_newuserdatauv(L, sizeof(int), 0);
+    *tok = -1;
+    luaL_setmetatable(L, GUARD_MT);
+    mp_clear_error();
+    if ((*tok = mp_autocast_enter(on, dt)) < 0) return lt_error(L, "mp.amp.autocast");
+    return 1;
+}
+
+static const char *class_names[] = {"none", "low", "f32", "promote", NULL};
+
+/* mp.amp.register(op, "low" | "f32" | "promote" | "none") */
+static int a_register(lua_State *L)
+{
+    const char *op = luaL_checkstring(L, 1);
+    const char *c = luaL_checkstring(L, 2);
+    int k = -1;
+    for (int i = 0; class_names[i]; i++)
+        if (strcmp(c, class_names[i]) == 0) k = i;
+    if (k < 0) return luaL_error(L, "mp.amp.register: class must be \"low\", \"f32\", \"promote\" or \"none\" (got '%s')", c);
+    mp_clear_error();
+    if (mp_autocast_register(op, (mp_ac_class)k)) return lt_error(L, "mp.amp.register");
+    return 0;
+}
+
+/* mp.amp.classes() -> {op = class} */
+static int a_classes(lua_State *L)
+{
+    lua_newtable(L);
+    mp_ac_class c;
+    const char *name;
+    for (int i = 0; (name = mp_autocast_entry(i, &c)); i++) {
+        lua_pushstring(L, class_names[c]);
+        lua_setfield(L, -2, name);
+    }
+    return 1;
+}
+
+/* ---- the scaler ---- */
+
+typedef struct { mp_scaler *s; } LScaler;
+
+static mp_scaler *check_scaler(lua_State *L, int i)
+{
+    LScaler *u = luaL_checkudata(L, i, SCALER_MT);
+    if (!u->s) luaL_argerror(L, i, "scaler was freed");
+    return u->s;
+}
+
+static double opt_number(lua_State *L, int t, const char *k, double dflt, const char *name)
+{
+    double v = dflt;
+    if (lua_getfield(L, t, k) != LUA_TNIL) {
+        if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "%s: %s must be a number (got %s)", name, k, luaL_typename(L, -1));
+        v = lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+/* a policy table made by lua/mp/amp.lua: {kind=, init=, growth=, ...} */
+static mp_policy read_policy(lua_State *L, int t, const char *name)
+{
+    static const char *kinds[] = {"static", "none", "dynamic", "hysteresis", "amax", "external", NULL};
+    lua_getfield(L, t, "kind");
+    int k = luaL_checkoption(L, -1, NULL, kinds);
+    lua_pop(L, 1);
+    mp_policy p = {.kind = (mp_policy_kind)k};
+    p.init = opt_number(L, t, "init", 65536, name);
+    p.growth = opt_number(L, t, "growth", 2, name);
+    p.backoff = opt_number(L, t, "backoff", 0.5, name);
+    p.min = opt_number(L, t, "min", 0, name);
+    p.max = opt_number(L, t, "max", 0, name);
+    p.interval = (int64_t)opt_number(L, t, "interval", 2000, name);
+    p.hysteresis = (int)opt_number(L, t, "hysteresis", 2, name);
+    p.history = (int)opt_number(L, t, "history", 16, name);
+    p.margin = opt_number(L, t, "margin", 1, name);
+    lua_getfield(L, t, "error_at_min");
+    p.error_at_min = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return p;
+}
+
+static int s_new(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    mp_policy p = read_policy(L, 1, "mp.amp.GradScaler");
+    LScaler *u = lua_newuserdatauv(L, sizeof *u, 0);
+    u->s = NULL;
+    luaL_setmetatable(L, SCALER_MT);
+    mp_clear_error();
+    if (!(u->s = mp_scaler_new(&p))) return lt_error(L, "mp.amp.GradScaler");
+    return 1;
+}
+
+static int s_gc(lua_State *L)
+{
+    LScaler *u = luaL_checkudata(L, 1, SCALER_MT);
+    mp_scaler_free(u->s);
+    u->s = NULL;
+    return 0;
+}
+
+static int s_set_policy(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    mp_policy p = read_policy(L, 2, "GradScaler:set_policy");
+    double init = luaL_checknumber(L, 3);
+    mp_clear_error();
+    if (mp_scaler_set_policy(s, &p, init)) return lt_error(L, "GradScaler:set_policy");
+    return 0;
+}
+
+static int s_scale(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    mp_tensor *loss = lt_check(L, 2);
+    LT_PUSH(L, "GradScaler:scale", mp_scaler_scale(s, loss));
+    return 1;
+}
+
+static mp_optim *optim_arg(lua_State *L, int i, const char *name)
+{
+    void **u = luaL_testudata(L, i, "mp.Optimizer");
+    if (!u || !*u) luaL_error(L, "%s: expected an optimizer (got %s)", name, luaL_typename(L, i));
+    return *u;
+}
+
+static int s_unscale(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    mp_optim *o = optim_arg(L, 2, "GradScaler:unscale");
+    mp_clear_error();
+    if (mp_scaler_unscale(s, o)) return lt_error(L, "GradScaler:unscale");
+    return 0;
+}
+
+static int s_step(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    mp_optim *o = optim_arg(L, 2, "GradScaler:step");
+    bool applied;
+    mp_clear_error();
+    if (mp_scaler_step(s, o, &applied)) return lt_error(L, "GradScaler:step");
+    lua_pushboolean(L, applied);
+    return 1;
+}
+
+static int s_update(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    mp_clear_error();
+    if (lua_isnoneornil(L, 2) ? mp_scaler_update(s) : mp_scaler_set_scale(s, luaL_checknumber(L, 2)))
+        return lt_error(L, "GradScaler:update");
+    return 0;
+}
+
+static void push_stats(lua_State *L, const mp_grad_stats *st, double scale)
+{
+    lua_createtable(L, 0, 10);
+    lua_pushinteger(L, st->n); lua_setfield(L, -2, "n");
+    lua_pushinteger(L, st->nan); lua_setfield(L, -2, "nan");
+    lua_pushinteger(L, st->inf); lua_setfield(L, -2, "inf");
+    lua_pushnumber(L, st->amax / scale); lua_setfield(L, -2, "amax");          /* of the true gradient */
+    lua_pushnumber(L, st->amax); lua_setfield(L, -2, "scaled_amax");
+    double n = st->n ? (double)st->n : 1;
+    lua_pushnumber(L, st->zeros / n); lua_setfield(L, -2, "zero_frac");
+    lua_pushnumber(L, st->underflow / n); lua_setfield(L, -2, "underflow_frac");
+    lua_pushnumber(L, st->overflow / n); lua_setfield(L, -2, "overflow_frac");
+    lua_createtable(L, MP_HIST_BINS, 0);
+    for (int b = 0; b < MP_HIST_BINS; b++) {
+        lua_pushinteger(L, st->hist[b]);
+        lua_rawseti(L, -2, b + 1);
+    }
+    lua_setfield(L, -2, "hist");
+    lua_pushinteger(L, MP_HIST_LO); lua_setfield(L, -2, "hist_lo");
+}
+
+/* s:_info() -> the current step's findings and the policy counters */
+static int s_info(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    lua_createtable(L, 0, 16);
+    lua_pushnumber(L, s->scale); lua_setfield(L, -2, "scale");
+    lua_pushboolean(L, s->found_inf); lua_setfield(L, -2, "found_inf");
+    lua_pushstring(L, s->reason ? mp_skip_reason_name(s->reason) : NULL); lua_setfield(L, -2, "reason");
+    lua_pushinteger(L, s->first_bad + 1); lua_setfield(L, -2, "first_bad");   /* 1-based, 0 if none */
+    lua_pushinteger(L, s->steps); lua_setfield(L, -2, "steps");
+    lua_pushinteger(L, s->skipped); lua_setfield(L, -2, "skipped");
+    lua_pushboolean(L, s->unscaled); lua_setfield(L, -2, "unscaled");
+    lua_pushinteger(L, s->tracker); lua_setfield(L, -2, "tracker");
+    lua_pushinteger(L, s->last_overflow); lua_setfield(L, -2, "last_overflow");
+    lua_pushinteger(L, s->hyst_left); lua_setfield(L, -2, "hysteresis_left");
+    lua_createtable(L, s->amax_count, 0);
+    for (int i = 0; i < s->amax_count; i++) {
+        lua_pushnumber(L, s->amax_hist[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "amax_history");
+    lua_pushinteger(L, s->amax_pos); lua_setfield(L, -2, "amax_pos");
+    push_stats(L, &s->total, s->scale);
+    lua_setfield(L, -2, "total");
+    if (s->telemetry && s->per_param) {
+        lua_createtable(L, s->nstats, 0);
+        for (int i = 0; i < s->nstats; i++) {
+            push_stats(L, &s->per_param[i], s->scale);
+            lua_rawseti(L, -2, i + 1);
+        }
+        lua_setfield(L, -2, "per_param");
+    }
+    return 1;
+}
+
+/* s:_restore{scale=, tracker=, last_overflow=, hysteresis_left=, amax_history=, amax_pos=, steps=, skipped=} */
+static int s_restore(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    const char *name = "GradScaler:load_state_dict";
+    double scale = opt_number(L, 2, "scale", s->scale, name);
+    if (!(scale > 0) || !isfinite((float)scale)) return luaL_error(L, "%s: scale must be a finite number > 0", name);
+    lua_getfield(L, 2, "amax_history");
+    int nh = lua_istable(L, -1) ? (int)luaL_len(L, -1) : 0;
+    if (nh > MP_AMAX_HISTORY_MAX) return luaL_error(L, "%s: amax_history too long", name);
+    float hist[MP_AMAX_HISTORY_MAX];
+    for (int i = 0; i < nh; i++) {
+        lua_geti(L, -1, i + 1);
+        hist[i] = (float)lua_tonumber(L, -1);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    s->scale = (float)scale;
+    s->tracker = (int64_t)opt_number(L, 2, "tracker", 0, name);
+    s->last_overflow = (int64_t)opt_number(L, 2, "last_overflow", -1, name);
+    s->hyst_left = (int)opt_number(L, 2, "hysteresis_left", s->policy.hysteresis, name);
+    s->steps = (int64_t)opt_number(L, 2, "steps", 0, name);
+    s->skipped = (int64_t)opt_number(L, 2, "skipped", 0, name);
+    s->amax_count = nh;
+    memcpy(s->amax_hist, hist, sizeof(float) * (size_t)nh);
+    s->amax_pos = (int)opt_number(L, 2, "amax_pos", 0, name) % (s->policy.history > 0 ? s->policy.history : 1);
+    s->has_pending = false;
+    return 0;
+}
+
+static int s_telemetry(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    s->telemetry = lua_toboolean(L, 2);
+    return 0;
+}
+
+static const luaL_Reg smeth[] = {
+    {"scale", s_scale}, {"unscale", s_unscale}, {"step", s_step}, {"update", s_update},
+    {"set_policy", s_set_policy}, {"_info", s_info}, {"_restore", s_restore}, {"telemetry", s_telemetry},
+    {NULL, NULL}
+};
+
+void mp_open_amp(lua_State *L)
+{
+    if (luaL_newmetatable(L, GUARD_MT)) {
+        lua_pushcfunction(L, guard_close);
+        lua_setfield(L, -2, "__close");
+    }
+    lua_pop(L, 1);
+    luaL_newmetatable(L, SCALER_MT);
+    luaL_newlib(L, smeth);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, s_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_pop(L, 1);
+    static const luaL_Reg f[] = {
+        {"_autocast", a_autocast}, {"_register", a_register}, {"_classes", a_classes}, {"_scaler", s_new},
+        {NULL, NULL}
+    };
+    luaL_setfuncs(L, f, 0);
+}
