@@ -221,13 +221,51 @@ oom:
     return NULL;
 }
 
+static bool count_flush;
+static struct { const char *name; int64_t c[3]; } flush[64];
+static int nflush;
+
+void mp_autograd_count_flush(bool on) { count_flush = on; }
+void mp_autograd_flush_reset(void) { nflush = 0; }
+
+const char *mp_autograd_flush_entry(int i, int64_t counts[3])
+{
+    if (i < 0 || i >= nflush) return NULL;
+    memcpy(counts, flush[i].c, sizeof flush[i].c);
+    return flush[i].name;
+}
+
+static void add_flush(const char *name, const int64_t c[3])
+{
+    int i = 0;
+    while (i < nflush && strcmp(flush[i].name, name) != 0) i++;
+    if (i == nflush) {
+        if (nflush == 64) return;
+        flush[nflush].name = name;
+        memset(flush[nflush++].c, 0, sizeof flush[0].c);
+    }
+    for (int k = 0; k < 3; k++) flush[i].c[k] += c[k];
+}
+
+static int backward_counted(mp_node *x, mp_tensor **gin)
+{
+    if (!count_flush) return x->backward(x, x->grad, gin);
+    const mp_backend *be = mp_backend_of(x->grad->dev);
+    int64_t c[3];
+    be->flush_counter(1, NULL);
+    int rc = x->backward(x, x->grad, gin);
+    be->flush_counter(0, c);
+    add_flush(x->name, c);
+    return rc;
+}
+
 static int run_node(mp_node *x)
 {
     if (x->released)
         return mp_fail(MP_EINVAL, "backward through %s a second time: its saved tensors were freed "
                                   "by the first backward", x->name);
     mp_tensor *gin[MP_NODE_MAXIN] = {0};
-    int rc = x->backward(x, x->grad, gin);
+    int rc = backward_counted(x, gin);
     mp_release(x->grad);
     x->grad = NULL;
     release_saved(x);

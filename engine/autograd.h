@@ -73,6 +73,14 @@ void mp_node_release(mp_node *n);
 int mp_backward(mp_tensor *t, mp_tensor *grad);
 int mp_set_requires_grad(mp_tensor *t, bool on);
 
+/* Telemetry of the backward pass: when on, every backward records how many values
+ * it rounded to f16/bf16, how many nonzero ones became zero and how many finite
+ * ones became inf, summed per op name until reset. */
+void mp_autograd_count_flush(bool on);
+void mp_autograd_flush_reset(void);
+/* the i-th op's sums (i from 0); NULL past the end */
+const char *mp_autograd_flush_entry(int i, int64_t counts[3]);
+
 /* helpers for backward functions */
 mp_tensor *mp_sum_to(mp_tensor *g, int ndim, const int64_t *shape);   /* undo broadcasting */
 mp_tensor *mp_expand(mp_tensor *g, int ndim, const int64_t *shape);   /* broadcast copy */

@@ -114,6 +114,10 @@ typedef struct mp_backend {
     /* g *= inv_scale over n values, adding what it sees to *st (counts and histogram
      * only when telemetry) */
     void (*unscale)(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st);
+    /* start (on) or stop counting, at every rounding of f32 results to f16/bf16, the
+     * values rounded, those that were nonzero and became zero, and those that were
+     * finite and became inf; counts[3] receives the totals since the last start */
+    void (*flush_counter)(int on, int64_t counts[3]);
     /* one optimizer step over n parameters p with gradients g and state s1, s2 */
     void (*optim_step)(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                        const mp_optim_args *a);

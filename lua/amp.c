@@ -8,6 +8,7 @@
 #include "lua/bind.h"
 #include "engine/autocast.h"
 #include "engine/scaler.h"
+#include "engine/autograd.h"
 
 #define SCALER_MT "mp.Scaler"
 #define GUARD_MT "mp.AutocastGuard"
@@ -280,6 +281,31 @@ static int s_telemetry(lua_State *L)
     return 0;
 }
 
+/* core._count_flush(on): count roundings in the backward pass; core._flush_stats([reset])
+ * -> {op = {rounded=, flushed=, overflowed=}} */
+static int a_count_flush(lua_State *L)
+{
+    mp_autograd_count_flush(lua_toboolean(L, 1));
+    mp_autograd_flush_reset();
+    return 0;
+}
+
+static int a_flush_stats(lua_State *L)
+{
+    int64_t c[3];
+    const char *name;
+    lua_newtable(L);
+    for (int i = 0; (name = mp_autograd_flush_entry(i, c)); i++) {
+        lua_createtable(L, 0, 3);
+        lua_pushinteger(L, c[0]); lua_setfield(L, -2, "rounded");
+        lua_pushinteger(L, c[1]); lua_setfield(L, -2, "flushed");
+        lua_pushinteger(L, c[2]); lua_setfield(L, -2, "overflowed");
+        lua_setfield(L, -2, name);
+    }
+    if (lua_toboolean(L, 1)) mp_autograd_flush_reset();
+    return 1;
+}
+
 static const luaL_Reg smeth[] = {
     {"scale", s_scale}, {"unscale", s_unscale}, {"step", s_step}, {"update", s_update},
     {"set_policy", s_set_policy}, {"_info", s_info}, {"_restore", s_restore}, {"telemetry", s_telemetry},
@@ -301,6 +327,7 @@ void mp_open_amp(lua_State *L)
     lua_pop(L, 1);
     static const luaL_Reg f[] = {
         {"_autocast", a_autocast}, {"_register", a_register}, {"_classes", a_classes}, {"_scaler", s_new},
+        {"_count_flush", a_count_flush}, {"_flush_stats", a_flush_stats},
         {NULL, NULL}
     };
     luaL_setfuncs(L, f, 0);

@@ -16,6 +16,7 @@
 #define MP_SIMD __attribute__((target_clones("default", "avx2", "avx512f")))
 #else
 #define MP_SIMD
+void cpu_flush_counter(int on, int64_t counts[3]);
 void cpu_unscale(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st);
 
 #endif
@@ -40,11 +41,21 @@ static inline void cpu_load(mp_dtype dt, const void *src, int64_t i, float *dst,
     }
 }
 
+/* counting what rounding to f16/bf16 loses (telemetry of the backward pass) */
+extern int cpu_flush_counting;
+void cpu_count_flush(mp_dtype dt, const float *src, const uint16_t *dst, int64_t n);
+
 static inline void cpu_store(mp_dtype dt, void *dst, int64_t i, const float *src, int64_t n)
 {
     switch (dt) {
-    case MP_F16: mp_cpu_f32_to_f16((uint16_t *)dst + i, src, n); break;
-    case MP_BF16: mp_cpu_f32_to_bf16((uint16_t *)dst + i, src, n); break;
+    case MP_F16:
+        mp_cpu_f32_to_f16((uint16_t *)dst + i, src, n);
+        if (cpu_flush_counting) cpu_count_flush(dt, src, (uint16_t *)dst + i, n);
+        break;
+    case MP_BF16:
+        mp_cpu_f32_to_bf16((uint16_t *)dst + i, src, n);
+        if (cpu_flush_counting) cpu_count_flush(dt, src, (uint16_t *)dst + i, n);
+        break;
     default: {
         float *d = (float *)dst + i;
         for (int64_t j = 0; j < n; j++) d[j] = src[j];
@@ -96,6 +107,7 @@ void cpu_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void
 void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                     const mp_optim_args *a);
 
+void cpu_flush_counter(int on, int64_t counts[3]);
 void cpu_unscale(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st);
 
 #endif

@@ -64,6 +64,7 @@ const mp_backend mp_cpu_backend = {
     .where = cpu_where,
     .optim_step = cpu_optim_step,
     .unscale = cpu_unscale,
+    .flush_counter = cpu_flush_counter,
     .softmax = cpu_softmax,
     .softmax_grad = cpu_softmax_grad,
     .cross_entropy = cpu_cross_entropy,

@@ -58,3 +58,32 @@ void cpu_unscale(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_st
         }
     }
 }
+
+/* ---- counting flushes at the f16/bf16 rounding points ---- */
+
+int cpu_flush_counting;
+static int64_t flush_counts[3];
+
+void cpu_count_flush(mp_dtype dt, const float *src, const uint16_t *dst, int64_t n)
+{
+    int64_t zero = 0, inf = 0;
+    for (int64_t j = 0; j < n; j++) {
+        uint16_t mag = dst[j] & 0x7fff;
+        uint16_t inf_bits = dt == MP_F16 ? 0x7c00 : 0x7f80;
+        zero += mag == 0 && src[j] != 0.0f;
+        inf += mag == inf_bits && isfinite(src[j]);
+    }
+    #pragma omp atomic
+    flush_counts[0] += n;
+    #pragma omp atomic
+    flush_counts[1] += zero;
+    #pragma omp atomic
+    flush_counts[2] += inf;
+}
+
+void cpu_flush_counter(int on, int64_t counts[3])
+{
+    if (counts) memcpy(counts, flush_counts, sizeof flush_counts);
+    if (on) memset(flush_counts, 0, sizeof flush_counts);
+    cpu_flush_counting = on;
+}

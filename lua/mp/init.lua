@@ -13,6 +13,7 @@ package.loaded["mp"] = mp
 mp.optim = require "mp.optim"
 mp.data = require "mp.data"
 mp.nn = require "mp.nn"
+mp.amp = require "mp.amp"
 
 -- default device: MP_DEVICE, else cuda when present, else cpu
 local env = os.getenv("MP_DEVICE")

@@ -139,6 +139,70 @@ function methods.load_state_dict(opt, sd)
   opt.step_count = group.step or 0
 end
 
+-- ---- learning-rate schedules ----
+-- local sched = mp.optim.schedule.cosine{warmup = 100, total = 10000, min_lr = 1e-5}
+-- opt:set_schedule(sched)   -- the optimizer's lr at this point is the peak lr
+-- The schedule advances once per applied step: opt:step(), or scaler:step(opt)
+-- when it did not skip; skipped steps leave the lr where it was.
+local schedules = setmetatable({}, {__mode = "k"})
+core._schedule_of = function(opt) return schedules[opt] end
+
+local Schedule = {}
+Schedule.__index = Schedule
+
+local function schedule(kind, shape)
+  return function(opts)
+    local name = "mp.optim.schedule." .. kind
+    opts = check_options(name, opts, {warmup = true, total = true, min_lr = true})
+    local warmup, total, min_lr = opts.warmup or 0, opts.total, opts.min_lr or 0
+    if math.type(warmup) ~= "integer" or warmup < 0 then error(name .. ": warmup must be an integer >= 0", 2) end
+    if kind ~= "constant" and (math.type(total) ~= "integer" or total < 1 or total < warmup) then
+      error(name .. ": total must be an integer >= max(1, warmup)", 2)
+    end
+    if type(min_lr) ~= "number" or min_lr < 0 then error(name .. ": min_lr must be a number >= 0", 2) end
+    return setmetatable({kind = kind, warmup = warmup, total = total, min_lr = min_lr, count = 0, shape = shape}, Schedule)
+  end
+end
+
+-- the lr after `count` applied steps, for a peak lr of base
+function Schedule:lr_at(count)
+  local base = self.base
+  if count < self.warmup then return base * (count + 1) / self.warmup end
+  return self.shape(self, base, count)
+end
+
+function Schedule:step()
+  self.count = self.count + 1
+  self.opt.lr = self:lr_at(self.count)
+end
+
+optim.schedule = {
+  constant = schedule("constant", function(self, base) return base end),
+  linear = schedule("linear", function(self, base, n)
+    local f = math.min(1, (n - self.warmup) / math.max(1, self.total - self.warmup))
+    return base + (self.min_lr - base) * f
+  end),
+  cosine = schedule("cosine", function(self, base, n)
+    local f = math.min(1, (n - self.warmup) / math.max(1, self.total - self.warmup))
+    return self.min_lr + (base - self.min_lr) * 0.5 * (1 + math.cos(math.pi * f))
+  end),
+}
+
+function methods.set_schedule(opt, sched)
+  if getmetatable(sched) ~= Schedule then error("Optimizer:set_schedule: expected an mp.optim.schedule", 2) end
+  sched.opt, sched.base = opt, sched.base or opt.lr
+  schedules[opt] = sched
+  opt.lr = sched:lr_at(sched.count)
+end
+
+-- opt:step() in C, then the schedule
+local c_step = methods.step
+function methods.step(opt)
+  c_step(opt)
+  local sched = schedules[opt]
+  if sched then sched:step() end
+end
+
 function optim.clip_grad_norm(params, max_norm)
   return core._clip_grad_norm(params, max_norm)
 end

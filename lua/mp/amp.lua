@@ -1,0 +1,307 @@
+-- mp.amp: autocast and the loss scaler (API.md "amp", DESIGN.md section 6).
+--
+--   local _ <close> = mp.amp.autocast("f16")        -- or "bf16", or false inside a region
+--   local scaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{}}
+--   scaler:scale(loss):backward()
+--   scaler:step(opt)     -- true when applied, false when skipped (inf/NaN)
+--   scaler:update()
+--
+-- The scale, the unscale + inf/NaN check, the skip and the built-in policies live
+-- in C (engine/scaler.c). A policy written in Lua is any table with
+-- update(self, info) -> new scale (and optionally init(self) -> first scale); it
+-- is called from update() with what the step found.
+local core = require "mp.core"
+
+local amp = {}
+
+function amp.autocast(dtype) return core._autocast(dtype) end
+
+function amp.register(op, class)
+  if type(op) ~= "string" or op == "" then error("mp.amp.register: op must be a name like \"gelu\"", 2) end
+  core._register(op, class)
+end
+
+function amp.classes() return core._classes() end
+
+-- ---- policies ----
+
+local policy = {}
+amp.policy = policy
+
+local function options(name, opts, allowed)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then error(string.format("%s: options must be a table (got %s)", name, type(opts)), 3) end
+  for k, v in pairs(opts) do
+    if allowed[k] == nil then
+      local names = {}
+      for a in pairs(allowed) do names[#names + 1] = a end
+      table.sort(names)
+      error(string.format("%s: unknown option '%s' (expected %s)", name, tostring(k), table.concat(names, ", ")), 3)
+    end
+    if type(v) ~= allowed[k] then
+      error(string.format("%s: %s must be a %s (got %s)", name, k, allowed[k], type(v)), 3)
+    end
+  end
+  return opts
+end
+
+local Builtin = {}
+Builtin.__index = Builtin
+Builtin.__name = "mp.amp.policy"
+function Builtin:__tostring()
+  local parts = {}
+  for _, k in ipairs{"init", "growth", "backoff", "interval", "window", "hysteresis", "history", "margin", "min", "max"} do
+    if self[k] ~= nil then parts[#parts + 1] = k .. "=" .. tostring(self[k]) end
+  end
+  return string.format("%s{%s}", self.kind, table.concat(parts, ", "))
+end
+
+local function builtin(t) return setmetatable(t, Builtin) end
+
+function policy.static(scale)
+  if type(scale) ~= "number" or not (scale > 0) or scale == math.huge then
+    error("mp.amp.policy.static: scale must be a finite number > 0 (got " .. tostring(scale) .. ")", 2)
+  end
+  return builtin{kind = "static", init = scale}
+end
+
+function policy.none() return builtin{kind = "none", init = 1} end
+
+function policy.dynamic(opts)
+  local o = options("mp.amp.policy.dynamic", opts,
+    {init = "number", growth = "number", backoff = "number", interval = "number", min = "number", max = "number"})
+  return builtin{kind = "dynamic", init = o.init or 65536, growth = o.growth or 2, backoff = o.backoff or 0.5,
+                 interval = o.interval or 2000, min = o.min, max = o.max}
+end
+
+function policy.hysteresis(opts)
+  local o = options("mp.amp.policy.hysteresis", opts,
+    {init = "number", growth = "number", backoff = "number", window = "number", hysteresis = "number",
+     min = "number", max = "number", on_min = "string"})
+  if o.on_min ~= nil and o.on_min ~= "warn" and o.on_min ~= "error" then
+    error("mp.amp.policy.hysteresis: on_min must be \"warn\" or \"error\" (got " .. o.on_min .. ")", 2)
+  end
+  return builtin{kind = "hysteresis", init = o.init or 65536, growth = o.growth or 2, backoff = o.backoff or 0.5,
+                 window = o.window or 1000, hysteresis = o.hysteresis or 2, min = o.min or 1, max = o.max,
+                 on_min = o.on_min or "warn"}
+end
+
+function policy.amax(opts)
+  local o = options("mp.amp.policy.amax", opts,
+    {init = "number", history = "number", margin = "number", backoff = "number", min = "number", max = "number"})
+  return builtin{kind = "amax", init = o.init or 65536, history = o.history or 16, margin = o.margin or 1,
+                 backoff = o.backoff or 0.5, min = o.min or 1, max = o.max or 2^24}
+end
+
+-- the C view of a policy
+local function engine_policy(p)
+  if getmetatable(p) == Builtin then
+    return {kind = p.kind, init = p.init, growth = p.growth, backoff = p.backoff, min = p.min, max = p.max,
+            interval = p.interval or p.window, hysteresis = p.hysteresis, history = p.history, margin = p.margin,
+            error_at_min = p.on_min == "error"}
+  end
+  return {kind = "external", init = 1}
+end
+
+local function is_policy(p)
+  return type(p) == "table" and (getmetatable(p) == Builtin or type(p.update) == "function")
+end
+
+local function check_scale(v, what)
+  if math.type(v) == nil or v ~= v or v <= 0 or v == math.huge or v > 3.4028234663852886e38 then
+    return nil, string.format("%s returned %s (expected a finite number > 0)", what, tostring(v))
+  end
+  return v
+end
+
+-- the first scale of a Lua policy: init(self), else 65536
+local function initial_scale(p)
+  if getmetatable(p) == Builtin then return p.init end
+  if type(p.init) == "function" then
+    local v, err = check_scale(p:init(), "policy:init()")
+    if not v then error("mp.amp.GradScaler: " .. err, 3) end
+    return v
+  end
+  return type(p.init) == "number" and p.init or 65536
+end
+
+-- ---- GradScaler ----
+
+local GradScaler = {}
+GradScaler.__index = GradScaler
+GradScaler.__name = "mp.amp.GradScaler"
+
+function amp.GradScaler(opts)
+  local o = options("mp.amp.GradScaler", opts, {policy = "table", enabled = "boolean"})
+  local p = o.policy or policy.dynamic{}
+  if not is_policy(p) then error("mp.amp.GradScaler: policy must be a built-in policy or a table with update(self, info)", 2) end
+  local enabled = o.enabled ~= false
+  if not enabled then p = policy.none() end
+  local ep = engine_policy(p)
+  ep.init = initial_scale(p)
+  local self = setmetatable({_c = core._scaler(ep), _policy = p, enabled = enabled, on_skip = nil,
+                             _telemetry = false, _names = nil}, GradScaler)
+  return self
+end
+
+function GradScaler:get_scale() return self._c:_info().scale end
+
+function GradScaler:set_policy(p)
+  if not is_policy(p) then error("GradScaler:set_policy: expected a built-in policy or a table with update(self, info)", 2) end
+  self._c:set_policy(engine_policy(p), initial_scale(p))
+  self._policy = p
+end
+
+function GradScaler:scale(loss)
+  if self._telemetry then core._flush_stats(true) end   -- a new step: count this backward only
+  return self._c:scale(loss)
+end
+
+function GradScaler:unscale(opt) self._c:unscale(opt) end
+
+-- names of the optimizer's parameters, by position, when the script gave them
+local function param_name(self, i)
+  if self._names and self._names[i] then return self._names[i] end
+  return "param " .. i
+end
+
+function GradScaler:step(opt)
+  local applied = self._c:step(opt)
+  self._last_opt = opt
+  if not applied then
+    local info = self._c:_info()
+    rawset(self, "_last_reason", info.reason)
+    if self.on_skip then
+      self.on_skip{reason = info.reason, step = info.steps, scale = info.scale,
+                   param = info.first_bad > 0 and param_name(self, info.first_bad) or nil}
+    end
+  else
+    local sched = core._schedule_of and core._schedule_of(opt)
+    if sched then sched:step() end
+  end
+  return applied
+end
+
+-- info for Lua policies and scaler.stats
+local function step_info(self, c)
+  local t = c.total
+  return {scale = c.scale, found_inf = c.found_inf, reason = c.reason, step = c.steps, skipped = c.skipped,
+          grad_amax = t.amax, underflow_frac = t.underflow_frac, overflow_frac = t.overflow_frac,
+          zero_frac = t.zero_frac}
+end
+
+function GradScaler:update(new_scale)
+  if new_scale ~= nil then
+    local v, err = check_scale(new_scale, "update(new_scale)")
+    if not v then error("GradScaler:update: " .. err, 2) end
+    self._c:update(v)
+    return
+  end
+  local p = self._policy
+  if getmetatable(p) == Builtin then
+    self._c:update()
+    return
+  end
+  local c = self._c:_info()
+  local ok, v = pcall(p.update, p, step_info(self, c))
+  if not ok then error("GradScaler:update: the policy's update failed: " .. tostring(v), 2) end
+  local s, err = check_scale(v, "the policy's update(self, info)")
+  if not s then error("GradScaler:update: " .. err .. "; the scale stays " .. c.scale, 2) end
+  self._c:update(s)
+end
+
+-- telemetry(true) also takes the names of the optimizer's parameters, in order
+-- (e.g. from model:named_parameters()), for the report
+function GradScaler:telemetry(on, names)
+  self._telemetry = on and true or false
+  if names ~= nil then self._names = names end
+  self._c:telemetry(self._telemetry)
+  core._count_flush(self._telemetry)
+end
+
+function GradScaler:__index(k)
+  if k == "stats" then
+    local c = self._c:_info()
+    return {steps = c.steps, skipped = c.skipped, found_inf = c.found_inf, last_skip_reason = self._last_reason
+            or (c.found_inf and c.reason) or nil, scale = c.scale}
+  end
+  return GradScaler[k]
+end
+
+-- per parameter: amax, fractions, histogram (a table), or nil without telemetry
+function GradScaler:telemetry_table()
+  local c = self._c:_info()
+  if not c.per_param then return nil end
+  local out = {}
+  for i, st in ipairs(c.per_param) do
+    out[param_name(self, i)] = st
+  end
+  -- values that rounding to f16/bf16 flushed to zero (or to inf) in the last backward, per op
+  c.backward = core._flush_stats(false)
+  return out, c
+end
+
+local function fmt_frac(x) return x == 0 and "0" or string.format("%.2e", x) end
+
+function GradScaler:report()
+  local t, c = self:telemetry_table()
+  if not t then return "GradScaler:report: telemetry is off (scaler:telemetry(true), then a step)" end
+  local rows = {string.format("loss scale %g   step %d   skipped %d%s", c.scale, c.steps, c.skipped,
+    c.found_inf and ("   last step skipped: " .. tostring(c.reason)) or ""),
+    string.format("%-28s %12s %10s %12s %12s", "parameter", "grad amax", "zeros", "f16 underflow", "f16 overflow")}
+  local names = {}
+  for k in pairs(t) do names[#names + 1] = k end
+  table.sort(names)
+  for _, k in ipairs(names) do
+    local st = t[k]
+    rows[#rows + 1] = string.format("%-28s %12.4e %10s %12s %12s", k, st.amax, fmt_frac(st.zero_frac),
+      fmt_frac(st.underflow_frac), fmt_frac(st.overflow_frac))
+  end
+  local ops = {}
+  for k in pairs(c.backward) do ops[#ops + 1] = k end
+  table.sort(ops)
+  if #ops > 0 then
+    rows[#rows + 1] = string.format("%-28s %12s %12s %12s", "backward op (low precision)", "rounded", "flushed to 0", "to inf")
+    for _, k in ipairs(ops) do
+      local b = c.backward[k]
+      if b.rounded > 0 then
+        rows[#rows + 1] = string.format("%-28s %12d %12s %12s", k, b.rounded,
+          string.format("%d (%s)", b.flushed, fmt_frac(b.flushed / b.rounded)), tostring(b.overflowed))
+      end
+    end
+  end
+  return table.concat(rows, "\n")
+end
+
+function GradScaler:state_dict()
+  local c = self._c:_info()
+  local p = self._policy
+  local pol = {}
+  if getmetatable(p) == Builtin then
+    for k, v in pairs(p) do pol[k] = v end
+  else
+    pol.kind = "lua"
+    if type(p.state_dict) == "function" then pol.state = p:state_dict() end
+  end
+  return {scale = c.scale, tracker = c.tracker, last_overflow = c.last_overflow,
+          hysteresis_left = c.hysteresis_left, amax_history = c.amax_history, amax_pos = c.amax_pos,
+          steps = c.steps, skipped = c.skipped, policy = pol}
+end
+
+function GradScaler:load_state_dict(sd)
+  if type(sd) ~= "table" or type(sd.scale) ~= "number" then
+    error("GradScaler:load_state_dict: expected a table from state_dict()", 2)
+  end
+  local pol = sd.policy
+  if type(pol) == "table" and pol.kind and pol.kind ~= "lua" then
+    local p = builtin{}
+    for k, v in pairs(pol) do p[k] = v end
+    self._c:set_policy(engine_policy(p), p.init)
+    self._policy = p
+  elseif type(pol) == "table" and pol.state ~= nil and type(self._policy.load_state_dict) == "function" then
+    self._policy:load_state_dict(pol.state)
+  end
+  self._c:_restore(sd)
+end
+
+return amp
