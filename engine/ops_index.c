@@ -7,19 +7,17 @@
 #include "engine/error.h"
 #include "engine/autograd.h"
 
-/* every index in [0, n) */
-static int check_indices(const mp_tensor *idx, int64_t n)
+int mp_check_indices(const mp_tensor *idx, int64_t n, const char *what)
 {
-    if (idx->dtype != MP_I32 || idx->ndim != 1)
-        return mp_fail(MP_EINVAL, "indices must be a 1-d i32 tensor (got %s with %d dims)",
-                       mp_dtype_name(idx->dtype), idx->ndim);
+    if (idx->dtype != MP_I32)
+        return mp_fail(MP_EINVAL, "%s must be i32 (got %s)", what, mp_dtype_name(idx->dtype));
     mp_tensor *host = mp_to_raw((mp_tensor *)idx, MP_I32, MP_CPU);
     if (!host) return -1;
     const int32_t *v = mp_data(host);
     int rc = 0;
     for (int64_t j = 0; j < host->numel && rc == 0; j++)
         if (v[j] < 0 || v[j] >= n)
-            rc = mp_fail(MP_EINVAL, "index %d at position %lld out of range [0, %lld)", v[j],
+            rc = mp_fail(MP_EINVAL, "%s: %d at position %lld out of range [0, %lld)", what, v[j],
                          (long long)j + 1, (long long)n);
     mp_release(host);
     return rc;
@@ -44,7 +42,9 @@ mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx)
     if (idx->dev != t->dev)
         return mp_fail(MP_EINVAL, "indices are on %s, the tensor on %s", mp_device_name(idx->dev),
                        mp_device_name(t->dev)), NULL;
-    if (check_indices(idx, t->shape[k])) return NULL;
+    if (idx->ndim != 1)
+        return mp_fail(MP_EINVAL, "indices must be a 1-d i32 tensor (got %d dims)", idx->ndim), NULL;
+    if (mp_check_indices(idx, t->shape[k], "index")) return NULL;
     int64_t outer = 1, inner = 1, shape[MP_MAXDIM];
     for (int i = 0; i < t->ndim; i++) {
         shape[i] = i == k ? idx->numel : t->shape[i];

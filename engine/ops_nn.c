@@ -79,21 +79,6 @@ static mp_tensor *softmax(mp_tensor *x, int dim, int log)
 
 /* ---- cross_entropy ---- */
 
-/* every target in [0, classes) */
-static int check_targets(const mp_tensor *t, int64_t classes)
-{
-    mp_tensor *host = mp_to_raw((mp_tensor *)t, MP_I32, MP_CPU);
-    if (!host) return -1;
-    const int32_t *v = mp_data(host);
-    int rc = 0;
-    for (int64_t i = 0; i < host->numel && !rc; i++)
-        if (v[i] < 0 || v[i] >= classes)
-            rc = mp_fail(MP_EINVAL, "target %d at position %lld out of range [0, %lld)", v[i],
-                         (long long)i + 1, (long long)classes);
-    mp_release(host);
-    return rc;
-}
-
 static int ce_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *x = nd->saved[0], *target = nd->saved[1], *lse = nd->saved[2];
@@ -148,7 +133,7 @@ static mp_tensor *cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction re
                        mp_shape_str(x->ndim, x->shape, b1, sizeof b1),
                        mp_shape_str(target->ndim, target->shape, b2, sizeof b2)), NULL;
     int64_t classes = x->shape[x->ndim - 1], rows = x->numel / classes;
-    if (check_targets(target, classes)) return NULL;
+    if (mp_check_indices(target, classes, "target")) return NULL;
     mp_tensor *loss = mp_empty(MP_F32, x->dev, 1, &rows), *lse = mp_empty(MP_F32, x->dev, 1, &rows), *o = NULL;
     if (loss && lse) {
         mp_be(x)->cross_entropy(x->dtype, mp_data(loss), mp_data(lse), mp_data(x), mp_data(target), rows, classes);

@@ -78,17 +78,6 @@ static mp_scaler *check_scaler(lua_State *L, int i)
     return u->s;
 }
 
-static double opt_number(lua_State *L, int t, const char *k, double dflt, const char *name)
-{
-    double v = dflt;
-    if (lua_getfield(L, t, k) != LUA_TNIL) {
-        if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "%s: %s must be a number (got %s)", name, k, luaL_typename(L, -1));
-        v = lua_tonumber(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
-}
-
 /* a policy table made by lua/mp/amp.lua: {kind=, init=, growth=, ...} */
 static mp_policy read_policy(lua_State *L, int t, const char *name)
 {
@@ -97,15 +86,15 @@ static mp_policy read_policy(lua_State *L, int t, const char *name)
     int k = luaL_checkoption(L, -1, NULL, kinds);
     lua_pop(L, 1);
     mp_policy p = {.kind = (mp_policy_kind)k};
-    p.init = opt_number(L, t, "init", 65536, name);
-    p.growth = opt_number(L, t, "growth", 2, name);
-    p.backoff = opt_number(L, t, "backoff", 0.5, name);
-    p.min = opt_number(L, t, "min", 0, name);
-    p.max = opt_number(L, t, "max", 0, name);
-    p.interval = (int64_t)opt_number(L, t, "interval", 2000, name);
-    p.hysteresis = (int)opt_number(L, t, "hysteresis", 2, name);
-    p.history = (int)opt_number(L, t, "history", 16, name);
-    p.margin = opt_number(L, t, "margin", 1, name);
+    p.init = lb_number_field(L, t, "init", 65536, name);
+    p.growth = lb_number_field(L, t, "growth", 2, name);
+    p.backoff = lb_number_field(L, t, "backoff", 0.5, name);
+    p.min = lb_number_field(L, t, "min", 0, name);
+    p.max = lb_number_field(L, t, "max", 0, name);
+    p.interval = (int64_t)lb_number_field(L, t, "interval", 2000, name);
+    p.hysteresis = (int)lb_number_field(L, t, "hysteresis", 2, name);
+    p.history = (int)lb_number_field(L, t, "history", 16, name);
+    p.margin = lb_number_field(L, t, "margin", 1, name);
     lua_getfield(L, t, "error_at_min");
     p.error_at_min = lua_toboolean(L, -1);
     lua_pop(L, 1);
@@ -249,7 +238,7 @@ static int s_restore(lua_State *L)
     mp_scaler *s = check_scaler(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     const char *name = "GradScaler:load_state_dict";
-    double scale = opt_number(L, 2, "scale", s->scale, name);
+    double scale = lb_number_field(L, 2, "scale", s->scale, name);
     if (!(scale > 0) || !isfinite((float)scale)) return luaL_error(L, "%s: scale must be a finite number > 0", name);
     lua_getfield(L, 2, "amax_history");
     int nh = lua_istable(L, -1) ? (int)luaL_len(L, -1) : 0;
@@ -262,14 +251,14 @@ static int s_restore(lua_State *L)
     }
     lua_pop(L, 1);
     s->scale = (float)scale;
-    s->tracker = (int64_t)opt_number(L, 2, "tracker", 0, name);
-    s->last_overflow = (int64_t)opt_number(L, 2, "last_overflow", -1, name);
-    s->hyst_left = (int)opt_number(L, 2, "hysteresis_left", s->policy.hysteresis, name);
-    s->steps = (int64_t)opt_number(L, 2, "steps", 0, name);
-    s->skipped = (int64_t)opt_number(L, 2, "skipped", 0, name);
+    s->tracker = (int64_t)lb_number_field(L, 2, "tracker", 0, name);
+    s->last_overflow = (int64_t)lb_number_field(L, 2, "last_overflow", -1, name);
+    s->hyst_left = (int)lb_number_field(L, 2, "hysteresis_left", s->policy.hysteresis, name);
+    s->steps = (int64_t)lb_number_field(L, 2, "steps", 0, name);
+    s->skipped = (int64_t)lb_number_field(L, 2, "skipped", 0, name);
     s->amax_count = nh;
     memcpy(s->amax_hist, hist, sizeof(float) * (size_t)nh);
-    s->amax_pos = (int)opt_number(L, 2, "amax_pos", 0, name) % (s->policy.history > 0 ? s->policy.history : 1);
+    s->amax_pos = (int)lb_number_field(L, 2, "amax_pos", 0, name) % (s->policy.history > 0 ? s->policy.history : 1);
     s->has_pending = false;
     return 0;
 }

@@ -70,6 +70,18 @@ int64_t lb_integer(lua_State *L, int i, const char *what, const char *name)
     return v;
 }
 
+double lb_number_field(lua_State *L, int t, const char *k, double dflt, const char *name)
+{
+    double v = dflt;
+    if (lua_getfield(L, t, k) != LUA_TNIL) {
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            luaL_error(L, "%s: %s must be a number (got %s)", name, k, luaL_typename(L, -1));
+        v = lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
 int lb_dim(lua_State *L, int i, const char *name)
 {
     int64_t d = lb_integer(L, i, "dim", name);

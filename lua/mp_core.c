@@ -88,38 +88,33 @@ static int m_tensor(lua_State *L)
 
 /* ---- constructors from a shape ---- */
 
-static int m_zeros(lua_State *L)
+/* mp.zeros/ones/rand/randn(shape [, opts]) and mp.full(shape, value [, opts]) */
+enum { ZEROS, ONES, FULL, RAND, RANDN };
+
+static int from_shape(lua_State *L, int kind, const char *name)
 {
     int64_t shape[MP_MAXDIM];
-    int nd = lb_shape(L, 1, shape, "mp.zeros");
-    lb_opts o = lb_options(L, 2, "mp.zeros");
-    LT_PUSH(L, "mp.zeros", mp_full(o.dtype, o.device, nd, shape, 0));
-    lb_apply_options(L, &o, "mp.zeros");
+    int nd = lb_shape(L, 1, shape, name), oi = 2;
+    double v = kind == ONES;
+    if (kind == FULL) {
+        if (lua_type(L, 2) != LUA_TNUMBER)
+            return luaL_error(L, "%s: value must be a number (got %s)", name, luaL_typename(L, 2));
+        v = lua_tonumber(L, 2);
+        oi = 3;
+    }
+    lb_opts o = lb_options(L, oi, name);
+    LT_PUSH(L, name, kind == RAND ? mp_rand(o.dtype, o.device, nd, shape)
+                   : kind == RANDN ? mp_randn(o.dtype, o.device, nd, shape)
+                   : mp_full(o.dtype, o.device, nd, shape, v));
+    lb_apply_options(L, &o, name);
     return 1;
 }
 
-static int m_ones(lua_State *L)
-{
-    int64_t shape[MP_MAXDIM];
-    int nd = lb_shape(L, 1, shape, "mp.ones");
-    lb_opts o = lb_options(L, 2, "mp.ones");
-    LT_PUSH(L, "mp.ones", mp_full(o.dtype, o.device, nd, shape, 1));
-    lb_apply_options(L, &o, "mp.ones");
-    return 1;
-}
-
-static int m_full(lua_State *L)
-{
-    int64_t shape[MP_MAXDIM];
-    int nd = lb_shape(L, 1, shape, "mp.full");
-    if (lua_type(L, 2) != LUA_TNUMBER)
-        return luaL_error(L, "mp.full: value must be a number (got %s)", luaL_typename(L, 2));
-    double v = lua_tonumber(L, 2);
-    lb_opts o = lb_options(L, 3, "mp.full");
-    LT_PUSH(L, "mp.full", mp_full(o.dtype, o.device, nd, shape, v));
-    lb_apply_options(L, &o, "mp.full");
-    return 1;
-}
+static int m_zeros(lua_State *L) { return from_shape(L, ZEROS, "mp.zeros"); }
+static int m_ones(lua_State *L) { return from_shape(L, ONES, "mp.ones"); }
+static int m_full(lua_State *L) { return from_shape(L, FULL, "mp.full"); }
+static int m_rand(lua_State *L) { return from_shape(L, RAND, "mp.rand"); }
+static int m_randn(lua_State *L) { return from_shape(L, RANDN, "mp.randn"); }
 
 static int m_arange(lua_State *L)
 {
@@ -127,26 +122,6 @@ static int m_arange(lua_State *L)
     lb_opts o = lb_options(L, 2, "mp.arange");
     LT_PUSH(L, "mp.arange", mp_arange(n, o.dtype, o.device));
     lb_apply_options(L, &o, "mp.arange");
-    return 1;
-}
-
-static int m_rand(lua_State *L)
-{
-    int64_t shape[MP_MAXDIM];
-    int nd = lb_shape(L, 1, shape, "mp.rand");
-    lb_opts o = lb_options(L, 2, "mp.rand");
-    LT_PUSH(L, "mp.rand", mp_rand(o.dtype, o.device, nd, shape));
-    lb_apply_options(L, &o, "mp.rand");
-    return 1;
-}
-
-static int m_randn(lua_State *L)
-{
-    int64_t shape[MP_MAXDIM];
-    int nd = lb_shape(L, 1, shape, "mp.randn");
-    lb_opts o = lb_options(L, 2, "mp.randn");
-    LT_PUSH(L, "mp.randn", mp_randn(o.dtype, o.device, nd, shape));
-    lb_apply_options(L, &o, "mp.randn");
     return 1;
 }
 

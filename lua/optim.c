@@ -18,18 +18,6 @@ static mp_optim *check_optim(lua_State *L, int i)
     return u->o;
 }
 
-static double num_field(lua_State *L, int t, const char *k, double dflt, const char *name)
-{
-    double v = dflt;
-    if (lua_getfield(L, t, k) != LUA_TNIL) {
-        if (lua_type(L, -1) != LUA_TNUMBER)
-            luaL_error(L, "%s: %s must be a number (got %s)", name, k, luaL_typename(L, -1));
-        v = lua_tonumber(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
-}
-
 /* core._optimizer(kind, params, config) with config already defaulted in Lua */
 static int o_new(lua_State *L)
 {
@@ -40,13 +28,13 @@ static int o_new(lua_State *L)
     if (!lua_istable(L, 2)) return luaL_error(L, "%s: params must be a list of tensors (got %s)", name, luaL_typename(L, 2));
     luaL_checktype(L, 3, LUA_TTABLE);
     mp_optim_config c = {.kind = (mp_optim_kind)kind};
-    c.lr = num_field(L, 3, "lr", 0, name);
-    c.momentum = num_field(L, 3, "momentum", 0, name);
-    c.dampening = num_field(L, 3, "dampening", 0, name);
-    c.weight_decay = num_field(L, 3, "weight_decay", 0, name);
-    c.beta1 = num_field(L, 3, "beta1", 0.9, name);
-    c.beta2 = num_field(L, 3, "beta2", 0.999, name);
-    c.eps = num_field(L, 3, "eps", 1e-8, name);
+    c.lr = lb_number_field(L, 3, "lr", 0, name);
+    c.momentum = lb_number_field(L, 3, "momentum", 0, name);
+    c.dampening = lb_number_field(L, 3, "dampening", 0, name);
+    c.weight_decay = lb_number_field(L, 3, "weight_decay", 0, name);
+    c.beta1 = lb_number_field(L, 3, "beta1", 0.9, name);
+    c.beta2 = lb_number_field(L, 3, "beta2", 0.999, name);
+    c.eps = lb_number_field(L, 3, "eps", 1e-8, name);
     lua_getfield(L, 3, "nesterov");
     c.nesterov = lua_toboolean(L, -1);
     lua_pop(L, 1);

@@ -63,6 +63,18 @@ static inline void cpu_store(mp_dtype dt, void *dst, int64_t i, const float *src
     }
 }
 
+/* one element of any dtype as a double (slow paths: strided, integer, comparisons) */
+static inline double cpu_get_f64(mp_dtype dt, const void *p, int64_t i)
+{
+    float f;
+    switch (dt) {
+    case MP_F32: return ((const float *)p)[i];
+    case MP_I32: return ((const int32_t *)p)[i];
+    case MP_U8: return ((const uint8_t *)p)[i];
+    default: cpu_load(dt, p, i, &f, 1); return f;
+    }
+}
+
 /* scratch memory that grows and is kept per thread (GEMM widening buffers) */
 void *cpu_scratch(int slot, size_t nbytes);
 

@@ -83,16 +83,6 @@ static void gather(mp_dtype dt, const void *src, int64_t off, int64_t stride, fl
     for (int64_t j = 0; j < n; j++) cpu_load(dt, src, off + j * stride, dst + j, 1);
 }
 
-static double getd(mp_dtype dt, const void *p, int64_t i)
-{
-    float f;
-    switch (dt) {
-    case MP_F32: return ((const float *)p)[i];
-    case MP_I32: return ((const int32_t *)p)[i];
-    case MP_U8: return ((const uint8_t *)p)[i];
-    default: cpu_load(dt, p, i, &f, 1); return f;
-    }
-}
 
 static uint8_t cmp(mp_binop op, double x, double y)
 {
@@ -123,7 +113,7 @@ void cpu_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *
         oa += j0 * ia, ob += j0 * ib;
         if (MP_IS_CMP(op)) {
             for (int64_t j = 0; j < n; j++)
-                ((uint8_t *)out)[oo + j] = cmp(op, getd(dt, a, oa + j * ia), getd(dt, b, ob + j * ib));
+                ((uint8_t *)out)[oo + j] = cmp(op, cpu_get_f64(dt, a, oa + j * ia), cpu_get_f64(dt, b, ob + j * ib));
         } else if (dt == MP_F32) {
             bin_f32(op, (float *)out + oo, (const float *)a + oa, ia, (const float *)b + ob, ib, n);
         } else if (dt == MP_F16 || dt == MP_BF16) {

@@ -9,16 +9,7 @@
 #include <stdlib.h>
 #include "kernels/cpu/cpu.h"
 
-static double get(mp_dtype dt, const void *p, int64_t i)
-{
-    float f;
-    switch (dt) {
-    case MP_F32: return ((const float *)p)[i];
-    case MP_I32: return ((const int32_t *)p)[i];
-    case MP_U8: return ((const uint8_t *)p)[i];
-    default: cpu_load(dt, p, i, &f, 1); return f;
-    }
-}
+#define get cpu_get_f64
 
 static void put(mp_dtype dt, void *p, int64_t i, double v)
 {
