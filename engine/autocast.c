@@ -6,6 +6,7 @@
 #include "engine/autocast.h"
 #include "engine/ops.h"
 #include "engine/error.h"
+#include "engine/autograd.h"
 
 #define MAX_DEPTH 64
 #define MAX_OPS 128
@@ -94,7 +95,9 @@ mp_tensor *mp_autocast_arg(const char *op, mp_tensor *t)
     mp_ac_class c = mp_autocast_class(op);
     mp_dtype want = c == MP_AC_LOW ? low : c == MP_AC_F32 ? MP_F32 : t->dtype;
     if (want == t->dtype) return mp_retain(t);
-    bool cacheable = t->requires_grad && !t->grad_fn;   /* a master weight */
+    /* a master weight, cast while recording: a cast made under no_grad has no
+     * history and must not stand in for one that needs it */
+    bool cacheable = t->requires_grad && !t->grad_fn && mp_grad_enabled();
     if (cacheable)
         for (int i = 0; i < ncache; i++)
             if (cache[i].src == t && cache[i].cast->dtype == want) return mp_retain(cache[i].cast);

@@ -94,7 +94,9 @@ static void begin_step(mp_scaler *s)
 
 mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss)
 {
-    begin_step(s);
+    /* several scale() calls in one step (gradient accumulation) share its findings */
+    if (!s->in_step) begin_step(s);
+    s->in_step = true;
     /* a loss that is already inf/NaN is a forward problem no scale can cure */
     double v;
     for (int64_t i = 0; i < loss->numel && !s->loss_nonfinite; i++) {
@@ -126,6 +128,7 @@ int mp_scaler_unscale(mp_scaler *s, mp_optim *o)
     const mp_backend *be = mp_be(o->grads);
     float inv = s->policy.kind == MP_POLICY_NONE ? 1.0f : 1.0f / s->scale;
     memset(&s->total, 0, sizeof s->total);
+    s->stats_scale = s->policy.kind == MP_POLICY_NONE ? 1.0f : s->scale;
     if (s->telemetry) {
         if (s->nstats != o->n) {
             mp_grad_stats *p = realloc(s->per_param, sizeof *p * (size_t)o->n);
@@ -175,6 +178,7 @@ static float clamp_scale(const mp_policy *p, double x)
 static void end_step(mp_scaler *s)
 {
     s->unscaled = false;
+    s->in_step = false;
 }
 
 /* DeepSpeed's DynamicLossScaler.update_scale with separate growth/backoff factors */
@@ -216,7 +220,7 @@ static void amax_rule(mp_scaler *s)
         s->scale = clamp_scale(p, s->scale * p->backoff);
         return;
     }
-    float amax = s->total.amax / s->scale;   /* the true gradient's largest magnitude */
+    float amax = s->total.amax / s->stats_scale;   /* the true gradient's largest magnitude */
     s->amax_hist[s->amax_pos] = amax;
     s->amax_pos = (s->amax_pos + 1) % p->history;
     if (s->amax_count < p->history) s->amax_count++;

@@ -47,7 +47,9 @@ typedef struct mp_scaler {
     float pending;                   /* set_policy: the next step's scale */
 
     /* the current step */
+    bool in_step;                    /* between the first scale() and update() */
     bool unscaled, loss_nonfinite, found_inf;
+    float stats_scale;               /* the scale the statistics were measured at */
     mp_skip_reason reason;
     int first_bad;                   /* index of the first parameter with a non-finite gradient, or -1 */
     mp_grad_stats total;             /* over all gradients, scaled values */

@@ -212,6 +212,7 @@ static int s_info(lua_State *L)
     lua_pushinteger(L, s->tracker); lua_setfield(L, -2, "tracker");
     lua_pushinteger(L, s->last_overflow); lua_setfield(L, -2, "last_overflow");
     lua_pushinteger(L, s->hyst_left); lua_setfield(L, -2, "hysteresis_left");
+    lua_pushboolean(L, s->warned_at_min); lua_setfield(L, -2, "warned_at_min");
     lua_createtable(L, s->amax_count, 0);
     for (int i = 0; i < s->amax_count; i++) {
         lua_pushnumber(L, s->amax_hist[i]);
@@ -219,12 +220,13 @@ static int s_info(lua_State *L)
     }
     lua_setfield(L, -2, "amax_history");
     lua_pushinteger(L, s->amax_pos); lua_setfield(L, -2, "amax_pos");
-    push_stats(L, &s->total, s->scale);
+    float at = s->stats_scale > 0 ? s->stats_scale : s->scale;
+    push_stats(L, &s->total, at);
     lua_setfield(L, -2, "total");
     if (s->telemetry && s->per_param) {
         lua_createtable(L, s->nstats, 0);
         for (int i = 0; i < s->nstats; i++) {
-            push_stats(L, &s->per_param[i], s->scale);
+            push_stats(L, &s->per_param[i], at);
             lua_rawseti(L, -2, i + 1);
         }
         lua_setfield(L, -2, "per_param");
@@ -256,6 +258,9 @@ static int s_restore(lua_State *L)
     s->hyst_left = (int)lb_number_field(L, 2, "hysteresis_left", s->policy.hysteresis, name);
     s->steps = (int64_t)lb_number_field(L, 2, "steps", 0, name);
     s->skipped = (int64_t)lb_number_field(L, 2, "skipped", 0, name);
+    lua_getfield(L, 2, "warned_at_min");
+    s->warned_at_min = lua_toboolean(L, -1);
+    lua_pop(L, 1);
     s->amax_count = nh;
     memcpy(s->amax_hist, hist, sizeof(float) * (size_t)nh);
     s->amax_pos = (int)lb_number_field(L, 2, "amax_pos", 0, name) % (s->policy.history > 0 ? s->policy.history : 1);

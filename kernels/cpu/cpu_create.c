@@ -41,9 +41,17 @@ void cpu_cast(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
 {
     if (dd == sd) { memcpy(dst, src, (size_t)n * mp_dtype_size(dd)); return; }
     if (dd == MP_F32 && sd == MP_F16) { mp_cpu_f16_to_f32(dst, src, n); return; }
-    if (dd == MP_F16 && sd == MP_F32) { mp_cpu_f32_to_f16(dst, src, n); return; }
+    if (dd == MP_F16 && sd == MP_F32) {
+        mp_cpu_f32_to_f16(dst, src, n);
+        if (cpu_flush_counting) cpu_count_flush(dd, src, dst, n);
+        return;
+    }
     if (dd == MP_F32 && sd == MP_BF16) { mp_cpu_bf16_to_f32(dst, src, n); return; }
-    if (dd == MP_BF16 && sd == MP_F32) { mp_cpu_f32_to_bf16(dst, src, n); return; }
+    if (dd == MP_BF16 && sd == MP_F32) {
+        mp_cpu_f32_to_bf16(dst, src, n);
+        if (cpu_flush_counting) cpu_count_flush(dd, src, dst, n);
+        return;
+    }
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += MP_BLOCK)
         cast_block(dst, dd, src, sd, i, n - i < MP_BLOCK ? n - i : MP_BLOCK);

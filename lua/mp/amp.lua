@@ -56,6 +56,26 @@ function Builtin:__tostring()
   return string.format("%s{%s}", self.kind, table.concat(parts, ", "))
 end
 
+-- counts must be whole numbers, factors in range: checked when the policy is built
+local function validate(name, t)
+  for _, k in ipairs{"interval", "window", "hysteresis", "history"} do
+    local v = t[k]
+    if v ~= nil and (math.type(v) ~= "integer" and v ~= math.floor(v) or v < 1) then
+      error(string.format("%s: %s must be a positive integer (got %s)", name, k, tostring(v)), 3)
+    end
+  end
+  if t.growth ~= nil and not (t.growth > 1 and t.growth < math.huge) then
+    error(string.format("%s: growth must be > 1 (got %s)", name, tostring(t.growth)), 3)
+  end
+  if t.backoff ~= nil and not (t.backoff > 0 and t.backoff < 1) then
+    error(string.format("%s: backoff must be in (0, 1) (got %s)", name, tostring(t.backoff)), 3)
+  end
+  if not (t.init > 0 and t.init < math.huge) then
+    error(string.format("%s: init must be a finite number > 0 (got %s)", name, tostring(t.init)), 3)
+  end
+  return t
+end
+
 local function builtin(t) return setmetatable(t, Builtin) end
 
 function policy.static(scale)
@@ -70,8 +90,8 @@ function policy.none() return builtin{kind = "none", init = 1} end
 function policy.dynamic(opts)
   local o = options("mp.amp.policy.dynamic", opts,
     {init = "number", growth = "number", backoff = "number", interval = "number", min = "number", max = "number"})
-  return builtin{kind = "dynamic", init = o.init or 65536, growth = o.growth or 2, backoff = o.backoff or 0.5,
-                 interval = o.interval or 2000, min = o.min, max = o.max}
+  return builtin(validate("mp.amp.policy.dynamic", {kind = "dynamic", init = o.init or 65536, growth = o.growth or 2,
+                 backoff = o.backoff or 0.5, interval = o.interval or 2000, min = o.min, max = o.max}))
 end
 
 function policy.hysteresis(opts)
@@ -81,16 +101,16 @@ function policy.hysteresis(opts)
   if o.on_min ~= nil and o.on_min ~= "warn" and o.on_min ~= "error" then
     error("mp.amp.policy.hysteresis: on_min must be \"warn\" or \"error\" (got " .. o.on_min .. ")", 2)
   end
-  return builtin{kind = "hysteresis", init = o.init or 65536, growth = o.growth or 2, backoff = o.backoff or 0.5,
-                 window = o.window or 1000, hysteresis = o.hysteresis or 2, min = o.min or 1, max = o.max,
-                 on_min = o.on_min or "warn"}
+  return builtin(validate("mp.amp.policy.hysteresis", {kind = "hysteresis", init = o.init or 65536,
+                 growth = o.growth or 2, backoff = o.backoff or 0.5, window = o.window or 1000,
+                 hysteresis = o.hysteresis or 2, min = o.min or 1, max = o.max, on_min = o.on_min or "warn"}))
 end
 
 function policy.amax(opts)
   local o = options("mp.amp.policy.amax", opts,
     {init = "number", history = "number", margin = "number", backoff = "number", min = "number", max = "number"})
-  return builtin{kind = "amax", init = o.init or 65536, history = o.history or 16, margin = o.margin or 1,
-                 backoff = o.backoff or 0.5, min = o.min or 1, max = o.max or 2^24}
+  return builtin(validate("mp.amp.policy.amax", {kind = "amax", init = o.init or 65536, history = o.history or 16,
+                 margin = o.margin or 1, backoff = o.backoff or 0.5, min = o.min or 1, max = o.max or 2^24}))
 end
 
 -- the C view of a policy
@@ -284,7 +304,8 @@ function GradScaler:state_dict()
     if type(p.state_dict) == "function" then pol.state = p:state_dict() end
   end
   return {scale = c.scale, tracker = c.tracker, last_overflow = c.last_overflow,
-          hysteresis_left = c.hysteresis_left, amax_history = c.amax_history, amax_pos = c.amax_pos,
+          hysteresis_left = c.hysteresis_left, warned_at_min = c.warned_at_min,
+          amax_history = c.amax_history, amax_pos = c.amax_pos,
           steps = c.steps, skipped = c.skipped, policy = pol}
 end
 

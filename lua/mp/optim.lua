@@ -5,6 +5,7 @@ local core = require "mp.core"
 
 local optim = {}
 local methods = core._optim_methods
+local schedules = setmetatable({}, {__mode = "k"})   -- optimizer -> its lr schedule
 
 local function check_options(name, opts, allowed)
   if opts == nil then return {} end
@@ -66,6 +67,8 @@ local HYPER = {"lr", "momentum", "dampening", "weight_decay", "beta1", "beta2", 
 -- {state = {[i] = {...}}, param_groups = {{lr=, ..., step=}}} with copies of the state tensors
 function methods.state_dict(opt)
   local group = {step = opt.step_count, nesterov = opt.nesterov}
+  local sched = schedules[opt]
+  if sched then group.schedule_count, group.schedule_base = sched.count, sched.base end
   for _, k in ipairs(HYPER) do group[k] = opt[k] end
   local s1, s2 = opt:_views("state1"), opt:_views("state2")
   local state = {}
@@ -137,6 +140,11 @@ function methods.load_state_dict(opt, sd)
     end
   end
   opt.step_count = group.step or 0
+  local sched = schedules[opt]
+  if sched and group.schedule_count then
+    sched.count, sched.base = group.schedule_count, group.schedule_base or sched.base
+    opt.lr = sched:lr_at(sched.count)
+  end
 end
 
 -- ---- learning-rate schedules ----
@@ -144,7 +152,6 @@ end
 -- opt:set_schedule(sched)   -- the optimizer's lr at this point is the peak lr
 -- The schedule advances once per applied step: opt:step(), or scaler:step(opt)
 -- when it did not skip; skipped steps leave the lr where it was.
-local schedules = setmetatable({}, {__mode = "k"})
 core._schedule_of = function(opt) return schedules[opt] end
 
 local Schedule = {}
