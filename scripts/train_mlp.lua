@@ -2,18 +2,52 @@
 --
 --   build/mpengine scripts/train_mlp.lua [--epochs N] [--batch B] [--lr LR] [--seed S]
 --       [--save PATH] [--resume PATH] [--metrics FILE] [--max-steps K]
---       [--amp off|f16|bf16] [--policy NAME]
+--       [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]
 --
 -- The same seed gives bit-identical weights on the CPU. --save writes a checkpoint
--- (model, optimizer, data position, random state) at the end of each epoch and
--- at the end of the run; --resume continues from one exactly where it stopped,
--- mid-epoch included. --max-steps stops early (after K optimizer steps in all).
+-- (model, optimizer, data position, random state, and with --amp the loss scaler's
+-- state) at the end of each epoch and at the end of the run; --resume continues from
+-- one exactly where it stopped, mid-epoch included (the checkpoint's --amp and
+-- --policy must match this run's). --max-steps stops early (after K optimizer steps
+-- in all, skipped steps included).
+--
+-- Mixed precision (DESIGN.md section 6): --amp f16|bf16 runs the forward pass and
+-- the loss under mp.amp.autocast (matmuls in f16/bf16 with f32 accumulation, softmax
+-- and the loss in f32); the model keeps its FP32 master weights and Adam updates
+-- them. The loss goes through a GradScaler: a step whose gradients hold inf/NaN is
+-- skipped (weights and optimizer state untouched). The test set is evaluated under
+-- the same autocast. --policy picks how the loss scale moves:
+--
+--   static             a fixed scale of 2^16; static:S fixes S instead (static:1024,
+--                      static:2^20)
+--   none               no scaling (scale 1); the default for --amp bf16, whose exponent
+--                      range is f32's (PyTorch's bf16 autocast uses no scaler either)
+--   dynamic            PyTorch GradScaler's rule (init 2^16, x2 after 2000 clean steps,
+--                      x0.5 on overflow); the default for --amp f16
+--   hysteresis         DeepSpeed's rule (back off after 2 overflows, grow after 1000)
+--   amax               proactive: from the recent gradient amax history
+--   NAME:k=v,k=v       a built-in with options, e.g. dynamic:init=1024,interval=500
+--                      (the names of mp.amp.policy.NAME{...}; values are numbers or
+--                      2^N, on_min=warn|error)
+--   PATH               a Lua file (anything with a '/' or ending in .lua) that returns
+--                      a policy: a table with update(self, info) -> new scale and
+--                      optionally init(self) (see scripts/policies/); a policy that
+--                      has state_dict()/load_state_dict(sd) is saved in checkpoints,
+--                      one with `telemetry = true` turns on scaler:telemetry so its
+--                      info carries zero/underflow/overflow fractions
+--
+-- --policy needs --amp f16 or bf16. With --amp, the metrics lines carry "scale" (the
+-- scale for the next step) and "skipped" (skipped steps so far), each epoch line shows
+-- the same two, and the run ends with
+--   skipped steps: S of N (overflow a, nan b, forward c)
+--   final test accuracy: 0.XXXX
+-- (the last line is always the accuracy).
 local mp = mp or require "mp"
 
 local function usage(msg)
   io.stderr:write("train_mlp.lua: ", msg, "\n",
     "usage: train_mlp.lua [--epochs N] [--batch B] [--lr LR] [--seed S] [--save PATH] [--resume PATH]\n",
-    "                     [--metrics FILE] [--max-steps K] [--amp off|f16|bf16] [--policy NAME]\n")
+    "                     [--metrics FILE] [--max-steps K] [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]\n")
   os.exit(2)
 end
 
@@ -43,9 +77,80 @@ end
 if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" then
   usage("--amp must be off, f16 or bf16 (got " .. opts.amp .. ")")
 end
-if opts.amp ~= "off" or opts.policy then
-  usage("--amp " .. opts.amp .. (opts.policy and " and --policy" or "") ..
-        " need the mixed-precision layer, which this build does not have yet; use --amp off")
+if opts.amp == "off" and opts.policy then
+  usage("--policy needs --amp f16 or bf16 (this run has --amp off, which uses no loss scaler)")
+end
+local amp_on = opts.amp ~= "off"
+
+-- ---- the loss-scaling policy ----
+-- "2^20", "1024", "1e4" -> number
+local function number_of(v)
+  local b, e = v:match("^(%d+)%^(%-?%d+)$")
+  if b then return tonumber(b) ^ tonumber(e) end
+  return tonumber(v)
+end
+
+local builtin_names = {static = true, none = true, dynamic = true, hysteresis = true, amax = true}
+
+local function make_policy(spec)
+  if spec:find("/", 1, true) or spec:match("%.lua$") then
+    local ok, p = pcall(dofile, spec)
+    if not ok then usage("--policy " .. spec .. ": " .. tostring(p)) end
+    if type(p) ~= "table" or not (getmetatable(p) and getmetatable(p).__name == "mp.amp.policy" or type(p.update) == "function") then
+      usage("--policy " .. spec .. ": the file must return a policy (a table with update(self, info)), got " .. type(p))
+    end
+    return p
+  end
+  local name, args = spec:match("^(%a+):(.*)$")
+  name = name or spec
+  if not builtin_names[name] then
+    usage("--policy must be static, none, dynamic, hysteresis, amax (optionally NAME:ARGS) or the path of a .lua file (got " .. spec .. ")")
+  end
+  local P = mp.amp.policy
+  if name == "none" then
+    if args then usage("--policy none takes no arguments") end
+    return P.none()
+  end
+  if name == "static" then
+    local s = 65536
+    if args then
+      s = number_of(args)
+      if not s or not (s > 0) or s == math.huge then usage("--policy static:S needs a finite number S > 0 (got " .. args .. ")") end
+    end
+    return P.static(s)
+  end
+  local o = {}
+  if args then
+    for kv in args:gmatch("[^,]+") do
+      local k, v = kv:match("^%s*([%w_]+)%s*=%s*(.-)%s*$")
+      if not k then usage("--policy " .. spec .. ": expected key=value, got " .. kv) end
+      o[k] = (k == "on_min") and v or number_of(v)
+      if o[k] == nil then usage("--policy " .. spec .. ": " .. k .. " must be a number (got " .. v .. ")") end
+    end
+  end
+  local ok, p = pcall(P[name], o)
+  if not ok then usage("--policy " .. spec .. ": " .. tostring(p):gsub("^.-:%d+: ", "")) end
+  return p
+end
+
+local policy_spec = opts.policy or (opts.amp == "bf16" and "none" or "dynamic")
+local policy = amp_on and make_policy(policy_spec) or nil
+
+-- ---- the checkpoint to resume from: checked before anything is loaded ----
+local ck
+if opts.resume then
+  ck = mp.load(opts.resume)
+  if ck.batch_size ~= opts.batch or ck.seed ~= opts.seed then
+    usage(string.format("--resume: the checkpoint was made with --batch %s --seed %s", tostring(ck.batch_size), tostring(ck.seed)))
+  end
+  -- the same mixed precision and the same policy spec (compared as written, e.g. "dynamic",
+  -- "static:1024", "scripts/policies/logging.lua"; a checkpoint without "amp" is --amp off)
+  local ck_amp, ck_policy = ck.amp or "off", ck.policy
+  if ck_amp ~= opts.amp or (amp_on and ck_policy ~= policy_spec) then
+    usage(string.format("--resume: the checkpoint was made with --amp %s%s; this run has --amp %s%s", ck_amp,
+      ck_policy and (" --policy " .. ck_policy) or "", opts.amp, amp_on and (" --policy " .. policy_spec) or ""))
+  end
+  if amp_on and type(ck.scaler) ~= "table" then usage("--resume: the checkpoint has no loss scaler state") end
 end
 
 -- ---- data, model, optimizer ----
@@ -55,6 +160,14 @@ local test = mp.data.fashion_mnist("test")
 local nn = mp.nn
 local model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
 local opt = mp.optim.Adam(model:parameters(), {lr = opts.lr})
+local scaler, skips = nil, {overflow = 0, nan = 0, forward = 0}
+if amp_on then
+  scaler = mp.amp.GradScaler{policy = policy}
+  local _, names = model:named_parameters()   -- in optimizer order: on_skip names the parameter
+  -- a Lua policy with `telemetry = true` gets the per-step gradient fractions in its info
+  scaler:telemetry(type(policy) == "table" and rawget(policy, "telemetry") == true, names)
+  scaler.on_skip = function(info) skips[info.reason] = (skips[info.reason] or 0) + 1 end
+end
 local steps_per_epoch = #mp.data.loader(train, {batch = opts.batch, seed = 0})
 local total_steps = steps_per_epoch * opts.epochs
 if opts["max-steps"] then total_steps = math.min(total_steps, opts["max-steps"]) end
@@ -67,15 +180,17 @@ local function save(path)
     model = model:state_dict(), optim = opt:state_dict(), rng = mp.get_rng_state(),
     step = state.step, epoch = state.epoch, batch = state.batch,
     seed = opts.seed, batch_size = opts.batch,
+    amp = opts.amp, policy = amp_on and policy_spec or nil,
+    scaler = scaler and scaler:state_dict() or nil, skips = scaler and skips or nil,
   })
 end
 
-if opts.resume then
-  local ck = mp.load(opts.resume)
-  if ck.batch_size ~= opts.batch or ck.seed ~= opts.seed then
-    usage(string.format("--resume: the checkpoint was made with --batch %s --seed %s", tostring(ck.batch_size), tostring(ck.seed)))
-  end
+if ck then
   model:load_state_dict(ck.model)
+  if scaler then
+    scaler:load_state_dict(ck.scaler)
+    for k, v in pairs(ck.skips or {}) do skips[k] = v end
+  end
   opt:load_state_dict(ck.optim)
   mp.set_rng_state(ck.rng)
   state.step, state.epoch, state.batch = ck.step, ck.epoch, ck.batch
@@ -102,6 +217,7 @@ end
 
 local function evaluate()
   local _ <close> = mp.no_grad()
+  local _a <close> = amp_on and mp.amp.autocast(opts.amp) or nil
   model:eval()
   local correct, n = 0, 0
   for x, y in mp.data.loader(test, {batch = 1000}) do
@@ -124,12 +240,25 @@ while state.step < total_steps and state.epoch <= opts.epochs do
     b = b + 1
     if b > state.batch then
       opt:zero_grad()
-      local loss = mp.cross_entropy(model(x:reshape{-1, 784}), y)
-      loss:backward()
-      opt:step()
+      local loss
+      if scaler then
+        do
+          local _ <close> = mp.amp.autocast(opts.amp)
+          loss = mp.cross_entropy(model(x:reshape{-1, 784}), y)
+        end
+        scaler:scale(loss):backward()
+        scaler:step(opt)     -- skipped (false) when a gradient holds inf/NaN
+        scaler:update()
+      else
+        loss = mp.cross_entropy(model(x:reshape{-1, 784}), y)
+        loss:backward()
+        opt:step()
+      end
       state.step, state.batch = state.step + 1, b
       local l = loss:item()
-      loss_sum, loss_n = loss_sum + l, loss_n + 1
+      if not scaler or (l == l and math.abs(l) ~= math.huge) then   -- a forward overflow's loss stays out of the mean
+        loss_sum, loss_n = loss_sum + l, loss_n + 1
+      end
       local now = mp.clock()
       local rate = (state.step - step_last) * opts.batch / math.max(now - t_last, 1e-9)
       if tty and (state.step % 10 == 0 or state.step == total_steps) then
@@ -137,11 +266,16 @@ while state.step < total_steps and state.epoch <= opts.epochs do
       end
       if state.step % LOG_EVERY == 0 then
         if not tty then
-          print(string.format("step %d/%d  epoch %d  loss %.4f  %.0f samples/s", state.step, total_steps, state.epoch, l, rate))
+          print(string.format("step %d/%d  epoch %d  loss %.4f  %.0f samples/s%s", state.step, total_steps, state.epoch, l, rate,
+            scaler and string.format("  scale %g", scaler:get_scale()) or ""))
         end
         if metrics then
-          metrics:write(string.format('{"step": %d, "epoch": %d, "loss": %.6g, "lr": %.6g, "samples_per_s": %.1f}\n',
-            state.step, state.epoch, l, opt.lr, rate))
+          local amp_fields = ""
+          if scaler then
+            amp_fields = string.format(', "scale": %.9g, "skipped": %d', scaler:get_scale(), scaler.stats.skipped)
+          end
+          metrics:write(string.format('{"step": %d, "epoch": %d, "loss": %.6g, "lr": %.6g, "samples_per_s": %.1f%s}\n',
+            state.step, state.epoch, l, opt.lr, rate, amp_fields))
           metrics:flush()
         end
         t_last, step_last = now, state.step
@@ -152,11 +286,20 @@ while state.step < total_steps and state.epoch <= opts.epochs do
   local finished_epoch = state.batch >= #loader
   if tty then io.stdout:write("\n") end
   accuracy = evaluate()
-  print(string.format("epoch %d  train loss %.4f  test accuracy %.4f  (%.1f s)", state.epoch,
-    loss_n > 0 and loss_sum / loss_n or 0 / 0, accuracy, mp.clock() - start))
+  print(string.format("epoch %d  train loss %.4f  test accuracy %.4f  (%.1f s)%s", state.epoch,
+    loss_n > 0 and loss_sum / loss_n or 0 / 0, accuracy, mp.clock() - start,
+    scaler and string.format("  loss scale %g  skipped %d", scaler:get_scale(), scaler.stats.skipped) or ""))
   if finished_epoch then state.epoch, state.batch = state.epoch + 1, 0 end
   if opts.save then save(opts.save) end
 end
 if metrics then metrics:close() end
 accuracy = accuracy or evaluate()
+if scaler then
+  local st, parts = scaler.stats, {}
+  for _, r in ipairs{"overflow", "nan", "forward"} do
+    if skips[r] > 0 then parts[#parts + 1] = r .. " " .. skips[r] end
+  end
+  print(string.format("skipped steps: %d of %d%s", st.skipped, st.steps,
+    #parts > 0 and (" (" .. table.concat(parts, ", ") .. ")") or ""))
+end
 print(string.format("final test accuracy: %.4f", accuracy))

@@ -77,7 +77,9 @@ describe("train_mlp.lua", function()
       {"--lr abc", "--lr must be a positive number"},
       {"--bogus 1", "unknown option --bogus"},
       {"--amp f32", "--amp must be off, f16 or bf16"},
-      {"--amp f16", "mixed-precision"},
+      {"--policy dynamic", "--policy needs --amp f16 or bf16"},
+      {"--amp off --policy static:1024", "--policy needs --amp f16 or bf16"},
+      {"--amp f16 --policy bogus", "--policy must be static, none, dynamic, hysteresis, amax"},
       {"--batch", "needs a value"},
     } do
       local out, code = run(case[1])
