@@ -88,8 +88,13 @@ static void f32_to_f16_c(void *dst, const void *src, int64_t n)
  * because gcc's vectoriser at -O2 (the "very cheap" cost model, which the
  * library is built with) only takes loops that need no scalar remainder. */
 #define BLK 16
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define BF16_SIMD __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define BF16_SIMD
+#endif
 
-static void bf16_to_f32_c(void *dst, const void *src, int64_t n)
+BF16_SIMD static void bf16_to_f32_c(void *dst, const void *src, int64_t n)
 {
     float *d = dst;
     const uint16_t *s = src;
@@ -110,7 +115,7 @@ static inline uint16_t to_bf16(float f)
     return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r);
 }
 
-static void f32_to_bf16_c(void *dst, const void *src, int64_t n)
+BF16_SIMD static void f32_to_bf16_c(void *dst, const void *src, int64_t n)
 {
     uint16_t *d = dst;
     const float *s = src;

@@ -12,34 +12,46 @@ MP_SIMD static void unscale_plain(float *restrict g, int64_t n, float inv, float
 {
     float m = 0.0f;
     int64_t bad = 0;
+    #pragma omp simd reduction(max:m) reduction(+:bad)
     for (int64_t i = 0; i < n; i++) {
         float x = g[i], a = fabsf(x);
-        bad += !(a <= 3.4028235e38f);          /* inf or NaN */
-        m = a > m && a <= 3.4028235e38f ? a : m;
+        int fin = a <= 3.4028235e38f;          /* not inf or NaN */
+        bad += !fin;
+        float v = fin ? a : 0.0f;
+        m = v > m ? v : m;
         g[i] = x * inv;
     }
     *amax = m;
     *nonfinite = bad;
 }
 
-static void unscale_telemetry(float *g, int64_t n, float inv, mp_grad_stats *st)
+static void unscale_telemetry(float *restrict g, int64_t n, float inv, mp_grad_stats *restrict st)
 {
+    /* counters in locals (a store to g[i] could otherwise alias st->amax), the
+     * exponent from the bits instead of ilogbf: the same bins, subnormals in bin 0 */
+    int64_t nan = 0, inf = 0, zeros = 0, under = 0, over = 0;
+    int64_t hist[MP_HIST_BINS] = {0};
+    float amax = st->amax;
     for (int64_t i = 0; i < n; i++) {
         float x = g[i], a = fabsf(x);
-        if (isnan(x)) st->nan++;
-        else if (isinf(x)) st->inf++;
-        else {
-            if (a > st->amax) st->amax = a;
-            if (a == 0.0f) st->zeros++;
-            else {
-                if (a <= 0x1p-25f) st->underflow++;
-                if (a >= 65520.0f) st->overflow++;
-                int e = ilogbf(a) - MP_HIST_LO;
-                st->hist[e < 0 ? 0 : e >= MP_HIST_BINS ? MP_HIST_BINS - 1 : e]++;
-            }
+        uint32_t u;
+        memcpy(&u, &a, sizeof u);
+        if (u >= 0x7f800000u) {
+            if (u > 0x7f800000u) nan++; else inf++;
+        } else {
+            amax = a > amax ? a : amax;
+            zeros += u == 0;
+            under += u != 0 && a <= 0x1p-25f;
+            over += a >= 65520.0f;
+            int e = (int)(u >> 23) - 127 - MP_HIST_LO;
+            e = e < 0 ? 0 : e >= MP_HIST_BINS ? MP_HIST_BINS - 1 : e;
+            hist[e] += u != 0;
         }
         g[i] = x * inv;
     }
+    st->nan += nan, st->inf += inf, st->zeros += zeros, st->underflow += under, st->overflow += over;
+    st->amax = amax;
+    for (int b = 0; b < MP_HIST_BINS; b++) st->hist[b] += hist[b];
 }
 
 void cpu_unscale(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st)
