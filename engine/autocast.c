@@ -26,7 +26,7 @@ static struct { char name[32]; mp_ac_class c; } ops[MAX_OPS] = {
 static int nops = 18;
 
 /* the cast cache: (leaf, dtype) -> its cast, alive for the outermost region */
-static struct { mp_tensor *src, *cast; } cache[MAX_CACHE];
+static struct { mp_tensor *src, *cast; uint64_t version; } cache[MAX_CACHE];
 static int ncache;
 
 static void clear_cache(void)
@@ -100,10 +100,17 @@ mp_tensor *mp_autocast_arg(const char *op, mp_tensor *t)
     bool cacheable = t->requires_grad && !t->grad_fn && mp_grad_enabled();
     if (cacheable)
         for (int i = 0; i < ncache; i++)
-            if (cache[i].src == t && cache[i].cast->dtype == want) return mp_retain(cache[i].cast);
+            if (cache[i].src == t && cache[i].cast->dtype == want) {
+                if (cache[i].version == t->st->version) return mp_retain(cache[i].cast);
+                /* the master changed since (an optimizer step inside the region): cast again */
+                mp_release(cache[i].src);
+                mp_release(cache[i].cast);
+                cache[i--] = cache[--ncache];
+            }
     mp_tensor *r = mp_to(t, want, t->dev);   /* recorded: the gradient flows back in t's dtype */
     if (r && cacheable && ncache < MAX_CACHE) {
         cache[ncache].src = mp_retain(t);
+        cache[ncache].version = t->st->version;
         cache[ncache++].cast = mp_retain(r);
     }
     return r;

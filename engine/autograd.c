@@ -32,7 +32,7 @@ int mp_record(mp_tensor *out, const char *name, mp_backward_fn fn, int nin, mp_t
               mp_node **node)
 {
     *node = NULL;
-    if (!mp_needs_grad(nin, ins)) return 0;
+    if (!mp_needs_grad(nin, ins) || !mp_is_float(out->dtype)) return 0;   /* integers cut the graph */
     mp_node *n = calloc(1, sizeof *n);
     if (!n) return mp_fail(MP_EOOM, "out of memory recording %s", name);
     n->refs = 1;
@@ -306,6 +306,11 @@ int mp_backward(mp_tensor *t, mp_tensor *grad)
     if (!g) return -1;
     bool was = mp_set_grad_enabled(false);
     int ac = mp_autocast_enter(false, MP_F32);   /* backward ops run in their own dtypes */
+    if (ac < 0) {
+        mp_release(g);
+        mp_set_grad_enabled(was);
+        return -1;
+    }
     int rc = 0;
     if (!t->grad_fn) {
         rc = accumulate_leaf(t, g);

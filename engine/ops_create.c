@@ -179,6 +179,7 @@ int mp_copy_(mp_tensor *dst, mp_tensor *src)
     mp_tensor *c = mp_to_raw(src, dst->dtype, dst->dev);
     if (!c) return -1;
     if (c->st != dst->st || c->offset != dst->offset) mp_be(dst)->copy(mp_data(dst), mp_data(c), mp_nbytes(dst));
+    dst->st->version++;
     mp_release(c);
     return 0;
 }

@@ -418,7 +418,7 @@ mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b)
         if (o) mp_be(o)->where(dt, mp_data(o), mp_data(ce), mp_data(ax), mp_data(bx), o->numel);
     }
     mp_node *nd;
-    mp_tensor *ins[3] = {cond, a, b};
+    mp_tensor *ins[3] = {NULL, a, b};   /* the condition has no gradient */
     o = finish(o, "where", where_backward, 3, ins, &nd);
     if (nd) mp_save(nd, 0, ce);
     mp_release(cn), mp_release(c8), mp_release(ce), mp_release(ac), mp_release(bc), mp_release(ax), mp_release(bx);

@@ -171,6 +171,7 @@ int mp_optim_step(mp_optim *o)
     const mp_backend *be = mp_be(o->values);
     bool all = true;
     for (int i = 0; i < o->n && all; i++) all = o->params[i]->grad != NULL;
+    o->values->st->version++;   /* casts of these parameters made before now are stale */
     if (all) {   /* the usual case: one pass over the arena */
         be->optim_step(c->kind, p, g, s1, s2, o->numel, &a);
         return 0;

@@ -87,6 +87,7 @@ static void begin_step(mp_scaler *s)
 {
     if (s->has_pending) s->scale = s->pending, s->has_pending = false;
     s->unscaled = s->loss_nonfinite = s->found_inf = false;
+    s->nopt = 0;
     s->reason = MP_SKIP_NONE;
     s->first_bad = -1;
     memset(&s->total, 0, sizeof s->total);
@@ -119,15 +120,26 @@ static int first_nonfinite(mp_optim *o)
     return -1;
 }
 
+static int optim_index(const mp_scaler *s, const mp_optim *o)
+{
+    for (int i = 0; i < s->nopt; i++)
+        if (s->opts[i] == o) return i;
+    return -1;
+}
+
 int mp_scaler_unscale(mp_scaler *s, mp_optim *o)
 {
-    if (s->unscaled)
-        return mp_fail(MP_EINVAL, "unscale was already called for this step (call update() to end the step first)");
+    if (optim_index(s, o) >= 0)
+        return mp_fail(MP_EINVAL, "unscale was already called for this optimizer in this step "
+                                  "(call update() to end the step first)");
+    if (s->nopt == MP_SCALER_MAX_OPTIMS)
+        return mp_fail(MP_EINVAL, "one step drives at most %d optimizers", MP_SCALER_MAX_OPTIMS);
     /* .grad tensors a script replaced count too: bring them into the arena first */
     if (mp_optim_sync_grads(o)) return -1;
     const mp_backend *be = mp_be(o->grads);
     float inv = s->policy.kind == MP_POLICY_NONE ? 1.0f : 1.0f / s->scale;
-    memset(&s->total, 0, sizeof s->total);
+    if (s->nopt == 0) memset(&s->total, 0, sizeof s->total);   /* totals cover every optimizer of the step */
+    mp_grad_stats mine = {0};
     s->stats_scale = s->policy.kind == MP_POLICY_NONE ? 1.0f : s->scale;
     if (s->telemetry) {
         if (s->nstats != o->n) {
@@ -144,24 +156,35 @@ int mp_scaler_unscale(mp_scaler *s, mp_optim *o)
             s->total.zeros += st->zeros, s->total.underflow += st->underflow, s->total.overflow += st->overflow;
             if (st->amax > s->total.amax) s->total.amax = st->amax;
             for (int b = 0; b < MP_HIST_BINS; b++) s->total.hist[b] += st->hist[b];
+            mine.nan += st->nan, mine.inf += st->inf;   /* this optimizer's own findings */
         }
     } else {
-        be->unscale(mp_data(o->grads), o->numel, inv, 0, &s->total);
+        be->unscale(mp_data(o->grads), o->numel, inv, 0, &mine);
+        s->total.n += mine.n, s->total.nan += mine.nan, s->total.inf += mine.inf;
+        if (mine.amax > s->total.amax) s->total.amax = mine.amax;
     }
-    bool bad = s->total.nan + s->total.inf > 0;
-    s->found_inf = bad || s->loss_nonfinite;
-    s->reason = s->loss_nonfinite ? MP_SKIP_FORWARD : s->total.nan ? MP_SKIP_NAN : bad ? MP_SKIP_OVERFLOW : MP_SKIP_NONE;
-    s->first_bad = bad ? first_nonfinite(o) : -1;
+    bool bad = mine.nan + mine.inf > 0;
+    s->opts[s->nopt] = o;
+    s->opt_bad[s->nopt++] = bad;
+    bool any = s->total.nan + s->total.inf > 0;
+    s->found_inf = any || s->loss_nonfinite;
+    s->reason = s->loss_nonfinite ? MP_SKIP_FORWARD : s->total.nan ? MP_SKIP_NAN : any ? MP_SKIP_OVERFLOW : MP_SKIP_NONE;
+    if (bad && s->first_bad < 0) s->first_bad = first_nonfinite(o);
     s->unscaled = true;
     return 0;
 }
 
 int mp_scaler_step(mp_scaler *s, mp_optim *o, bool *applied)
 {
-    if (!s->unscaled && mp_scaler_unscale(s, o)) return -1;
+    int k = optim_index(s, o);
+    if (k < 0) {
+        if (mp_scaler_unscale(s, o)) return -1;
+        k = s->nopt - 1;
+    }
     s->steps++;
-    *applied = !s->found_inf;
-    if (s->found_inf) {
+    bool skip = s->loss_nonfinite || s->opt_bad[k];
+    *applied = !skip;
+    if (skip) {
         s->skipped++;
         return 0;
     }
@@ -179,6 +202,7 @@ static void end_step(mp_scaler *s)
 {
     s->unscaled = false;
     s->in_step = false;
+    s->nopt = 0;
 }
 
 /* DeepSpeed's DynamicLossScaler.update_scale with separate growth/backoff factors */

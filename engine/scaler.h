@@ -33,6 +33,7 @@ typedef struct {
 typedef enum { MP_SKIP_NONE, MP_SKIP_OVERFLOW, MP_SKIP_NAN, MP_SKIP_FORWARD } mp_skip_reason;
 
 #define MP_AMAX_HISTORY_MAX 1024
+#define MP_SCALER_MAX_OPTIMS 16
 
 typedef struct mp_scaler {
     float scale;
@@ -52,6 +53,11 @@ typedef struct mp_scaler {
     float stats_scale;               /* the scale the statistics were measured at */
     mp_skip_reason reason;
     int first_bad;                   /* index of the first parameter with a non-finite gradient, or -1 */
+    /* the optimizers unscaled this step, and whether each found inf/NaN (a step may
+     * drive several optimizers, each skipped only for its own gradients) */
+    int nopt;
+    const struct mp_optim *opts[MP_SCALER_MAX_OPTIMS];
+    bool opt_bad[MP_SCALER_MAX_OPTIMS];
     mp_grad_stats total;             /* over all gradients, scaled values */
     bool telemetry;
     int nstats;

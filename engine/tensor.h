@@ -19,6 +19,7 @@ typedef struct mp_storage {
     size_t nbytes;
     void *data;
     bool arena;                    /* an optimizer's parameter arena */
+    uint64_t version;              /* bumped by every in-place write (copy_, an optimizer step) */
 } mp_storage;
 
 typedef struct mp_tensor {

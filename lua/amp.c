@@ -252,18 +252,32 @@ static int s_restore(lua_State *L)
         lua_pop(L, 1);
     }
     lua_pop(L, 1);
+    /* a checkpoint is input: every counter is checked before it is used as one */
+    double f[6] = {
+        lb_number_field(L, 2, "tracker", 0, name), lb_number_field(L, 2, "last_overflow", -1, name),
+        lb_number_field(L, 2, "hysteresis_left", s->policy.hysteresis, name),
+        lb_number_field(L, 2, "steps", 0, name), lb_number_field(L, 2, "skipped", 0, name),
+        lb_number_field(L, 2, "amax_pos", 0, name),
+    };
+    static const char *fn[6] = {"tracker", "last_overflow", "hysteresis_left", "steps", "skipped", "amax_pos"};
+    for (int i = 0; i < 6; i++)
+        if (f[i] != (double)(int64_t)f[i] || f[i] < -1 || f[i] > 9.0e15)
+            return luaL_error(L, "%s: %s must be a whole number (got %f)", name, fn[i], f[i]);
+    int hlen = s->policy.history > 0 ? s->policy.history : 1;
+    if (nh > hlen || f[5] < 0 || f[5] >= hlen || f[2] < 0 || f[2] > 1e9)
+        return luaL_error(L, "%s: amax history, its position or the hysteresis counter out of range", name);
     s->scale = (float)scale;
-    s->tracker = (int64_t)lb_number_field(L, 2, "tracker", 0, name);
-    s->last_overflow = (int64_t)lb_number_field(L, 2, "last_overflow", -1, name);
-    s->hyst_left = (int)lb_number_field(L, 2, "hysteresis_left", s->policy.hysteresis, name);
-    s->steps = (int64_t)lb_number_field(L, 2, "steps", 0, name);
-    s->skipped = (int64_t)lb_number_field(L, 2, "skipped", 0, name);
+    s->tracker = (int64_t)f[0];
+    s->last_overflow = (int64_t)f[1];
+    s->hyst_left = (int)f[2];
+    s->steps = (int64_t)f[3];
+    s->skipped = (int64_t)f[4];
     lua_getfield(L, 2, "warned_at_min");
     s->warned_at_min = lua_toboolean(L, -1);
     lua_pop(L, 1);
     s->amax_count = nh;
     memcpy(s->amax_hist, hist, sizeof(float) * (size_t)nh);
-    s->amax_pos = (int)lb_number_field(L, 2, "amax_pos", 0, name) % (s->policy.history > 0 ? s->policy.history : 1);
+    s->amax_pos = (int)f[5];
     s->has_pending = false;
     return 0;
 }

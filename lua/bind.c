@@ -82,6 +82,25 @@ double lb_number_field(lua_State *L, int t, const char *k, double dflt, const ch
     return v;
 }
 
+mp_tensor **lb_tensor_list(lua_State *L, int i, int max, const char *what, const char *name, int *n)
+{
+    i = lua_absindex(L, i);
+    if (!lua_istable(L, i)) luaL_error(L, "%s: %s must be a list of tensors (got %s)", name, what, luaL_typename(L, i));
+    *n = lb_len(L, i, max, what, name);
+    /* the values are copied into a fresh table that stays on the stack: a proxy's
+     * __index may hand out a tensor that nothing else keeps alive */
+    lua_createtable(L, *n, 0);
+    mp_tensor **ts = lua_newuserdatauv(L, sizeof(mp_tensor *) * (size_t)(*n ? *n : 1), 0);
+    lua_insert(L, -2);   /* pointers below the anchor table; both stay until the C function returns */
+    for (int k = 0; k < *n; k++) {
+        lua_geti(L, i, k + 1);
+        if (!(ts[k] = lt_opt(L, -1)))
+            luaL_error(L, "%s: %s[%d] is %s (expected a tensor)", name, what, k + 1, luaL_typename(L, -1));
+        lua_rawseti(L, -2, k + 1);
+    }
+    return ts;
+}
+
 int lb_dim(lua_State *L, int i, const char *name)
 {
     int64_t d = lb_integer(L, i, "dim", name);

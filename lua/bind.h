@@ -48,6 +48,8 @@ void lt_pace_gc(lua_State *L, size_t nbytes);
 /* shapes, dtypes, devices and options from Lua values */
 int64_t lb_integer(lua_State *L, int i, const char *what, const char *name);   /* 3 and 3.0, not "3" */
 double lb_number_field(lua_State *L, int t, const char *k, double dflt, const char *name);   /* t.k or dflt */
+/* the tensors of a Lua list, kept alive on the stack until the C function returns */
+mp_tensor **lb_tensor_list(lua_State *L, int i, int max, const char *what, const char *name, int *n);
 int lb_dim(lua_State *L, int i, const char *name);      /* an integer within +-MP_MAXDIM */
 int lb_len(lua_State *L, int i, int max, const char *what, const char *name);
 int lb_shape(lua_State *L, int i, int64_t *shape, const char *name);   /* returns ndim */

@@ -120,16 +120,9 @@ static int f_mse_loss(lua_State *L)
 /* mp.cat({t1, t2, ...}, dim) */
 static int f_cat(lua_State *L)
 {
-    if (!lua_istable(L, 1)) return luaL_error(L, "mp.cat: expected a list of tensors (got %s)", luaL_typename(L, 1));
-    int n = lb_len(L, 1, 1 << 20, "the list", "mp.cat"), d = dim_arg(L, 2, "mp.cat");
+    int n, d = dim_arg(L, 2, "mp.cat");
+    mp_tensor **ts = lb_tensor_list(L, 1, 1 << 20, "list", "mp.cat", &n);
     if (n < 1) return luaL_error(L, "mp.cat: the list is empty");
-    mp_tensor **ts = lua_newuserdatauv(L, sizeof(mp_tensor *) * (size_t)n, 0);   /* freed by GC */
-    for (int i = 0; i < n; i++) {
-        lua_geti(L, 1, i + 1);
-        ts[i] = lt_opt(L, -1);
-        if (!ts[i]) return luaL_error(L, "mp.cat: element %d is %s (expected a tensor)", i + 1, luaL_typename(L, -1));
-        lua_pop(L, 1);
-    }
     RETURN_TENSOR(L, "mp.cat", mp_cat(n, ts, d));
 }
 
@@ -141,7 +134,9 @@ static int f_where(lua_State *L)
     for (int i = 0; i < 2; i++) {
         if (lua_type(L, i + 2) == LUA_TNUMBER) {
             mp_tensor *ref = lt_opt(L, 3 - i) ? lt_opt(L, 3 - i) : NULL;
+            double v = lua_tonumber(L, i + 2);
             mp_dtype dt = ref ? ref->dtype : MP_F32;
+            if (!mp_is_float(dt) && (v != (double)(int64_t)v || v < INT32_MIN || v > INT32_MAX)) dt = MP_F32;
             tmp[i] = lt_new(L);   /* keeps the scalar tensor alive until the call ends */
             lt_set(L, tmp[i], LT_CALL(L, mp_full(dt, c->dev, 0, NULL, lua_tonumber(L, i + 2))), "mp.where");
             ab[i] = tmp[i]->t;

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "lua/bind.h"
 #include "lua/mp_core.h"
+#include "engine/autograd.h"
 
 /* ---- mp.tensor(data [, opts]) ---- */
 
@@ -63,8 +64,12 @@ static int m_tensor(lua_State *L)
     mp_tensor *src = lt_opt(L, 1);
     if (src) {   /* a copy of a tensor, in the dtype/device asked for */
         lb_opts o = lb_options_def(L, 2, "mp.tensor", (lb_opts){src->dtype, src->dev, 0});
-        LT_PUSH(L, "mp.tensor", src->dtype == o.dtype && src->dev == o.device ? mp_clone(src)
-                                                                             : mp_to(src, o.dtype, o.device));
+        LTensor *u = lt_new(L);
+        bool was = mp_set_grad_enabled(false);   /* a new leaf, as torch.tensor(t) makes */
+        mp_tensor *t = LT_CALL(L, src->dtype == o.dtype && src->dev == o.device ? mp_clone(src)
+                                                                               : mp_to(src, o.dtype, o.device));
+        mp_set_grad_enabled(was);   /* before lt_set, which may raise */
+        lt_set(L, u, t, "mp.tensor");
         lb_apply_options(L, &o, "mp.tensor");
         return 1;
     }

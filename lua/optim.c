@@ -25,7 +25,6 @@ static int o_new(lua_State *L)
     static const char *names[] = {"mp.optim.SGD", "mp.optim.Adam", "mp.optim.AdamW"};
     int kind = luaL_checkoption(L, 1, NULL, kinds);
     const char *name = names[kind];
-    if (!lua_istable(L, 2)) return luaL_error(L, "%s: params must be a list of tensors (got %s)", name, luaL_typename(L, 2));
     luaL_checktype(L, 3, LUA_TTABLE);
     mp_optim_config c = {.kind = (mp_optim_kind)kind};
     c.lr = lb_number_field(L, 3, "lr", 0, name);
@@ -38,14 +37,8 @@ static int o_new(lua_State *L)
     lua_getfield(L, 3, "nesterov");
     c.nesterov = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    int n = (int)luaL_len(L, 2);
-    mp_tensor **ps = lua_newuserdatauv(L, sizeof(mp_tensor *) * (size_t)(n ? n : 1), 0);
-    for (int i = 0; i < n; i++) {
-        lua_geti(L, 2, i + 1);
-        if (!(ps[i] = lt_opt(L, -1)))
-            return luaL_error(L, "%s: params[%d] is %s (expected a tensor)", name, i + 1, luaL_typename(L, -1));
-        lua_pop(L, 1);
-    }
+    int n;
+    mp_tensor **ps = lb_tensor_list(L, 2, 1 << 24, "params", name, &n);
     LOptim *u = lua_newuserdatauv(L, sizeof *u, 0);
     u->o = NULL;
     luaL_setmetatable(L, OPTIM_MT);
@@ -163,17 +156,9 @@ static int o_newindex(lua_State *L)
 
 static int o_clip_grad_norm(lua_State *L)
 {
-    luaL_checktype(L, 1, LUA_TTABLE);
     double max_norm = luaL_checknumber(L, 2), total;
-    int n = (int)luaL_len(L, 1);
-    mp_tensor **ps = lua_newuserdatauv(L, sizeof(mp_tensor *) * (size_t)(n ? n : 1), 0);
-    for (int i = 0; i < n; i++) {
-        lua_geti(L, 1, i + 1);
-        if (!(ps[i] = lt_opt(L, -1)))
-            return luaL_error(L, "mp.optim.clip_grad_norm: params[%d] is %s (expected a tensor)", i + 1,
-                              luaL_typename(L, -1));
-        lua_pop(L, 1);
-    }
+    int n;
+    mp_tensor **ps = lb_tensor_list(L, 1, 1 << 24, "params", "mp.optim.clip_grad_norm", &n);
     mp_clear_error();
     if (mp_clip_grad_norm(n, ps, max_norm, &total)) return lt_error(L, "mp.optim.clip_grad_norm");
     lua_pushnumber(L, total);

@@ -280,6 +280,14 @@ static int t_matmul(lua_State *L)
     TENSOR_RETURN(L, "mp.matmul", mp_matmul(a, b));
 }
 
+/* a dtype that holds the number v exactly, for comparing it with a tensor of dtype dt */
+static mp_dtype scalar_dtype(mp_dtype dt, double v)
+{
+    if (mp_is_float(dt)) return dt;
+    bool fits = v == (double)(int64_t)v && (dt == MP_U8 ? v >= 0 && v <= 255 : v >= INT32_MIN && v <= INT32_MAX);
+    return fits ? dt : MP_F32;
+}
+
 #define COMPARE_METHOD(fn, OP, NAME)                                            \
     static int fn(lua_State *L)                                                 \
     {                                                                           \
@@ -289,7 +297,8 @@ static int t_matmul(lua_State *L)
             return luaL_error(L, "%s: expected a tensor or a number (got %s)", NAME, luaL_typename(L, 2)); \
         mp_tensor *s;                                                           \
         LTensor *u = lt_new(L);                                                 \
-        lt_set(L, u, LT_CALL(L, mp_full(a->dtype, a->dev, 0, NULL, lua_tonumber(L, 2))), NAME); \
+        double v_ = lua_tonumber(L, 2);                                         \
+        lt_set(L, u, LT_CALL(L, mp_full(scalar_dtype(a->dtype, v_), a->dev, 0, NULL, v_)), NAME); \
         s = u->t;                                                               \
         TENSOR_RETURN(L, NAME, mp_binary(OP, a, s));                            \
     }
@@ -315,13 +324,8 @@ static int t_backward(lua_State *L)
 {
     mp_tensor *t = lt_check(L, 1), *g = lua_isnoneornil(L, 2) ? NULL : lt_check(L, 2);
     mp_clear_error();
-    int rc = mp_backward(t, g);
-    if (rc && mp_errcode_last() == MP_EOOM) {
-        lua_gc(L, LUA_GCCOLLECT);
-        mp_clear_error();
-        rc = mp_backward(t, g);
-    }
-    if (rc) return lt_error(L, "Tensor:backward");
+    /* no retry after out of memory: the first attempt has already consumed part of the graph */
+    if (mp_backward(t, g)) return lt_error(L, "Tensor:backward");
     return 0;
 }
 
@@ -342,6 +346,11 @@ static int t_newindex(lua_State *L)
         if (g && (!mp_same_shape(g, t) || g->dev != t->dev || g->dtype != t->dtype))
             return luaL_error(L, "Tensor.grad: must be nil or a tensor of the tensor's shape, dtype (%s) "
                                  "and device (%s)", mp_dtype_name(t->dtype), mp_device_name(t->dev));
+        /* a gradient is plain data: one that is the tensor itself, has a gradient of its
+         * own or is part of a graph would make a reference cycle that is never freed */
+        if (g && (g == t || g->grad || g->requires_grad))
+            return luaL_error(L, "Tensor.grad: must be a plain tensor (not the tensor itself, not one that "
+                                 "requires grad or has a .grad; use :detach():clone())");
         if (g) mp_retain(g);
         mp_release(t->grad);
         t->grad = g;
