@@ -387,7 +387,9 @@ end
 ---------------------------------------------------------------- state
 
 -- {["0.weight"] = t, ...}: detached tensors sharing the parameters' storage (a
--- later optimizer step shows through them, as in PyTorch); a shared parameter
+-- later optimizer step shows through them, as in PyTorch, provided the optimizer
+-- existed when state_dict() was called: creating one moves the parameters into
+-- its arena, and views taken before that keep the old values); a shared parameter
 -- appears under each of its names. (One result only, so that
 -- b:load_state_dict(a:state_dict()) passes no options by accident.)
 function Module:state_dict()
