@@ -31,7 +31,7 @@ CLI  := $(BUILD)/mpengine
 
 .PHONY: all deps pydeps test demo bench bench-deps install clean
 all: $(LIB) $(CORE) $(CLI)
-	@echo "built backends: cpu (CUDA: see issue 5)"
+	@echo "built backends: cpu (no CUDA backend yet)"
 
 # kernels are built at -O3: their loops are what -O3's vectoriser is for
 $(BUILD)/obj/kernels/%.o: CFLAGS += -O3
