@@ -17,22 +17,7 @@ local function run(args, env) return sh("scripts/train_mlp.lua", args, env) end
 
 local function tmp(name) local b = os.tmpname(); os.remove(b); return b .. "-" .. name end
 
--- every tensor of two checkpoints' models, bit for bit
-local function same_model(a, b)
-  local ca, cb = mp.load(a), mp.load(b)
-  local n = 0
-  for k, t in pairs(ca.model) do
-    local u = cb.model[k]
-    assert(u, "missing " .. k)
-    local x, y = t:reshape{-1}:totable(), u:reshape{-1}:totable()
-    assert(#x == #y, k)
-    for i = 1, #x do
-      if string.pack("<f", x[i]) ~= string.pack("<f", y[i]) then return false, k .. "[" .. i .. "]" end
-    end
-    n = n + 1
-  end
-  return n == 6, "tensor count " .. n
-end
+local same_model = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua").same_model
 
 -- the last two lines: the skip summary, then the accuracy
 local function tail(out)

@@ -178,4 +178,23 @@ function H.raises(fn, words)
   return msg
 end
 
+-- every tensor of two train_mlp.lua checkpoints' models, bit for bit (raw f32 bytes);
+-- returns ok, and where they first differ
+function H.same_model(a, b)
+  local mp = require "mp"
+  local ca, cb = mp.load(a), mp.load(b)
+  local n = 0
+  for k, t in pairs(ca.model) do
+    local u = cb.model[k]
+    assert(u, "missing " .. k)
+    local x, y = t:reshape{-1}:totable(), u:reshape{-1}:totable()
+    assert(#x == #y, k)
+    for i = 1, #x do
+      if string.pack("<f", x[i]) ~= string.pack("<f", y[i]) then return false, k .. "[" .. i .. "]" end
+    end
+    n = n + 1
+  end
+  return n == 6, "tensor count " .. n
+end
+
 return H
