@@ -688,10 +688,30 @@ static int loadline(lua_State *L) {
   return status;
 }
 
+/* plain tables print through mp.pretty (keys and values, not an address) */
+static void prettify(lua_State *L, int n) {
+  if (lua_getglobal(L, "mp") != LUA_TTABLE || lua_getfield(L, -1, "pretty") != LUA_TFUNCTION) {
+    lua_settop(L, n);
+    return;
+  }
+  for (int i = 1; i <= n; i++) {
+    if (lua_type(L, i) != LUA_TTABLE || luaL_getmetafield(L, i, "__tostring") != LUA_TNIL) {
+      if (lua_type(L, i) == LUA_TTABLE) lua_pop(L, 1);
+      continue;
+    }
+    lua_pushvalue(L, -1);
+    lua_pushvalue(L, i);
+    if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_type(L, -1) == LUA_TSTRING) lua_replace(L, i);
+    else lua_pop(L, 1);
+  }
+  lua_settop(L, n);
+}
+
 static void l_print(lua_State *L) {
   int n = lua_gettop(L);
   if (n > 0) {
     luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
+    prettify(L, n);
     lua_getglobal(L, "print");
     lua_insert(L, 1);
     if (lua_pcall(L, n, 0, 0) != LUA_OK)

@@ -14,6 +14,7 @@ mp.optim = require "mp.optim"
 mp.data = require "mp.data"
 mp.nn = require "mp.nn"
 mp.amp = require "mp.amp"
+mp.pretty = require "mp.pretty"
 
 -- default device: MP_DEVICE, else cuda when present, else cpu
 local env = os.getenv("MP_DEVICE")
