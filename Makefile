@@ -22,6 +22,7 @@ BIND_SRC   := $(filter-out lua/mpengine.c,$(wildcard lua/*.c))
 BIND_OBJ   := $(BIND_SRC:%.c=$(BUILD)/obj/%.o)
 CTEST_SRC  := $(wildcard tests/c/test_*.c)
 CTEST_BIN  := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
+PARITY     := $(BUILD)/tests/parity
 BENCH_SRC  := $(wildcard scripts/bench/*.c)
 BENCH_BIN  := $(BENCH_SRC:scripts/bench/%.c=$(BUILD)/bench/%)
 
@@ -57,6 +58,10 @@ $(BUILD)/tests/%: tests/c/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(LIB) -lcriterion $(LDLIBS)
 
+$(PARITY): tests/parity/parity.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+
 $(BUILD)/bench/%: scripts/bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -O3 -o $@ $< $(LIB) $(LDLIBS)
@@ -83,7 +88,7 @@ pydeps:
 	  || echo "pydeps: install failed (see $(BUILD)/pydeps.log); the interop test will be pending"; fi
 
 test: deps pydeps
-	@$(MAKE) --no-print-directory all $(CTEST_BIN)
+	@$(MAKE) --no-print-directory all $(CTEST_BIN) $(PARITY)
 	@BUILD=$(BUILD) sh tests/run.sh
 
 demo: deps

@@ -22,6 +22,22 @@ for t in "$BUILD"/tests/test_*; do
   pass=$((pass + ${n_pass:-0})); fail=$((fail + ${n_fail:-0} + ${n_crash:-0})); skip=$((skip + ${n_skip:-0}))
 done
 
+# backend parity (tests/parity): the harness against planted faults, then the CUDA
+# backend against the CPU one, each case skipped where there is no CUDA device
+for mode in --self-check ""; do
+  [ -x "$BUILD/tests/parity" ] || { echo "!! $BUILD/tests/parity missing"; fail=$((fail + 1)); break; }
+  echo "== parity $mode"
+  "$BUILD/tests/parity" $mode >"$log" 2>&1
+  rc=$?
+  grep -v '^FAIL' "$log" | tail -n 3
+  [ "$mode" = "" ] && grep '^FAIL' "$log" | head -n 20
+  line=$(grep -a '^parity: [0-9]* passed' "$log" | tail -n 1)
+  if [ -z "$line" ]; then echo "!! parity $mode exited $rc without a summary"; fail=$((fail + 1)); continue; fi
+  set -- $line
+  pass=$((pass + $2)); fail=$((fail + $4)); skip=$((skip + $6))
+  [ "$rc" -ne 0 ] && [ "$4" -eq 0 ] && { echo "!! parity $mode exited $rc"; fail=$((fail + 1)); }
+done
+
 export LUA_PATH="$PWD/lua/?.lua;$PWD/lua/?/init.lua;;"
 export LUA_CPATH="$PWD/$BUILD/?.so;;"
 export MP_TEST_BUILD="$PWD/$BUILD"

@@ -1,0 +1,454 @@
+/*
+ * parity.c: backend parity, the way ggml's test-backend-ops works.
+ *
+ * Each case runs one entry of the backend table (kernels/backend.h) on the CPU
+ * backend, the reference, and on the backend under test, with the same random
+ * inputs, and compares the outputs: NaN anywhere fails, infinities must agree
+ * in sign, and the normalised mean squared error sum((a-b)^2) / sum(a^2) must
+ * stay under a bound per op and dtype (tight for f32, looser for f16/bf16).
+ * Every buffer of the backend under test has sentinel bytes on both sides,
+ * checked after each case, so an out-of-bounds write fails its case.
+ *
+ *   parity            the CUDA backend against the CPU; each case is skipped
+ *                     when this machine has none
+ *   parity --self-check
+ *                     a copy of the CPU backend with faults planted in a few
+ *                     entries: the faulty cases must fail and all others pass,
+ *                     which tests the harness itself
+ *
+ * The last line is `parity: N passed, N failed, N skipped`.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "engine/tensor.h"          /* mp_backend_of */
+#include "kernels/half.h"
+
+#define PAD 64                      /* sentinel bytes on each side of a buffer */
+#define SENTINEL 0xA5
+
+static const mp_backend *REF, *DUT;  /* reference and device under test */
+static int passed, failed, skipped, self_check;
+static const char *only;             /* run the cases whose name contains this */
+static char failed_names[16][96];    /* the first failures, for the self-check */
+
+/* ---- buffers on the device under test, with sentinels ---- */
+
+typedef struct { unsigned char *base; size_t n; } dbuf;
+
+static void *dalloc(dbuf *b, size_t n)
+{
+    b->n = n;
+    b->base = DUT->alloc(n + 2 * PAD);
+    unsigned char *pat = malloc(n + 2 * PAD);
+    memset(pat, SENTINEL, n + 2 * PAD);
+    DUT->from_host(b->base, pat, n + 2 * PAD);
+    free(pat);
+    return b->base + PAD;
+}
+
+/* 0 when both sentinels are intact; frees the buffer */
+static int dcheck_free(dbuf *b)
+{
+    unsigned char *h = malloc(b->n + 2 * PAD);
+    DUT->to_host(h, b->base, b->n + 2 * PAD);
+    int bad = 0;
+    for (size_t i = 0; i < PAD; i++) bad |= h[i] != SENTINEL || h[PAD + b->n + i] != SENTINEL;
+    free(h);
+    DUT->free(b->base, b->n + 2 * PAD);
+    return bad;
+}
+
+/* ---- a case: host inputs, reference outputs, device outputs ---- */
+
+#define MAXBUF 12
+typedef struct {
+    char name[96];
+    int nbuf;
+    size_t size[MAXBUF];
+    mp_dtype dt[MAXBUF];
+    int is_out[MAXBUF];
+    void *host[MAXBUF];             /* inputs (and initial outputs) */
+    void *ref[MAXBUF];              /* reference: CPU buffers */
+    void *dev[MAXBUF];              /* device under test */
+    dbuf db[MAXBUF];
+    double bound;
+} pcase;
+
+static uint64_t rng = 0x9E3779B97F4A7C15ULL;
+static double urand(void)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (double)(rng >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static void fill(mp_dtype dt, void *p, int64_t n, double lo, double hi)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float v = (float)(lo + (hi - lo) * urand());
+        switch (dt) {
+        case MP_F32: ((float *)p)[i] = v; break;
+        case MP_F16: ((uint16_t *)p)[i] = mp_f32_to_f16(v); break;
+        case MP_BF16: ((uint16_t *)p)[i] = mp_f32_to_bf16(v); break;
+        case MP_I32: ((int32_t *)p)[i] = (int32_t)floor(v); break;
+        default: ((uint8_t *)p)[i] = (uint8_t)fabs(floor(v)); break;
+        }
+    }
+}
+
+static int begin(pcase *c, const char *fmt, const char *a, const char *b)
+{
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, fmt, a, b);
+    return !only || strstr(c->name, only);
+}
+
+/* a buffer of n elements; inputs get random values in [lo, hi) */
+static int buf(pcase *c, mp_dtype dt, int64_t n, int out, double lo, double hi)
+{
+    if (c->nbuf == MAXBUF) { fprintf(stderr, "parity: case %s has more than %d buffers\n", c->name, MAXBUF); exit(2); }
+    int k = c->nbuf++;
+    c->dt[k] = dt, c->is_out[k] = out, c->size[k] = (size_t)n * mp_dtype_size(dt);
+    c->host[k] = calloc(1, c->size[k]);
+    if (!out) fill(dt, c->host[k], n, lo, hi);
+    c->ref[k] = malloc(c->size[k]);
+    memcpy(c->ref[k], c->host[k], c->size[k]);
+    if (DUT) {
+        c->dev[k] = dalloc(&c->db[k], c->size[k]);
+        DUT->from_host(c->dev[k], c->host[k], c->size[k]);
+    }
+    return k;
+}
+
+static double as_f64(mp_dtype dt, const void *p, size_t i)
+{
+    switch (dt) {
+    case MP_F32: return ((const float *)p)[i];
+    case MP_F16: return mp_f16_to_f32(((const uint16_t *)p)[i]);
+    case MP_BF16: return mp_bf16_to_f32(((const uint16_t *)p)[i]);
+    case MP_I32: return ((const int32_t *)p)[i];
+    default: return ((const uint8_t *)p)[i];
+    }
+}
+
+/* compare every output, check sentinels, free everything, count the result */
+static void finish(pcase *c)
+{
+    const char *why = NULL;
+    char msg[160];
+    for (int k = 0; k < c->nbuf && !why; k++) {
+        if (!c->is_out[k]) continue;
+        size_t n = c->size[k] / mp_dtype_size(c->dt[k]);
+        void *got = malloc(c->size[k]);
+        DUT->to_host(got, c->dev[k], c->size[k]);
+        double num = 0, den = 0;
+        for (size_t i = 0; i < n && !why; i++) {
+            double a = as_f64(c->dt[k], c->ref[k], i), b = as_f64(c->dt[k], got, i);
+            if (isnan(a) || isnan(b)) { snprintf(msg, sizeof msg, "NaN in output %d at %zu", k, i); why = msg; }
+            else if (isinf(a) || isinf(b)) {
+                if (a != b) { snprintf(msg, sizeof msg, "inf mismatch in output %d at %zu", k, i); why = msg; }
+            } else num += (a - b) * (a - b), den += a * a;
+        }
+        double nmse = den > 0 ? num / den : num;
+        if (!why && nmse > c->bound) {
+            snprintf(msg, sizeof msg, "output %d: nmse %.3g > %.3g", k, nmse, c->bound);
+            why = msg;
+        }
+        free(got);
+    }
+    for (int k = 0; k < c->nbuf; k++) {
+        if (dcheck_free(&c->db[k]) && !why) { snprintf(msg, sizeof msg, "sentinel bytes of buffer %d overwritten", k); why = msg; }
+        free(c->host[k]);
+        free(c->ref[k]);
+    }
+    if (why) {
+        if (failed < 16) snprintf(failed_names[failed], sizeof failed_names[0], "%s", c->name);
+        failed++;
+        printf("FAIL %s: %s\n", c->name, why);
+    } else {
+        passed++;
+    }
+}
+
+static double bound_for(mp_dtype dt, double f32, double low)
+{
+    return dt == MP_F32 ? f32 : dt == MP_F16 ? low : 4 * low;
+}
+
+static const mp_dtype FLOATS[3] = {MP_F32, MP_F16, MP_BF16};
+
+/* ---- the cases ---- */
+
+static void cases_elementwise(void)
+{
+    static const char *bn[] = {"add", "sub", "mul", "div"};
+    static const char *un[] = {"neg", "abs", "exp", "log", "sqrt", "pow", "muls", "adds", "rsubs",
+                               "divs", "rdivs", "relu", "tanh", "sigmoid", "gelu", "dropmask"};
+    pcase c;
+    for (int d = 0; d < 3; d++) {
+        mp_dtype dt = FLOATS[d];
+        const char *dn = mp_dtype_name(dt);
+        for (int op = MP_ADD; op <= MP_DIV; op++) {
+            if (!begin(&c, "binary %s %s {37,1,5}x{1,4,5}", bn[op], dn)) continue;
+            mp_bcast bc = {.ndim = 3, .shape = {37, 4, 5}, .sa = {5, 0, 1}, .sb = {0, 5, 1}};
+            int a = buf(&c, dt, 37 * 5, 0, -2, 2), b = buf(&c, dt, 4 * 5, 0, 0.5, 2), o = buf(&c, dt, 37 * 4 * 5, 1, 0, 0);
+            REF->binary(op, dt, c.ref[o], c.ref[a], c.ref[b], &bc);
+            DUT->binary(op, dt, c.dev[o], c.dev[a], c.dev[b], &bc);
+            c.bound = bound_for(dt, 1e-12, 1e-6);
+            finish(&c);
+        }
+        for (int op = 0; op < MP_NUNOPS; op++) {
+            if (!begin(&c, "unary %s %s n=1003", un[op], dn)) continue;
+            double lo = op == MP_LOG || op == MP_SQRT || op == MP_RDIVS || op == MP_POW ? 0.1 : -3;
+            int a = buf(&c, dt, 1003, 0, lo, op == MP_DROPMASK ? 1 : 3), o = buf(&c, dt, 1003, 1, 0, 0);
+            double p = op == MP_POW ? 1.5 : op == MP_DROPMASK ? 0.3 : op == MP_GELU ? 0 : 0.75;
+            REF->unary(op, dt, c.ref[o], c.ref[a], 1003, p);
+            DUT->unary(op, dt, c.dev[o], c.dev[a], 1003, p);
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+            if (op == MP_DROPMASK) continue;
+            if (!begin(&c, "unary_grad %s %s n=1003", un[op], dn)) continue;
+            int x = buf(&c, dt, 1003, 0, lo, 3), g = buf(&c, dt, 1003, 0, -1, 1), y = buf(&c, dt, 1003, 0, lo, 3);
+            int r = buf(&c, dt, 1003, 1, 0, 0);
+            REF->unary(op, dt, c.ref[y], c.ref[x], 1003, p);      /* y = f(x) on both sides */
+            DUT->from_host(c.dev[y], c.ref[y], c.size[y]);
+            REF->unary_grad(op, dt, c.ref[r], c.ref[g], c.ref[x], c.ref[y], 1003, p);
+            DUT->unary_grad(op, dt, c.dev[r], c.dev[g], c.dev[x], c.dev[y], 1003, p);
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+        }
+    }
+}
+
+static void cases_reduce_and_layout(void)
+{
+    static const char *rn[] = {"sum", "mean", "max", "argmax"};
+    pcase c;
+    for (int d = 0; d < 3; d++) {
+        mp_dtype dt = FLOATS[d];
+        const char *dn = mp_dtype_name(dt);
+        for (int op = 0; op < MP_NREDOPS; op++)
+            for (int inner = 1; inner <= 7; inner += 6) {
+                char what[32];
+                snprintf(what, sizeof what, "%s inner=%d", rn[op], inner);
+                if (!begin(&c, "reduce %s %s {3,300,inner}", what, dn)) continue;
+                int a = buf(&c, dt, 3 * 300 * inner, 0, -1, 1);
+                int o = buf(&c, op == MP_ARGMAX ? MP_I32 : dt, 3 * inner, 1, 0, 0);
+                REF->reduce(op, dt, c.ref[o], c.ref[a], 3, 300, inner);
+                DUT->reduce(op, dt, c.dev[o], c.dev[a], 3, 300, inner);
+                c.bound = op == MP_SUM || op == MP_MEAN ? bound_for(dt, 1e-10, 1e-5) : 0;
+                finish(&c);
+            }
+        if (begin(&c, "permute %s {4,5,6} (2,0,1)%s", dn, "")) {
+            int64_t shape[3] = {4, 5, 6};
+            int perm[3] = {2, 0, 1};
+            int a = buf(&c, dt, 120, 0, -1, 1), o = buf(&c, dt, 120, 1, 0, 0);
+            REF->permute(dt, c.ref[o], c.ref[a], 3, shape, perm);
+            DUT->permute(dt, c.dev[o], c.dev[a], 3, shape, perm);
+            finish(&c);
+        }
+        if (begin(&c, "narrow and narrow_put %s %s", dn, "")) {
+            int a = buf(&c, dt, 3 * 10 * 4, 0, -1, 1), o = buf(&c, dt, 3 * 4 * 4, 1, 0, 0);
+            int back = buf(&c, dt, 3 * 10 * 4, 1, 0, 0);
+            REF->narrow(dt, c.ref[o], c.ref[a], 3, 10, 2, 4, 4);
+            DUT->narrow(dt, c.dev[o], c.dev[a], 3, 10, 2, 4, 4);
+            REF->narrow_put(dt, c.ref[back], c.ref[o], 3, 10, 2, 4, 4);
+            DUT->narrow_put(dt, c.dev[back], c.dev[o], 3, 10, 2, 4, 4);
+            finish(&c);
+        }
+        if (begin(&c, "gather and scatter_add %s %s", dn, "")) {
+            int a = buf(&c, dt, 2 * 9 * 3, 0, -1, 1);
+            int idx = buf(&c, MP_I32, 5, 0, 0, 9), o = buf(&c, dt, 2 * 5 * 3, 1, 0, 0);
+            int acc = buf(&c, dt, 2 * 9 * 3, 1, 0, 0);
+            ((int32_t *)c.ref[idx])[1] = ((int32_t *)c.ref[idx])[3];   /* a repeated index */
+            DUT->from_host(c.dev[idx], c.ref[idx], c.size[idx]);
+            REF->gather(dt, c.ref[o], c.ref[a], c.ref[idx], 5, 2, 9, 3);
+            DUT->gather(dt, c.dev[o], c.dev[a], c.dev[idx], 5, 2, 9, 3);
+            REF->scatter_add(dt, c.ref[acc], c.ref[o], c.ref[idx], 5, 2, 9, 3);
+            DUT->scatter_add(dt, c.dev[acc], c.dev[o], c.dev[idx], 5, 2, 9, 3);
+            c.bound = bound_for(dt, 1e-12, 1e-6);
+            finish(&c);
+        }
+    }
+}
+
+static void cases_gemm(void)
+{
+    pcase c;
+    for (int d = 0; d < 3; d++) {
+        mp_dtype dt = FLOATS[d];
+        for (int t = 0; t < 4; t++) {
+            int ta = t & 1, tb = t >> 1;
+            char what[32];
+            snprintf(what, sizeof what, "ta=%d tb=%d", ta, tb);
+            if (!begin(&c, "gemm %s %s batch 3 {17x33}@{33x9} beta 0.5", what, mp_dtype_name(dt))) continue;
+            int64_t m = 17, n = 9, k = 33;
+            int a = buf(&c, dt, 3 * m * k, 0, -1, 1), b = buf(&c, dt, 3 * k * n, 0, -1, 1);
+            int o = buf(&c, dt, 3 * m * n, 0, -1, 1);
+            c.is_out[o] = 1;
+            REF->gemm(dt, ta, tb, 3, m, n, k, 1.0f, c.ref[a], m * k, c.ref[b], k * n, 0.5f, c.ref[o], m * n);
+            DUT->gemm(dt, ta, tb, 3, m, n, k, 1.0f, c.dev[a], m * k, c.dev[b], k * n, 0.5f, c.dev[o], m * n);
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+        }
+    }
+}
+
+static void cases_nn(void)
+{
+    pcase c;
+    for (int d = 0; d < 3; d++) {
+        mp_dtype dt = FLOATS[d];
+        const char *dn = mp_dtype_name(dt);
+        for (int lg = 0; lg <= 1; lg++) {
+            if (!begin(&c, "%s and its grad %s {4,50,3} dim 2", lg ? "log_softmax" : "softmax", dn)) continue;
+            int x = buf(&c, dt, 600, 0, -4, 4), y = buf(&c, dt, 600, 1, 0, 0);
+            int g = buf(&c, dt, 600, 0, -1, 1), gx = buf(&c, dt, 600, 1, 0, 0);
+            REF->softmax(dt, c.ref[y], c.ref[x], 4, 50, 3, lg);
+            DUT->softmax(dt, c.dev[y], c.dev[x], 4, 50, 3, lg);
+            REF->softmax_grad(dt, c.ref[gx], c.ref[g], c.ref[y], 4, 50, 3, lg);
+            DUT->softmax_grad(dt, c.dev[gx], c.dev[g], c.dev[y], 4, 50, 3, lg);
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+        }
+        if (begin(&c, "cross_entropy and its grad %s {37 rows, 11 classes}%s", dn, "")) {
+            int x = buf(&c, dt, 37 * 11, 0, -5, 5), t = buf(&c, MP_I32, 37, 0, 0, 11);
+            int loss = buf(&c, MP_F32, 37, 1, 0, 0), lse = buf(&c, MP_F32, 37, 1, 0, 0);
+            int sc = buf(&c, MP_F32, 37, 0, 0.1, 1), gx = buf(&c, dt, 37 * 11, 1, 0, 0);
+            REF->cross_entropy(dt, c.ref[loss], c.ref[lse], c.ref[x], c.ref[t], 37, 11);
+            DUT->cross_entropy(dt, c.dev[loss], c.dev[lse], c.dev[x], c.dev[t], 37, 11);
+            REF->cross_entropy_grad(dt, c.ref[gx], c.ref[x], c.ref[lse], c.ref[t], c.ref[sc], 37, 11);
+            DUT->cross_entropy_grad(dt, c.dev[gx], c.dev[x], c.dev[lse], c.dev[t], c.dev[sc], 37, 11);
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+        }
+        if (begin(&c, "layer_norm and its grad %s {19 rows, 64}%s", dn, "")) {
+            int x = buf(&c, dt, 19 * 64, 0, -2, 3), w = buf(&c, dt, 64, 0, 0.5, 1.5), b = buf(&c, dt, 64, 0, -1, 1);
+            int y = buf(&c, dt, 19 * 64, 1, 0, 0), mean = buf(&c, MP_F32, 19, 1, 0, 0), rstd = buf(&c, MP_F32, 19, 1, 0, 0);
+            int g = buf(&c, dt, 19 * 64, 0, -1, 1), gx = buf(&c, dt, 19 * 64, 1, 0, 0);
+            int gw = buf(&c, MP_F32, 64, 1, 0, 0), gb = buf(&c, MP_F32, 64, 1, 0, 0);
+            REF->layer_norm(dt, c.ref[y], c.ref[mean], c.ref[rstd], c.ref[x], c.ref[w], c.ref[b], 19, 64, 1e-5f);
+            DUT->layer_norm(dt, c.dev[y], c.dev[mean], c.dev[rstd], c.dev[x], c.dev[w], c.dev[b], 19, 64, 1e-5f);
+            REF->layer_norm_grad(dt, c.ref[gx], c.ref[gw], c.ref[gb], c.ref[g], c.ref[x], c.ref[mean], c.ref[rstd],
+                                 c.ref[w], 19, 64);
+            DUT->layer_norm_grad(dt, c.dev[gx], c.dev[gw], c.dev[gb], c.dev[g], c.dev[x], c.dev[mean], c.dev[rstd],
+                                 c.dev[w], 19, 64);
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+        }
+    }
+}
+
+static void cases_optim_and_scaler(void)
+{
+    static const char *kn[] = {"sgd", "adam", "adamw"};
+    pcase c;
+    for (int kind = MP_SGD; kind <= MP_ADAMW; kind++) {
+        if (!begin(&c, "optim_step %s n=4099 %s", kn[kind], "")) continue;
+        int n = 4099;
+        int p = buf(&c, MP_F32, n, 0, -1, 1), g = buf(&c, MP_F32, n, 0, -1, 1);
+        int s1 = buf(&c, MP_F32, n, 0, -0.1, 0.1), s2 = buf(&c, MP_F32, n, 0, 0, 0.01);
+        c.is_out[p] = c.is_out[s1] = c.is_out[s2] = 1;
+        mp_optim_args a = {.lr = 1e-2f, .momentum = 0.9f, .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
+                           .eps = 1e-8f, .one_minus_dampening = 1, .one_minus_beta1 = 0.1f,
+                           .one_minus_beta2 = 0.001f, .decay = 1 - 1e-4f, .step_size = 0.1f, .bc2_sqrt = 0.05f};
+        REF->optim_step(kind, c.ref[p], c.ref[g], c.ref[s1], c.ref[s2], n, &a);
+        DUT->optim_step(kind, c.dev[p], c.dev[g], c.dev[s1], c.dev[s2], n, &a);
+        c.bound = 1e-12;
+        finish(&c);
+    }
+    for (int tel = 0; tel <= 1; tel++) {
+        if (!begin(&c, "unscale telemetry=%s n=5003%s", tel ? "on" : "off", "")) continue;
+        int n = 5003, g = buf(&c, MP_F32, n, 0, -70000, 70000);
+        ((float *)c.ref[g])[17] = INFINITY, ((float *)c.ref[g])[99] = NAN, ((float *)c.ref[g])[5] = 1e-9f;
+        DUT->from_host(c.dev[g], c.ref[g], c.size[g]);
+        c.is_out[g] = 0;   /* the NaN planted in the gradients is compared by the statistics instead */
+        mp_grad_stats r = {0}, d = {0};
+        REF->unscale(c.ref[g], n, 1.0f / 1024, tel, &r);
+        DUT->unscale(c.dev[g], n, 1.0f / 1024, tel, &d);
+        bool same = r.n == d.n && r.nan == d.nan && r.inf == d.inf && r.amax == d.amax &&
+                    (!tel || (r.zeros == d.zeros && r.underflow == d.underflow && r.overflow == d.overflow &&
+                              memcmp(r.hist, d.hist, sizeof r.hist) == 0));
+        finish(&c);
+        if (!same) {
+            passed--, failed++;
+            printf("FAIL %s: statistics differ (nan %lld/%lld inf %lld/%lld amax %g/%g)\n", c.name,
+                   (long long)r.nan, (long long)d.nan, (long long)r.inf, (long long)d.inf, r.amax, d.amax);
+        }
+    }
+}
+
+/* ---- the self-check: planted faults the harness must catch ---- */
+
+static mp_backend faulty;
+
+static void bad_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc)
+{
+    mp_cpu_backend.binary(op, dt, out, a, b, bc);
+    if (op == MP_MUL && dt == MP_F32) ((float *)out)[7] *= 1.01f;   /* one element 1% off */
+}
+
+static void bad_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
+{
+    mp_cpu_backend.unary(op, dt, out, a, n, p);
+    if (op == MP_EXP && dt == MP_F16) ((uint16_t *)out)[3] = 0x7e00;   /* a NaN */
+}
+
+static void bad_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
+                       int64_t len, int64_t inner)
+{
+    mp_cpu_backend.narrow(dt, out, in, outer, n, start, len, inner);
+    if (dt == MP_BF16) ((unsigned char *)out)[outer * len * inner * 2] = 0;   /* one byte past the end */
+}
+
+static const char *EXPECTED_FAILURES[] = {
+    "binary mul f32 {37,1,5}x{1,4,5}", "unary exp f16 n=1003", "narrow and narrow_put bf16 ", NULL
+};
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--self-check") == 0) self_check = 1;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
+        else { fprintf(stderr, "usage: parity [--self-check] [--only SUBSTRING]\n"); return 2; }
+    }
+    REF = &mp_cpu_backend;
+    if (self_check) {
+        faulty = mp_cpu_backend;
+        faulty.binary = bad_binary, faulty.unary = bad_unary, faulty.narrow = bad_narrow;
+        DUT = &faulty;
+    } else {
+        DUT = mp_backend_of(MP_CUDA);
+    }
+    bool none = !DUT;
+    if (none) DUT = &mp_cpu_backend;   /* CPU against itself: the harness runs, no backend is tested */
+    cases_elementwise();
+    cases_reduce_and_layout();
+    cases_gemm();
+    cases_nn();
+    cases_optim_and_scaler();
+    if (none) {
+        printf("parity: no CUDA device on this machine: %d cases skipped (the harness ran them CPU "
+               "against CPU: %d disagreed)\n", passed + failed, failed);
+        printf("parity: %d passed, %d failed, %d skipped\n", 0, failed, passed + failed);
+        return failed ? 1 : 0;
+    }
+    if (self_check) {   /* exactly the planted faults fail: each is a pass of the harness */
+        int expected = 0;
+        while (EXPECTED_FAILURES[expected]) expected++;
+        bool ok = failed == expected;
+        for (int i = 0; ok && i < failed; i++) {
+            bool known = false;
+            for (int j = 0; j < expected; j++) known |= strcmp(failed_names[i], EXPECTED_FAILURES[j]) == 0;
+            ok = known;
+        }
+        printf("parity self-check: %d planted faults, %d cases failed (%s)\n", expected, failed,
+               ok ? "as planted" : "NOT as planted");
+        /* one check per planted fault caught, and one for no false alarm on the other cases */
+        printf("parity: %d passed, %d failed, %d skipped\n", ok ? expected + 1 : 0, ok ? 0 : 1, 0);
+        return ok ? 0 : 1;
+    }
+    printf("parity: %d passed, %d failed, %d skipped\n", passed, failed, skipped);
+    return failed ? 1 : 0;
+}
