@@ -26,13 +26,22 @@ PARITY     := $(BUILD)/tests/parity
 BENCH_SRC  := $(wildcard scripts/bench/*.c)
 BENCH_BIN  := $(BENCH_SRC:scripts/bench/%.c=$(BUILD)/bench/%)
 
+# The CUDA backend: built whenever nvcc is found, as a shared object the engine
+# loads at run time (sm_90 machine code, PTX for sm_80 and newer)
+NVCC     ?= $(shell command -v nvcc 2>/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
+CUDA_SRC := $(wildcard kernels/cuda/*.cu)
+CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+NVFLAGS  := -std=c++17 -O3 -I. -Xcompiler -fPIC -gencode arch=compute_90,code=sm_90 \
+            -gencode arch=compute_80,code=compute_80
+CUDA_SO  := $(if $(NVCC),$(if $(CUDA_SRC),$(BUILD)/mp/cuda.so))
+
 LIB  := $(BUILD)/libmpengine.a
 CORE := $(BUILD)/mp/core.so
 CLI  := $(BUILD)/mpengine
 
-.PHONY: all deps pydeps test demo bench bench-deps install clean
-all: $(LIB) $(CORE) $(CLI)
-	@echo "built backends: cpu (no CUDA backend yet)"
+.PHONY: all deps pydeps test demo bench bench-deps install clean gpu-bundle gpu-check
+all: $(LIB) $(CORE) $(CLI) $(CUDA_SO)
+	@echo "built backends: cpu$(if $(CUDA_SO), and cuda ($(CUDA_SO), loaded when a GPU is present), (nvcc not found: no CUDA backend))"
 
 # kernels are built at -O3: their loops are what -O3's vectoriser is for
 $(BUILD)/obj/kernels/%.o: CFLAGS += -O3
@@ -40,6 +49,14 @@ $(BUILD)/obj/kernels/%.o: CFLAGS += -O3
 $(BUILD)/obj/%.o: %.c $(wildcard engine/*.h kernels/*.h kernels/cpu/*.h lua/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUA_INC) -DMP_VERSION='"$(VERSION)"' -c $< -o $@
+
+$(BUILD)/obj/kernels/cuda/%.o: kernels/cuda/%.cu kernels/cuda/cuda.h kernels/backend.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(CUDA_SO): $(CUDA_OBJ)
+	@mkdir -p $(dir $@)
+	$(NVCC) -shared -o $@ $^ -lcublas -Xlinker -rpath,/usr/local/cuda/lib64
 
 $(LIB): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
@@ -107,6 +124,15 @@ bench-deps:
 bench: all $(BENCH_BIN) bench-deps
 	@BUILD=$(BUILD) sh scripts/bench/run.sh
 
+# The GPU machine has no Debian packages: build here, gather what the binaries
+# need into gpu-libs/, carry both there and run scripts/gpu_check.sh (GPU.md).
+gpu-bundle: all $(CTEST_BIN) $(PARITY) $(BENCH_BIN)
+	sh scripts/gpu_bundle.sh
+
+# on the GPU machine (or any machine with a GPU and the bundle)
+gpu-check:
+	sh scripts/gpu_check.sh
+
 LUADIR  := $(DESTDIR)$(PREFIX)/share/lua/5.4
 CLUADIR := $(DESTDIR)$(PREFIX)/lib/lua/5.4
 install: all
@@ -114,6 +140,7 @@ install: all
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/mpengine
 	install -m 644 lua/mp/*.lua $(LUADIR)/mp/
 	install -m 755 $(CORE) $(CLUADIR)/mp/core.so
+	$(if $(CUDA_SO),install -m 755 $(CUDA_SO) $(CLUADIR)/mp/cuda.so)
 
 clean:
 	rm -rf $(BUILD)

@@ -249,8 +249,8 @@ static void add_flush(const char *name, const int64_t c[3])
 
 static int backward_counted(mp_node *x, mp_tensor **gin)
 {
-    if (!count_flush) return x->backward(x, x->grad, gin);
     const mp_backend *be = mp_backend_of(x->grad->dev);
+    if (!count_flush || !be->flush_counter) return x->backward(x, x->grad, gin);
     int64_t c[3];
     be->flush_counter(1, NULL);
     int rc = x->backward(x, x->grad, gin);

@@ -111,13 +111,18 @@ mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss)
 /* first parameter whose (unscaled) gradient holds inf or NaN */
 static int first_nonfinite(mp_optim *o)
 {
-    const float *g = mp_data(o->grads);   /* CPU arena; the CUDA backend will find it on the device */
-    for (int i = 0; i < o->n; i++) {
+    /* only after a non-finite value was found: a device arena is copied to the host */
+    mp_tensor *h = mp_to_raw(o->grads, MP_F32, MP_CPU);
+    if (!h) return -1;
+    const float *g = mp_data(h);
+    int found = -1;
+    for (int i = 0; i < o->n && found < 0; i++) {
         int64_t a = o->offsets[i], b = a + o->params[i]->numel;
         for (int64_t j = a; j < b; j++)
-            if (!isfinite(g[j])) return i;
+            if (!isfinite(g[j])) { found = i; break; }
     }
-    return -1;
+    mp_release(h);
+    return found;
 }
 
 static int optim_index(const mp_scaler *s, const mp_optim *o)

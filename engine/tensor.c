@@ -1,11 +1,13 @@
 /*
  * tensor.c: tensor headers, refcounted storage, per-device byte accounting.
  */
+#define _GNU_SOURCE   /* dladdr */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
+#include <dlfcn.h>
 #include "engine/tensor.h"
 #include "engine/error.h"
 #include "engine/autograd.h"
@@ -38,13 +40,62 @@ int mp_device_parse(const char *name, mp_device *out)
     return mp_fail(MP_EINVAL, "unknown device '%s' (expected cpu or cuda)", name);
 }
 
-/* The CUDA backend is a shared object loaded at run time (issue 5); until one
- * is loaded, only the CPU has a backend. */
+/* The CUDA backend is a shared object (build/mp/cuda.so, installed next to
+ * mp/core.so) that is loaded the first time a CUDA tensor is asked for. Its init
+ * returns NULL on a machine without a driver or a GPU, and so does a failed
+ * load (no cuBLAS, no file): the engine then runs on the CPU alone. */
 static const mp_backend *backends[MP_NDEVICES] = {&mp_cpu_backend, NULL};
+static bool cuda_tried;
+
+static void *open_cuda(void)
+{
+    const char *env = getenv("MP_CUDA_BACKEND");
+    if (env && *env) return dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    Dl_info info;
+    if (!dladdr((void *)&mp_backend_of, &info) || !info.dli_fname) return NULL;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", info.dli_fname);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    /* next to mp/core.so; build/mpengine -> build/mp; a test in build/tests -> build/mp;
+     * PREFIX/bin -> PREFIX/lib/lua/5.4/mp */
+    static const char *rel[] = {"/cuda.so", "/mp/cuda.so", "/../mp/cuda.so", "/../lib/lua/5.4/mp/cuda.so"};
+    for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s%s", dir, rel[i]);
+        void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (h) return h;
+    }
+    return NULL;
+}
 
 const mp_backend *mp_backend_of(mp_device d)
 {
+    if (d == MP_CUDA && !cuda_tried) {
+        cuda_tried = true;
+        /* no NVIDIA driver, no GPU: skip loading cuBLAS (about 100 ms at every start) */
+        bool driver = access("/dev/nvidiactl", F_OK) == 0 || access("/proc/driver/nvidia/version", F_OK) == 0;
+        void *h = getenv("MP_NO_CUDA") || (!driver && !getenv("MP_CUDA_BACKEND")) ? NULL : open_cuda();
+        const mp_backend *(*init)(void) = h ? (const mp_backend *(*)(void))dlsym(h, "mp_cuda_backend_init") : NULL;
+        backends[MP_CUDA] = init ? init() : NULL;
+    }
     return (unsigned)d < MP_NDEVICES ? backends[d] : NULL;
+}
+
+int mp_device_error(mp_device d)
+{
+    const mp_backend *be = (unsigned)d < MP_NDEVICES ? backends[d] : NULL;
+    const char *e = be && be->error ? be->error() : NULL;
+    return e ? mp_fail(MP_EDEVICE, "%s", e) : 0;
+}
+
+int mp_device_synchronize(mp_device d)
+{
+    const mp_backend *be = mp_backend_of(d);
+    if (!be) return mp_device_check(d);
+    if (be->synchronize) be->synchronize();
+    return mp_device_error(d);
 }
 
 int mp_device_check(mp_device d)

@@ -52,6 +52,9 @@ bool mp_is_float(mp_dtype t);
 /* NULL when the device has no usable backend on this machine */
 const mp_backend *mp_backend_of(mp_device d);
 int mp_device_check(mp_device d);                           /* -1 + error if unavailable */
+/* -1 + the backend's message when work queued on d failed (asynchronous backends) */
+int mp_device_error(mp_device d);
+int mp_device_synchronize(mp_device d);
 
 mp_tensor *mp_empty(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
 mp_tensor *mp_view(mp_tensor *t, int ndim, const int64_t *shape, int64_t offset);

@@ -90,6 +90,10 @@ typedef struct mp_backend {
     void (*copy)(void *dst, const void *src, size_t nbytes);       /* same device */
     void (*to_host)(void *host_dst, const void *src, size_t nbytes);
     void (*from_host)(void *dst, const void *host_src, size_t nbytes);
+    /* asynchronous backends: the first error since the last call, or NULL; and a
+     * wait for all queued work (NULL entries: nothing to report or wait for) */
+    const char *(*error)(void);
+    void (*synchronize)(void);
 
     /* n elements of src (dtype sd) converted into dst (dtype dd) */
     void (*cast)(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);

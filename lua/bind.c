@@ -25,6 +25,7 @@ void lt_set(lua_State *L, LTensor *u, mp_tensor *t, const char *name)
 {
     if (!t) lt_error(L, name);
     u->t = t;
+    if (t->dev != MP_CPU && mp_device_error(t->dev)) lt_error(L, name);   /* a failed kernel launch */
     lt_pace_gc(L, mp_nbytes(t));
 }
 

@@ -190,7 +190,8 @@ static int cuda_memory(lua_State *L)
 
 static int cuda_synchronize(lua_State *L)
 {
-    if (mp_device_check(MP_CUDA)) return lt_error(L, "mp.cuda.synchronize");
+    mp_clear_error();
+    if (mp_device_synchronize(MP_CUDA)) return lt_error(L, "mp.cuda.synchronize");
     return 0;
 }
 

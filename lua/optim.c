@@ -63,7 +63,8 @@ static int o_step(lua_State *L)
 {
     mp_optim *o = check_optim(L, 1);
     mp_clear_error();
-    if (mp_optim_step(o)) return lt_error(L, "Optimizer:step");
+    if (mp_optim_step(o) || (o->values->dev != MP_CPU && mp_device_error(o->values->dev)))
+        return lt_error(L, "Optimizer:step");
     return 0;
 }
 

@@ -325,7 +325,7 @@ static int t_backward(lua_State *L)
     mp_tensor *t = lt_check(L, 1), *g = lua_isnoneornil(L, 2) ? NULL : lt_check(L, 2);
     mp_clear_error();
     /* no retry after out of memory: the first attempt has already consumed part of the graph */
-    if (mp_backward(t, g)) return lt_error(L, "Tensor:backward");
+    if (mp_backward(t, g) || (t->dev != MP_CPU && mp_device_error(t->dev))) return lt_error(L, "Tensor:backward");
     return 0;
 }
 

@@ -19,7 +19,8 @@ local function bench_mpengine()
   local train = mp.data.fashion_mnist("train")
   local batches = {}
   for x, y in mp.data.loader(train, {batch = BATCH, shuffle = true, seed = 1}) do
-    batches[#batches + 1] = {x:reshape{-1, 784}, y}
+    local dev = mp.default_device()   -- MP_DEVICE=cuda measures the GPU
+    batches[#batches + 1] = {x:reshape{-1, 784}:to(dev), y:to(dev)}
     if #batches == 64 then break end
   end
   local times = {}

@@ -1,0 +1,311 @@
+/*
+ * cuda_elementwise.cu: binary ops with broadcasting, unary maths and their
+ * gradients, and where, on the GPU: the CUDA twins of kernels/cpu/cpu_elementwise.c.
+ *
+ * Every kernel is one thread per output element over a grid-stride loop. Float
+ * dtypes widen to f32 (mp_ld), compute with the same f32 operations in the same
+ * order as the CPU, and round once (mp_st). The sums that the CPU writes as
+ * `a + b * c` use __fadd_rn/__fsub_rn so that nvcc does not fuse them into an
+ * FMA, which would round differently. Integer dtypes follow the CPU exactly:
+ * computed in 64 bits and wrapped; comparisons of any dtype write u8 0/1.
+ *
+ * Broadcasting: the mp_bcast is first coalesced on the host as the CPU does
+ * (fewer dims, fewer divisions), then passed by value to the kernel, which maps
+ * the output index to an offset in each input.
+ */
+#include "kernels/cuda/cuda.h"
+
+/* ---- broadcasting ---- */
+
+/* merge adjacent dims that are contiguous for both inputs; returns the new ndim */
+static int coalesce(const mp_bcast *in, mp_bcast *bc)
+{
+    int n = 0;
+    for (int i = 0; i < in->ndim; i++) {
+        if (n > 0 && bc->sa[n - 1] == in->sa[i] * in->shape[i] && bc->sb[n - 1] == in->sb[i] * in->shape[i]) {
+            bc->shape[n - 1] *= in->shape[i];
+            bc->sa[n - 1] = in->sa[i];
+            bc->sb[n - 1] = in->sb[i];
+        } else {
+            bc->shape[n] = in->shape[i], bc->sa[n] = in->sa[i], bc->sb[n] = in->sb[i];
+            n++;
+        }
+    }
+    if (n == 0) bc->shape[0] = 1, bc->sa[0] = bc->sb[0] = 0, n = 1;
+    return bc->ndim = n;
+}
+
+/* the offsets in a and b of output element i (row-major over bc.shape) */
+static __device__ __forceinline__ void bcast_offsets(const mp_bcast &bc, int64_t i, int64_t *oa, int64_t *ob)
+{
+    if (bc.ndim == 1) { *oa = i * bc.sa[0], *ob = i * bc.sb[0]; return; }
+    int64_t a = 0, b = 0;
+#pragma unroll
+    for (int d = MP_MAXDIM - 1; d >= 0; d--) {
+        if (d >= bc.ndim) continue;
+        int64_t k = i % bc.shape[d];
+        i /= bc.shape[d];
+        a += k * bc.sa[d], b += k * bc.sb[d];
+    }
+    *oa = a, *ob = b;
+}
+
+/* ---- binary ---- */
+
+static __device__ __forceinline__ float bin_f(mp_binop op, float x, float y)
+{
+    switch (op) {
+    case MP_ADD: return x + y;
+    case MP_SUB: return x - y;
+    case MP_MUL: return x * y;
+    case MP_DIV: return x / y;
+    default: return 0.0f;
+    }
+}
+
+static __device__ __forceinline__ int64_t bin_int(mp_binop op, int64_t x, int64_t y)
+{
+    switch (op) {
+    case MP_ADD: return x + y;
+    case MP_SUB: return x - y;
+    case MP_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
+    default: return 0;   /* integer division is computed in f32 by the engine */
+    }
+}
+
+template <typename T>
+static __device__ __forceinline__ uint8_t cmp(mp_binop op, T x, T y)
+{
+    switch (op) {
+    case MP_GT: return x > y;
+    case MP_LT: return x < y;
+    case MP_GE: return x >= y;
+    case MP_LE: return x <= y;
+    case MP_EQ: return x == y;
+    default: return x != y;
+    }
+}
+
+/* an integer element, exactly (the CPU compares in double, also exact) */
+static __device__ __forceinline__ int64_t ld_int(mp_dtype dt, const void *p, int64_t i)
+{
+    return dt == MP_I32 ? (int64_t)((const int32_t *)p)[i] : (int64_t)((const uint8_t *)p)[i];
+}
+
+static __global__ void binary_float_k(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
+                                      mp_bcast bc, int64_t n)
+{
+    MP_FOR(i, n) {
+        int64_t oa, ob;
+        bcast_offsets(bc, i, &oa, &ob);
+        mp_st(dt, out, i, bin_f(op, mp_ld(dt, a, oa), mp_ld(dt, b, ob)));
+    }
+}
+
+static __global__ void binary_int_k(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
+                                    mp_bcast bc, int64_t n)
+{
+    MP_FOR(i, n) {
+        int64_t oa, ob;
+        bcast_offsets(bc, i, &oa, &ob);
+        int64_t r = bin_int(op, ld_int(dt, a, oa), ld_int(dt, b, ob));
+        if (dt == MP_I32) ((int32_t *)out)[i] = (int32_t)(uint32_t)r;
+        else ((uint8_t *)out)[i] = (uint8_t)r;
+    }
+}
+
+static __global__ void compare_k(mp_binop op, mp_dtype dt, uint8_t *out, const void *a, const void *b,
+                                 mp_bcast bc, int64_t n)
+{
+    bool ints = dt == MP_I32 || dt == MP_U8;
+    MP_FOR(i, n) {
+        int64_t oa, ob;
+        bcast_offsets(bc, i, &oa, &ob);
+        out[i] = ints ? cmp(op, ld_int(dt, a, oa), ld_int(dt, b, ob)) : cmp(op, mp_ld(dt, a, oa), mp_ld(dt, b, ob));
+    }
+}
+
+void mp_cuda_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
+{
+    mp_bcast bc;
+    int nd = coalesce(bc0, &bc);
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++) n *= bc.shape[d];
+    if (n <= 0) return;
+    unsigned blocks = mp_blocks(n);
+    if (MP_IS_CMP(op)) {
+        compare_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(op, dt, (uint8_t *)out, a, b, bc, n);
+        MP_LAUNCHED("binary (compare)");
+    } else if (dt == MP_I32 || dt == MP_U8) {
+        binary_int_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, b, bc, n);
+        MP_LAUNCHED("binary (integer)");
+    } else {
+        binary_float_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, b, bc, n);
+        MP_LAUNCHED("binary");
+    }
+}
+
+/* ---- unary ---- */
+
+/* GELU's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+static __device__ __forceinline__ float gelu_tanh_arg(float v)
+{
+    return 0.79788456080286536f * __fadd_rn(v, 0.044715f * v * v * v);
+}
+
+/* op(x); erf_form selects GELU's exact form (the CPU's p == 0 in double) */
+static __device__ float un_f(mp_unop op, float x, float p, int erf_form)
+{
+    switch (op) {
+    case MP_NEG: return -x;
+    case MP_ABS: return fabsf(x);
+    case MP_EXP: return expf(x);
+    case MP_LOG: return logf(x);
+    case MP_SQRT: return sqrtf(x);
+    case MP_POW: return p == 2.0f ? x * x : powf(x, p);
+    case MP_MULS: return x * p;
+    case MP_ADDS: return x + p;
+    case MP_RSUBS: return p - x;
+    case MP_DIVS: return x / p;
+    case MP_RDIVS: return p / x;
+    case MP_RELU: return x < 0.0f ? 0.0f : x;
+    case MP_TANH: return tanhf(x);
+    case MP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case MP_GELU:
+        if (erf_form) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+        return 0.5f * x * (1.0f + tanhf(gelu_tanh_arg(x)));
+    case MP_DROPMASK: return x >= p ? 1.0f / (1.0f - p) : 0.0f;
+    default: return 0.0f;
+    }
+}
+
+/* the integer ops the engine lets through: neg, abs, relu and integral scalars */
+static __device__ __forceinline__ int64_t un_int(mp_unop op, int64_t x, int64_t p)
+{
+    switch (op) {
+    case MP_NEG: return -x;
+    case MP_ABS: return x < 0 ? -x : x;
+    case MP_RELU: return x < 0 ? 0 : x;
+    case MP_MULS: return (int64_t)((uint64_t)x * (uint64_t)p);
+    case MP_ADDS: return x + p;
+    case MP_RSUBS: return p - x;
+    default: return 0;
+    }
+}
+
+static __global__ void unary_float_k(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, float p,
+                                     int erf_form)
+{
+    MP_FOR(i, n) mp_st(dt, out, i, un_f(op, mp_ld(dt, a, i), p, erf_form));
+}
+
+static __global__ void unary_int_k(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, int64_t p)
+{
+    MP_FOR(i, n) {
+        if (dt == MP_I32) ((int32_t *)out)[i] = (int32_t)(uint32_t)un_int(op, ((const int32_t *)a)[i], p);
+        else ((uint8_t *)out)[i] = (uint8_t)un_int(op, ((const uint8_t *)a)[i], p);
+    }
+}
+
+void mp_cuda_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
+{
+    if (n <= 0) return;
+    if (dt == MP_I32 || dt == MP_U8) {
+        unary_int_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, n, (int64_t)p);
+        MP_LAUNCHED("unary (integer)");
+    } else {
+        unary_float_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, n, (float)p, p == 0);
+        MP_LAUNCHED("unary");
+    }
+}
+
+/* ---- unary gradients ---- */
+
+/* GELU's derivative, exact form: Phi(x) + x phi(x) */
+static __device__ __forceinline__ float gelu_erf_grad(float v)
+{
+    float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+    float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+    return __fadd_rn(cdf, v * pdf);
+}
+
+/* GELU's derivative, tanh approximation */
+static __device__ __forceinline__ float gelu_tanh_grad(float v)
+{
+    float k = 0.79788456080286536f, t = tanhf(gelu_tanh_arg(v));
+    float du = __fadd_rn(1.0f, 3.0f * 0.044715f * v * v);
+    return __fadd_rn(0.5f * (1.0f + t), 0.5f * v * __fsub_rn(1.0f, t * t) * k * du);
+}
+
+/* gi = go * op'(x), with the forward output y where that is cheaper */
+static __device__ float grad_f(mp_unop op, float go, float x, float y, float p, int erf_form)
+{
+    switch (op) {
+    case MP_NEG: return -go;
+    case MP_ABS: return x > 0 ? go : x < 0 ? -go : 0.0f;
+    case MP_EXP: return go * y;
+    case MP_LOG: return go / x;
+    case MP_SQRT: return go / (2.0f * y);
+    case MP_POW:
+        if (p == 2.0f) return go * 2.0f * x;
+        return p == 0.0f ? 0.0f : go * p * powf(x, p - 1.0f);
+    case MP_MULS: return go * p;
+    case MP_ADDS: return go;
+    case MP_RSUBS: return -go;
+    case MP_DIVS: return go / p;
+    case MP_RDIVS: return -go * y / x;
+    case MP_RELU: return x > 0.0f ? go : 0.0f;
+    case MP_TANH: return go * __fsub_rn(1.0f, y * y);
+    case MP_SIGMOID: return go * y * (1.0f - y);
+    case MP_GELU: return go * (erf_form ? gelu_erf_grad(x) : gelu_tanh_grad(x));
+    default: return 0.0f;
+    }
+}
+
+/* x or y may be NULL when the op does not need it */
+static __global__ void unary_grad_k(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,
+                                    const void *y, int64_t n, float p, int erf_form)
+{
+    MP_FOR(i, n) {
+        float xv = x ? mp_ld(dt, x, i) : 0.0f, yv = y ? mp_ld(dt, y, i) : 0.0f;
+        mp_st(dt, gin, i, grad_f(op, mp_ld(dt, gout, i), xv, yv, p, erf_form));
+    }
+}
+
+void mp_cuda_unary_grad(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
+                        int64_t n, double p)
+{
+    if (n <= 0) return;
+    unary_grad_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, gin, gout, x, y, n, (float)p, p == 0);
+    MP_LAUNCHED("unary_grad");
+}
+
+/* ---- where ---- */
+
+/* T: an unsigned integer of the dtype's size; the bytes are copied as they are */
+template <typename T>
+static __global__ void where_k(T *out, const uint8_t *cond, const T *a, const T *b, int64_t n)
+{
+    MP_FOR(i, n) out[i] = cond[i] ? a[i] : b[i];
+}
+
+void mp_cuda_where(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n)
+{
+    if (n <= 0) return;
+    unsigned blocks = mp_blocks(n);
+    switch (mp_dtype_size(dt)) {
+    case 4:
+        where_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>((uint32_t *)out, cond, (const uint32_t *)a,
+                                                           (const uint32_t *)b, n);
+        break;
+    case 2:
+        where_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>((uint16_t *)out, cond, (const uint16_t *)a,
+                                                           (const uint16_t *)b, n);
+        break;
+    default:
+        where_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>((uint8_t *)out, cond, (const uint8_t *)a,
+                                                           (const uint8_t *)b, n);
+        break;
+    }
+    MP_LAUNCHED("where");
+}

@@ -1,0 +1,152 @@
+/*
+ * cuda_gemm.cu: the backend's matrix product (mp_backend.gemm) through cuBLAS.
+ *
+ * Batched C = alpha * op(A) @ op(B) + beta * C on row-major operands of one
+ * dtype (f32, f16 or bf16), one cublasGemmStridedBatchedEx call with
+ * CUBLAS_COMPUTE_32F: f16/bf16 operands are multiplied with f32 accumulation
+ * and the output is rounded once, the numerics of cpu_gemm.c.
+ *
+ * cuBLAS is column-major. A row-major {r, c} matrix is, read column-major, its
+ * transpose {c, r} with leading dimension c. So the row-major C = op(A) op(B) is
+ * computed as the column-major C^T = op(B)^T op(A)^T: A and B swap places, m and
+ * n swap, and each operand keeps its own transpose flag.
+ *
+ * Two edge cases run item by item, as the CPU's loop: a broadcast C (sC == 0,
+ * every item accumulating into one C) and k == 0 (C = beta * C, by a small
+ * kernel rather than cuBLAS's reading of an empty product).
+ *
+ * One cuBLAS handle, created on first use, runs on mp_cuda_stream with a
+ * workspace of its own (cublasSetWorkspace), so that cuBLAS never allocates
+ * behind the engine's back during a call.
+ */
+#include <cublas_v2.h>
+#include <limits.h>
+#include "kernels/cuda/cuda.h"
+
+/* 32 MiB: what NVIDIA recommends for Hopper (sm_90); more than enough elsewhere */
+#define GEMM_WORKSPACE ((size_t)32 << 20)
+
+static cublasHandle_t handle;
+static cudaStream_t handle_stream;     /* the stream the handle is bound to, */
+static bool handle_bound;              /* once bound (NULL is a valid stream) */
+static void *workspace;                /* NULL: cuBLAS uses its own default */
+
+/* a cuBLAS status as the nearest CUDA error, for the sticky error */
+static cudaError_t as_cuda_error(cublasStatus_t s)
+{
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return cudaSuccess;
+    case CUBLAS_STATUS_ALLOC_FAILED: return cudaErrorMemoryAllocation;
+    case CUBLAS_STATUS_NOT_INITIALIZED: return cudaErrorInitializationError;
+    case CUBLAS_STATUS_INVALID_VALUE: return cudaErrorInvalidValue;
+    case CUBLAS_STATUS_ARCH_MISMATCH: return cudaErrorNoKernelImageForDevice;
+    case CUBLAS_STATUS_NOT_SUPPORTED: return cudaErrorNotSupported;
+    case CUBLAS_STATUS_EXECUTION_FAILED: return cudaErrorLaunchFailure;
+    default: return cudaErrorUnknown;
+    }
+}
+
+/* the handle, bound to mp_cuda_stream; NULL (error noted) when it cannot be made */
+static cublasHandle_t get_handle(void)
+{
+    if (!handle) {
+        cublasHandle_t h;
+        cublasStatus_t s = cublasCreate(&h);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            mp_cuda_note(as_cuda_error(s), "gemm: cublasCreate");
+            return NULL;
+        }
+        handle = h;
+        handle_bound = false;
+        /* A workspace of our own is an optimisation, not a requirement: when it
+         * cannot be had, cuBLAS falls back to its default one. cudaMalloc's failure
+         * is cleared so that no later launch check reports it. */
+        if (cudaMalloc(&workspace, GEMM_WORKSPACE) != cudaSuccess) {
+            workspace = NULL;
+            (void)cudaGetLastError();
+        }
+    }
+    if (!handle_bound || handle_stream != mp_cuda_stream) {
+        /* cublasSetStream resets the workspace to cuBLAS's default: set ours after it */
+        cublasStatus_t s = cublasSetStream(handle, mp_cuda_stream);
+        if (s == CUBLAS_STATUS_SUCCESS && workspace) s = cublasSetWorkspace(handle, workspace, GEMM_WORKSPACE);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            mp_cuda_note(as_cuda_error(s), "gemm: cublasSetStream/cublasSetWorkspace");
+            return NULL;
+        }
+        handle_stream = mp_cuda_stream;
+        handle_bound = true;
+    }
+    return handle;
+}
+
+static cudaDataType cuda_type(mp_dtype dt)
+{
+    return dt == MP_F16 ? CUDA_R_16F : dt == MP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* C = beta * C over n elements (beta == 0 writes zeros, as BLAS): the whole
+ * product when k == 0, which is left to no library's reading of the edge case */
+__global__ void scale_kernel(mp_dtype dt, void *c, int64_t n, float beta)
+{
+    MP_FOR(i, n) mp_st(dt, c, i, beta == 0.0f ? 0.0f : beta * mp_ld(dt, c, i));
+}
+
+int mp_cuda_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                 const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc)
+{
+    if (batch <= 0 || m <= 0 || n <= 0) return 0;   /* nothing to write */
+    if (k <= 0) {   /* every item is C = beta * C, item by item as the CPU (sc == 0: C scaled batch times) */
+        const int64_t mn = m * n;
+        for (int64_t i = 0; i < batch; i++) {
+            void *ci = (char *)c + (size_t)(i * sc) * mp_dtype_size(dt);
+            scale_kernel<<<mp_blocks(mn), MP_THREADS, 0, mp_cuda_stream>>>(dt, ci, mn, beta);
+        }
+        MP_LAUNCHED("gemm (k == 0)");
+        return 0;
+    }
+    cublasHandle_t h = get_handle();
+    if (!h) return -1;
+
+    const cudaDataType t = cuda_type(dt);
+    /* column-major C^T {n, m} = op(B)^T {n, k} @ op(A)^T {k, m}:
+     *   B is row-major {k, n} (ld n), or {n, k} (ld k) when tb;
+     *   A is row-major {m, k} (ld k), or {k, m} (ld m) when ta;
+     *   C is row-major {m, n} (ld n).
+     * (k >= 1 here, so every leading dimension is >= 1.) */
+    const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int64_t ldb = tb ? k : n, lda = ta ? m : k, ldc = n;
+
+    /* Every batch item writing one broadcast C (sc == 0) is, on the CPU, a chain
+     * of products each reading the last one's result; a batched call would race
+     * on C, so such a call runs item by item (in stream order). */
+    int64_t calls = 1, per_call = batch;
+    if (sc == 0 && batch > 1) calls = batch, per_call = 1;
+    const size_t es = mp_dtype_size(dt);
+
+    const bool fits = m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+                      per_call <= INT_MAX;
+    for (int64_t i = 0; i < calls; i++) {
+        const char *ai = (const char *)a + (size_t)(i * sa) * es;
+        const char *bi = (const char *)b + (size_t)(i * sb) * es;
+        cublasStatus_t s;
+        if (fits)
+            s = cublasGemmStridedBatchedEx(h, opb, opa, (int)n, (int)m, (int)k, &alpha,
+                                           bi, t, (int)ldb, (long long)sb,
+                                           ai, t, (int)lda, (long long)sa,
+                                           &beta, c, t, (int)ldc, (long long)sc,
+                                           (int)per_call, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        else
+            s = cublasGemmStridedBatchedEx_64(h, opb, opa, n, m, k, &alpha,
+                                              bi, t, ldb, (long long)sb,
+                                              ai, t, lda, (long long)sa,
+                                              &beta, c, t, ldc, (long long)sc,
+                                              per_call, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (s != CUBLAS_STATUS_SUCCESS) {
+            mp_cuda_note(as_cuda_error(s), "gemm: cublasGemmStridedBatchedEx");
+            return -1;
+        }
+    }
+    MP_LAUNCHED("gemm");
+    return 0;
+}

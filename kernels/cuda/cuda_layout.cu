@@ -1,0 +1,360 @@
+/*
+ * cuda_layout.cu: reductions over the middle axis of an {outer, n, inner} view
+ * (sum, mean, max, argmax), max's backward (put_along), and the copies that
+ * change layout: permute, narrow, narrow_put, gather and scatter_add.
+ *
+ * Reductions: call each of the outer*inner outputs a column. A block owns a tile
+ * of columns, and the threads of a column split its n values; their partial
+ * results meet in a shared-memory tree, always in the same order, so results are
+ * reproducible. Values are widened to double (exact for every dtype, i32
+ * included) and sums accumulate in double and round once, as on the CPU. max
+ * propagates NaN; argmax takes the first maximum, NaN counting as the largest.
+ * When there are few columns and long ones, each column is split over several
+ * blocks and a second kernel combines their partials, which wait in a fixed
+ * buffer: safe because this backend runs every kernel on the one stream.
+ *
+ * The copies move whole elements as 1, 2 or 4-byte words, so they serve every
+ * dtype. scatter_add adds with atomics (see there).
+ */
+#include "kernels/cuda/cuda.h"
+
+/* the partials of split reductions: MP_PARTS Accs ({double, int64}, 16 bytes each) */
+#define MP_PARTS (1 << 16)
+__device__ double mp_cuda_reduce_parts[2 * MP_PARTS];
+
+namespace {
+
+/* ---- tiles: how MP_THREADS threads cover a tile of columns ---- */
+
+/* txn columns side by side, tyn threads along each (both powers of two, product
+ * MP_THREADS); jfast puts a column's threads in adjacent lanes (contiguous rows,
+ * inner == 1), otherwise adjacent lanes take adjacent columns (adjacent in memory) */
+struct Tile { int txn, tyn, jfast; };
+
+int pow2_at_least(int64_t v, int cap)
+{
+    int p = 1;
+    while (p < v && p < cap) p <<= 1;
+    return p;
+}
+
+Tile tile_for(int64_t n, int64_t inner)
+{
+    Tile t;
+    int cols = pow2_at_least(inner, 32);
+    t.tyn = pow2_at_least(n, MP_THREADS / cols);
+    t.txn = MP_THREADS / t.tyn;
+    t.jfast = inner == 1;
+    return t;
+}
+
+unsigned grid_for(int64_t blocks)
+{
+    return (unsigned)(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
+}
+
+__device__ void tile_pos(Tile t, int &tx, int &ty)
+{
+    int id = threadIdx.x;
+    if (t.jfast) tx = id / t.tyn, ty = id % t.tyn;
+    else tx = id % t.txn, ty = id / t.txn;
+}
+
+/* combines the tyn values of each column in a fixed tree; every thread of the
+ * block must call it, and each gets its column's result */
+template <class T, class F>
+__device__ T tile_reduce(Tile t, int tx, int ty, T v, T *sh, F f)
+{
+    int me = ty * t.txn + tx;
+    sh[me] = v;
+    __syncthreads();
+    for (int s = t.tyn >> 1; s > 0; s >>= 1) {
+        if (ty < s) sh[me] = f(sh[me], sh[me + s * t.txn]);
+        __syncthreads();
+    }
+    T r = sh[tx];
+    __syncthreads();
+    return r;
+}
+
+/* ---- reductions ---- */
+
+struct Acc { double v; int64_t at; };   /* a sum, or a maximum and where it is */
+
+__device__ __forceinline__ double ld_d(mp_dtype dt, const void *p, int64_t i)
+{
+    return dt == MP_I32 ? (double)((const int32_t *)p)[i] : (double)mp_ld(dt, p, i);
+}
+
+/* NaN is the largest value; equal values go to the first index */
+__device__ __forceinline__ bool beats(Acc a, Acc b)
+{
+    if (isnan(a.v) || isnan(b.v)) return isnan(a.v) && (!isnan(b.v) || a.at < b.at);
+    return a.v > b.v || (a.v == b.v && a.at < b.at);
+}
+
+struct Combine {
+    bool sum;
+    __device__ Acc operator()(Acc a, Acc b) const
+    {
+        if (sum) return Acc{a.v + b.v, 0};
+        return beats(b, a) ? b : a;
+    }
+    __device__ Acc identity() const { return sum ? Acc{0.0, 0} : Acc{-INFINITY, INT64_MAX}; }
+};
+
+/* one output, rounded as the CPU's reduction rounds it */
+__device__ void red_store(mp_redop op, mp_dtype dt, void *out, int64_t q, Acc r, int64_t n)
+{
+    if (op == MP_ARGMAX) { ((int32_t *)out)[q] = (int32_t)r.at; return; }
+    double v = op == MP_MEAN ? r.v / (double)n : r.v;
+    switch (dt) {
+    case MP_F32: ((float *)out)[q] = (float)v; break;
+    case MP_I32: ((int32_t *)out)[q] = (int32_t)(uint32_t)(int64_t)v; break;
+    case MP_U8: ((uint8_t *)out)[q] = (uint8_t)(int64_t)v; break;
+    default: mp_st(dt, out, q, (float)v);
+    }
+}
+
+/* block b reduces chunk b % chunks of tile b / chunks (chunk c: values
+ * [c*len, (c+1)*len)); with one chunk it writes the result, else its partial
+ * to parts[q * chunks + c] */
+__global__ void k_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t cols, int64_t n,
+                         int64_t inner, Tile t, int64_t chunks, Acc *parts)
+{
+    __shared__ Acc sh[MP_THREADS];
+    int tx, ty;
+    tile_pos(t, tx, ty);
+    Combine f{op == MP_SUM || op == MP_MEAN};
+    int64_t tiles = (cols + t.txn - 1) / t.txn, len = (n + chunks - 1) / chunks;
+    for (int64_t b = blockIdx.x; b < tiles * chunks; b += gridDim.x) {
+        int64_t q = b / chunks * t.txn + tx, c = b % chunks;
+        int64_t hi = (c + 1) * len < n ? (c + 1) * len : n;
+        Acc r = f.identity();
+        if (q < cols) {
+            int64_t base = q / inner * n * inner + q % inner;
+            for (int64_t j = c * len + ty; j < hi; j += t.tyn) r = f(r, Acc{ld_d(dt, a, base + j * inner), j});
+        }
+        r = tile_reduce(t, tx, ty, r, sh, f);
+        if (ty == 0 && q < cols) {
+            if (chunks == 1) red_store(op, dt, out, q, r, n);
+            else parts[q * chunks + c] = r;
+        }
+    }
+}
+
+/* the second pass: column q's chunks partials, in a fixed tree */
+__global__ void k_reduce_parts(mp_redop op, mp_dtype dt, void *out, const Acc *parts, int64_t cols,
+                               int64_t chunks, int64_t n, Tile t)
+{
+    __shared__ Acc sh[MP_THREADS];
+    int tx, ty;
+    tile_pos(t, tx, ty);
+    Combine f{op == MP_SUM || op == MP_MEAN};
+    int64_t tiles = (cols + t.txn - 1) / t.txn;
+    for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
+        int64_t q = b * t.txn + tx;
+        Acc r = f.identity();
+        if (q < cols)
+            for (int64_t c = ty; c < chunks; c += t.tyn) r = f(r, parts[q * chunks + c]);
+        r = tile_reduce(t, tx, ty, r, sh, f);
+        if (ty == 0 && q < cols) red_store(op, dt, out, q, r, n);
+    }
+}
+
+/* blocks per tile when few tiles would leave the GPU idle: about 1024 blocks in
+ * all, at least 2048 values a chunk, and the partials fitting the buffer */
+int64_t chunks_for(int64_t tiles, int64_t cols, int64_t n)
+{
+    int64_t c = (1024 + tiles - 1) / tiles;
+    if (c > n / 2048) c = n / 2048;
+    if (c > MP_PARTS / cols) c = MP_PARTS / cols;
+    return c < 2 ? 1 : c;
+}
+
+/* ---- copies ---- */
+
+/* runs the statement with W the unsigned word of dt's size */
+#define BY_WORD(dt, ...)                                              \
+    switch (mp_dtype_size(dt)) {                                      \
+    case 4: { typedef uint32_t W; __VA_ARGS__; } break;               \
+    case 2: { typedef uint16_t W; __VA_ARGS__; } break;               \
+    default: { typedef uint8_t W; __VA_ARGS__; } break;               \
+    }
+
+template <class W>
+__global__ void k_put_along(W *out, const W *src, const int32_t *idx, int64_t outer, int64_t n, int64_t inner)
+{
+    MP_FOR(q, outer * inner) out[(q / inner * n + idx[q]) * inner + q % inner] = src[q];
+}
+
+/* dims of the output with, for each, the input's stride when stepping it */
+struct Perm { int nd; int64_t shape[MP_MAXDIM], stride[MP_MAXDIM]; };
+
+template <class W>
+__global__ void k_permute(W *out, const W *in, Perm p, int64_t total)
+{
+    MP_FOR(e, total) {
+        int64_t src = 0, q = e;
+        for (int d = p.nd - 1; d >= 0; d--) {
+            src += q % p.shape[d] * p.stride[d];
+            q /= p.shape[d];
+        }
+        out[e] = in[src];
+    }
+}
+
+/* drops size-1 dims and merges neighbours that are contiguous in the input too */
+Perm perm_plan(int ndim, const int64_t *shape, const int *perm, int64_t *total)
+{
+    int64_t istride[MP_MAXDIM], s = 1;
+    for (int d = ndim - 1; d >= 0; d--) istride[d] = s, s *= shape[d];
+    Perm p;
+    p.nd = 0, *total = s;
+    for (int d = 0; d < ndim; d++) {
+        int64_t sz = shape[perm[d]], st = istride[perm[d]];
+        if (sz == 1) continue;
+        if (p.nd && p.stride[p.nd - 1] == st * sz) {
+            p.shape[p.nd - 1] *= sz, p.stride[p.nd - 1] = st;
+            continue;
+        }
+        p.shape[p.nd] = sz, p.stride[p.nd] = st, p.nd++;
+    }
+    return p;
+}
+
+/* rows of `width` words from src (row pitch sp) to dst (row pitch dp) */
+template <class W>
+__global__ void k_rows(W *dst, int64_t dp, const W *src, int64_t sp, int64_t rows, int64_t width)
+{
+    MP_FOR(e, rows * width) dst[e / width * dp + e % width] = src[e / width * sp + e % width];
+}
+
+template <class W>
+__global__ void k_gather(W *out, const W *in, const int32_t *idx, int64_t nidx, int64_t outer, int64_t n,
+                         int64_t inner)
+{
+    MP_FOR(e, outer * nidx * inner) {
+        int64_t i = e % inner, r = e / inner;
+        out[e] = in[(r / nidx * n + idx[r % nidx]) * inner + i];
+    }
+}
+
+/* float dtypes and i32: one atomicAdd per source element (f32, __half,
+ * __nv_bfloat16 or int), each rounding as the CPU's in-order loop does; with a
+ * repeated index the order of the adds, so the last bit of f32/f16/bf16 sums,
+ * can vary from run to run (i32 sums are exact) */
+template <class T>
+__global__ void k_scatter_atomic(T *out, const T *src, const int32_t *idx, int64_t nidx, int64_t outer,
+                                 int64_t n, int64_t inner)
+{
+    MP_FOR(e, outer * nidx * inner) {
+        int64_t i = e % inner, r = e / inner;
+        atomicAdd(out + (r / nidx * n + idx[r % nidx]) * inner + i, src[e]);
+    }
+}
+
+/* u8 (no byte atomics): a thread owns column (o, i) of out and adds its sources
+ * in index order, wrapping */
+__global__ void k_scatter_u8(uint8_t *out, const uint8_t *src, const int32_t *idx, int64_t nidx, int64_t outer,
+                             int64_t n, int64_t inner)
+{
+    MP_FOR(c, outer * inner) {
+        int64_t o = c / inner, i = c % inner;
+        for (int64_t j = 0; j < nidx; j++) out[(o * n + idx[j]) * inner + i] += src[(o * nidx + j) * inner + i];
+    }
+}
+
+} /* namespace */
+
+void mp_cuda_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner)
+{
+    int64_t cols = outer * inner;
+    if (cols <= 0) return;
+    Tile t = tile_for(n, inner);
+    int64_t tiles = (cols + t.txn - 1) / t.txn, chunks = chunks_for(tiles, cols, n);
+    Acc *parts = NULL;
+    if (chunks > 1) {
+        MP_CUDA_CHECK(cudaGetSymbolAddress((void **)&parts, mp_cuda_reduce_parts), "reduce (partials buffer)");
+        if (!parts) chunks = 1;
+    }
+    k_reduce<<<grid_for(tiles * chunks), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, cols, n, inner, t,
+                                                                         chunks, parts);
+    MP_LAUNCHED("reduce");
+    if (chunks == 1) return;
+    Tile t2 = tile_for(chunks, 1);
+    k_reduce_parts<<<grid_for((cols + t2.txn - 1) / t2.txn), MP_THREADS, 0, mp_cuda_stream>>>(
+        op, dt, out, parts, cols, chunks, n, t2);
+    MP_LAUNCHED("reduce (combine)");
+}
+
+void mp_cuda_put_along(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t outer, int64_t n,
+                       int64_t inner)
+{
+    if (outer * inner <= 0) return;
+    BY_WORD(dt, k_put_along<W><<<mp_blocks(outer * inner), MP_THREADS, 0, mp_cuda_stream>>>(
+                    (W *)out, (const W *)src, idx, outer, n, inner));
+    MP_LAUNCHED("put_along");
+}
+
+void mp_cuda_permute(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm)
+{
+    int64_t total;
+    Perm p = perm_plan(ndim, shape, perm, &total);
+    if (total <= 0) return;
+    BY_WORD(dt, k_permute<W><<<mp_blocks(total), MP_THREADS, 0, mp_cuda_stream>>>((W *)out, (const W *)in, p,
+                                                                                  total));
+    MP_LAUNCHED("permute");
+}
+
+void mp_cuda_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start, int64_t len,
+                    int64_t inner)
+{
+    int64_t w = len * inner;
+    if (outer * w <= 0) return;
+    BY_WORD(dt, k_rows<W><<<mp_blocks(outer * w), MP_THREADS, 0, mp_cuda_stream>>>(
+                    (W *)out, w, (const W *)in + start * inner, n * inner, outer, w));
+    MP_LAUNCHED("narrow");
+}
+
+void mp_cuda_narrow_put(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
+                        int64_t len, int64_t inner)
+{
+    int64_t w = len * inner;
+    if (outer * w <= 0) return;
+    BY_WORD(dt, k_rows<W><<<mp_blocks(outer * w), MP_THREADS, 0, mp_cuda_stream>>>(
+                    (W *)out + start * inner, n * inner, (const W *)in, w, outer, w));
+    MP_LAUNCHED("narrow_put");
+}
+
+void mp_cuda_gather(mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx, int64_t outer,
+                    int64_t n, int64_t inner)
+{
+    int64_t total = outer * nidx * inner;
+    if (total <= 0) return;
+    BY_WORD(dt, k_gather<W><<<mp_blocks(total), MP_THREADS, 0, mp_cuda_stream>>>((W *)out, (const W *)in, idx,
+                                                                                 nidx, outer, n, inner));
+    MP_LAUNCHED("gather");
+}
+
+void mp_cuda_scatter_add(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
+                         int64_t outer, int64_t n, int64_t inner)
+{
+    int64_t total = outer * nidx * inner;
+    if (total <= 0) return;
+    unsigned g = mp_blocks(total);
+    cudaStream_t s = mp_cuda_stream;
+    switch (dt) {
+    case MP_F32: k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((float *)out, (const float *)src, idx, nidx, outer, n, inner); break;
+    case MP_F16: k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((__half *)out, (const __half *)src, idx, nidx, outer, n, inner); break;
+    case MP_BF16:
+        k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)src, idx, nidx, outer,
+                                                  n, inner);
+        break;
+    case MP_I32: k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((int *)out, (const int *)src, idx, nidx, outer, n, inner); break;
+    default:
+        k_scatter_u8<<<mp_blocks(outer * inner), MP_THREADS, 0, s>>>((uint8_t *)out, (const uint8_t *)src, idx, nidx,
+                                                                     outer, n, inner);
+    }
+    MP_LAUNCHED("scatter_add");
+}
