@@ -50,7 +50,7 @@ $(BUILD)/obj/%.o: %.c $(wildcard engine/*.h kernels/*.h kernels/cpu/*.h lua/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUA_INC) -DMP_VERSION='"$(VERSION)"' -c $< -o $@
 
-$(BUILD)/obj/kernels/cuda/%.o: kernels/cuda/%.cu kernels/cuda/cuda.h kernels/backend.h
+$(BUILD)/obj/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h) kernels/backend.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 

@@ -55,6 +55,25 @@ typedef struct {
     int64_t sb[MP_MAXDIM];
 } mp_bcast;
 
+/* merge adjacent dims of a broadcast that are contiguous for both inputs (fewer,
+ * longer loops for any backend); returns the new ndim, at least 1 */
+static inline int mp_bcast_coalesce(const mp_bcast *in, mp_bcast *bc)
+{
+    int n = 0;
+    for (int i = 0; i < in->ndim; i++) {
+        if (n > 0 && bc->sa[n - 1] == in->sa[i] * in->shape[i] && bc->sb[n - 1] == in->sb[i] * in->shape[i]) {
+            bc->shape[n - 1] *= in->shape[i];
+            bc->sa[n - 1] = in->sa[i];
+            bc->sb[n - 1] = in->sb[i];
+        } else {
+            bc->shape[n] = in->shape[i], bc->sa[n] = in->sa[i], bc->sb[n] = in->sb[i];
+            n++;
+        }
+    }
+    if (n == 0) bc->shape[0] = 1, bc->sa[0] = bc->sb[0] = 0, n = 1;
+    return bc->ndim = n;
+}
+
 /* Optimizer updates over flat f32 arrays (masters, gradients, state). Scalars
  * that depend on the step (bias corrections) are computed once by the engine. */
 typedef enum { MP_SGD, MP_ADAM, MP_ADAMW } mp_optim_kind;

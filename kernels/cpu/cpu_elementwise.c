@@ -40,24 +40,6 @@ static int64_t bin_int(mp_binop op, int64_t x, int64_t y)
     }
 }
 
-/* merge adjacent dims that are contiguous for both inputs; returns the new ndim */
-static int coalesce(const mp_bcast *in, mp_bcast *bc)
-{
-    int n = 0;
-    for (int i = 0; i < in->ndim; i++) {
-        if (n > 0 && bc->sa[n - 1] == in->sa[i] * in->shape[i] && bc->sb[n - 1] == in->sb[i] * in->shape[i]) {
-            bc->shape[n - 1] *= in->shape[i];
-            bc->sa[n - 1] = in->sa[i];
-            bc->sb[n - 1] = in->sb[i];
-        } else {
-            bc->shape[n] = in->shape[i], bc->sa[n] = in->sa[i], bc->sb[n] = in->sb[i];
-            n++;
-        }
-    }
-    if (n == 0) bc->shape[0] = 1, bc->sa[0] = bc->sb[0] = 0, n = 1;
-    return bc->ndim = n;
-}
-
 /* input offsets of the first element of output row r (all dims but the last) */
 static void row_offsets(const mp_bcast *bc, int64_t r, int64_t *oa, int64_t *ob)
 {
@@ -99,7 +81,7 @@ static uint8_t cmp(mp_binop op, double x, double y)
 void cpu_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
 {
     mp_bcast bc;
-    int nd = coalesce(bc0, &bc);
+    int nd = mp_bcast_coalesce(bc0, &bc);
     int64_t len = bc.shape[nd - 1], ia = bc.sa[nd - 1], ib = bc.sb[nd - 1];
     int64_t rows = 1;
     for (int d = 0; d < nd - 1; d++) rows *= bc.shape[d];

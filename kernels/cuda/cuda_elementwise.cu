@@ -17,24 +17,6 @@
 
 /* ---- broadcasting ---- */
 
-/* merge adjacent dims that are contiguous for both inputs; returns the new ndim */
-static int coalesce(const mp_bcast *in, mp_bcast *bc)
-{
-    int n = 0;
-    for (int i = 0; i < in->ndim; i++) {
-        if (n > 0 && bc->sa[n - 1] == in->sa[i] * in->shape[i] && bc->sb[n - 1] == in->sb[i] * in->shape[i]) {
-            bc->shape[n - 1] *= in->shape[i];
-            bc->sa[n - 1] = in->sa[i];
-            bc->sb[n - 1] = in->sb[i];
-        } else {
-            bc->shape[n] = in->shape[i], bc->sa[n] = in->sa[i], bc->sb[n] = in->sb[i];
-            n++;
-        }
-    }
-    if (n == 0) bc->shape[0] = 1, bc->sa[0] = bc->sb[0] = 0, n = 1;
-    return bc->ndim = n;
-}
-
 /* the offsets in a and b of output element i (row-major over bc.shape) */
 static __device__ __forceinline__ void bcast_offsets(const mp_bcast &bc, int64_t i, int64_t *oa, int64_t *ob)
 {
@@ -128,7 +110,7 @@ static __global__ void compare_k(mp_binop op, mp_dtype dt, uint8_t *out, const v
 void mp_cuda_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
 {
     mp_bcast bc;
-    int nd = coalesce(bc0, &bc);
+    int nd = mp_bcast_coalesce(bc0, &bc);
     int64_t n = 1;
     for (int d = 0; d < nd; d++) n *= bc.shape[d];
     if (n <= 0) return;

@@ -17,6 +17,7 @@
  * dtype. scatter_add adds with atomics (see there).
  */
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_tile.h"
 
 /* the partials of split reductions: MP_PARTS Accs ({double, int64}, 16 bytes each) */
 #define MP_PARTS (1 << 16)
@@ -24,41 +25,6 @@ __device__ double mp_cuda_reduce_parts[2 * MP_PARTS];
 
 namespace {
 
-/* ---- tiles: how MP_THREADS threads cover a tile of columns ---- */
-
-/* txn columns side by side, tyn threads along each (both powers of two, product
- * MP_THREADS); jfast puts a column's threads in adjacent lanes (contiguous rows,
- * inner == 1), otherwise adjacent lanes take adjacent columns (adjacent in memory) */
-struct Tile { int txn, tyn, jfast; };
-
-int pow2_at_least(int64_t v, int cap)
-{
-    int p = 1;
-    while (p < v && p < cap) p <<= 1;
-    return p;
-}
-
-Tile tile_for(int64_t n, int64_t inner)
-{
-    Tile t;
-    int cols = pow2_at_least(inner, 32);
-    t.tyn = pow2_at_least(n, MP_THREADS / cols);
-    t.txn = MP_THREADS / t.tyn;
-    t.jfast = inner == 1;
-    return t;
-}
-
-unsigned grid_for(int64_t blocks)
-{
-    return (unsigned)(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
-}
-
-__device__ void tile_pos(Tile t, int &tx, int &ty)
-{
-    int id = threadIdx.x;
-    if (t.jfast) tx = id / t.tyn, ty = id % t.tyn;
-    else tx = id % t.txn, ty = id / t.txn;
-}
 
 /* combines the tyn values of each column in a fixed tree; every thread of the
  * block must call it, and each gets its column's result */

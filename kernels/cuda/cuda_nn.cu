@@ -17,6 +17,7 @@
  * then one thread per column adds its partials in order.
  */
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/cuda_tile.h"
 
 /* the partial weight sums of layer_norm_grad */
 #define LN_PARTS (1 << 19)
@@ -24,41 +25,6 @@ __device__ double mp_cuda_ln_parts[LN_PARTS];
 
 namespace {
 
-/* ---- tiles: how MP_THREADS threads cover a tile of columns ---- */
-
-/* txn columns side by side, tyn threads along each (both powers of two, product
- * MP_THREADS); jfast puts a column's threads in adjacent lanes (contiguous rows,
- * inner == 1), otherwise adjacent lanes take adjacent columns (adjacent in memory) */
-struct Tile { int txn, tyn, jfast; };
-
-int pow2_at_least(int64_t v, int cap)
-{
-    int p = 1;
-    while (p < v && p < cap) p <<= 1;
-    return p;
-}
-
-Tile tile_for(int64_t n, int64_t inner)
-{
-    Tile t;
-    int cols = pow2_at_least(inner, 32);
-    t.tyn = pow2_at_least(n, MP_THREADS / cols);
-    t.txn = MP_THREADS / t.tyn;
-    t.jfast = inner == 1;
-    return t;
-}
-
-unsigned grid_for(int64_t blocks)
-{
-    return (unsigned)(blocks < 1 ? 1 : blocks > 65535 ? 65535 : blocks);
-}
-
-__device__ void tile_pos(Tile t, int &tx, int &ty)
-{
-    int id = threadIdx.x;
-    if (t.jfast) tx = id / t.tyn, ty = id % t.tyn;
-    else tx = id % t.txn, ty = id / t.txn;
-}
 
 struct Sum { __device__ double operator()(double a, double b) const { return a + b; } };
 struct Max { __device__ double operator()(double a, double b) const { return b > a ? b : a; } };
