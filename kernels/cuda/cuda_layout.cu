@@ -26,23 +26,6 @@ __device__ double mp_cuda_reduce_parts[2 * MP_PARTS];
 namespace {
 
 
-/* combines the tyn values of each column in a fixed tree; every thread of the
- * block must call it, and each gets its column's result */
-template <class T, class F>
-__device__ T tile_reduce(Tile t, int tx, int ty, T v, T *sh, F f)
-{
-    int me = ty * t.txn + tx;
-    sh[me] = v;
-    __syncthreads();
-    for (int s = t.tyn >> 1; s > 0; s >>= 1) {
-        if (ty < s) sh[me] = f(sh[me], sh[me + s * t.txn]);
-        __syncthreads();
-    }
-    T r = sh[tx];
-    __syncthreads();
-    return r;
-}
-
 /* ---- reductions ---- */
 
 struct Acc { double v; int64_t at; };   /* a sum, or a maximum and where it is */

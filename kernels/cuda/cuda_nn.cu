@@ -29,23 +29,6 @@ namespace {
 struct Sum { __device__ double operator()(double a, double b) const { return a + b; } };
 struct Max { __device__ double operator()(double a, double b) const { return b > a ? b : a; } };
 
-/* combines the tyn values of each column in a fixed tree; every thread of the
- * block must call it, and each gets its column's result */
-template <class F>
-__device__ double tile_reduce(Tile t, int tx, int ty, double v, double *sh, F f)
-{
-    int me = ty * t.txn + tx;
-    sh[me] = v;
-    __syncthreads();
-    for (int s = t.tyn >> 1; s > 0; s >>= 1) {
-        if (ty < s) sh[me] = f(sh[me], sh[me + s * t.txn]);
-        __syncthreads();
-    }
-    double r = sh[tx];
-    __syncthreads();
-    return r;
-}
-
 /* where a thread is: its column q (live when q < cols) and the column's base
  * and stride in an {outer, n, inner} view */
 struct Col {

@@ -1,6 +1,6 @@
 /*
  * cuda_tile.h: how the row kernels (cuda_layout.cu, cuda_nn.cu) lay a block of
- * MP_THREADS threads over a tile of {n, inner} columns.
+ * MP_THREADS threads over a tile of {n, inner} columns, and how a column reduces.
  */
 #ifndef MP_CUDA_TILE_H
 #define MP_CUDA_TILE_H
@@ -43,6 +43,23 @@ __device__ void tile_pos(Tile t, int &tx, int &ty)
     int id = threadIdx.x;
     if (t.jfast) tx = id / t.tyn, ty = id % t.tyn;
     else tx = id % t.txn, ty = id / t.txn;
+}
+
+/* combines the tyn values of each column in a fixed tree; every thread of the
+ * block must call it, and each gets its column's result */
+template <class T, class F>
+__device__ T tile_reduce(Tile t, int tx, int ty, T v, T *sh, F f)
+{
+    int me = ty * t.txn + tx;
+    sh[me] = v;
+    __syncthreads();
+    for (int s = t.tyn >> 1; s > 0; s >>= 1) {
+        if (ty < s) sh[me] = f(sh[me], sh[me + s * t.txn]);
+        __syncthreads();
+    }
+    T r = sh[tx];
+    __syncthreads();
+    return r;
 }
 
 }  // namespace

@@ -42,19 +42,7 @@ local function numel(shape)
   return n
 end
 
--- nested tables of `shape` from a flat list (a number for a 0-d shape)
-local function nest(flat, shape)
-  if #shape == 0 then return flat[1] end
-  local k = 0
-  local function go(d)
-    local r = {}
-    for i = 1, shape[d] do
-      if d == #shape then k = k + 1; r[i] = flat[k] else r[i] = go(d + 1) end
-    end
-    return r
-  end
-  return go(1)
-end
+local nest = H.nest
 
 local function flat_of(t)
   local v = t:totable()

@@ -2,30 +2,10 @@
 -- Runs $MPENGINE, else $MP_TEST_BUILD/mpengine, else build/mpengine, as a
 -- child process: busted tests/lua/cli_spec.lua
 
-local function repo_root()
-  local src = debug.getinfo(1, "S").source:gsub("^@", "")
-  local dir = src:match("^(.*)/[^/]*$") or "."
-  return dir .. "/../.."
-end
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+local BIN, q = H.mpengine, H.q
 
-local BIN = os.getenv("MPENGINE")
-  or ((os.getenv("MP_TEST_BUILD") or (repo_root() .. "/build")) .. "/mpengine")
-
-local function q(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
-
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return "" end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
-local function spit(path, text)
-  local f = assert(io.open(path, "wb"))
-  f:write(text)
-  f:close()
-end
+local slurp, spit = H.slurp, H.spit
 
 -- runs `mpengine <args>` (args: a shell-quoted string), optional stdin text;
 -- returns stdout, stderr, exit status (rc via the shell: works on any Lua)

@@ -94,18 +94,36 @@ function H.rss()
   return kb and tonumber(kb) * 1024
 end
 
-local function spit(path, text)
+-- the mpengine program the CLI and REPL specs run
+H.mpengine = os.getenv("MPENGINE") or (H.build .. "/mpengine")
+
+function H.spit(path, text)
   local f = assert(io.open(path, "wb"))
   f:write(text)
   f:close()
 end
 
-local function slurp(path)
+function H.slurp(path)
   local f = io.open(path, "rb")
   if not f then return "" end
   local s = f:read("a")
   f:close()
   return s
+end
+local spit, slurp = H.spit, H.slurp
+
+-- nested tables of `shape` from a flat list (a number for a 0-d shape)
+function H.nest(flat, shape)
+  if #shape == 0 then return flat[1] end
+  local k = 0
+  local function go(d)
+    local r = {}
+    for i = 1, shape[d] do
+      if d == #shape then k = k + 1; r[i] = flat[k] else r[i] = go(d + 1) end
+    end
+    return r
+  end
+  return go(1)
 end
 
 -- Runs a Lua chunk in a child lua5.4 with `mp` loaded. Returns a table:

@@ -96,18 +96,7 @@ local function json_decode(s)
   return value()
 end
 
-local function nest(flat, shape)
-  if #shape == 0 then return flat[1] end
-  local k = 0
-  local function go(d)
-    local r = {}
-    for i = 1, shape[d] do
-      if d == #shape then k = k + 1; r[i] = flat[k] else r[i] = go(d + 1) end
-    end
-    return r
-  end
-  return go(1)
-end
+local nest = H.nest
 
 local FORMATS = { F32 = { "f", 4, "f32" }, I32 = { "i4", 4, "i32" } }
 

@@ -2,16 +2,8 @@
 -- Runs $MPENGINE, else $MP_TEST_BUILD/mpengine, else build/mpengine:
 -- busted tests/lua/repl_spec.lua
 
-local function repo_root()
-  local src = debug.getinfo(1, "S").source:gsub("^@", "")
-  local dir = src:match("^(.*)/[^/]*$") or "."
-  return dir .. "/../.."
-end
-
-local BIN = os.getenv("MPENGINE")
-  or ((os.getenv("MP_TEST_BUILD") or (repo_root() .. "/build")) .. "/mpengine")
-
-local function q(s) return "'" .. tostring(s):gsub("'", [['\'']]) .. "'" end
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+local BIN, q = H.mpengine, H.q
 
 local function sh(cmd)
   local p = io.popen(cmd .. " 2>/dev/null; echo \"__rc=$?\"")
