@@ -44,6 +44,7 @@ mp_tensor *mp_transpose(mp_tensor *t, int d1, int d2);
 mp_tensor *mp_narrow(mp_tensor *t, int d, int64_t start, int64_t len);  /* start 1-based */
 
 /* every value of the i32 tensor idx lies in [0, n); the error names `what` */
+/* what: a string literal (an asynchronous backend may report it after the op) */
 int mp_check_indices(const mp_tensor *idx, int64_t n, const char *what);
 /* t's entries at 0-based i32 indices idx (1-d) along dim */
 mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx);

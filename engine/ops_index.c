@@ -11,6 +11,13 @@ int mp_check_indices(const mp_tensor *idx, int64_t n, const char *what)
 {
     if (idx->dtype != MP_I32)
         return mp_fail(MP_EINVAL, "%s must be i32 (got %s)", what, mp_dtype_name(idx->dtype));
+    /* an asynchronous backend checks them on the device and reports a bad one
+     * after the op (as PyTorch's device-side asserts do): no wait here */
+    const mp_backend *be = mp_be(idx);
+    if (idx->dev != MP_CPU && be->check_indices) {
+        be->check_indices(mp_data(idx), idx->numel, n, what);
+        return 0;
+    }
     mp_tensor *host = mp_to_raw((mp_tensor *)idx, MP_I32, MP_CPU);
     if (!host) return -1;
     const int32_t *v = mp_data(host);

@@ -74,7 +74,9 @@ mp_optim *mp_optim_new(const mp_optim_config *cfg, int n, mp_tensor *const *ps)
     for (int i = 0; i < n; i++) o->offsets[i] = o->numel, o->numel += ps[i]->numel;
     o->values = mp_full(MP_F32, ps[0]->dev, 1, &o->numel, 0);
     o->grads = o->values ? mp_full(MP_F32, ps[0]->dev, 1, &o->numel, 0) : NULL;
-    if (!o->grads) {
+    int64_t two = 2;   /* an int64 as two i32 zeros */
+    o->counter = o->grads ? mp_full(MP_I32, ps[0]->dev, 1, &two, 0) : NULL;
+    if (!o->counter) {
         mp_optim_free(o);
         return NULL;
     }
@@ -105,7 +107,7 @@ void mp_optim_free(mp_optim *o)
     if (!o) return;
     for (int i = 0; i < o->n; i++) mp_release(o->params[i]);
     if (o->values) o->values->st->arena = false;
-    mp_release(o->values), mp_release(o->grads), mp_release(o->state1), mp_release(o->state2);
+    mp_release(o->values), mp_release(o->grads), mp_release(o->counter), mp_release(o->state1), mp_release(o->state2);
     free(o->params);
     free(o->offsets);
     free(o);
@@ -149,31 +151,42 @@ int mp_optim_sync_grads(mp_optim *o)
     return 0;
 }
 
-int mp_optim_step(mp_optim *o)
+int64_t mp_optim_get_step(mp_optim *o)
+{
+    int64_t step;
+    mp_note_host_read();
+    mp_be(o->counter)->to_host(&step, mp_data(o->counter), sizeof step);
+    return step;
+}
+
+void mp_optim_set_step(mp_optim *o, int64_t step)
+{
+    mp_be(o->counter)->from_host(mp_data(o->counter), &step, sizeof step);
+}
+
+int mp_optim_step(mp_optim *o) { return mp_optim_step_if(o, NULL); }
+
+int mp_optim_step_if(mp_optim *o, const int32_t *skip)
 {
     if (mp_optim_ensure_state(o) || mp_optim_sync_grads(o)) return -1;
     const mp_optim_config *c = &o->cfg;
-    o->step++;
     mp_optim_args a = {
         .lr = (float)c->lr, .momentum = (float)c->momentum, .weight_decay = (float)c->weight_decay,
         .beta1 = (float)c->beta1, .beta2 = (float)c->beta2, .eps = (float)c->eps,
         .one_minus_dampening = (float)(1 - c->dampening), .one_minus_beta1 = (float)(1 - c->beta1),
         .one_minus_beta2 = (float)(1 - c->beta2), .decay = (float)(1 - c->lr * c->weight_decay),
-        .nesterov = c->nesterov, .first = o->step == 1,
+        .lr_d = c->lr, .beta1_d = c->beta1, .beta2_d = c->beta2, .nesterov = c->nesterov,
     };
-    if (c->kind != MP_SGD) {   /* bias corrections in double, as PyTorch computes them in Python */
-        double bc1 = 1 - pow(c->beta1, (double)o->step), bc2 = 1 - pow(c->beta2, (double)o->step);
-        a.step_size = (float)(c->lr / bc1);
-        a.bc2_sqrt = (float)sqrt(bc2);
-    }
     float *p = mp_data(o->values), *g = mp_data(o->grads);
     float *s1 = o->state1 ? mp_data(o->state1) : NULL, *s2 = o->state2 ? mp_data(o->state2) : NULL;
+    int64_t *step = mp_data(o->counter);
     const mp_backend *be = mp_be(o->values);
     bool all = true;
     for (int i = 0; i < o->n && all; i++) all = o->params[i]->grad != NULL;
     o->values->st->version++;   /* casts of these parameters made before now are stale */
+    be->optim_count(step, skip);
     if (all) {   /* the usual case: one pass over the arena */
-        be->optim_step(c->kind, p, g, s1, s2, o->numel, &a);
+        be->optim_step(c->kind, p, g, s1, s2, o->numel, &a, step, skip);
         return 0;
     }
     /* a parameter whose .grad was set to nil is left alone, as PyTorch skips grad None;
@@ -182,7 +195,7 @@ int mp_optim_step(mp_optim *o)
         if (!o->params[i]->grad) continue;
         int64_t off = o->offsets[i];
         be->optim_step(c->kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL,
-                       o->params[i]->numel, &a);
+                       o->params[i]->numel, &a, step, skip);
     }
     return 0;
 }

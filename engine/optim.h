@@ -26,7 +26,8 @@ typedef struct mp_optim {
     int64_t *offsets;              /* each parameter's first element in the arenas */
     mp_tensor *values, *grads;     /* f32 {numel} arenas */
     mp_tensor *state1, *state2;    /* momentum / exp_avg and exp_avg_sq, NULL until needed */
-    int64_t numel, step;
+    mp_tensor *counter;            /* the step count: one int64 in the backend's memory */
+    int64_t numel;
 } mp_optim;
 
 mp_optim *mp_optim_new(const mp_optim_config *cfg, int n, mp_tensor *const *params);
@@ -34,6 +35,12 @@ void mp_optim_free(mp_optim *o);
 int mp_optim_check_config(const mp_optim_config *cfg);
 /* one update of every parameter from the gradient arena */
 int mp_optim_step(mp_optim *o);
+/* the same, left out by the kernels (parameters, state and step count as they
+ * were) when *skip (an int32 in the arena's backend memory) is set */
+int mp_optim_step_if(mp_optim *o, const int32_t *skip);
+/* the step count (read from the backend's memory: a wait on a GPU) */
+int64_t mp_optim_get_step(mp_optim *o);
+void mp_optim_set_step(mp_optim *o, int64_t step);
 /* copy any .grad a script replaced into the arena, making it a view again */
 int mp_optim_sync_grads(mp_optim *o);
 /* zero the gradient arena and make every .grad a view into it again */

@@ -9,8 +9,8 @@
 #include "engine/scaler.h"
 #include "engine/ops.h"
 #include "engine/error.h"
-
-#define F16_MAX 65504.0
+#include "engine/autograd.h"
+#include "kernels/step_rules.h"
 
 const char *mp_skip_reason_name(mp_skip_reason r)
 {
@@ -43,13 +43,14 @@ int mp_policy_check(const mp_policy *p)
     return 0;
 }
 
-static void reset_policy_state(mp_scaler *s)
+static void reset_policy_state(mp_scale_state *h, const mp_policy *p)
 {
-    s->tracker = 0;
-    s->last_overflow = -1;
-    s->hyst_left = s->policy.hysteresis;
-    s->warned_at_min = false;
-    s->amax_count = s->amax_pos = 0;
+    h->tracker = 0;
+    h->last_overflow = -1;
+    h->hyst_left = p->hysteresis;
+    h->warned_at_min = 0;
+    h->at_min = 0;
+    h->amax_count = h->amax_pos = 0;
 }
 
 mp_scaler *mp_scaler_new(const mp_policy *p)
@@ -58,17 +59,109 @@ mp_scaler *mp_scaler_new(const mp_policy *p)
     mp_scaler *s = calloc(1, sizeof *s);
     if (!s) return mp_fail(MP_EOOM, "out of memory"), NULL;
     s->policy = *p;
-    s->scale = p->kind == MP_POLICY_NONE ? 1.0f : (float)p->init;
+    s->h.scale = s->h.stats_scale = p->kind == MP_POLICY_NONE ? 1.0f : (float)p->init;
+    reset_policy_state(&s->h, p);
+    s->h_fresh = true;
+    s->sync = true;
     s->first_bad = -1;
-    reset_policy_state(s);
     return s;
 }
 
 void mp_scaler_free(mp_scaler *s)
 {
     if (!s) return;
+    mp_release(s->state);
+    mp_release(s->tel);
     free(s->per_param);
     free(s);
+}
+
+static mp_scale_state *dev_state(mp_scaler *s) { return mp_data(s->state); }
+
+/* the host copy from the backend's (a wait for the device on a GPU) */
+static void pull(mp_scaler *s)
+{
+    if (!s->state || s->h_fresh) return;
+    mp_note_host_read();
+    mp_be(s->state)->to_host(&s->h, dev_state(s), sizeof s->h);
+    s->h_fresh = true;
+    if (s->h.warned_at_min && !s->printed_min_warning) {
+        fprintf(stderr, "mpengine: warning: loss scale at its minimum %g and gradients still overflow\n",
+                s->policy.min);
+        s->printed_min_warning = true;
+    }
+}
+
+static void push(mp_scaler *s)
+{
+    if (s->state) mp_be(s->state)->from_host(dev_state(s), &s->h, sizeof s->h);
+    s->h_fresh = true;
+}
+
+/* the state on device dev: allocated at first use, moved when the step's tensors move */
+static int place(mp_scaler *s, mp_device dev)
+{
+    if (s->state && s->state->dev == dev) return 0;
+    pull(s);
+    int64_t bytes = (int64_t)sizeof(mp_scale_state);
+    mp_tensor *t = mp_empty(MP_U8, dev, 1, &bytes);
+    if (!t) return -1;
+    mp_release(s->state);
+    s->state = t;
+    push(s);
+    return 0;
+}
+
+static void rule(mp_scaler *s, mp_scale_op op, int arg, float value)
+{
+    mp_be(s->state)->scale_rule(op, dev_state(s), &s->policy, arg, value);
+    s->h_fresh = false;
+}
+
+const mp_scale_state *mp_scaler_read(mp_scaler *s)
+{
+    pull(s);
+    return &s->h;
+}
+
+int mp_scaler_write(mp_scaler *s)
+{
+    s->has_pending = false;
+    push(s);
+    return 0;
+}
+
+mp_skip_reason mp_scaler_reason(const mp_scale_state *h)
+{
+    if (h->loss_bad) return MP_SKIP_FORWARD;
+    bool inf = false;
+    for (int k = 0; k < MP_SCALER_MAX_OPTIMS; k++) {
+        if (h->slot[k].nan) return MP_SKIP_NAN;
+        inf = inf || h->slot[k].inf;
+    }
+    return inf ? MP_SKIP_OVERFLOW : MP_SKIP_NONE;
+}
+
+void mp_scaler_total(const mp_scale_state *h, mp_grad_stats *t)
+{
+    memset(t, 0, sizeof *t);
+    for (int k = 0; k < MP_SCALER_MAX_OPTIMS; k++) {
+        const mp_grad_stats *g = &h->slot[k];
+        t->n += g->n, t->nan += g->nan, t->inf += g->inf;
+        t->zeros += g->zeros, t->underflow += g->underflow, t->overflow += g->overflow;
+        if (g->amax > t->amax) t->amax = g->amax;
+        for (int b = 0; b < MP_HIST_BINS; b++) t->hist[b] += g->hist[b];
+    }
+}
+
+const mp_grad_stats *mp_scaler_per_param(mp_scaler *s, int *n)
+{
+    *n = 0;
+    if (!s->tel || !s->per_param) return NULL;
+    mp_note_host_read();
+    mp_be(s->tel)->to_host(s->per_param, mp_data(s->tel), sizeof *s->per_param * (size_t)s->nstats);
+    *n = s->nstats;
+    return s->per_param;
 }
 
 int mp_scaler_set_policy(mp_scaler *s, const mp_policy *p, double init)
@@ -76,36 +169,62 @@ int mp_scaler_set_policy(mp_scaler *s, const mp_policy *p, double init)
     mp_policy q = *p;
     q.init = init;
     if (mp_policy_check(&q)) return -1;
+    pull(s);
     s->policy = q;
-    reset_policy_state(s);
+    reset_policy_state(&s->h, &q);
+    push(s);
     s->has_pending = true;
     s->pending = p->kind == MP_POLICY_NONE ? 1.0f : (float)init;
     return 0;
 }
 
-static void begin_step(mp_scaler *s)
+static int begin_step(mp_scaler *s, mp_device dev)
 {
-    if (s->has_pending) s->scale = s->pending, s->has_pending = false;
-    s->unscaled = s->loss_nonfinite = s->found_inf = false;
+    if (place(s, dev)) return -1;
+    if (s->in_step) return 0;
+    if (s->has_pending) rule(s, MP_SCALE_SET, 0, s->pending), s->has_pending = false;
+    rule(s, MP_SCALE_BEGIN, 0, 0);
+    s->unscaled = false;
     s->nopt = 0;
-    s->reason = MP_SKIP_NONE;
     s->first_bad = -1;
-    memset(&s->total, 0, sizeof s->total);
+    s->in_step = true;
+    return 0;
+}
+
+/* out = loss * scale, the scale read by the kernel from the state */
+static int scale_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *st = n->saved[0], *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
+    if (!r) return -1;
+    mp_be(r)->scale_loss(g->dtype, mp_data(r), mp_data(g), g->numel, mp_data(st), 0);
+    gin[0] = r;
+    return 0;
 }
 
 mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss)
 {
+    if (!mp_is_float(loss->dtype))
+        return mp_fail(MP_EINVAL, "the loss must be a float tensor (got %s)", mp_dtype_name(loss->dtype)), NULL;
     /* several scale() calls in one step (gradient accumulation) share its findings */
-    if (!s->in_step) begin_step(s);
-    s->in_step = true;
+    if (begin_step(s, loss->dev)) return NULL;
+    const mp_backend *be = mp_be(loss);
     /* a loss that is already inf/NaN is a forward problem no scale can cure */
-    double v;
-    for (int64_t i = 0; i < loss->numel && !s->loss_nonfinite; i++) {
-        if (mp_read_f64(loss, i, 1, &v)) return NULL;
-        if (!isfinite(v)) s->loss_nonfinite = true;
+    if (s->policy.kind == MP_POLICY_NONE) {
+        be->scale_loss(loss->dtype, NULL, mp_data(loss), loss->numel, dev_state(s), 1);
+        s->h_fresh = false;
+        return mp_retain(loss);
     }
-    if (s->policy.kind == MP_POLICY_NONE) return mp_retain(loss);
-    return mp_binary_scalar(MP_MUL, loss, s->scale, 0);
+    mp_tensor *o = mp_empty(loss->dtype, loss->dev, loss->ndim, loss->shape);
+    if (!o) return NULL;
+    be->scale_loss(loss->dtype, mp_data(o), mp_data(loss), loss->numel, dev_state(s), 1);
+    s->h_fresh = false;
+    mp_node *n;
+    if (mp_record(o, "scale", scale_backward, 1, &loss, &n)) {
+        mp_release(o);
+        return NULL;
+    }
+    if (n) mp_save(n, 0, s->state);
+    return o;
 }
 
 /* first parameter whose (unscaled) gradient holds inf or NaN */
@@ -132,6 +251,24 @@ static int optim_index(const mp_scaler *s, const mp_optim *o)
     return -1;
 }
 
+/* room for per-parameter telemetry in the backend's memory, zeroed */
+static int telemetry_room(mp_scaler *s, mp_optim *o)
+{
+    int64_t bytes = (int64_t)(sizeof(mp_grad_stats) * (size_t)o->n);
+    if (!s->tel || s->nstats != o->n || s->tel->dev != o->grads->dev) {
+        mp_grad_stats *p = realloc(s->per_param, sizeof *p * (size_t)o->n);
+        if (!p) return mp_fail(MP_EOOM, "out of memory for telemetry");
+        s->per_param = p;
+        mp_tensor *t = mp_empty(MP_U8, o->grads->dev, 1, &bytes);
+        if (!t) return -1;
+        mp_release(s->tel);
+        s->tel = t;
+        s->nstats = o->n;
+    }
+    mp_be(s->tel)->zero(mp_data(s->tel), (size_t)bytes);
+    return 0;
+}
+
 int mp_scaler_unscale(mp_scaler *s, mp_optim *o)
 {
     if (optim_index(s, o) >= 0)
@@ -139,68 +276,42 @@ int mp_scaler_unscale(mp_scaler *s, mp_optim *o)
                                   "(call update() to end the step first)");
     if (s->nopt == MP_SCALER_MAX_OPTIMS)
         return mp_fail(MP_EINVAL, "one step drives at most %d optimizers", MP_SCALER_MAX_OPTIMS);
+    if (begin_step(s, o->grads->dev)) return -1;
     /* .grad tensors a script replaced count too: bring them into the arena first */
     if (mp_optim_sync_grads(o)) return -1;
     const mp_backend *be = mp_be(o->grads);
-    float inv = s->policy.kind == MP_POLICY_NONE ? 1.0f : 1.0f / s->scale;
-    if (s->nopt == 0) memset(&s->total, 0, sizeof s->total);   /* totals cover every optimizer of the step */
-    mp_grad_stats mine = {0};
-    s->stats_scale = s->policy.kind == MP_POLICY_NONE ? 1.0f : s->scale;
+    int slot = s->nopt;
+    float *g = mp_data(o->grads);
     if (s->telemetry) {
-        if (s->nstats != o->n) {
-            mp_grad_stats *p = realloc(s->per_param, sizeof *p * (size_t)o->n);
-            if (!p) return mp_fail(MP_EOOM, "out of memory for telemetry");
-            s->per_param = p;
-            s->nstats = o->n;
-        }
-        for (int i = 0; i < o->n; i++) {
-            mp_grad_stats *st = &s->per_param[i];
-            memset(st, 0, sizeof *st);
-            be->unscale((float *)mp_data(o->grads) + o->offsets[i], o->params[i]->numel, inv, 1, st);
-            s->total.n += st->n, s->total.nan += st->nan, s->total.inf += st->inf;
-            s->total.zeros += st->zeros, s->total.underflow += st->underflow, s->total.overflow += st->overflow;
-            if (st->amax > s->total.amax) s->total.amax = st->amax;
-            for (int b = 0; b < MP_HIST_BINS; b++) s->total.hist[b] += st->hist[b];
-            mine.nan += st->nan, mine.inf += st->inf;   /* this optimizer's own findings */
-        }
+        if (telemetry_room(s, o)) return -1;
+        mp_grad_stats *tel = mp_data(s->tel);
+        for (int i = 0; i < o->n; i++)
+            be->unscale(g + o->offsets[i], o->params[i]->numel, dev_state(s), slot, tel + i);
     } else {
-        be->unscale(mp_data(o->grads), o->numel, inv, 0, &mine);
-        s->total.n += mine.n, s->total.nan += mine.nan, s->total.inf += mine.inf;
-        if (mine.amax > s->total.amax) s->total.amax = mine.amax;
+        be->unscale(g, o->numel, dev_state(s), slot, NULL);
     }
-    bool bad = mine.nan + mine.inf > 0;
-    s->opts[s->nopt] = o;
-    s->opt_bad[s->nopt++] = bad;
-    bool any = s->total.nan + s->total.inf > 0;
-    s->found_inf = any || s->loss_nonfinite;
-    s->reason = s->loss_nonfinite ? MP_SKIP_FORWARD : s->total.nan ? MP_SKIP_NAN : any ? MP_SKIP_OVERFLOW : MP_SKIP_NONE;
-    if (bad && s->first_bad < 0) s->first_bad = first_nonfinite(o);
+    s->h_fresh = false;
+    s->opts[s->nopt++] = o;
     s->unscaled = true;
     return 0;
 }
 
-int mp_scaler_step(mp_scaler *s, mp_optim *o, bool *applied)
+int mp_scaler_step(mp_scaler *s, mp_optim *o, int *applied)
 {
     int k = optim_index(s, o);
     if (k < 0) {
         if (mp_scaler_unscale(s, o)) return -1;
         k = s->nopt - 1;
     }
-    s->steps++;
-    bool skip = s->loss_nonfinite || s->opt_bad[k];
-    *applied = !skip;
-    if (skip) {
-        s->skipped++;
-        return 0;
-    }
-    return mp_optim_step(o);
-}
-
-static float clamp_scale(const mp_policy *p, double x)
-{
-    if (p->min > 0 && x < p->min) x = p->min;
-    if (p->max > 0 && x > p->max) x = p->max;
-    return (float)x;
+    rule(s, MP_SCALE_DECIDE, k, 0);
+    const int32_t *skip = &dev_state(s)->skip;
+    if (mp_optim_step_if(o, skip)) return -1;
+    *applied = -1;
+    if (!s->sync) return 0;
+    pull(s);
+    *applied = !s->h.skip;
+    if (s->h.skip && s->first_bad < 0 && mp_slot_bad(&s->h, k)) s->first_bad = first_nonfinite(o);
+    return 0;
 }
 
 static void end_step(mp_scaler *s)
@@ -210,80 +321,19 @@ static void end_step(mp_scaler *s)
     s->nopt = 0;
 }
 
-/* DeepSpeed's DynamicLossScaler.update_scale with separate growth/backoff factors */
-static int hysteresis_rule(mp_scaler *s)
-{
-    const mp_policy *p = &s->policy;
-    int64_t it = s->tracker;
-    if (s->found_inf) {
-        if (s->hyst_left <= 1) {
-            double floor = p->min > 0 ? p->min : 0;
-            if (floor > 0 && s->scale <= floor) {
-                if (p->error_at_min)
-                    return mp_fail(MP_EINVAL, "loss scale already at its minimum %g and the gradients still "
-                                              "overflow (on_min = \"error\")", floor);
-                if (!s->warned_at_min) {
-                    fprintf(stderr, "mpengine: warning: loss scale at its minimum %g and gradients still overflow\n", floor);
-                    s->warned_at_min = true;
-                }
-            }
-            double next = s->scale * p->backoff;
-            s->scale = (float)(floor > 0 && next < floor ? floor : next);
-        } else {
-            s->hyst_left--;
-        }
-        s->last_overflow = it;
-    } else if ((it - s->last_overflow) % p->interval == 0) {
-        s->hyst_left = p->hysteresis;
-        double next = s->scale * p->growth;
-        if (isfinite((float)next)) s->scale = clamp_scale(p, next);
-    }
-    s->tracker = it + 1;
-    return 0;
-}
-
-static void amax_rule(mp_scaler *s)
-{
-    const mp_policy *p = &s->policy;
-    if (s->found_inf) {
-        s->scale = clamp_scale(p, s->scale * p->backoff);
-        return;
-    }
-    float amax = s->total.amax / s->stats_scale;   /* the true gradient's largest magnitude */
-    s->amax_hist[s->amax_pos] = amax;
-    s->amax_pos = (s->amax_pos + 1) % p->history;
-    if (s->amax_count < p->history) s->amax_count++;
-    float m = 0;
-    for (int i = 0; i < s->amax_count; i++) m = s->amax_hist[i] > m ? s->amax_hist[i] : m;
-    if (m > 0) {
-        double e = floor(log2(F16_MAX / m) - p->margin);
-        if (e > 127) e = 127;
-        if (e < -126) e = -126;
-        s->scale = clamp_scale(p, ldexp(1.0, (int)e));
-    }
-}
-
 int mp_scaler_update(mp_scaler *s)
 {
-    const mp_policy *p = &s->policy;
-    switch (p->kind) {
-    case MP_POLICY_STATIC: case MP_POLICY_NONE: case MP_POLICY_EXTERNAL: break;
-    case MP_POLICY_DYNAMIC:   /* torch._amp_update_scale_ */
-        if (s->found_inf) {
-            s->scale = clamp_scale(p, s->scale * p->backoff);
-            s->tracker = 0;
-        } else if (s->tracker + 1 == p->interval) {
-            float next = (float)(s->scale * p->growth);
-            if (isfinite(next)) s->scale = clamp_scale(p, next);
-            s->tracker = 0;
-        } else {
-            s->tracker++;
+    if (!s->state && place(s, MP_CPU)) return -1;   /* an update before any step */
+    rule(s, MP_SCALE_UPDATE, 0, 0);
+    /* hysteresis at its floor fails at once with on_min = "error" (one read, a
+     * wait on a GPU); the warning of on_min = "warn" comes at the next read */
+    if (s->policy.kind == MP_POLICY_HYSTERESIS && s->policy.error_at_min) {
+        pull(s);
+        if (s->h.at_min == 2) {
+            end_step(s);
+            return mp_fail(MP_EINVAL, "loss scale already at its minimum %g and the gradients still "
+                                      "overflow (on_min = \"error\")", s->policy.min);
         }
-        break;
-    case MP_POLICY_HYSTERESIS:
-        if (hysteresis_rule(s)) { end_step(s); return -1; }
-        break;
-    case MP_POLICY_AMAX: amax_rule(s); break;
     }
     end_step(s);
     return 0;
@@ -293,7 +343,8 @@ int mp_scaler_set_scale(mp_scaler *s, double scale)
 {
     if (!(scale > 0) || !isfinite((float)scale))
         return mp_fail(MP_EINVAL, "the new scale must be a finite f32 number > 0 (got %g)", scale);
-    s->scale = (float)scale;
+    if (s->state) rule(s, MP_SCALE_SET, 0, (float)scale);
+    else s->h.scale = (float)scale;
     end_step(s);
     return 0;
 }

@@ -9,61 +9,41 @@
  * state untouched; update moves the scale by the built-in policy's rule. A
  * policy written in Lua is MP_POLICY_EXTERNAL: the binding calls it and hands
  * the engine the new scale with mp_scaler_set_scale.
+ *
+ * The scale and everything a step finds live in the backend's memory
+ * (mp_scale_state): on a GPU, scale(), unscale, the skip and update with a
+ * built-in policy never wait for the device. The host copy is refreshed only
+ * when a script asks (stats, get_scale, a Lua policy, step() with sync).
  */
 #ifndef MP_SCALER_H
 #define MP_SCALER_H
 
 #include "engine/optim.h"
 
-typedef enum {
-    MP_POLICY_STATIC, MP_POLICY_NONE, MP_POLICY_DYNAMIC, MP_POLICY_HYSTERESIS, MP_POLICY_AMAX,
-    MP_POLICY_EXTERNAL
-} mp_policy_kind;
-
-typedef struct {
-    mp_policy_kind kind;
-    double init, growth, backoff, min, max;   /* min/max: 0 means unbounded */
-    int64_t interval;                         /* dynamic: growth interval; hysteresis: window */
-    int hysteresis;                           /* hysteresis: overflows tolerated before a backoff */
-    bool error_at_min;                        /* hysteresis: on_min = "error" */
-    int history;                              /* amax: steps of history */
-    double margin;                            /* amax: powers of two below f16's max */
-} mp_policy;
-
+/* mp_policy, mp_policy_kind and mp_scale_state are in kernels/backend.h: the
+ * kernels read and write the state in the backend's memory */
 typedef enum { MP_SKIP_NONE, MP_SKIP_OVERFLOW, MP_SKIP_NAN, MP_SKIP_FORWARD } mp_skip_reason;
 
-#define MP_AMAX_HISTORY_MAX 1024
-#define MP_SCALER_MAX_OPTIMS 16
-
 typedef struct mp_scaler {
-    float scale;
     mp_policy policy;
-    int64_t tracker;                 /* dynamic: clean steps in a row; hysteresis: iteration */
-    int64_t last_overflow;           /* hysteresis: iteration of the last overflow */
-    int hyst_left;                   /* hysteresis: overflows left before a backoff */
-    bool warned_at_min;
-    float amax_hist[MP_AMAX_HISTORY_MAX];
-    int amax_count, amax_pos;
+    mp_scale_state h;                /* the host's copy of the state */
+    mp_tensor *state;                /* the state in the backend's memory (u8 bytes); NULL until first used */
+    bool h_fresh;                    /* h equals the backend's copy */
+    bool sync;                       /* step() reads its decision back (one wait for the device) */
     bool has_pending;
     float pending;                   /* set_policy: the next step's scale */
+    bool printed_min_warning;
 
-    /* the current step */
+    /* the current step (host bookkeeping: no data) */
     bool in_step;                    /* between the first scale() and update() */
-    bool unscaled, loss_nonfinite, found_inf;
-    float stats_scale;               /* the scale the statistics were measured at */
-    mp_skip_reason reason;
-    int first_bad;                   /* index of the first parameter with a non-finite gradient, or -1 */
-    /* the optimizers unscaled this step, and whether each found inf/NaN (a step may
-     * drive several optimizers, each skipped only for its own gradients) */
-    int nopt;
+    bool unscaled;
+    int nopt;                        /* optimizers unscaled this step, each in its own slot */
     const struct mp_optim *opts[MP_SCALER_MAX_OPTIMS];
-    bool opt_bad[MP_SCALER_MAX_OPTIMS];
-    mp_grad_stats total;             /* over all gradients, scaled values */
+    int first_bad;                   /* sync: index of the first parameter with a non-finite gradient, or -1 */
     bool telemetry;
     int nstats;
-    mp_grad_stats *per_param;        /* telemetry: one per parameter of the last unscaled optimizer */
-
-    int64_t steps, skipped;
+    mp_tensor *tel;                  /* telemetry: one mp_grad_stats per parameter, backend memory */
+    mp_grad_stats *per_param;        /* their host copy, filled by mp_scaler_per_param */
 } mp_scaler;
 
 int mp_policy_check(const mp_policy *p);
@@ -71,17 +51,28 @@ mp_scaler *mp_scaler_new(const mp_policy *p);
 void mp_scaler_free(mp_scaler *s);
 /* replace the policy; its initial scale applies from the next step */
 int mp_scaler_set_policy(mp_scaler *s, const mp_policy *p, double init);
-/* loss * scale as an autograd op; notes whether the loss itself was finite */
+/* loss * scale as an autograd op; notes (on the device) whether the loss itself was finite */
 mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss);
 /* unscale the optimizer's gradients once per step; -1 if already done */
 int mp_scaler_unscale(mp_scaler *s, mp_optim *o);
-/* unscale if not yet done; then the optimizer step unless something was not
- * finite. *applied says which. */
-int mp_scaler_step(mp_scaler *s, mp_optim *o, bool *applied);
+/* unscale if not yet done; then the optimizer step, which the kernels skip when
+ * something was not finite. *applied: 1 applied, 0 skipped, or -1 unknown (no
+ * sync: the decision stayed on the device) */
+int mp_scaler_step(mp_scaler *s, mp_optim *o, int *applied);
 /* the built-in policy's rule; ends the step */
 int mp_scaler_update(mp_scaler *s);
 /* an external policy's decision (finite and > 0), or a forced scale; ends the step */
 int mp_scaler_set_scale(mp_scaler *s, double scale);
+
+/* the state as it is now (waits for the device when it is not on the host yet) */
+const mp_scale_state *mp_scaler_read(mp_scaler *s);
+/* write back a state changed through mp_scaler_read's copy (load_state_dict) */
+int mp_scaler_write(mp_scaler *s);
+/* what the state says about the step */
+mp_skip_reason mp_scaler_reason(const mp_scale_state *h);
+void mp_scaler_total(const mp_scale_state *h, mp_grad_stats *total);
+/* telemetry: the per-parameter statistics of the last unscale (NULL when none) */
+const mp_grad_stats *mp_scaler_per_param(mp_scaler *s, int *n);
 const char *mp_skip_reason_name(mp_skip_reason r);
 
 #endif

@@ -98,6 +98,17 @@ int mp_device_synchronize(mp_device d)
     return mp_device_error(d);
 }
 
+static int64_t host_reads;
+void mp_note_host_read(void) { host_reads++; }
+int64_t mp_host_reads(void) { return host_reads; }
+
+void mp_device_counters(mp_device d, int64_t c[3])
+{
+    const mp_backend *be = (unsigned)d < MP_NDEVICES ? backends[d] : NULL;
+    c[0] = c[1] = c[2] = 0;
+    if (be && be->counters) be->counters(c);
+}
+
 int mp_device_check(mp_device d)
 {
     if (mp_backend_of(d)) return 0;

@@ -56,6 +56,15 @@ int mp_device_check(mp_device d);                           /* -1 + error if una
 int mp_device_error(mp_device d);
 int mp_device_synchronize(mp_device d);
 
+/* Waiting for the device, counted: the engine notes every time it reads values
+ * from a backend's memory on the host (item(), a scaler or optimizer state read,
+ * indices checked on the host), on any device; an asynchronous backend counts
+ * its own copies to the host, waits and device allocations (c[0..2], zeros
+ * where it has none). A training step on a GPU should show none of them. */
+void mp_note_host_read(void);
+int64_t mp_host_reads(void);
+void mp_device_counters(mp_device d, int64_t c[3]);
+
 mp_tensor *mp_empty(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
 mp_tensor *mp_view(mp_tensor *t, int ndim, const int64_t *shape, int64_t offset);
 mp_tensor *mp_retain(mp_tensor *t);

@@ -12,6 +12,7 @@
 #ifndef MP_BACKEND_H
 #define MP_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -74,16 +75,18 @@ static inline int mp_bcast_coalesce(const mp_bcast *in, mp_bcast *bc)
     return bc->ndim = n;
 }
 
-/* Optimizer updates over flat f32 arrays (masters, gradients, state). Scalars
- * that depend on the step (bias corrections) are computed once by the engine. */
+/* Optimizer updates over flat f32 arrays (masters, gradients, state). The step
+ * count lives in the backend's memory next to the state (see optim_count), so
+ * that a step the loss scaler skips on the device is not counted; the bias
+ * corrections that depend on it are computed by the kernel from the doubles
+ * below, as PyTorch computes them in Python (kernels/step_rules.h). */
 typedef enum { MP_SGD, MP_ADAM, MP_ADAMW } mp_optim_kind;
 typedef struct {
     float lr, momentum, weight_decay, beta1, beta2, eps;
     /* 1 - x factors, computed in double and rounded once as PyTorch does in Python */
     float one_minus_dampening, one_minus_beta1, one_minus_beta2, decay;   /* decay: 1 - lr*wd */
-    float step_size;               /* Adam: lr / (1 - beta1^step) */
-    float bc2_sqrt;                /* Adam: sqrt(1 - beta2^step) */
-    int nesterov, first;           /* SGD: first step initialises the momentum buffer */
+    double lr_d, beta1_d, beta2_d; /* for Adam's bias corrections */
+    int nesterov;
 } mp_optim_args;
 
 /* What the loss scaler's unscale pass measures over a run of scaled f32
@@ -98,6 +101,53 @@ typedef struct {
     float amax;                    /* of the finite scaled values */
     int64_t hist[MP_HIST_BINS];
 } mp_grad_stats;
+
+/* ---- the loss scaler's state (DESIGN.md section 6) ----
+ * It lives in the backend's memory (device memory on a GPU): the scale, what a
+ * step found, the skip decision and the built-in policies' counters are read
+ * and written by kernels only, so a training step with a built-in policy never
+ * waits for the device. The host reads it back only when a script asks. */
+typedef enum {
+    MP_POLICY_STATIC, MP_POLICY_NONE, MP_POLICY_DYNAMIC, MP_POLICY_HYSTERESIS, MP_POLICY_AMAX,
+    MP_POLICY_EXTERNAL
+} mp_policy_kind;
+
+typedef struct {
+    mp_policy_kind kind;
+    double init, growth, backoff, min, max;   /* min/max: 0 means unbounded */
+    int64_t interval;                         /* dynamic: growth interval; hysteresis: window */
+    int hysteresis;                           /* hysteresis: overflows tolerated before a backoff */
+    bool error_at_min;                        /* hysteresis: on_min = "error" */
+    int history;                              /* amax: steps of history */
+    double margin;                            /* amax: powers of two below f16's max */
+} mp_policy;
+
+#define MP_AMAX_HISTORY_MAX 1024
+#define MP_SCALER_MAX_OPTIMS 16
+
+typedef struct {
+    float scale;                   /* what scale_loss multiplies by and unscale divides by */
+    float stats_scale;             /* the scale of this step's statistics */
+    int32_t loss_bad;              /* this step: a loss given to scale_loss was inf/NaN */
+    int32_t skip;                  /* the last DECIDE: the optimizer step is skipped */
+    int32_t at_min;                /* hysteresis backed off at its floor: 1 (warn), 2 (on_min = "error") */
+    int32_t warned_at_min;
+    int32_t hyst_left, amax_count, amax_pos;
+    int32_t last_skip;             /* why the last skipped step was skipped: 1 overflow, 2 NaN, 3 forward */
+    int64_t tracker;               /* dynamic: clean steps in a row; hysteresis: iteration */
+    int64_t last_overflow;         /* hysteresis: iteration of the last overflow */
+    int64_t steps, skipped;
+    float amax_hist[MP_AMAX_HISTORY_MAX];
+    mp_grad_stats slot[MP_SCALER_MAX_OPTIMS];   /* this step, per optimizer, of the scaled gradients */
+} mp_scale_state;
+
+/* the small state operations, run once per step (kernels/step_rules.h) */
+typedef enum {
+    MP_SCALE_BEGIN,    /* a new step: clear its findings */
+    MP_SCALE_DECIDE,   /* skip = loss_bad or slot[arg] not finite; count the step */
+    MP_SCALE_UPDATE,   /* the built-in policy's rule */
+    MP_SCALE_SET       /* scale = value */
+} mp_scale_op;
 
 typedef struct mp_backend {
     const char *name;
@@ -134,16 +184,31 @@ typedef struct mp_backend {
     /* out[o, idx[o,i], i] = src[o, i] on a zeroed {outer, n, inner} out (max's backward) */
     void (*put_along)(mp_dtype dt, void *out, const void *src, const int32_t *idx,
                       int64_t outer, int64_t n, int64_t inner);
-    /* g *= inv_scale over n values, adding what it sees to *st (counts and histogram
-     * only when telemetry) */
-    void (*unscale)(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st);
+    /* The loss scaler, all on state in this backend's memory:
+     * scale_loss: out = in * st->scale (out may be NULL) and, when check, loss_bad
+     *   = 1 if any input value is inf/NaN;
+     * unscale: g *= 1/st->scale over n values, adding what it sees (n, inf, NaN,
+     *   amax of the scaled values) to st->slot[slot]; with tel (backend memory,
+     *   may be NULL) also the zeros, f16 under/overflow and histogram into *tel
+     *   and into the slot;
+     * scale_rule: one of the state operations above (arg: DECIDE's slot). */
+    void (*scale_loss)(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
+    void (*unscale)(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel);
+    void (*scale_rule)(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
     /* start (on) or stop counting, at every rounding of f32 results to f16/bf16, the
      * values rounded, those that were nonzero and became zero, and those that were
      * finite and became inf; counts[3] receives the totals since the last start */
     void (*flush_counter)(int on, int64_t counts[3]);
-    /* one optimizer step over n parameters p with gradients g and state s1, s2 */
+    /* an optimizer's step: optim_count adds 1 to *step (an int64 in this backend's
+     * memory) unless skip (backend memory, NULL: never) is set; optim_step then
+     * updates n parameters p with gradients g and state s1, s2 at that step count,
+     * or leaves everything as it is when skip is set */
+    void (*optim_count)(int64_t *step, const int32_t *skip);
     void (*optim_step)(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
-                       const mp_optim_args *a);
+                       const mp_optim_args *a, const int64_t *step, const int32_t *skip);
+    /* asynchronous backends: since the backend loaded, the copies to the host, the
+     * waits for the device and the device allocations it made (NULL: none ever) */
+    void (*counters)(int64_t c[3]);
     /* out = cond ? a : b elementwise, all contiguous of n elements; cond is u8 */
     void (*where)(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
 
@@ -172,6 +237,14 @@ typedef struct mp_backend {
     int (*gemm)(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
                  float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
                  float beta, void *c, int64_t sc);
+
+    /* asynchronous backends: check n indices (i32, this device) against [0, limit)
+     * on the device, without waiting: a bad one is reported by error() later, as
+     * "<what>: <value> at position <i> out of range [0, limit)", and the gather,
+     * scatter_add, put_along and cross-entropy kernels leave it out meanwhile
+     * (what must be a string that outlives the process, a literal). NULL: the
+     * engine reads the indices and checks them itself, before the op. */
+    void (*check_indices)(const int32_t *idx, int64_t n, int64_t limit, const char *what);
 
     /* out = in with dims permuted: out dim d is in dim perm[d] (contiguous copy) */
     void (*permute)(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape,

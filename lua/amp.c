@@ -156,15 +156,24 @@ static int s_unscale(lua_State *L)
     return 0;
 }
 
+/* true (applied), false (skipped), or nil with sync off: the decision stayed on the device */
 static int s_step(lua_State *L)
 {
     mp_scaler *s = check_scaler(L, 1);
     mp_optim *o = optim_arg(L, 2, "GradScaler:step");
-    bool applied;
+    int applied;
     mp_clear_error();
-    if (mp_scaler_step(s, o, &applied)) return lt_error(L, "GradScaler:step");
-    lua_pushboolean(L, applied);
+    if (mp_scaler_step(s, o, &applied) || (o->values->dev != MP_CPU && mp_device_error(o->values->dev)))
+        return lt_error(L, "GradScaler:step");
+    if (applied < 0) lua_pushnil(L);
+    else lua_pushboolean(L, applied);
     return 1;
+}
+
+static int s_set_sync(lua_State *L)
+{
+    check_scaler(L, 1)->sync = lua_toboolean(L, 2);
+    return 0;
 }
 
 static int s_update(lua_State *L)
@@ -197,36 +206,45 @@ static void push_stats(lua_State *L, const mp_grad_stats *st, double scale)
     lua_pushinteger(L, MP_HIST_LO); lua_setfield(L, -2, "hist_lo");
 }
 
-/* s:_info() -> the current step's findings and the policy counters */
+/* s:_info() -> the current step's findings and the policy counters (reads the
+ * state back from the device) */
 static int s_info(lua_State *L)
 {
     mp_scaler *s = check_scaler(L, 1);
+    const mp_scale_state *h = mp_scaler_read(s);
+    mp_skip_reason reason = mp_scaler_reason(h);
+    mp_grad_stats total;
+    mp_scaler_total(h, &total);
     lua_createtable(L, 0, 16);
-    lua_pushnumber(L, s->scale); lua_setfield(L, -2, "scale");
-    lua_pushboolean(L, s->found_inf); lua_setfield(L, -2, "found_inf");
-    lua_pushstring(L, s->reason ? mp_skip_reason_name(s->reason) : NULL); lua_setfield(L, -2, "reason");
+    lua_pushnumber(L, h->scale); lua_setfield(L, -2, "scale");
+    lua_pushboolean(L, reason != MP_SKIP_NONE); lua_setfield(L, -2, "found_inf");
+    lua_pushstring(L, reason ? mp_skip_reason_name(reason) : NULL); lua_setfield(L, -2, "reason");
     lua_pushinteger(L, s->first_bad + 1); lua_setfield(L, -2, "first_bad");   /* 1-based, 0 if none */
-    lua_pushinteger(L, s->steps); lua_setfield(L, -2, "steps");
-    lua_pushinteger(L, s->skipped); lua_setfield(L, -2, "skipped");
+    lua_pushstring(L, h->last_skip ? mp_skip_reason_name((mp_skip_reason)h->last_skip) : NULL);
+    lua_setfield(L, -2, "last_skip_reason");
+    lua_pushinteger(L, h->steps); lua_setfield(L, -2, "steps");
+    lua_pushinteger(L, h->skipped); lua_setfield(L, -2, "skipped");
     lua_pushboolean(L, s->unscaled); lua_setfield(L, -2, "unscaled");
-    lua_pushinteger(L, s->tracker); lua_setfield(L, -2, "tracker");
-    lua_pushinteger(L, s->last_overflow); lua_setfield(L, -2, "last_overflow");
-    lua_pushinteger(L, s->hyst_left); lua_setfield(L, -2, "hysteresis_left");
-    lua_pushboolean(L, s->warned_at_min); lua_setfield(L, -2, "warned_at_min");
-    lua_createtable(L, s->amax_count, 0);
-    for (int i = 0; i < s->amax_count; i++) {
-        lua_pushnumber(L, s->amax_hist[i]);
+    lua_pushinteger(L, h->tracker); lua_setfield(L, -2, "tracker");
+    lua_pushinteger(L, h->last_overflow); lua_setfield(L, -2, "last_overflow");
+    lua_pushinteger(L, h->hyst_left); lua_setfield(L, -2, "hysteresis_left");
+    lua_pushboolean(L, h->warned_at_min); lua_setfield(L, -2, "warned_at_min");
+    lua_createtable(L, h->amax_count, 0);
+    for (int i = 0; i < h->amax_count; i++) {
+        lua_pushnumber(L, h->amax_hist[i]);
         lua_rawseti(L, -2, i + 1);
     }
     lua_setfield(L, -2, "amax_history");
-    lua_pushinteger(L, s->amax_pos); lua_setfield(L, -2, "amax_pos");
-    float at = s->stats_scale > 0 ? s->stats_scale : s->scale;
-    push_stats(L, &s->total, at);
+    lua_pushinteger(L, h->amax_pos); lua_setfield(L, -2, "amax_pos");
+    float at = h->stats_scale > 0 ? h->stats_scale : h->scale;
+    push_stats(L, &total, at);
     lua_setfield(L, -2, "total");
-    if (s->telemetry && s->per_param) {
-        lua_createtable(L, s->nstats, 0);
-        for (int i = 0; i < s->nstats; i++) {
-            push_stats(L, &s->per_param[i], at);
+    int n;
+    const mp_grad_stats *pp = s->telemetry ? mp_scaler_per_param(s, &n) : NULL;
+    if (pp) {
+        lua_createtable(L, n, 0);
+        for (int i = 0; i < n; i++) {
+            push_stats(L, &pp[i], at);
             lua_rawseti(L, -2, i + 1);
         }
         lua_setfield(L, -2, "per_param");
@@ -240,7 +258,8 @@ static int s_restore(lua_State *L)
     mp_scaler *s = check_scaler(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     const char *name = "GradScaler:load_state_dict";
-    double scale = lb_number_field(L, 2, "scale", s->scale, name);
+    mp_scale_state *h = (mp_scale_state *)mp_scaler_read(s);
+    double scale = lb_number_field(L, 2, "scale", h->scale, name);
     if (!(scale > 0) || !isfinite((float)scale)) return luaL_error(L, "%s: scale must be a finite number > 0", name);
     lua_getfield(L, 2, "amax_history");
     int nh = lua_istable(L, -1) ? (int)luaL_len(L, -1) : 0;
@@ -266,19 +285,20 @@ static int s_restore(lua_State *L)
     int hlen = s->policy.history > 0 ? s->policy.history : 1;
     if (nh > hlen || f[5] < 0 || f[5] >= hlen || f[2] < 0 || f[2] > 1e9)
         return luaL_error(L, "%s: amax history, its position or the hysteresis counter out of range", name);
-    s->scale = (float)scale;
-    s->tracker = (int64_t)f[0];
-    s->last_overflow = (int64_t)f[1];
-    s->hyst_left = (int)f[2];
-    s->steps = (int64_t)f[3];
-    s->skipped = (int64_t)f[4];
+    h->scale = (float)scale;
+    h->tracker = (int64_t)f[0];
+    h->last_overflow = (int64_t)f[1];
+    h->hyst_left = (int)f[2];
+    h->steps = (int64_t)f[3];
+    h->skipped = (int64_t)f[4];
     lua_getfield(L, 2, "warned_at_min");
-    s->warned_at_min = lua_toboolean(L, -1);
+    h->warned_at_min = lua_toboolean(L, -1);
+    s->printed_min_warning = h->warned_at_min;
     lua_pop(L, 1);
-    s->amax_count = nh;
-    memcpy(s->amax_hist, hist, sizeof(float) * (size_t)nh);
-    s->amax_pos = (int)f[5];
-    s->has_pending = false;
+    h->amax_count = nh;
+    memcpy(h->amax_hist, hist, sizeof(float) * (size_t)nh);
+    h->amax_pos = (int)f[5];
+    mp_scaler_write(s);
     return 0;
 }
 
@@ -317,6 +337,7 @@ static int a_flush_stats(lua_State *L)
 static const luaL_Reg smeth[] = {
     {"scale", s_scale}, {"unscale", s_unscale}, {"step", s_step}, {"update", s_update},
     {"set_policy", s_set_policy}, {"_info", s_info}, {"_restore", s_restore}, {"telemetry", s_telemetry},
+    {"set_sync", s_set_sync},
     {NULL, NULL}
 };
 

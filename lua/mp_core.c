@@ -195,10 +195,24 @@ static int cuda_synchronize(lua_State *L)
     return 0;
 }
 
+/* mp.counters() -> {host_reads=, device_to_host=, device_waits=, device_mallocs=}:
+ * totals since start; a training step on a GPU should add none */
+static int m_counters(lua_State *L)
+{
+    int64_t c[3];
+    mp_device_counters(MP_CUDA, c);
+    lua_createtable(L, 0, 4);
+    lua_pushinteger(L, mp_host_reads()); lua_setfield(L, -2, "host_reads");
+    lua_pushinteger(L, c[0]); lua_setfield(L, -2, "device_to_host");
+    lua_pushinteger(L, c[1]); lua_setfield(L, -2, "device_waits");
+    lua_pushinteger(L, c[2]); lua_setfield(L, -2, "device_mallocs");
+    return 1;
+}
+
 static const luaL_Reg funcs[] = {
     {"tensor", m_tensor}, {"zeros", m_zeros}, {"ones", m_ones}, {"full", m_full},
     {"arange", m_arange}, {"rand", m_rand}, {"randn", m_randn}, {"manual_seed", m_manual_seed},
-    {"matmul", m_matmul}, {"memory", m_memory},
+    {"matmul", m_matmul}, {"memory", m_memory}, {"counters", m_counters},
     {"set_default_device", lb_set_default_device}, {"default_device", m_default_device},
     {NULL, NULL}
 };

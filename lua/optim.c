@@ -114,7 +114,7 @@ static int o_index(lua_State *L)
     const char *k = luaL_checkstring(L, 2);
     double *f = config_field(o, k);
     if (f) lua_pushnumber(L, *f);
-    else if (strcmp(k, "step_count") == 0) lua_pushinteger(L, o->step);
+    else if (strcmp(k, "step_count") == 0) lua_pushinteger(L, mp_optim_get_step(o));
     else if (strcmp(k, "nesterov") == 0) lua_pushboolean(L, o->cfg.nesterov);
     else if (strcmp(k, "numel") == 0) lua_pushinteger(L, o->numel);
     else lua_pushnil(L);
@@ -138,7 +138,7 @@ static int o_newindex(lua_State *L)
     if (strcmp(k, "step_count") == 0) {
         lua_Integer s = luaL_checkinteger(L, 3);
         if (s < 0) return luaL_error(L, "Optimizer.step_count: must be >= 0 (got %I)", (lua_Integer)s);
-        o->step = s;
+        mp_optim_set_step(o, s);
         return 0;
     }
     double *f = config_field(o, k);

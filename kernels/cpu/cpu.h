@@ -16,9 +16,6 @@
 #define MP_SIMD __attribute__((target_clones("default", "avx2", "avx512f")))
 #else
 #define MP_SIMD
-void cpu_flush_counter(int on, int64_t counts[3]);
-void cpu_unscale(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st);
-
 #endif
 
 /* elements per block that a kernel widens to f32 at a time (fits in L1) */
@@ -116,10 +113,13 @@ void cpu_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const void *
 void cpu_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                          const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
 
+void cpu_optim_count(int64_t *step, const int32_t *skip);
 void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
-                    const mp_optim_args *a);
+                    const mp_optim_args *a, const int64_t *step, const int32_t *skip);
 
 void cpu_flush_counter(int on, int64_t counts[3]);
-void cpu_unscale(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st);
+void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel);
+void cpu_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
+void cpu_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
 
 #endif

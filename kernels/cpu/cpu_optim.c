@@ -7,11 +7,13 @@
  */
 #include <math.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/step_rules.h"
 
-MP_SIMD static void sgd(float *restrict p, const float *restrict g, float *restrict buf, int64_t n, const mp_optim_args *a)
+MP_SIMD static void sgd(float *restrict p, const float *restrict g, float *restrict buf, int64_t n, const mp_optim_args *a,
+                        int first)
 {
     const float lr = a->lr, wd = a->weight_decay, mom = a->momentum, damp = a->one_minus_dampening;
-    const int first = a->first, nesterov = a->nesterov;
+    const int nesterov = a->nesterov;
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float d = g[i];
@@ -26,11 +28,11 @@ MP_SIMD static void sgd(float *restrict p, const float *restrict g, float *restr
 }
 
 MP_SIMD static void adam(int decoupled, float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
-                 int64_t n, const mp_optim_args *a)
+                 int64_t n, const mp_optim_args *a, float step_size, float bc2)
 {
     const float b1 = a->beta1, b2 = a->beta2, c1 = a->one_minus_beta1, c2 = a->one_minus_beta2;
     const float wd = a->weight_decay, decay = a->decay;
-    const float bc2 = a->bc2_sqrt, eps = a->eps, step = -a->step_size;
+    const float eps = a->eps, step = -step_size;
     if (decoupled) {   /* AdamW: p *= 1 - lr*wd, then the Adam update */
         #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
         for (int64_t i = 0; i < n; i++) {
@@ -50,9 +52,20 @@ MP_SIMD static void adam(int decoupled, float *restrict p, const float *restrict
     }
 }
 
-void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
-                    const mp_optim_args *a)
+void cpu_optim_count(int64_t *step, const int32_t *skip)
 {
-    if (kind == MP_SGD) sgd(p, g, s1, n, a);
-    else adam(kind == MP_ADAMW, p, g, s1, s2, n, a);
+    if (!(skip && *skip)) ++*step;
+}
+
+void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
+                    const mp_optim_args *a, const int64_t *step, const int32_t *skip)
+{
+    if (skip && *skip) return;
+    if (kind == MP_SGD) {
+        sgd(p, g, s1, n, a, *step == 1);   /* the first step fills the momentum buffer */
+        return;
+    }
+    float step_size, bc2;
+    mp_adam_bias(a, *step, &step_size, &bc2);
+    adam(kind == MP_ADAMW, p, g, s1, s2, n, a, step_size, bc2);
 }

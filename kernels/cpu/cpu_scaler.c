@@ -1,12 +1,19 @@
 /*
- * cpu_scaler.c: the loss scaler's pass over the gradient arena: unscale in
- * place, look for inf/NaN, take the largest magnitude and, with telemetry on,
- * count what f16 would flush or overflow at the current scale. The plain pass
- * is branch-free so that it vectorises; telemetry is a second, slower loop.
+ * cpu_scaler.c: the loss scaler on the CPU: the scaled loss, the pass over the
+ * gradient arena (unscale in place, look for inf/NaN, take the largest
+ * magnitude and, with telemetry on, count what f16 would flush or overflow at
+ * the current scale) and the once-per-step state operations, which are the
+ * shared rules of kernels/step_rules.h run on host memory. The plain pass is
+ * branch-free so that it vectorises; telemetry is a second, slower loop.
+ *
+ * inf/NaN are counted on the unscaled values (a finite scaled value that 1/scale
+ * > 1 pushes past f32's range counts too), amax and the telemetry counts on the
+ * finite scaled values: the CUDA backend counts the same way.
  */
 #include <math.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/step_rules.h"
 
 MP_SIMD static void unscale_plain(float *restrict g, int64_t n, float inv, float *amax, int64_t *nonfinite)
 {
@@ -14,12 +21,11 @@ MP_SIMD static void unscale_plain(float *restrict g, int64_t n, float inv, float
     int64_t bad = 0;
     #pragma omp simd reduction(max:m) reduction(+:bad)
     for (int64_t i = 0; i < n; i++) {
-        float x = g[i], a = fabsf(x);
-        int fin = a <= 3.4028235e38f;          /* not inf or NaN */
-        bad += !fin;
-        float v = fin ? a : 0.0f;
+        float x = g[i], a = fabsf(x), y = x * inv;
+        bad += !(fabsf(y) <= 3.4028235e38f);   /* inf or NaN after unscaling */
+        float v = a <= 3.4028235e38f ? a : 0.0f;
         m = v > m ? v : m;
-        g[i] = x * inv;
+        g[i] = y;
     }
     *amax = m;
     *nonfinite = bad;
@@ -31,14 +37,14 @@ static void unscale_telemetry(float *restrict g, int64_t n, float inv, mp_grad_s
      * exponent from the bits instead of ilogbf: the same bins, subnormals in bin 0 */
     int64_t nan = 0, inf = 0, zeros = 0, under = 0, over = 0;
     int64_t hist[MP_HIST_BINS] = {0};
-    float amax = st->amax;
+    float amax = 0;
     for (int64_t i = 0; i < n; i++) {
-        float x = g[i], a = fabsf(x);
+        float x = g[i], a = fabsf(x), y = x * inv;
         uint32_t u;
         memcpy(&u, &a, sizeof u);
-        if (u >= 0x7f800000u) {
-            if (u > 0x7f800000u) nan++; else inf++;
-        } else {
+        nan += isnan(y) != 0;   /* glibc: isinf(-inf) is -1 */
+        inf += isinf(y) != 0;
+        if (u < 0x7f800000u) {
             amax = a > amax ? a : amax;
             zeros += u == 0;
             under += u != 0 && a <= 0x1p-25f;
@@ -47,28 +53,64 @@ static void unscale_telemetry(float *restrict g, int64_t n, float inv, mp_grad_s
             e = e < 0 ? 0 : e >= MP_HIST_BINS ? MP_HIST_BINS - 1 : e;
             hist[e] += u != 0;
         }
-        g[i] = x * inv;
+        g[i] = y;
     }
-    st->nan += nan, st->inf += inf, st->zeros += zeros, st->underflow += under, st->overflow += over;
+    st->n = n, st->nan = nan, st->inf = inf, st->zeros = zeros, st->underflow = under, st->overflow = over;
     st->amax = amax;
-    for (int b = 0; b < MP_HIST_BINS; b++) st->hist[b] += hist[b];
+    for (int b = 0; b < MP_HIST_BINS; b++) st->hist[b] = hist[b];
 }
 
-void cpu_unscale(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st)
+static void add_stats(mp_grad_stats *to, const mp_grad_stats *s)
 {
-    st->n += n;
-    if (telemetry) { unscale_telemetry(g, n, inv_scale, st); return; }
+    to->n += s->n, to->nan += s->nan, to->inf += s->inf;
+    to->zeros += s->zeros, to->underflow += s->underflow, to->overflow += s->overflow;
+    if (s->amax > to->amax) to->amax = s->amax;
+    for (int b = 0; b < MP_HIST_BINS; b++) to->hist[b] += s->hist[b];
+}
+
+void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel)
+{
+    mp_grad_stats *acc = &st->slot[slot];
+    float inv = 1.0f / st->scale;
+    if (tel) {
+        mp_grad_stats mine;
+        unscale_telemetry(g, n, inv, &mine);
+        add_stats(tel, &mine);
+        add_stats(acc, &mine);
+        return;
+    }
     float amax;
     int64_t bad;
-    unscale_plain(g, n, inv_scale, &amax, &bad);
-    if (amax > st->amax) st->amax = amax;
+    unscale_plain(g, n, inv, &amax, &bad);
+    acc->n += n;
+    if (amax > acc->amax) acc->amax = amax;
     if (bad) {   /* rare: tell NaN from inf, for the skip reason */
         for (int64_t i = 0; i < n; i++) {
             float x = g[i];
-            if (isnan(x)) st->nan++;
-            else if (isinf(x)) st->inf++;
+            if (isnan(x)) acc->nan++;
+            else if (isinf(x)) acc->inf++;
         }
     }
+}
+
+void cpu_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check)
+{
+    float buf[MP_BLOCK];
+    const float scale = st->scale;
+    for (int64_t i = 0; i < n; i += MP_BLOCK) {
+        int64_t m = n - i < MP_BLOCK ? n - i : MP_BLOCK;
+        cpu_load(dt, in, i, buf, m);
+        for (int64_t j = 0; j < m; j++) {
+            if (check && !isfinite(buf[j])) st->loss_bad = 1;
+            buf[j] = buf[j] * scale;
+        }
+        if (out) cpu_store(dt, out, i, buf, m);
+    }
+}
+
+void cpu_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value)
+{
+    mp_scale_apply(op, st, p, arg, value);
 }
 
 /* ---- counting flushes at the f16/bf16 rounding points ---- */

@@ -104,8 +104,12 @@ void mp_cuda_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const vo
                         const void *b, int64_t rows, int64_t n, float eps);
 void mp_cuda_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                              const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
+/* cuda_optim.cu: the loss scaler and the optimizers, on state in device memory */
+void mp_cuda_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
+void mp_cuda_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel);
+void mp_cuda_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
+void mp_cuda_optim_count(int64_t *step, const int32_t *skip);
 void mp_cuda_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
-                        const mp_optim_args *a);
-void mp_cuda_unscale(float *g, int64_t n, float inv_scale, int telemetry, mp_grad_stats *st);
+                        const mp_optim_args *a, const int64_t *step, const int32_t *skip);
 
 #endif

@@ -152,7 +152,7 @@ GradScaler.__index = GradScaler
 GradScaler.__name = "mp.amp.GradScaler"
 
 function amp.GradScaler(opts)
-  local o = options("mp.amp.GradScaler", opts, {policy = "table", enabled = "boolean"})
+  local o = options("mp.amp.GradScaler", opts, {policy = "table", enabled = "boolean", sync = "boolean"})
   local p = o.policy or policy.dynamic{}
   if not is_policy(p) then error("mp.amp.GradScaler: policy must be a built-in policy or a table with update(self, info)", 2) end
   local enabled = o.enabled ~= false
@@ -160,7 +160,8 @@ function amp.GradScaler(opts)
   local ep = engine_policy(p)
   ep.init = initial_scale(p)
   local self = setmetatable({_c = core._scaler(ep), _policy = p, enabled = enabled, on_skip = nil,
-                             _telemetry = false, _names = nil}, GradScaler)
+                             _telemetry = false, _names = nil, _sync = o.sync ~= false}, GradScaler)
+  self._c:set_sync(self._sync)
   return self
 end
 
@@ -185,12 +186,17 @@ local function param_name(self, i)
   return "param " .. i
 end
 
+-- true when applied, false when skipped; with sync = false, nil: the decision
+-- stayed on the device (the optimizer kernels read it there), and an attached
+-- schedule advances every step, as PyTorch's schedulers do
 function GradScaler:step(opt)
+  if not self._sync and self.on_skip then
+    error("GradScaler:step: on_skip needs the step's outcome on the host (create the scaler with sync = true)", 2)
+  end
   local applied = self._c:step(opt)
   self._last_opt = opt
-  if not applied then
+  if applied == false then
     local info = self._c:_info()
-    rawset(self, "_last_reason", info.reason)
     if self.on_skip then
       self.on_skip{reason = info.reason, step = info.steps, scale = info.scale,
                    param = info.first_bad > 0 and param_name(self, info.first_bad) or nil}
@@ -242,8 +248,8 @@ end
 function GradScaler:__index(k)
   if k == "stats" then
     local c = self._c:_info()
-    return {steps = c.steps, skipped = c.skipped, found_inf = c.found_inf, last_skip_reason = self._last_reason
-            or (c.found_inf and c.reason) or nil, scale = c.scale}
+    return {steps = c.steps, skipped = c.skipped, found_inf = c.found_inf, last_skip_reason = c.last_skip_reason,
+            scale = c.scale}
   end
   return GradScaler[k]
 end

@@ -11,7 +11,7 @@
  * run in blocks of BLOCK back to back (the arena hot in the caches, as it is
  * right after the backward wrote it); the variants' blocks alternate so that a
  * noisy neighbour slows them alike.
- * The pass alternates 1/65536 and 65536 as its factor, so the values stay the
+ * The pass alternates scales 65536 and 1/65536 (factors 1/65536 and 65536), so the values stay the
  * same from run to run (both are exact) and never drift into subnormals.
  *
  *   scaler pass (535818 f32, 4.3 MB r+w, kernel only)  plain 11.08 GB/s (0.387 ms)  telemetry ...  memcpy 97.52 GB/s (0.044 ms)  plain/memcpy 0.11x (target >= 0.5x)
@@ -66,8 +66,9 @@ int main(int argc, char **argv)
     int64_t n = argc > 1 ? atoll(argv[1]) : 535818;
     float *g = malloc(sizeof *g * (size_t)n), *src = malloc(sizeof *src * (size_t)n),
           *dst = malloc(sizeof *dst * (size_t)n);
-    mp_grad_stats *st = malloc(sizeof *st);
-    if (!g || !src || !dst || !st) {
+    mp_scale_state *st = calloc(1, sizeof *st);   /* the scaler's state, as the kernel reads it */
+    mp_grad_stats *tel = malloc(sizeof *tel);
+    if (!g || !src || !dst || !st || !tel) {
         fprintf(stderr, "bench_scaler: out of memory\n");
         return 1;
     }
@@ -76,24 +77,25 @@ int main(int argc, char **argv)
 
     const mp_backend *be = &mp_cpu_backend;
     static double tp[REPS], tt[REPS], tc[REPS];
-    float inv = 1.0f / 65536.0f;
+    st->scale = 65536.0f;
     /* each variant runs BLOCK times back to back (hot, like a pass over an arena
      * that the backward just wrote), and the blocks alternate */
     for (int r0 = -BLOCK; r0 < REPS; r0 += BLOCK) {
         for (int r = r0; r < r0 + BLOCK && r < REPS; r++) {
             double t0 = now();
-            memset(st, 0, sizeof *st);
-            be->unscale(g, n, inv, 0, st);
+            memset(&st->slot[0], 0, sizeof st->slot[0]);
+            be->unscale(g, n, st, 0, NULL);
             double t1 = now();
-            inv = inv < 1.0f ? 65536.0f : 1.0f / 65536.0f;
+            st->scale = st->scale > 1.0f ? 1.0f / 65536.0f : 65536.0f;
             if (r >= 0) tp[r] = t1 - t0;
         }
         for (int r = r0; r < r0 + BLOCK && r < REPS; r++) {
             double t0 = now();
-            memset(st, 0, sizeof *st);
-            be->unscale(g, n, inv, 1, st);
+            memset(&st->slot[0], 0, sizeof st->slot[0]);
+            memset(tel, 0, sizeof *tel);
+            be->unscale(g, n, st, 0, tel);
             double t1 = now();
-            inv = inv < 1.0f ? 65536.0f : 1.0f / 65536.0f;
+            st->scale = st->scale > 1.0f ? 1.0f / 65536.0f : 65536.0f;
             if (r >= 0) tt[r] = t1 - t0;
         }
         for (int r = r0; r < r0 + BLOCK && r < REPS; r++) {
@@ -112,6 +114,6 @@ int main(int argc, char **argv)
            "  memcpy %.2f GB/s (%.3f ms)  plain/memcpy %.2fx (target >= 0.5x)\n",
            (long long)n, bytes / 1e6, bytes / p / 1e9, p * 1e3, bytes / t / 1e9, t * 1e3, bytes / c / 1e9, c * 1e3,
            c / p);
-    free(g), free(src), free(dst), free(st);
+    free(g), free(src), free(dst), free(st), free(tel);
     return 0;
 }

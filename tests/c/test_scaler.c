@@ -44,6 +44,8 @@ static rig make_rig(const mp_policy *pol, int64_t n)
     return r;
 }
 
+#define ST(s) mp_scaler_read(s)
+
 static void free_rig(rig *r)
 {
     mp_scaler_free(r->s);
@@ -62,9 +64,9 @@ static int one_step(rig *r, double g, bool true_grad, double loss, bool *applied
     mp_release(sl);
     mp_release(l);
     float *grad = mp_data(r->o->grads);
-    float v = (float)(true_grad && isfinite(g) ? g * r->s->scale : g);
+    float v = (float)(true_grad && isfinite(g) ? g * ST(r->s)->scale : g);
     for (int64_t i = 0; i < r->o->numel; i++) grad[i] = v;
-    bool a;
+    int a;
     cr_assert_eq(mp_scaler_step(r->s, r->o, &a), 0, "%s", mp_error());
     if (applied) *applied = a;
     return mp_scaler_update(r->s);
@@ -74,8 +76,8 @@ static void run_seq(rig *r, const double *seq, const double *want, int n, bool t
 {
     for (int i = 0; i < n; i++) {
         cr_assert_eq(one_step(r, seq[i], true_grad, 1.0, NULL), 0, "%s step %d: %s", what, i + 1, mp_error());
-        cr_assert_eq(r->s->scale, (float)want[i], "%s: after step %d the scale is %.9g, expected %.9g",
-                     what, i + 1, r->s->scale, want[i]);
+        cr_assert_eq(ST(r->s)->scale, (float)want[i], "%s: after step %d the scale is %.9g, expected %.9g",
+                     what, i + 1, ST(r->s)->scale, want[i]);
     }
 }
 
@@ -104,12 +106,12 @@ Test(scaler, dynamic_interval_3)
     for (int i = 0; i < 12; i++) {
         bool applied;
         cr_assert_eq(one_step(&r, seq[i], false, 1.0, &applied), 0);
-        cr_assert_eq(r.s->scale, (float)want[i], "step %d: %g, expected %g", i + 1, r.s->scale, want[i]);
-        cr_assert_eq(r.s->tracker, tracker[i], "step %d: tracker %lld", i + 1, (long long)r.s->tracker);
+        cr_assert_eq(ST(r.s)->scale, (float)want[i], "step %d: %g, expected %g", i + 1, ST(r.s)->scale, want[i]);
+        cr_assert_eq(ST(r.s)->tracker, tracker[i], "step %d: tracker %lld", i + 1, (long long)ST(r.s)->tracker);
         cr_assert_eq(applied, isfinite(seq[i]), "step %d", i + 1);
     }
-    cr_assert_eq(r.s->steps, 12);
-    cr_assert_eq(r.s->skipped, 3);
+    cr_assert_eq(ST(r.s)->steps, 12);
+    cr_assert_eq(ST(r.s)->skipped, 3);
     free_rig(&r);
 }
 
@@ -120,7 +122,7 @@ Test(scaler, dynamic_growth_stops_at_the_f32_limit)
     double seq[] = {OK, OK, OK, INF, OK};
     double want[] = {0x1p127, 0x1p127, 0x1p127, 0x1p126, 0x1p127};
     run_seq(&r, seq, want, 5, false, "f32 limit");
-    cr_assert(isfinite(r.s->scale));
+    cr_assert(isfinite(ST(r.s)->scale));
     free_rig(&r);
 }
 
@@ -149,10 +151,10 @@ Test(scaler, hysteresis_window_3_counter_2)
     int64_t last[] = {-1, -1, -1, 3, 3, 5, 6, 6, 6, 6, 10, 11};
     for (int i = 0; i < 12; i++) {
         cr_assert_eq(one_step(&r, seq[i], false, 1.0, NULL), 0);
-        cr_assert_eq(r.s->scale, (float)want[i], "step %d: %g, expected %g", i + 1, r.s->scale, want[i]);
-        cr_assert_eq(r.s->hyst_left, left[i], "step %d: counter %d, expected %d", i + 1, r.s->hyst_left, left[i]);
-        cr_assert_eq(r.s->last_overflow, last[i], "step %d: last overflow %lld", i + 1, (long long)r.s->last_overflow);
-        cr_assert_eq(r.s->tracker, i + 1);
+        cr_assert_eq(ST(r.s)->scale, (float)want[i], "step %d: %g, expected %g", i + 1, ST(r.s)->scale, want[i]);
+        cr_assert_eq(ST(r.s)->hyst_left, left[i], "step %d: counter %d, expected %d", i + 1, ST(r.s)->hyst_left, left[i]);
+        cr_assert_eq(ST(r.s)->last_overflow, last[i], "step %d: last overflow %lld", i + 1, (long long)ST(r.s)->last_overflow);
+        cr_assert_eq(ST(r.s)->tracker, i + 1);
     }
     free_rig(&r);
 }
@@ -172,7 +174,7 @@ Test(scaler, hysteresis_floor_warns_once)
     float got[6];
     for (int i = 0; i < 6; i++) {
         rc[i] = one_step(&r, seq[i], false, 1.0, NULL);
-        got[i] = r.s->scale;
+        got[i] = ST(r.s)->scale;
     }
     fflush(stderr);
     dup2(saved, 2);
@@ -197,11 +199,11 @@ Test(scaler, hysteresis_floor_error)
     mp_policy p = hysteresis(2, 100, 1, 1, true);
     rig r = make_rig(&p, 1);
     cr_assert_eq(one_step(&r, INF, false, 1.0, NULL), 0);
-    cr_assert_eq(r.s->scale, 1.0f);
+    cr_assert_eq(ST(r.s)->scale, 1.0f);
     mp_clear_error();
     cr_assert_eq(one_step(&r, INF, false, 1.0, NULL), -1);
     cr_assert(strstr(mp_error(), "minimum"), "%s", mp_error());
-    cr_assert_eq(r.s->scale, 1.0f);
+    cr_assert_eq(ST(r.s)->scale, 1.0f);
     /* the step ended: a clean step afterwards works */
     bool applied;
     cr_assert_eq(one_step(&r, OK, false, 1.0, &applied), 0);
@@ -236,27 +238,27 @@ Test(scaler, skip_leaves_values_and_reasons)
 
     cr_assert_eq(one_step(&r, INF, false, 1.0, &applied), 0);
     cr_assert(!applied);
-    cr_assert_eq(r.s->reason, MP_SKIP_OVERFLOW);
+    cr_assert_eq(mp_scaler_reason(ST(r.s)), MP_SKIP_OVERFLOW);
     cr_assert_eq(r.s->first_bad, 0);
     cr_assert_eq(memcmp(before, v, sizeof before), 0);
 
     cr_assert_eq(one_step(&r, NAN_, false, 1.0, &applied), 0);
     cr_assert(!applied);
-    cr_assert_eq(r.s->reason, MP_SKIP_NAN);
+    cr_assert_eq(mp_scaler_reason(ST(r.s)), MP_SKIP_NAN);
 
     cr_assert_eq(one_step(&r, OK, false, INFINITY, &applied), 0);
     cr_assert(!applied);
-    cr_assert_eq(r.s->reason, MP_SKIP_FORWARD);
+    cr_assert_eq(mp_scaler_reason(ST(r.s)), MP_SKIP_FORWARD);
     cr_assert_eq(r.s->first_bad, -1);
     cr_assert_eq(memcmp(before, v, sizeof before), 0);
-    cr_assert_eq(r.o->step, 0);
+    cr_assert_eq(mp_optim_get_step(r.o), 0);
 
     cr_assert_eq(one_step(&r, 8.0, false, 1.0, &applied), 0);   /* unscaled: 1; SGD lr 0.25 */
     cr_assert(applied);
-    cr_assert_eq(r.s->reason, MP_SKIP_NONE);
+    cr_assert_eq(mp_scaler_reason(ST(r.s)), MP_SKIP_NONE);
     for (int i = 0; i < 3; i++) cr_assert_eq(v[i], 0.25f);
-    cr_assert_eq(r.s->skipped, 3);
-    cr_assert_eq(r.s->steps, 4);
+    cr_assert_eq(ST(r.s)->skipped, 3);
+    cr_assert_eq(ST(r.s)->steps, 4);
     cr_assert_str_eq(mp_skip_reason_name(MP_SKIP_FORWARD), "forward");
     free_rig(&r);
 }
@@ -275,7 +277,7 @@ Test(scaler, unscale_once_per_step)
     cr_assert(strstr(mp_error(), "unscale"), "%s", mp_error());
     cr_assert_eq(g[0], 3.0f);
     cr_assert_eq(g[1], -0.5f);
-    bool applied;
+    int applied;
     cr_assert_eq(mp_scaler_step(r.s, r.o, &applied), 0);
     cr_assert(applied);
     cr_assert_eq(g[0], 3.0f, "step unscaled a second time: %g", g[0]);
@@ -295,13 +297,13 @@ Test(scaler, set_policy_applies_at_next_scale)
     cr_assert_eq(one_step(&r, OK, false, 1.0, NULL), 0);
     mp_policy q = {.kind = MP_POLICY_STATIC};
     cr_assert_eq(mp_scaler_set_policy(r.s, &q, 32), 0);
-    cr_assert_eq(r.s->scale, 1024.0f);
+    cr_assert_eq(ST(r.s)->scale, 1024.0f);
     mp_tensor *l = mp_full(MP_F32, MP_CPU, 0, NULL, 1.0);
     mp_tensor *sl = mp_scaler_scale(r.s, l);
     double v;
     cr_assert_eq(mp_read_f64(sl, 0, 1, &v), 0);
     cr_assert_eq(v, 32.0);
-    cr_assert_eq(r.s->scale, 32.0f);
+    cr_assert_eq(ST(r.s)->scale, 32.0f);
     mp_release(sl);
     mp_release(l);
     mp_policy bad = dynamic(8, 1, 0.5, 10, 0, 0);
@@ -338,14 +340,33 @@ Test(scaler, set_scale_refuses_bad_values)
     double bad[] = {0, -1, INFINITY, NAN, 1e39};
     for (int i = 0; i < 5; i++) {
         cr_assert_eq(mp_scaler_set_scale(r.s, bad[i]), -1, "%g", bad[i]);
-        cr_assert_eq(r.s->scale, 16.0f);
+        cr_assert_eq(ST(r.s)->scale, 16.0f);
     }
     cr_assert_eq(mp_scaler_set_scale(r.s, 3), 0);
-    cr_assert_eq(r.s->scale, 3.0f);
+    cr_assert_eq(ST(r.s)->scale, 3.0f);
     free_rig(&r);
 }
 
 /* ---- the backend's unscale pass ---- */
+
+/* the backend's pass with the state it reads: the scale 1/inv (exact powers of
+ * two here), accumulating into *st through slot 2; with telemetry the record
+ * must see exactly what the slot saw */
+static void unscale_with(float *g, int64_t n, float inv, int tele, mp_grad_stats *st)
+{
+    static mp_scale_state s;   /* large: not on the stack */
+    memset(&s, 0, sizeof s);
+    s.scale = 1.0f / inv;
+    s.slot[2] = *st;
+    mp_grad_stats tel;
+    memset(&tel, 0, sizeof tel);
+    bool fresh = st->n == 0;
+    mp_cpu_backend.unscale(g, n, &s, 2, tele ? &tel : NULL);
+    if (tele && fresh) cr_assert_eq(memcmp(&tel, &s.slot[2], sizeof tel), 0, "telemetry record and slot differ");
+    for (int k = 0; k < MP_SCALER_MAX_OPTIMS; k++)
+        if (k != 2) cr_assert_eq(s.slot[k].n, 0, "slot %d touched", k);
+    *st = s.slot[2];
+}
 
 /* bin (0-based) of |x| as the header defines it: 2^(i+LO) <= |x| < 2^(i+1+LO), clamped */
 static int bin_of(double a)
@@ -363,7 +384,7 @@ Test(unscale_kernel, telemetry_counts_amax_histogram)
     memcpy(orig, g, sizeof g);
     mp_grad_stats st;
     memset(&st, 0, sizeof st);
-    mp_cpu_backend.unscale(g, n, 0x1p-10f, 1, &st);
+    unscale_with(g, n, 0x1p-10f, 1, &st);
     cr_assert_eq(st.n, n);
     cr_assert_eq(st.zeros, 3);
     cr_assert_eq(st.underflow, 4, "2^-25, 2^-30, 2^-26, 2^-60 (2^-24 is f16's smallest and stays): %lld",
@@ -395,7 +416,7 @@ Test(unscale_kernel, nonfinite_counted_and_excluded_from_amax)
         float g[] = {2.0f, INFINITY, -INFINITY, NAN, -8.0f, 0.5f};
         mp_grad_stats st;
         memset(&st, 0, sizeof st);
-        mp_cpu_backend.unscale(g, 6, 0.5f, tele, &st);
+        unscale_with(g, 6, 0.5f, tele, &st);
         cr_assert_eq(st.n, 6);
         cr_assert_eq(st.inf, 2, "telemetry %d: inf %lld", tele, (long long)st.inf);
         cr_assert_eq(st.nan, 1, "telemetry %d", tele);
@@ -416,7 +437,7 @@ Test(unscale_kernel, plain_pass_long_array_and_accumulation)
     g[700] = -123456.0f;
     mp_grad_stats st;
     memset(&st, 0, sizeof st);
-    mp_cpu_backend.unscale(g, n, 0x1p-12f, 0, &st);
+    unscale_with(g, n, 0x1p-12f, 0, &st);
     cr_assert_eq(st.n, n);
     cr_assert_eq(st.nan + st.inf, 0);
     cr_assert_eq(st.amax, 123456.0f);
@@ -424,7 +445,7 @@ Test(unscale_kernel, plain_pass_long_array_and_accumulation)
         if (i != 700) cr_assert_eq(g[i], (float)((i % 17) - 8), "element %lld", (long long)i);
     /* a second call adds to the same stats; amax is the max of both */
     float h[3] = {1, 2, 3};
-    mp_cpu_backend.unscale(h, 3, 1.0f, 0, &st);
+    unscale_with(h, 3, 1.0f, 0, &st);
     cr_assert_eq(st.n, n + 3);
     cr_assert_eq(st.amax, 123456.0f);
     free(g);
