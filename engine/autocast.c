@@ -107,7 +107,9 @@ mp_tensor *mp_autocast_arg(const char *op, mp_tensor *t)
                 mp_release(cache[i].cast);
                 cache[i--] = cache[--ncache];
             }
-    mp_tensor *r = mp_to(t, want, t->dev);   /* recorded: the gradient flows back in t's dtype */
+    /* recorded: the gradient flows back in t's dtype; a master weight of an
+     * optimizer comes from the working copy the optimizer step wrote */
+    mp_tensor *r = cacheable ? mp_arena_cast(t, want) : mp_to(t, want, t->dev);
     if (r && cacheable && ncache < MAX_CACHE) {
         cache[ncache].src = mp_retain(t);
         cache[ncache].version = t->st->version;

@@ -32,6 +32,9 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out);
 /* dtype and device */
 mp_dtype mp_promote(mp_dtype a, mp_dtype b);
 mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev);   /* new reference; t itself if nothing changes */
+/* t (a parameter in an optimizer's arena) as f16/bf16 from the arena's working
+ * copy; any other tensor as mp_to */
+mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt);
 mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev); /* the same, never recorded by autograd */
 mp_tensor *mp_clone(mp_tensor *t);
 /* copy src's values (cast to dst's dtype, from any device) into dst, in place */

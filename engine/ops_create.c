@@ -154,6 +154,29 @@ static mp_tensor *record_copy(mp_tensor *o, mp_tensor *t, const char *name)
     return o;
 }
 
+/* A parameter of an optimizer's arena in f16/bf16: a view of the arena's working
+ * copy, which the optimizer step keeps current in the same pass as the masters
+ * (so a step under autocast does not cast the weights again); cast here only
+ * when the copy is missing or stale (the masters were written some other way). */
+mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt)
+{
+    mp_storage *st = t->st;
+    if (!st->arena || t->dtype != MP_F32 || (dt != MP_F16 && dt != MP_BF16)) return mp_to(t, dt, t->dev);
+    int64_t numel = (int64_t)(st->nbytes / sizeof(float));
+    if (!st->lowp || st->lowp->dtype != dt) {
+        mp_tensor *w = mp_empty(dt, t->dev, 1, &numel);
+        if (!w) return NULL;
+        mp_release(st->lowp);
+        st->lowp = w;
+        st->lowp_version = st->version - 1;
+    }
+    if (st->lowp_version != st->version) {
+        mp_be(t)->cast(mp_data(st->lowp), dt, st->data, MP_F32, numel);
+        st->lowp_version = st->version;
+    }
+    return record_copy(mp_view(st->lowp, t->ndim, t->shape, t->offset), t, "to");
+}
+
 mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev)
 {
     if (t->dtype == dt && t->dev == dev) return mp_retain(t);

@@ -183,10 +183,18 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
     const mp_backend *be = mp_be(o->values);
     bool all = true;
     for (int i = 0; i < o->n && all; i++) all = o->params[i]->grad != NULL;
-    o->values->st->version++;   /* casts of these parameters made before now are stale */
+    /* casts of these parameters made before now are stale, but the working copy
+     * for autocast, if current, stays current: the kernel writes it too */
+    mp_storage *vs = o->values->st;
+    bool mirror = vs->lowp && vs->lowp_version == vs->version;
+    char *lp = mirror ? mp_data(vs->lowp) : NULL;
+    mp_dtype lpt = mirror ? vs->lowp->dtype : MP_F16;
+    size_t les = mp_dtype_size(lpt);
+    vs->version++;
+    if (mirror) vs->lowp_version = vs->version;
     be->optim_count(step, skip);
     if (all) {   /* the usual case: one pass over the arena */
-        be->optim_step(c->kind, p, g, s1, s2, o->numel, &a, step, skip);
+        be->optim_step(c->kind, p, g, s1, s2, o->numel, &a, step, skip, lp, lpt);
         return 0;
     }
     /* a parameter whose .grad was set to nil is left alone, as PyTorch skips grad None;
@@ -195,7 +203,7 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
         if (!o->params[i]->grad) continue;
         int64_t off = o->offsets[i];
         be->optim_step(c->kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL,
-                       o->params[i]->numel, &a, step, skip);
+                       o->params[i]->numel, &a, step, skip, lp ? lp + (size_t)off * les : NULL, lpt);
     }
     return 0;
 }

@@ -164,6 +164,7 @@ static mp_storage *storage_new(mp_device dev, size_t nbytes)
 void mp_storage_release(mp_storage *st)
 {
     if (--st->refs > 0) return;
+    mp_release(st->lowp);
     mp_backend_of(st->dev)->free(st->data, st->nbytes);
     stats[st->dev].in_use -= st->nbytes;
     stats[st->dev].allocs--;

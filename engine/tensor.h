@@ -20,6 +20,10 @@ typedef struct mp_storage {
     void *data;
     bool arena;                    /* an optimizer's parameter arena */
     uint64_t version;              /* bumped by every in-place write (copy_, an optimizer step) */
+    /* an arena's f16/bf16 working copy for autocast, current when lowp_version ==
+     * version: the optimizer step writes it with the masters (mp_arena_cast) */
+    struct mp_tensor *lowp;
+    uint64_t lowp_version;
 } mp_storage;
 
 typedef struct mp_tensor {

@@ -202,10 +202,13 @@ typedef struct mp_backend {
     /* an optimizer's step: optim_count adds 1 to *step (an int64 in this backend's
      * memory) unless skip (backend memory, NULL: never) is set; optim_step then
      * updates n parameters p with gradients g and state s1, s2 at that step count,
-     * or leaves everything as it is when skip is set */
+     * and writes the new values rounded to lowp_dt into lowp (the parameters'
+     * low-precision working copy for autocast; NULL: none), or leaves everything
+     * as it is when skip is set */
     void (*optim_count)(int64_t *step, const int32_t *skip);
     void (*optim_step)(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
-                       const mp_optim_args *a, const int64_t *step, const int32_t *skip);
+                       const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
+                       mp_dtype lowp_dt);
     /* asynchronous backends: since the backend loaded, the copies to the host, the
      * waits for the device and the device allocations it made (NULL: none ever) */
     void (*counters)(int64_t c[3]);

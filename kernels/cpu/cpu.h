@@ -115,7 +115,8 @@ void cpu_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void
 
 void cpu_optim_count(int64_t *step, const int32_t *skip);
 void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
-                    const mp_optim_args *a, const int64_t *step, const int32_t *skip);
+                    const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
+                    mp_dtype lowp_dt);
 
 void cpu_flush_counter(int on, int64_t counts[3]);
 void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel);

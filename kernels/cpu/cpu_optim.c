@@ -58,14 +58,18 @@ void cpu_optim_count(int64_t *step, const int32_t *skip)
 }
 
 void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
-                    const mp_optim_args *a, const int64_t *step, const int32_t *skip)
+                    const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
+                    mp_dtype lowp_dt)
 {
     if (skip && *skip) return;
     if (kind == MP_SGD) {
         sgd(p, g, s1, n, a, *step == 1);   /* the first step fills the momentum buffer */
-        return;
+    } else {
+        float step_size, bc2;
+        mp_adam_bias(a, *step, &step_size, &bc2);
+        adam(kind == MP_ADAMW, p, g, s1, s2, n, a, step_size, bc2);
     }
-    float step_size, bc2;
-    mp_adam_bias(a, *step, &step_size, &bc2);
-    adam(kind == MP_ADAMW, p, g, s1, s2, n, a, step_size, bc2);
+    /* the working copy: a second pass here (the arrays are small on the CPU);
+     * the CUDA kernel writes it in the same pass */
+    if (lowp) cpu_cast(lowp, lowp_dt, p, MP_F32, n);
 }

@@ -2,7 +2,10 @@
  * cuda.h: what the CUDA kernel files share.
  *
  * - Loading and storing every dtype as f32: f16/bf16 in, f32 compute, one
- *   rounding out, the same numerics as the CPU backend (DESIGN.md section 3).
+ *   rounding out, the same numerics as the CPU backend (DESIGN.md section 3);
+ *   by a runtime dtype (mp_ld, mp_st) or, in templated kernels, a compile-time
+ *   one (mp_ty, mp_get, mp_put), and 16 bytes at a time (mp_ldv, mp_stv).
+ * - Flush counting at every rounding to f16/bf16 (mp_tally, mp_stc).
  * - Launch sizes and a grid-stride loop.
  * - The one stream every kernel and copy of this backend runs on.
  * - The sticky error: a kernel launch cannot return an error to its caller, so
@@ -43,6 +46,18 @@ static inline unsigned mp_blocks(int64_t n)
 #define MP_FOR(i, n) \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
+/* f32 -> integer as every backend converts: truncation toward zero, saturating,
+ * NaN -> 0 */
+__host__ __device__ __forceinline__ int32_t mp_f2i32(float v)
+{
+    return isnan(v) ? 0 : v >= 2147483647.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v;
+}
+
+__host__ __device__ __forceinline__ uint8_t mp_f2u8(float v)
+{
+    return isnan(v) || v <= 0.0f ? 0 : v >= 255.0f ? 255 : (uint8_t)v;
+}
+
 __device__ __forceinline__ float mp_ld(mp_dtype dt, const void *p, int64_t i)
 {
     switch (dt) {
@@ -61,11 +76,241 @@ __device__ __forceinline__ void mp_st(mp_dtype dt, void *p, int64_t i, float v)
     case MP_F32: ((float *)p)[i] = v; break;
     case MP_F16: ((__half *)p)[i] = __float2half_rn(v); break;
     case MP_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
-    case MP_I32:
-        ((int32_t *)p)[i] = isnan(v) ? 0 : v >= 2147483647.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v;
-        break;
-    default: ((uint8_t *)p)[i] = isnan(v) || v <= 0.0f ? 0 : v >= 255.0f ? 255 : (uint8_t)v; break;
+    case MP_I32: ((int32_t *)p)[i] = mp_f2i32(v); break;
+    default: ((uint8_t *)p)[i] = mp_f2u8(v); break;
     }
+}
+
+/* ---- dtypes known at compile time ----
+ * mp_ty<T> gives, for the element type T of a dtype, its size S, its storage
+ * word W, and the conversions between its bits (or a T, of) and f32 that
+ * mp_ld and mp_st make (the same intrinsics, so the same results bit for bit). low: the f32 ->
+ * T rounding is one that flush counting counts (f16, bf16); INF: T's inf bits. */
+template <class T> struct mp_ty;
+template <> struct mp_ty<float> {
+    typedef uint32_t W;
+    static constexpr int S = 4;
+    static constexpr bool low = false;
+    static __device__ __forceinline__ float tof(uint32_t b) { return __uint_as_float(b); }
+    static __device__ __forceinline__ float of(float v) { return v; }
+    static __device__ __forceinline__ uint32_t bits(float v) { return __float_as_uint(v); }
+};
+template <> struct mp_ty<__half> {
+    typedef uint16_t W;
+    static constexpr int S = 2;
+    static constexpr bool low = true;
+    static constexpr uint32_t INF = 0x7c00;
+    static __device__ __forceinline__ float tof(uint32_t b) { return __half2float(__ushort_as_half((unsigned short)b)); }
+    static __device__ __forceinline__ float of(__half v) { return __half2float(v); }
+    static __device__ __forceinline__ uint32_t bits(float v) { return __half_as_ushort(__float2half_rn(v)); }
+};
+template <> struct mp_ty<__nv_bfloat16> {
+    typedef uint16_t W;
+    static constexpr int S = 2;
+    static constexpr bool low = true;
+    static constexpr uint32_t INF = 0x7f80;
+    static __device__ __forceinline__ float tof(uint32_t b)
+    {
+        return __bfloat162float(__ushort_as_bfloat16((unsigned short)b));
+    }
+    static __device__ __forceinline__ float of(__nv_bfloat16 v) { return __bfloat162float(v); }
+    static __device__ __forceinline__ uint32_t bits(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+};
+template <> struct mp_ty<int32_t> {
+    typedef uint32_t W;
+    static constexpr int S = 4;
+    static constexpr bool low = false;
+    static __device__ __forceinline__ float tof(uint32_t b) { return (float)(int32_t)b; }
+    static __device__ __forceinline__ float of(int32_t v) { return (float)v; }
+    static __device__ __forceinline__ uint32_t bits(float v) { return (uint32_t)mp_f2i32(v); }
+};
+template <> struct mp_ty<uint8_t> {
+    typedef uint8_t W;
+    static constexpr int S = 1;
+    static constexpr bool low = false;
+    static __device__ __forceinline__ float tof(uint32_t b) { return (float)b; }
+    static __device__ __forceinline__ float of(uint8_t v) { return (float)v; }
+    static __device__ __forceinline__ uint32_t bits(float v) { return mp_f2u8(v); }
+};
+
+/* the unsigned word of S bytes */
+template <int S> struct mp_word;
+template <> struct mp_word<4> { typedef uint32_t W; };
+template <> struct mp_word<2> { typedef uint16_t W; };
+template <> struct mp_word<1> { typedef uint8_t W; };
+
+/* runs the statements with NAME the element type of dt (MP_BY_FLOAT: f32, f16
+ * and bf16 only; other dtypes run nothing) */
+#define MP_BY_DTYPE(dt, NAME, ...)                                                  \
+    switch (dt) {                                                                   \
+    case MP_F32: { typedef float NAME; __VA_ARGS__; } break;                        \
+    case MP_F16: { typedef __half NAME; __VA_ARGS__; } break;                       \
+    case MP_BF16: { typedef __nv_bfloat16 NAME; __VA_ARGS__; } break;               \
+    case MP_I32: { typedef int32_t NAME; __VA_ARGS__; } break;                      \
+    default: { typedef uint8_t NAME; __VA_ARGS__; } break;                          \
+    }
+#define MP_BY_FLOAT(dt, NAME, ...)                                                  \
+    switch (dt) {                                                                   \
+    case MP_F32: { typedef float NAME; __VA_ARGS__; } break;                        \
+    case MP_F16: { typedef __half NAME; __VA_ARGS__; } break;                       \
+    case MP_BF16: { typedef __nv_bfloat16 NAME; __VA_ARGS__; } break;               \
+    default: break;                                                                 \
+    }
+
+/* ---- flush counting (backend.h: flush_counter) ----
+ * While the engine counts, mp_cuda_flush points at three device counters (values
+ * rounded to f16/bf16, nonzero values that became zero, finite values that
+ * became inf); otherwise it is NULL. Launches that round to f16/bf16 pass it to
+ * the kernel; each thread tallies in registers and adds its warp's totals once,
+ * at the end of the kernel (commit, which every thread that noted must reach).
+ * With counting off the cost is one uniform branch per rounding. */
+extern unsigned long long *mp_cuda_flush;
+/* roundings made on the host (fill computes its one value there) */
+void mp_cuda_flush_host(int64_t n, int64_t zero, int64_t inf);
+
+struct mp_tally {
+    unsigned long long *to;
+    unsigned n, zero, inf;
+    __device__ __forceinline__ explicit mp_tally(unsigned long long *p) : to(p), n(0), zero(0), inf(0) {}
+    /* v: the f32 value, b: the bits it rounded to (as a T) */
+    template <class T> __device__ __forceinline__ void note(float v, uint32_t b)
+    {
+        if constexpr (mp_ty<T>::low) {
+            if (to) {
+                uint32_t mag = b & 0x7fffu;
+                n++;
+                zero += mag == 0 && v != 0.0f;
+                inf += mag == mp_ty<T>::INF && isfinite(v);
+            }
+        }
+    }
+    __device__ __forceinline__ void commit()
+    {
+        if (!to) return;
+        unsigned mask = __activemask();
+        unsigned a = __reduce_add_sync(mask, n), z = __reduce_add_sync(mask, zero), f = __reduce_add_sync(mask, inf);
+        if ((int)(threadIdx.x & 31) == __ffs(mask) - 1) {
+            if (a) atomicAdd(to, (unsigned long long)a);
+            if (z) atomicAdd(to + 1, (unsigned long long)z);
+            if (f) atomicAdd(to + 2, (unsigned long long)f);
+        }
+    }
+};
+
+/* mp_st that tallies its rounding */
+__device__ __forceinline__ void mp_stc(mp_dtype dt, void *p, int64_t i, float v, mp_tally &t)
+{
+    if (dt == MP_F16) {
+        uint32_t b = mp_ty<__half>::bits(v);
+        ((uint16_t *)p)[i] = (uint16_t)b;
+        t.note<__half>(v, b);
+    } else if (dt == MP_BF16) {
+        uint32_t b = mp_ty<__nv_bfloat16>::bits(v);
+        ((uint16_t *)p)[i] = (uint16_t)b;
+        t.note<__nv_bfloat16>(v, b);
+    } else {
+        mp_st(dt, p, i, v);
+    }
+}
+
+/* element i of a T array as f32, and f32 stored into one (tallied) */
+template <class T> __device__ __forceinline__ float mp_get(const void *p, int64_t i)
+{
+    return mp_ty<T>::tof(((const typename mp_ty<T>::W *)p)[i]);
+}
+template <class T> __device__ __forceinline__ void mp_put(void *p, int64_t i, float v, mp_tally &t)
+{
+    uint32_t b = mp_ty<T>::bits(v);
+    ((typename mp_ty<T>::W *)p)[i] = (typename mp_ty<T>::W)b;
+    t.note<T>(v, b);
+}
+
+/* ---- 128-bit loads and stores ----
+ * G elements of S bytes at p (G*S a multiple of 4 bytes, p aligned to G*S up
+ * to 16): moved as uint4 (G*S >= 16), uint2 (8 bytes) or one word (4 bytes),
+ * and split into (or assembled from) the elements' bits, little-endian as the
+ * GPU stores them. A kernel takes the 128-bit path only when every pointer it
+ * moves this way is 16-byte aligned (mp_al16), and otherwise its one-element
+ * path, which converts with the same functions: the two give the same bits. */
+inline bool mp_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+template <int NWD> __device__ __forceinline__ void mp_ldwords(const void *p, uint32_t (&w)[NWD])
+{
+    if constexpr (NWD % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < NWD / 4; j++) {
+            uint4 u = ((const uint4 *)p)[j];
+            w[4 * j] = u.x, w[4 * j + 1] = u.y, w[4 * j + 2] = u.z, w[4 * j + 3] = u.w;
+        }
+    } else if constexpr (NWD == 2) {
+        uint2 u = *(const uint2 *)p;
+        w[0] = u.x, w[1] = u.y;
+    } else {
+        static_assert(NWD == 1, "loads of 4, 8 or a multiple of 16 bytes");
+        w[0] = *(const uint32_t *)p;
+    }
+}
+
+template <int NWD> __device__ __forceinline__ void mp_stwords(void *p, const uint32_t (&w)[NWD])
+{
+    if constexpr (NWD % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < NWD / 4; j++) ((uint4 *)p)[j] = make_uint4(w[4 * j], w[4 * j + 1], w[4 * j + 2], w[4 * j + 3]);
+    } else if constexpr (NWD == 2) {
+        *(uint2 *)p = make_uint2(w[0], w[1]);
+    } else {
+        static_assert(NWD == 1, "stores of 4, 8 or a multiple of 16 bytes");
+        *(uint32_t *)p = w[0];
+    }
+}
+
+/* the bits of G elements of S bytes each */
+template <int S, int G> __device__ __forceinline__ void mp_ldbits(const void *p, uint32_t (&b)[G])
+{
+    static_assert((S == 1 || S == 2 || S == 4) && G * S % 4 == 0, "whole words of 1, 2 or 4-byte elements");
+    constexpr int PER = 4 / S, NWD = G * S / 4;
+    uint32_t w[NWD];
+    mp_ldwords<NWD>(p, w);
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        if constexpr (S == 4) b[k] = w[k];
+        else b[k] = (w[k / PER] >> (8 * S * (k % PER))) & ((1u << (8 * S)) - 1u);
+    }
+}
+
+template <int S, int G> __device__ __forceinline__ void mp_stbits(void *p, const uint32_t (&b)[G])
+{
+    static_assert((S == 1 || S == 2 || S == 4) && G * S % 4 == 0, "whole words of 1, 2 or 4-byte elements");
+    constexpr int PER = 4 / S, NWD = G * S / 4;
+    uint32_t w[NWD];
+#pragma unroll
+    for (int j = 0; j < NWD; j++) w[j] = 0;
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        if constexpr (S == 4) w[k] = b[k];
+        else w[k / PER] |= (b[k] & ((1u << (8 * S)) - 1u)) << (8 * S * (k % PER));
+    }
+    mp_stwords<NWD>(p, w);
+}
+
+/* G elements of type T as f32, and G f32 values rounded into T (tallied) */
+template <class T, int G> __device__ __forceinline__ void mp_ldv(const void *p, float (&f)[G])
+{
+    uint32_t b[G];
+    mp_ldbits<mp_ty<T>::S, G>(p, b);
+#pragma unroll
+    for (int k = 0; k < G; k++) f[k] = mp_ty<T>::tof(b[k]);
+}
+
+template <class T, int G> __device__ __forceinline__ void mp_stv(void *p, const float (&f)[G], mp_tally &t)
+{
+    uint32_t b[G];
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+        b[k] = mp_ty<T>::bits(f[k]);
+        t.note<T>(f[k], b[k]);
+    }
+    mp_stbits<mp_ty<T>::S, G>(p, b);
 }
 
 /* the entries each .cu file provides (same signatures as the backend table) */
@@ -104,12 +349,18 @@ void mp_cuda_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const vo
                         const void *b, int64_t rows, int64_t n, float eps);
 void mp_cuda_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                              const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
+/* cuda_check.cu: device-side index checks; the fault they record, taken once
+ * (formatted into msg) by the backend's error entry */
+void mp_cuda_check_indices(const int32_t *idx, int64_t n, int64_t limit, const char *what);
+bool mp_cuda_check_init(void);
+bool mp_cuda_fault_take(char *msg, size_t cap);
 /* cuda_optim.cu: the loss scaler and the optimizers, on state in device memory */
 void mp_cuda_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
 void mp_cuda_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel);
 void mp_cuda_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
 void mp_cuda_optim_count(int64_t *step, const int32_t *skip);
 void mp_cuda_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
-                        const mp_optim_args *a, const int64_t *step, const int32_t *skip);
+                        const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
+                        mp_dtype lowp_dt);
 
 #endif

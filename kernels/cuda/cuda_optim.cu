@@ -10,7 +10,8 @@
  * built-in policy therefore never waits for the GPU.
  *
  * - optim_step: SGD, Adam and AdamW as one fused pass over flat f32 arrays, with
- *   128-bit loads and stores where the arrays are 16-byte aligned, element by
+ *   128-bit loads and stores where the arrays are 16-byte aligned, that also
+ *   writes the parameters' f16/bf16 working copy for autocast when there is one, element by
  *   element with the float operations of cpu_optim.c in the same order
  *   (PyTorch's single-tensor implementations). Every operation is an explicitly
  *   rounded intrinsic (__fmul_rn, __fadd_rn, __fdiv_rn, __fsqrt_rn), so nvcc
@@ -65,7 +66,7 @@ static __device__ __forceinline__ void update_one(const optim_consts &k, float &
 template <int KIND>
 __global__ void optim_kernel(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ s1,
                              float *__restrict__ s2, int64_t n, mp_optim_args a, const int64_t *step,
-                             const int32_t *skip, bool vec)
+                             const int32_t *skip, bool vec, void *__restrict__ lowp, mp_dtype lowp_dt)
 {
     if (skip && *skip) return;   /* the scaler found inf/NaN: everything stays as it was */
     __shared__ optim_consts k;
@@ -95,6 +96,12 @@ __global__ void optim_kernel(float *__restrict__ p, const float *__restrict__ g,
             p4[i] = pp;
             if (state1) m4[i] = mm;
             if (KIND != MP_SGD) v4[i] = vv;
+            if (lowp) {   /* the working copy, rounded once, in the same pass */
+                mp_st(lowp_dt, lowp, 4 * i, pp.x);
+                mp_st(lowp_dt, lowp, 4 * i + 1, pp.y);
+                mp_st(lowp_dt, lowp, 4 * i + 2, pp.z);
+                mp_st(lowp_dt, lowp, 4 * i + 3, pp.w);
+            }
         }
         done = n4 * 4;
     }
@@ -105,6 +112,7 @@ __global__ void optim_kernel(float *__restrict__ p, const float *__restrict__ g,
         p[i] = pp;
         if (state1) s1[i] = mm;
         if (KIND != MP_SGD) s2[i] = vv;
+        if (lowp) mp_st(lowp_dt, lowp, i, pp);
     }
 }
 
@@ -122,15 +130,16 @@ void mp_cuda_optim_count(int64_t *step, const int32_t *skip)
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 void mp_cuda_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
-                        const mp_optim_args *a, const int64_t *step, const int32_t *skip)
+                        const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
+                        mp_dtype lowp_dt)
 {
     if (n <= 0) return;
     bool vec = aligned16(p) && aligned16(g) && (!s1 || aligned16(s1)) && (!s2 || aligned16(s2));
     unsigned blocks = mp_blocks(vec ? (n + 3) / 4 : n);
     switch (kind) {
-    case MP_SGD: optim_kernel<MP_SGD><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(p, g, s1, s2, n, *a, step, skip, vec); break;
-    case MP_ADAM: optim_kernel<MP_ADAM><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(p, g, s1, s2, n, *a, step, skip, vec); break;
-    case MP_ADAMW: optim_kernel<MP_ADAMW><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(p, g, s1, s2, n, *a, step, skip, vec); break;
+    case MP_SGD: optim_kernel<MP_SGD><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
+    case MP_ADAM: optim_kernel<MP_ADAM><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
+    case MP_ADAMW: optim_kernel<MP_ADAMW><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
     }
     MP_LAUNCHED("optim_step");
 }

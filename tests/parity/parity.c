@@ -356,13 +356,15 @@ static void cases_optim_and_scaler(void)
     for (int kind = MP_SGD; kind <= MP_ADAMW; kind++) {
         /* three steps (the bias corrections and SGD's first step come from the
          * step count on the device), then one the skip flag leaves out */
-        if (!begin(&c, "optim_count + optim_step %s n=4099, 3 steps and a skipped one%s", kn[kind], "")) continue;
+        if (!begin(&c, "optim_count + optim_step %s n=4099, 3 steps and a skipped one, with a working copy%s", kn[kind], "")) continue;
         int n = 4099;
         int p = buf(&c, MP_F32, n, 0, -1, 1), g = buf(&c, MP_F32, n, 0, -1, 1);
         int s1 = buf(&c, MP_F32, n, 0, -0.1, 0.1), s2 = buf(&c, MP_F32, n, 0, 0, 0.01);
         int64_t zero = 0;
         int32_t yes = 1;
         int step = struct_buf(&c, &zero, sizeof zero), skip = struct_buf(&c, &yes, sizeof yes);
+        mp_dtype lpt = kind == MP_ADAM ? MP_BF16 : MP_F16;   /* the working copy the kernel also writes */
+        int lp = buf(&c, lpt, n, 1, 0, 0);
         c.is_out[p] = c.is_out[s1] = c.is_out[s2] = 1;
         mp_optim_args a = {.lr = 1e-2f, .momentum = 0.9f, .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
                            .eps = 1e-8f, .one_minus_dampening = 1, .one_minus_beta1 = 0.1f,
@@ -372,8 +374,8 @@ static void cases_optim_and_scaler(void)
             const int32_t *sr = t == 3 ? c.ref[skip] : NULL, *sd = t == 3 ? c.dev[skip] : NULL;
             REF->optim_count(c.ref[step], sr);
             DUT->optim_count(c.dev[step], sd);
-            REF->optim_step(kind, c.ref[p], c.ref[g], c.ref[s1], c.ref[s2], n, &a, c.ref[step], sr);
-            DUT->optim_step(kind, c.dev[p], c.dev[g], c.dev[s1], c.dev[s2], n, &a, c.dev[step], sd);
+            REF->optim_step(kind, c.ref[p], c.ref[g], c.ref[s1], c.ref[s2], n, &a, c.ref[step], sr, c.ref[lp], lpt);
+            DUT->optim_step(kind, c.dev[p], c.dev[g], c.dev[s1], c.dev[s2], n, &a, c.dev[step], sd, c.dev[lp], lpt);
         }
         c.bound = 1e-12;
         finish(&c);
