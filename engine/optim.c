@@ -208,27 +208,65 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
     return 0;
 }
 
-int mp_clip_grad_norm(int n, mp_tensor *const *ps, double max_norm, double *total)
+/* the gradients as one contiguous range of one storage (the usual case: the
+ * parameters of one optimizer, whose .grad are views into its gradient arena):
+ * the first element and the count, or -1 */
+static int64_t one_range(int n, mp_tensor *const *ps, int64_t *count)
 {
-    if (!(max_norm > 0)) return mp_fail(MP_EINVAL, "max_norm must be positive (got %g)", max_norm);
-    double sq = 0;
+    mp_storage *st = NULL;
+    int64_t lo = INT64_MAX, hi = 0, sum = 0;
     for (int i = 0; i < n; i++) {
         mp_tensor *g = ps[i]->grad;
         if (!g) continue;
-        mp_tensor *g2 = mp_unary(MP_POW, g, 2), *s = g2 ? mp_reduce(MP_SUM, g2, 0, 0) : NULL;
-        double v = 0;
-        int rc = s ? mp_read_f64(s, 0, 1, &v) : -1;
-        mp_release(g2);
-        mp_release(s);
-        if (rc) return -1;
-        sq += v;
+        if (g->dtype != MP_F32 || (st && g->st != st)) return -1;
+        st = g->st;
+        lo = g->offset < lo ? g->offset : lo;
+        hi = g->offset + g->numel > hi ? g->offset + g->numel : hi;
+        sum += g->numel;
     }
+    if (!st || sum != hi - lo) return -1;   /* gaps or overlaps (a parameter listed twice) */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (ps[i]->grad && ps[i]->grad == ps[j]->grad) return -1;
+    *count = sum;
+    return lo;
+}
+
+int mp_clip_grad_norm(int n, mp_tensor *const *ps, double max_norm, double *total)
+{
+    if (!(max_norm > 0)) return mp_fail(MP_EINVAL, "max_norm must be positive (got %g)", max_norm);
+    /* the sums of squares add up on the device; the host reads the total once */
+    mp_tensor *acc = NULL, *range = NULL;
+    int64_t count, lo = one_range(n, ps, &count);
+    if (lo >= 0) {   /* one pass over the arena's range instead of one per parameter */
+        mp_tensor *g0 = NULL;
+        for (int i = 0; i < n && !g0; i++) g0 = ps[i]->grad;
+        range = mp_view(g0, 1, &count, lo);
+        if (!range) return -1;
+    }
+    for (int i = 0; i < (range ? 1 : n); i++) {
+        mp_tensor *g = range ? range : ps[i]->grad;
+        if (!g) continue;
+        mp_tensor *g2 = mp_unary(MP_POW, g, 2), *s = g2 ? mp_reduce(MP_SUM, g2, 0, 0) : NULL;
+        mp_release(g2);
+        mp_tensor *a = !s ? NULL : acc ? mp_binary(MP_ADD, acc, s) : mp_retain(s);
+        mp_release(s);
+        mp_release(acc);
+        acc = a;
+        if (!acc) { mp_release(range); return -1; }
+    }
+    double sq = 0;
+    int rc = acc ? mp_read_f64(acc, 0, 1, &sq) : 0;
+    mp_release(acc);
+    if (rc) { mp_release(range); return -1; }
     *total = sqrt(sq);
     double coef = max_norm / (*total + 1e-6);
-    if (coef >= 1) return 0;
-    for (int i = 0; i < n; i++) {   /* in place, so arena views stay views */
-        mp_tensor *g = ps[i]->grad;
-        if (g) mp_be(g)->unary(MP_MULS, g->dtype, mp_data(g), mp_data(g), g->numel, coef);
+    if (coef < 1) {   /* in place, so arena views stay views */
+        for (int i = 0; i < (range ? 1 : n); i++) {
+            mp_tensor *g = range ? range : ps[i]->grad;
+            if (g) mp_be(g)->unary(MP_MULS, g->dtype, mp_data(g), mp_data(g), g->numel, coef);
+        }
     }
+    mp_release(range);
     return 0;
 }

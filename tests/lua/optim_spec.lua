@@ -545,6 +545,29 @@ describe("mp.optim", function()
       assert.are.same(arena, values(ps[1].grad))
     end)
 
+    it("over an arena: one reduction, one read, the same norm for every subset and order", function()
+      mp.manual_seed(11)
+      local ps = { mp.randn({ 4, 3 }):requires_grad(true), mp.randn({ 5 }):requires_grad(true),
+                   mp.randn({ 2, 2 }):requires_grad(true) }
+      local opt = mp.optim.SGD(ps, { lr = 1 })
+      ;(ps[1]:sum() * 3 + (ps[2] * ps[2]):sum() + (ps[3] * 0.5):sum()):backward()
+      local function norm(list)
+        local s = 0
+        for _, p in ipairs(list) do for _, v in ipairs(values(p.grad)) do s = s + v * v end end
+        return math.sqrt(s)
+      end
+      local subsets = { { ps[1], ps[2], ps[3] }, { ps[3], ps[1], ps[2] }, { ps[1], ps[3] }, { ps[2] }, { ps[1], ps[1] } }
+      for k, list in ipairs(subsets) do
+        local want = norm(list)
+        if k == 5 then want = math.sqrt(2) * norm({ ps[1] }) end   -- listed twice counts twice, as PyTorch
+        local before = mp.counters().host_reads
+        local total = mp.optim.clip_grad_norm(list, 1e9)
+        assert.are.equal(1, mp.counters().host_reads - before, "subset " .. k)
+        assert(H.close(total, want, 1e-6, 0), string.format("subset %d: %.9g, expected %.9g", k, total, want))
+      end
+      assert.are.same(values(opt:_views("grads")[1]), values(ps[1].grad))
+    end)
+
     it("leaves the gradients alone when the norm is under max_norm", function()
       local ps = setup(0.1)
       local b1, b2 = bits(ps[1].grad), bits(ps[2].grad)
