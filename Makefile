@@ -39,7 +39,7 @@ LIB  := $(BUILD)/libmpengine.a
 CORE := $(BUILD)/mp/core.so
 CLI  := $(BUILD)/mpengine
 
-.PHONY: all deps pydeps test demo bench bench-deps install clean gpu-bundle gpu-check
+.PHONY: all deps pydeps test demo bench bench-deps bench-gpu install clean gpu-bundle gpu-check
 all: $(LIB) $(CORE) $(CLI) $(CUDA_SO)
 	@echo "built backends: cpu$(if $(CUDA_SO), and cuda ($(CUDA_SO), loaded when a GPU is present), (nvcc not found: no CUDA backend))"
 
@@ -124,14 +124,27 @@ bench-deps:
 bench: all $(BENCH_BIN) bench-deps
 	@BUILD=$(BUILD) sh scripts/bench/run.sh
 
+# The GPU benchmarks (scripts/bench/gpu): mpengine against PyTorch on the same GPU,
+# as one table; without a GPU they say so and exit 0 (MP_BENCH_SMOKE=1: on the CPU,
+# tiny sizes, to check the scripts run)
+GPU_BENCH := $(BUILD)/bench/gpu_kernels
+$(GPU_BENCH): scripts/bench/gpu/gpu_kernels.c $(LIB) $(wildcard engine/*.h kernels/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O3 -o $@ $< $(LIB) $(LDLIBS)
+
+bench-gpu: all $(GPU_BENCH)
+	@BUILD=$(BUILD) sh scripts/bench/gpu/run.sh
+
 # The GPU machine has no Debian packages: build here, gather what the binaries
 # need into gpu-libs/, carry both there and run scripts/gpu_check.sh (GPU.md).
-gpu-bundle: all $(CTEST_BIN) $(PARITY) $(BENCH_BIN)
-	sh scripts/gpu_bundle.sh
+gpu-bundle: all $(CTEST_BIN) $(PARITY) $(BENCH_BIN) $(GPU_BENCH)
+	BUILD=$(BUILD) sh scripts/gpu_bundle.sh
 
-# on the GPU machine (or any machine with a GPU and the bundle)
+# here (no NVIDIA driver): build, bundle, then the check, which reports "no GPU";
+# on the GPU machine (a driver, no toolchain): the check alone, on the carried build
 gpu-check:
-	sh scripts/gpu_check.sh
+	@if [ -e /dev/nvidiactl ] || [ -e /proc/driver/nvidia/version ]; then sh scripts/gpu_check.sh; \
+	else $(MAKE) --no-print-directory gpu-bundle && sh scripts/gpu_check.sh; fi
 
 LUADIR  := $(DESTDIR)$(PREFIX)/share/lua/5.4
 CLUADIR := $(DESTDIR)$(PREFIX)/lib/lua/5.4

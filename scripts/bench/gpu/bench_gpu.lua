@@ -1,0 +1,150 @@
+-- bench_gpu.lua: the mpengine side of `make bench-gpu` (scripts/bench/gpu/run.sh).
+--
+--   build/mpengine scripts/bench/gpu/bench_gpu.lua matmul   -- f16/bf16 C = A@B, n = 4096, 8192
+--   build/mpengine scripts/bench/gpu/bench_gpu.lua mlp      -- the f16 AMP MLP training step
+--
+-- Each mode runs in a process of its own, so that mp.cuda.memory().peak (which
+-- counts from the start of the process) is the MLP's alone.
+--
+-- Output: human-readable lines starting with '#', and one parseable line per figure,
+--   ROW <key> <value> <unit>
+-- with the same keys as bench_gpu_torch.py prints; run.sh joins the two.
+--
+-- Timing: mp.cuda.synchronize(), a loop of reps, mp.cuda.synchronize(), after a
+-- warm-up; several such trials, the median trial. Nothing in the timed loops reads
+-- a value back from the GPU (no :item()).
+--
+-- MP_BENCH_SMOKE=1: a smoke test on the CPU with tiny sizes and few steps (the
+-- figures mean nothing; it checks that the script runs end to end). Without it
+-- and without a GPU it prints one "skipped" line and exits 0.
+local mp = mp or require "mp"
+
+local mode = arg and arg[1] or "matmul"
+local SMOKE = (os.getenv("MP_BENCH_SMOKE") or "") ~= "" and os.getenv("MP_BENCH_SMOKE") ~= "0"
+local dev = SMOKE and "cpu" or "cuda"
+
+if not SMOKE and not mp.cuda.is_available() then
+  print("# bench_gpu " .. mode .. ": skipped: no GPU (mp.cuda.is_available() is false)")
+  os.exit(0)
+end
+mp.set_default_device(dev)
+
+local function sync()
+  if dev == "cuda" then mp.cuda.synchronize() end
+end
+
+local function median(t)
+  local c = {}
+  for i = 1, #t do c[i] = t[i] end
+  table.sort(c)
+  return c[(#c + 1) // 2]
+end
+
+local function row(key, value, unit)
+  print(string.format("ROW %s %.6g %s", key, value, unit))
+end
+
+-- ---- a. matmul ----
+
+local function bench_matmul()
+  local sizes = SMOKE and {64, 128} or {4096, 8192}
+  local trials = SMOKE and 2 or 5
+  for _, dt in ipairs{"f16", "bf16"} do
+    for _, n in ipairs(sizes) do
+      mp.manual_seed(0)
+      local a = mp.randn({n, n}, {dtype = dt, device = dev})
+      local b = mp.randn({n, n}, {dtype = dt, device = dev})
+      -- each trial about 50 ms on an H200 (~0.2 ms per 4096^3, ~1.5 ms per 8192^3)
+      local reps = SMOKE and 3 or (n <= 4096 and 200 or 30)
+      for _ = 1, 5 do mp.matmul(a, b):free() end   -- warm-up: cuBLAS heuristics, the allocator's cache
+      sync()
+      local times = {}
+      for t = 1, trials do
+        local t0 = mp.clock()
+        for _ = 1, reps do mp.matmul(a, b):free() end   -- free(): the block goes back to the cache at once
+        sync()
+        times[t] = (mp.clock() - t0) / reps
+      end
+      local s = median(times)
+      local tflops = 2 * n * n * n / s / 1e12
+      print(string.format("# mpengine matmul %s n=%d: %.3f ms per C = A@B (median of %d trials x %d reps), %.1f TFLOP/s",
+        dt, n, s * 1e3, trials, reps, tflops))
+      row(string.format("matmul_%s_%d", dt, n), tflops, "TFLOP/s")
+      a:free()
+      b:free()
+    end
+  end
+end
+
+-- ---- c. the Fashion-MNIST MLP training step, f16 AMP, dynamic loss scaling ----
+
+local function bench_mlp()
+  local BATCH = SMOKE and 32 or 1024
+  local WARMUP, STEPS, TRIALS = SMOKE and 2 or 30, SMOKE and 3 or 200, SMOKE and 2 or 3
+  local NB = 8   -- distinct batches, cycled
+  local nn = mp.nn
+  mp.manual_seed(0)
+  -- synthetic data already on the device: the benchmark is about step speed
+  -- (inputs uniform in [0,1] like Fashion-MNIST's pixels / 255, labels 0..9)
+  local batches = {}
+  for i = 1, NB do
+    local labels = {}
+    for j = 1, BATCH do labels[j] = (i * 7919 + j * 104729) % 10 end
+    batches[i] = {mp.rand({BATCH, 784}, {device = dev}), mp.tensor(labels, {dtype = "i32", device = dev})}
+  end
+  local model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
+  model:to(dev)
+  local opt = mp.optim.Adam(model:parameters(), {lr = 1e-3})
+  local policy = mp.amp.policy.dynamic{}
+  local ok, scaler = pcall(mp.amp.GradScaler, {policy = policy, sync = false})
+  local note = "sync = false"
+  if not ok then
+    if not tostring(scaler):find("unknown option 'sync'", 1, true) then error(scaler, 0) end
+    scaler = mp.amp.GradScaler{policy = policy}
+    note = "this build has no GradScaler sync option: default (synchronous) scaler"
+  end
+
+  local s = 0
+  local loss
+  local function step()
+    s = s + 1
+    local b = batches[(s - 1) % NB + 1]
+    opt:zero_grad()
+    do
+      local _ <close> = mp.amp.autocast("f16")
+      loss = mp.cross_entropy(model(b[1]), b[2])
+    end
+    scaler:scale(loss):backward()
+    scaler:step(opt)
+    scaler:update()
+  end
+
+  for _ = 1, WARMUP do step() end
+  sync()
+  local times = {}
+  for t = 1, TRIALS do
+    local t0 = mp.clock()
+    for _ = 1, STEPS do step() end
+    sync()
+    times[t] = (mp.clock() - t0) / STEPS
+  end
+  local ms = median(times) * 1e3
+  local peak = (dev == "cuda" and mp.cuda.memory() or mp.memory(dev)).peak
+  print(string.format("# mpengine mlp 784-512-256-10 batch %d, f16 autocast + GradScaler(dynamic, %s) + Adam: "
+    .. "%.3f ms/step (median of %d trials x %d steps), %.0f samples/s, peak %s memory %.1f MiB (mp.%smemory().peak)",
+    BATCH, note, ms, TRIALS, STEPS, BATCH / ms * 1e3, dev, peak / 2^20, dev == "cuda" and "cuda." or ""))
+  print(string.format("# mpengine mlp after %d steps: loss %.4f, loss scale %g, %d of %d steps skipped (synthetic data: "
+    .. "random inputs in [0,1], random labels)", s, loss:item(), scaler:get_scale(), scaler.stats.skipped,
+    scaler.stats.steps))
+  row("mlp_samples_per_s", BATCH / ms * 1e3, "samples/s")
+  row("mlp_peak_mem", peak / 2^20, "MiB")
+end
+
+if mode == "matmul" then
+  bench_matmul()
+elseif mode == "mlp" then
+  bench_mlp()
+else
+  io.stderr:write("bench_gpu.lua: mode must be matmul or mlp (got " .. tostring(mode) .. ")\n")
+  os.exit(2)
+end
