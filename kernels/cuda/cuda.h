@@ -34,6 +34,12 @@ void mp_cuda_note(cudaError_t e, const char *what);
 #define MP_CUDA_CHECK(call, what) mp_cuda_note((call), (what))
 #define MP_LAUNCHED(what) mp_cuda_note(cudaGetLastError(), (what))
 
+/* cudaMalloc, and a wait for the stream, counted for the counters entry
+ * (cuda_backend.cu): a file that allocates device memory or waits for the
+ * device goes through these */
+cudaError_t mp_cuda_malloc(void **p, size_t nbytes);
+cudaError_t mp_cuda_wait(void);
+
 #define MP_THREADS 256
 
 static inline unsigned mp_blocks(int64_t n)

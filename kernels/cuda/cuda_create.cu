@@ -5,19 +5,46 @@
  * - cast: the same dtype is a device copy; anything else widens each element
  *   to f32 (exact for u8, f16, bf16; what the CPU does for i32) and stores it
  *   with mp_st, which saturates integers and maps NaN to 0 as the CPU does.
- * - fill: integer values are converted from the double on the host, exactly as
- *   cpu_fill does; float values are rounded to f32 first, then to the dtype.
+ *   When both pointers are 16-byte aligned a thread converts 16/s elements at
+ *   a time (s: the smaller element size), with 128-bit loads and stores.
+ * - fill: the value's bits are computed once on the host, as cpu_fill does
+ *   (integers converted from the double, floats rounded to f32 and then to the
+ *   dtype, one rounding that flush counting counts once, as the CPU's), then
+ *   written as words, 16 bytes at a time where aligned; zero bits and u8 are a
+ *   memset.
+ * - Every rounding to f16/bf16 is tallied for flush counting (cuda.h).
  * - rand_uniform, rand_normal: Philox4x32-10 with counter offset + i and key
  *   seed, so element i is the same value on every backend (the normal values
  *   agree up to the rounding of logf, cosf and sqrtf).
  */
+#include <string.h>
 #include "kernels/cuda/cuda.h"
 
 /* ---- cast ---- */
 
-static __global__ void cast_k(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
+static __global__ void cast_k(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n,
+                              unsigned long long *fc)
 {
-    MP_FOR(i, n) mp_st(dd, dst, i, mp_ld(sd, src, i));
+    mp_tally t(fc);
+    MP_FOR(i, n) mp_stc(dd, dst, i, mp_ld(sd, src, i), t);
+    t.commit();
+}
+
+/* the 128-bit path: G = 16/min(size) elements a thread, dst and src 16-byte aligned */
+template <class TI, class TO>
+static __global__ void cast_vec_k(void *dst, const void *src, int64_t n, unsigned long long *fc)
+{
+    constexpr int SI = mp_ty<TI>::S, SO = mp_ty<TO>::S, G = 16 / (SI < SO ? SI : SO);
+    mp_tally t(fc);
+    const int64_t ng = n / G;
+    MP_FOR(g, ng) {
+        float f[G];
+        mp_ldv<TI, G>((const char *)src + g * (G * SI), f);
+        mp_stv<TO, G>((char *)dst + g * (G * SO), f, t);
+    }
+    const int64_t i = ng * G + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) mp_put<TO>(dst, i, mp_get<TI>(src, i), t);
+    t.commit();
 }
 
 void mp_cuda_cast(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
@@ -28,48 +55,81 @@ void mp_cuda_cast(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t 
                                       mp_cuda_stream), "cast (copy)");
         return;
     }
-    cast_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dd, src, sd, n);
+    if (mp_al16(dst) && mp_al16(src)) {
+        size_t es = mp_dtype_size(dd) < mp_dtype_size(sd) ? mp_dtype_size(dd) : mp_dtype_size(sd);
+        unsigned blocks = mp_blocks(n / (int64_t)(16 / es));
+        MP_BY_DTYPE(sd, TI, MP_BY_DTYPE(dd, TO, cast_vec_k<TI, TO><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(
+                                                    dst, src, n, mp_cuda_flush)));
+    } else {
+        cast_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dd, src, sd, n, mp_cuda_flush);
+    }
     MP_LAUNCHED("cast");
 }
 
 /* ---- fill and arange ---- */
 
-/* integer dtypes store iv as is; float dtypes round f */
-static __global__ void fill_k(void *dst, mp_dtype dt, int64_t n, float f, int32_t iv)
+/* n elements of S bytes set to the bits b: 16 bytes a store from the start when
+ * vec (dst 16-byte aligned), then one element a store */
+template <int S>
+static __global__ void fill_k(void *dst, int64_t n, uint32_t b, int vec)
 {
-    MP_FOR(i, n) {
-        if (dt == MP_I32) ((int32_t *)dst)[i] = iv;
-        else if (dt == MP_U8) ((uint8_t *)dst)[i] = (uint8_t)iv;
-        else mp_st(dt, dst, i, f);
-    }
+    typedef typename mp_word<S>::W W;
+    constexpr int G = 16 / S;
+    const uint32_t w = S == 4 ? b : S == 2 ? (b & 0xffffu) * 0x10001u : (b & 0xffu) * 0x01010101u;
+    const int64_t ng = vec ? n / G : 0;
+    MP_FOR(g, ng) ((uint4 *)dst)[g] = make_uint4(w, w, w, w);
+    for (int64_t i = ng * G + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        ((W *)dst)[i] = (W)b;
 }
 
 void mp_cuda_fill(void *dst, mp_dtype dt, int64_t n, double value)
 {
     if (n <= 0) return;
-    int32_t iv = 0;
-    if (dt == MP_I32)   /* exact, not through f32 */
-        iv = isnan(value) ? 0 : value >= INT32_MAX ? INT32_MAX : value <= INT32_MIN ? INT32_MIN : (int32_t)value;
-    else if (dt == MP_U8)
-        iv = isnan(value) || value <= 0 ? 0 : value >= 255 ? 255 : (int32_t)value;
-    fill_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dt, n, (float)value, iv);
+    uint32_t bits = 0;
+    if (dt == MP_I32) {   /* exact, not through f32 */
+        int32_t iv = isnan(value) ? 0 : value >= INT32_MAX ? INT32_MAX : value <= INT32_MIN ? INT32_MIN : (int32_t)value;
+        bits = (uint32_t)iv;
+    } else if (dt == MP_U8) {
+        bits = isnan(value) || value <= 0 ? 0 : value >= 255 ? 255 : (uint32_t)value;
+    } else {
+        float f = (float)value;
+        if (dt == MP_F32) {
+            memcpy(&bits, &f, 4);
+        } else {   /* the one rounding, made here and counted as the CPU counts it */
+            bits = dt == MP_F16 ? __half_as_ushort(__float2half_rn(f)) : __bfloat16_as_ushort(__float2bfloat16_rn(f));
+            uint32_t mag = bits & 0x7fffu;
+            mp_cuda_flush_host(1, mag == 0 && f != 0.0f, mag == (dt == MP_F16 ? 0x7c00u : 0x7f80u) && isfinite(f));
+        }
+    }
+    size_t es = mp_dtype_size(dt);
+    if (bits == 0 || es == 1) {
+        MP_CUDA_CHECK(cudaMemsetAsync(dst, (int)(bits & 0xff), (size_t)n * es, mp_cuda_stream), "fill");
+        return;
+    }
+    int vec = mp_al16(dst);
+    unsigned blocks = mp_blocks(vec ? n / (int64_t)(16 / es) : n);
+    if (es == 4) fill_k<4><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(dst, n, bits, vec);
+    else fill_k<2><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(dst, n, bits, vec);
     MP_LAUNCHED("fill");
 }
 
 /* integers wrap as the CPU's casts of the index do */
-static __global__ void arange_k(void *dst, mp_dtype dt, int64_t n)
+static __global__ void arange_k(void *dst, mp_dtype dt, int64_t n, unsigned long long *fc)
 {
+    mp_tally t(fc);
     MP_FOR(i, n) {
         if (dt == MP_I32) ((int32_t *)dst)[i] = (int32_t)i;
         else if (dt == MP_U8) ((uint8_t *)dst)[i] = (uint8_t)i;
-        else mp_st(dt, dst, i, (float)i);
+        else mp_stc(dt, dst, i, (float)i, t);
     }
+    t.commit();
 }
 
 void mp_cuda_arange(void *dst, mp_dtype dt, int64_t n)
 {
     if (n <= 0) return;
-    arange_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dt, n);
+    arange_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dt, n, mp_cuda_flush);
     MP_LAUNCHED("arange");
 }
 
@@ -98,37 +158,43 @@ static __device__ __forceinline__ float unit_bits(uint32_t x, int bits)
 
 /* uniform: as many random bits as the dtype's significand holds (24 for f32,
  * 11 for f16, 8 for bf16), so rounding to the dtype never gives 1 */
-static __global__ void rand_uniform_k(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
+static __global__ void rand_uniform_k(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset,
+                                      unsigned long long *fc)
 {
     int bits = dt == MP_F16 ? 11 : dt == MP_BF16 ? 8 : 24;
+    mp_tally t(fc);
     MP_FOR(i, n) {
         uint32_t r[4];
         philox(offset + (uint64_t)i, seed, r);
-        mp_st(dt, dst, i, unit_bits(r[0], bits));
+        mp_stc(dt, dst, i, unit_bits(r[0], bits), t);
     }
+    t.commit();
 }
 
 /* Box-Muller; 1 - u keeps the log's argument in (0, 1] */
-static __global__ void rand_normal_k(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
+static __global__ void rand_normal_k(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset,
+                                     unsigned long long *fc)
 {
+    mp_tally t(fc);
     MP_FOR(i, n) {
         uint32_t r[4];
         philox(offset + (uint64_t)i, seed, r);
         float u1 = 1.0f - unit_bits(r[0], 24), u2 = unit_bits(r[1], 24);
-        mp_st(dt, dst, i, sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2));
+        mp_stc(dt, dst, i, sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2), t);
     }
+    t.commit();
 }
 
 void mp_cuda_rand_uniform(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
     if (n <= 0) return;
-    rand_uniform_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dt, n, seed, offset);
+    rand_uniform_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dt, n, seed, offset, mp_cuda_flush);
     MP_LAUNCHED("rand_uniform");
 }
 
 void mp_cuda_rand_normal(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
     if (n <= 0) return;
-    rand_normal_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dt, n, seed, offset);
+    rand_normal_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dt, n, seed, offset, mp_cuda_flush);
     MP_LAUNCHED("rand_normal");
 }

@@ -4,7 +4,15 @@
  *
  * Every kernel is one thread per output element over a grid-stride loop. Float
  * dtypes widen to f32 (mp_ld), compute with the same f32 operations in the same
- * order as the CPU, and round once (mp_st). The sums that the CPU writes as
+ * order as the CPU, and round once (mp_st, tallied for flush counting).
+ *
+ * Contiguous float runs take a 128-bit path: a thread moves 16 bytes of each
+ * array at a time (4 f32 or 8 f16/bf16) and the first threads of the grid take
+ * the tail that is not a whole vector. It is taken when every pointer it moves
+ * this way is 16-byte aligned: unary, unary_grad, where, and a binary op whose
+ * broadcast coalesces to one dim with each input's stride 1 or 0 (a scalar).
+ * Each element goes through the same f32 function as on the one-element path,
+ * so the two give the same bits. The sums that the CPU writes as
  * `a + b * c` use __fadd_rn/__fsub_rn so that nvcc does not fuse them into an
  * FMA, which would round differently. Integer dtypes follow the CPU exactly:
  * computed in 64 bits and wrapped; comparisons of any dtype write u8 0/1.
@@ -75,13 +83,40 @@ static __device__ __forceinline__ int64_t ld_int(mp_dtype dt, const void *p, int
 }
 
 static __global__ void binary_float_k(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
-                                      mp_bcast bc, int64_t n)
+                                      mp_bcast bc, int64_t n, unsigned long long *fc)
 {
+    mp_tally t(fc);
     MP_FOR(i, n) {
         int64_t oa, ob;
         bcast_offsets(bc, i, &oa, &ob);
-        mp_st(dt, out, i, bin_f(op, mp_ld(dt, a, oa), mp_ld(dt, b, ob)));
+        mp_stc(dt, out, i, bin_f(op, mp_ld(dt, a, oa), mp_ld(dt, b, ob)), t);
     }
+    t.commit();
+}
+
+/* out = a OP b over n contiguous elements, sa/sb: 1 (contiguous) or 0 (a scalar
+ * at a[0]); the 128-bit path (out and each contiguous input 16-byte aligned) */
+template <class T>
+static __global__ void binary_vec_k(mp_binop op, void *out, const void *a, int sa, const void *b, int sb,
+                                    int64_t n, unsigned long long *fc)
+{
+    constexpr int G = 16 / mp_ty<T>::S;
+    mp_tally t(fc);
+    const float a0 = sa ? 0.0f : mp_get<T>(a, 0), b0 = sb ? 0.0f : mp_get<T>(b, 0);
+    const int64_t ng = n / G;
+    MP_FOR(g, ng) {
+        float x[G], y[G];
+        if (sa) mp_ldv<T, G>((const char *)a + g * 16, x);
+        else for (int k = 0; k < G; k++) x[k] = a0;
+        if (sb) mp_ldv<T, G>((const char *)b + g * 16, y);
+        else for (int k = 0; k < G; k++) y[k] = b0;
+#pragma unroll
+        for (int k = 0; k < G; k++) x[k] = bin_f(op, x[k], y[k]);
+        mp_stv<T, G>((char *)out + g * 16, x, t);
+    }
+    const int64_t i = ng * G + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) mp_put<T>(out, i, bin_f(op, sa ? mp_get<T>(a, i) : a0, sb ? mp_get<T>(b, i) : b0), t);
+    t.commit();
 }
 
 static __global__ void binary_int_k(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
@@ -121,8 +156,15 @@ void mp_cuda_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const vo
     } else if (dt == MP_I32 || dt == MP_U8) {
         binary_int_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, b, bc, n);
         MP_LAUNCHED("binary (integer)");
+    } else if (nd == 1 && (bc.sa[0] == 0 || bc.sa[0] == 1) && (bc.sb[0] == 0 || bc.sb[0] == 1) && mp_al16(out) &&
+               (bc.sa[0] == 0 || mp_al16(a)) && (bc.sb[0] == 0 || mp_al16(b))) {
+        const int sa = (int)bc.sa[0], sb = (int)bc.sb[0];
+        const int64_t g = n / (16 / (int64_t)mp_dtype_size(dt));
+        MP_BY_FLOAT(dt, T, binary_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, mp_cuda_stream>>>(op, out, a, sa, b, sb, n,
+                                                                                             mp_cuda_flush));
+        MP_LAUNCHED("binary");
     } else {
-        binary_float_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, b, bc, n);
+        binary_float_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, b, bc, n, mp_cuda_flush);
         MP_LAUNCHED("binary");
     }
 }
@@ -176,9 +218,31 @@ static __device__ __forceinline__ int64_t un_int(mp_unop op, int64_t x, int64_t 
 }
 
 static __global__ void unary_float_k(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, float p,
-                                     int erf_form)
+                                     int erf_form, unsigned long long *fc)
 {
-    MP_FOR(i, n) mp_st(dt, out, i, un_f(op, mp_ld(dt, a, i), p, erf_form));
+    mp_tally t(fc);
+    MP_FOR(i, n) mp_stc(dt, out, i, un_f(op, mp_ld(dt, a, i), p, erf_form), t);
+    t.commit();
+}
+
+/* the 128-bit path: out and a 16-byte aligned */
+template <class T>
+static __global__ void unary_vec_k(mp_unop op, void *out, const void *a, int64_t n, float p, int erf_form,
+                                   unsigned long long *fc)
+{
+    constexpr int G = 16 / mp_ty<T>::S;
+    mp_tally t(fc);
+    const int64_t ng = n / G;
+    MP_FOR(g, ng) {
+        float x[G];
+        mp_ldv<T, G>((const char *)a + g * 16, x);
+#pragma unroll
+        for (int k = 0; k < G; k++) x[k] = un_f(op, x[k], p, erf_form);
+        mp_stv<T, G>((char *)out + g * 16, x, t);
+    }
+    const int64_t i = ng * G + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) mp_put<T>(out, i, un_f(op, mp_get<T>(a, i), p, erf_form), t);
+    t.commit();
 }
 
 static __global__ void unary_int_k(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, int64_t p)
@@ -195,8 +259,14 @@ void mp_cuda_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n,
     if (dt == MP_I32 || dt == MP_U8) {
         unary_int_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, n, (int64_t)p);
         MP_LAUNCHED("unary (integer)");
+    } else if (mp_al16(out) && mp_al16(a)) {
+        const int64_t g = n / (16 / (int64_t)mp_dtype_size(dt));
+        MP_BY_FLOAT(dt, T, unary_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, mp_cuda_stream>>>(op, out, a, n, (float)p,
+                                                                                            p == 0, mp_cuda_flush));
+        MP_LAUNCHED("unary");
     } else {
-        unary_float_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, n, (float)p, p == 0);
+        unary_float_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, n, (float)p, p == 0,
+                                                                       mp_cuda_flush);
         MP_LAUNCHED("unary");
     }
 }
@@ -246,19 +316,56 @@ static __device__ float grad_f(mp_unop op, float go, float x, float y, float p, 
 
 /* x or y may be NULL when the op does not need it */
 static __global__ void unary_grad_k(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,
-                                    const void *y, int64_t n, float p, int erf_form)
+                                    const void *y, int64_t n, float p, int erf_form, unsigned long long *fc)
 {
+    mp_tally t(fc);
     MP_FOR(i, n) {
         float xv = x ? mp_ld(dt, x, i) : 0.0f, yv = y ? mp_ld(dt, y, i) : 0.0f;
-        mp_st(dt, gin, i, grad_f(op, mp_ld(dt, gout, i), xv, yv, p, erf_form));
+        mp_stc(dt, gin, i, grad_f(op, mp_ld(dt, gout, i), xv, yv, p, erf_form), t);
     }
+    t.commit();
+}
+
+/* the 128-bit path: gin, gout and the x, y given 16-byte aligned */
+template <class T>
+static __global__ void unary_grad_vec_k(mp_unop op, void *gin, const void *gout, const void *x, const void *y,
+                                        int64_t n, float p, int erf_form, unsigned long long *fc)
+{
+    constexpr int G = 16 / mp_ty<T>::S;
+    mp_tally t(fc);
+    const int64_t ng = n / G;
+    MP_FOR(g, ng) {
+        float go[G], xv[G], yv[G];
+        mp_ldv<T, G>((const char *)gout + g * 16, go);
+        if (x) mp_ldv<T, G>((const char *)x + g * 16, xv);
+        else for (int k = 0; k < G; k++) xv[k] = 0.0f;
+        if (y) mp_ldv<T, G>((const char *)y + g * 16, yv);
+        else for (int k = 0; k < G; k++) yv[k] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < G; k++) go[k] = grad_f(op, go[k], xv[k], yv[k], p, erf_form);
+        mp_stv<T, G>((char *)gin + g * 16, go, t);
+    }
+    const int64_t i = ng * G + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float xv = x ? mp_get<T>(x, i) : 0.0f, yv = y ? mp_get<T>(y, i) : 0.0f;
+        mp_put<T>(gin, i, grad_f(op, mp_get<T>(gout, i), xv, yv, p, erf_form), t);
+    }
+    t.commit();
 }
 
 void mp_cuda_unary_grad(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
                         int64_t n, double p)
 {
     if (n <= 0) return;
-    unary_grad_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, gin, gout, x, y, n, (float)p, p == 0);
+    if ((dt == MP_F32 || dt == MP_F16 || dt == MP_BF16) && mp_al16(gin) && mp_al16(gout) && (!x || mp_al16(x)) &&
+        (!y || mp_al16(y))) {
+        const int64_t g = n / (16 / (int64_t)mp_dtype_size(dt));
+        MP_BY_FLOAT(dt, T, unary_grad_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, mp_cuda_stream>>>(
+                               op, gin, gout, x, y, n, (float)p, p == 0, mp_cuda_flush));
+    } else {
+        unary_grad_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, gin, gout, x, y, n, (float)p, p == 0,
+                                                                      mp_cuda_flush);
+    }
     MP_LAUNCHED("unary_grad");
 }
 
@@ -271,11 +378,41 @@ static __global__ void where_k(T *out, const uint8_t *cond, const T *a, const T 
     MP_FOR(i, n) out[i] = cond[i] ? a[i] : b[i];
 }
 
+/* the 128-bit path for elements of S bytes: 16 bytes of out, a and b and the
+ * 16/S condition bytes that go with them (all four pointers 16-byte aligned) */
+template <int S>
+static __global__ void where_vec_k(void *out, const uint8_t *cond, const void *a, const void *b, int64_t n)
+{
+    constexpr int G = 16 / S;
+    typedef typename mp_word<S>::W W;
+    const int64_t ng = n / G;
+    MP_FOR(g, ng) {
+        uint32_t c[G], x[G], y[G];
+        mp_ldbits<1, G>(cond + g * G, c);
+        mp_ldbits<S, G>((const char *)a + g * 16, x);
+        mp_ldbits<S, G>((const char *)b + g * 16, y);
+#pragma unroll
+        for (int k = 0; k < G; k++) x[k] = c[k] ? x[k] : y[k];
+        mp_stbits<S, G>((char *)out + g * 16, x);
+    }
+    const int64_t i = ng * G + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) ((W *)out)[i] = cond[i] ? ((const W *)a)[i] : ((const W *)b)[i];
+}
+
 void mp_cuda_where(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n)
 {
     if (n <= 0) return;
+    const size_t es = mp_dtype_size(dt);
+    if (mp_al16(out) && mp_al16(cond) && mp_al16(a) && mp_al16(b)) {
+        const unsigned blocks = mp_blocks(n / (int64_t)(16 / es));
+        if (es == 4) where_vec_k<4><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(out, cond, a, b, n);
+        else if (es == 2) where_vec_k<2><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(out, cond, a, b, n);
+        else where_vec_k<1><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(out, cond, a, b, n);
+        MP_LAUNCHED("where");
+        return;
+    }
     unsigned blocks = mp_blocks(n);
-    switch (mp_dtype_size(dt)) {
+    switch (es) {
     case 4:
         where_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>((uint32_t *)out, cond, (const uint32_t *)a,
                                                            (const uint32_t *)b, n);

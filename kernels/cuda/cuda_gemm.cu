@@ -61,7 +61,7 @@ static cublasHandle_t get_handle(void)
         /* A workspace of our own is an optimisation, not a requirement: when it
          * cannot be had, cuBLAS falls back to its default one. cudaMalloc's failure
          * is cleared so that no later launch check reports it. */
-        if (cudaMalloc(&workspace, GEMM_WORKSPACE) != cudaSuccess) {
+        if (mp_cuda_malloc(&workspace, GEMM_WORKSPACE) != cudaSuccess) {   /* counted: once per process */
             workspace = NULL;
             (void)cudaGetLastError();
         }

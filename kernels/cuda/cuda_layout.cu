@@ -15,6 +15,12 @@
  *
  * The copies move whole elements as 1, 2 or 4-byte words, so they serve every
  * dtype. scatter_add adds with atomics (see there).
+ *
+ * Indices (gather, scatter_add, put_along) outside [0, n) are left out: gather
+ * writes zeros for them, the others skip them, so a bad index never reads or
+ * writes out of bounds; check_indices (cuda_check.cu) reports it later.
+ * Roundings to f16/bf16 (reduction outputs, scatter_add's sums) are tallied
+ * for flush counting as on the CPU.
  */
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_tile.h"
@@ -53,7 +59,7 @@ struct Combine {
 };
 
 /* one output, rounded as the CPU's reduction rounds it */
-__device__ void red_store(mp_redop op, mp_dtype dt, void *out, int64_t q, Acc r, int64_t n)
+__device__ void red_store(mp_redop op, mp_dtype dt, void *out, int64_t q, Acc r, int64_t n, mp_tally &t)
 {
     if (op == MP_ARGMAX) { ((int32_t *)out)[q] = (int32_t)r.at; return; }
     double v = op == MP_MEAN ? r.v / (double)n : r.v;
@@ -61,7 +67,7 @@ __device__ void red_store(mp_redop op, mp_dtype dt, void *out, int64_t q, Acc r,
     case MP_F32: ((float *)out)[q] = (float)v; break;
     case MP_I32: ((int32_t *)out)[q] = (int32_t)(uint32_t)(int64_t)v; break;
     case MP_U8: ((uint8_t *)out)[q] = (uint8_t)(int64_t)v; break;
-    default: mp_st(dt, out, q, (float)v);
+    default: mp_stc(dt, out, q, (float)v, t);
     }
 }
 
@@ -69,9 +75,10 @@ __device__ void red_store(mp_redop op, mp_dtype dt, void *out, int64_t q, Acc r,
  * [c*len, (c+1)*len)); with one chunk it writes the result, else its partial
  * to parts[q * chunks + c] */
 __global__ void k_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t cols, int64_t n,
-                         int64_t inner, Tile t, int64_t chunks, Acc *parts)
+                         int64_t inner, Tile t, int64_t chunks, Acc *parts, unsigned long long *fc)
 {
     __shared__ Acc sh[MP_THREADS];
+    mp_tally tl(fc);
     int tx, ty;
     tile_pos(t, tx, ty);
     Combine f{op == MP_SUM || op == MP_MEAN};
@@ -86,17 +93,19 @@ __global__ void k_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int
         }
         r = tile_reduce(t, tx, ty, r, sh, f);
         if (ty == 0 && q < cols) {
-            if (chunks == 1) red_store(op, dt, out, q, r, n);
+            if (chunks == 1) red_store(op, dt, out, q, r, n, tl);
             else parts[q * chunks + c] = r;
         }
     }
+    tl.commit();
 }
 
 /* the second pass: column q's chunks partials, in a fixed tree */
 __global__ void k_reduce_parts(mp_redop op, mp_dtype dt, void *out, const Acc *parts, int64_t cols,
-                               int64_t chunks, int64_t n, Tile t)
+                               int64_t chunks, int64_t n, Tile t, unsigned long long *fc)
 {
     __shared__ Acc sh[MP_THREADS];
+    mp_tally tl(fc);
     int tx, ty;
     tile_pos(t, tx, ty);
     Combine f{op == MP_SUM || op == MP_MEAN};
@@ -107,8 +116,9 @@ __global__ void k_reduce_parts(mp_redop op, mp_dtype dt, void *out, const Acc *p
         if (q < cols)
             for (int64_t c = ty; c < chunks; c += t.tyn) r = f(r, parts[q * chunks + c]);
         r = tile_reduce(t, tx, ty, r, sh, f);
-        if (ty == 0 && q < cols) red_store(op, dt, out, q, r, n);
+        if (ty == 0 && q < cols) red_store(op, dt, out, q, r, n, tl);
     }
+    tl.commit();
 }
 
 /* blocks per tile when few tiles would leave the GPU idle: about 1024 blocks in
@@ -134,7 +144,10 @@ int64_t chunks_for(int64_t tiles, int64_t cols, int64_t n)
 template <class W>
 __global__ void k_put_along(W *out, const W *src, const int32_t *idx, int64_t outer, int64_t n, int64_t inner)
 {
-    MP_FOR(q, outer * inner) out[(q / inner * n + idx[q]) * inner + q % inner] = src[q];
+    MP_FOR(q, outer * inner) {
+        int32_t j = idx[q];
+        if (j >= 0 && j < n) out[(q / inner * n + j) * inner + q % inner] = src[q];
+    }
 }
 
 /* dims of the output with, for each, the input's stride when stepping it */
@@ -185,22 +198,40 @@ __global__ void k_gather(W *out, const W *in, const int32_t *idx, int64_t nidx, 
 {
     MP_FOR(e, outer * nidx * inner) {
         int64_t i = e % inner, r = e / inner;
-        out[e] = in[(r / nidx * n + idx[r % nidx]) * inner + i];
+        int32_t j = idx[r % nidx];
+        out[e] = j >= 0 && j < n ? in[(r / nidx * n + j) * inner + i] : (W)0;
     }
 }
 
 /* float dtypes and i32: one atomicAdd per source element (f32, __half,
  * __nv_bfloat16 or int), each rounding as the CPU's in-order loop does; with a
  * repeated index the order of the adds, so the last bit of f32/f16/bf16 sums,
- * can vary from run to run (i32 sums are exact) */
+ * can vary from run to run (i32 sums are exact).
+ * Flush counting (f16/bf16): the atomic returns the old value; the f32 sum of
+ * two f16 (or bf16) values rounds to the same f16 (bf16) as the hardware's
+ * correctly rounded add (f32 carries more than 2p+2 bits, p the narrow
+ * type's), so the f32 sum and its rounding are what the CPU's count sees. */
 template <class T>
 __global__ void k_scatter_atomic(T *out, const T *src, const int32_t *idx, int64_t nidx, int64_t outer,
-                                 int64_t n, int64_t inner)
+                                 int64_t n, int64_t inner, unsigned long long *fc)
 {
+    mp_tally t(fc);
     MP_FOR(e, outer * nidx * inner) {
         int64_t i = e % inner, r = e / inner;
-        atomicAdd(out + (r / nidx * n + idx[r % nidx]) * inner + i, src[e]);
+        int32_t j = idx[r % nidx];
+        if (j < 0 || j >= n) continue;
+        T *p = out + (r / nidx * n + j) * inner + i;
+        if constexpr (mp_ty<T>::low) {
+            if (fc) {
+                T s = src[e], old = atomicAdd(p, s);
+                float sum = __fadd_rn(mp_ty<T>::of(old), mp_ty<T>::of(s));
+                t.note<T>(sum, mp_ty<T>::bits(sum));
+                continue;
+            }
+        }
+        atomicAdd(p, src[e]);
     }
+    t.commit();
 }
 
 /* u8 (no byte atomics): a thread owns column (o, i) of out and adds its sources
@@ -210,7 +241,10 @@ __global__ void k_scatter_u8(uint8_t *out, const uint8_t *src, const int32_t *id
 {
     MP_FOR(c, outer * inner) {
         int64_t o = c / inner, i = c % inner;
-        for (int64_t j = 0; j < nidx; j++) out[(o * n + idx[j]) * inner + i] += src[(o * nidx + j) * inner + i];
+        for (int64_t j = 0; j < nidx; j++) {
+            int32_t k = idx[j];
+            if (k >= 0 && k < n) out[(o * n + k) * inner + i] += src[(o * nidx + j) * inner + i];
+        }
     }
 }
 
@@ -228,12 +262,12 @@ void mp_cuda_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t 
         if (!parts) chunks = 1;
     }
     k_reduce<<<grid_for(tiles * chunks), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, cols, n, inner, t,
-                                                                         chunks, parts);
+                                                                         chunks, parts, mp_cuda_flush);
     MP_LAUNCHED("reduce");
     if (chunks == 1) return;
     Tile t2 = tile_for(chunks, 1);
     k_reduce_parts<<<grid_for((cols + t2.txn - 1) / t2.txn), MP_THREADS, 0, mp_cuda_stream>>>(
-        op, dt, out, parts, cols, chunks, n, t2);
+        op, dt, out, parts, cols, chunks, n, t2, mp_cuda_flush);
     MP_LAUNCHED("reduce (combine)");
 }
 
@@ -293,14 +327,21 @@ void mp_cuda_scatter_add(mp_dtype dt, void *out, const void *src, const int32_t 
     if (total <= 0) return;
     unsigned g = mp_blocks(total);
     cudaStream_t s = mp_cuda_stream;
+    unsigned long long *fc = mp_cuda_flush;
     switch (dt) {
-    case MP_F32: k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((float *)out, (const float *)src, idx, nidx, outer, n, inner); break;
-    case MP_F16: k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((__half *)out, (const __half *)src, idx, nidx, outer, n, inner); break;
+    case MP_F32:
+        k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((float *)out, (const float *)src, idx, nidx, outer, n, inner, fc);
+        break;
+    case MP_F16:
+        k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((__half *)out, (const __half *)src, idx, nidx, outer, n, inner, fc);
+        break;
     case MP_BF16:
         k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)src, idx, nidx, outer,
-                                                  n, inner);
+                                                  n, inner, fc);
         break;
-    case MP_I32: k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((int *)out, (const int *)src, idx, nidx, outer, n, inner); break;
+    case MP_I32:
+        k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((int *)out, (const int *)src, idx, nidx, outer, n, inner, fc);
+        break;
     default:
         k_scatter_u8<<<mp_blocks(outer * inner), MP_THREADS, 0, s>>>((uint8_t *)out, (const uint8_t *)src, idx, nidx,
                                                                      outer, n, inner);

@@ -9,7 +9,23 @@
  * walk its values, reading them again on each pass (rows may be far too long
  * for shared memory); row sums accumulate in double and meet in a
  * shared-memory tree in a fixed order. Values are computed in f32 and rounded
- * once, as on the CPU (kernels/cpu/cpu_nn.c).
+ * once, as on the CPU (kernels/cpu/cpu_nn.c); the CPU's `a * b + c` are written
+ * with __fadd_rn/__fsub_rn (and __dadd_rn for the double sums) so that nvcc
+ * does not fuse them into an FMA, which rounds once instead of twice.
+ *
+ * Cross-entropy is one pass over each row's logits with f32 accumulation: every
+ * thread of a row keeps a running maximum m and the sum s of exp(x - m) over
+ * its values, rescaling s when m grows, and the threads' pairs meet in the
+ * shared-memory tree (the online log-sum-exp); lse = m + log(s), loss = lse -
+ * x[target], and no probability is written anywhere. The backward is one pass
+ * over x: gx = (exp(x - lse) - onehot) * scale, rounded once, as on the CPU.
+ * A row's threads take runs of 16 bytes (4 f32, 8 f16/bf16): with a 128-bit
+ * load when the rows are 16-byte aligned (x aligned, classes a multiple of the
+ * run), element by element otherwise, in the same order, so both give the same
+ * result. A target outside [0, classes) gives a NaN loss and no onehot term
+ * (check_indices reports it).
+ *
+ * Every rounding to f16/bf16 is tallied for flush counting (cuda.h).
  *
  * Layer norm's weight and bias gradients are column sums over the rows, done
  * deterministically in two passes: blocks sum runs of rows into a fixed buffer
@@ -69,76 +85,175 @@ __device__ float col_lse(mp_dtype dt, const void *x, Tile t, Col c, int64_t n, d
 /* ---- softmax ---- */
 
 __global__ void k_softmax(mp_dtype dt, void *y, const void *x, int64_t cols, int64_t n, int64_t inner, Tile t,
-                          int lg)
+                          int lg, unsigned long long *fc)
 {
     __shared__ double sh[MP_THREADS];
+    mp_tally tl(fc);
     for (int64_t b = blockIdx.x; b < (cols + t.txn - 1) / t.txn; b += gridDim.x) {
         Col c = col_at(t, b, cols, n, inner);
         float lse = col_lse(dt, x, t, c, n, sh);
         COL_FOR(j, c, t, n) {
             int64_t k = c.base + j * c.stride;
             float v = mp_ld(dt, x, k);
-            mp_st(dt, y, k, lg ? v - lse : expf(v - lse));
+            mp_stc(dt, y, k, lg ? v - lse : expf(v - lse), tl);
         }
     }
+    tl.commit();
 }
 
 /* log: gx = g - softmax * sum(g); else gx = y * (g - sum(g * y)) */
 __global__ void k_softmax_grad(mp_dtype dt, void *gx, const void *gy, const void *y, int64_t cols, int64_t n,
-                               int64_t inner, Tile t, int lg)
+                               int64_t inner, Tile t, int lg, unsigned long long *fc)
 {
     __shared__ double sh[MP_THREADS];
+    mp_tally tl(fc);
     for (int64_t b = blockIdx.x; b < (cols + t.txn - 1) / t.txn; b += gridDim.x) {
         Col c = col_at(t, b, cols, n, inner);
         double s = 0;
         COL_FOR(j, c, t, n) {
             int64_t k = c.base + j * c.stride;
             float g = mp_ld(dt, gy, k);
-            s += lg ? (double)g : (double)g * mp_ld(dt, y, k);
+            s = __dadd_rn(s, lg ? (double)g : (double)g * mp_ld(dt, y, k));
         }
         float sf = (float)tile_reduce(t, c.tx, c.ty, s, sh, Sum{});
         COL_FOR(j, c, t, n) {
             int64_t k = c.base + j * c.stride;
             float g = mp_ld(dt, gy, k), p = mp_ld(dt, y, k);
-            mp_st(dt, gx, k, lg ? g - expf(p) * sf : p * (g - sf));
+            mp_stc(dt, gx, k, lg ? __fsub_rn(g, expf(p) * sf) : p * (g - sf), tl);
         }
     }
+    tl.commit();
 }
 
 /* ---- cross-entropy ---- */
 
-__global__ void k_cross_entropy(mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
-                                int64_t rows, int64_t classes, Tile t)
+/* a running log-sum-exp: the largest value m seen (NaN never is) and the sum s
+ * of exp(x - m) over the values seen; (-inf, 0) before any */
+struct Lse { float m, s; };
+
+/* adds one value: equal values (the infinities included) add exp(0) = 1
+ * without computing inf - inf; a NaN makes s NaN */
+__device__ __forceinline__ void lse_add(Lse &a, float v)
 {
-    __shared__ double sh[MP_THREADS];
+    if (v > a.m) {
+        a.s = a.s * expf(a.m - v) + 1.0f;
+        a.m = v;
+    } else if (v == a.m) {
+        a.s += 1.0f;
+    } else {
+        a.s += expf(v - a.m);
+    }
+}
+
+struct LseCombine {
+    __device__ Lse operator()(Lse a, Lse b) const
+    {
+        if (b.m > a.m) { Lse t = a; a = b; b = t; }
+        if (b.m == a.m) return Lse{a.m, a.s + b.s};
+        return Lse{a.m, a.s + b.s * expf(b.m - a.m)};
+    }
+};
+
+/* run g (G elements from g*G) of a row of n values of type T: one 128-bit load
+ * when vec (the row 16-byte aligned, n a multiple of G), else element by
+ * element, the places past the row's end set to 0 */
+template <class T, int G>
+__device__ __forceinline__ void row_run(const void *row, int64_t g, int64_t n, int vec, float (&v)[G])
+{
+    if (vec) {
+        mp_ldv<T, G>((const char *)row + g * 16, v);
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < G; k++) v[k] = g * G + k < n ? mp_get<T>(row, g * G + k) : 0.0f;
+}
+
+/* the tile of rows whose threads each take runs of G */
+template <class T>
+Tile ce_tile(int64_t classes)
+{
+    constexpr int G = 16 / mp_ty<T>::S;
+    return tile_for((classes + G - 1) / G, 1);
+}
+
+template <class T>
+__global__ void k_cross_entropy(float *loss, float *lse, const void *x, const int32_t *target, int64_t rows,
+                                int64_t classes, Tile t, int vec)
+{
+    constexpr int G = 16 / mp_ty<T>::S;
+    __shared__ Lse sh[MP_THREADS];
+    const int64_t runs = (classes + G - 1) / G;
+    int tx, ty;
+    tile_pos(t, tx, ty);
     for (int64_t b = blockIdx.x; b < (rows + t.txn - 1) / t.txn; b += gridDim.x) {
-        Col c = col_at(t, b, rows, classes, 1);
-        float l = col_lse(dt, x, t, c, classes, sh);
-        if (c.live && c.ty == 0) {
-            lse[c.q] = l;
-            loss[c.q] = l - mp_ld(dt, x, c.base + target[c.q]);
+        const int64_t q = b * t.txn + tx;
+        const char *row = (const char *)x + (q < rows ? (size_t)q * classes * mp_ty<T>::S : 0);
+        Lse a = {-INFINITY, 0.0f};
+        if (q < rows)
+            for (int64_t g = ty; g < runs; g += t.tyn) {
+                float v[G];
+                row_run<T, G>(row, g, classes, vec, v);
+#pragma unroll
+                for (int k = 0; k < G; k++)
+                    if (g * G + k < classes) lse_add(a, v[k]);
+            }
+        a = tile_reduce(t, tx, ty, a, sh, LseCombine{});
+        if (q < rows && ty == 0) {
+            float l = isinf(a.m) ? a.m : a.m + logf(a.s);
+            int32_t tg = target[q];
+            lse[q] = l;
+            loss[q] = tg >= 0 && tg < classes ? l - mp_get<T>(row, tg) : NAN;
         }
     }
 }
 
-/* gx = softmax(x) * scale[r], less scale[r] at the target */
-__global__ void k_cross_entropy_grad(mp_dtype dt, void *gx, const void *x, const float *lse, const int32_t *target,
-                                     const float *scale, int64_t rows, int64_t classes)
+/* gx = exp(x - lse[r]) * scale[r], less scale[r] at the target, as the CPU's
+ * two roundings (no FMA) */
+template <class T>
+__global__ void k_cross_entropy_grad(void *gx, const void *x, const float *lse, const int32_t *target,
+                                     const float *scale, int64_t rows, int64_t classes, Tile t, int vec,
+                                     unsigned long long *fc)
 {
-    MP_FOR(e, rows * classes) {
-        int64_t r = e / classes;
-        float v = expf(mp_ld(dt, x, e) - lse[r]) * scale[r];
-        if (e % classes == target[r]) v -= scale[r];
-        mp_st(dt, gx, e, v);
+    constexpr int G = 16 / mp_ty<T>::S;
+    const int64_t runs = (classes + G - 1) / G;
+    mp_tally tl(fc);
+    int tx, ty;
+    tile_pos(t, tx, ty);
+    for (int64_t b = blockIdx.x; b < (rows + t.txn - 1) / t.txn; b += gridDim.x) {
+        const int64_t q = b * t.txn + tx;
+        if (q >= rows) continue;
+        const size_t off = (size_t)q * classes * mp_ty<T>::S;
+        const char *row = (const char *)x + off;
+        char *grow = (char *)gx + off;
+        const float l = lse[q], sc = scale[q];
+        const int32_t tg = target[q];
+        for (int64_t g = ty; g < runs; g += t.tyn) {
+            float v[G];
+            row_run<T, G>(row, g, classes, vec, v);
+#pragma unroll
+            for (int k = 0; k < G; k++) {
+                float p = __fmul_rn(expf(v[k] - l), sc);
+                v[k] = g * G + k == tg ? __fsub_rn(p, sc) : p;
+            }
+            if (vec) {
+                mp_stv<T, G>(grow + g * 16, v, tl);
+            } else {
+#pragma unroll
+                for (int k = 0; k < G; k++)
+                    if (g * G + k < classes) mp_put<T>(grow, g * G + k, v[k], tl);
+            }
+        }
     }
+    tl.commit();
 }
 
 /* ---- layer norm ---- */
 
 __global__ void k_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
-                             const void *bias, int64_t rows, int64_t n, float eps, Tile t)
+                             const void *bias, int64_t rows, int64_t n, float eps, Tile t, unsigned long long *fc)
 {
     __shared__ double sh[MP_THREADS];
+    mp_tally tl(fc);
     for (int64_t b = blockIdx.x; b < (rows + t.txn - 1) / t.txn; b += gridDim.x) {
         Col c = col_at(t, b, rows, n, 1);
         double s = 0, ss = 0;
@@ -146,39 +261,43 @@ __global__ void k_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, con
         float m = (float)(tile_reduce(t, c.tx, c.ty, s, sh, Sum{}) / (double)n);
         COL_FOR(j, c, t, n) {
             float d = mp_ld(dt, x, c.base + j) - m;
-            ss += (double)d * d;
+            ss = __dadd_rn(ss, (double)d * d);
         }
         float rs = 1.0f / sqrtf((float)(tile_reduce(t, c.tx, c.ty, ss, sh, Sum{}) / (double)n) + eps);
         COL_FOR(j, c, t, n) {
             float wj = w ? mp_ld(dt, w, j) : 1.0f, bj = bias ? mp_ld(dt, bias, j) : 0.0f;
-            mp_st(dt, y, c.base + j, (mp_ld(dt, x, c.base + j) - m) * rs * wj + bj);
+            mp_stc(dt, y, c.base + j, __fadd_rn((mp_ld(dt, x, c.base + j) - m) * rs * wj, bj), tl);
         }
         if (c.live && c.ty == 0) mean[c.q] = m, rstd[c.q] = rs;
     }
+    tl.commit();
 }
 
 /* gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)) */
 __global__ void k_layer_norm_gx(mp_dtype dt, void *gx, const void *gy, const void *x, const float *mean,
-                                const float *rstd, const void *w, int64_t rows, int64_t n, Tile t)
+                                const float *rstd, const void *w, int64_t rows, int64_t n, Tile t,
+                                unsigned long long *fc)
 {
     __shared__ double sh[MP_THREADS];
+    mp_tally tl(fc);
     for (int64_t b = blockIdx.x; b < (rows + t.txn - 1) / t.txn; b += gridDim.x) {
         Col c = col_at(t, b, rows, n, 1);
         float mq = c.live ? mean[c.q] : 0.0f, rq = c.live ? rstd[c.q] : 0.0f;
         double a = 0, cc = 0;
         COL_FOR(j, c, t, n) {
-            float gw = mp_ld(dt, gy, c.base + j) * (w ? mp_ld(dt, w, j) : 1.0f);
+            float gw = __fmul_rn(mp_ld(dt, gy, c.base + j), w ? mp_ld(dt, w, j) : 1.0f);
             float xh = (mp_ld(dt, x, c.base + j) - mq) * rq;
-            a += gw, cc += (double)gw * xh;
+            a += gw, cc = __dadd_rn(cc, (double)gw * xh);
         }
         float ma = (float)(tile_reduce(t, c.tx, c.ty, a, sh, Sum{}) / (double)n);
         float mc = (float)(tile_reduce(t, c.tx, c.ty, cc, sh, Sum{}) / (double)n);
         COL_FOR(j, c, t, n) {
-            float gw = mp_ld(dt, gy, c.base + j) * (w ? mp_ld(dt, w, j) : 1.0f);
+            float gw = __fmul_rn(mp_ld(dt, gy, c.base + j), w ? mp_ld(dt, w, j) : 1.0f);
             float xh = (mp_ld(dt, x, c.base + j) - mq) * rq;
-            mp_st(dt, gx, c.base + j, rq * (gw - ma - xh * mc));
+            mp_stc(dt, gx, c.base + j, rq * __fsub_rn(__fsub_rn(gw, ma), __fmul_rn(xh, mc)), tl);
         }
     }
+    tl.commit();
 }
 
 /* sums of g*xhat (gw) and g (gb) down columns j of {rows, n}, over chunk c of the
@@ -258,7 +377,7 @@ void mp_cuda_softmax(mp_dtype dt, void *y, const void *x, int64_t outer, int64_t
     if (cols <= 0 || n <= 0) return;
     Tile t = tile_for(n, inner);
     k_softmax<<<grid_for((cols + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(dt, y, x, cols, n, inner, t,
-                                                                                     log);
+                                                                                     log, mp_cuda_flush);
     MP_LAUNCHED("softmax");
 }
 
@@ -269,7 +388,8 @@ void mp_cuda_softmax_grad(mp_dtype dt, void *gx, const void *gy, const void *y, 
     if (cols <= 0 || n <= 0) return;
     Tile t = tile_for(n, inner);
     k_softmax_grad<<<grid_for((cols + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(dt, gx, gy, y, cols, n,
-                                                                                          inner, t, log);
+                                                                                          inner, t, log,
+                                                                                          mp_cuda_flush);
     MP_LAUNCHED("softmax_grad");
 }
 
@@ -277,18 +397,27 @@ void mp_cuda_cross_entropy(mp_dtype dt, float *loss, float *lse, const void *x, 
                            int64_t rows, int64_t classes)
 {
     if (rows <= 0 || classes <= 0) return;
-    Tile t = tile_for(classes, 1);
-    k_cross_entropy<<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(dt, loss, lse, x,
-                                                                                           target, rows, classes, t);
+    const int64_t run = 16 / (int64_t)mp_dtype_size(dt);
+    const int vec = mp_al16(x) && classes % run == 0;
+    MP_BY_FLOAT(dt, T, {
+        Tile t = ce_tile<T>(classes);
+        k_cross_entropy<T><<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(
+            loss, lse, x, target, rows, classes, t, vec);
+    });
     MP_LAUNCHED("cross_entropy");
 }
 
 void mp_cuda_cross_entropy_grad(mp_dtype dt, void *gx, const void *x, const float *lse, const int32_t *target,
                                 const float *scale, int64_t rows, int64_t classes)
 {
-    if (rows * classes <= 0) return;
-    k_cross_entropy_grad<<<mp_blocks(rows * classes), MP_THREADS, 0, mp_cuda_stream>>>(dt, gx, x, lse, target, scale,
-                                                                                     rows, classes);
+    if (rows <= 0 || classes <= 0) return;
+    const int64_t run = 16 / (int64_t)mp_dtype_size(dt);
+    const int vec = mp_al16(x) && mp_al16(gx) && classes % run == 0;
+    MP_BY_FLOAT(dt, T, {
+        Tile t = ce_tile<T>(classes);
+        k_cross_entropy_grad<T><<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(
+            gx, x, lse, target, scale, rows, classes, t, vec, mp_cuda_flush);
+    });
     MP_LAUNCHED("cross_entropy_grad");
 }
 
@@ -298,7 +427,8 @@ void mp_cuda_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const vo
     if (rows <= 0) return;
     Tile t = tile_for(n, 1);
     k_layer_norm<<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(dt, y, mean, rstd, x, w, b,
-                                                                                         rows, n, eps, t);
+                                                                                         rows, n, eps, t,
+                                                                                         mp_cuda_flush);
     MP_LAUNCHED("layer_norm");
 }
 
@@ -309,7 +439,7 @@ void mp_cuda_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const 
     if (rows > 0) {
         Tile t = tile_for(n, 1);
         k_layer_norm_gx<<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(
-            dt, gx, gy, x, mean, rstd, w, rows, n, t);
+            dt, gx, gy, x, mean, rstd, w, rows, n, t, mp_cuda_flush);
         MP_LAUNCHED("layer_norm_grad");
     }
     if (gw || gb) layer_norm_wb(dt, gw, gb, gy, x, mean, rstd, rows, n);
