@@ -43,8 +43,10 @@ CLI  := $(BUILD)/mpengine
 all: $(LIB) $(CORE) $(CLI) $(CUDA_SO)
 	@echo "built backends: cpu$(if $(CUDA_SO), and cuda ($(CUDA_SO), loaded when a GPU is present), (nvcc not found: no CUDA backend))"
 
-# kernels are built at -O3: their loops are what -O3's vectoriser is for
-$(BUILD)/obj/kernels/%.o: CFLAGS += -O3
+# kernels are built at -O3: their loops are what -O3's vectoriser is for; without
+# contracting a*b+c into an FMA, so that the AVX-512, AVX2 and baseline clones of a
+# loop (and the CUDA kernels, which round each operation) give the same bits
+$(BUILD)/obj/kernels/%.o: CFLAGS += -O3 -ffp-contract=off
 
 $(BUILD)/obj/%.o: %.c $(wildcard engine/*.h kernels/*.h kernels/cpu/*.h lua/*.h)
 	@mkdir -p $(dir $@)
