@@ -105,6 +105,15 @@ describe("a training step without waiting for the device", function()
     H.raises(function() step(r) end, {"GradScaler:step", "on_skip", "sync = true"})
   end)
 
+  it("rejects a sync option that is not a boolean, naming it", function()
+    H.raises(function() mp.amp.GradScaler{sync = 0} end, {"mp.amp.GradScaler", "sync", "boolean"})
+    H.raises(function() mp.amp.GradScaler{sync = "no"} end, {"mp.amp.GradScaler", "sync", "boolean"})
+    local c = mp.counters()
+    for _, k in ipairs{"host_reads", "device_to_host", "device_waits", "device_mallocs"} do
+      assert.are.equal("integer", math.type(c[k]), k)
+    end
+  end)
+
   it("on a GPU: no copy to the host, no wait, no cudaMalloc in a warm step", function()
     if not mp.cuda.is_available() then return pending("no CUDA device on this machine") end
     local r = rig("cuda", nil, false)
