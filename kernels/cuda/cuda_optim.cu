@@ -285,20 +285,23 @@ void mp_cuda_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_
 
 /* ---- the scaled loss and the state rules ---- */
 
-__global__ void scale_loss_kernel(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check)
+__global__ void scale_loss_kernel(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check,
+                                  unsigned long long *fc)
 {
     const float scale = st->scale;
+    mp_tally t(fc);   /* the f16/bf16 rounding of out is counted, as the CPU's cpu_store counts it */
     MP_FOR(i, n) {
         float v = mp_ld(dt, in, i);
         if (check && !isfinite(v)) st->loss_bad = 1;   /* every writer writes 1 */
-        if (out) mp_st(dt, out, i, __fmul_rn(v, scale));
+        if (out) mp_stc(dt, out, i, __fmul_rn(v, scale), t);
     }
+    t.commit();
 }
 
 void mp_cuda_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check)
 {
     if (n <= 0) return;
-    scale_loss_kernel<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dt, out, in, n, st, check);
+    scale_loss_kernel<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dt, out, in, n, st, check, out ? mp_cuda_flush : NULL);
     MP_LAUNCHED("scale");
 }
 
