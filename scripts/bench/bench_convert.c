@@ -18,15 +18,9 @@
 
 #include "kernels/cpu/convert.h"
 #include "kernels/half.h"
+#include "scripts/bench/bench_clock.h"
 
 #define REPS 7
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* A tiny fixed-seed generator, so runs are repeatable. */
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;

@@ -9,13 +9,7 @@
 #include <time.h>
 #include "engine/ops.h"
 #include "engine/error.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "scripts/bench/bench_clock.h"
 
 static int reps_for(int64_t n) { return n <= 256 ? 200 : n <= 1024 ? 10 : 4; }
 

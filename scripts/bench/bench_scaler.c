@@ -22,28 +22,10 @@
 #include <time.h>
 
 #include "kernels/backend.h"
+#include "scripts/bench/bench_clock.h"
 
 #define REPS 300
 #define BLOCK 50
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof *t, cmp);
-    return t[n / 2];
-}
 
 /* gradient-like values: a spread of magnitudes (2^-30 .. 2^2, times the
  * scale 65536), both signs, one in eight exactly zero (ReLU) */

@@ -38,6 +38,7 @@
 #include <time.h>
 
 #include "engine/tensor.h"   /* mp_backend_of */
+#include "scripts/bench/bench_clock.h"
 
 #define TRIALS 11
 #define MAX_TRIALS 32
@@ -45,25 +46,6 @@
 enum { V_COPY, V_UNSCALE, V_UNSCALE_TEL, V_ADAMW, V_ADAMW_LOWP, NV };
 static const char *vname[NV] = {"copy", "unscale", "unscale_tel", "adamw", "adamw_lowp"};
 static const double vbytes[NV] = {8, 8, 8, 28, 30};   /* bytes moved per value */
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n)
-{
-    qsort(t, (size_t)n, sizeof *t, cmp);
-    return t[n / 2];
-}
 
 static const mp_backend *be;
 
