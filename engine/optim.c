@@ -208,27 +208,30 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
     return 0;
 }
 
+static int by_offset(const void *a, const void *b)
+{
+    int64_t x = (*(mp_tensor *const *)a)->offset, y = (*(mp_tensor *const *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
 /* the gradients as one contiguous range of one storage (the usual case: the
  * parameters of one optimizer, whose .grad are views into its gradient arena):
- * the first element and the count, or -1 */
+ * the first element and the count, or -1. Sorted by offset, each must start
+ * where the one before ends: no gap, no overlap, no parameter listed twice. */
 static int64_t one_range(int n, mp_tensor *const *ps, int64_t *count)
 {
-    mp_storage *st = NULL;
-    int64_t lo = INT64_MAX, hi = 0, sum = 0;
-    for (int i = 0; i < n; i++) {
-        mp_tensor *g = ps[i]->grad;
-        if (!g) continue;
-        if (g->dtype != MP_F32 || (st && g->st != st)) return -1;
-        st = g->st;
-        lo = g->offset < lo ? g->offset : lo;
-        hi = g->offset + g->numel > hi ? g->offset + g->numel : hi;
-        sum += g->numel;
-    }
-    if (!st || sum != hi - lo) return -1;   /* gaps or overlaps (a parameter listed twice) */
+    mp_tensor **g = malloc(sizeof *g * (size_t)(n > 0 ? n : 1));
+    if (!g) return -1;   /* the per-tensor path needs no memory of its own */
+    int m = 0;
     for (int i = 0; i < n; i++)
-        for (int j = 0; j < i; j++)
-            if (ps[i]->grad && ps[i]->grad == ps[j]->grad) return -1;
-    *count = sum;
+        if (ps[i]->grad) g[m++] = ps[i]->grad;
+    bool ok = m > 0;
+    for (int i = 0; ok && i < m; i++) ok = g[i]->dtype == MP_F32 && g[i]->st == g[0]->st;
+    if (ok) qsort(g, (size_t)m, sizeof *g, by_offset);
+    for (int i = 1; ok && i < m; i++) ok = g[i]->offset == g[i - 1]->offset + g[i - 1]->numel;
+    int64_t lo = ok ? g[0]->offset : -1;
+    if (ok) *count = g[m - 1]->offset + g[m - 1]->numel - lo;
+    free(g);
     return lo;
 }
 

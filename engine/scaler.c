@@ -145,13 +145,7 @@ mp_skip_reason mp_scaler_reason(const mp_scale_state *h)
 void mp_scaler_total(const mp_scale_state *h, mp_grad_stats *t)
 {
     memset(t, 0, sizeof *t);
-    for (int k = 0; k < MP_SCALER_MAX_OPTIMS; k++) {
-        const mp_grad_stats *g = &h->slot[k];
-        t->n += g->n, t->nan += g->nan, t->inf += g->inf;
-        t->zeros += g->zeros, t->underflow += g->underflow, t->overflow += g->overflow;
-        if (g->amax > t->amax) t->amax = g->amax;
-        for (int b = 0; b < MP_HIST_BINS; b++) t->hist[b] += g->hist[b];
-    }
+    for (int k = 0; k < MP_SCALER_MAX_OPTIMS; k++) mp_grad_stats_add(t, &h->slot[k]);
 }
 
 const mp_grad_stats *mp_scaler_per_param(mp_scaler *s, int *n)

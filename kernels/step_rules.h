@@ -23,6 +23,15 @@
 
 #define MP_F16_MAX 65504.0
 
+/* add one set of gradient statistics into another (amax: the larger) */
+MP_HD void mp_grad_stats_add(mp_grad_stats *to, const mp_grad_stats *s)
+{
+    to->n += s->n, to->nan += s->nan, to->inf += s->inf;
+    to->zeros += s->zeros, to->underflow += s->underflow, to->overflow += s->overflow;
+    if (s->amax > to->amax) to->amax = s->amax;
+    for (int b = 0; b < MP_HIST_BINS; b++) to->hist[b] += s->hist[b];
+}
+
 /* any inf/NaN among the gradients an optimizer unscaled this step */
 MP_HD bool mp_slot_bad(const mp_scale_state *s, int k) { return s->slot[k].nan + s->slot[k].inf > 0; }
 

@@ -60,14 +60,6 @@ static void unscale_telemetry(float *restrict g, int64_t n, float inv, mp_grad_s
     for (int b = 0; b < MP_HIST_BINS; b++) st->hist[b] = hist[b];
 }
 
-static void add_stats(mp_grad_stats *to, const mp_grad_stats *s)
-{
-    to->n += s->n, to->nan += s->nan, to->inf += s->inf;
-    to->zeros += s->zeros, to->underflow += s->underflow, to->overflow += s->overflow;
-    if (s->amax > to->amax) to->amax = s->amax;
-    for (int b = 0; b < MP_HIST_BINS; b++) to->hist[b] += s->hist[b];
-}
-
 void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel)
 {
     mp_grad_stats *acc = &st->slot[slot];
@@ -75,8 +67,8 @@ void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stat
     if (tel) {
         mp_grad_stats mine;
         unscale_telemetry(g, n, inv, &mine);
-        add_stats(tel, &mine);
-        add_stats(acc, &mine);
+        mp_grad_stats_add(tel, &mine);
+        mp_grad_stats_add(acc, &mine);
         return;
     }
     float amax;
