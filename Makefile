@@ -23,6 +23,9 @@ BIND_OBJ   := $(BIND_SRC:%.c=$(BUILD)/obj/%.o)
 CTEST_SRC  := $(wildcard tests/c/test_*.c)
 CTEST_BIN  := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
 PARITY     := $(BUILD)/tests/parity
+# a test double of the CUDA backend on the CPU (tests/device/fake_cuda.c), and
+# a backend that does not load for want of a library (tests/device/missing_dep.c)
+FAKE_CUDA  := $(BUILD)/tests/fake_cuda.so $(BUILD)/tests/missing_dep.so
 BENCH_SRC  := $(wildcard scripts/bench/*.c)
 BENCH_BIN  := $(BENCH_SRC:scripts/bench/%.c=$(BUILD)/bench/%)
 
@@ -52,7 +55,7 @@ $(BUILD)/obj/%.o: %.c $(wildcard engine/*.h kernels/*.h kernels/cpu/*.h lua/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUA_INC) -DMP_VERSION='"$(VERSION)"' -c $< -o $@
 
-$(BUILD)/obj/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h) kernels/backend.h
+$(BUILD)/obj/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h kernels/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -81,6 +84,19 @@ $(PARITY): tests/parity/parity.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
+# -Bsymbolic: its copy of the CPU kernels and their state are its own, even
+# inside build/mpengine, which exports the engine's symbols
+$(BUILD)/tests/fake_cuda.so: tests/device/fake_cuda.c $(LIB) kernels/block_cache.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -shared -Wl,-Bsymbolic -o $@ $< $(LIB) $(LDLIBS)
+
+# linked against a library that is then removed
+$(BUILD)/tests/missing_dep.so: tests/device/missing_dep.c
+	@mkdir -p $(BUILD)/tests/gone
+	echo 'int mp_gone(void) { return 1; }' | $(CC) -shared -fPIC -x c - -o $(BUILD)/tests/gone/libmp_gone.so
+	$(CC) -shared -fPIC -o $@ $< -L$(BUILD)/tests/gone -lmp_gone
+	rm -rf $(BUILD)/tests/gone
+
 $(BUILD)/bench/%: scripts/bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -O3 -o $@ $< $(LIB) $(LDLIBS)
@@ -107,7 +123,7 @@ pydeps:
 	  || echo "pydeps: install failed (see $(BUILD)/pydeps.log); the interop test will be pending"; fi
 
 test: deps pydeps
-	@$(MAKE) --no-print-directory all $(CTEST_BIN) $(PARITY)
+	@$(MAKE) --no-print-directory all $(CTEST_BIN) $(PARITY) $(FAKE_CUDA)
 	@BUILD=$(BUILD) sh tests/run.sh
 
 demo: deps

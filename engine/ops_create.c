@@ -84,7 +84,6 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out)
     if (start < 0 || count < 0 || start + count > t->numel)
         return mp_fail(MP_EINVAL, "read of elements [%lld, %lld) outside %lld",
                        (long long)start, (long long)(start + count), (long long)t->numel);
-    mp_note_host_read();
     size_t es = mp_dtype_size(t->dtype);
     enum { CHUNK = 4096 };
     unsigned char raw[CHUNK * 4];
@@ -92,8 +91,7 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out)
     for (int64_t done = 0; done < count; done += CHUNK) {
         int64_t m = count - done < CHUNK ? count - done : CHUNK;
         const char *src = (const char *)mp_data(t) + (size_t)(start + done) * es;
-        if (t->dev == MP_CPU) memcpy(raw, src, (size_t)m * es);
-        else mp_be(t)->to_host(raw, src, (size_t)m * es);
+        if (mp_host_read(t->dev, raw, src, (size_t)m * es)) return -1;
         if (t->dtype == MP_F16 || t->dtype == MP_BF16)
             mp_cpu_backend.cast(f, MP_F32, raw, t->dtype, m);
         for (int64_t i = 0; i < m; i++) {
@@ -129,8 +127,8 @@ mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev)
     /* across devices: move the bytes as they are, then cast on the destination */
     mp_tensor *o = mp_empty(t->dtype, dev, t->ndim, t->shape);
     if (!o) return NULL;
-    if (dev == MP_CPU) mp_note_host_read(), mp_be(t)->to_host(mp_data(o), mp_data(t), mp_nbytes(t));
-    else mp_be(o)->from_host(mp_data(o), mp_data(t), mp_nbytes(t));
+    if (dev != MP_CPU) mp_be(o)->from_host(mp_data(o), mp_data(t), mp_nbytes(t));
+    else if (mp_host_read(t->dev, mp_data(o), mp_data(t), mp_nbytes(t))) return mp_release(o), NULL;
     if (dt == t->dtype) return o;
     mp_tensor *c = mp_to_raw(o, dt, dev);
     mp_release(o);

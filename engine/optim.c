@@ -151,12 +151,9 @@ int mp_optim_sync_grads(mp_optim *o)
     return 0;
 }
 
-int64_t mp_optim_get_step(mp_optim *o)
+int mp_optim_get_step(mp_optim *o, int64_t *step)
 {
-    int64_t step;
-    mp_note_host_read();
-    mp_be(o->counter)->to_host(&step, mp_data(o->counter), sizeof step);
-    return step;
+    return mp_host_read(o->counter->dev, step, mp_data(o->counter), sizeof *step);
 }
 
 void mp_optim_set_step(mp_optim *o, int64_t step)

@@ -38,8 +38,9 @@ int mp_optim_step(mp_optim *o);
 /* the same, left out by the kernels (parameters, state and step count as they
  * were) when *skip (an int32 in the arena's backend memory) is set */
 int mp_optim_step_if(mp_optim *o, const int32_t *skip);
-/* the step count (read from the backend's memory: a wait on a GPU) */
-int64_t mp_optim_get_step(mp_optim *o);
+/* the step count (read from the backend's memory: a wait on a GPU); -1 with
+ * the device's error when that read fails */
+int mp_optim_get_step(mp_optim *o, int64_t *step);
 void mp_optim_set_step(mp_optim *o, int64_t step);
 /* copy any .grad a script replaced into the arena, making it a view again */
 int mp_optim_sync_grads(mp_optim *o);

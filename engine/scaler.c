@@ -78,18 +78,21 @@ void mp_scaler_free(mp_scaler *s)
 
 static mp_scale_state *dev_state(mp_scaler *s) { return mp_data(s->state); }
 
-/* the host copy from the backend's (a wait for the device on a GPU) */
-static void pull(mp_scaler *s)
+/* the host copy from the backend's (a wait for the device on a GPU); on a
+ * device error the host copy stays as it was */
+static int pull(mp_scaler *s)
 {
-    if (!s->state || s->h_fresh) return;
-    mp_note_host_read();
-    mp_be(s->state)->to_host(&s->h, dev_state(s), sizeof s->h);
+    static mp_scale_state tmp;   /* large: not on the stack */
+    if (!s->state || s->h_fresh) return 0;
+    if (mp_host_read(s->state->dev, &tmp, dev_state(s), sizeof tmp)) return -1;
+    s->h = tmp;
     s->h_fresh = true;
     if (s->h.warned_at_min && !s->printed_min_warning) {
         fprintf(stderr, "mpengine: warning: loss scale at its minimum %g and gradients still overflow\n",
                 s->policy.min);
         s->printed_min_warning = true;
     }
+    return 0;
 }
 
 static void push(mp_scaler *s)
@@ -102,7 +105,7 @@ static void push(mp_scaler *s)
 static int place(mp_scaler *s, mp_device dev)
 {
     if (s->state && s->state->dev == dev) return 0;
-    pull(s);
+    if (pull(s)) return -1;
     int64_t bytes = (int64_t)sizeof(mp_scale_state);
     mp_tensor *t = mp_empty(MP_U8, dev, 1, &bytes);
     if (!t) return -1;
@@ -120,8 +123,7 @@ static void rule(mp_scaler *s, mp_scale_op op, int arg, float value)
 
 const mp_scale_state *mp_scaler_read(mp_scaler *s)
 {
-    pull(s);
-    return &s->h;
+    return pull(s) ? NULL : &s->h;
 }
 
 int mp_scaler_write(mp_scaler *s)
@@ -152,8 +154,8 @@ const mp_grad_stats *mp_scaler_per_param(mp_scaler *s, int *n)
 {
     *n = 0;
     if (!s->tel || !s->per_param) return NULL;
-    mp_note_host_read();
-    mp_be(s->tel)->to_host(s->per_param, mp_data(s->tel), sizeof *s->per_param * (size_t)s->nstats);
+    if (mp_host_read(s->tel->dev, s->per_param, mp_data(s->tel), sizeof *s->per_param * (size_t)s->nstats))
+        return *n = -1, NULL;
     *n = s->nstats;
     return s->per_param;
 }
@@ -162,8 +164,7 @@ int mp_scaler_set_policy(mp_scaler *s, const mp_policy *p, double init)
 {
     mp_policy q = *p;
     q.init = init;
-    if (mp_policy_check(&q)) return -1;
-    pull(s);
+    if (mp_policy_check(&q) || pull(s)) return -1;
     s->policy = q;
     reset_policy_state(&s->h, &q);
     push(s);
@@ -302,7 +303,7 @@ int mp_scaler_step(mp_scaler *s, mp_optim *o, int *applied)
     if (mp_optim_step_if(o, skip)) return -1;
     *applied = -1;
     if (!s->sync) return 0;
-    pull(s);
+    if (pull(s)) return -1;
     *applied = !s->h.skip;
     if (s->h.skip && s->first_bad < 0 && mp_slot_bad(&s->h, k)) s->first_bad = first_nonfinite(o);
     return 0;
@@ -322,7 +323,7 @@ int mp_scaler_update(mp_scaler *s)
     /* hysteresis at its floor fails at once with on_min = "error" (one read, a
      * wait on a GPU); the warning of on_min = "warn" comes at the next read */
     if (s->policy.kind == MP_POLICY_HYSTERESIS && s->policy.error_at_min) {
-        pull(s);
+        if (pull(s)) return end_step(s), -1;
         if (s->h.at_min == 2) {
             end_step(s);
             return mp_fail(MP_EINVAL, "loss scale already at its minimum %g and the gradients still "

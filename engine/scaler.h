@@ -64,14 +64,16 @@ int mp_scaler_update(mp_scaler *s);
 /* an external policy's decision (finite and > 0), or a forced scale; ends the step */
 int mp_scaler_set_scale(mp_scaler *s, double scale);
 
-/* the state as it is now (waits for the device when it is not on the host yet) */
+/* the state as it is now (waits for the device when it is not on the host
+ * yet); NULL with the device's error when that read fails */
 const mp_scale_state *mp_scaler_read(mp_scaler *s);
 /* write back a state changed through mp_scaler_read's copy (load_state_dict) */
 int mp_scaler_write(mp_scaler *s);
 /* what the state says about the step */
 mp_skip_reason mp_scaler_reason(const mp_scale_state *h);
 void mp_scaler_total(const mp_scale_state *h, mp_grad_stats *total);
-/* telemetry: the per-parameter statistics of the last unscale (NULL when none) */
+/* telemetry: the per-parameter statistics of the last unscale (NULL when none;
+ * NULL and *n = -1 when reading them failed) */
 const mp_grad_stats *mp_scaler_per_param(mp_scaler *s, int *n);
 const char *mp_skip_reason_name(mp_skip_reason r);
 

@@ -43,16 +43,26 @@ int mp_device_parse(const char *name, mp_device *out)
 /* The CUDA backend is a shared object (build/mp/cuda.so, installed next to
  * mp/core.so) that is loaded the first time a CUDA tensor is asked for. Its init
  * returns NULL on a machine without a driver or a GPU, and so does a failed
- * load (no cuBLAS, no file): the engine then runs on the CPU alone. */
+ * load (no cuBLAS, no file): the engine then runs on the CPU alone, and
+ * cuda_why says why, for mp.cuda.is_available() and the error of t:cuda(). */
 static const mp_backend *backends[MP_NDEVICES] = {&mp_cpu_backend, NULL};
 static bool cuda_tried;
+static char cuda_why[1024];
 
+/* dlopen's reason, or that of the first place tried that exists */
 static void *open_cuda(void)
 {
     const char *env = getenv("MP_CUDA_BACKEND");
-    if (env && *env) return dlopen(env, RTLD_NOW | RTLD_LOCAL);
+    if (env && *env) {
+        void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
+        if (!h) snprintf(cuda_why, sizeof cuda_why, "cannot load MP_CUDA_BACKEND=%.400s: %.500s", env, dlerror());
+        return h;
+    }
     Dl_info info;
-    if (!dladdr((void *)&mp_backend_of, &info) || !info.dli_fname) return NULL;
+    if (!dladdr((void *)&mp_backend_of, &info) || !info.dli_fname) {
+        snprintf(cuda_why, sizeof cuda_why, "cannot tell where the engine was loaded from, to find cuda.so");
+        return NULL;
+    }
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", info.dli_fname);
     char *slash = strrchr(dir, '/');
@@ -61,26 +71,52 @@ static void *open_cuda(void)
     /* next to mp/core.so; build/mpengine -> build/mp; a test in build/tests -> build/mp;
      * PREFIX/bin -> PREFIX/lib/lua/5.4/mp */
     static const char *rel[] = {"/cuda.so", "/mp/cuda.so", "/../mp/cuda.so", "/../lib/lua/5.4/mp/cuda.so"};
+    snprintf(cuda_why, sizeof cuda_why, "the CUDA backend was not built or installed: no cuda.so next to %.600s "
+             "(build it where nvcc is, or set MP_CUDA_BACKEND)", dir);
     for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
         char path[4200];
         snprintf(path, sizeof path, "%s%s", dir, rel[i]);
+        if (access(path, F_OK) != 0) continue;
         void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (h) return h;
+        snprintf(cuda_why, sizeof cuda_why, "cannot load %.500s: %.400s", path, dlerror());
+        return NULL;
     }
     return NULL;
+}
+
+static const mp_backend *load_cuda(void)
+{
+    if (getenv("MP_NO_CUDA"))
+        return snprintf(cuda_why, sizeof cuda_why, "MP_NO_CUDA is set"), NULL;
+    /* no NVIDIA driver: skip loading cuBLAS (about 100 ms at every start) */
+    bool driver = access("/dev/nvidiactl", F_OK) == 0 || access("/proc/driver/nvidia/version", F_OK) == 0;
+    if (!driver && !getenv("MP_CUDA_BACKEND"))
+        return snprintf(cuda_why, sizeof cuda_why, "no NVIDIA driver on this machine "
+                        "(no /dev/nvidiactl, no /proc/driver/nvidia/version)"), NULL;
+    void *h = open_cuda();
+    if (!h) return NULL;
+    const mp_backend *(*init)(char *, size_t) = (const mp_backend *(*)(char *, size_t))dlsym(h, "mp_cuda_backend_init");
+    if (!init) return snprintf(cuda_why, sizeof cuda_why, "the CUDA backend has no mp_cuda_backend_init: %s", dlerror()), NULL;
+    cuda_why[0] = 0;
+    const mp_backend *be = init(cuda_why, sizeof cuda_why);
+    if (!be && !cuda_why[0]) snprintf(cuda_why, sizeof cuda_why, "the CUDA backend found no usable GPU");
+    return be;
 }
 
 const mp_backend *mp_backend_of(mp_device d)
 {
     if (d == MP_CUDA && !cuda_tried) {
         cuda_tried = true;
-        /* no NVIDIA driver, no GPU: skip loading cuBLAS (about 100 ms at every start) */
-        bool driver = access("/dev/nvidiactl", F_OK) == 0 || access("/proc/driver/nvidia/version", F_OK) == 0;
-        void *h = getenv("MP_NO_CUDA") || (!driver && !getenv("MP_CUDA_BACKEND")) ? NULL : open_cuda();
-        const mp_backend *(*init)(void) = h ? (const mp_backend *(*)(void))dlsym(h, "mp_cuda_backend_init") : NULL;
-        backends[MP_CUDA] = init ? init() : NULL;
+        backends[MP_CUDA] = load_cuda();
     }
     return (unsigned)d < MP_NDEVICES ? backends[d] : NULL;
+}
+
+const char *mp_device_why_not(mp_device d)
+{
+    if (mp_backend_of(d)) return NULL;
+    return d == MP_CUDA && cuda_why[0] ? cuda_why : "no backend for it";
 }
 
 int mp_device_error(mp_device d)
@@ -112,7 +148,26 @@ void mp_device_counters(mp_device d, int64_t c[3])
 int mp_device_check(mp_device d)
 {
     if (mp_backend_of(d)) return 0;
-    return mp_fail(MP_EDEVICE, "device '%s' is not available on this machine", mp_device_name(d));
+    return mp_fail(MP_EDEVICE, "device '%s' is not available on this machine: %s", mp_device_name(d),
+                   mp_device_why_not(d));
+}
+
+/* Every read of a backend's memory by the host: counted, and checked for the
+ * backend's error before the bytes are used, since a copy after a fault on an
+ * asynchronous device delivers nothing. On failure dst is zeroed, never left
+ * as whatever the buffer held. */
+int mp_host_read(mp_device d, void *dst, const void *src, size_t nbytes)
+{
+    mp_note_host_read();
+    const mp_backend *be = mp_backend_of(d);
+    if (d == MP_CPU) {
+        memcpy(dst, src, nbytes);
+        return 0;
+    }
+    if (!be) return memset(dst, 0, nbytes), mp_device_check(d);
+    be->to_host(dst, src, nbytes);
+    if (mp_device_error(d)) return memset(dst, 0, nbytes), -1;
+    return 0;
 }
 
 /* ---- byte accounting ---- */
@@ -131,7 +186,16 @@ static size_t default_limit(mp_device d)
 mp_memstats mp_memory(mp_device d)
 {
     if (stats[d].limit == 0) stats[d].limit = default_limit(d);
-    return stats[d];
+    mp_memstats m = stats[d];
+    const mp_backend *be = backends[d];
+    m.cached = be && be->cached ? be->cached() : 0;
+    return m;
+}
+
+void mp_release_cache(mp_device d)
+{
+    const mp_backend *be = backends[d];
+    if (be && be->release_cache) be->release_cache();
 }
 
 void mp_set_memory_limit(mp_device d, size_t bytes) { stats[d].limit = bytes; }
@@ -147,6 +211,8 @@ static mp_storage *storage_new(mp_device dev, size_t nbytes)
                 nbytes, mp_device_name(dev), s->in_use, s->limit);
         return NULL;
     }
+    /* what the cache holds counts against the limit too: give it back first */
+    if (be->cached && s->in_use + nbytes + be->cached() > s->limit) be->release_cache();
     mp_storage *st = malloc(sizeof *st);
     void *data = st ? be->alloc(nbytes ? nbytes : 1) : NULL;
     if (!data) {

@@ -43,7 +43,8 @@ typedef struct mp_tensor {
 } mp_tensor;
 
 typedef struct {
-    size_t in_use, peak, limit;    /* bytes */
+    size_t in_use, peak, limit;    /* bytes of the tensors alive */
+    size_t cached;                 /* bytes the backend's caching allocator holds in free blocks */
     int64_t allocs;                /* storages alive */
 } mp_memstats;
 
@@ -55,6 +56,8 @@ bool mp_is_float(mp_dtype t);
 
 /* NULL when the device has no usable backend on this machine */
 const mp_backend *mp_backend_of(mp_device d);
+/* why not (NULL when it is available): no driver, which library failed to load, ... */
+const char *mp_device_why_not(mp_device d);
 int mp_device_check(mp_device d);                           /* -1 + error if unavailable */
 /* -1 + the backend's message when work queued on d failed (asynchronous backends) */
 int mp_device_error(mp_device d);
@@ -67,6 +70,9 @@ int mp_device_synchronize(mp_device d);
  * where it has none). A training step on a GPU should show none of them. */
 void mp_note_host_read(void);
 int64_t mp_host_reads(void);
+/* nbytes of device memory into host memory, counted as a host read; -1 with the
+ * device's error (and dst zeroed) when the device reports one */
+int mp_host_read(mp_device d, void *dst, const void *src, size_t nbytes);
 void mp_device_counters(mp_device d, int64_t c[3]);
 
 mp_tensor *mp_empty(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
@@ -82,6 +88,8 @@ const char *mp_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
 
 mp_memstats mp_memory(mp_device d);
 void mp_set_memory_limit(mp_device d, size_t bytes);
+/* give the blocks the device's caching allocator holds back to the system */
+void mp_release_cache(mp_device d);
 
 static inline size_t mp_nbytes(const mp_tensor *t) { return (size_t)t->numel * mp_dtype_size(t->dtype); }
 static inline void *mp_data(const mp_tensor *t)

@@ -152,9 +152,14 @@ typedef enum {
 typedef struct mp_backend {
     const char *name;
 
-    /* memory: alloc returns NULL on failure; bytes are device bytes */
+    /* memory: alloc returns NULL on failure; bytes are device bytes. Both go
+     * through the backend's caching allocator (kernels/block_cache.h): cached
+     * says how many bytes it holds in free blocks, release_cache gives them all
+     * back to the system */
     void *(*alloc)(size_t nbytes);
     void (*free)(void *p, size_t nbytes);
+    size_t (*cached)(void);
+    void (*release_cache)(void);
     void (*zero)(void *p, size_t nbytes);
     void (*copy)(void *dst, const void *src, size_t nbytes);       /* same device */
     void (*to_host)(void *host_dst, const void *src, size_t nbytes);
@@ -209,8 +214,9 @@ typedef struct mp_backend {
     void (*optim_step)(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                        const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
                        mp_dtype lowp_dt);
-    /* asynchronous backends: since the backend loaded, the copies to the host, the
-     * waits for the device and the device allocations it made (NULL: none ever) */
+    /* since the backend loaded: the copies to the host and the waits for the
+     * device (asynchronous backends; 0 on the CPU), and the allocations its
+     * caching allocator asked the system for (cudaMalloc, posix_memalign) */
     void (*counters)(int64_t c[3]);
     /* out = cond ? a : b elementwise, all contiguous of n elements; cond is u8 */
     void (*where)(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);

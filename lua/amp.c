@@ -165,6 +165,7 @@ static int s_step(lua_State *L)
     mp_clear_error();
     if (mp_scaler_step(s, o, &applied) || (o->values->dev != MP_CPU && mp_device_error(o->values->dev)))
         return lt_error(L, "GradScaler:step");
+    lt_step_done(L);
     if (applied < 0) lua_pushnil(L);
     else lua_pushboolean(L, applied);
     return 1;
@@ -211,7 +212,9 @@ static void push_stats(lua_State *L, const mp_grad_stats *st, double scale)
 static int s_info(lua_State *L)
 {
     mp_scaler *s = check_scaler(L, 1);
+    mp_clear_error();
     const mp_scale_state *h = mp_scaler_read(s);
+    if (!h) return lt_error(L, "GradScaler (reading its state)");
     mp_skip_reason reason = mp_scaler_reason(h);
     mp_grad_stats total;
     mp_scaler_total(h, &total);
@@ -239,8 +242,9 @@ static int s_info(lua_State *L)
     float at = h->stats_scale > 0 ? h->stats_scale : h->scale;
     push_stats(L, &total, at);
     lua_setfield(L, -2, "total");
-    int n;
+    int n = 0;
     const mp_grad_stats *pp = s->telemetry ? mp_scaler_per_param(s, &n) : NULL;
+    if (n < 0) return lt_error(L, "GradScaler (reading its telemetry)");
     if (pp) {
         lua_createtable(L, n, 0);
         for (int i = 0; i < n; i++) {
@@ -258,7 +262,9 @@ static int s_restore(lua_State *L)
     mp_scaler *s = check_scaler(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     const char *name = "GradScaler:load_state_dict";
+    mp_clear_error();
     mp_scale_state *h = (mp_scale_state *)mp_scaler_read(s);
+    if (!h) return lt_error(L, name);
     double scale = lb_number_field(L, 2, "scale", h->scale, name);
     if (!(scale > 0) || !isfinite((float)scale)) return luaL_error(L, "%s: scale must be a finite number > 0", name);
     lua_getfield(L, 2, "amax_history");

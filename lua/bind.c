@@ -26,25 +26,48 @@ void lt_set(lua_State *L, LTensor *u, mp_tensor *t, const char *name)
     if (!t) lt_error(L, name);
     u->t = t;
     if (t->dev != MP_CPU && mp_device_error(t->dev)) lt_error(L, name);   /* a failed kernel launch */
-    lt_pace_gc(L, mp_nbytes(t));
+    lt_pace_gc(L, t->dev, mp_nbytes(t));
 }
 
-/* Lua's collector sees only the small userdata, not the tensor bytes behind it.
- * Count each engine byte as a fraction of a Lua heap byte, the ratio of the Lua
- * heap to the engine's bytes in use (at least 64 MiB), so that a collection
- * cycle runs about each time the engine's memory doubles. */
-void lt_pace_gc(lua_State *L, size_t nbytes)
+/* Lua's collector sees only the small userdata, not the tensor bytes behind
+ * them, so the binding paces it, per device, relative to what the program
+ * holds there:
+ * - at each optimizer step (the end of a training step, when that step's
+ *   temporaries are garbage unless the script kept them), a full collection
+ *   when the bytes handed to Lua on a device since the last one reach what the
+ *   device held after it (at least 1 MiB). The collections then fall at the
+ *   same step of every period, so the blocks the caching allocator holds
+ *   cover every warm step and those steps ask the system for nothing;
+ * - in between, and in loops without an optimizer, each new tensor counts as
+ *   a fraction of a Lua heap byte (Lua heap / max(device bytes in use, 8 MiB)),
+ *   so that an incremental cycle runs about each time a device allocates as
+ *   much as it holds. */
+#define STEP_FLOOR ((size_t)1 << 20)
+#define STEP_FLOOR_INC ((double)(8 << 20))
+static struct { size_t handed, held; } pace[MP_NDEVICES];
+
+void lt_pace_gc(lua_State *L, mp_device d, size_t nbytes)
 {
     static double carry_kb;
-    size_t in_use = mp_memory(MP_CPU).in_use + mp_memory(MP_CUDA).in_use;
-    double floor = 64.0 * 1024 * 1024;
+    pace[d].handed += nbytes;
+    double in_use = (double)mp_memory(d).in_use;
     double heap = lua_gc(L, LUA_GCCOUNT, 0) * 1024.0 + lua_gc(L, LUA_GCCOUNTB, 0);
-    carry_kb += (double)nbytes * heap / (in_use > floor ? (double)in_use : floor) / 1024.0;
+    carry_kb += (double)nbytes * heap / (in_use > STEP_FLOOR_INC ? in_use : STEP_FLOOR_INC) / 1024.0;
     if (carry_kb >= 1.0) {
         int kb = carry_kb > 1e9 ? 1000000000 : (int)carry_kb;
         carry_kb -= kb;
         lua_gc(L, LUA_GCSTEP, kb);
     }
+}
+
+void lt_step_done(lua_State *L)
+{
+    bool due = false;
+    for (int d = 0; d < MP_NDEVICES; d++)
+        due |= pace[d].handed >= (pace[d].held > STEP_FLOOR ? pace[d].held : STEP_FLOOR);
+    if (!due) return;
+    lua_gc(L, LUA_GCCOLLECT);
+    for (int d = 0; d < MP_NDEVICES; d++) pace[d].handed = 0, pace[d].held = mp_memory(d).in_use;
 }
 
 mp_tensor *lt_opt(lua_State *L, int i)

@@ -23,7 +23,10 @@ void lt_set(lua_State *L, LTensor *u, mp_tensor *t, const char *name);
 mp_tensor *lt_check(lua_State *L, int i);
 mp_tensor *lt_opt(lua_State *L, int i);             /* NULL when not a tensor */
 int lt_error(lua_State *L, const char *name);       /* raise the engine's error */
-void lt_pace_gc(lua_State *L, size_t nbytes);
+/* GC pacing (bind.c): a new tensor of nbytes on device d given to Lua; and the
+ * end of an optimizer step */
+void lt_pace_gc(lua_State *L, mp_device d, size_t nbytes);
+void lt_step_done(lua_State *L);
 
 /* Run an engine call that returns a new tensor; on out-of-memory collect
  * garbage and try once more. Evaluates EXPR up to twice. */

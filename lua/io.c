@@ -605,7 +605,7 @@ static int m_load(lua_State *L)
         LTensor *u = lt_new(L);
         u->t = c->f->tensors[i];                        /* the userdata owns it from here */
         c->f->tensors[i] = NULL;
-        lt_pace_gc(L, mp_nbytes(u->t));
+        lt_pace_gc(L, u->t->dev, mp_nbytes(u->t));
         lua_setfield(L, L_BYNAME, c->f->names[i]);
     }
     push_metadata(L, c->f);                             /* L_META */

@@ -150,7 +150,9 @@ static int m_matmul(lua_State *L)
 static void push_memory(lua_State *L, mp_device d)
 {
     mp_memstats s = mp_memory(d);
-    lua_createtable(L, 0, 4);
+    lua_createtable(L, 0, 6);
+    lua_pushstring(L, mp_device_name(d));
+    lua_setfield(L, -2, "device");
     lua_pushinteger(L, (lua_Integer)s.in_use);
     lua_setfield(L, -2, "in_use");
     lua_pushinteger(L, (lua_Integer)s.peak);
@@ -159,12 +161,15 @@ static void push_memory(lua_State *L, mp_device d)
     lua_setfield(L, -2, "limit");
     lua_pushinteger(L, s.allocs);
     lua_setfield(L, -2, "storages");
+    lua_pushinteger(L, (lua_Integer)s.cached);
+    lua_setfield(L, -2, "cached");
 }
 
-/* mp.memory([device]) -> {in_use=, peak=, limit=, storages=} in bytes */
+/* mp.memory([device]) -> {device=, in_use=, peak=, limit=, storages=, cached=} in
+ * bytes, of the default device unless one is named */
 static int m_memory(lua_State *L)
 {
-    mp_device d = lua_isnoneornil(L, 1) ? MP_CPU : lb_device(L, 1, "mp.memory");
+    mp_device d = lua_isnoneornil(L, 1) ? lb_default_device(L) : lb_device(L, 1, "mp.memory");
     push_memory(L, d);
     return 1;
 }
@@ -175,10 +180,14 @@ static int m_default_device(lua_State *L)
     return 1;
 }
 
+/* true, or false and why not (no driver, a library that failed to load, ...) */
 static int cuda_is_available(lua_State *L)
 {
-    lua_pushboolean(L, mp_backend_of(MP_CUDA) != NULL);
-    return 1;
+    const char *why = mp_device_why_not(MP_CUDA);
+    lua_pushboolean(L, why == NULL);
+    if (!why) return 1;
+    lua_pushstring(L, why);
+    return 2;
 }
 
 static int cuda_memory(lua_State *L)
@@ -195,13 +204,17 @@ static int cuda_synchronize(lua_State *L)
     return 0;
 }
 
-/* mp.counters() -> {host_reads=, device_to_host=, device_waits=, device_mallocs=}:
- * totals since start; a training step on a GPU should add none */
+/* mp.counters([device]) -> {host_reads=, device_to_host=, device_waits=,
+ * device_mallocs=}: totals since start, the last three of the default device
+ * unless one is named (device_mallocs: what its caching allocator asked the
+ * system for); a warm training step should add none */
 static int m_counters(lua_State *L)
 {
+    mp_device d = lua_isnoneornil(L, 1) ? lb_default_device(L) : lb_device(L, 1, "mp.counters");
     int64_t c[3];
-    mp_device_counters(MP_CUDA, c);
-    lua_createtable(L, 0, 4);
+    mp_device_counters(d, c);
+    lua_createtable(L, 0, 5);
+    lua_pushstring(L, mp_device_name(d)); lua_setfield(L, -2, "device");
     lua_pushinteger(L, mp_host_reads()); lua_setfield(L, -2, "host_reads");
     lua_pushinteger(L, c[0]); lua_setfield(L, -2, "device_to_host");
     lua_pushinteger(L, c[1]); lua_setfield(L, -2, "device_waits");

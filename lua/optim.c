@@ -65,6 +65,7 @@ static int o_step(lua_State *L)
     mp_clear_error();
     if (mp_optim_step(o) || (o->values->dev != MP_CPU && mp_device_error(o->values->dev)))
         return lt_error(L, "Optimizer:step");
+    lt_step_done(L);
     return 0;
 }
 
@@ -114,7 +115,12 @@ static int o_index(lua_State *L)
     const char *k = luaL_checkstring(L, 2);
     double *f = config_field(o, k);
     if (f) lua_pushnumber(L, *f);
-    else if (strcmp(k, "step_count") == 0) lua_pushinteger(L, mp_optim_get_step(o));
+    else if (strcmp(k, "step_count") == 0) {
+        int64_t step;
+        mp_clear_error();
+        if (mp_optim_get_step(o, &step)) return lt_error(L, "Optimizer.step_count");
+        lua_pushinteger(L, step);
+    }
     else if (strcmp(k, "nesterov") == 0) lua_pushboolean(L, o->cfg.nesterov);
     else if (strcmp(k, "numel") == 0) lua_pushinteger(L, o->numel);
     else lua_pushnil(L);

@@ -1,11 +1,14 @@
 /*
  * cpu_backend.c: the CPU backend's table and its memory functions. Host memory
- * is 64-byte aligned so that SIMD loads never straddle cache lines.
+ * is 64-byte aligned so that SIMD loads never straddle cache lines, and comes
+ * through the caching allocator (kernels/block_cache.h): the blocks a training
+ * step frees serve the next step.
  */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/block_cache.h"
 
 /* OpenMP regions run on one thread unless OMP_NUM_THREADS asks for more. The
  * GEMMs, where two cores pay off, run on OpenBLAS's own threads; libgomp's idle
@@ -17,7 +20,8 @@ __attribute__((constructor)) static void cpu_threads_init(void)
     if (!getenv("OMP_NUM_THREADS")) omp_set_num_threads(1);
 }
 
-static void *cpu_alloc(size_t nbytes)
+/* the system's memory, 64-byte aligned */
+static void *sys_alloc(size_t nbytes)
 {
     void *p = NULL;
     size_t rounded = (nbytes + 63) & ~(size_t)63;
@@ -25,7 +29,21 @@ static void *cpu_alloc(size_t nbytes)
     return p;
 }
 
-static void cpu_free(void *p, size_t nbytes) { free(p); }
+static void sys_free(void *p, size_t nbytes) { free(p); }
+
+static mp_block_cache cache = {.sys_alloc = sys_alloc, .sys_free = sys_free};
+
+static void *cpu_alloc(size_t nbytes) { return mp_cache_alloc(&cache, nbytes); }
+static void cpu_free(void *p, size_t nbytes) { mp_cache_free(&cache, p, nbytes); }
+static size_t cpu_cached(void) { return cache.cached; }
+static void cpu_release_cache(void) { mp_cache_release(&cache); }
+
+/* the CPU copies nothing to a host and never waits; it counts its system allocations */
+static void cpu_counters(int64_t c[3])
+{
+    c[0] = 0, c[1] = 0, c[2] = cache.sys_allocs;
+}
+
 static void cpu_zero(void *p, size_t nbytes) { memset(p, 0, nbytes); }
 static void cpu_copy(void *dst, const void *src, size_t nbytes) { memcpy(dst, src, nbytes); }
 
@@ -36,7 +54,7 @@ void *cpu_scratch(int slot, size_t nbytes)
     if (nbytes > cap[slot]) {
         free(buf[slot]);
         cap[slot] = 0;
-        buf[slot] = cpu_alloc(nbytes);
+        buf[slot] = sys_alloc(nbytes);
         if (!buf[slot]) return NULL;
         cap[slot] = nbytes;
     }
@@ -47,6 +65,9 @@ const mp_backend mp_cpu_backend = {
     .name = "cpu",
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .cached = cpu_cached,
+    .release_cache = cpu_release_cache,
+    .counters = cpu_counters,
     .zero = cpu_zero,
     .copy = cpu_copy,
     .to_host = cpu_copy,

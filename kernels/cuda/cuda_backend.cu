@@ -7,17 +7,18 @@
  * machine without a driver or a GPU that returns NULL and the engine runs on the
  * CPU alone, so one build serves both kinds of machine.
  *
- * Memory comes from a caching allocator: freed blocks go to a free list keyed by
- * their rounded size and are reused by the next allocation of that size, since
- * cudaMalloc and cudaFree are slow and synchronise the device. Every kernel and
- * copy runs on one stream, so a block reused after a free is ordered after the
- * kernels that used it. When cudaMalloc fails the cache is released and the
- * allocation tried once more; the engine then reports "out of memory" (after a
- * garbage collection and its own retry).
+ * Memory comes from the caching allocator both backends share
+ * (kernels/block_cache.h): freed blocks go to a free list per size class and
+ * are reused by the next allocation of that class, since cudaMalloc and
+ * cudaFree are slow and synchronise the device. Every kernel and copy runs on
+ * one stream, so a block reused after a free is ordered after the kernels that
+ * used it. When cudaMalloc fails the cache is released and the allocation tried
+ * once more; the engine then reports "out of memory" (after a garbage
+ * collection and its own retry).
  *
  * Nothing on the path of an op waits for the device. The host waits only in
  * to_host (the caller reads the bytes next), synchronize, flush_counter's read
- * of its totals, release_cache (a failed cudaMalloc), and from_host when all
+ * of its totals, the cache's release (cudaFree), and from_host when all
  * of its pinned staging buffers are still being copied from (see there). The
  * counters entry reports, since load, the copies to the host, those waits
  * (cudaFree counts as one: it synchronises) and the cudaMalloc calls.
@@ -27,9 +28,8 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include <unordered_map>
-#include <vector>
 #include "kernels/cuda/cuda.h"
+#include "kernels/block_cache.h"
 
 cudaStream_t mp_cuda_stream;
 
@@ -82,54 +82,28 @@ static const char *cuda_error(void)
     return NULL;
 }
 
-/* ---- caching allocator ---- */
+/* ---- caching allocator (kernels/block_cache.h) ---- */
 
-static std::unordered_map<size_t, std::vector<void *>> free_blocks;
-
-/* sizes round up so that similar requests share a free list: 512 bytes below
- * 1 MiB, 2 MiB above */
-static size_t rounded(size_t n)
+static void *sys_alloc(size_t nbytes)
 {
-    size_t q = n < ((size_t)1 << 20) ? 512 : (size_t)2 << 20;
-    return (n + q - 1) / q * q;
-}
-
-static void release_cache(void)
-{
-    wait_stream();
-    for (auto &kv : free_blocks)
-        for (void *p : kv.second) {
-            n_waits++;   /* cudaFree synchronises the device */
-            cudaFree(p);
-        }
-    free_blocks.clear();
-}
-
-static void *cuda_alloc(size_t nbytes)
-{
-    size_t n = rounded(nbytes ? nbytes : 1);
-    auto it = free_blocks.find(n);
-    if (it != free_blocks.end() && !it->second.empty()) {
-        void *p = it->second.back();
-        it->second.pop_back();
-        return p;
-    }
     void *p = NULL;
-    if (mp_cuda_malloc(&p, n) != cudaSuccess) {
-        cudaGetLastError();   /* an allocation failure is reported as out of memory, not as a sticky error */
-        release_cache();
-        if (mp_cuda_malloc(&p, n) != cudaSuccess) {
-            cudaGetLastError();
-            return NULL;
-        }
-    }
-    return p;
+    if (mp_cuda_malloc(&p, nbytes) == cudaSuccess) return p;
+    cudaGetLastError();   /* an allocation failure is reported as out of memory, not as a sticky error */
+    return NULL;
 }
 
-static void cuda_free(void *p, size_t nbytes)
+static void sys_free(void *p, size_t nbytes)
 {
-    if (p) free_blocks[rounded(nbytes ? nbytes : 1)].push_back(p);
+    n_waits++;   /* cudaFree synchronises the device */
+    cudaFree(p);
 }
+
+static mp_block_cache cache = {sys_alloc, sys_free};
+
+static void *cuda_alloc(size_t nbytes) { return mp_cache_alloc(&cache, nbytes); }
+static void cuda_free(void *p, size_t nbytes) { mp_cache_free(&cache, p, nbytes); }
+static size_t cuda_cached(void) { return cache.cached; }
+static void cuda_release_cache(void) { mp_cache_release(&cache); }
 
 static void cuda_zero(void *p, size_t nbytes)
 {
@@ -274,20 +248,28 @@ static void cuda_flush_counter(int on, int64_t counts[3])
 
 static mp_backend table;
 
-extern "C" const mp_backend *mp_cuda_backend_init(void)
+/* the table, or NULL with the reason in why (for mp.cuda.is_available()) */
+extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
 {
     int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count < 1) {
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count < 1) {
+        if (e != cudaSuccess) snprintf(why, cap, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+        else snprintf(why, cap, "the NVIDIA driver sees no GPU");
         cudaGetLastError();
         return NULL;
     }
-    if (cudaStreamCreateWithFlags(&mp_cuda_stream, cudaStreamNonBlocking) != cudaSuccess) {
+    e = cudaStreamCreateWithFlags(&mp_cuda_stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        snprintf(why, cap, "cudaStreamCreate: %s", cudaGetErrorString(e));
         cudaGetLastError();
         return NULL;
     }
     table.name = "cuda";
     table.alloc = cuda_alloc;
     table.free = cuda_free;
+    table.cached = cuda_cached;
+    table.release_cache = cuda_release_cache;
     table.zero = cuda_zero;
     table.copy = cuda_copy;
     table.to_host = cuda_to_host;

@@ -2,14 +2,17 @@
 --
 --   mp.data.read_idx(path)              -> tensor (IDX file, gzip or raw)
 --   mp.data.fashion_mnist(split [, dir]) -> {images = u8 {N,28,28}, labels = i32 {N}}
---   mp.data.loader(dataset, {batch=, shuffle=false, seed=, drop_last=false})
+--   mp.data.loader(dataset, {batch=, shuffle=false, seed=, drop_last=false, device=})
 --       -> an iterator object: `for x, y in loader do`; `#loader` is the number of batches
 --
 -- The file reading and the shuffle are C (lua/data.c over engine/data_idx.c
 -- and engine/data_perm.c); this file checks the arguments and cuts batches
--- with index_select. The dataset stays on the cpu and batches are made there,
--- as with PyTorch's DataLoader; a script moves each batch to its device
--- (x:to("cuda")).
+-- with index_select. The dataset stays on the cpu and batches are cut there,
+-- as with PyTorch's DataLoader; each batch then goes to `device`, by default
+-- the default device when the loader is made (cuda on a GPU machine), so that
+-- a script written for the default device runs unchanged on either kind of
+-- machine (PyTorch leaves the move to the script: `device = "cpu"` does that).
+-- u8 pixels travel as bytes and become f32 on the device.
 --
 -- Shuffling: each call to mp.data.loader is one epoch with its own order.
 -- With `seed`, the order is a pure function of (N, seed): the same seed gives the
@@ -104,7 +107,7 @@ end
 -- ---- the loader ----
 
 local LD = "mp.data.loader"
-local OPTIONS = {batch = true, shuffle = true, seed = true, drop_last = true}
+local OPTIONS = {batch = true, shuffle = true, seed = true, drop_last = true, device = true}
 
 local function check_options(opts)
   if type(opts) ~= "table" then
@@ -112,7 +115,7 @@ local function check_options(opts)
   end
   for k in pairs(opts) do
     if not OPTIONS[k] then
-      fail(2, "%s: unknown option %s (expected batch, shuffle, seed or drop_last)", LD, describe(k))
+      fail(2, "%s: unknown option %s (expected batch, shuffle, seed, drop_last or device)", LD, describe(k))
     end
   end
   -- math.tointeger would also take the string "8"; options want numbers
@@ -130,7 +133,15 @@ local function check_options(opts)
   if seed ~= nil and not int(seed) then
     fail(2, "%s: seed must be an integer (got %s)", LD, describe(seed))
   end
-  return batch, opts.shuffle or false, seed and int(seed), opts.drop_last or false
+  local device = opts.device
+  if device == nil then device = core.default_device()
+  elseif device ~= "cpu" and device ~= "cuda" then
+    fail(2, "%s: device must be 'cpu' or 'cuda' (got %s)", LD, describe(device))
+  elseif device == "cuda" then
+    local ok, why = core.cuda.is_available()
+    if not ok then fail(2, "%s: device 'cuda' is not available on this machine: %s", LD, why) end
+  end
+  return batch, opts.shuffle or false, seed and int(seed), opts.drop_last or false, device
 end
 
 local function check_dataset(ds)
@@ -145,7 +156,7 @@ local function check_dataset(ds)
   end
   for _, k in ipairs{"images", "labels"} do
     if ds[k].device ~= "cpu" then
-      fail(2, "%s: dataset.%s must be on the cpu (got %s); move each batch instead: x:to(device)",
+      fail(2, "%s: dataset.%s must be on the cpu (got %s); the loader moves each batch to its device",
            LD, k, ds[k].device)
     end
   end
@@ -163,8 +174,17 @@ end
 local Loader = {}
 Loader.__index = Loader
 
+-- t on the loader's device; the cpu copy freed now, not at the next GC
+local function move(t, device)
+  if t.device == device then return t end
+  local d = t:to(device)
+  t:free()
+  return d
+end
+
 -- the next batch, or nothing at the end of the epoch: index_select gathers
--- whole rows (memcpy), then u8 pixels are divided by 255 into f32
+-- whole rows (memcpy), the batch moves to the device, then u8 pixels are
+-- divided by 255 into f32
 function Loader.__call(self)
   local i = self.next
   if i > self.nbatches then
@@ -174,12 +194,12 @@ function Loader.__call(self)
   self.next = i + 1
   local start = (i - 1) * self.batch + 1
   local idx = self.order:narrow(1, start, math.min(self.batch, self.n - start + 1))   -- a view
-  local xb = self.images:index_select(1, idx)
+  local xb = move(self.images:index_select(1, idx), self.device)
   local x = xb
   if xb.dtype == "u8" then x = xb / 255
   elseif xb.dtype ~= "f32" then x = xb:to("f32") end
   if not rawequal(x, xb) then xb:free() end   -- free the temporary now, not at the next GC
-  local y = self.labels:index_select(1, idx)
+  local y = move(self.labels:index_select(1, idx), self.device)
   idx:free()
   return x, y
 end
@@ -188,7 +208,7 @@ function Loader.__len(self) return self.nbatches end
 
 function M.loader(ds, opts)
   local n = check_dataset(ds)
-  local batch, shuffle, seed, drop_last = check_options(opts)
+  local batch, shuffle, seed, drop_last, device = check_options(opts)
   local order
   if shuffle then
     order = D.randperm(n, seed or D.draw_seed())
@@ -197,7 +217,7 @@ function M.loader(ds, opts)
   end
   local nbatches = drop_last and n // batch or (n + batch - 1) // batch
   return setmetatable({images = ds.images, labels = ds.labels, n = n, batch = batch,
-                       nbatches = nbatches, next = 1, order = order}, Loader)
+                       nbatches = nbatches, next = 1, order = order, device = device}, Loader)
 end
 
 return M

@@ -283,9 +283,25 @@ Test(ops, memory_accounting_and_limit)
     cr_assert(strstr(mp_error(), "must be positive"));
 }
 
-Test(ops, cuda_unavailable_is_an_error)
+/* where there is no CUDA device, asking for one is an error that says why;
+ * where there is one (a GPU machine, or MP_CUDA_BACKEND), it works */
+Test(ops, cuda_tensors_or_why_not)
 {
     int64_t s[1] = {2};
-    cr_assert_null(mp_full(MP_F32, MP_CUDA, 1, s, 0));
-    cr_assert(strstr(mp_error(), "not available"));
+    mp_clear_error();
+    mp_tensor *t = mp_full(MP_F32, MP_CUDA, 1, s, 2.5);
+    const char *why = mp_device_why_not(MP_CUDA);
+    if (why) {
+        cr_assert_null(t);
+        cr_assert(strstr(mp_error(), "not available"), "%s", mp_error());
+        cr_assert(strstr(mp_error(), why), "%s lacks %s", mp_error(), why);
+        return;
+    }
+    cr_assert_not_null(t, "%s", mp_error());
+    cr_assert_eq(t->dev, MP_CUDA);
+    double v[2] = {0, 0};
+    cr_assert_eq(mp_read_f64(t, 0, 2, v), 0, "%s", mp_error());
+    cr_assert_eq(v[0], 2.5);
+    cr_assert_eq(v[1], 2.5);
+    mp_release(t);
 }

@@ -3,12 +3,13 @@
 -- scripts/policies/), its skip summary, checkpoints that resume an AMP run bit-exactly
 -- (scale and policy state included), and underflow.lua --quick.
 local mp = require "mp"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
-local build = os.getenv("MP_TEST_BUILD") or "build"
-local exe = build .. "/mpengine"
+local exe = H.mpengine
 
+-- env: extra environment variables, {NAME = "value"} (the child runs on the cpu: H.env)
 local function sh(script, args, env)
-  local p = io.popen(string.format("%s%s %s %s 2>&1; echo \"exit=$?\"", env and (env .. " ") or "", exe, script, args))
+  local p = io.popen(string.format("%s%s %s %s 2>&1; echo \"exit=$?\"", H.env(env), exe, script, args))
   local out = p:read("a")
   p:close()
   return out, tonumber(out:match("exit=(%d+)%s*$"))
@@ -17,7 +18,7 @@ local function run(args, env) return sh("scripts/train_mlp.lua", args, env) end
 
 local function tmp(name) local b = os.tmpname(); os.remove(b); return b .. "-" .. name end
 
-local same_model = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua").same_model
+local same_model = H.same_model
 
 -- the last two lines: the skip summary, then the accuracy
 local function tail(out)
@@ -178,9 +179,9 @@ describe("train_mlp.lua --amp", function()
     f:close()
     local straight, half, resumed = tmp("s"), tmp("h"), tmp("r")
     local pol = "--amp f16 --seed 4 --policy " .. pf
-    assert.are.equal(0, select(2, run(pol .. " --max-steps 30 --save " .. straight, "MP_POLICY_LOG_EVERY=1000")))
-    assert.are.equal(0, select(2, run(pol .. " --max-steps 13 --save " .. half, "MP_POLICY_LOG_EVERY=1000")))
-    local out, code = run(pol .. " --max-steps 30 --resume " .. half .. " --save " .. resumed, "MP_POLICY_LOG_EVERY=1000")
+    assert.are.equal(0, select(2, run(pol .. " --max-steps 30 --save " .. straight, { MP_POLICY_LOG_EVERY = "1000" })))
+    assert.are.equal(0, select(2, run(pol .. " --max-steps 13 --save " .. half, { MP_POLICY_LOG_EVERY = "1000" })))
+    local out, code = run(pol .. " --max-steps 30 --resume " .. half .. " --save " .. resumed, { MP_POLICY_LOG_EVERY = "1000" })
     assert.are.equal(0, code, out)
     assert.is_true(same_model(straight, resumed))
     local a, b = mp.load(straight), mp.load(resumed)

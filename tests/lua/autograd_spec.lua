@@ -765,9 +765,9 @@ describe("autograd semantics", function()
     ]]
     local script = os.tmpname()
     local f = assert(io.open(script, "w")); f:write(code); f:close()
-    local env = "LUA_PATH=" .. H.q(H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;;")
-             .. " LUA_CPATH=" .. H.q(H.build .. "/?.so;;")
-    local p = io.popen("ulimit -s 256 2>/dev/null; env " .. env .. " " .. H.lua .. " " .. H.q(script)
+    local env = H.env { LUA_PATH = H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;;",
+                        LUA_CPATH = H.build .. "/?.so;;" }
+    local p = io.popen("ulimit -s 256 2>/dev/null; " .. env .. H.lua .. " " .. H.q(script)
                        .. " 2>&1; echo \"rc=$?\"")
     local out = p:read("a")
     p:close()

@@ -171,10 +171,30 @@ end)
 describe("mp.data.loader", function()
   -- a small dataset whose image rows carry their own index, so every batch
   -- shows exactly which examples it holds and that images and labels pair up
+  -- datasets live on the cpu (the loader moves batches to their device)
   local function indexed(n, dtype)
-    local rows = mp.arange(n, {dtype = "i32"}):reshape{n, 1}
-    return {images = dtype and rows:to(dtype) or rows, labels = mp.arange(n, {dtype = "i32"})}
+    local rows = mp.arange(n, {dtype = "i32", device = "cpu"}):reshape{n, 1}
+    return {images = dtype and rows:to(dtype) or rows, labels = mp.arange(n, {dtype = "i32", device = "cpu"})}
   end
+
+  it("gives batches on the default device, or on the device asked for", function()
+    local ds = indexed(6, "u8")
+    for x, y in data.loader(ds, {batch = 4}) do
+      assert.equal(mp.default_device(), x.device)
+      assert.equal(mp.default_device(), y.device)
+      break
+    end
+    for x, y in data.loader(ds, {batch = 4, device = "cpu"}) do
+      assert.equal("cpu", x.device)
+      assert.equal("cpu", y.device)
+      assert.same({{0}, {(string.unpack("<f", string.pack("<f", 1 / 255)))}}, x:narrow(1, 1, 2):totable())
+      break
+    end
+    raises("mp.data.loader: device must be 'cpu' or 'cuda' (got 'gpu')", data.loader, ds, {batch = 2, device = "gpu"})
+    if not mp.cuda.is_available() then
+      raises("mp.data.loader: device 'cuda' is not available on this machine", data.loader, ds, {batch = 2, device = "cuda"})
+    end
+  end)
 
   it("gives f32 {B,28,28} in [0,1] and i32 {B}, with the last partial batch", function()
     if not have_fmnist then return pending("dataset-fashion-mnist is not installed") end
@@ -227,7 +247,7 @@ describe("mp.data.loader", function()
     assert.same({{0}, {1}, {2}}, first_x(indexed(5, "f32")):totable())   -- f32: as is
     assert.same({{0}, {1}, {2}}, first_x(indexed(5, "f16")):totable())   -- f16: widened
     -- labels keep their dtype
-    local _, y = first_x({images = indexed(4, "u8").images, labels = mp.tensor({3, 1, 0, 2}, {dtype = "u8"})})
+    local _, y = first_x({images = indexed(4, "u8").images, labels = mp.tensor({3, 1, 0, 2}, {dtype = "u8", device = "cpu"})})
     assert.equal("u8", y.dtype)
     assert.same({3, 1, 0}, y:totable())
   end)
@@ -324,7 +344,7 @@ describe("mp.data.loader", function()
     raises("batch must be a positive integer (got '8')", data.loader, ds, {batch = "8"})
     raises("batch must be a positive integer (got nil)", data.loader, ds, {})
     raises("mp.data.loader: options must be a table with batch= (got nil)", data.loader, ds)
-    raises("mp.data.loader: unknown option 'shufle' (expected batch, shuffle, seed or drop_last)",
+    raises("mp.data.loader: unknown option 'shufle' (expected batch, shuffle, seed, drop_last or device)",
            data.loader, ds, {batch = 2, shufle = true})
     raises("mp.data.loader: shuffle must be a boolean (got 1)", data.loader, ds, {batch = 2, shuffle = 1})
     raises("mp.data.loader: drop_last must be a boolean (got 'yes')", data.loader, ds, {batch = 2, drop_last = "yes"})
@@ -336,6 +356,10 @@ describe("mp.data.loader", function()
     raises("mp.data.loader: dataset.labels must be a tensor (got table)", data.loader,
            {images = ds.images, labels = {1, 2, 3}}, {batch = 2})
     raises("mp.data.loader: dataset has 5 images but 4 labels (first dims {5,1} and {4})", data.loader,
-           {images = ds.images, labels = mp.arange(4, {dtype = "i32"})}, {batch = 2})
+           {images = ds.images, labels = mp.arange(4, {dtype = "i32", device = "cpu"})}, {batch = 2})
+    if mp.cuda.is_available() then
+      raises("mp.data.loader: dataset.images must be on the cpu (got cuda)", data.loader,
+             {images = ds.images:cuda(), labels = ds.labels}, {batch = 2})
+    end
   end)
 end)

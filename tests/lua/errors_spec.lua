@@ -243,7 +243,17 @@ describe("bad input", function()
     }
   end)
 
-  it("CUDA is reported as not available", function()
+  it("CUDA is reported as not available where it is not (and works where it is)", function()
+    if mp.cuda.is_available() then   -- a GPU machine: the same calls succeed
+      assert.are.equal("number", math.type(mp.cuda.memory().in_use) and "number")
+      mp.cuda.synchronize()
+      for _, f in ipairs { mp.zeros, mp.ones, mp.randn } do assert.are.equal("cuda", f({ 2 }, { device = "cuda" }).device) end
+      assert.are.equal("cuda", mp.tensor({ 2 }, { device = "cuda" }).device)
+      assert.are.equal("cuda", mp.ones { 2 }:cuda().device)
+      assert.are.equal("cuda", mp.ones { 2 }:to("cuda").device)
+      assert.are.equal("f16", mp.ones { 2 }:to("f16", "cuda").dtype)
+      return
+    end
     cases {
       { "mp.cuda.memory()", { "mp.cuda.memory", "not available" } },
       { "mp.cuda.synchronize()", { "mp.cuda.synchronize", "not available" } },

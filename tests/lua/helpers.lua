@@ -97,6 +97,23 @@ end
 -- the mpengine program the CLI and REPL specs run
 H.mpengine = os.getenv("MPENGINE") or (H.build .. "/mpengine")
 
+-- Child processes run on the CPU unless a spec asks for another device (envvars
+-- MP_DEVICE): on a GPU machine, a suite run with MP_DEVICE=cuda would otherwise
+-- create a CUDA context and load cuBLAS in each of its hundreds of children.
+-- H.env(envvars [, unset]) is the `env ...` prefix of a child's command line
+-- (unset: a list of variables to remove).
+function H.env(envvars, unset)
+  local vars = { MP_DEVICE = "cpu" }
+  for k, v in pairs(envvars or {}) do vars[k] = v end
+  local names = {}
+  for k in pairs(vars) do names[#names + 1] = k end
+  table.sort(names)
+  local parts = { "env" }
+  for _, k in ipairs(unset or {}) do parts[#parts + 1] = "-u " .. k end
+  for _, k in ipairs(names) do parts[#parts + 1] = k .. "=" .. H.q(vars[k]) end
+  return table.concat(parts, " ") .. " "
+end
+
 function H.spit(path, text)
   local f = assert(io.open(path, "wb"))
   f:write(text)
@@ -136,7 +153,7 @@ end
 -- result>" or "ERR:<message>" and exits 0 (no error) or 3 (error) WITHOUT
 -- closing the Lua state (os.exit(n, false)), so that crashes at exit (a
 -- separate bug) do not mask what the call itself did. envvars: extra environment
--- variables for the child, {NAME = "value"}.
+-- variables for the child, {NAME = "value"} (MP_DEVICE is cpu unless given: H.env).
 function H.child(code, raw, envvars)
   local script, errf = os.tmpname(), os.tmpname()
   local body = code
@@ -148,10 +165,9 @@ function H.child(code, raw, envvars)
         .. "os.exit(ok and 0 or 3, false)\n"
   end
   spit(script, body)
-  local env = "LUA_PATH=" .. H.q(H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;;")
-           .. " LUA_CPATH=" .. H.q(H.build .. "/?.so;;")
-  for k, v in pairs(envvars or {}) do env = env .. " " .. k .. "=" .. H.q(v) end
-  local cmd = "{ env " .. env .. " " .. H.lua .. " " .. H.q(script) .. " 2>" .. H.q(errf)
+  local vars = { LUA_PATH = H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;;", LUA_CPATH = H.build .. "/?.so;;" }
+  for k, v in pairs(envvars or {}) do vars[k] = v end
+  local cmd = "{ " .. H.env(vars) .. H.lua .. " " .. H.q(script) .. " 2>" .. H.q(errf)
            .. "; } 2>/dev/null; echo \"__rc=$?\""
   local p = io.popen(cmd)
   local out = p:read("a")

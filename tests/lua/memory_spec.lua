@@ -17,18 +17,21 @@ local function full_gc()
 end
 
 describe("memory", function()
-  it("mp.memory() reports in_use, peak, limit and storages as integers", function()
+  it("mp.memory() reports in_use, peak, limit, storages and cached as integers, for the default device", function()
     full_gc()
     collectgarbage("stop")   -- no finalizer may free a tensor between the two readings
     local m = mp.memory()
-    for _, k in ipairs { "in_use", "peak", "limit", "storages" } do
+    for _, k in ipairs { "in_use", "peak", "limit", "storages", "cached" } do
       assert.are.equal("integer", math.type(m[k]), k)
       assert.is_true(m[k] >= 0, k)
     end
     assert.is_true(m.limit > 0)
-    local m2 = mp.memory("cpu")
+    assert.are.equal(mp.default_device(), m.device)
+    local m2 = mp.memory(mp.default_device())
     collectgarbage("restart")
     assert.are.same(m, m2)
+    assert.are.equal("cpu", mp.memory("cpu").device)
+    H.raises(function() mp.memory("tpu") end, { "mp.memory", "tpu" })
   end)
 
   it("counts exactly the bytes of each dtype", function()

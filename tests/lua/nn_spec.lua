@@ -415,7 +415,7 @@ describe("mp.nn", function()
     it("to the device the parameters are on keeps them as they are", function()
       local m = mlp()
       local before, names = m:named_parameters()
-      assert.are.equal(m, m:to("cpu"))
+      assert.are.equal(m, m:to(mp.default_device()))
       assert.are.equal(m, m:to("f32"))
       local after = m:named_parameters()
       for _, n in ipairs(names) do assert.is_true(rawequal(before[n], after[n]), n) end

@@ -3,7 +3,7 @@ local mp = require "mp"
 
 describe("mp.pretty", function()
   it("renders lists, sorted keys, strings, nesting and tensors", function()
-    assert.are.equal('{1, 2, "s", x = {y = [f32 2 cpu]}}', mp.pretty{1, 2, x = {y = mp.ones{2}}, "s"})
+    assert.are.equal('{1, 2, "s", x = {y = [f32 2 cpu]}}', mp.pretty{1, 2, x = {y = mp.ones({2}, {device = "cpu"})}, "s"})
     assert.are.equal('{["a b"] = true, z = 1.5}', mp.pretty{z = 1.5, ["a b"] = true})
     assert.are.equal("{}", mp.pretty{})
     assert.are.equal("42", mp.pretty(42))

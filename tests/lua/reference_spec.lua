@@ -127,11 +127,13 @@ local function read_safetensors(path)
   return out, header.__metadata__ or {}
 end
 
--- tensors through mp.load when the engine has it, else through the Lua reader
+-- tensors through mp.load when the engine has it, else through the Lua reader,
+-- on the default device (mp.load gives cpu tensors): the networks run there
 local function load_fixture(name)
   local path = DIR .. name .. ".safetensors"
   local t, meta = read_safetensors(path)
   if mp.load then t = mp.load(path) end
+  for k, v in pairs(t) do t[k] = v:to(mp.default_device()) end
   return t, meta
 end
 

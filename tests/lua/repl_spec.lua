@@ -107,7 +107,7 @@ describe("mpengine REPL", function()
   before_each(function()
     counter = counter + 1
     session = "repl" .. counter
-    local cmd = ("env MPENGINE_HISTORY=%s %s"):format(q(tmpdir .. "/history"), q(BIN))
+    local cmd = H.env { MPENGINE_HISTORY = tmpdir .. "/history" } .. q(BIN)
     local _, rc = sh(TMUX .. "new-session -d -x 120 -y 50 -s " .. session .. " " .. q(cmd))
     assert.are.equal(0, rc, "tmux new-session failed")
     wait_text("mpengine ")  -- the banner

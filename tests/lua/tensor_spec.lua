@@ -6,6 +6,7 @@ local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "hel
 local mp = require "mp"
 
 local DTYPES = { "f32", "f16", "bf16", "i32", "u8" }
+local DEV = mp.default_device()   -- cpu, or cuda on a GPU machine (MP_DEVICE)
 local FLOATS = { "f32", "f16", "bf16" }
 
 describe("mp tensors", function()
@@ -18,7 +19,7 @@ describe("mp tensors", function()
       assert.are.equal(0, t:dim())
       assert.are.equal(1, t:numel())
       assert.are.equal("f32", t.dtype)
-      assert.are.equal("cpu", t.device)
+      assert.are.equal(mp.default_device(), t.device)
       assert.are.equal(2.5, t:item())
       assert.are.equal(2.5, t:totable())
     end)
@@ -135,7 +136,7 @@ describe("mp tensors", function()
       local t = mp.zeros({ 2, 3, 4 }, { dtype = "bf16" })
       assert.are.same({ 2, 3, 4 }, t.shape)
       assert.are.equal("bf16", t.dtype)
-      assert.are.equal("cpu", t.device)
+      assert.are.equal(mp.default_device(), t.device)
       assert.are.same({ 2, 3, 4 }, t:size())
       assert.are.equal(2, t:size(1))
       assert.are.equal(3, t:size(2))
@@ -178,15 +179,31 @@ describe("mp tensors", function()
       assert.is_false(r)
     end)
 
-    it("cpu is the default device and CUDA is not available here", function()
-      assert.is_false(mp.cuda.is_available())
-      assert.are.equal("cpu", mp.default_device())
+    it("the default device is MP_DEVICE, else cuda where it is available, else cpu", function()
+      local avail, why = mp.cuda.is_available()
+      local env = os.getenv("MP_DEVICE")
+      local want = env and env ~= "" and env or avail and "cuda" or "cpu"
+      assert.are.equal(want, mp.default_device())
+      if avail then
+        assert.is_nil(why)
+      else   -- and it says why not
+        assert.are.equal("string", type(why))
+        assert.is_true(#why > 0)
+      end
+      local saved = mp.default_device()
       mp.set_default_device("cpu")
       assert.are.equal("cpu", mp.default_device())
       assert.are.equal("cpu", mp.ones { 1 }.device)
       local t = mp.ones { 2 }
       assert.are.equal("cpu", t:cpu().device)
       assert.are.equal("cpu", t:to("cpu").device)
+      if avail then
+        mp.set_default_device("cuda")
+        assert.are.equal("cuda", mp.ones { 1 }.device)
+        assert.are.equal("cuda", t:cuda().device)
+        assert.same({ 1, 1 }, t:cuda():cpu():totable())
+      end
+      mp.set_default_device(saved)
     end)
   end)
 
@@ -966,8 +983,8 @@ describe("mp tensors", function()
   describe("tostring", function()
     it("shows values and ends with the summary line", function()
       local s = tostring(mp.tensor { { 1, 2, 3 }, { 4, 5, 6 } })
-      assert.is_truthy(s:find("[f32 2x3 cpu]", 1, true))
-      assert.are.equal("[f32 2x3 cpu]", s:match("[^\n]*$"))
+      assert.is_truthy(s:find("[f32 2x3 " .. DEV .. "]", 1, true))
+      assert.are.equal("[f32 2x3 " .. DEV .. "]", s:match("[^\n]*$"))
       local lines = {}
       for l in s:gmatch("[^\n]+") do lines[#lines + 1] = l end
       assert.are.equal(3, #lines)
@@ -976,11 +993,11 @@ describe("mp tensors", function()
     end)
 
     it("names the dtype, shape and device", function()
-      assert.are.equal("[f16 2x3 cpu]", tostring(mp.ones({ 2, 3 }, { dtype = "f16" })):match("[^\n]*$"))
-      assert.are.equal("[bf16 4 cpu]", tostring(mp.ones({ 4 }, { dtype = "bf16" })):match("[^\n]*$"))
-      assert.are.equal("[i32 1x2x3 cpu]", tostring(mp.ones({ 1, 2, 3 }, { dtype = "i32" })):match("[^\n]*$"))
-      assert.are.equal("[u8 2 cpu]", tostring(mp.ones({ 2 }, { dtype = "u8" })):match("[^\n]*$"))
-      assert.is_truthy(tostring(mp.tensor(3)):find("[f32 scalar cpu]", 1, true))
+      assert.are.equal("[f16 2x3 " .. DEV .. "]", tostring(mp.ones({ 2, 3 }, { dtype = "f16" })):match("[^\n]*$"))
+      assert.are.equal("[bf16 4 " .. DEV .. "]", tostring(mp.ones({ 4 }, { dtype = "bf16" })):match("[^\n]*$"))
+      assert.are.equal("[i32 1x2x3 " .. DEV .. "]", tostring(mp.ones({ 1, 2, 3 }, { dtype = "i32" })):match("[^\n]*$"))
+      assert.are.equal("[u8 2 " .. DEV .. "]", tostring(mp.ones({ 2 }, { dtype = "u8" })):match("[^\n]*$"))
+      assert.is_truthy(tostring(mp.tensor(3)):find("[f32 scalar " .. DEV .. "]", 1, true))
       assert.is_truthy(tostring(mp.tensor(3)):find("3", 1, true))
     end)
 
@@ -1004,7 +1021,7 @@ describe("mp tensors", function()
     it("elides tensors over 1000 elements with ...", function()
       local big = tostring(mp.arange(2000))
       assert.is_truthy(big:find("...", 1, true))
-      assert.is_truthy(big:find("[f32 2000 cpu]", 1, true))
+      assert.is_truthy(big:find("[f32 2000 " .. DEV .. "]", 1, true))
       assert.is_truthy(big:find("1999", 1, true))
       assert.is_truthy(big:find(" 0 ", 1, true) or big:find("^%s*0 "))
       assert.is_falsy(big:find("1000", 1, true))

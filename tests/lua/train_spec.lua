@@ -2,13 +2,13 @@
 -- bit-identical weights for the same seed, and a run saved after k steps and
 -- resumed giving bit-identical weights to a straight run.
 local mp = require "mp"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
-local build = os.getenv("MP_TEST_BUILD") or "build"
-local exe = build .. "/mpengine"
+local exe = H.mpengine
 local script = "scripts/train_mlp.lua"
 
 local function run(args)
-  local p = io.popen(string.format("%s %s %s 2>&1; echo \"exit=$?\"", exe, script, args))
+  local p = io.popen(string.format("%s%s %s %s 2>&1; echo \"exit=$?\"", H.env(), exe, script, args))
   local out = p:read("a")
   p:close()
   return out, tonumber(out:match("exit=(%d+)%s*$"))
@@ -16,7 +16,7 @@ end
 
 local function tmp(name) return os.tmpname() .. "-" .. name end
 
-local same_model = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua").same_model
+local same_model = H.same_model
 
 describe("train_mlp.lua", function()
   it("trains, prints its final accuracy last, and writes metrics", function()
