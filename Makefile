@@ -34,7 +34,12 @@ BENCH_BIN  := $(BENCH_SRC:scripts/bench/%.c=$(BUILD)/bench/%)
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
 CUDA_SRC := $(wildcard kernels/cuda/*.cu)
 CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
-NVFLAGS  := -std=c++17 -O3 -I. -Xcompiler -fPIC -gencode arch=compute_90,code=sm_90 \
+# -fmad=false: a * b + c rounds twice, as the CPU kernels (-ffp-contract=off) do;
+# nvcc would otherwise fuse it into one FMA (80 places in cuda_nn.cu alone, the
+# softmax, cross-entropy and layer norm rows), and the two backends would differ
+# in the last bit, which an f16/bf16 rounding can turn into a whole ulp. The
+# math library's own FMAs (expf, erff, ...) are explicit and stay.
+NVFLAGS  := -std=c++17 -O3 -I. -Xcompiler -fPIC -fmad=false -gencode arch=compute_90,code=sm_90 \
             -gencode arch=compute_80,code=compute_80
 CUDA_SO  := $(if $(NVCC),$(if $(CUDA_SRC),$(BUILD)/mp/cuda.so))
 
@@ -55,7 +60,7 @@ $(BUILD)/obj/%.o: %.c $(wildcard engine/*.h kernels/*.h kernels/cpu/*.h lua/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LUA_INC) -DMP_VERSION='"$(VERSION)"' -c $< -o $@
 
-$(BUILD)/obj/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h kernels/*.h)
+$(BUILD)/obj/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h kernels/*.h) Makefile
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -155,10 +160,11 @@ bench-gpu: all $(GPU_BENCH)
 
 # The GPU machine has no Debian packages: build here, gather what the binaries
 # need into gpu-libs/, carry both there and run scripts/gpu_check.sh (GPU.md).
-gpu-bundle: all $(CTEST_BIN) $(PARITY) $(BENCH_BIN) $(GPU_BENCH)
+gpu-bundle: all $(CTEST_BIN) $(PARITY) $(FAKE_CUDA) $(BENCH_BIN) $(GPU_BENCH)
 	BUILD=$(BUILD) sh scripts/gpu_bundle.sh
 
-# here (no NVIDIA driver): build, bundle, then the check, which reports "no GPU";
+# here (no NVIDIA driver): build, bundle, then the check, which reports "no GPU"
+# (MP_GPU_CHECK_FORCE=1: every step anyway, the fake CUDA device standing in);
 # on the GPU machine (a driver, no toolchain): the check alone, on the carried build
 gpu-check:
 	@if [ -e /dev/nvidiactl ] || [ -e /proc/driver/nvidia/version ]; then sh scripts/gpu_check.sh; \

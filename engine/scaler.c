@@ -72,7 +72,9 @@ void mp_scaler_free(mp_scaler *s)
     if (!s) return;
     mp_release(s->state);
     mp_release(s->tel);
+    mp_release(s->seg);
     free(s->per_param);
+    free(s->seg_host);
     free(s);
 }
 
@@ -246,21 +248,35 @@ static int optim_index(const mp_scaler *s, const mp_optim *o)
     return -1;
 }
 
-/* room for per-parameter telemetry in the backend's memory, zeroed */
+/* room for per-parameter telemetry in the backend's memory, zeroed, and the
+ * parameters' offsets in the arena there (seg: n + 1 of them), written each
+ * step (a copy to the device without a wait: no need to know whether the
+ * optimizer is the one they were written for) */
 static int telemetry_room(mp_scaler *s, mp_optim *o)
 {
     int64_t bytes = (int64_t)(sizeof(mp_grad_stats) * (size_t)o->n);
+    int64_t seg_bytes = (int64_t)(sizeof(int64_t) * ((size_t)o->n + 1));
     if (!s->tel || s->nstats != o->n || s->tel->dev != o->grads->dev) {
         mp_grad_stats *p = realloc(s->per_param, sizeof *p * (size_t)o->n);
         if (!p) return mp_fail(MP_EOOM, "out of memory for telemetry");
         s->per_param = p;
+        int64_t *h = realloc(s->seg_host, (size_t)seg_bytes);
+        if (!h) return mp_fail(MP_EOOM, "out of memory for telemetry");
+        s->seg_host = h;
         mp_tensor *t = mp_empty(MP_U8, o->grads->dev, 1, &bytes);
-        if (!t) return -1;
+        mp_tensor *g = t ? mp_empty(MP_U8, o->grads->dev, 1, &seg_bytes) : NULL;
+        if (!g) return mp_release(t), -1;
         mp_release(s->tel);
+        mp_release(s->seg);
         s->tel = t;
+        s->seg = g;
         s->nstats = o->n;
     }
-    mp_be(s->tel)->zero(mp_data(s->tel), (size_t)bytes);
+    for (int i = 0; i < o->n; i++) s->seg_host[i] = o->offsets[i];
+    s->seg_host[o->n] = o->numel;
+    const mp_backend *be = mp_be(s->tel);
+    be->zero(mp_data(s->tel), (size_t)bytes);
+    be->from_host(mp_data(s->seg), s->seg_host, (size_t)seg_bytes);
     return 0;
 }
 
@@ -277,13 +293,11 @@ int mp_scaler_unscale(mp_scaler *s, mp_optim *o)
     const mp_backend *be = mp_be(o->grads);
     int slot = s->nopt;
     float *g = mp_data(o->grads);
-    if (s->telemetry) {
+    if (s->telemetry) {   /* one pass over the arena, with statistics per parameter */
         if (telemetry_room(s, o)) return -1;
-        mp_grad_stats *tel = mp_data(s->tel);
-        for (int i = 0; i < o->n; i++)
-            be->unscale(g + o->offsets[i], o->params[i]->numel, dev_state(s), slot, tel + i);
+        be->unscale(g, o->numel, dev_state(s), slot, mp_data(s->tel), mp_data(s->seg), o->n);
     } else {
-        be->unscale(g, o->numel, dev_state(s), slot, NULL);
+        be->unscale(g, o->numel, dev_state(s), slot, NULL, NULL, 0);
     }
     s->h_fresh = false;
     s->opts[s->nopt++] = o;

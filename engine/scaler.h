@@ -43,6 +43,8 @@ typedef struct mp_scaler {
     bool telemetry;
     int nstats;
     mp_tensor *tel;                  /* telemetry: one mp_grad_stats per parameter, backend memory */
+    mp_tensor *seg;                  /* the parameters' offsets in the arena (n + 1 int64), backend memory */
+    int64_t *seg_host;               /* their host copy */
     mp_grad_stats *per_param;        /* their host copy, filled by mp_scaler_per_param */
 } mp_scaler;
 

@@ -192,13 +192,17 @@ typedef struct mp_backend {
     /* The loss scaler, all on state in this backend's memory:
      * scale_loss: out = in * st->scale (out may be NULL) and, when check, loss_bad
      *   = 1 if any input value is inf/NaN;
-     * unscale: g *= 1/st->scale over n values, adding what it sees (n, inf, NaN,
-     *   amax of the scaled values) to st->slot[slot]; with tel (backend memory,
-     *   may be NULL) also the zeros, f16 under/overflow and histogram into *tel
-     *   and into the slot;
+     * unscale: g *= 1/st->scale over n values (an optimizer's gradient arena),
+     *   adding what it sees (n, inf, NaN, amax of the scaled values) to
+     *   st->slot[slot]; with telemetry (tel not NULL) also the zeros, f16
+     *   under/overflow and histogram, into the slot and per parameter: seg
+     *   (backend memory) holds nseg + 1 offsets, 0 = seg[0] < ... < seg[nseg] = n,
+     *   and tel[i] (nseg records, backend memory) gets the statistics of
+     *   g[seg[i] .. seg[i+1]);
      * scale_rule: one of the state operations above (arg: DECIDE's slot). */
     void (*scale_loss)(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
-    void (*unscale)(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel);
+    void (*unscale)(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
+                    int nseg);
     void (*scale_rule)(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
     /* start (on) or stop counting, at every rounding of f32 results to f16/bf16, the
      * values rounded, those that were nonzero and became zero, and those that were

@@ -1,29 +1,38 @@
 #!/bin/sh
-# gpu_check.sh: the checks that need a GPU, in one run, for the lent H200 machine
-# (../shared/GPU.md): it has a driver, nvcc and PyTorch's CUDA libraries but no
-# Debian packages, so everything is built here (`make gpu-bundle`: build/ plus the
-# shared libraries and Lua files the binaries need, in gpu-libs/) and carried there.
+# gpu_check.sh: the checks that need a GPU, in one run of a few minutes on the
+# lent H200 machine (../shared/GPU.md). That machine has a driver, nvcc and
+# PyTorch's CUDA libraries but no Debian packages, so everything is built here
+# (`make gpu-bundle`: build/ plus the shared libraries and Lua files the binaries
+# need, in gpu-libs/) and carried there.
 #
-#   here:   make gpu-bundle       (then `sh scripts/gpu_check.sh` says: no GPU)
+#   here:   make gpu-check        (builds and bundles, then says: no GPU)
+#           MP_GPU_CHECK_FORCE=1 make gpu-check
+#                                 walks every step anyway, the fake CUDA device
+#                                 (build/tests/fake_cuda.so) standing in for the
+#                                 GPU and bench-gpu in its smoke mode: the
+#                                 plumbing, the counts and the summary, tried here
 #   there:  sh scripts/gpu_check.sh
 #           (the device tool's run, carrying build/mp build/tests build/mpengine
 #           build/bench gpu-libs; it writes into $OUT, which comes back)
 #
-# Steps, each bounded by `timeout`, and all of them by one budget (MP_GPU_CHECK_BUDGET,
-# 470 s: under 8 minutes on the H200 whatever hangs): nvidia-smi, the environment
-# (libraries found, CUDA backend loaded), the parity suite (CUDA against CPU), the C
-# tests, `make bench-gpu`'s run (scripts/bench/gpu/run.sh: mpengine against PyTorch),
-# and the Lua tests with MP_DEVICE=cuda and on the CPU. Each step writes
-# $OUT/<step>.txt (default: build/gpu-results); $OUT/summary.txt has one line per step
-# (rc, seconds, its result line). The summary and the benchmark's table also go to stdout.
-# Exit status: 0 when every step that ran passed (or there is no GPU), else 1.
+# Steps, most informative first, each under its own timeout and all of them
+# under one budget (MP_GPU_CHECK_BUDGET, 290 s):
+#   nvidia-smi, cuda-load (the backend loads, or why not; one op round trip),
+#   parity (CUDA against the CPU, op by op), parity-memcheck (the same under
+#   compute-sanitizer where the machine has it), the C tests, lua-cuda (the Lua
+#   specs with MP_DEVICE=cuda, TAP: one line per test even when killed; the
+#   specs that only start CPU child processes are CI's), bench-gpu.
+# Each step writes $OUT/<step>.txt (default: build/gpu-results) beginning with
+# the command it ran; $OUT/summary.txt gets one line per step as it ends:
+#   step, rc, seconds, passed/failed/skipped, the first failure's text.
+# Exit status: 0 when every step passed (or there is no GPU), else 1.
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 OUT=${OUT:-$ROOT/build/gpu-results}   # under build/: git-ignored
 case "$OUT" in /*) ;; *) OUT=$ROOT/$OUT ;; esac
 mkdir -p "$OUT" || exit 1
 G=$ROOT/gpu-libs
-BUDGET=${MP_GPU_CHECK_BUDGET:-470}
+BUDGET=${MP_GPU_CHECK_BUDGET:-290}
 START=$(date +%s)
 : >"$OUT/summary.txt"
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
@@ -31,6 +40,16 @@ say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 if [ ! -x build/mpengine ] || [ ! -d "$G/lib" ]; then
   say "gpu_check: build/mpengine or gpu-libs/ missing: run \`make gpu-bundle\` here and carry build/mp build/tests build/mpengine build/bench gpu-libs"
   exit 1
+fi
+
+HAVE_GPU=
+if command -v nvidia-smi >/dev/null 2>&1 || [ -e /dev/nvidiactl ]; then HAVE_GPU=1; fi
+FORCE=${MP_GPU_CHECK_FORCE:-}
+[ "$FORCE" = 0 ] && FORCE=
+say "== gpu_check $(date -u '+%H:%M:%S') on $(uname -n), budget ${BUDGET}s, results in $OUT"
+if [ -z "$HAVE_GPU" ] && [ -z "$FORCE" ]; then
+  say "gpu_check: skipped: no GPU (no nvidia-smi, no /dev/nvidiactl on $(uname -n)); MP_GPU_CHECK_FORCE=1 walks the steps on the fake device"
+  exit 0
 fi
 
 # ---- the environment: our libraries (unpacked), the machine's CUDA libraries ----
@@ -50,7 +69,7 @@ for d in lib fallback; do
 done
 # cuBLAS and the other CUDA libraries of the machine's PyTorch (site-packages/nvidia/*/lib;
 # `nvidia` is a namespace package: no __file__, but a __path__)
-NV=$(timeout 60 "$PY" - 2>/dev/null <<'EOF'
+NV=$(timeout 60 "${PY:-false}" - 2>/dev/null <<'EOF'
 import glob, os
 dirs = []
 try:
@@ -75,61 +94,121 @@ export LUA="$G/bin/lua5.4"
 export LUA_PATH="$ROOT/lua/?.lua;$ROOT/lua/?/init.lua;$G/share/lua/5.4/?.lua;$G/share/lua/5.4/?/init.lua;;"
 export LUA_CPATH="$ROOT/build/?.so;$G/lib/lua/5.4/?.so;;"
 export MP_TEST_BUILD="$ROOT/build"
-
-# step NAME SECONDS COMMAND...: output to $OUT/NAME.txt, one line into the summary
-failed=0
-step() {
-  name=$1 secs=$2
-  shift 2
-  left=$((BUDGET - ($(date +%s) - START)))
-  if [ "$left" -lt 10 ]; then
-    say "$(printf '%-22s skipped: the %ss budget is spent' "$name" "$BUDGET")"
-    failed=1
-    return
-  fi
-  [ "$secs" -gt "$left" ] && secs=$left
-  t0=$(date +%s)
-  timeout -k 5 "$secs" "$@" >"$OUT/$name.txt" 2>&1
-  rc=$?
-  dt=$(($(date +%s) - t0))
-  [ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "!! timed out after ${secs}s" >>"$OUT/$name.txt"
-  # the line that says how it went: a test summary where there is one
-  res=$(grep -aE 'Synthesis:|^parity: [0-9]+ passed|[0-9]+ success|^bench-gpu:|^cuda available' "$OUT/$name.txt" | tail -n 1)
-  [ -n "$res" ] || res=$(grep -av '^[[:space:]]*$' "$OUT/$name.txt" | tail -n 1)
-  [ "$rc" = 0 ] || failed=1
-  say "$(printf '%-22s rc=%-3s %4ss  %s' "$name" "$rc" "$dt" "$(echo "$res" | cut -c1-160)")"
-}
+if [ -z "$HAVE_GPU" ]; then   # MP_GPU_CHECK_FORCE without a GPU: the fake device stands in
+  export MP_CUDA_BACKEND="$ROOT/build/tests/fake_cuda.so" MP_BENCH_SMOKE=1
+  say "gpu_check: MP_GPU_CHECK_FORCE without a GPU: build/tests/fake_cuda.so stands in for it, bench-gpu in smoke mode; nothing here measures a GPU"
+fi
+SANITIZER=$(command -v compute-sanitizer 2>/dev/null)
+for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer \
+         /opt/cuda/bin/compute-sanitizer; do
+  [ -z "$SANITIZER" ] && [ -x "$c" ] && SANITIZER=$c
+done
 
 {
-  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')  host: $(uname -n)  $(uname -r)"
+  echo "date: $(date -u '+%Y-%m-%d %H:%M:%S UTC')  host: $(uname -n)  $(uname -r)  cores: $(nproc 2>/dev/null)"
   echo "glibc: $(ldd --version 2>&1 | head -n 1)"
   echo "python3: ${PY:-none}  $(timeout 60 env LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH" "${PY:-false}" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())' 2>&1 | tail -n 1)"
   echo "nvidia lib dirs: ${NV:-none found}"
+  echo "compute-sanitizer: ${SANITIZER:-none}"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   echo "carried: $(du -cb build/mp build/tests build/mpengine build/bench gpu-libs 2>/dev/null | tail -n 1 | cut -f1) bytes"
   echo "== ldd build/mp/cuda.so"; ldd build/mp/cuda.so 2>&1
   echo "== ldd build/mpengine"; ldd build/mpengine 2>&1
 } >"$OUT/env.txt" 2>&1
 
-say "== gpu_check $(date -u '+%H:%M:%S') on $(uname -n), budget ${BUDGET}s, results in $OUT"
-# MP_GPU_CHECK_FORCE=1 runs every step anyway (to try the plumbing on a machine without a GPU)
-if [ -z "${MP_GPU_CHECK_FORCE:-}" ] && ! command -v nvidia-smi >/dev/null 2>&1 && [ ! -e /dev/nvidiactl ]; then
-  say "gpu_check: skipped: no GPU (no nvidia-smi, no /dev/nvidiactl on $(uname -n))"
-  exit 0
+# ---- what each step's output says: counts and the first failure ----
+# counts KIND FILE -> "P passed, F failed, S skipped" (empty when it printed none)
+counts() {
+  case $1 in
+    parity) grep -a '^parity: [0-9]* passed' "$2" | tail -n 1 | sed 's/^parity: //' ;;
+    criterion) grep -a 'Synthesis:' "$2" | tail -n 1 |
+      sed -n 's/.*Passing: \([0-9]*\).*Failing: \([0-9]*\).*Crashing: \([0-9]*\).*/\1 \2 \3/p' |
+      awk '{ printf "%d passed, %d failed, 0 skipped\n", $1, $2 + $3 }' ;;
+    tap) awk '/^ok [0-9]+ - # SKIP/ { s++; next } /^ok [0-9]/ { p++ } /^not ok [0-9]/ { f++ }
+              END { if (p + f + s) printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$2" ;;
+    memcheck) grep -a 'ERROR SUMMARY:' "$2" | tail -n 1 | sed 's/^=* *//' ;;
+    bench) awk '/^== bench-gpu table/ { t = 1 } t && / met$/ { m++ } t && / MISSED$/ { x++ }
+                END { if (t) printf "%d targets met, %d missed\n", m, x }' "$2" ;;
+    first) sed -n '2p' "$2" | cut -c1-160 ;;   # the first line it printed
+    *) ;;
+  esac
+}
+# first_failure KIND FILE -> one line
+first_failure() {
+  case $1 in
+    parity) grep -a -m 1 -E '^FAIL |^parity: the device is lost' "$2" ;;
+    criterion) grep -a -m 1 -E '\[FAIL\]|Assertion Failed|CRASH|[Ss]ignal' "$2" ;;
+    tap) awk '/^not ok/ { if (!f) { f = $0; want = 1; next } } want && /^# Failure message:/ { print f " | " $0; done = 1; exit }
+              END { if (f && !done) print f }' "$2" ;;
+    memcheck) grep -a -m 1 -E 'Invalid|Error:|error' "$2" | grep -v 'ERROR SUMMARY: 0 errors' ;;
+    *) grep -a -m 1 -iE 'error|fail|!!' "$2" ;;
+  esac
+}
+
+# step NAME KIND SECONDS COMMAND...: runs it under its timeout within the budget
+failed=0
+step() {
+  name=$1 kind=$2 secs=$3
+  shift 3
+  left=$((BUDGET - ($(date +%s) - START)))
+  if [ "$left" -lt 10 ]; then
+    say "$(printf '%-16s skipped: the %ss budget is spent' "$name" "$BUDGET")"
+    failed=1
+    return
+  fi
+  [ "$secs" -gt "$left" ] && secs=$left
+  echo "\$ $*" | tr '\n' ' ' | sed 's/  */ /g; s/ $//' >"$OUT/$name.txt"
+  echo >>"$OUT/$name.txt"
+  t0=$(date +%s)
+  timeout -k 5 "$secs" "$@" >>"$OUT/$name.txt" 2>&1
+  rc=$?
+  dt=$(($(date +%s) - t0))
+  [ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "!! timed out after ${secs}s" >>"$OUT/$name.txt"
+  [ "$rc" = 0 ] || failed=1
+  c=$(counts "$kind" "$OUT/$name.txt")
+  f=""
+  [ "$rc" = 0 ] && [ -z "$(echo "$c" | grep -E '[1-9][0-9]* failed')" ] || f=$(first_failure "$kind" "$OUT/$name.txt")
+  [ "$rc" = 124 ] || [ "$rc" = 137 ] && f="timed out after ${secs}s${f:+; $f}"
+  say "$(printf '%-16s rc=%-3s %4ss  %s%s' "$name" "$rc" "$dt" "${c:-no counts}" "${f:+  first failure: $(echo "$f" | cut -c1-220)}")"
+}
+# skip NAME WHY COMMAND...: a step this machine cannot run, and what it would have run
+skip() {
+  name=$1 why=$2
+  shift 2
+  printf '%s\n' "would run: $*" "skipped: $why" >"$OUT/$name.txt"
+  say "$(printf '%-16s skipped: %s (would run: %s)' "$name" "$why" "$*")"
+}
+
+if command -v nvidia-smi >/dev/null 2>&1; then
+  step nvidia-smi first 15 sh -c 'nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader; nvidia-smi' 
+else
+  skip nvidia-smi "no nvidia-smi here" nvidia-smi
 fi
-step nvidia-smi 20 nvidia-smi
-step cuda-available 30 build/mpengine -e 'print("cuda available:", mp.cuda.is_available()); if mp.cuda.is_available() then local m = mp.cuda.memory(); print("cuda memory limit", m.limit) end'
-if ! grep -q "cuda available:.*true" "$OUT/cuda-available.txt"; then
-  say "gpu_check: the CUDA backend did not load (build/mp/cuda.so; see $OUT/env.txt for ldd and the library path)"
-  failed=1
+step cuda-load first 30 build/mpengine -e '
+  local ok, why = mp.cuda.is_available()
+  print("cuda available:", ok, why or "")
+  if not ok then os.exit(1) end
+  local t = mp.arange(1000, {device = "cuda"}) * 2
+  print("an op round trip: sum of 2*(0..999) =", t:sum():item(), "(expected 999000)")
+  local m = mp.cuda.memory()
+  print("cuda memory: in_use", m.in_use, "cached", m.cached, "limit", m.limit)'
+if ! grep -q "cuda available:.*true" "$OUT/cuda-load.txt"; then
+  say "gpu_check: the CUDA backend did not load: $(grep -a 'cuda available' "$OUT/cuda-load.txt" | head -n 1) (see $OUT/env.txt for ldd and the library path); the device steps are left out"
+  exit 1
 fi
-step parity 120 build/tests/parity
+step parity parity 60 build/tests/parity
+if [ -n "$SANITIZER" ]; then
+  step parity-memcheck memcheck 75 "$SANITIZER" --tool memcheck --error-exitcode 3 --print-limit 20 build/tests/parity
+else
+  skip parity-memcheck "no compute-sanitizer on this machine" compute-sanitizer --tool memcheck build/tests/parity
+fi
 for t in build/tests/test_*; do
-  [ -x "$t" ] && step "$(basename "$t")" 60 "$t" --short-filename
+  [ -x "$t" ] && step "$(basename "$t")" criterion 30 "$t" --short-filename
 done
-step bench-gpu 240 env BUILD=build sh scripts/bench/gpu/run.sh
-step lua-cuda 150 env MP_DEVICE=cuda "$LUA" "$G/bin/busted" --no-auto-insulate tests/lua
-step lua-cpu 120 env MP_DEVICE=cpu "$LUA" "$G/bin/busted" --no-auto-insulate tests/lua
+step lua-cuda tap 120 env MP_DEVICE=cuda "$LUA" "$G/bin/busted" -o TAP -v --no-auto-insulate \
+  --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec \
+  --exclude-pattern=repl_spec tests/lua
+step bench-gpu bench 150 env BUILD=build sh scripts/bench/gpu/run.sh
 say "== gpu_check done in $(($(date +%s) - START))s: $([ "$failed" = 0 ] && echo "all steps passed" || echo "SOME STEPS FAILED (see the files in $OUT)")"
 echo
 sed -n '/^== bench-gpu table/,$p' "$OUT/bench-gpu.txt" 2>/dev/null

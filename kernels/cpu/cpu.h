@@ -119,7 +119,7 @@ void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, flo
                     mp_dtype lowp_dt);
 
 void cpu_flush_counter(int on, int64_t counts[3]);
-void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel);
+void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg, int nseg);
 void cpu_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
 void cpu_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
 

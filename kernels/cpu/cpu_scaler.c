@@ -60,15 +60,17 @@ static void unscale_telemetry(float *restrict g, int64_t n, float inv, mp_grad_s
     for (int b = 0; b < MP_HIST_BINS; b++) st->hist[b] = hist[b];
 }
 
-void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel)
+void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg, int nseg)
 {
     mp_grad_stats *acc = &st->slot[slot];
     float inv = 1.0f / st->scale;
-    if (tel) {
-        mp_grad_stats mine;
-        unscale_telemetry(g, n, inv, &mine);
-        mp_grad_stats_add(tel, &mine);
-        mp_grad_stats_add(acc, &mine);
+    if (tel) {   /* parameter by parameter */
+        for (int i = 0; i < nseg; i++) {
+            mp_grad_stats mine;
+            unscale_telemetry(g + seg[i], seg[i + 1] - seg[i], inv, &mine);
+            mp_grad_stats_add(&tel[i], &mine);
+            mp_grad_stats_add(acc, &mine);
+        }
         return;
     }
     float amax;

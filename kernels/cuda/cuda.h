@@ -362,7 +362,8 @@ bool mp_cuda_check_init(void);
 bool mp_cuda_fault_take(char *msg, size_t cap);
 /* cuda_optim.cu: the loss scaler and the optimizers, on state in device memory */
 void mp_cuda_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
-void mp_cuda_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel);
+void mp_cuda_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
+                     int nseg);
 void mp_cuda_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
 void mp_cuda_optim_count(int64_t *step, const int32_t *skip);
 void mp_cuda_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,

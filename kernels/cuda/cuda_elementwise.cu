@@ -12,9 +12,10 @@
  * this way is 16-byte aligned: unary, unary_grad, where, and a binary op whose
  * broadcast coalesces to one dim with each input's stride 1 or 0 (a scalar).
  * Each element goes through the same f32 function as on the one-element path,
- * so the two give the same bits. The sums that the CPU writes as
- * `a + b * c` use __fadd_rn/__fsub_rn so that nvcc does not fuse them into an
- * FMA, which would round differently. Integer dtypes follow the CPU exactly:
+ * so the two give the same bits. The backend is compiled with -fmad=false
+ * (Makefile): a sum the CPU writes as `a + b * c` rounds twice here too, never
+ * fused into one FMA (some are also written with __fadd_rn/__fsub_rn, the
+ * intrinsics nvcc never fuses). Integer dtypes follow the CPU exactly:
  * computed in 64 bits and wrapped; comparisons of any dtype write u8 0/1.
  *
  * Broadcasting: the mp_bcast is first coalesced on the host as the CPU does

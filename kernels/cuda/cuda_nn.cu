@@ -9,9 +9,10 @@
  * walk its values, reading them again on each pass (rows may be far too long
  * for shared memory); row sums accumulate in double and meet in a
  * shared-memory tree in a fixed order. Values are computed in f32 and rounded
- * once, as on the CPU (kernels/cpu/cpu_nn.c); the CPU's `a * b + c` are written
- * with __fadd_rn/__fsub_rn (and __dadd_rn for the double sums) so that nvcc
- * does not fuse them into an FMA, which rounds once instead of twice.
+ * once, as on the CPU (kernels/cpu/cpu_nn.c). Every multiply and add rounds on
+ * its own, as the CPU's do (built with -ffp-contract=off): the CUDA backend is
+ * compiled with -fmad=false, and the multiply-adds of the online log-sum-exp
+ * are also written with __fmul_rn/__fadd_rn, the intrinsics nvcc never fuses.
  *
  * Cross-entropy is one pass over each row's logits with f32 accumulation: every
  * thread of a row keeps a running maximum m and the sum s of exp(x - m) over
@@ -136,7 +137,7 @@ struct Lse { float m, s; };
 __device__ __forceinline__ void lse_add(Lse &a, float v)
 {
     if (v > a.m) {
-        a.s = a.s * expf(a.m - v) + 1.0f;
+        a.s = __fadd_rn(__fmul_rn(a.s, expf(a.m - v)), 1.0f);
         a.m = v;
     } else if (v == a.m) {
         a.s += 1.0f;
@@ -150,7 +151,7 @@ struct LseCombine {
     {
         if (b.m > a.m) { Lse t = a; a = b; b = t; }
         if (b.m == a.m) return Lse{a.m, a.s + b.s};
-        return Lse{a.m, a.s + b.s * expf(b.m - a.m)};
+        return Lse{a.m, __fadd_rn(a.s, __fmul_rn(b.s, expf(b.m - a.m)))};
     }
 };
 

@@ -18,8 +18,12 @@
  *   cannot contract a multiply and an add into an FMA and --use_fast_math could
  *   not approximate a division or a square root.
  * - unscale: g *= 1/scale in place, with the statistics of cpu_scaler.c
- *   accumulated per block in shared memory, then with atomics into the state's
- *   slot (and the telemetry record) in device memory.
+ *   reduced per block (warp shuffles, then shared memory), then added with one
+ *   atomic per figure and block into the state's slot in device memory. With
+ *   telemetry, one launch over the whole gradient arena that also keeps the
+ *   statistics of each parameter (see unscale_tel_kernel): the log2 histogram
+ *   goes into per-warp bins in shared memory, not through atomics on a few hot
+ *   bins.
  */
 #include "kernels/cuda/cuda.h"
 #include "kernels/step_rules.h"
@@ -175,14 +179,17 @@ struct unscale_local {
     unsigned int amax;
 };
 
+/* unscales one value and counts it; returns its histogram bin with telemetry
+ * (-1: zero or not finite, in no bin) */
 template <bool TEL>
-static __device__ __forceinline__ float unscale_one(float x, float inv, unscale_local &c, unsigned long long *s_hist)
+static __device__ __forceinline__ float unscale_one(float x, float inv, unscale_local &c, int &bin)
 {
     unsigned int u = __float_as_uint(x) & 0x7fffffffu;   /* |x| of the scaled value */
     float y = __fmul_rn(x, inv);
     unsigned int v = __float_as_uint(y) & 0x7fffffffu;   /* |y| of the unscaled value */
     c.nan += v > 0x7f800000u;                             /* inf/NaN counted after unscaling */
     c.inf += v == 0x7f800000u;
+    bin = -1;
     if (u < 0x7f800000u) {
         c.amax = max(c.amax, u);
         if (TEL) {
@@ -192,94 +199,155 @@ static __device__ __forceinline__ float unscale_one(float x, float inv, unscale_
             c.over += u >= 0x477ff000u;              /* |x| >= 65520 */
             if (u != 0) {
                 int e = (int)(u >> 23) - 127 - MP_HIST_LO;   /* subnormals: bin 0 */
-                e = e < 0 ? 0 : e >= MP_HIST_BINS ? MP_HIST_BINS - 1 : e;
-                atomicAdd(&s_hist[e], 1ull);
+                bin = e < 0 ? 0 : e >= MP_HIST_BINS ? MP_HIST_BINS - 1 : e;
             }
         }
     }
     return y;
 }
 
-/* MP_THREADS (a multiple of 32) threads per block */
-template <bool TEL>
-__global__ void unscale_kernel(float *__restrict__ g, int64_t n, mp_scale_state *st, int slot,
-                               mp_grad_stats *tel, bool vec)
+/* the counts of a block (MP_THREADS threads, a multiple of 32) into *o: warp
+ * sums by shuffles, then one shared slot per warp, then thread 0; every thread
+ * of the block must call it (it synchronises). n: the values they stand for. */
+static __device__ void block_counts(unscale_local c, int64_t n, mp_grad_stats *o1, mp_grad_stats *o2, bool tel)
 {
-    __shared__ unsigned long long s_cnt[5];             /* nan, inf, zeros, under, over */
-    __shared__ unsigned int s_amax;
-    __shared__ unsigned long long s_hist[TEL ? MP_HIST_BINS : 1];
-    if (threadIdx.x < 5) s_cnt[threadIdx.x] = 0;
-    if (threadIdx.x == 0) s_amax = 0;
-    if (TEL)
-        for (int b = threadIdx.x; b < MP_HIST_BINS; b += blockDim.x) s_hist[b] = 0;
+    __shared__ unscale_local part[MP_THREADS / 32];
+    c.nan = warp_sum(c.nan), c.inf = warp_sum(c.inf), c.amax = warp_max(c.amax);
+    if (tel) c.zeros = warp_sum(c.zeros), c.under = warp_sum(c.under), c.over = warp_sum(c.over);
+    const int w = threadIdx.x / 32;
+    if ((threadIdx.x & 31) == 0) part[w] = c;
     __syncthreads();
+    if (threadIdx.x == 0) {
+        unscale_local t = part[0];
+        for (int k = 1; k < (int)blockDim.x / 32; k++) {
+            t.nan += part[k].nan, t.inf += part[k].inf, t.amax = max(t.amax, part[k].amax);
+            t.zeros += part[k].zeros, t.under += part[k].under, t.over += part[k].over;
+        }
+        mp_grad_stats *outs[2] = {o1, o2};
+        for (int j = 0; j < 2; j++) {
+            mp_grad_stats *o = outs[j];
+            if (!o) continue;
+            add_count(&o->n, (unsigned long long)n);
+            add_count(&o->nan, t.nan);
+            add_count(&o->inf, t.inf);
+            if (tel) {
+                add_count(&o->zeros, t.zeros);
+                add_count(&o->underflow, t.under);
+                add_count(&o->overflow, t.over);
+            }
+            max_float(&o->amax, t.amax);
+        }
+    }
+    __syncthreads();   /* part[] is free again */
+}
 
+/* The plain pass (no telemetry): g *= 1/scale over the arena, four values per
+ * load where g is 16-byte aligned; the counts of each block into the slot */
+__global__ void unscale_kernel(float *__restrict__ g, int64_t n, mp_scale_state *st, int slot, bool vec)
+{
     const float inv = __fdiv_rn(1.0f, st->scale);   /* as the CPU: 1.0f / scale */
     unscale_local c = {0, 0, 0, 0, 0, 0};
+    int bin;
     int64_t done = 0;
-    if (vec) {   /* g 16-byte aligned: four values per load */
+    if (vec) {
         int64_t n4 = n / 4;
         float4 *g4 = (float4 *)g;
         MP_FOR(i, n4) {
             float4 x = g4[i];
-            x.x = unscale_one<TEL>(x.x, inv, c, s_hist);
-            x.y = unscale_one<TEL>(x.y, inv, c, s_hist);
-            x.z = unscale_one<TEL>(x.z, inv, c, s_hist);
-            x.w = unscale_one<TEL>(x.w, inv, c, s_hist);
+            x.x = unscale_one<false>(x.x, inv, c, bin);
+            x.y = unscale_one<false>(x.y, inv, c, bin);
+            x.z = unscale_one<false>(x.z, inv, c, bin);
+            x.w = unscale_one<false>(x.w, inv, c, bin);
             g4[i] = x;
         }
         done = n4 * 4;
     }
     for (int64_t i = done + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        g[i] = unscale_one<TEL>(g[i], inv, c, s_hist);
-
-    /* warp partials, then block partials in shared memory */
-    c.nan = warp_sum(c.nan), c.inf = warp_sum(c.inf);
-    if (TEL) c.zeros = warp_sum(c.zeros), c.under = warp_sum(c.under), c.over = warp_sum(c.over);
-    c.amax = warp_max(c.amax);
-    if ((threadIdx.x & 31) == 0) {
-        if (c.nan) atomicAdd(&s_cnt[0], c.nan);
-        if (c.inf) atomicAdd(&s_cnt[1], c.inf);
-        if (c.zeros) atomicAdd(&s_cnt[2], c.zeros);
-        if (c.under) atomicAdd(&s_cnt[3], c.under);
-        if (c.over) atomicAdd(&s_cnt[4], c.over);
-        atomicMax(&s_amax, c.amax);
-    }
-    __syncthreads();
-
-    /* block partials into the state's slot and the telemetry record */
-    if (threadIdx.x == 0) {
-        mp_grad_stats *outs[2] = {&st->slot[slot], tel};
-        for (int j = 0; j < (TEL ? 2 : 1); j++) {
-            mp_grad_stats *o = outs[j];
-            if (blockIdx.x == 0) add_count(&o->n, (unsigned long long)n);
-            add_count(&o->nan, s_cnt[0]);
-            add_count(&o->inf, s_cnt[1]);
-            add_count(&o->zeros, s_cnt[2]);
-            add_count(&o->underflow, s_cnt[3]);
-            add_count(&o->overflow, s_cnt[4]);
-            max_float(&o->amax, s_amax);
-        }
-    }
-    if (TEL)
-        for (int b = threadIdx.x; b < MP_HIST_BINS; b += blockDim.x)
-            if (s_hist[b]) {
-                add_count(&st->slot[slot].hist[b], s_hist[b]);
-                add_count(&tel->hist[b], s_hist[b]);
-            }
+        g[i] = unscale_one<false>(g[i], inv, c, bin);
+    block_counts(c, blockIdx.x == 0 ? n : 0, &st->slot[slot], NULL, false);
 }
 
-void mp_cuda_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel)
+/* The pass with telemetry, one launch over the whole arena with statistics per
+ * parameter. seg[0..nseg] are the parameters' offsets (seg[nseg] = n). Block b
+ * takes the run [b*TEL_RUN, (b+1)*TEL_RUN) of the arena and, for each parameter
+ * that overlaps it, the overlap: its warps take 32 consecutive values at a time
+ * (coalesced), count in registers, and put each value's log2 bin into the warp's
+ * own row of shared bins; lanes that share a bin elect one of them, which adds
+ * their number (__match_any_sync), so no two lanes write one counter and no
+ * atomics touch the bins. At the end of each overlap the block adds its counts
+ * and its bins, summed over warps, into the parameter's record and the slot. */
+#define TEL_RUN ((int64_t)MP_THREADS * 64)
+
+__global__ void unscale_tel_kernel(float *__restrict__ g, int64_t n, mp_scale_state *st, int slot,
+                                   mp_grad_stats *__restrict__ tel, const int64_t *__restrict__ seg, int nseg)
+{
+    __shared__ unsigned int bins[MP_THREADS / 32][MP_HIST_BINS];
+    __shared__ int first;
+    const int lane = threadIdx.x & 31, w = threadIdx.x / 32, nw = blockDim.x / 32;
+    const int64_t lo = (int64_t)blockIdx.x * TEL_RUN, hi = min(lo + TEL_RUN, n);
+    for (int b = threadIdx.x; b < MP_THREADS / 32 * MP_HIST_BINS; b += blockDim.x) (&bins[0][0])[b] = 0;
+    if (threadIdx.x == 0) {   /* the last parameter starting at or before lo */
+        int a = 0, z = nseg - 1;
+        while (a < z) {
+            int m = (a + z + 1) / 2;
+            if (seg[m] <= lo) a = m;
+            else z = m - 1;
+        }
+        first = a;
+    }
+    __syncthreads();
+    const float inv = __fdiv_rn(1.0f, st->scale);
+    for (int p = first; p < nseg && seg[p] < hi; p++) {
+        const int64_t a = max(seg[p], lo), z = min(seg[p + 1], hi);
+        if (a >= z) continue;   /* an empty parameter: the block agrees, no barrier is skipped by some */
+        unscale_local c = {0, 0, 0, 0, 0, 0};
+        /* a warp takes 4 x 32 consecutive values at a time, loaded first (four
+         * coalesced loads in flight), then counted 32 at a time; the warp moves
+         * as one: every lane runs the same iterations, lanes past the end idle */
+        for (int64_t base = a + (int64_t)w * 128; base < z; base += (int64_t)nw * 128) {
+            float x[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int64_t i = base + 32 * k + lane;
+                x[k] = i < z ? g[i] : 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int64_t i = base + 32 * k + lane;
+                int bin = -1;
+                if (i < z) g[i] = unscale_one<true>(x[k], inv, c, bin);
+                const unsigned same = __match_any_sync(0xffffffffu, bin);
+                if (bin >= 0 && lane == __ffs(same) - 1) bins[w][bin] += __popc(same);
+                __syncwarp();   /* this add is seen by the lane that makes the next one */
+            }
+        }
+        block_counts(c, z - a, &tel[p], &st->slot[slot], true);   /* synchronises: the bins are complete */
+        for (int b = threadIdx.x; b < MP_HIST_BINS; b += blockDim.x) {
+            unsigned long long t = 0;
+            for (int k = 0; k < nw; k++) t += bins[k][b], bins[k][b] = 0;
+            if (t) add_count(&tel[p].hist[b], t), add_count(&st->slot[slot].hist[b], t);
+        }
+        __syncthreads();   /* the bins are zero again before the next parameter */
+    }
+}
+
+void mp_cuda_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
+                     int nseg)
 {
     if (n <= 0) return;
+    if (tel) {
+        int64_t blocks = (n + TEL_RUN - 1) / TEL_RUN;
+        unscale_tel_kernel<<<(unsigned)blocks, MP_THREADS, 0, mp_cuda_stream>>>(g, n, st, slot, tel, seg, nseg);
+        MP_LAUNCHED("unscale");
+        return;
+    }
     bool vec = ((uintptr_t)g & 15) == 0;
     /* a few blocks per SM are plenty for a memory-bound pass, and fewer blocks
      * mean fewer atomics on the state */
     unsigned blocks = mp_blocks(vec ? (n + 3) / 4 : n);
     if (blocks > 1024) blocks = 1024;
-    if (tel) unscale_kernel<true><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(g, n, st, slot, tel, vec);
-    else unscale_kernel<false><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(g, n, st, slot, NULL, vec);
+    unscale_kernel<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(g, n, st, slot, vec);
     MP_LAUNCHED("unscale");
 }
 

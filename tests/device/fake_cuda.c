@@ -153,7 +153,8 @@ WRAP_IDX(put_along, (mp_dtype dt, void *o, const void *s, const int32_t *idx, in
      (dt, o, s, idx, ou, n, in))
 WRAP(scale_loss, (mp_dtype dt, void *o, const void *in, int64_t n, mp_scale_state *st, int check),
      (dt, o, in, n, st, check))
-WRAP(unscale, (float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel), (g, n, st, slot, tel))
+WRAP(unscale, (float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg, int nseg),
+     (g, n, st, slot, tel, seg, nseg))
 WRAP(scale_rule, (mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float v), (op, st, p, arg, v))
 WRAP(optim_count, (int64_t *step, const int32_t *skip), (step, skip))
 WRAP(optim_step, (mp_optim_kind k, float *p, const float *g, float *s1, float *s2, int64_t n, const mp_optim_args *a,

@@ -7,14 +7,22 @@
  * in sign, and the normalised mean squared error sum((a-b)^2) / sum(a^2) must
  * stay under a bound per op and dtype (tight for f32, looser for f16/bf16).
  * Every buffer of the backend under test has sentinel bytes on both sides,
- * checked after each case, so an out-of-bounds write fails its case.
+ * checked after each case, so an out-of-bounds write fails its case. After
+ * each case the harness asks the backend for its error (a CUDA error is
+ * sticky and asynchronous): an error fails the case with the backend's text,
+ * and when it persists (a probe copy fails too: the context is lost, as after
+ * an illegal address) the harness stops there, counting the cases it did not
+ * run as skipped, since every later result would only repeat the error.
  *
  *   parity            the CUDA backend against the CPU; each case is skipped
  *                     when this machine has none
  *   parity --self-check
  *                     a copy of the CPU backend with faults planted in a few
- *                     entries: the faulty cases must fail and all others pass,
- *                     which tests the harness itself
+ *                     entries (wrong values, a write past the end, a device
+ *                     error once, a device error that persists): the faulty
+ *                     cases must fail, the cases after the persistent error
+ *                     must not run, and all others pass, which tests the
+ *                     harness itself
  *
  * The last line is `parity: N passed, N failed, N skipped`.
  */
@@ -30,6 +38,7 @@
 
 static const mp_backend *REF, *DUT;  /* reference and device under test */
 static int passed, failed, skipped, self_check;
+static char dead[320];               /* the persistent device error that stopped the run */
 static const char *only;             /* run the cases whose name contains this */
 static char failed_names[16][96];    /* the first failures, for the self-check */
 
@@ -101,7 +110,38 @@ static int begin(pcase *c, const char *fmt, const char *a, const char *b)
 {
     memset(c, 0, sizeof *c);
     snprintf(c->name, sizeof c->name, fmt, a, b);
-    return !only || strstr(c->name, only);
+    if (only && !strstr(c->name, only)) return 0;
+    if (dead[0]) {   /* the device is lost: not run */
+        skipped++;
+        return 0;
+    }
+    return 1;
+}
+
+/* the backend's error since it was last asked, copied (NULL: none) */
+static const char *device_error(char *buf, size_t cap)
+{
+    const char *e = DUT->error ? DUT->error() : NULL;
+    if (!e) return NULL;
+    snprintf(buf, cap, "%s", e);
+    return buf;
+}
+
+/* after an error: does the device still work? a wait, then a small round trip */
+static bool device_alive(void)
+{
+    char buf[320];
+    if (DUT->synchronize) DUT->synchronize();
+    if (device_error(buf, sizeof buf)) return false;
+    unsigned char in[64], out[64];
+    for (int i = 0; i < 64; i++) in[i] = (unsigned char)(i * 7 + 1);
+    memset(out, 0, sizeof out);
+    void *d = DUT->alloc(sizeof in);
+    if (!d) return false;
+    DUT->from_host(d, in, sizeof in);
+    DUT->to_host(out, d, sizeof out);
+    DUT->free(d, sizeof in);
+    return !device_error(buf, sizeof buf) && memcmp(in, out, sizeof in) == 0;
 }
 
 /* a buffer of n elements; inputs get random values in [lo, hi) */
@@ -136,7 +176,13 @@ static double as_f64(mp_dtype dt, const void *p, size_t i)
 static void finish(pcase *c)
 {
     const char *why = NULL;
-    char msg[160];
+    char msg[400], err[320];
+    /* a device error first: the outputs of a failed kernel mean nothing */
+    if (device_error(err, sizeof err)) {
+        snprintf(msg, sizeof msg, "device error: %s", err);
+        why = msg;
+        if (!device_alive()) snprintf(dead, sizeof dead, "%s", err);
+    }
     for (int k = 0; k < c->nbuf && !why; k++) {
         if (!c->is_out[k]) continue;
         size_t n = c->size[k] / mp_dtype_size(c->dt[k]);
@@ -162,13 +208,20 @@ static void finish(pcase *c)
         free(c->host[k]);
         free(c->ref[k]);
     }
+    if (!why && device_error(err, sizeof err)) {   /* raised by the comparison's own copies */
+        snprintf(msg, sizeof msg, "device error: %s", err);
+        why = msg;
+        if (!device_alive()) snprintf(dead, sizeof dead, "%s", err);
+    }
     if (why) {
         if (failed < 16) snprintf(failed_names[failed], sizeof failed_names[0], "%s", c->name);
         failed++;
         printf("FAIL %s: %s\n", c->name, why);
+        if (dead[0]) printf("parity: the device is lost after '%s' (%s): the cases after it are not run\n", c->name, dead);
     } else {
         passed++;
     }
+    fflush(stdout);
 }
 
 static double bound_for(mp_dtype dt, double f32, double low)
@@ -464,19 +517,43 @@ static void cases_optim_and_scaler(void)
         finish(&c);
     }
     static mp_scale_state st0;   /* large: not on the stack */
-    for (int tel = 0; tel <= 1; tel++) {
-        if (!begin(&c, "unscale telemetry=%s n=5003, into slot 1%s", tel ? "on" : "off", "")) continue;
+    if (begin(&c, "unscale n=5003, into slot 1%s%s", "", "")) {
         int n = 5003, g = buf(&c, MP_F32, n, 0, -70000, 70000);
         ((float *)c.ref[g])[17] = INFINITY, ((float *)c.ref[g])[99] = NAN, ((float *)c.ref[g])[5] = 1e-9f;
         DUT->from_host(c.dev[g], c.ref[g], c.size[g]);
         c.is_out[g] = 0;   /* the NaN planted in the gradients is compared by the statistics instead */
         memset(&st0, 0, sizeof st0);
         st0.scale = 1024;
-        mp_grad_stats z = {0};
-        int st = struct_buf(&c, &st0, sizeof st0), tl = struct_buf(&c, &z, sizeof z);
-        REF->unscale(c.ref[g], n, c.ref[st], 1, tel ? c.ref[tl] : NULL);
-        DUT->unscale(c.dev[g], n, c.dev[st], 1, tel ? c.dev[tl] : NULL);
-        c.bound = 0;   /* counts, amax and histogram: exact */
+        int st = struct_buf(&c, &st0, sizeof st0);
+        REF->unscale(c.ref[g], n, c.ref[st], 1, NULL, NULL, 0);
+        DUT->unscale(c.dev[g], n, c.dev[st], 1, NULL, NULL, 0);
+        c.bound = 0;   /* counts and amax: exact */
+        finish(&c);
+    }
+    /* telemetry over an arena of parameters of many sizes: one alone, tiny ones
+     * side by side, and ones that cross the runs a block of the CUDA kernel takes
+     * (16384 values); per parameter and in the slot, exact */
+    static const int64_t sizes[] = {1, 17, 4099, 2, 3, 20000, 13, 16389, 1, 700};
+    enum { NSEG = sizeof sizes / sizeof *sizes };
+    if (begin(&c, "unscale with telemetry over %s parameters of 1 to 20000 values, into slot 1%s", "10", "")) {
+        int64_t seg[NSEG + 1] = {0};
+        for (int i = 0; i < NSEG; i++) seg[i + 1] = seg[i] + sizes[i];
+        int64_t n = seg[NSEG];
+        int g = buf(&c, MP_F32, n, 0, -70000, 70000);
+        float *h = c.ref[g];
+        h[17] = INFINITY, h[99] = NAN, h[5] = 1e-9f, h[0] = 0.0f, h[4200] = -1e-30f, h[30000] = 3e5f;
+        for (int64_t i = 40000; i < 40100; i++) h[i] = 0.0f;   /* a run of zeros */
+        DUT->from_host(c.dev[g], c.ref[g], c.size[g]);
+        c.is_out[g] = 0;
+        memset(&st0, 0, sizeof st0);
+        st0.scale = 1024;
+        static mp_grad_stats z[NSEG];
+        int st = struct_buf(&c, &st0, sizeof st0), tl = struct_buf(&c, z, sizeof z);
+        int sg = struct_buf(&c, seg, sizeof seg);
+        c.is_out[sg] = 0;
+        REF->unscale(c.ref[g], n, c.ref[st], 1, c.ref[tl], c.ref[sg], NSEG);
+        DUT->unscale(c.dev[g], n, c.dev[st], 1, c.dev[tl], c.dev[sg], NSEG);
+        c.bound = 0;
         finish(&c);
     }
     /* the policies' rules over a run of steps: scale the loss, unscale gradients
@@ -505,8 +582,8 @@ static void cases_optim_and_scaler(void)
             DUT->scale_rule(MP_SCALE_BEGIN, c.dev[st], pol, 0, 0);
             REF->scale_loss(MP_F32, c.ref[out], c.ref[loss], 1, c.ref[st], 1);
             DUT->scale_loss(MP_F32, c.dev[out], c.dev[loss], 1, c.dev[st], 1);
-            REF->unscale(c.ref[g], 257, c.ref[st], 0, NULL);
-            DUT->unscale(c.dev[g], 257, c.dev[st], 0, NULL);
+            REF->unscale(c.ref[g], 257, c.ref[st], 0, NULL, NULL, 0);
+            DUT->unscale(c.dev[g], 257, c.dev[st], 0, NULL, NULL, 0);
             REF->scale_rule(MP_SCALE_DECIDE, c.ref[st], pol, 0, 0);
             DUT->scale_rule(MP_SCALE_DECIDE, c.dev[st], pol, 0, 0);
             REF->scale_rule(MP_SCALE_UPDATE, c.ref[st], pol, 0, 0);
@@ -541,10 +618,45 @@ static void bad_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, in
     if (dt == MP_BF16) ((unsigned char *)out)[outer * len * inner * 2] = 0;   /* one byte past the end */
 }
 
+/* a device error reported once (as a failed launch is), and one that persists
+ * (as after an illegal address: every later call fails) */
+static const char *planted_error;
+static bool planted_dead;
+
+static const char *bad_error(void)
+{
+    if (planted_dead) return "planted persistent fault";
+    const char *e = planted_error;
+    planted_error = NULL;
+    return e;
+}
+
+static void bad_synchronize(void) {}
+
+static void bad_permute(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm)
+{
+    mp_cpu_backend.permute(dt, out, in, ndim, shape, perm);
+    if (dt == MP_F16) planted_error = "planted transient fault";
+}
+
+static void bad_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value)
+{
+    mp_cpu_backend.scale_rule(op, st, p, arg, value);
+    if (p->kind == MP_POLICY_HYSTERESIS) planted_dead = true;
+}
+
+static void bad_to_host(void *dst, const void *src, size_t nbytes)
+{
+    if (planted_dead) memset(dst, 0xA5, nbytes);   /* a lost device delivers nothing */
+    else memcpy(dst, src, nbytes);
+}
+
 static const char *EXPECTED_FAILURES[] = {
     "binary mul f32 {37,1,5}x{1,4,5}", "unary exp f16 n=1003", "narrow and narrow_put bf16 ",
-    "binary mul f32 n=1003 by a broadcast scalar", "binary mul f32 n=1003 by a broadcast scalar, misaligned", NULL
+    "binary mul f32 n=1003 by a broadcast scalar", "binary mul f32 n=1003 by a broadcast scalar, misaligned",
+    "permute f16 {4,5,6} (2,0,1)", "scale_loss + unscale + scale_rule, policy hysteresis, 16 steps", NULL
 };
+#define EXPECTED_NOT_RUN 1   /* the amax policy case, after the persistent fault */
 
 int main(int argc, char **argv)
 {
@@ -557,6 +669,8 @@ int main(int argc, char **argv)
     if (self_check) {
         faulty = mp_cpu_backend;
         faulty.binary = bad_binary, faulty.unary = bad_unary, faulty.narrow = bad_narrow;
+        faulty.permute = bad_permute, faulty.scale_rule = bad_scale_rule, faulty.error = bad_error;
+        faulty.synchronize = bad_synchronize, faulty.to_host = bad_to_host;
         DUT = &faulty;
     } else {
         DUT = mp_backend_of(MP_CUDA);
@@ -578,14 +692,14 @@ int main(int argc, char **argv)
     if (self_check) {   /* exactly the planted faults fail: each is a pass of the harness */
         int expected = 0;
         while (EXPECTED_FAILURES[expected]) expected++;
-        bool ok = failed == expected;
+        bool ok = failed == expected && skipped == EXPECTED_NOT_RUN;
         for (int i = 0; ok && i < failed; i++) {
             bool known = false;
             for (int j = 0; j < expected; j++) known |= strcmp(failed_names[i], EXPECTED_FAILURES[j]) == 0;
             ok = known;
         }
-        printf("parity self-check: %d cases hit by the 3 planted faults, %d cases failed (%s)\n", expected, failed,
-               ok ? "as planted" : "NOT as planted");
+        printf("parity self-check: %d cases hit by the 5 planted faults, %d cases failed, %d not run after the "
+               "persistent one (%s)\n", expected, failed, skipped, ok ? "as planted" : "NOT as planted");
         /* one check per case a planted fault hits, and one for no false alarm on the others */
         printf("parity: %d passed, %d failed, %d skipped\n", ok ? expected + 1 : 0, ok ? 0 : 1, 0);
         return ok ? 0 : 1;

@@ -9,10 +9,10 @@
  *
  * Variants, each over N f32 values in device memory:
  *   copy       be->copy of 4N bytes: 8N bytes moved (read + written)
- *   unscale    be->unscale(g, N, st, 0, NULL): g *= 1/scale with the inf/NaN count and
- *              amax into st->slot[0]; 8N bytes (g read and written)
- *   unscale_tel the same with telemetry (tel != NULL: zeros, f16 under/overflow,
- *              histogram); 8N bytes
+ *   unscale    be->unscale(g, N, st, 0, NULL, NULL, 0): g *= 1/scale with the inf/NaN
+ *              count and amax into st->slot[0]; 8N bytes (g read and written)
+ *   unscale_tel the same with telemetry over an arena of 256 parameters (zeros, f16
+ *              under/overflow, histogram, per parameter and in the slot); 8N bytes
  *   adamw      be->optim_count(step, NULL) + be->optim_step(MP_ADAMW, p, g, m, v, N, ...):
  *              p, g, m, v read, p, m, v written: 28N bytes
  *   adamw_lowp the same, also writing the parameters' f16 working copy (lowp, as a
@@ -41,6 +41,7 @@
 #include "scripts/bench/bench_clock.h"
 
 #define TRIALS 11
+#define NSEG 256   /* parameters in the arena, for the telemetry pass */
 #define MAX_TRIALS 32
 
 enum { V_COPY, V_UNSCALE, V_UNSCALE_TEL, V_ADAMW, V_ADAMW_LOWP, NV };
@@ -86,6 +87,7 @@ static float *g, *p, *m, *v, *dst;
 static void *lowp;
 static mp_scale_state *st[2];
 static mp_grad_stats *tel;
+static int64_t *seg;
 static int64_t *step;
 static mp_optim_args args;
 static int flip;
@@ -94,8 +96,8 @@ static void run(int variant)
 {
     switch (variant) {
     case V_COPY: be->copy(dst, p, sizeof(float) * (size_t)n); break;
-    case V_UNSCALE: be->unscale(g, n, st[flip ^= 1], 0, NULL); break;
-    case V_UNSCALE_TEL: be->unscale(g, n, st[flip ^= 1], 0, tel); break;
+    case V_UNSCALE: be->unscale(g, n, st[flip ^= 1], 0, NULL, NULL, 0); break;
+    case V_UNSCALE_TEL: be->unscale(g, n, st[flip ^= 1], 0, tel, seg, NSEG); break;
     case V_ADAMW:
         be->optim_count(step, NULL);
         be->optim_step(MP_ADAMW, p, g, m, v, n, &args, step, NULL, NULL, MP_F32);   /* no low-precision copy */
@@ -118,8 +120,8 @@ int main(int argc, char **argv)
     }
     n = argc > 1 ? atoll(argv[1]) : smoke ? (int64_t)1 << 16 : (int64_t)1 << 28;
     int reps = smoke ? 3 : 20, trials = smoke ? 3 : TRIALS;
-    if (n < 1) {
-        fprintf(stderr, "gpu_kernels: N must be a positive count of values\n");
+    if (n < NSEG) {
+        fprintf(stderr, "gpu_kernels: N must be a count of values of at least %d\n", NSEG);
         return 2;
     }
     size_t bytes = sizeof(float) * (size_t)n;
@@ -145,8 +147,14 @@ int main(int argc, char **argv)
         st[i] = dev_alloc(sizeof *hs, "the scaler state");
         be->from_host(st[i], hs, sizeof *hs);
     }
-    tel = dev_alloc(sizeof *tel, "the telemetry");
-    be->zero(tel, sizeof *tel);
+    /* telemetry over NSEG parameters of equal size (the last takes the rest) */
+    tel = dev_alloc(sizeof *tel * NSEG, "the telemetry");
+    be->zero(tel, sizeof *tel * NSEG);
+    int64_t hseg[NSEG + 1];
+    for (int i = 0; i < NSEG; i++) hseg[i] = n / NSEG * i;
+    hseg[NSEG] = n;
+    seg = dev_alloc(sizeof hseg, "the parameters' offsets");
+    be->from_host(seg, hseg, sizeof hseg);
     step = dev_alloc(sizeof *step, "the step count");
     be->zero(step, sizeof *step);
 
@@ -216,6 +224,6 @@ int main(int argc, char **argv)
     be->free(g, bytes), be->free(p, bytes), be->free(m, bytes), be->free(v, bytes), be->free(dst, bytes);
     be->free(lowp, bytes / 2);
     be->free(st[0], sizeof *st[0]), be->free(st[1], sizeof *st[1]);
-    be->free(tel, sizeof *tel), be->free(step, sizeof *step);
+    be->free(tel, sizeof *tel * NSEG), be->free(seg, sizeof(int64_t) * (NSEG + 1)), be->free(step, sizeof *step);
     return ok ? 0 : 1;
 }
