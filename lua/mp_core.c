@@ -174,6 +174,22 @@ static int m_memory(lua_State *L)
     return 1;
 }
 
+/* mp.empty_cache([device]): the caching allocator's free blocks back to the
+ * system (PyTorch's torch.cuda.empty_cache), of the default device unless named */
+static int m_empty_cache(lua_State *L)
+{
+    mp_device d = lua_isnoneornil(L, 1) ? lb_default_device(L) : lb_device(L, 1, "mp.empty_cache");
+    mp_release_cache(d);
+    return 0;
+}
+
+static int cuda_empty_cache(lua_State *L)
+{
+    if (mp_device_check(MP_CUDA)) return lt_error(L, "mp.cuda.empty_cache");
+    mp_release_cache(MP_CUDA);
+    return 0;
+}
+
 static int m_default_device(lua_State *L)
 {
     lua_pushstring(L, mp_device_name(lb_default_device(L)));
@@ -225,13 +241,14 @@ static int m_counters(lua_State *L)
 static const luaL_Reg funcs[] = {
     {"tensor", m_tensor}, {"zeros", m_zeros}, {"ones", m_ones}, {"full", m_full},
     {"arange", m_arange}, {"rand", m_rand}, {"randn", m_randn}, {"manual_seed", m_manual_seed},
-    {"matmul", m_matmul}, {"memory", m_memory}, {"counters", m_counters},
+    {"matmul", m_matmul}, {"memory", m_memory}, {"counters", m_counters}, {"empty_cache", m_empty_cache},
     {"set_default_device", lb_set_default_device}, {"default_device", m_default_device},
     {NULL, NULL}
 };
 
 static const luaL_Reg cuda_funcs[] = {
     {"is_available", cuda_is_available}, {"memory", cuda_memory}, {"synchronize", cuda_synchronize},
+    {"empty_cache", cuda_empty_cache},
     {NULL, NULL}
 };
 

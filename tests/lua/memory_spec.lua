@@ -170,6 +170,32 @@ describe("memory", function()
     assert.are.equal(base, in_use())
   end)
 
+  it("freed blocks stay cached for the next tensor of their size until mp.empty_cache()", function()
+    full_gc()
+    local dev = mp.default_device()
+    local t = mp.zeros { 262144 }
+    local before = mp.counters(dev).device_mallocs
+    t:free()
+    assert.is_true(mp.memory().cached >= MiB, "a freed MiB is cached")
+    local u = mp.zeros { 262144 }   -- the same size class: the cached block, no system allocation
+    assert.are.equal(before, mp.counters(dev).device_mallocs)
+    u:free()
+    mp.empty_cache()
+    assert.are.equal(0, mp.memory().cached)
+    local w = mp.zeros { 262144 }   -- now from the system again
+    assert.are.equal(before + 1, mp.counters(dev).device_mallocs)
+    w:free()
+    mp.empty_cache("cpu")
+    assert.are.equal(0, mp.memory("cpu").cached)
+    H.raises(function() mp.empty_cache("tpu") end, { "mp.empty_cache", "tpu" })
+    if not mp.cuda.is_available() then
+      H.raises(function() mp.cuda.empty_cache() end, { "mp.cuda.empty_cache", "not available" })
+    else
+      mp.cuda.empty_cache()
+      assert.are.equal(0, mp.cuda.memory().cached)
+    end
+  end)
+
   it("peak is at least in_use and records the high-water mark", function()
     full_gc()
     local m0 = mp.memory()
