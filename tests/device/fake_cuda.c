@@ -14,7 +14,8 @@
  *   binding code that reads or writes device memory directly (which would
  *   fault on a GPU) dies here with SIGSEGV instead.
  * - A caching allocator (kernels/block_cache.h) and the counters of the real
- *   backend: copies to the host, waits, system allocations.
+ *   backend: copies to the host, waits, system allocations. New blocks hold
+ *   garbage (0xFF bytes), never the zeros of fresh pages.
  * - A planted device fault: MP_FAKE_CUDA_FAULT=N makes the N-th copy to the
  *   host find the device broken, as after an illegal memory access. That copy
  *   and every later one deliver garbage (0xA5 bytes), and error() reports
@@ -65,11 +66,21 @@ static void sys_free(void *p, size_t nbytes) { (void)p, (void)nbytes; }
 
 static mp_block_cache cache = {.sys_alloc = sys_alloc, .sys_free = sys_free};
 
-static void *f_alloc(size_t nbytes) { return mp_cache_alloc(&cache, nbytes); }
+/* a new block holds garbage, as cudaMalloc's and a reused block's do (0xFF
+ * bytes: NaN as floats, -1 as integers), so that an engine path or kernel that
+ * reads what it never wrote gives NaN here instead of the zeros of fresh pages */
+static void *f_alloc(size_t nbytes)
+{
+    void *p = mp_cache_alloc(&cache, nbytes);
+    if (p) {
+        open_mem();
+        memset(p, 0xFF, nbytes);
+        close_mem();
+    }
+    return p;
+}
 /* A freed block keeps its place in the cache but not its pages: mprotect's cost
- * grows with the pages present in the arena, so only live tensors keep any
- * (a block taken from the cache again starts as zeros, which no kernel may rely
- * on: a real device gives whatever was there) */
+ * grows with the pages present in the arena, so only live tensors keep any */
 static void f_free(void *p, size_t nbytes)
 {
     if (protect && p && nbytes >= PAGE) madvise(p, nbytes & ~(PAGE - 1), MADV_DONTNEED);
