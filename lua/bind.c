@@ -43,7 +43,7 @@ void lt_set(lua_State *L, LTensor *u, mp_tensor *t, const char *name)
  *   so that an incremental cycle runs about each time a device allocates as
  *   much as it holds. */
 #define STEP_FLOOR ((size_t)1 << 20)
-#define STEP_FLOOR_INC ((double)(8 << 20))
+#define INCREMENTAL_FLOOR ((double)(8 << 20))
 static struct { size_t handed, held; } pace[MP_NDEVICES];
 
 void lt_pace_gc(lua_State *L, mp_device d, size_t nbytes)
@@ -52,7 +52,7 @@ void lt_pace_gc(lua_State *L, mp_device d, size_t nbytes)
     pace[d].handed += nbytes;
     double in_use = (double)mp_memory(d).in_use;
     double heap = lua_gc(L, LUA_GCCOUNT, 0) * 1024.0 + lua_gc(L, LUA_GCCOUNTB, 0);
-    carry_kb += (double)nbytes * heap / (in_use > STEP_FLOOR_INC ? in_use : STEP_FLOOR_INC) / 1024.0;
+    carry_kb += (double)nbytes * heap / (in_use > INCREMENTAL_FLOOR ? in_use : INCREMENTAL_FLOOR) / 1024.0;
     if (carry_kb >= 1.0) {
         int kb = carry_kb > 1e9 ? 1000000000 : (int)carry_kb;
         carry_kb -= kb;
