@@ -21,6 +21,7 @@
  *   and every later one deliver garbage (0xA5 bytes), and error() reports
  *   "fake device fault" every time it is asked from then on, as CUDA's sticky
  *   errors do. The engine must raise that error, never return the garbage.
+ * MP_FAKE_CUDA_STATS=1 prints, at exit, how much of the arena was used.
  */
 #include <stdio.h>
 #include <stdlib.h>
