@@ -268,12 +268,14 @@ static int s_restore(lua_State *L)
     double scale = lb_number_field(L, 2, "scale", h->scale, name);
     if (!(scale > 0) || !isfinite((float)scale)) return luaL_error(L, "%s: scale must be a finite number > 0", name);
     lua_getfield(L, 2, "amax_history");
-    int nh = lua_istable(L, -1) ? (int)luaL_len(L, -1) : 0;
-    if (nh > MP_AMAX_HISTORY_MAX) return luaL_error(L, "%s: amax_history too long", name);
+    int nh = lua_istable(L, -1) ? lb_len(L, -1, MP_AMAX_HISTORY_MAX, "amax_history", name) : 0;
     float hist[MP_AMAX_HISTORY_MAX];
     for (int i = 0; i < nh; i++) {
         lua_geti(L, -1, i + 1);
-        hist[i] = (float)lua_tonumber(L, -1);
+        double v = lua_tonumber(L, -1);
+        if (lua_type(L, -1) != LUA_TNUMBER || !(v >= 0) || !isfinite((float)v))
+            return luaL_error(L, "%s: amax_history[%d] must be a finite number >= 0", name, i + 1);
+        hist[i] = (float)v;
         lua_pop(L, 1);
     }
     lua_pop(L, 1);

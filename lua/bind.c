@@ -3,7 +3,12 @@
  * engine errors, pacing the garbage collector, and reading shapes, dtypes,
  * devices and option tables from Lua.
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
 #include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include "lua/bind.h"
 #include "engine/autograd.h"
@@ -65,10 +70,104 @@ void lt_step_done(lua_State *L)
     bool due = false;
     for (int d = 0; d < MP_NDEVICES; d++)
         due |= pace[d].handed >= (pace[d].held > STEP_FLOOR ? pace[d].held : STEP_FLOOR);
+    lb_release_pending(L);
     if (!due) return;
     lua_gc(L, LUA_GCCOLLECT);
     for (int d = 0; d < MP_NDEVICES; d++) pace[d].handed = 0, pace[d].held = mp_memory(d).in_use;
 }
+
+/* ---- releases that wait for the binding's C functions to return ----
+ *
+ * A C function of the binding holds raw pointers to the engine objects of its
+ * arguments while it runs, and Lua code can run in the middle of it: a
+ * metamethod of an argument (__index, __len), a finalizer started by an
+ * allocation. Objects on the Lua stack cannot be collected, but that code can
+ * still release one explicitly (t:free(), a <close> scope, t.grad = nil,
+ * opt:free()). So an explicit release looks at the Lua call stack: while a C
+ * function of this module is on it (or the caller is a coroutine, whose resumer
+ * it cannot see) the object waits in `pending` until a later release, the end
+ * of an optimizer step or mp.memory() finds no C function of the binding on the
+ * stack. __gc needs none of this: what it collects is on no stack. */
+
+static struct { uintptr_t lo, hi; } text;   /* this module's code: its C functions */
+static lua_CFunction outside[4];            /* C functions in it that are not the binding's */
+
+void lb_outside_binding(lua_CFunction f)
+{
+    for (int i = 0; i < 4; i++)
+        if (!outside[i] || outside[i] == f) { outside[i] = f; return; }
+}
+
+static bool outside_binding(lua_CFunction f)
+{
+    for (int i = 0; i < 4 && outside[i]; i++)
+        if (outside[i] == f) return true;
+    return false;
+}
+
+static int find_text(struct dl_phdr_info *info, size_t size, void *base)
+{
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+        if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X) && lo <= (uintptr_t)base && (uintptr_t)base < hi) {
+            text.lo = lo, text.hi = hi;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* is a C function of the binding (not Lua's own pcall, sort, ...) on L's stack below the caller? */
+static bool binding_on_stack(lua_State *L)
+{
+    if (!text.hi) dl_iterate_phdr(find_text, (void *)(uintptr_t)&binding_on_stack);
+    if (!text.hi) return true;                          /* cannot tell: keep waiting */
+    int main = lua_pushthread(L);
+    lua_pop(L, 1);
+    if (!main) return true;
+    lua_Debug ar;
+    for (int level = 1; lua_getstack(L, level, &ar); level++) {
+        lua_getinfo(L, "f", &ar);
+        lua_CFunction cf = lua_tocfunction(L, -1);
+        uintptr_t f = (uintptr_t)cf;
+        lua_pop(L, 1);
+        if (f >= text.lo && f < text.hi && !outside_binding(cf)) return true;
+    }
+    return false;
+}
+
+typedef struct { void (*release)(void *); void *p; } pending_release;
+static struct { pending_release *v; size_t n, cap; } pending;
+
+void lb_release_pending(lua_State *L)
+{
+    if (!pending.n || binding_on_stack(L)) return;
+    while (pending.n) {   /* a release may run no Lua code, but take the entry off first all the same */
+        pending_release r = pending.v[--pending.n];
+        r.release(r.p);
+    }
+}
+
+void lb_release(lua_State *L, void (*release)(void *), void *p)
+{
+    if (!p) return;
+    if (!binding_on_stack(L)) {
+        lb_release_pending(L);
+        release(p);
+        return;
+    }
+    if (pending.n == pending.cap) {
+        size_t cap = pending.cap ? 2 * pending.cap : 16;
+        pending_release *v = realloc(pending.v, cap * sizeof *v);
+        if (!v) return;   /* out of memory: keeping the object is safe, releasing it is not */
+        pending.v = v, pending.cap = cap;
+    }
+    pending.v[pending.n++] = (pending_release){release, p};
+}
+
+static void release_tensor(void *t) { mp_release(t); }
+void lt_release(lua_State *L, mp_tensor *t) { lb_release(L, release_tensor, t); }
 
 mp_tensor *lt_opt(lua_State *L, int i)
 {
@@ -133,10 +232,23 @@ int lb_dim(lua_State *L, int i, const char *name)
     return (int)d;
 }
 
+lua_Integer lb_length(lua_State *L, int i, const char *what, const char *name)
+{
+    lua_len(L, i);   /* may run a __len */
+    int ok = lua_type(L, -1) == LUA_TNUMBER;
+    lua_Integer n = ok ? lua_tointegerx(L, -1, &ok) : 0;
+    if (!ok) luaL_error(L, "%s: the length of %s must be an integer (got %s %s)", name, what,
+                        lua_type(L, -1) == LUA_TNUMBER ? "the fraction" : "a", 
+                        lua_type(L, -1) == LUA_TNUMBER ? lua_tostring(L, -1) : luaL_typename(L, -1));
+    lua_pop(L, 1);
+    if (n < 0) luaL_error(L, "%s: the length of %s is negative (%I)", name, what, n);
+    return n;
+}
+
 int lb_len(lua_State *L, int i, int max, const char *what, const char *name)
 {
-    lua_Integer n = luaL_len(L, i);
-    if (n < 0 || n > max) luaL_error(L, "%s: %s has %I entries (at most %d)", name, what, n, max);
+    lua_Integer n = lb_length(L, i, what, name);
+    if (n > max) luaL_error(L, "%s: %s has %I entries (at most %d)", name, what, n, max);
     return (int)n;
 }
 

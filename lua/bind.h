@@ -23,6 +23,16 @@ void lt_set(lua_State *L, LTensor *u, mp_tensor *t, const char *name);
 mp_tensor *lt_check(lua_State *L, int i);
 mp_tensor *lt_opt(lua_State *L, int i);             /* NULL when not a tensor */
 int lt_error(lua_State *L, const char *name);       /* raise the engine's error */
+/* An explicit release (t:free(), <close>, t.grad = x, opt:free()): done now, or,
+ * while a C function of the binding is on the stack and may hold the object's
+ * raw pointer, later (bind.c); lb_release_pending does the waiting ones once
+ * none is. Finalizers (__gc) release at once: what they collect is on no stack. */
+void lb_release(lua_State *L, void (*release)(void *), void *p);
+void lt_release(lua_State *L, mp_tensor *t);
+void lb_release_pending(lua_State *L);
+/* a C function linked with the binding that holds no engine pointers while Lua
+ * runs under it (the CLI's main function), so releases under it need not wait */
+void lb_outside_binding(lua_CFunction f);
 /* GC pacing (bind.c): a new tensor of nbytes on device d given to Lua; and the
  * end of an optimizer step */
 void lt_pace_gc(lua_State *L, mp_device d, size_t nbytes);
@@ -54,6 +64,8 @@ double lb_number_field(lua_State *L, int t, const char *k, double dflt, const ch
 /* the tensors of a Lua list, kept alive on the stack until the C function returns */
 mp_tensor **lb_tensor_list(lua_State *L, int i, int max, const char *what, const char *name, int *n);
 int lb_dim(lua_State *L, int i, const char *name);      /* an integer within +-MP_MAXDIM */
+/* #t through __len: an integer >= 0 (and <= max for lb_len), or a clear error */
+lua_Integer lb_length(lua_State *L, int i, const char *what, const char *name);
 int lb_len(lua_State *L, int i, int max, const char *what, const char *name);
 int lb_shape(lua_State *L, int i, int64_t *shape, const char *name);   /* returns ndim */
 mp_dtype lb_dtype(lua_State *L, int i, const char *name);

@@ -18,7 +18,7 @@ static int nested_shape(lua_State *L, int i, int64_t *shape)
     lua_pushvalue(L, i);
     while (lua_istable(L, -1)) {
         if (nd == MP_MAXDIM) luaL_error(L, "mp.tensor: data nested deeper than %d levels", MP_MAXDIM);
-        lua_Integer n = luaL_len(L, -1);
+        lua_Integer n = lb_length(L, -1, "data", "mp.tensor");
         if (n <= 0) luaL_error(L, "mp.tensor: empty table in data (sizes must be positive)");
         if (n > ((lua_Integer)1 << 40) / total)   /* a table cannot really hold that much: a lying __len */
             luaL_error(L, "mp.tensor: data too large (%I entries at level %d)", n, nd + 1);
@@ -44,7 +44,7 @@ static void nested_values(lua_State *L, int i, const int64_t *shape, int nd, int
     if (!lua_istable(L, i))
         luaL_error(L, "mp.tensor: ragged data: data%s is %s (expected a table of %I)", path,
                    luaL_typename(L, i), (lua_Integer)shape[d]);
-    lua_Integer n = luaL_len(L, i);
+    lua_Integer n = lb_length(L, i, "data", "mp.tensor");
     if (n != shape[d])
         luaL_error(L, "mp.tensor: ragged data: data%s has %I elements (expected %I)", path,
                    (lua_Integer)n, (lua_Integer)shape[d]);
@@ -82,6 +82,11 @@ static int m_tensor(lua_State *L)
                           luaL_typename(L, 1));
     int64_t n = 1;
     for (int d = 0; d < nd; d++) n *= shape[d];
+    /* the values are staged as doubles on the host before the tensor is made: a
+     * lying __len must not start a staging buffer and tensor beyond the memory limit */
+    if ((double)n * (sizeof(double) + mp_dtype_size(o.dtype)) > (double)mp_memory(MP_CPU).limit)
+        return luaL_error(L, "mp.tensor: data claims %I values: staging them and the tensor exceeds the cpu memory "
+                             "limit (%I bytes)", (lua_Integer)n, (lua_Integer)mp_memory(MP_CPU).limit);
     double *v = lua_newuserdatauv(L, sizeof(double) * (size_t)n, 0);
     int64_t k = 0;
     char path[256] = "";
@@ -170,8 +175,18 @@ static void push_memory(lua_State *L, mp_device d)
 static int m_memory(lua_State *L)
 {
     mp_device d = lua_isnoneornil(L, 1) ? lb_default_device(L) : lb_device(L, 1, "mp.memory");
+    lb_release_pending(L);   /* what a free() inside a callback left waiting counts no more */
     push_memory(L, d);
     return 1;
+}
+
+/* mp.reset_peak_memory([device]): the peak of mp.memory() starts again from what
+ * is in use now (PyTorch's torch.cuda.reset_peak_memory_stats) */
+static int m_reset_peak_memory(lua_State *L)
+{
+    mp_device d = lua_isnoneornil(L, 1) ? lb_default_device(L) : lb_device(L, 1, "mp.reset_peak_memory");
+    mp_reset_peak_memory(d);
+    return 0;
 }
 
 /* mp.empty_cache([device]): the caching allocator's free blocks back to the
@@ -179,6 +194,7 @@ static int m_memory(lua_State *L)
 static int m_empty_cache(lua_State *L)
 {
     mp_device d = lua_isnoneornil(L, 1) ? lb_default_device(L) : lb_device(L, 1, "mp.empty_cache");
+    lb_release_pending(L);
     mp_release_cache(d);
     return 0;
 }
@@ -242,6 +258,7 @@ static const luaL_Reg funcs[] = {
     {"tensor", m_tensor}, {"zeros", m_zeros}, {"ones", m_ones}, {"full", m_full},
     {"arange", m_arange}, {"rand", m_rand}, {"randn", m_randn}, {"manual_seed", m_manual_seed},
     {"matmul", m_matmul}, {"memory", m_memory}, {"counters", m_counters}, {"empty_cache", m_empty_cache},
+    {"reset_peak_memory", m_reset_peak_memory},
     {"set_default_device", lb_set_default_device}, {"default_device", m_default_device},
     {NULL, NULL}
 };

@@ -7,4 +7,6 @@
 #define MP_CORE_H
 #include <lua.h>
 int luaopen_mp_core(lua_State *L);
+/* the CLI names its C functions that run scripts and hold no tensors (lua/bind.c) */
+void lb_outside_binding(lua_CFunction f);
 #endif

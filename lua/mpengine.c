@@ -606,14 +606,37 @@ static int readline_plain(const char *prompt, char **line) {
 
 /* ------------------------------------------------------------------ REPL */
 
-static const char *get_prompt(lua_State *L, int firstline) {
+/* Every read the REPL makes of the user's state (_PROMPT, mp.pretty, print,
+   the global table itself) runs protected: a global table whose __index
+   raises, a _PROMPT whose __tostring does, or a `print` that is not a
+   function makes an error message, and the REPL goes on. */
+
+/* a protected call's error as text, whatever the error value is */
+static const char *errtext(lua_State *L) {
+  const char *msg = lua_tostring(L, -1);
+  return msg ? msg : lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, -1));
+}
+
+static int prompt_k(lua_State *L) {
+  int firstline = lua_toboolean(L, 1);
   if (lua_getglobal(L, firstline ? "_PROMPT" : "_PROMPT2") == LUA_TNIL)
-    return firstline ? PROMPT : PROMPT2;
-  else {
-    const char *p = luaL_tolstring(L, -1, NULL);
-    lua_remove(L, -2);
-    return p;
+    lua_pushstring(L, firstline ? PROMPT : PROMPT2);
+  else
+    luaL_tolstring(L, -1, NULL);
+  return 1;
+}
+
+/* leaves the prompt on the stack */
+static const char *get_prompt(lua_State *L, int firstline) {
+  int top = lua_gettop(L);
+  lua_pushcfunction(L, prompt_k);
+  lua_pushboolean(L, firstline);
+  if (lua_pcall(L, 1, 1, 0) != LUA_OK) {
+    l_message(progname, lua_pushfstring(L, "error reading _PROMPT (%s)", errtext(L)));
+    lua_settop(L, top);
+    lua_pushstring(L, firstline ? PROMPT : PROMPT2);
   }
+  return lua_tostring(L, -1);
 }
 
 /* 1: a line pushed; 0: end of input; -1: interrupted */
@@ -688,7 +711,8 @@ static int loadline(lua_State *L) {
   return status;
 }
 
-/* plain tables print through mp.pretty (keys and values, not an address) */
+/* plain tables print through mp.pretty (keys and values, not an address);
+   runs inside print_k's protected call */
 static void prettify(lua_State *L, int n) {
   if (lua_getglobal(L, "mp") != LUA_TTABLE || lua_getfield(L, -1, "pretty") != LUA_TFUNCTION) {
     lua_settop(L, n);
@@ -707,16 +731,25 @@ static void prettify(lua_State *L, int n) {
   lua_settop(L, n);
 }
 
+/* the results, prettified, through the global print */
+static int print_k(lua_State *L) {
+  int n = lua_gettop(L);
+  luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
+  prettify(L, n);
+  lua_getglobal(L, "print");
+  lua_insert(L, 1);
+  lua_call(L, n, 0);
+  return 0;
+}
+
 static void l_print(lua_State *L) {
   int n = lua_gettop(L);
   if (n > 0) {
-    luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
-    prettify(L, n);
-    lua_getglobal(L, "print");
+    lua_pushcfunction(L, print_k);
     lua_insert(L, 1);
     if (lua_pcall(L, n, 0, 0) != LUA_OK)
-      l_message(progname, lua_pushfstring(L, "error calling 'print' (%s)",
-                                          lua_tostring(L, -1)));
+      l_message(progname, lua_pushfstring(L, "error calling 'print' (%s)", errtext(L)));
+    lua_settop(L, 0);
   }
 }
 
@@ -818,6 +851,11 @@ int main(int argc, char **argv) {
     return EXIT_FAILURE;
   }
   lua_gc(L, LUA_GCSTOP); /* no collections while the libraries load */
+  /* the CLI's C functions under which scripts run hold no tensors: a t:free()
+     there releases at once (lua/bind.c) */
+  lb_outside_binding(pmain);
+  lb_outside_binding(print_k);
+  lb_outside_binding(prompt_k);
   lua_pushcfunction(L, pmain);
   lua_pushinteger(L, argc);
   lua_pushlightuserdata(L, argv);

@@ -59,6 +59,17 @@ static int o_gc(lua_State *L)
     return 0;
 }
 
+/* opt:free(): the optimizer waits while a C function of the binding may be using it (bind.c) */
+static void release_optim(void *o) { mp_optim_free(o); }
+static int o_free(lua_State *L)
+{
+    LOptim *u = luaL_checkudata(L, 1, OPTIM_MT);
+    mp_optim *o = u->o;
+    u->o = NULL;
+    lb_release(L, release_optim, o);
+    return 0;
+}
+
 static int o_step(lua_State *L)
 {
     mp_optim *o = check_optim(L, 1);
@@ -173,7 +184,7 @@ static int o_clip_grad_norm(lua_State *L)
 }
 
 static const luaL_Reg meth[] = {
-    {"step", o_step}, {"zero_grad", o_zero_grad}, {"_views", o_views}, {"free", o_gc}, {NULL, NULL}
+    {"step", o_step}, {"zero_grad", o_zero_grad}, {"_views", o_views}, {"free", o_free}, {NULL, NULL}
 };
 
 void mp_open_optim(lua_State *L)

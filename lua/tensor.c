@@ -1,8 +1,8 @@
 /*
  * tensor.c: the Tensor userdata: its methods, properties and metamethods.
  * Methods live in `meth`, metamethods in `metameth`; __index looks up a method
- * first and then a property (shape, dtype, device). __gc, __close and free()
- * share one function.
+ * first and then a property (shape, dtype, device). __close and free() share
+ * one function, which may defer the release (bind.c); __gc releases at once.
  */
 #include <string.h>
 #include "lua/bind.h"
@@ -24,6 +24,17 @@ static int t_gc(lua_State *L)
     LTensor *u = luaL_checkudata(L, 1, MP_TENSOR_MT);
     mp_release(u->t);
     u->t = NULL;
+    return 0;
+}
+
+/* __close and free(): the userdata lets go at once; the tensor waits while a C
+ * function of the binding may be using it (bind.c) */
+static int t_close(lua_State *L)
+{
+    LTensor *u = luaL_checkudata(L, 1, MP_TENSOR_MT);
+    mp_tensor *t = u->t;
+    u->t = NULL;
+    lt_release(L, t);
     return 0;
 }
 
@@ -87,7 +98,7 @@ static int t_free(lua_State *L)
 {
     LTensor *u = luaL_checkudata(L, 1, MP_TENSOR_MT);
     if (!u->t) return luaL_error(L, "Tensor:free: tensor was already freed");
-    return t_gc(L);
+    return t_close(L);
 }
 
 /* t:to(dtype), t:to(device), t:to(dtype, device) in either order */
@@ -352,8 +363,9 @@ static int t_newindex(lua_State *L)
             return luaL_error(L, "Tensor.grad: must be a plain tensor (not the tensor itself, not one that "
                                  "requires grad or has a .grad; use :detach():clone())");
         if (g) mp_retain(g);
-        mp_release(t->grad);
+        mp_tensor *old = t->grad;
         t->grad = g;
+        lt_release(L, old);
         return 0;
     }
     return luaL_error(L, "Tensor: cannot set field '%s' (tensors have no writable fields but grad)",
@@ -401,7 +413,7 @@ static const luaL_Reg meth[] = {
 };
 
 static const luaL_Reg metameth[] = {
-    {"__gc", t_gc}, {"__close", t_gc}, {"__tostring", lt_tostring},
+    {"__gc", t_gc}, {"__close", t_close}, {"__tostring", lt_tostring},
     {"__add", t_add}, {"__sub", t_sub}, {"__mul", t_mul}, {"__div", t_div}, {"__unm", t_unm},
     {"__eq", t_eq}, {"__newindex", t_newindex}, {"__index", NULL}, {NULL, NULL}
 };
