@@ -80,6 +80,15 @@ void mp_scaler_free(mp_scaler *s)
 
 static mp_scale_state *dev_state(mp_scaler *s) { return mp_data(s->state); }
 
+/* the policy's floor was reached with gradients still overflowing: said once */
+static void warn_at_min(mp_scaler *s, bool warned)
+{
+    if (!warned || s->printed_min_warning) return;
+    fprintf(stderr, "mpengine: warning: loss scale at its minimum %g and gradients still overflow: "
+                    "such steps are skipped (the policy's on_min = \"error\" raises instead)\n", s->policy.min);
+    s->printed_min_warning = true;
+}
+
 /* the host copy from the backend's (a wait for the device on a GPU); on a
  * device error the host copy stays as it was */
 static int pull(mp_scaler *s)
@@ -89,11 +98,7 @@ static int pull(mp_scaler *s)
     if (mp_host_read(s->state->dev, &tmp, dev_state(s), sizeof tmp)) return -1;
     s->h = tmp;
     s->h_fresh = true;
-    if (s->h.warned_at_min && !s->printed_min_warning) {
-        fprintf(stderr, "mpengine: warning: loss scale at its minimum %g and gradients still overflow\n",
-                s->policy.min);
-        s->printed_min_warning = true;
-    }
+    warn_at_min(s, s->h.warned_at_min);
     return 0;
 }
 
@@ -330,13 +335,14 @@ static void end_step(mp_scaler *s)
     s->nopt = 0;
 }
 
-int mp_scaler_update(mp_scaler *s)
+/* After an update: a policy at its floor that still overflows fails at once
+ * with on_min = "error" (one read, a wait on a GPU). The warning of on_min =
+ * "warn" comes at once on the CPU, whose state is host memory, and on a GPU at
+ * the next read (every step with sync on: the step's outcome is read). */
+static int floor_outcome(mp_scaler *s)
 {
-    if (!s->state && place(s, MP_CPU)) return -1;   /* an update before any step */
-    rule(s, MP_SCALE_UPDATE, 0, 0);
-    /* hysteresis at its floor fails at once with on_min = "error" (one read, a
-     * wait on a GPU); the warning of on_min = "warn" comes at the next read */
-    if (s->policy.kind == MP_POLICY_HYSTERESIS && s->policy.error_at_min) {
+    if (s->state->dev == MP_CPU) warn_at_min(s, dev_state(s)->warned_at_min);
+    if (s->policy.error_at_min) {
         if (pull(s)) return end_step(s), -1;
         if (s->h.at_min == 2) {
             end_step(s);
@@ -348,12 +354,22 @@ int mp_scaler_update(mp_scaler *s)
     return 0;
 }
 
+int mp_scaler_update(mp_scaler *s)
+{
+    if (!s->state && place(s, MP_CPU)) return -1;   /* an update before any step */
+    rule(s, MP_SCALE_UPDATE, 0, 0);
+    return floor_outcome(s);
+}
+
 int mp_scaler_set_scale(mp_scaler *s, double scale)
 {
     if (!(scale > 0) || !isfinite((float)scale))
         return mp_fail(MP_EINVAL, "the new scale must be a finite f32 number > 0 (got %g)", scale);
-    if (s->state) rule(s, MP_SCALE_SET, 0, (float)scale);
-    else s->h.scale = (float)scale;
-    end_step(s);
-    return 0;
+    if (!s->state) {
+        s->h.scale = (float)scale;
+        end_step(s);
+        return 0;
+    }
+    rule(s, MP_SCALE_SET, 1, (float)scale);
+    return floor_outcome(s);
 }

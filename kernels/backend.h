@@ -117,7 +117,7 @@ typedef struct {
     double init, growth, backoff, min, max;   /* min/max: 0 means unbounded */
     int64_t interval;                         /* dynamic: growth interval; hysteresis: window */
     int hysteresis;                           /* hysteresis: overflows tolerated before a backoff */
-    bool error_at_min;                        /* hysteresis: on_min = "error" */
+    bool error_at_min;                        /* on_min = "error": raise at the floor, else warn once */
     int history;                              /* amax: steps of history */
     double margin;                            /* amax: powers of two below f16's max */
 } mp_policy;
@@ -130,7 +130,7 @@ typedef struct {
     float stats_scale;             /* the scale of this step's statistics */
     int32_t loss_bad;              /* this step: a loss given to scale_loss was inf/NaN */
     int32_t skip;                  /* the last DECIDE: the optimizer step is skipped */
-    int32_t at_min;                /* hysteresis backed off at its floor: 1 (warn), 2 (on_min = "error") */
+    int32_t at_min;                /* at its floor and still overflowing: 1 (warn), 2 (on_min = "error") */
     int32_t warned_at_min;
     int32_t hyst_left, amax_count, amax_pos;
     int32_t last_skip;             /* why the last skipped step was skipped: 1 overflow, 2 NaN, 3 forward */

@@ -50,6 +50,18 @@ MP_HD float mp_clamp_scale(const mp_policy *p, double x)
     return (float)x;
 }
 
+/* A policy at its floor whose gradients still overflow: the scale cannot go
+ * lower, and every later step would be skipped in silence. Records at_min: 2
+ * with on_min = "error" (the host raises; the update is not made), else 1 the
+ * first time (the host warns once). Returns true when the update must stop. */
+MP_HD bool mp_floor_reached(mp_scale_state *s, const mp_policy *p, bool found_inf)
+{
+    if (!found_inf || !(p->min > 0) || (double)s->scale > p->min) return false;
+    if (p->error_at_min) { s->at_min = 2; return true; }
+    if (!s->warned_at_min) s->at_min = 1, s->warned_at_min = 1;
+    return false;
+}
+
 /* DeepSpeed's DynamicLossScaler.update_scale with separate growth/backoff
  * factors; at its floor it records at_min (the host warns, or with on_min =
  * "error" raises and the scale stays) */
@@ -122,6 +134,7 @@ MP_HD void mp_scale_apply(mp_scale_op op, mp_scale_state *s, const mp_policy *p,
         break;
     case MP_SCALE_UPDATE: {
         bool found = mp_scale_found_inf(s);
+        if (p->kind != MP_POLICY_HYSTERESIS && mp_floor_reached(s, p, found)) break;
         switch (p->kind) {
         case MP_POLICY_DYNAMIC:   /* torch._amp_update_scale_ */
             if (found) {
@@ -141,7 +154,10 @@ MP_HD void mp_scale_apply(mp_scale_op op, mp_scale_state *s, const mp_policy *p,
         }
         break;
     }
-    case MP_SCALE_SET: s->scale = value; break;
+    case MP_SCALE_SET:   /* arg 1: a Lua policy's result, or the script's: the floor holds for it too */
+        if (arg && mp_floor_reached(s, p, mp_scale_found_inf(s))) break;
+        s->scale = p->min > 0 && (double)value < p->min ? (float)p->min : value;
+        break;
     }
 }
 

@@ -87,20 +87,35 @@ end
 
 function policy.none() return builtin{kind = "none", init = 1} end
 
+-- The floor of every policy whose scale moves: the smallest normal f32 unless
+-- min says otherwise. At its floor with gradients that still overflow, a policy
+-- warns once (on_min = "warn") or raises (on_min = "error"): the scale never
+-- reaches 0 with every later step skipped in silence, as PyTorch's GradScaler's
+-- does (docs/ARCHITECTURE.md, "The floor").
+policy.MIN_SCALE = 2 ^ -126
+
+local function check_on_min(name, v)
+  if v ~= nil and v ~= "warn" and v ~= "error" then
+    error(name .. ": on_min must be \"warn\" or \"error\" (got " .. v .. ")", 3)
+  end
+  return v or "warn"
+end
+
 function policy.dynamic(opts)
   local o = options("mp.amp.policy.dynamic", opts,
-    {init = "number", growth = "number", backoff = "number", interval = "number", min = "number", max = "number"})
+    {init = "number", growth = "number", backoff = "number", interval = "number", min = "number", max = "number",
+     on_min = "string"})
+  local on_min = check_on_min("mp.amp.policy.dynamic", o.on_min)
   return builtin(validate("mp.amp.policy.dynamic", {kind = "dynamic", init = o.init or 65536, growth = o.growth or 2,
-                 backoff = o.backoff or 0.5, interval = o.interval or 2000, min = o.min, max = o.max}))
+                 backoff = o.backoff or 0.5, interval = o.interval or 2000, min = o.min or policy.MIN_SCALE,
+                 max = o.max, on_min = on_min}))
 end
 
 function policy.hysteresis(opts)
   local o = options("mp.amp.policy.hysteresis", opts,
     {init = "number", growth = "number", backoff = "number", window = "number", hysteresis = "number",
      min = "number", max = "number", on_min = "string"})
-  if o.on_min ~= nil and o.on_min ~= "warn" and o.on_min ~= "error" then
-    error("mp.amp.policy.hysteresis: on_min must be \"warn\" or \"error\" (got " .. o.on_min .. ")", 2)
-  end
+  check_on_min("mp.amp.policy.hysteresis", o.on_min)
   return builtin(validate("mp.amp.policy.hysteresis", {kind = "hysteresis", init = o.init or 65536,
                  growth = o.growth or 2, backoff = o.backoff or 0.5, window = o.window or 1000,
                  hysteresis = o.hysteresis or 2, min = o.min or 1, max = o.max, on_min = o.on_min or "warn"}))
@@ -108,9 +123,12 @@ end
 
 function policy.amax(opts)
   local o = options("mp.amp.policy.amax", opts,
-    {init = "number", history = "number", margin = "number", backoff = "number", min = "number", max = "number"})
+    {init = "number", history = "number", margin = "number", backoff = "number", min = "number", max = "number",
+     on_min = "string"})
+  local on_min = check_on_min("mp.amp.policy.amax", o.on_min)
   return builtin(validate("mp.amp.policy.amax", {kind = "amax", init = o.init or 65536, history = o.history or 16,
-                 margin = o.margin or 1, backoff = o.backoff or 0.5, min = o.min or 1, max = o.max or 2^24}))
+                 margin = o.margin or 1, backoff = o.backoff or 0.5, min = o.min or 1, max = o.max or 2^24,
+                 on_min = on_min}))
 end
 
 -- the C view of a policy
@@ -120,7 +138,10 @@ local function engine_policy(p)
             interval = p.interval or p.window, hysteresis = p.hysteresis, history = p.history, margin = p.margin,
             error_at_min = p.on_min == "error"}
   end
-  return {kind = "external", init = 1}
+  -- a Lua policy: its result is held to the same floor (its `min`, else the
+  -- smallest normal f32) and warns or raises there as its on_min says
+  local min = type(p.min) == "number" and p.min > 0 and p.min or policy.MIN_SCALE
+  return {kind = "external", init = 1, min = min, error_at_min = p.on_min == "error"}
 end
 
 local function is_policy(p)

@@ -541,3 +541,77 @@ describe("state_dict / load_state_dict", function()
     assert.equal(2, r.sc:get_scale())
   end)
 end)
+
+describe("the floor: a scale that cannot collapse in silence", function()
+  -- a policy fed NaN more often than it grows, in a child, so stderr can be read;
+  -- prints the final scale, skipped steps and whether the state says it warned
+  local function starve(policy_src, steps, clean_every)
+    return H.child(string.format([[
+      local mp = require "mp"
+      local P = mp.amp.policy
+      local p = mp.tensor({0.5}, {requires_grad = true})
+      local opt = mp.optim.SGD({p}, {lr = 0})
+      local sc = mp.amp.GradScaler{policy = %s}
+      local ok, err = pcall(function()
+        for i = 1, %d do
+          sc:scale(mp.tensor(1.0))
+          p.grad = mp.tensor({i %% %d == 0 and 1 or 0 / 0})   -- NaN but one step in clean_every
+          sc:step(opt)
+          sc:update()
+        end
+      end)
+      io.write(string.format("%%.17g %%d %%s %%s", sc:get_scale(), sc.stats.skipped,
+                             tostring(sc:state_dict().warned_at_min), ok and "ok" or err))
+    ]], policy_src, steps, clean_every or 3), true)
+  end
+  local function warnings(err)
+    local n = 0
+    for _ in err:gmatch("[^\n]*at its minimum[^\n]*") do n = n + 1 end
+    return n
+  end
+
+  it("the default dynamic policy stops at the smallest normal f32, and warns once", function()
+    -- 65536 = 2^16 halves 142 times to 2^-126; 400 steps of mostly NaN take it there
+    local res = starve("P.dynamic{interval = 4}", 400)
+    assert.equal(0, res.rc, res.err)
+    local scale, skipped, warned, outcome = res.out:match("^(%S+) (%S+) (%S+) (.*)$")
+    assert.equal("ok", outcome)
+    assert.equal(2 ^ -126, tonumber(scale))
+    assert.equal("true", warned)
+    assert.equal(1, warnings(res.err), res.err)
+    assert.is_true(tonumber(skipped) > 200)
+    assert.equal(2 ^ -126, P.dynamic{}.min)
+  end)
+
+  it("on_min = \"error\" raises at the floor for dynamic and amax", function()
+    for _, src in ipairs{"P.dynamic{interval = 4, min = 2 ^ -4, on_min = \"error\"}",
+                         "P.amax{min = 2 ^ -4, on_min = \"error\"}"} do
+      local res = starve(src, 400, 1000)   -- amax regrows on any clean step: NaN throughout
+      assert.equal(0, res.rc, res.err)
+      local scale, _, _, outcome = res.out:match("^(%S+) (%S+) (%S+) (.*)$")
+      assert.equal(2 ^ -4, tonumber(scale), src)
+      assert.truthy(outcome:find("minimum"), src .. ": " .. outcome)
+    end
+  end)
+
+  it("a Lua policy's result is held to the floor and warns or raises the same way", function()
+    local halve = "{update = function(self, info) return info.found_inf and info.scale / 2 or info.scale end%s}"
+    local res = starve(string.format(halve, ""), 400)
+    assert.equal(0, res.rc, res.err)
+    local scale, _, warned, outcome = res.out:match("^(%S+) (%S+) (%S+) (.*)$")
+    assert.equal("ok", outcome)
+    assert.equal(2 ^ -126, tonumber(scale))
+    assert.equal("true", warned)
+    assert.equal(1, warnings(res.err), res.err)
+
+    res = starve(string.format(halve, ", min = 1, on_min = \"error\""), 400)
+    scale, _, _, outcome = res.out:match("^(%S+) (%S+) (%S+) (.*)$")
+    assert.equal(1, tonumber(scale))
+    assert.truthy(outcome:find("minimum"), outcome)
+  end)
+
+  it("on_min takes only \"warn\" or \"error\"", function()
+    H.raises(function() P.dynamic{on_min = "explode"} end, {"on_min"})
+    H.raises(function() P.amax{on_min = "explode"} end, {"on_min"})
+  end)
+end)
