@@ -199,6 +199,7 @@ void mp_release_cache(mp_device d)
 }
 
 void mp_set_memory_limit(mp_device d, size_t bytes) { stats[d].limit = bytes; }
+void mp_reset_peak_memory(mp_device d) { stats[d].peak = stats[d].in_use; }
 
 static mp_storage *storage_new(mp_device dev, size_t nbytes)
 {

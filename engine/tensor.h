@@ -87,6 +87,7 @@ int mp_same_shape(const mp_tensor *a, const mp_tensor *b);
 const char *mp_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
 
 mp_memstats mp_memory(mp_device d);
+void mp_reset_peak_memory(mp_device d);   /* peak = in_use (torch.cuda.reset_peak_memory_stats) */
 void mp_set_memory_limit(mp_device d, size_t bytes);
 /* give the blocks the device's caching allocator holds back to the system */
 void mp_release_cache(mp_device d);

@@ -14,6 +14,16 @@
  * block wastes at most a quarter of its size. When the system refuses, the
  * whole cache is given back and the request tried once more.
  *
+ * Bound: what the cache holds from the system (blocks in use plus free ones)
+ * stays within twice the peak of the bytes in use. A request no free block
+ * serves first gives back free blocks of the classes used least recently until
+ * it fits. Twice, not once: the classes of a training step need their most
+ * blocks at different moments of the step, so the free lists that serve a warm
+ * step can together hold more than its peak, and cutting them would make every
+ * step ask the system again. A loop whose sizes keep changing thus holds at
+ * most twice what it ever used at once (glibc, by contrast, may keep every
+ * freed block).
+ *
  * Written once for both backends as plain C (kernels/step_rules.h is shared the
  * same way). Not thread-safe: the engine allocates from one thread.
  */
@@ -30,6 +40,7 @@
 typedef struct {
     void **p;
     int n, cap;
+    uint64_t used;   /* the tick of the class's last request or return */
 } mp_cache_list;
 
 typedef struct {
@@ -38,6 +49,8 @@ typedef struct {
     mp_cache_list list[MP_CACHE_CLASSES];
     size_t cached;                         /* bytes in the free lists */
     size_t held;                           /* bytes taken from the system and not given back */
+    size_t peak;                           /* the most bytes in use (held - cached) at once */
+    uint64_t tick;                         /* requests and returns so far */
     int64_t sys_allocs;                    /* calls to sys_alloc */
 } mp_block_cache;
 
@@ -74,16 +87,34 @@ static inline void mp_cache_release(mp_block_cache *c)
     c->cached = 0;
 }
 
+/* free blocks back to the system, of the classes used least recently first,
+ * until at most `keep` bytes are held */
+static inline void mp_cache_trim(mp_block_cache *c, size_t keep)
+{
+    while (c->cached && c->held > keep) {
+        int old = -1;
+        for (int i = 0; i < MP_CACHE_CLASSES; i++)
+            if (c->list[i].n && (old < 0 || c->list[i].used < c->list[old].used)) old = i;
+        mp_cache_list *l = &c->list[old];
+        size_t size = mp_cache_size(old);
+        while (l->n && c->held > keep) c->sys_free(l->p[--l->n], size), c->held -= size, c->cached -= size;
+    }
+}
+
 static inline void *mp_cache_alloc(mp_block_cache *c, size_t nbytes)
 {
     size_t size;
     int k = mp_cache_class(nbytes, &size);
     if (k < 0) return NULL;
     mp_cache_list *l = &c->list[k];
+    size_t live = c->held - c->cached + size;
+    if (live > c->peak) c->peak = live;
+    l->used = ++c->tick;
     if (l->n) {
         c->cached -= size;
         return l->p[--l->n];
     }
+    if (c->held + size > 2 * c->peak) mp_cache_trim(c, 2 * c->peak - size);   /* peak >= size */
     c->sys_allocs++;
     void *p = c->sys_alloc(size);
     if (!p && c->cached) {
@@ -101,6 +132,7 @@ static inline void mp_cache_free(mp_block_cache *c, void *p, size_t nbytes)
     int k = mp_cache_class(nbytes, &size);
     if (!p || k < 0) return;
     mp_cache_list *l = &c->list[k];
+    l->used = ++c->tick;
     if (l->n == l->cap) {
         int cap = l->cap ? 2 * l->cap : 8;
         void **q = (void **)realloc(l->p, sizeof *q * (size_t)cap);

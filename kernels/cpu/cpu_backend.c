@@ -6,6 +6,7 @@
  */
 #include <omp.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
 #include "kernels/block_cache.h"
@@ -20,16 +21,32 @@ __attribute__((constructor)) static void cpu_threads_init(void)
     if (!getenv("OMP_NUM_THREADS")) omp_set_num_threads(1);
 }
 
-/* the system's memory, 64-byte aligned */
+/* The system's memory, 64-byte aligned. Large blocks are mapped and unmapped
+ * directly: glibc keeps freed heap blocks, and after a large free it raises its
+ * own mmap threshold so that later large blocks come from the heap too, where
+ * a loop of changing sizes leaves gigabytes resident that the engine no longer
+ * holds. munmap gives them back at once. */
+#define MAP_FROM ((size_t)128 << 10)
+
 static void *sys_alloc(size_t nbytes)
 {
     void *p = NULL;
     size_t rounded = (nbytes + 63) & ~(size_t)63;
-    if (rounded < nbytes || posix_memalign(&p, 64, rounded)) return NULL;
-    return p;
+    if (rounded < nbytes) return NULL;
+    if (rounded >= MAP_FROM) {
+        p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    return posix_memalign(&p, 64, rounded) ? NULL : p;
 }
 
-static void sys_free(void *p, size_t nbytes) { free(p); }
+static void sys_free(void *p, size_t nbytes)
+{
+    size_t rounded = (nbytes + 63) & ~(size_t)63;
+    if (!p) return;
+    if (rounded >= MAP_FROM) munmap(p, rounded);
+    else free(p);
+}
 
 static mp_block_cache cache = {.sys_alloc = sys_alloc, .sys_free = sys_free};
 
@@ -52,7 +69,7 @@ void *cpu_scratch(int slot, size_t nbytes)
     static _Thread_local void *buf[4];
     static _Thread_local size_t cap[4];
     if (nbytes > cap[slot]) {
-        free(buf[slot]);
+        sys_free(buf[slot], cap[slot]);
         cap[slot] = 0;
         buf[slot] = sys_alloc(nbytes);
         if (!buf[slot]) return NULL;

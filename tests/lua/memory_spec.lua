@@ -73,6 +73,31 @@ describe("memory", function()
     assert.is_true(held < 512, string.format("engine held up to %.0f MiB at once (limit 512)", held))
   end)
 
+  it("a loop of changing sizes holds within a small factor of the engine's peak (the caching allocator's bound)", function()
+    local rss0 = H.rss()
+    if not rss0 then
+      pending("no /proc/self/status on this system")
+      return
+    end
+    full_gc()
+    mp.empty_cache("cpu")
+    mp.reset_peak_memory("cpu")
+    local m0 = mp.memory("cpu")
+    local peak_rss, kept = rss0, {}
+    -- glibc alone kept ~30x the engine's peak resident in this loop (scripts/bench/bench_memory.lua)
+    for i = 1, 600 do
+      local t = mp.zeros({(1 + (i * 7919) % 2048) * 4096}, {device = "cpu"})
+      kept[#kept + 1] = t:sum()
+      if i % 20 == 0 then peak_rss = math.max(peak_rss, H.rss()) end
+    end
+    local m = mp.memory("cpu")
+    local grew, peak = (peak_rss - rss0) / MiB, (m.peak - m0.in_use) / MiB
+    assert.is_true(grew < 3 * peak + 64, string.format("resident size grew by %.0f MiB; the engine's peak was %.0f MiB", grew, peak))
+    assert.is_true(m.in_use + m.cached <= 2 * m.peak + 32 * MiB, "the cache holds more than twice the peak")
+    mp.empty_cache("cpu")
+    assert.are.equal(0, mp.memory("cpu").cached)
+  end)
+
   it("after dropping references and a full collection, in_use returns to its start", function()
     full_gc()
     local base = mp.memory()
