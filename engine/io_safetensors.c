@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>      /* cJSON_ParseWithLengthOpts, cJSON_PrintUnformatted */
@@ -238,6 +240,53 @@ static void fsync_dir(const char *path)
     free(copy);
 }
 
+/* A save writes `<path>.tmp-XXXXXX` (mkstemp's six characters) and renames it
+ * over path. A process killed before the rename leaves that file behind. The
+ * writer holds an exclusive flock on its temporary file while it writes, and
+ * the kernel drops the lock when the process dies; so a temporary file nobody
+ * holds a lock on belongs to an interrupted save, and one that is locked to a
+ * save still running (in this process or another), which is left alone. */
+static bool is_temp_of(const char *name, const char *base, size_t blen)
+{
+    if (strncmp(name, base, blen) || strncmp(name + blen, ".tmp-", 5) || strlen(name + blen) != 11) return false;
+    for (const char *c = name + blen + 5; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9'))) return false;
+    return true;
+}
+
+int mp_st_stale_temps(const char *path, bool remove, void (*each)(const char *file, void *ud), void *ud)
+{
+    if (!path || !*path) return mp_fail(MP_EINVAL, "path must be a non-empty string");
+    char *dcopy = strdup(path), *bcopy = strdup(path);
+    if (!dcopy || !bcopy) return free(dcopy), free(bcopy), mp_fail(MP_EOOM, "out of memory");
+    const char *dir = dirname(dcopy), *base = basename(bcopy);
+    size_t blen = strlen(base), dlen = strlen(dir);
+    DIR *d = opendir(dir);
+    if (!d) {
+        int e = errno;
+        free(dcopy), free(bcopy);
+        return e == ENOENT ? 0 : mp_fail(MP_EINVAL, "'%s': cannot list its directory: %s", path, strerror(e));
+    }
+    int n = 0;
+    struct dirent *ent;
+    while ((ent = readdir(d))) {
+        if (!is_temp_of(ent->d_name, base, blen)) continue;
+        char *file = malloc(dlen + strlen(ent->d_name) + 2);
+        if (!file) continue;
+        sprintf(file, "%s/%s", dir, ent->d_name);
+        int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0) {   /* no writer holds it: stale */
+            if (each) each(file, ud);
+            if (!remove || unlink(file) == 0) n++;
+        }
+        if (fd >= 0) close(fd);
+        free(file);
+    }
+    closedir(d);
+    free(dcopy), free(bcopy);
+    return n;
+}
+
 /* header length, header, then every tensor's bytes, then flush and fsync */
 static int write_file(writer *w, const char *hdr, size_t hlen, int n, mp_tensor *const *tensors)
 {
@@ -270,7 +319,9 @@ int mp_st_save(const char *path, int n, const char *const *names, mp_tensor *con
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp-XXXXXX", 12);
 
+    mp_st_stale_temps(path, true, NULL, NULL);   /* what an interrupted save to this path left */
     int fd = mkstemp(tmp);
+    if (fd >= 0) flock(fd, LOCK_EX);             /* ours while we write: see mp_st_stale_temps */
     if (fd < 0) {
         int e = errno;
         free(hdr), free(tmp);

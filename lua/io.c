@@ -619,6 +619,48 @@ static int m_load(lua_State *L)
     return 2;
 }
 
+/* mp.stale_saves(path [, {remove = true}]) -> list of the temporary files that
+ * interrupted saves to path left (removed when asked; mp.save removes them too) */
+typedef struct { char **v; int n, cap; } FileList;
+
+static void add_file(const char *file, void *ud)
+{
+    FileList *l = ud;
+    if (l->n == l->cap) {
+        int cap = l->cap ? 2 * l->cap : 8;
+        char **v = realloc(l->v, sizeof *v * (size_t)cap);
+        if (!v) return;
+        l->v = v, l->cap = cap;
+    }
+    if ((l->v[l->n] = strdup(file))) l->n++;
+}
+
+static int m_stale_saves(lua_State *L)
+{
+    const char *name = "mp.stale_saves";
+    if (lua_type(L, 1) != LUA_TSTRING) return luaL_error(L, "%s: path must be a string (got %s)", name, luaL_typename(L, 1));
+    if (strlen(lua_tostring(L, 1)) != lua_rawlen(L, 1)) return luaL_error(L, "%s: path contains a NUL byte", name);
+    bool remove = false;
+    if (!lua_isnoneornil(L, 2)) {
+        if (!lua_istable(L, 2)) return luaL_error(L, "%s: options must be a table (got %s)", name, luaL_typename(L, 2));
+        lua_getfield(L, 2, "remove");
+        remove = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    FileList l = {0};
+    mp_clear_error();
+    int n = mp_st_stale_temps(lua_tostring(L, 1), remove, add_file, &l);
+    lua_createtable(L, l.n, 0);   /* memory errors past here would leak l: push first, free, then check */
+    for (int i = 0; i < l.n; i++) {
+        lua_pushstring(L, l.v[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    for (int i = 0; i < l.n; i++) free(l.v[i]);
+    free(l.v);
+    if (n < 0) return lt_error(L, name);
+    return 1;
+}
+
 /* ================================================================ registration */
 
 void mp_open_io(lua_State *L)
@@ -635,4 +677,6 @@ void mp_open_io(lua_State *L)
     lua_setfield(L, -2, "save");
     lua_pushcfunction(L, m_load);
     lua_setfield(L, -2, "load");
+    lua_pushcfunction(L, m_stale_saves);
+    lua_setfield(L, -2, "stale_saves");
 }

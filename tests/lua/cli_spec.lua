@@ -186,4 +186,42 @@ describe("mpengine command line", function()
     assert.are.equal("main\n", p:read("a"))
     p:close()
   end)
+
+  it("the REPL survives hostile globals: _PROMPT, mp, print and the global table itself", function()
+    local out, err, rc = run("-i", table.concat({
+      "_PROMPT = setmetatable({}, {__tostring = function() error('bad prompt') end})",
+      "print(1 + 1)",
+      "_PROMPT = nil",
+      "mp = setmetatable({}, {__index = function() error('mp gone') end})",
+      "{}",
+      "print = 5",
+      "3",
+      "print = nil",
+      "setmetatable(_G, {__index = function(_, k) error('hostile ' .. k) end})",
+      "rawget(_G, 'io').write('still here\\n')",
+      "error(setmetatable({}, {__tostring = function() error('x') end}))",
+      "rawget(_G, 'io').write('after all\\n')",
+    }, "\n") .. "\n")
+    assert.are.equal(0, rc, err)
+    assert.truthy(out:find("2", 1, true), out)
+    assert.truthy(out:find("still here", 1, true), out)
+    assert.truthy(out:find("after all", 1, true), out)
+    local all = out .. err
+    for _, w in ipairs{"bad prompt", "mp gone", "error calling 'print'", "hostile _PROMPT"} do
+      assert.truthy(all:find(w, 1, true), w .. " not reported:\n" .. all)
+    end
+  end)
+
+  it("t:free() in a script run by mpengine releases at once (the CLI holds no tensors under it)", function()
+    local out, err, rc = run("-", table.concat({
+      "collectgarbage('stop')",
+      "local t = mp.zeros{1000000}",
+      "local before = mp.counters and mp.memory().in_use",
+      "t:free()",
+      "do local u <close> = mp.zeros{1000000} end",
+      "io.write(before - mp.memory().in_use)",
+    }, "\n") .. "\n")
+    assert.are.equal(0, rc, err)
+    assert.are.equal("4000000", out)
+  end)
 end)
