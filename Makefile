@@ -3,6 +3,13 @@
 
 PREFIX   ?= /usr/local
 BUILD    ?= build
+# make test SAN=1: everything built with AddressSanitizer, UndefinedBehaviorSanitizer
+# (any report fails) and LeakSanitizer, in its own build directory, and the whole
+# suite run on it (tests/run.sh preloads the runtime into lua5.4)
+ifeq ($(SAN),1)
+BUILD    := $(BUILD)-san
+SANFLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+endif
 CC       ?= cc
 LUA_INC  := $(shell pkg-config --cflags lua5.4 2>/dev/null || echo -I/usr/include/lua5.4)
 LUA_LIB  := $(shell pkg-config --libs lua5.4 2>/dev/null || echo -llua5.4)
@@ -10,7 +17,8 @@ BLAS_INC := -I/usr/include/x86_64-linux-gnu/openblas-pthread
 CFLAGS   ?= -O2 -g
 # -fno-math-errno: nothing reads errno after sqrtf, and it lets loops with sqrtf vectorise
 CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fPIC -fopenmp -fno-math-errno -I. $(BLAS_INC)
-LDLIBS   := -lopenblas -lz -lcjson -lm -fopenmp -lpthread
+CFLAGS   += $(SANFLAGS)
+LDLIBS   := $(SANFLAGS) -lopenblas -lz -lcjson -lm -fopenmp -lpthread
 VERSION  := 0.1.0
 
 DEBS := liblua5.4-dev lua5.4 libopenblas-dev zlib1g-dev libreadline-dev libcriterion-dev \
@@ -41,13 +49,13 @@ CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 # math library's own FMAs (expf, erff, ...) are explicit and stay.
 NVFLAGS  := -std=c++17 -O3 -I. -Xcompiler -fPIC -fmad=false -gencode arch=compute_90,code=sm_90 \
             -gencode arch=compute_80,code=compute_80
-CUDA_SO  := $(if $(NVCC),$(if $(CUDA_SRC),$(BUILD)/mp/cuda.so))
+CUDA_SO  := $(if $(SAN),,$(if $(NVCC),$(if $(CUDA_SRC),$(BUILD)/mp/cuda.so)))
 
 LIB  := $(BUILD)/libmpengine.a
 CORE := $(BUILD)/mp/core.so
 CLI  := $(BUILD)/mpengine
 
-.PHONY: all deps pydeps test demo bench bench-deps bench-gpu install clean gpu-bundle gpu-check
+.PHONY: all deps pydeps test demo fuzz fuzz-bins bench bench-deps bench-gpu install clean gpu-bundle gpu-check
 all: $(LIB) $(CORE) $(CLI) $(CUDA_SO)
 	@echo "built backends: cpu$(if $(CUDA_SO), and cuda ($(CUDA_SO), loaded when a GPU is present), (nvcc not found: no CUDA backend))"
 
@@ -106,6 +114,37 @@ $(BUILD)/bench/%: scripts/bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -O3 -o $@ $< $(LIB) $(LDLIBS)
 
+# make fuzz: libFuzzer targets built with clang, ASan and UBSan in build-fuzz/
+# (tests/fuzz): the safetensors loader, mp.load through the binding, the IDX
+# reader, and a Lua program fuzzer of the API; each runs FUZZ_S seconds from the
+# committed corpus in tests/fuzz/corpus; crashes are saved in build-fuzz/crashes
+# and fail the run
+FUZZ_S       ?= 60
+FUZZ_BUILD   := build-fuzz
+FUZZ_TARGETS := safetensors load idx api
+FUZZ_BIN     := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
+FUZZ_LUA     := -DMP_ROOT='"$(CURDIR)"' $(LUA_INC)
+
+fuzz: deps
+	@command -v clang >/dev/null 2>&1 || $(MAKE) --no-print-directory deps DEBS=clang
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_BUILD) CC=clang \
+	  SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -fsanitize=fuzzer-no-link" fuzz-bins
+	@FUZZ_S=$(FUZZ_S) BUILD=$(FUZZ_BUILD) sh tests/fuzz/run.sh $(FUZZ_TARGETS)
+
+fuzz-bins: $(FUZZ_BIN)
+
+$(BUILD)/fuzz/fuzz_safetensors $(BUILD)/fuzz/fuzz_idx: $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_input.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $< $(LIB) $(LDLIBS)
+
+$(BUILD)/fuzz/fuzz_load: tests/fuzz/fuzz_lua.c tests/fuzz/fuzz_input.h $(BIND_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(FUZZ_LUA) -fsanitize=fuzzer -o $@ $< $(BIND_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS)
+
+$(BUILD)/fuzz/fuzz_api: tests/fuzz/fuzz_lua.c tests/fuzz/fuzz_input.h tests/fuzz/api_driver.lua $(BIND_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(FUZZ_LUA) -DFUZZ_API -fsanitize=fuzzer -o $@ $< $(BIND_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS)
+
 # Install missing Debian packages (as root), else print the command to run.
 deps:
 	@missing=$$(for p in $(DEBS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
@@ -129,7 +168,7 @@ pydeps:
 
 test: deps pydeps
 	@$(MAKE) --no-print-directory all $(CTEST_BIN) $(PARITY) $(FAKE_CUDA)
-	@BUILD=$(BUILD) sh tests/run.sh
+	@BUILD=$(BUILD) SAN=$(SAN) sh tests/run.sh
 
 demo: deps
 	@$(MAKE) --no-print-directory all

@@ -5,6 +5,20 @@
 # `N passed, N failed` (`, N skipped` where any were skipped); exits 1 on failure.
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.." || exit 1
+# SAN=1 (make test SAN=1): the build is instrumented with ASan and UBSan; lua5.4,
+# busted's interpreter, is not, so the sanitizers' runtimes are preloaded into it
+# and into every child. Any report fails the test that caused it (UBSan halts;
+# ASan and LeakSanitizer exit non-zero); tests/lsan.supp names what is not ours.
+if [ "${SAN:-}" = 1 ]; then
+  CC=${CC:-cc}
+  LD_PRELOAD="$($CC -print-file-name=libasan.so) $($CC -print-file-name=libubsan.so)"
+  export LD_PRELOAD
+  export ASAN_OPTIONS="detect_leaks=1:exitcode=23:strict_string_checks=1:detect_stack_use_after_return=0"
+  export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=24"
+  export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp:print_suppressions=0"
+  # the interop test's Python packages: those of the plain build when it has them
+  [ -x build/pyenv/bin/python3 ] && export MP_TEST_PYTHON="$PWD/build/pyenv/bin/python3"
+fi
 pass=0 fail=0 skip=0
 log=$(mktemp) && trap 'rm -f "$log"' EXIT
 

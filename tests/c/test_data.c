@@ -254,7 +254,7 @@ Test(idx, truncated_gzip_stream)
     const char *p = path_of("cut.gz");
     uint32_t dims[1] = {100000};
     unsigned char *v = malloc(100000);
-    for (int i = 0; i < 100000; i++) v[i] = (unsigned char)(i * i >> 7);
+    for (uint32_t i = 0; i < 100000; i++) v[i] = (unsigned char)(i * i >> 7);   /* unsigned: i * i passes 2^31 */
     write_idx(p, 1, 0x08, 1, dims, v, 100000);
     free(v);
     size_t n;

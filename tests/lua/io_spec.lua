@@ -310,7 +310,7 @@ local function find_python()
   local env = os.getenv("MP_TEST_PYTHON")
   if env and env ~= "" then table.insert(candidates, 1, env) end
   for _, py in ipairs(candidates) do
-    if os.execute(q(py) .. ' -c "import safetensors, numpy, ml_dtypes" >/dev/null 2>&1') then
+    if os.execute("env -u LD_PRELOAD " .. q(py) .. ' -c "import safetensors, numpy, ml_dtypes" >/dev/null 2>&1') then
       return py
     end
   end
@@ -324,7 +324,8 @@ local SCRIPT = root .. "/tests/reference/interop_safetensors.py"
 
 -- runs the script; returns its output and whether it exited 0
 local function script(py, args)
-  local p = io.popen(q(py) .. " " .. q(SCRIPT) .. " " .. args .. " 2>&1")
+  -- never under a sanitizer's preloaded runtime (make test SAN=1): Python is not the code under test
+  local p = io.popen("env -u LD_PRELOAD " .. q(py) .. " " .. q(SCRIPT) .. " " .. args .. " 2>&1")
   local out = p:read("a")
   local ok = p:close()
   return out, ok
