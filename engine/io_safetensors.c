@@ -399,6 +399,12 @@ static cJSON *parse_header(const char *hdr, size_t hlen, const char *path)
             cJSON_Delete(root);
             return fail_at(path, "invalid JSON in the header (trailing bytes at byte %zu)", (size_t)(p - hdr)), NULL;
         }
+    /* JSON is UTF-8 (RFC 8259), and Python's safetensors refuses a header that is
+     * not; cJSON would pass the bytes of a name or a metadata value through */
+    if (!mp_utf8_valid(hdr, hlen)) {
+        cJSON_Delete(root);
+        return fail_at(path, "the header is not valid UTF-8 text"), NULL;
+    }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
         return fail_at(path, "the header is not a JSON object"), NULL;

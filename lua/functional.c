@@ -136,7 +136,7 @@ static int f_where(lua_State *L)
             mp_tensor *ref = lt_opt(L, 3 - i) ? lt_opt(L, 3 - i) : NULL;
             double v = lua_tonumber(L, i + 2);
             mp_dtype dt = ref ? ref->dtype : MP_F32;
-            if (!mp_is_float(dt) && (v != (double)(int64_t)v || v < INT32_MIN || v > INT32_MAX)) dt = MP_F32;
+            if (!mp_is_float(dt) && (!(v >= INT32_MIN && v <= INT32_MAX) || v != (double)(int64_t)v)) dt = MP_F32;   /* range first: the cast of 2^63 is undefined */
             tmp[i] = lt_new(L);   /* keeps the scalar tensor alive until the call ends */
             lt_set(L, tmp[i], LT_CALL(L, mp_full(dt, c->dev, 0, NULL, lua_tonumber(L, i + 2))), "mp.where");
             ab[i] = tmp[i]->t;

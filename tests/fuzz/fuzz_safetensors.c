@@ -1,6 +1,7 @@
 /* fuzz_safetensors.c: the safetensors loader (engine/io_safetensors.c) on any
  * bytes: it loads a file or says why not, and every tensor it returns can be
  * read whole. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "tests/fuzz/fuzz_input.h"
@@ -20,7 +21,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         mp_tensor *t = f->tensors[i];
         double v[64];
         int64_t n = t->numel < 64 ? t->numel : 64;
-        if (n > 0 && mp_read_f64(t, t->numel - n, n, v)) abort();   /* the last values are there */
+        if (n > 0 && mp_read_f64(t, t->numel - n, n, v)) {   /* the last values must be there */
+            fprintf(stderr, "fuzz_safetensors: tensor '%s' loaded but not readable: %s\n", f->names[i], mp_error());
+            abort();
+        }
     }
     for (int i = 0; i < f->nmeta; i++)
         if (!mp_utf8_valid(f->meta_values[i], strlen(f->meta_values[i]))) abort();

@@ -1,5 +1,6 @@
 -- regressions_spec.lua: bugs found in review, one test each, so they stay fixed.
 local mp = require "mp"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
 local function bits(t)
   local out = {}
@@ -117,5 +118,23 @@ describe("regressions", function()
     local d = mp.tensor(y, {requires_grad = true})
     assert.is_true(d.is_leaf and d:requires_grad())
     assert.is_true(mp.is_grad_enabled())
+  end)
+
+  it("found by make fuzz: where with an integer tensor and 2^63 makes an f32 result, no undefined cast", function()
+    local c = mp.tensor({1, 0}, {dtype = "u8"})
+    local a = mp.tensor({1, 2}, {dtype = "i32"})
+    local y = mp.where(c, a, 2 ^ 63)
+    assert.are.equal("f32", y.dtype)
+    assert.are.same({1, 2 ^ 63}, y:totable())
+  end)
+
+  it("found by make fuzz: a safetensors header that is not UTF-8 is refused by name", function()
+    local path = os.tmpname()
+    local hdr = '{"__metadata__":{"k":"\141\187"},"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    local f = assert(io.open(path, "wb"))
+    f:write(string.pack("<I8", #hdr), hdr, string.pack("<f", 1))
+    f:close()
+    H.raises(function() mp.load(path) end, {"mp.load", "UTF-8"})
+    os.remove(path)
   end)
 end)
