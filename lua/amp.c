@@ -288,7 +288,7 @@ static int s_restore(lua_State *L)
     };
     static const char *fn[6] = {"tracker", "last_overflow", "hysteresis_left", "steps", "skipped", "amax_pos"};
     for (int i = 0; i < 6; i++)
-        if (f[i] != (double)(int64_t)f[i] || f[i] < -1 || f[i] > 9.0e15)
+        if (!(f[i] >= -1 && f[i] <= 9.0e15) || f[i] != (double)(int64_t)f[i])   /* range first: casting inf or NaN is undefined */
             return luaL_error(L, "%s: %s must be a whole number (got %f)", name, fn[i], f[i]);
     int hlen = s->policy.history > 0 ? s->policy.history : 1;
     if (nh > hlen || f[5] < 0 || f[5] >= hlen || f[2] < 0 || f[2] > 1e9)

@@ -295,7 +295,8 @@ static int t_matmul(lua_State *L)
 static mp_dtype scalar_dtype(mp_dtype dt, double v)
 {
     if (mp_is_float(dt)) return dt;
-    bool fits = v == (double)(int64_t)v && (dt == MP_U8 ? v >= 0 && v <= 255 : v >= INT32_MIN && v <= INT32_MAX);
+    /* the range first: casting inf, NaN or 2^63 to an integer is undefined */
+    bool fits = (dt == MP_U8 ? v >= 0 && v <= 255 : v >= INT32_MIN && v <= INT32_MAX) && v == (double)(int64_t)v;
     return fits ? dt : MP_F32;
 }
 
