@@ -52,6 +52,9 @@ NVFLAGS  := -std=c++17 -O3 -I. -Xcompiler -fPIC -fmad=false -gencode arch=comput
 CUDA_SO  := $(if $(SAN),,$(if $(NVCC),$(if $(CUDA_SRC),$(BUILD)/mp/cuda.so)))
 
 LIB  := $(BUILD)/libmpengine.a
+# ops register themselves when loaded (engine/op.h): a program linked against
+# the archive takes every object of it, not only those it calls
+WHOLE_LIB = -Wl,--whole-archive $(LIB) -Wl,--no-whole-archive
 CORE := $(BUILD)/mp/core.so
 CLI  := $(BUILD)/mpengine
 
@@ -84,24 +87,24 @@ $(LIB): $(ENGINE_OBJ)
 # be running code from this one
 $(CORE): $(BIND_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,-z,nodelete -o $@ $(BIND_OBJ) $(LIB) $(LDLIBS)
+	$(CC) -shared -Wl,-z,nodelete -o $@ $(BIND_OBJ) $(WHOLE_LIB) $(LDLIBS)
 
 $(CLI): $(BUILD)/obj/lua/mpengine.o $(BIND_OBJ) $(LIB)
-	$(CC) -o $@ $^ $(LUA_LIB) -lreadline $(LDLIBS) -Wl,-E
+	$(CC) -o $@ $(BUILD)/obj/lua/mpengine.o $(BIND_OBJ) $(WHOLE_LIB) $(LUA_LIB) -lreadline $(LDLIBS) -Wl,-E
 
 $(BUILD)/tests/%: tests/c/%.c $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(LIB) -lcriterion $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(WHOLE_LIB) -lcriterion $(LDLIBS)
 
 $(PARITY): tests/parity/parity.c $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $< $(WHOLE_LIB) $(LDLIBS)
 
 # -Bsymbolic: its copy of the CPU kernels and their state are its own, even
 # inside build/mpengine, which exports the engine's symbols
 $(BUILD)/tests/fake_cuda.so: tests/device/fake_cuda.c $(LIB) kernels/block_cache.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -shared -Wl,-Bsymbolic -o $@ $< $(LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) -shared -Wl,-Bsymbolic -o $@ $< $(WHOLE_LIB) $(LDLIBS)
 
 # linked against a library that is then removed
 $(BUILD)/tests/missing_dep.so: tests/device/missing_dep.c
@@ -112,7 +115,7 @@ $(BUILD)/tests/missing_dep.so: tests/device/missing_dep.c
 
 $(BUILD)/bench/%: scripts/bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -O3 -o $@ $< $(LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) -O3 -o $@ $< $(WHOLE_LIB) $(LDLIBS)
 
 # make fuzz: libFuzzer targets built with clang, ASan and UBSan in build-fuzz/
 # (tests/fuzz): the safetensors loader, mp.load through the binding, the IDX
@@ -135,15 +138,15 @@ fuzz-bins: $(FUZZ_BIN)
 
 $(BUILD)/fuzz/fuzz_safetensors $(BUILD)/fuzz/fuzz_idx: $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_input.h $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $< $(LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) -fsanitize=fuzzer -o $@ $< $(WHOLE_LIB) $(LDLIBS)
 
 $(BUILD)/fuzz/fuzz_load: tests/fuzz/fuzz_lua.c tests/fuzz/fuzz_input.h $(BIND_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(FUZZ_LUA) -fsanitize=fuzzer -o $@ $< $(BIND_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) $(FUZZ_LUA) -fsanitize=fuzzer -o $@ $< $(BIND_OBJ) $(WHOLE_LIB) $(LUA_LIB) $(LDLIBS)
 
 $(BUILD)/fuzz/fuzz_api: tests/fuzz/fuzz_lua.c tests/fuzz/fuzz_input.h tests/fuzz/api_driver.lua $(BIND_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(FUZZ_LUA) -DFUZZ_API -fsanitize=fuzzer -o $@ $< $(BIND_OBJ) $(LIB) $(LUA_LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) $(FUZZ_LUA) -DFUZZ_API -fsanitize=fuzzer -o $@ $< $(BIND_OBJ) $(WHOLE_LIB) $(LUA_LIB) $(LDLIBS)
 
 # Install missing Debian packages (as root), else print the command to run.
 deps:
@@ -192,7 +195,7 @@ bench: all $(BENCH_BIN) bench-deps
 GPU_BENCH := $(BUILD)/bench/gpu_kernels
 $(GPU_BENCH): scripts/bench/gpu/gpu_kernels.c $(LIB) $(wildcard engine/*.h kernels/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -O3 -o $@ $< $(LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) -O3 -o $@ $< $(WHOLE_LIB) $(LDLIBS)
 
 bench-gpu: all $(GPU_BENCH)
 	@BUILD=$(BUILD) sh scripts/bench/gpu/run.sh

@@ -2,11 +2,13 @@
  * autocast.c: the region stack, the op-class table and the per-region cast cache.
  */
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 #include "engine/autocast.h"
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/autograd.h"
+#include "engine/op.h"
 
 #define MAX_DEPTH 64
 #define MAX_OPS 128
@@ -15,15 +17,29 @@
 static struct { bool on; mp_dtype dt; } stack[MAX_DEPTH];
 static int depth;
 
-static struct { char name[32]; mp_ac_class c; } ops[MAX_OPS] = {
-    {"matmul", MP_AC_LOW}, {"linear", MP_AC_LOW},
-    {"softmax", MP_AC_F32}, {"log_softmax", MP_AC_F32}, {"cross_entropy", MP_AC_F32},
-    {"mse_loss", MP_AC_F32}, {"layer_norm", MP_AC_F32}, {"sum", MP_AC_F32}, {"mean", MP_AC_F32},
-    {"exp", MP_AC_F32}, {"log", MP_AC_F32}, {"pow", MP_AC_F32},
-    {"add", MP_AC_PROMOTE}, {"sub", MP_AC_PROMOTE}, {"mul", MP_AC_PROMOTE}, {"div", MP_AC_PROMOTE},
-    {"cat", MP_AC_PROMOTE}, {"where", MP_AC_PROMOTE},
-};
-static int nops = 18;
+/* The class of each op by name: seeded, on first use, from the ops' own
+ * descriptions (engine/op.h), then changed and extended by mp_autocast_register. */
+static struct { char name[32]; mp_ac_class c; } ops[MAX_OPS];
+static int nops = -1;
+
+static int find(const char *name)
+{
+    for (int i = 0; i < nops; i++)
+        if (strcmp(ops[i].name, name) == 0) return i;
+    return -1;
+}
+
+static void seed(void)
+{
+    if (nops >= 0) return;
+    nops = 0;
+    const mp_op *op;
+    for (int i = 0; (op = mp_op_at(i)); i++) {
+        if (op->ac == MP_AC_NONE || find(op->name) >= 0 || nops == MAX_OPS) continue;
+        snprintf(ops[nops].name, sizeof ops[nops].name, "%s", op->name);
+        ops[nops++].c = op->ac;
+    }
+}
 
 /* the cast cache: (leaf, dtype) -> its cast, alive for the outermost region */
 static struct { mp_tensor *src, *cast; uint64_t version; } cache[MAX_CACHE];
@@ -64,6 +80,7 @@ bool mp_autocast_active(mp_dtype *dt)
 
 int mp_autocast_register(const char *op, mp_ac_class c)
 {
+    seed();
     if (!op || !*op || strlen(op) >= sizeof ops[0].name)
         return mp_fail(MP_EINVAL, "op name must be 1 to %zu characters", sizeof ops[0].name - 1);
     for (int i = 0; i < nops; i++)
@@ -76,6 +93,7 @@ int mp_autocast_register(const char *op, mp_ac_class c)
 
 mp_ac_class mp_autocast_class(const char *op)
 {
+    seed();
     for (int i = 0; i < nops; i++)
         if (strcmp(ops[i].name, op) == 0) return ops[i].c;
     return MP_AC_NONE;
@@ -83,16 +101,17 @@ mp_ac_class mp_autocast_class(const char *op)
 
 const char *mp_autocast_entry(int i, mp_ac_class *c)
 {
+    seed();
     if (i < 0 || i >= nops) return NULL;
     *c = ops[i].c;
     return ops[i].name;
 }
 
-mp_tensor *mp_autocast_arg(const char *op, mp_tensor *t)
+mp_tensor *mp_autocast_arg(const mp_op *op, mp_tensor *t)
 {
     mp_dtype low;
     if (!t || !mp_autocast_active(&low) || !mp_is_float(t->dtype)) return t ? mp_retain(t) : NULL;
-    mp_ac_class c = mp_autocast_class(op);
+    mp_ac_class c = mp_autocast_class(op->name);
     mp_dtype want = c == MP_AC_LOW ? low : c == MP_AC_F32 ? MP_F32 : t->dtype;
     if (want == t->dtype) return mp_retain(t);
     /* a master weight, cast while recording: a cast made under no_grad has no

@@ -1,7 +1,8 @@
 /*
  * autocast.h: automatic mixed precision for ops (DESIGN.md section 6).
  *
- * Inside an autocast region each op looks up its class by name:
+ * Inside an autocast region each op looks up its class by name (the defaults
+ * are the classes in the ops' own descriptions, engine/op.h):
  *   low     (matmul, linear): float inputs are cast to the region's dtype (f16/bf16);
  *   f32     (softmax, log_softmax, cross_entropy, mse_loss, layer_norm, sum, mean,
  *            exp, log, pow): float inputs are cast to f32;
@@ -31,8 +32,9 @@ mp_ac_class mp_autocast_class(const char *op);
 /* the registered names and classes, for listing: i from 0; NULL past the end */
 const char *mp_autocast_entry(int i, mp_ac_class *c);
 
-/* the input an op named `op` should use under the current region: a new reference
- * (t itself when nothing changes); NULL with an error on failure */
-mp_tensor *mp_autocast_arg(const char *op, mp_tensor *t);
+/* the input op should use under the current region: a new reference (t itself
+ * when nothing changes); NULL with an error on failure (mp_apply calls it) */
+typedef struct mp_op mp_op;
+mp_tensor *mp_autocast_arg(const mp_op *op, mp_tensor *t);
 
 #endif

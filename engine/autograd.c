@@ -7,6 +7,7 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/autocast.h"
+#include "engine/op.h"
 
 static bool grad_on = true;
 static uint64_t next_seq = 1, next_visit = 1;
@@ -28,16 +29,15 @@ bool mp_needs_grad(int n, mp_tensor *const *ins)
     return false;
 }
 
-int mp_record(mp_tensor *out, const char *name, mp_backward_fn fn, int nin, mp_tensor *const *ins,
-              mp_node **node)
+int mp_record(mp_tensor *out, const mp_op *op, int nin, mp_tensor *const *ins, mp_node **node)
 {
     *node = NULL;
-    if (!mp_needs_grad(nin, ins) || !mp_is_float(out->dtype)) return 0;   /* integers cut the graph */
-    mp_node *n = calloc(1, sizeof *n);
-    if (!n) return mp_fail(MP_EOOM, "out of memory recording %s", name);
+    if (!op->backward || !mp_needs_grad(nin, ins) || !mp_is_float(out->dtype)) return 0;   /* integers cut the graph */
+    mp_node *n = calloc(1, sizeof *n + (size_t)nin * sizeof(mp_edge));
+    if (!n) return mp_fail(MP_EOOM, "out of memory recording %s", op->name);
     n->refs = 1;
-    n->name = name;
-    n->backward = fn;
+    n->op = op;
+    n->name = op->name;
     n->seq = next_seq++;
     n->nin = nin;
     for (int i = 0; i < nin; i++) {
@@ -61,17 +61,24 @@ mp_tensor *mp_detached(mp_tensor *t)
     return mp_view(t, t->ndim, t->shape, t->offset);
 }
 
-void mp_save(mp_node *n, int slot, mp_tensor *t)
+int mp_save(mp_node *n, int slot, mp_tensor *t)
 {
+    if (slot >= n->nsaved) {
+        mp_tensor **s = realloc(n->saved, sizeof *s * (size_t)(slot + 1));
+        if (!s) return mp_fail(MP_EOOM, "out of memory recording %s", n->name);
+        for (int i = n->nsaved; i <= slot; i++) s[i] = NULL;
+        n->saved = s, n->nsaved = slot + 1;
+    }
     mp_release(n->saved[slot]);
     n->saved[slot] = t ? mp_retain(t) : NULL;
+    return 0;
 }
 
 /* a node that saved nothing can be walked again (a cached autocast cast, reused
  * by the next step's graph); one whose saved tensors are gone cannot */
 static void release_saved(mp_node *n)
 {
-    for (int i = 0; i < MP_NODE_MAXSAVED; i++) {
+    for (int i = 0; i < n->nsaved; i++) {
         if (!n->saved[i]) continue;
         mp_release(n->saved[i]);
         n->saved[i] = NULL;
@@ -101,6 +108,7 @@ void mp_node_release(mp_node *n)
             }
             stack[top++] = next;
         }
+        free(n->saved);
         free(n);
         if (!top) break;
         n = stack[--top];
@@ -197,8 +205,9 @@ static mp_node **collect(mp_node *root, size_t *count)
     root->visit = visit;
     while (top) {
         mp_node *x = stack[--top];
-        if (n == cap || top + MP_NODE_MAXIN >= cap) {
-            cap *= 2;
+        if (n == cap || top + (size_t)x->nin >= cap) {
+            while (top + (size_t)x->nin >= cap) cap *= 2;
+            if (n == cap) cap *= 2;
             mp_node **a = realloc(all, cap * sizeof *all), **s = a ? realloc(stack, cap * sizeof *stack) : NULL;
             if (a) all = a;
             if (!s) goto oom;
@@ -250,10 +259,10 @@ static void add_flush(const char *name, const int64_t c[3])
 static int backward_counted(mp_node *x, mp_tensor **gin)
 {
     const mp_backend *be = mp_backend_of(x->grad->dev);
-    if (!count_flush || !be->flush_counter) return x->backward(x, x->grad, gin);
+    if (!count_flush || !be->flush_counter) return x->op->backward(x, x->grad, gin);
     int64_t c[3];
     be->flush_counter(1, NULL);
-    int rc = x->backward(x, x->grad, gin);
+    int rc = x->op->backward(x, x->grad, gin);
     be->flush_counter(0, c);
     add_flush(x->name, c);
     return rc;
@@ -264,7 +273,8 @@ static int run_node(mp_node *x)
     if (x->released)
         return mp_fail(MP_EINVAL, "backward through %s a second time: its saved tensors were freed "
                                   "by the first backward", x->name);
-    mp_tensor *gin[MP_NODE_MAXIN] = {0};
+    mp_tensor *small[8] = {0}, **gin = x->nin <= 8 ? small : calloc((size_t)x->nin, sizeof *gin);
+    if (!gin) return mp_fail(MP_EOOM, "out of memory in the backward of %s", x->name);
     int rc = backward_counted(x, gin);
     mp_release(x->grad);
     x->grad = NULL;
@@ -281,6 +291,7 @@ static int run_node(mp_node *x)
         else if (e->leaf) rc = accumulate_leaf(e->leaf, gin[i]);
     }
     for (int i = 0; i < x->nin; i++) mp_release(gin[i]);
+    if (gin != small) free(gin);
     return rc;
 }
 

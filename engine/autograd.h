@@ -19,10 +19,8 @@
 
 #include "engine/tensor.h"
 
-#define MP_NODE_MAXIN 4
-#define MP_NODE_MAXSAVED 4
-
 typedef struct mp_node mp_node;
+typedef struct mp_op mp_op;      /* engine/op.h */
 
 /* gradients of the node's inputs from the gradient of its output: set gin[i] to
  * a new tensor shaped like input i (NULL where not needed); 0 or -1 */
@@ -39,16 +37,17 @@ typedef struct {
 
 struct mp_node {
     int refs;
-    const char *name;
-    mp_backward_fn backward;
+    const mp_op *op;
+    const char *name;              /* op->name */
     uint64_t seq, visit;
-    int nin;
-    mp_edge in[MP_NODE_MAXIN];
-    mp_tensor *saved[MP_NODE_MAXSAVED];
     bool released;                 /* saved tensors already freed by a backward pass */
     double f[4];                   /* scalars of the op */
     int64_t i[6];                  /* integers of the op */
     mp_tensor *grad;               /* gradient of the output, summed during backward */
+    int nsaved;
+    mp_tensor **saved;             /* what the backward needs, any number (NULL entries allowed) */
+    int nin;
+    mp_edge in[];                  /* one per input, as many as the op has */
 };
 
 bool mp_grad_enabled(void);
@@ -57,12 +56,13 @@ bool mp_set_grad_enabled(bool on);            /* returns the previous mode */
 /* true when an op on these inputs must record a node */
 bool mp_needs_grad(int n, mp_tensor *const *ins);
 
-/* Record a node for out (computed from ins) when mp_needs_grad; *node is the new
- * node or NULL when nothing was recorded. Returns -1 only on allocation failure. */
-int mp_record(mp_tensor *out, const char *name, mp_backward_fn fn, int nin, mp_tensor *const *ins,
-              mp_node **node);
-/* keep t for the backward pass (a detached header when t is the op's output) */
-void mp_save(mp_node *n, int slot, mp_tensor *t);
+/* Record a node of op for out (computed from ins) when mp_needs_grad; *node is
+ * the new node or NULL when nothing was recorded. Returns -1 only on allocation
+ * failure. Ops call it through mp_finish (engine/op.h). */
+int mp_record(mp_tensor *out, const mp_op *op, int nin, mp_tensor *const *ins, mp_node **node);
+/* keep t for the backward pass in saved[slot], growing the list (a detached
+ * header when t is the op's output); -1 out of memory */
+int mp_save(mp_node *n, int slot, mp_tensor *t);
 mp_tensor *mp_detached(mp_tensor *t);            /* new header, same storage, no grad_fn */
 /* true when input i of n wants a gradient */
 static inline bool mp_edge_wants(const mp_node *n, int i) { return n->in[i].node || n->in[i].leaf; }

@@ -7,7 +7,7 @@
 #include <string.h>
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
+#include "engine/op.h"
 
 mp_tensor *mp_full(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape, double value)
 {
@@ -142,15 +142,19 @@ static int to_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return gin[0] ? 0 : -1;
 }
 
-static mp_tensor *record_copy(mp_tensor *o, mp_tensor *t, const char *name)
+static mp_tensor *to_fwd(mp_ctx *c) { return mp_to_raw(c->in[0], (mp_dtype)c->i[0], (mp_device)c->i[1]); }
+
+static mp_tensor *clone_fwd(mp_ctx *c)
 {
-    mp_node *n;
-    if (o && mp_record(o, name, to_backward, 1, &t, &n)) {
-        mp_release(o);
-        return NULL;
-    }
+    mp_tensor *t = c->in[0], *o = mp_empty(t->dtype, t->dev, t->ndim, t->shape);
+    if (o) mp_be(o)->copy(mp_data(o), mp_data(t), mp_nbytes(t));
     return o;
 }
+
+static const mp_op to_op = {.name = "to", .nin = 1, .forward = to_fwd, .backward = to_backward};
+static const mp_op clone_op = {.name = "clone", .nin = 1, .forward = clone_fwd, .backward = to_backward};
+MP_OP_REGISTER(to_op)
+MP_OP_REGISTER(clone_op)
 
 /* A parameter of an optimizer's arena in f16/bf16: a view of the arena's working
  * copy, which the optimizer step keeps current in the same pass as the masters
@@ -172,22 +176,22 @@ mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt)
         mp_be(t)->cast(mp_data(st->lowp), dt, st->data, MP_F32, numel);
         st->lowp_version = st->version;
     }
-    return record_copy(mp_view(st->lowp, t->ndim, t->shape, t->offset), t, "to");
+    mp_node *n;
+    return mp_finish(mp_view(st->lowp, t->ndim, t->shape, t->offset), &to_op, 1, &t, &n);
 }
 
 mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev)
 {
     if (t->dtype == dt && t->dev == dev) return mp_retain(t);
-    mp_tensor *o = mp_to_raw(t, dt, dev);
-    /* casts to integers are not differentiable: they cut the graph */
-    return mp_is_float(dt) ? record_copy(o, t, "to") : o;
+    /* casts to integers are not differentiable: they cut the graph (mp_record) */
+    mp_ctx c = {.i = {dt, dev}};
+    return mp_apply(&to_op, &c, 1, &t);
 }
 
 mp_tensor *mp_clone(mp_tensor *t)
 {
-    mp_tensor *o = mp_empty(t->dtype, t->dev, t->ndim, t->shape);
-    if (o) mp_be(o)->copy(mp_data(o), mp_data(t), mp_nbytes(t));
-    return record_copy(o, t, "clone");
+    mp_ctx c = {0};
+    return mp_apply(&clone_op, &c, 1, &t);
 }
 
 int mp_copy_(mp_tensor *dst, mp_tensor *src)

@@ -5,7 +5,7 @@
  */
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
+#include "engine/op.h"
 
 int mp_check_indices(const mp_tensor *idx, int64_t n, const char *what)
 {
@@ -42,9 +42,10 @@ static int index_select_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx)
+static mp_tensor *index_select_fwd(mp_ctx *c)
 {
-    int k;
+    mp_tensor *t = c->in[0], *idx = c->in[1];
+    int dim = (int)c->i[3], k;
     if (mp_dim(t, dim, &k)) return NULL;
     if (idx->dev != t->dev)
         return mp_fail(MP_EINVAL, "indices are on %s, the tensor on %s", mp_device_name(idx->dev),
@@ -60,14 +61,19 @@ mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx)
     }
     mp_tensor *o = mp_empty(t->dtype, t->dev, t->ndim, shape);
     if (o) mp_be(o)->gather(t->dtype, mp_data(o), mp_data(t), mp_data(idx), idx->numel, outer, t->shape[k], inner);
-    mp_node *n;
-    if (o && mp_record(o, "index_select", index_select_backward, 1, &t, &n)) {
-        mp_release(o);
-        return NULL;
-    }
-    if (o && n) {
-        mp_save(n, 0, idx);
-        n->i[0] = outer, n->i[1] = t->shape[k], n->i[2] = inner;
-    }
+    c->i[0] = outer, c->i[1] = t->shape[k], c->i[2] = inner;
+    if (o && mp_keep(c, 0, idx)) mp_release(o), o = NULL;
     return o;
+}
+
+/* the indices are an input without a gradient */
+static const mp_op index_select_op = {.name = "index_select", .nin = 2, .forward = index_select_fwd,
+                                      .backward = index_select_backward};
+MP_OP_REGISTER(index_select_op)
+
+mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx)
+{
+    mp_ctx c = {.i = {[3] = dim}};
+    mp_tensor *in[2] = {t, idx};
+    return mp_apply(&index_select_op, &c, 2, in);
 }

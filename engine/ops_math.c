@@ -8,7 +8,7 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/autograd.h"
-#include "engine/autocast.h"
+#include "engine/op.h"
 
 static int same_device(const mp_tensor *a, const mp_tensor *b)
 {
@@ -55,22 +55,10 @@ static mp_tensor *to_input(mp_node *n, int i, mp_tensor *g)
     return c;
 }
 
-/* finish an op: record its node, or undo the output when recording fails */
-static mp_tensor *recorded(mp_tensor *o, const char *name, mp_backward_fn fn, int nin, mp_tensor *const *ins,
-                           mp_node **node)
-{
-    *node = NULL;
-    if (o && mp_record(o, name, fn, nin, ins, node)) {
-        mp_release(o);
-        return NULL;
-    }
-    return o;
-}
-
 static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
-    mp_binop op = (mp_binop)n->i[0];
-    mp_tensor *x = n->saved[0], *y = n->saved[1], *ga = NULL, *gb = NULL, *t = NULL;
+    mp_binop op = (mp_binop)n->op->kernel;
+    mp_tensor *x = n->nsaved > 1 ? n->saved[0] : NULL, *y = n->nsaved > 1 ? n->saved[1] : NULL, *ga = NULL, *gb = NULL, *t = NULL;
     bool wa = mp_edge_wants(n, 0), wb = mp_edge_wants(n, 1);
     switch (op) {
     case MP_ADD: ga = wa ? mp_retain(g) : NULL; gb = wb ? mp_retain(g) : NULL; break;
@@ -96,22 +84,10 @@ static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return rc;
 }
 
-static const char *binop_name[MP_NBINOPS] = {"add", "sub", "mul", "div", "gt", "lt", "ge", "le", "eq", "ne"};
-
-static mp_tensor *binary(mp_binop op, mp_tensor *a, mp_tensor *b);
-
-mp_tensor *mp_binary(mp_binop op, mp_tensor *a, mp_tensor *b)
+static mp_tensor *binary_fwd(mp_ctx *c)
 {
-    if ((unsigned)op >= MP_NBINOPS) return mp_fail(MP_EINVAL, "bad binary op"), NULL;
-    mp_tensor *x = mp_autocast_arg(binop_name[op], a), *y = x ? mp_autocast_arg(binop_name[op], b) : NULL;
-    mp_tensor *o = y ? binary(op, x, y) : NULL;
-    mp_release(x);
-    mp_release(y);
-    return o;
-}
-
-static mp_tensor *binary(mp_binop op, mp_tensor *a, mp_tensor *b)
-{
+    mp_binop op = (mp_binop)c->op->kernel;
+    mp_tensor *a = c->in[0], *b = c->in[1];
     mp_bcast bc;
     if (same_device(a, b) || mp_broadcast(a, b, &bc)) return NULL;
     mp_dtype dt = mp_promote(a->dtype, b->dtype);
@@ -119,18 +95,27 @@ static mp_tensor *binary(mp_binop op, mp_tensor *a, mp_tensor *b)
     mp_tensor *x = as_dtype(a, dt), *y = x ? as_dtype(b, dt) : NULL, *o = NULL;
     if (y) o = mp_empty(MP_IS_CMP(op) ? MP_U8 : dt, a->dev, bc.ndim, bc.shape);
     if (o) mp_be(o)->binary(op, dt, mp_data(o), mp_data(x), mp_data(y), &bc);
-    mp_node *n = NULL;
-    if (!MP_IS_CMP(op)) {
-        mp_tensor *ins[2] = {a, b};
-        o = recorded(o, binop_name[op], binary_backward, 2, ins, &n);
-    }
-    if (n) {
-        n->i[0] = op;
-        if (op == MP_MUL || op == MP_DIV) mp_save(n, 0, x), mp_save(n, 1, y);
-    }
+    if (o && (op == MP_MUL || op == MP_DIV) && (mp_keep(c, 0, x) || mp_keep(c, 1, y))) mp_release(o), o = NULL;
     mp_release(x);
     mp_release(y);
     return o;
+}
+
+#define BINOP(K, NAME, AC, BW) [K] = {.name = NAME, .ac = AC, .nin = 2, .forward = binary_fwd, .backward = BW, .kernel = K}
+static const mp_op binary_ops[MP_NBINOPS] = {
+    BINOP(MP_ADD, "add", MP_AC_PROMOTE, binary_backward), BINOP(MP_SUB, "sub", MP_AC_PROMOTE, binary_backward),
+    BINOP(MP_MUL, "mul", MP_AC_PROMOTE, binary_backward), BINOP(MP_DIV, "div", MP_AC_PROMOTE, binary_backward),
+    BINOP(MP_GT, "gt", MP_AC_NONE, NULL), BINOP(MP_LT, "lt", MP_AC_NONE, NULL), BINOP(MP_GE, "ge", MP_AC_NONE, NULL),
+    BINOP(MP_LE, "le", MP_AC_NONE, NULL), BINOP(MP_EQ, "eq", MP_AC_NONE, NULL), BINOP(MP_NE, "ne", MP_AC_NONE, NULL),
+};
+MP_OP_REGISTER_ARRAY(binary_ops, MP_NBINOPS)
+
+mp_tensor *mp_binary(mp_binop op, mp_tensor *a, mp_tensor *b)
+{
+    if ((unsigned)op >= MP_NBINOPS) return mp_fail(MP_EINVAL, "bad binary op"), NULL;
+    mp_ctx c = {0};
+    mp_tensor *in[2] = {a, b};
+    return mp_apply(&binary_ops[op], &c, 2, in);
 }
 
 static int is_integral(double s) { return isfinite(s) && s == floor(s) && fabs(s) < 2147483648.0; }
@@ -148,53 +133,56 @@ static mp_dtype unary_dtype(mp_unop op, mp_dtype dt, double p)
 
 static int unary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
-    mp_tensor *x = n->saved[0], *y = n->saved[1];
+    mp_tensor *x = n->nsaved > 0 ? n->saved[0] : NULL, *y = n->nsaved > 1 ? n->saved[1] : NULL;
     mp_tensor *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
     if (!r) return -1;
-    mp_be(r)->unary_grad((mp_unop)n->i[0], g->dtype, mp_data(r), mp_data(g), x ? mp_data(x) : NULL,
+    mp_be(r)->unary_grad((mp_unop)n->op->kernel, g->dtype, mp_data(r), mp_data(g), x ? mp_data(x) : NULL,
                          y ? mp_data(y) : NULL, g->numel, n->f[0]);
     gin[0] = r;
     return 0;
 }
 
-static const char *unop_name[MP_NUNOPS] = {
-    "neg", "abs", "exp", "log", "sqrt", "pow", "mul", "add", "rsub", "div", "rdiv",
-    "relu", "tanh", "sigmoid", "gelu", "dropout_mask"
-};
-
-static mp_tensor *unary(mp_unop op, mp_tensor *a, double p);
-
-mp_tensor *mp_unary(mp_unop op, mp_tensor *a, double p)
+/* what each unary op's backward reads: its input x, its output y */
+static bool needs_x(mp_unop op)
 {
-    if ((unsigned)op >= MP_NUNOPS) return mp_fail(MP_EINVAL, "bad unary op"), NULL;
-    mp_tensor *x = mp_autocast_arg(unop_name[op], a);
-    if (!x) return NULL;
-    mp_tensor *o = unary(op, x, p);
+    return op == MP_ABS || op == MP_LOG || op == MP_POW || op == MP_RDIVS || op == MP_RELU || op == MP_GELU;
+}
+static bool needs_y(mp_unop op)
+{
+    return op == MP_EXP || op == MP_SQRT || op == MP_TANH || op == MP_SIGMOID || op == MP_RDIVS;
+}
+
+static mp_tensor *unary_fwd(mp_ctx *c)
+{
+    mp_unop op = (mp_unop)c->op->kernel;
+    mp_tensor *a = c->in[0];
+    double p = c->f[0];
+    mp_dtype dt = unary_dtype(op, a->dtype, p);
+    mp_tensor *x = as_dtype(a, dt), *o = x ? mp_empty(dt, a->dev, a->ndim, a->shape) : NULL;
+    if (o) mp_be(o)->unary(op, dt, mp_data(o), mp_data(x), a->numel, p);
+    if (o && ((needs_x(op) && mp_keep(c, 0, x)) || (needs_y(op) && mp_keep_output(c, 1, o)))) mp_release(o), o = NULL;
     mp_release(x);
     return o;
 }
 
-static mp_tensor *unary(mp_unop op, mp_tensor *a, double p)
+#define UNOP(K, NAME, AC, ...) [K] = {.name = NAME, .ac = AC, .nin = 1, .forward = unary_fwd, \
+                                      .backward = unary_backward, .kernel = K, __VA_ARGS__}
+static const mp_op unary_ops[MP_NUNOPS] = {
+    UNOP(MP_NEG, "neg", MP_AC_NONE), UNOP(MP_ABS, "abs", MP_AC_NONE), UNOP(MP_EXP, "exp", MP_AC_F32),
+    UNOP(MP_LOG, "log", MP_AC_F32), UNOP(MP_SQRT, "sqrt", MP_AC_NONE), UNOP(MP_POW, "pow", MP_AC_F32),
+    UNOP(MP_MULS, "mul", MP_AC_PROMOTE), UNOP(MP_ADDS, "add", MP_AC_PROMOTE), UNOP(MP_RSUBS, "rsub", MP_AC_NONE),
+    UNOP(MP_DIVS, "div", MP_AC_PROMOTE), UNOP(MP_RDIVS, "rdiv", MP_AC_NONE),
+    UNOP(MP_RELU, "relu", MP_AC_NONE, .bind = MP_BIND_UNARY), UNOP(MP_TANH, "tanh", MP_AC_NONE, .bind = MP_BIND_UNARY),
+    UNOP(MP_SIGMOID, "sigmoid", MP_AC_NONE, .bind = MP_BIND_UNARY), UNOP(MP_GELU, "gelu", MP_AC_NONE),
+    [MP_DROPMASK] = {.name = "dropout_mask", .nin = 1, .forward = unary_fwd, .kernel = MP_DROPMASK},
+};
+MP_OP_REGISTER_ARRAY(unary_ops, MP_NUNOPS)
+
+mp_tensor *mp_unary(mp_unop op, mp_tensor *a, double p)
 {
-    mp_dtype dt = unary_dtype(op, a->dtype, p);
-    mp_tensor *x = as_dtype(a, dt), *o = x ? mp_empty(dt, a->dev, a->ndim, a->shape) : NULL;
-    if (o) mp_be(o)->unary(op, dt, mp_data(o), mp_data(x), a->numel, p);
-    mp_node *n;
-    o = op == MP_DROPMASK ? o : recorded(o, unop_name[op], unary_backward, 1, &a, &n);
-    if (o && op != MP_DROPMASK && n) {
-        n->i[0] = op, n->f[0] = p;
-        bool needs_x = op == MP_ABS || op == MP_LOG || op == MP_POW || op == MP_RDIVS || op == MP_RELU || op == MP_GELU;
-        bool needs_y = op == MP_EXP || op == MP_SQRT || op == MP_TANH || op == MP_SIGMOID || op == MP_RDIVS;
-        if (needs_x) mp_save(n, 0, x);
-        if (needs_y) {
-            mp_tensor *d = mp_detached(o);
-            if (!d) { mp_release(x); mp_release(o); return NULL; }
-            mp_save(n, 1, d);
-            mp_release(d);
-        }
-    }
-    mp_release(x);
-    return o;
+    if ((unsigned)op >= MP_NUNOPS || !unary_ops[op].name) return mp_fail(MP_EINVAL, "bad unary op"), NULL;
+    mp_ctx c = {.f = {p}};
+    return mp_apply(&unary_ops[op], &c, 1, &a);
 }
 
 mp_tensor *mp_binary_scalar(mp_binop op, mp_tensor *a, double s, int scalar_first)
@@ -211,7 +199,7 @@ mp_tensor *mp_binary_scalar(mp_binop op, mp_tensor *a, double s, int scalar_firs
 static int reduce_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     mp_edge *e = &n->in[0];
-    mp_redop op = (mp_redop)n->i[0];
+    mp_redop op = (mp_redop)n->op->kernel;
     int k = (int)n->i[1];   /* 0-based dim, or -1 for all */
     int64_t keep[MP_MAXDIM];
     for (int d = 0; d < e->ndim; d++) keep[d] = k < 0 || d == k ? 1 : e->shape[d];
@@ -243,22 +231,11 @@ static int reduce_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return gin[0] ? 0 : -1;
 }
 
-static const char *redop_name[MP_NREDOPS] = {"sum", "mean", "max", "argmax"};
-
-static mp_tensor *reduce(mp_redop op, mp_tensor *a, int dim, int keepdim);
-
-mp_tensor *mp_reduce(mp_redop op, mp_tensor *a, int dim, int keepdim)
+static mp_tensor *reduce_fwd(mp_ctx *c)
 {
-    if ((unsigned)op >= MP_NREDOPS) return mp_fail(MP_EINVAL, "bad reduction"), NULL;
-    mp_tensor *x = mp_autocast_arg(redop_name[op], a);
-    if (!x) return NULL;
-    mp_tensor *o = reduce(op, x, dim, keepdim);
-    mp_release(x);
-    return o;
-}
-
-static mp_tensor *reduce(mp_redop op, mp_tensor *a, int dim, int keepdim)
-{
+    mp_redop op = (mp_redop)c->op->kernel;
+    mp_tensor *a = c->in[0];
+    int dim = (int)c->i[0], keepdim = (int)c->i[2];
     int k = -1;
     if (dim != 0 && mp_dim(a, dim, &k)) return NULL;
     if (dim == 0 && op == MP_ARGMAX && a->ndim > 1)
@@ -283,18 +260,27 @@ static mp_tensor *reduce(mp_redop op, mp_tensor *a, int dim, int keepdim)
     mp_dtype out = op == MP_ARGMAX ? MP_I32 : in;
     mp_tensor *x = as_dtype(a, in), *o = x ? mp_empty(out, a->dev, nd, shape) : NULL;
     if (o) mp_be(o)->reduce(op, in, mp_data(o), mp_data(x), outer, n, inner);
-    mp_node *node = NULL;
-    if (op != MP_ARGMAX) o = recorded(o, redop_name[op], reduce_backward, 1, &a, &node);
-    if (node) {
-        node->i[0] = op, node->i[1] = k;
-        if (op == MP_MAX) {   /* where each maximum was, for the backward */
-            mp_tensor *idx = mp_empty(MP_I32, a->dev, nd, shape);
-            if (!idx) { mp_release(x); mp_release(o); return NULL; }
-            mp_be(idx)->reduce(MP_ARGMAX, in, mp_data(idx), mp_data(x), outer, n, inner);
-            mp_save(node, 0, idx);
-            mp_release(idx);
-        }
+    c->i[1] = k;
+    if (o && op == MP_MAX && c->record) {   /* where each maximum was, for the backward */
+        mp_tensor *idx = mp_empty(MP_I32, a->dev, nd, shape);
+        if (idx) mp_be(idx)->reduce(MP_ARGMAX, in, mp_data(idx), mp_data(x), outer, n, inner);
+        if (!idx || mp_keep(c, 0, idx)) mp_release(o), o = NULL;
+        mp_release(idx);
     }
     mp_release(x);
     return o;
+}
+
+#define REDOP(K, NAME, AC, BW) [K] = {.name = NAME, .ac = AC, .nin = 1, .forward = reduce_fwd, .backward = BW, .kernel = K}
+static const mp_op reduce_ops[MP_NREDOPS] = {
+    REDOP(MP_SUM, "sum", MP_AC_F32, reduce_backward), REDOP(MP_MEAN, "mean", MP_AC_F32, reduce_backward),
+    REDOP(MP_MAX, "max", MP_AC_NONE, reduce_backward), REDOP(MP_ARGMAX, "argmax", MP_AC_NONE, NULL),
+};
+MP_OP_REGISTER_ARRAY(reduce_ops, MP_NREDOPS)
+
+mp_tensor *mp_reduce(mp_redop op, mp_tensor *a, int dim, int keepdim)
+{
+    if ((unsigned)op >= MP_NREDOPS) return mp_fail(MP_EINVAL, "bad reduction"), NULL;
+    mp_ctx c = {.i = {dim, 0, keepdim}};
+    return mp_apply(&reduce_ops[op], &c, 1, &a);
 }

@@ -9,7 +9,7 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/autograd.h"
-#include "engine/autocast.h"
+#include "engine/op.h"
 
 /* C{batch,m,n} = op(A) @ op(B) as a new tensor (2-D when batch is 0) */
 static mp_tensor *gemm_new(mp_dtype dt, mp_device dev, int ta, int tb, int64_t batch, int64_t m, int64_t n,
@@ -61,9 +61,14 @@ static int matmul_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-static mp_tensor *matmul_core(mp_tensor *a, mp_tensor *b)
+static int check_pair(const mp_tensor *a, const mp_tensor *b);
+
+/* the 2-d/3-d product, the op that autograd records */
+static mp_tensor *matmul_fwd(mp_ctx *c)
 {
+    mp_tensor *a = c->in[0], *b = c->in[1];
     char b1[128], b2[128];
+    if (check_pair(a, b)) return NULL;
     if (a->ndim == 3 && b->ndim == 3 && a->shape[0] != b->shape[0])
         return mp_fail(MP_EINVAL, "batch sizes of %s and %s differ (%lld vs %lld)",
                        mp_shape_str(a->ndim, a->shape, b1, sizeof b1),
@@ -91,14 +96,19 @@ static mp_tensor *matmul_core(mp_tensor *a, mp_tensor *b)
         o = gemm_new(a->dtype, a->dev, 0, 0, batch, m, n, k, a, a->ndim == 3 ? m * k : 0, b,
                      b->ndim == 3 ? k * n : 0);
     }
-    mp_node *nd;
-    mp_tensor *ins[2] = {a, b};
-    if (o && mp_record(o, "matmul", matmul_backward, 2, ins, &nd)) {
-        mp_release(o);
-        return NULL;
-    }
-    if (o && nd) mp_save(nd, 0, a), mp_save(nd, 1, b);
+    if (o && (mp_keep(c, 0, a) || mp_keep(c, 1, b))) mp_release(o), o = NULL;
     return o;
+}
+
+static const mp_op matmul_op = {.name = "matmul", .ac = MP_AC_LOW, .nin = 2, .forward = matmul_fwd,
+                                .backward = matmul_backward};
+MP_OP_REGISTER(matmul_op)
+
+static mp_tensor *matmul_core(mp_tensor *a, mp_tensor *b)
+{
+    mp_ctx c = {0};
+    mp_tensor *in[2] = {a, b};
+    return mp_apply(&matmul_op, &c, 2, in);
 }
 
 static int check_pair(const mp_tensor *a, const mp_tensor *b)
@@ -114,20 +124,8 @@ static int check_pair(const mp_tensor *a, const mp_tensor *b)
     return 0;
 }
 
-static mp_tensor *matmul(mp_tensor *a, mp_tensor *b);
-
 mp_tensor *mp_matmul(mp_tensor *a, mp_tensor *b)
 {
-    mp_tensor *x = mp_autocast_arg("matmul", a), *y = x ? mp_autocast_arg("matmul", b) : NULL;
-    mp_tensor *o = y ? matmul(x, y) : NULL;
-    mp_release(x);
-    mp_release(y);
-    return o;
-}
-
-static mp_tensor *matmul(mp_tensor *a, mp_tensor *b)
-{
-    if (check_pair(a, b)) return NULL;
     if (a->ndim < 1 || a->ndim > 3 || b->ndim < 1 || b->ndim > 3)
         return mp_fail(MP_EINVAL, "matmul takes 1-, 2- or 3-d tensors (got %d-d and %d-d)",
                        a->ndim, b->ndim), NULL;
@@ -182,19 +180,9 @@ static int linear_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-static mp_tensor *linear(mp_tensor *x, mp_tensor *w, mp_tensor *b);
-
-mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b)
+static mp_tensor *linear_fwd(mp_ctx *c)
 {
-    mp_tensor *cx = mp_autocast_arg("linear", x), *cw = cx ? mp_autocast_arg("linear", w) : NULL;
-    mp_tensor *cb = cw && b ? mp_autocast_arg("linear", b) : NULL, *o = NULL;
-    if (cw && (!b || cb)) o = linear(cx, cw, cb);
-    mp_release(cx), mp_release(cw), mp_release(cb);
-    return o;
-}
-
-static mp_tensor *linear(mp_tensor *x, mp_tensor *w, mp_tensor *b)
-{
+    mp_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2];
     char b1[128], b2[128];
     if (check_pair(x, w) || (b && check_pair(x, b))) return NULL;
     if (w->ndim != 2)
@@ -226,12 +214,17 @@ static mp_tensor *linear(mp_tensor *x, mp_tensor *w, mp_tensor *b)
         return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
                        (long long)rows, (long long)out, (long long)in), NULL;
     }
-    mp_node *nd;
-    mp_tensor *ins[3] = {x, w, b};
-    if (mp_record(y, "linear", linear_backward, b ? 3 : 2, ins, &nd)) {
-        mp_release(y);
-        return NULL;
-    }
-    if (nd) mp_save(nd, 0, x), mp_save(nd, 1, w);
+    if (mp_keep(c, 0, x) || mp_keep(c, 1, w)) mp_release(y), y = NULL;
     return y;
+}
+
+static const mp_op linear_op = {.name = "linear", .ac = MP_AC_LOW, .nin = 3, .forward = linear_fwd,
+                                .backward = linear_backward};
+MP_OP_REGISTER(linear_op)
+
+mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b)
+{
+    mp_ctx c = {0};
+    mp_tensor *in[3] = {x, w, b};
+    return mp_apply(&linear_op, &c, 3, in);
 }

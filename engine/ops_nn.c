@@ -8,18 +8,7 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/autograd.h"
-#include "engine/autocast.h"
-
-static mp_tensor *finish(mp_tensor *o, const char *name, mp_backward_fn fn, int nin, mp_tensor *const *ins,
-                         mp_node **node)
-{
-    *node = NULL;
-    if (o && mp_record(o, name, fn, nin, ins, node)) {
-        mp_release(o);
-        return NULL;
-    }
-    return o;
-}
+#include "engine/op.h"
 
 static int need_float(const mp_tensor *t, const char *what)
 {
@@ -48,33 +37,31 @@ static int softmax_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-static mp_tensor *softmax(mp_tensor *x, int dim, int log);
+static mp_tensor *softmax_fwd(mp_ctx *c)
+{
+    mp_tensor *x = c->in[0];
+    int k, log = (int)c->i[3];
+    if (need_float(x, "input") || mp_dim(x, (int)c->i[4], &k)) return NULL;
+    int64_t outer, n, inner;
+    split(x, k, &outer, &n, &inner);
+    c->i[0] = outer, c->i[1] = n, c->i[2] = inner;
+    mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
+    if (y) mp_be(y)->softmax(x->dtype, mp_data(y), mp_data(x), outer, n, inner, log);
+    if (y && mp_keep_output(c, 0, y)) mp_release(y), y = NULL;
+    return y;
+}
+
+static const mp_op softmax_op = {.name = "softmax", .ac = MP_AC_F32, .nin = 1, .forward = softmax_fwd,
+                                 .backward = softmax_backward};
+static const mp_op log_softmax_op = {.name = "log_softmax", .ac = MP_AC_F32, .nin = 1, .forward = softmax_fwd,
+                                     .backward = softmax_backward};
+MP_OP_REGISTER(softmax_op)
+MP_OP_REGISTER(log_softmax_op)
 
 mp_tensor *mp_softmax(mp_tensor *x, int dim, int log)
 {
-    mp_tensor *c = mp_autocast_arg(log ? "log_softmax" : "softmax", x), *o = c ? softmax(c, dim, log) : NULL;
-    mp_release(c);
-    return o;
-}
-
-static mp_tensor *softmax(mp_tensor *x, int dim, int log)
-{
-    int k;
-    if (need_float(x, "input") || mp_dim(x, dim, &k)) return NULL;
-    int64_t outer, n, inner;
-    split(x, k, &outer, &n, &inner);
-    mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
-    if (y) mp_be(y)->softmax(x->dtype, mp_data(y), mp_data(x), outer, n, inner, log);
-    mp_node *nd;
-    y = finish(y, log ? "log_softmax" : "softmax", softmax_backward, 1, &x, &nd);
-    if (nd) {
-        mp_tensor *d = mp_detached(y);
-        if (!d) { mp_release(y); return NULL; }
-        mp_save(nd, 0, d);
-        mp_release(d);
-        nd->i[0] = outer, nd->i[1] = n, nd->i[2] = inner, nd->i[3] = log;
-    }
-    return y;
+    mp_ctx c = {.i = {[3] = log ? 1 : 0, [4] = dim}};
+    return mp_apply(log ? &log_softmax_op : &softmax_op, &c, 1, &x);
 }
 
 /* ---- cross_entropy ---- */
@@ -107,17 +94,10 @@ static int ce_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return r ? 0 : -1;
 }
 
-static mp_tensor *cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red);
-
-mp_tensor *mp_cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red)
+static mp_tensor *cross_entropy_fwd(mp_ctx *c)
 {
-    mp_tensor *c = mp_autocast_arg("cross_entropy", x), *o = c ? cross_entropy(c, target, red) : NULL;
-    mp_release(c);
-    return o;
-}
-
-static mp_tensor *cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red)
-{
+    mp_tensor *x = c->in[0], *target = c->in[1];
+    mp_reduction red = (mp_reduction)c->i[2];
     char b1[128], b2[128];
     if (need_float(x, "logits")) return NULL;
     if (target->dtype != MP_I32)
@@ -141,20 +121,29 @@ static mp_tensor *cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction re
         else o = mp_reduce(red == MP_REDUCE_MEAN ? MP_MEAN : MP_SUM, loss, 0, 0);
     }
     mp_release(loss);
-    mp_node *nd;
-    o = finish(o, "cross_entropy", ce_backward, 1, &x, &nd);
-    if (nd) {
-        mp_save(nd, 0, x), mp_save(nd, 1, target), mp_save(nd, 2, lse);
-        nd->i[0] = rows, nd->i[1] = classes, nd->i[2] = red;
-    }
+    c->i[0] = rows, c->i[1] = classes;
+    if (o && (mp_keep(c, 0, x) || mp_keep(c, 1, target) || mp_keep(c, 2, lse))) mp_release(o), o = NULL;
     mp_release(lse);
     return o;
 }
 
+/* the targets are an input without a gradient (integers cut the graph) */
+static const mp_op cross_entropy_op = {.name = "cross_entropy", .ac = MP_AC_F32, .nin = 2,
+                                       .forward = cross_entropy_fwd, .backward = ce_backward};
+MP_OP_REGISTER(cross_entropy_op)
+
+mp_tensor *mp_cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red)
+{
+    mp_ctx c = {.i = {[2] = red}};
+    mp_tensor *in[2] = {x, target};
+    return mp_apply(&cross_entropy_op, &c, 2, in);
+}
+
 /* ---- mse_loss: mean((a - b)^2), composed so autograd follows ---- */
 
-static mp_tensor *mse_loss(mp_tensor *a, mp_tensor *b)
+static mp_tensor *mse_loss_fwd(mp_ctx *c)
 {
+    mp_tensor *a = c->in[0], *b = c->in[1];
     char b1[128], b2[128];
     if (!mp_same_shape(a, b))
         return mp_fail(MP_EINVAL, "shapes %s and %s differ", mp_shape_str(a->ndim, a->shape, b1, sizeof b1),
@@ -167,13 +156,15 @@ static mp_tensor *mse_loss(mp_tensor *a, mp_tensor *b)
     return m;
 }
 
+/* composed of ops that record themselves: no backward of its own */
+static const mp_op mse_loss_op = {.name = "mse_loss", .ac = MP_AC_F32, .nin = 2, .forward = mse_loss_fwd};
+MP_OP_REGISTER(mse_loss_op)
+
 mp_tensor *mp_mse_loss(mp_tensor *a, mp_tensor *b)
 {
-    mp_tensor *x = mp_autocast_arg("mse_loss", a), *y = x ? mp_autocast_arg("mse_loss", b) : NULL;
-    mp_tensor *m = y ? mse_loss(x, y) : NULL;
-    mp_release(x);
-    mp_release(y);
-    return m;
+    mp_ctx c = {0};
+    mp_tensor *in[2] = {a, b};
+    return mp_apply(&mse_loss_op, &c, 2, in);
 }
 
 /* ---- layer_norm over the last dim ---- */
@@ -199,19 +190,10 @@ static int ln_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return rc;
 }
 
-static mp_tensor *layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps);
-
-mp_tensor *mp_layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps)
+static mp_tensor *layer_norm_fwd(mp_ctx *c)
 {
-    mp_tensor *cx = mp_autocast_arg("layer_norm", x), *cw = cx && w ? mp_autocast_arg("layer_norm", w) : NULL;
-    mp_tensor *cb = cx && b ? mp_autocast_arg("layer_norm", b) : NULL, *o = NULL;
-    if (cx && (!w || cw) && (!b || cb)) o = layer_norm(cx, cw, cb, eps);
-    mp_release(cx), mp_release(cw), mp_release(cb);
-    return o;
-}
-
-static mp_tensor *layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps)
-{
+    mp_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2];
+    double eps = c->f[0];
     char b1[128], b2[128];
     if (need_float(x, "input")) return NULL;
     if (x->ndim < 1) return mp_fail(MP_EINVAL, "input must have at least one dim"), NULL;
@@ -236,18 +218,28 @@ static mp_tensor *layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double ep
         mp_be(x)->layer_norm(x->dtype, mp_data(y), mp_data(mean), mp_data(rstd), mp_data(x), w ? mp_data(w) : NULL,
                              b ? mp_data(b) : NULL, rows, n, (float)eps);
     else mp_release(y), y = NULL;
-    mp_node *nd;
-    mp_tensor *ins[3] = {x, w, b};
-    y = finish(y, "layer_norm", ln_backward, 3, ins, &nd);
-    if (nd) mp_save(nd, 0, x), mp_save(nd, 1, w), mp_save(nd, 2, mean), mp_save(nd, 3, rstd);
+    if (y && (mp_keep(c, 0, x) || mp_keep(c, 1, w) || mp_keep(c, 2, mean) || mp_keep(c, 3, rstd)))
+        mp_release(y), y = NULL;
     mp_release(mean), mp_release(rstd);
     return y;
 }
 
+static const mp_op layer_norm_op = {.name = "layer_norm", .ac = MP_AC_F32, .nin = 3, .forward = layer_norm_fwd,
+                                    .backward = ln_backward};
+MP_OP_REGISTER(layer_norm_op)
+
+mp_tensor *mp_layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps)
+{
+    mp_ctx c = {.f = {eps}};
+    mp_tensor *in[3] = {x, w, b};
+    return mp_apply(&layer_norm_op, &c, 3, in);
+}
+
 /* ---- embedding: rows of w at i32 indices of any shape ---- */
 
-mp_tensor *mp_embedding(mp_tensor *idx, mp_tensor *w)
+static mp_tensor *embedding_fwd(mp_ctx *c)
 {
+    mp_tensor *idx = c->in[0], *w = c->in[1];
     char b1[128];
     if (w->ndim != 2)
         return mp_fail(MP_EINVAL, "weight must be 2-d {n, d} (got %s)", mp_shape_str(w->ndim, w->shape, b1, sizeof b1)), NULL;
@@ -267,10 +259,24 @@ mp_tensor *mp_embedding(mp_tensor *idx, mp_tensor *w)
     return r;
 }
 
+/* an index_select and a reshape, which record themselves */
+static const mp_op embedding_op = {.name = "embedding", .nin = 2, .forward = embedding_fwd};
+MP_OP_REGISTER(embedding_op)
+
+mp_tensor *mp_embedding(mp_tensor *idx, mp_tensor *w)
+{
+    mp_ctx c = {0};
+    mp_tensor *in[2] = {idx, w};
+    return mp_apply(&embedding_op, &c, 2, in);
+}
+
 /* ---- dropout: x * mask, the mask 1/(1-p) where kept and 0 where dropped ---- */
 
-mp_tensor *mp_dropout(mp_tensor *x, double p, bool training)
+static mp_tensor *dropout_fwd(mp_ctx *c)
 {
+    mp_tensor *x = c->in[0];
+    double p = c->f[0];
+    bool training = c->i[0] != 0;
     if (!(p >= 0 && p <= 1)) return mp_fail(MP_EINVAL, "p must be in [0, 1] (got %g)", p), NULL;
     if (need_float(x, "input")) return NULL;
     if (!training || p == 0) return mp_retain(x);
@@ -291,6 +297,16 @@ mp_tensor *mp_dropout(mp_tensor *x, double p, bool training)
     return y;
 }
 
+/* a mask and a mul, which records itself */
+static const mp_op dropout_op = {.name = "dropout", .nin = 1, .forward = dropout_fwd};
+MP_OP_REGISTER(dropout_op)
+
+mp_tensor *mp_dropout(mp_tensor *x, double p, bool training)
+{
+    mp_ctx c = {.f = {p}, .i = {training}};
+    return mp_apply(&dropout_op, &c, 1, &x);
+}
+
 /* ---- cat along a dim ---- */
 
 static int cat_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
@@ -305,7 +321,32 @@ static int cat_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-static mp_tensor *cat_some(int n, mp_tensor *const *ts, int dim);
+static mp_tensor *cat_fwd(mp_ctx *c)
+{
+    int n = c->nin, dim = (int)c->i[0], k = dim - 1;
+    mp_tensor *const *ts = c->in;
+    mp_dtype dt = ts[0]->dtype;
+    for (int i = 1; i < n; i++) dt = mp_promote(dt, ts[i]->dtype);
+    int64_t shape[MP_MAXDIM], outer, len, inner, total = 0;
+    memcpy(shape, ts[0]->shape, sizeof shape);
+    for (int i = 0; i < n; i++) total += ts[i]->shape[k];
+    shape[k] = total;
+    mp_tensor *o = mp_empty(dt, ts[0]->dev, ts[0]->ndim, shape);
+    int64_t start = 0;
+    for (int i = 0; o && i < n; i++) {
+        mp_tensor *c = mp_to_raw(ts[i], dt, ts[i]->dev);
+        if (!c) { mp_release(o); return NULL; }
+        split(c, k, &outer, &len, &inner);
+        mp_be(o)->narrow_put(dt, mp_data(o), mp_data(c), outer, total, start, len, inner);
+        start += len;
+        mp_release(c);
+    }
+    return o;
+}
+
+static const mp_op cat_op = {.name = "cat", .ac = MP_AC_PROMOTE, .nin = -1, .forward = cat_fwd,
+                             .backward = cat_backward};
+MP_OP_REGISTER(cat_op)
 
 mp_tensor *mp_cat(int n, mp_tensor *const *ts, int dim)
 {
@@ -325,40 +366,8 @@ mp_tensor *mp_cat(int n, mp_tensor *const *ts, int dim)
             return mp_fail(MP_EINVAL, "tensor %d is on %s, tensor 1 on %s", i + 1, mp_device_name(t->dev),
                            mp_device_name(ts[0]->dev)), NULL;
     }
-    /* autograd nodes hold at most MP_NODE_MAXIN inputs: a longer list joins its halves */
-    if (n <= MP_NODE_MAXIN) return cat_some(n, ts, k + 1);
-    int half = n / 2;
-    mp_tensor *two[2] = {mp_cat(half, ts, k + 1), NULL}, *r = NULL;
-    if (two[0]) two[1] = mp_cat(n - half, ts + half, k + 1);
-    if (two[1]) r = cat_some(2, two, k + 1);
-    mp_release(two[0]);
-    mp_release(two[1]);
-    return r;
-}
-
-static mp_tensor *cat_some(int n, mp_tensor *const *ts, int dim)
-{
-    int k = dim - 1;
-    mp_dtype dt = ts[0]->dtype;
-    for (int i = 1; i < n; i++) dt = mp_promote(dt, ts[i]->dtype);
-    int64_t shape[MP_MAXDIM], outer, len, inner, total = 0;
-    memcpy(shape, ts[0]->shape, sizeof shape);
-    for (int i = 0; i < n; i++) total += ts[i]->shape[k];
-    shape[k] = total;
-    mp_tensor *o = mp_empty(dt, ts[0]->dev, ts[0]->ndim, shape);
-    int64_t start = 0;
-    for (int i = 0; o && i < n; i++) {
-        mp_tensor *c = mp_to_raw(ts[i], dt, ts[i]->dev);
-        if (!c) { mp_release(o); return NULL; }
-        split(c, k, &outer, &len, &inner);
-        mp_be(o)->narrow_put(dt, mp_data(o), mp_data(c), outer, total, start, len, inner);
-        start += len;
-        mp_release(c);
-    }
-    mp_node *nd;
-    o = finish(o, "cat", cat_backward, n, ts, &nd);
-    if (nd) nd->i[0] = dim;
-    return o;
+    mp_ctx c = {.i = {k + 1}};
+    return mp_apply(&cat_op, &c, n, ts);
 }
 
 /* ---- where(cond, a, b), broadcasting all three ---- */
@@ -384,8 +393,10 @@ static int where_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return rc;
 }
 
-mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b)
+/* the condition is an input without a gradient */
+static mp_tensor *where_fwd(mp_ctx *c)
 {
+    mp_tensor *cond = c->in[0], *a = c->in[1], *b = c->in[2];
     mp_bcast ab, abc;
     if (cond->dev != a->dev || a->dev != b->dev)
         return mp_fail(MP_EINVAL, "cond, a and b must be on one device"), NULL;
@@ -417,10 +428,18 @@ mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b)
         o = mp_empty(dt, a->dev, abc.ndim, abc.shape);
         if (o) mp_be(o)->where(dt, mp_data(o), mp_data(ce), mp_data(ax), mp_data(bx), o->numel);
     }
-    mp_node *nd;
-    mp_tensor *ins[3] = {NULL, a, b};   /* the condition has no gradient */
-    o = finish(o, "where", where_backward, 3, ins, &nd);
-    if (nd) mp_save(nd, 0, ce);
+    if (o && mp_keep(c, 0, ce)) mp_release(o), o = NULL;
     mp_release(cn), mp_release(c8), mp_release(ce), mp_release(ac), mp_release(bc), mp_release(ax), mp_release(bx);
     return o;
+}
+
+static const mp_op where_op = {.name = "where", .ac = MP_AC_PROMOTE, .nin = 3, .forward = where_fwd,
+                               .backward = where_backward};
+MP_OP_REGISTER(where_op)
+
+mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b)
+{
+    mp_ctx c = {0};
+    mp_tensor *in[3] = {cond, a, b};
+    return mp_apply(&where_op, &c, 3, in);
 }

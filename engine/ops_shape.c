@@ -5,7 +5,7 @@
  */
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
+#include "engine/op.h"
 
 int mp_dim(const mp_tensor *t, int d, int *out)
 {
@@ -16,16 +16,6 @@ int mp_dim(const mp_tensor *t, int d, int *out)
                        d, n, n, n);
     *out = d > 0 ? d - 1 : n + d;
     return 0;
-}
-
-static mp_tensor *recorded(mp_tensor *o, const char *name, mp_backward_fn fn, mp_tensor *in, mp_node **n)
-{
-    *n = NULL;
-    if (o && mp_record(o, name, fn, 1, &in, n)) {
-        mp_release(o);
-        return NULL;
-    }
-    return o;
 }
 
 static int reshape_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
@@ -51,8 +41,11 @@ static int narrow_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-mp_tensor *mp_reshape(mp_tensor *t, int ndim, const int64_t *shape)
+static mp_tensor *reshape_fwd(mp_ctx *c)
 {
+    mp_tensor *t = c->in[0];
+    int ndim = (int)c->i[0];
+    const int64_t *shape = c->arg;
     if (ndim < 0 || ndim > MP_MAXDIM)
         return mp_fail(MP_EINVAL, "a tensor has at most %d dims (got %d)", MP_MAXDIM, ndim), NULL;
     int64_t s[MP_MAXDIM], known = 1;
@@ -84,15 +77,23 @@ mp_tensor *mp_reshape(mp_tensor *t, int ndim, const int64_t *shape)
         return mp_fail(MP_EINVAL, "cannot reshape %s (%lld elements) to %s",
                        mp_shape_str(t->ndim, t->shape, b1, sizeof b1), (long long)t->numel,
                        mp_shape_str(ndim, shape, b2, sizeof b2)), NULL;
-    mp_node *n;
-    return recorded(mp_view(t, ndim, s, t->offset), "reshape", reshape_backward, t, &n);
+    return mp_view(t, ndim, s, t->offset);
 }
 
-mp_tensor *mp_transpose(mp_tensor *t, int d1, int d2)
+static const mp_op reshape_op = {.name = "reshape", .nin = 1, .forward = reshape_fwd, .backward = reshape_backward};
+MP_OP_REGISTER(reshape_op)
+
+mp_tensor *mp_reshape(mp_tensor *t, int ndim, const int64_t *shape)
 {
-    int a, b;
+    mp_ctx c = {.i = {ndim}, .arg = shape};
+    return mp_apply(&reshape_op, &c, 1, &t);
+}
+
+static mp_tensor *transpose_fwd(mp_ctx *c)
+{
+    mp_tensor *t = c->in[0];
+    int d1 = (int)c->i[0], d2 = (int)c->i[1], a, b;
     if (mp_dim(t, d1, &a) || mp_dim(t, d2, &b)) return NULL;
-    if (a == b) return mp_clone(t);
     int perm[MP_MAXDIM];
     int64_t shape[MP_MAXDIM];
     for (int i = 0; i < t->ndim; i++) perm[i] = i;
@@ -100,15 +101,24 @@ mp_tensor *mp_transpose(mp_tensor *t, int d1, int d2)
     for (int i = 0; i < t->ndim; i++) shape[i] = t->shape[perm[i]];
     mp_tensor *o = mp_empty(t->dtype, t->dev, t->ndim, shape);
     if (o) mp_be(o)->permute(t->dtype, mp_data(o), mp_data(t), t->ndim, t->shape, perm);
-    mp_node *n;
-    o = recorded(o, "transpose", transpose_backward, t, &n);
-    if (n) n->i[0] = d1, n->i[1] = d2;
     return o;
 }
 
-mp_tensor *mp_narrow(mp_tensor *t, int d, int64_t start, int64_t len)
+static const mp_op transpose_op = {.name = "transpose", .nin = 1, .forward = transpose_fwd,
+                                   .backward = transpose_backward};
+MP_OP_REGISTER(transpose_op)
+
+mp_tensor *mp_transpose(mp_tensor *t, int d1, int d2)
 {
-    int k;
+    mp_ctx c = {.i = {d1, d2}};
+    return mp_apply(&transpose_op, &c, 1, &t);
+}
+
+static mp_tensor *narrow_fwd(mp_ctx *c)
+{
+    mp_tensor *t = c->in[0];
+    int d = (int)c->i[5], k;
+    int64_t start = c->i[2], len = c->i[3];
     if (mp_dim(t, d, &k)) return NULL;
     int64_t n = t->shape[k];
     if (start < 1 || start > n)
@@ -130,8 +140,15 @@ mp_tensor *mp_narrow(mp_tensor *t, int d, int64_t start, int64_t len)
         o = mp_empty(t->dtype, t->dev, t->ndim, shape);
         if (o) mp_be(o)->narrow(t->dtype, mp_data(o), mp_data(t), outer, n, start - 1, len, inner);
     }
-    mp_node *node;
-    o = recorded(o, "narrow", narrow_backward, t, &node);
-    if (node) node->i[0] = outer, node->i[1] = n, node->i[2] = start - 1, node->i[3] = len, node->i[4] = inner;
+    c->i[0] = outer, c->i[1] = n, c->i[2] = start - 1, c->i[4] = inner;
     return o;
+}
+
+static const mp_op narrow_op = {.name = "narrow", .nin = 1, .forward = narrow_fwd, .backward = narrow_backward};
+MP_OP_REGISTER(narrow_op)
+
+mp_tensor *mp_narrow(mp_tensor *t, int d, int64_t start, int64_t len)
+{
+    mp_ctx c = {.i = {[2] = start, [3] = len, [5] = d}};
+    return mp_apply(&narrow_op, &c, 1, &t);
 }

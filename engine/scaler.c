@@ -10,6 +10,7 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/autograd.h"
+#include "engine/op.h"
 #include "kernels/step_rules.h"
 
 const char *mp_skip_reason_name(mp_skip_reason r)
@@ -203,6 +204,20 @@ static int scale_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
+static mp_tensor *scale_fwd(mp_ctx *c)
+{
+    mp_scaler *s = (mp_scaler *)c->arg;
+    mp_tensor *loss = c->in[0], *o = mp_empty(loss->dtype, loss->dev, loss->ndim, loss->shape);
+    if (!o) return NULL;
+    mp_be(o)->scale_loss(loss->dtype, mp_data(o), mp_data(loss), loss->numel, dev_state(s), 1);
+    s->h_fresh = false;
+    if (mp_keep(c, 0, s->state)) mp_release(o), o = NULL;
+    return o;
+}
+
+static const mp_op scale_op = {.name = "scale", .nin = 1, .forward = scale_fwd, .backward = scale_backward};
+MP_OP_REGISTER(scale_op)
+
 mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss)
 {
     if (!mp_is_float(loss->dtype))
@@ -216,17 +231,8 @@ mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss)
         s->h_fresh = false;
         return mp_retain(loss);
     }
-    mp_tensor *o = mp_empty(loss->dtype, loss->dev, loss->ndim, loss->shape);
-    if (!o) return NULL;
-    be->scale_loss(loss->dtype, mp_data(o), mp_data(loss), loss->numel, dev_state(s), 1);
-    s->h_fresh = false;
-    mp_node *n;
-    if (mp_record(o, "scale", scale_backward, 1, &loss, &n)) {
-        mp_release(o);
-        return NULL;
-    }
-    if (n) mp_save(n, 0, s->state);
-    return o;
+    mp_ctx c = {.arg = s};
+    return mp_apply(&scale_op, &c, 1, &loss);
 }
 
 /* first parameter whose (unscaled) gradient holds inf or NaN */

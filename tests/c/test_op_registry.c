@@ -1,0 +1,132 @@
+/*
+ * test_op_registry.c: ops described once (engine/op.h): the registry, autocast's
+ * table seeded from the descriptions, a node with more inputs and saved tensors
+ * than the old fixed caps, and an op defined outside the engine (here) that runs
+ * through mp_apply like the engine's own.
+ */
+#include <criterion/criterion.h>
+#include <string.h>
+#include "engine/ops.h"
+#include "engine/op.h"
+#include "engine/error.h"
+
+Test(op_registry, every_op_is_described_once_with_one_class)
+{
+    const mp_op *op;
+    int n = 0;
+    for (int i = 0; (op = mp_op_at(i)); i++, n++) {
+        cr_assert(op->name && op->name[0] && strlen(op->name) < 32, "op %d has a bad name", i);
+        cr_assert(op->forward, "%s has no forward", op->name);
+        cr_assert(op->nin == -1 || op->nin >= 1, "%s: arity %d", op->name, op->nin);
+        /* a name shared by two descriptions (mul: tensor and scalar) has one class */
+        const mp_op *first = mp_op_find(op->name);
+        cr_assert_eq(first->ac, op->ac, "%s has two autocast classes", op->name);
+        cr_assert_eq(mp_autocast_class(op->name), op->ac, "autocast's table disagrees on %s", op->name);
+    }
+    cr_assert_gt(n, 40);
+    cr_assert_lt(n, 256, "the registry is full: raise MAX_OPS in engine/op.c");
+    cr_assert_eq(mp_autocast_class("matmul"), MP_AC_LOW);
+    cr_assert_eq(mp_autocast_class("softmax"), MP_AC_F32);
+    cr_assert_eq(mp_autocast_class("add"), MP_AC_PROMOTE);
+    cr_assert_eq(mp_autocast_class("no such op"), MP_AC_NONE);
+}
+
+static mp_tensor *leaf(double v)
+{
+    int64_t two = 2;
+    double vals[2] = {v, -v};
+    mp_tensor *t = mp_from_f64(MP_F32, MP_CPU, 1, &two, vals);
+    cr_assert(t && mp_set_requires_grad(t, true) == 0);
+    return t;
+}
+
+Test(op_registry, cat_of_nine_is_one_node)
+{
+    mp_tensor *ts[9];
+    for (int i = 0; i < 9; i++) ts[i] = leaf(i + 1);
+    mp_tensor *y = mp_cat(9, ts, 1);
+    cr_assert(y, "%s", mp_error());
+    cr_assert_eq(y->numel, 18);
+    cr_assert_str_eq(y->grad_fn->name, "cat");
+    cr_assert_eq(y->grad_fn->nin, 9);
+    int64_t w = 18;
+    mp_tensor *r = mp_arange(18, MP_F32, MP_CPU), *p = mp_binary(MP_MUL, y, r), *s = mp_reduce(MP_SUM, p, 0, 0);
+    cr_assert(s && mp_backward(s, NULL) == 0, "%s", mp_error());
+    for (int i = 0; i < 9; i++) {
+        double g[2];
+        cr_assert_eq(mp_read_f64(ts[i]->grad, 0, 2, g), 0);
+        cr_assert_eq(g[0], 2 * i);
+        cr_assert_eq(g[1], 2 * i + 1);
+        mp_release(ts[i]);
+    }
+    (void)w;
+    mp_release(y), mp_release(r), mp_release(p), mp_release(s);
+}
+
+/* An op of this file: y = x * 7, whose backward reads seven kept tensors (the
+ * old node kept at most four), each a scalar 1. */
+#define NKEEP 7
+static int many_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    cr_assert_eq(n->nsaved, NKEEP);
+    double total = 0;
+    for (int i = 0; i < NKEEP; i++) {
+        double v;
+        cr_assert(n->saved[i]);
+        cr_assert_eq(mp_read_f64(n->saved[i], 0, 1, &v), 0);
+        total += v;
+    }
+    gin[0] = mp_unary(MP_MULS, g, total);
+    return gin[0] ? 0 : -1;
+}
+
+static mp_tensor *many_forward(mp_ctx *c)
+{
+    mp_tensor *x = c->in[0], *y = mp_to_raw(x, x->dtype, x->dev);
+    mp_tensor *m = y ? mp_unary(MP_MULS, y, 7) : NULL;
+    mp_release(y);
+    c->i[0] = x->dtype;   /* what the forward saw, after autocast */
+    for (int i = NKEEP - 1; m && i >= 0; i--) {
+        mp_tensor *one = mp_full(MP_F32, MP_CPU, 0, NULL, 1);
+        if (!one || mp_keep(c, i, one)) mp_release(m), m = NULL;
+        mp_release(one);
+    }
+    return m;
+}
+
+static const mp_op many_op = {.name = "test_many_saved", .ac = MP_AC_F32, .nin = 1, .forward = many_forward,
+                              .backward = many_backward};
+MP_OP_REGISTER(many_op)
+
+Test(op_registry, an_op_keeps_any_number_of_tensors_and_follows_autocast)
+{
+    cr_assert_eq(mp_op_find("test_many_saved"), &many_op);
+    cr_assert_eq(mp_autocast_class("test_many_saved"), MP_AC_F32);
+    mp_tensor *x = leaf(3), *h = mp_to(x, MP_F16, MP_CPU);
+    int tok = mp_autocast_enter(true, MP_F16);
+    mp_ctx c = {0};
+    mp_tensor *y = mp_apply(&many_op, &c, 1, &h);
+    mp_autocast_exit(tok);
+    cr_assert(y, "%s", mp_error());
+    cr_assert_eq(y->dtype, MP_F32, "the f32 class casts the f16 input up");
+    cr_assert_str_eq(y->grad_fn->name, "test_many_saved");
+    cr_assert_eq(c.nsaved, 0, "the node took the kept tensors");
+    mp_tensor *s = mp_reduce(MP_SUM, y, 0, 0);
+    cr_assert(s && mp_backward(s, NULL) == 0, "%s", mp_error());
+    double g[2];
+    cr_assert_eq(mp_read_f64(x->grad, 0, 2, g), 0);
+    cr_assert_eq(g[0], NKEEP);
+    cr_assert_eq(g[1], NKEEP);
+    mp_release(x), mp_release(h), mp_release(y), mp_release(s);
+}
+
+Test(op_registry, no_node_without_a_gradient_and_nothing_kept)
+{
+    int64_t two = 2;
+    mp_tensor *x = mp_full(MP_F32, MP_CPU, 1, &two, 2);
+    mp_ctx c = {0};
+    mp_tensor *y = mp_apply(&many_op, &c, 1, &x);
+    cr_assert(y && !y->grad_fn && !y->requires_grad);
+    cr_assert_eq(c.nsaved, 0);
+    mp_release(x), mp_release(y);
+}
