@@ -1,29 +1,35 @@
 /*
- * functional.c: mp.relu, mp.softmax, mp.cross_entropy ... (API.md "Functional
- * ops") and grad mode (mp.no_grad, mp.set_grad_enabled, mp.is_grad_enabled).
+ * functional.c: mp.softmax, mp.cross_entropy ... (API.md "Functional ops"), the
+ * functions that op descriptions ask for (mp.relu, mp.tanh, ...: bind_described),
+ * and grad mode (mp.no_grad, mp.set_grad_enabled, mp.is_grad_enabled).
  */
 #include <string.h>
 #include "lua/bind.h"
 #include "engine/autograd.h"
+#include "engine/op.h"
 
 #define RETURN_TENSOR(L, NAME, EXPR) do { LT_PUSH(L, NAME, EXPR); return 1; } while (0)
 
-static int f_relu(lua_State *L)
+/* mp.<name>(x) for every op whose description asks for it (MP_BIND_UNARY):
+ * upvalue 1 is the op, upvalue 2 its Lua name for errors */
+static int f_described_unary(lua_State *L)
 {
+    const mp_op *op = lua_touserdata(L, lua_upvalueindex(1));
+    const char *name = lua_tostring(L, lua_upvalueindex(2));
     mp_tensor *x = lt_check(L, 1);
-    RETURN_TENSOR(L, "mp.relu", mp_unary(MP_RELU, x, 0));
+    RETURN_TENSOR(L, name, mp_unary((mp_unop)op->kernel, x, 0));
 }
 
-static int f_tanh(lua_State *L)
+static void bind_described(lua_State *L)
 {
-    mp_tensor *x = lt_check(L, 1);
-    RETURN_TENSOR(L, "mp.tanh", mp_unary(MP_TANH, x, 0));
-}
-
-static int f_sigmoid(lua_State *L)
-{
-    mp_tensor *x = lt_check(L, 1);
-    RETURN_TENSOR(L, "mp.sigmoid", mp_unary(MP_SIGMOID, x, 0));
+    const mp_op *op;
+    for (int i = 0; (op = mp_op_at(i)); i++) {
+        if (op->bind != MP_BIND_UNARY) continue;
+        lua_pushlightuserdata(L, (void *)op);
+        lua_pushfstring(L, "mp.%s", op->name);
+        lua_pushcclosure(L, f_described_unary, 2);
+        lua_setfield(L, -2, op->name);
+    }
 }
 
 /* mp.gelu(x [, {approximate="none"|"tanh"}]) */
@@ -179,7 +185,7 @@ static int f_is_grad_enabled(lua_State *L)
 }
 
 static const luaL_Reg funcs[] = {
-    {"relu", f_relu}, {"gelu", f_gelu}, {"tanh", f_tanh}, {"sigmoid", f_sigmoid},
+    {"gelu", f_gelu},
     {"softmax", f_softmax}, {"log_softmax", f_log_softmax}, {"linear", f_linear},
     {"layer_norm", f_layer_norm}, {"embedding", f_embedding}, {"dropout", f_dropout},
     {"cross_entropy", f_cross_entropy}, {"mse_loss", f_mse_loss}, {"cat", f_cat}, {"where", f_where},
@@ -195,4 +201,5 @@ void mp_open_functional(lua_State *L)
     }
     lua_pop(L, 1);
     luaL_setfuncs(L, funcs, 0);
+    bind_described(L);
 }
