@@ -145,7 +145,8 @@ static int unary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 /* what each unary op's backward reads: its input x, its output y */
 static bool needs_x(mp_unop op)
 {
-    return op == MP_ABS || op == MP_LOG || op == MP_POW || op == MP_RDIVS || op == MP_RELU || op == MP_GELU;
+    return op == MP_ABS || op == MP_LOG || op == MP_POW || op == MP_RDIVS || op == MP_RELU || op == MP_GELU ||
+           op == MP_SILU;
 }
 static bool needs_y(mp_unop op)
 {
@@ -174,6 +175,7 @@ static const mp_op unary_ops[MP_NUNOPS] = {
     UNOP(MP_DIVS, "div", MP_AC_PROMOTE), UNOP(MP_RDIVS, "rdiv", MP_AC_NONE),
     UNOP(MP_RELU, "relu", MP_AC_NONE, .bind = MP_BIND_UNARY), UNOP(MP_TANH, "tanh", MP_AC_NONE, .bind = MP_BIND_UNARY),
     UNOP(MP_SIGMOID, "sigmoid", MP_AC_NONE, .bind = MP_BIND_UNARY), UNOP(MP_GELU, "gelu", MP_AC_NONE),
+    UNOP(MP_SILU, "silu", MP_AC_NONE, .bind = MP_BIND_UNARY),
     [MP_DROPMASK] = {.name = "dropout_mask", .nin = 1, .forward = unary_fwd, .kernel = MP_DROPMASK},
 };
 MP_OP_REGISTER_ARRAY(unary_ops, MP_NUNOPS)

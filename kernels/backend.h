@@ -37,10 +37,11 @@ typedef enum {
 /* Elementwise unary ops; `p` is the op's scalar: x^p (MP_POW), x*p (MP_MULS),
  * x+p (MP_ADDS), p-x (MP_RSUBS), x/p (MP_DIVS), p/x (MP_RDIVS); MP_GELU uses the
  * erf form when p == 0 and the tanh approximation otherwise; MP_DROPMASK maps a
- * uniform x to 1/(1-p) when x >= p, else 0 (a dropout mask). */
+ * uniform x to 1/(1-p) when x >= p, else 0 (a dropout mask); MP_SILU is
+ * x * sigmoid(x). */
 typedef enum {
     MP_NEG, MP_ABS, MP_EXP, MP_LOG, MP_SQRT, MP_POW, MP_MULS, MP_ADDS, MP_RSUBS, MP_DIVS,
-    MP_RDIVS, MP_RELU, MP_TANH, MP_SIGMOID, MP_GELU, MP_DROPMASK, MP_NUNOPS
+    MP_RDIVS, MP_RELU, MP_TANH, MP_SIGMOID, MP_GELU, MP_DROPMASK, MP_SILU, MP_NUNOPS
 } mp_unop;
 
 /* Reductions over the middle axis of a {outer, n, inner} view. MP_ARGMAX writes

@@ -144,6 +144,7 @@ MP_SIMD static void un_f32(mp_unop op, float *o, const float *x, int64_t n, doub
             o[j] = 0.5f * v * (1.0f + tanhf(u));
         }
         break;
+    case MP_SILU: for (int64_t j = 0; j < n; j++) o[j] = x[j] / (1.0f + expf(-x[j])); break;
     case MP_DROPMASK: {
         float keep = 1.0f / (1.0f - p);
         for (int64_t j = 0; j < n; j++) o[j] = x[j] >= p ? keep : 0.0f;
@@ -184,6 +185,12 @@ MP_SIMD static void grad_f32(mp_unop op, float *gi, const float *go, const float
         else for (int64_t j = 0; j < n; j++) {
             float v = x[j], k = 0.79788456080286536f, u = k * (v + 0.044715f * v * v * v), t = tanhf(u);
             gi[j] = go[j] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * v * v));
+        }
+        break;
+    case MP_SILU:   /* s (1 + x (1 - s)), s = sigmoid(x) */
+        for (int64_t j = 0; j < n; j++) {
+            float s = 1.0f / (1.0f + expf(-x[j]));
+            gi[j] = go[j] * s * (1.0f + x[j] * (1.0f - s));
         }
         break;
     default: for (int64_t j = 0; j < n; j++) gi[j] = 0.0f; break;

@@ -200,6 +200,7 @@ static __device__ float un_f(mp_unop op, float x, float p, int erf_form)
         if (erf_form) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
         return 0.5f * x * (1.0f + tanhf(gelu_tanh_arg(x)));
     case MP_DROPMASK: return x >= p ? 1.0f / (1.0f - p) : 0.0f;
+    case MP_SILU: return x / (1.0f + expf(-x));
     default: return 0.0f;
     }
 }
@@ -311,6 +312,10 @@ static __device__ float grad_f(mp_unop op, float go, float x, float y, float p, 
     case MP_TANH: return go * __fsub_rn(1.0f, y * y);
     case MP_SIGMOID: return go * y * (1.0f - y);
     case MP_GELU: return go * (erf_form ? gelu_erf_grad(x) : gelu_tanh_grad(x));
+    case MP_SILU: {   /* s (1 + x (1 - s)), s = sigmoid(x) */
+        float s = 1.0f / (1.0f + expf(-x));
+        return go * s * (1.0f + x * (1.0f - s));
+    }
     default: return 0.0f;
     }
 }

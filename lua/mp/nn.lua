@@ -564,6 +564,7 @@ end
 activation("ReLU", function(x) return core.relu(x) end)
 activation("Tanh", function(x) return core.tanh(x) end)
 activation("Sigmoid", function(x) return core.sigmoid(x) end)
+activation("SiLU", function(x) return core.silu(x) end)
 activation("Identity", function(x) return x end)
 
 -- GELU([approximate]) with approximate "none" (default, the erf form) or "tanh";

@@ -362,9 +362,13 @@ describe("autograd: backward against finite differences", function()
       gradcheck(function(a) return mp.sigmoid(a) end, { X { 3, 4 } }, SMOOTH, "sigmoid")
     end)
 
-    it("large inputs: tanh, sigmoid and gelu saturate without NaN gradients", function()
-      local x = mp.tensor({ -30, -10, 10, 30 }):requires_grad(true)
-      for _, f in ipairs { mp.tanh, mp.sigmoid, mp.gelu } do
+    it("silu", function()   -- SMOOTH
+      gradcheck(function(a) return mp.silu(a) end, { X { 3, 4 } }, SMOOTH, "silu")
+    end)
+
+    it("large inputs: tanh, sigmoid, gelu and silu saturate without NaN gradients", function()
+      local x = mp.tensor({ -100, -30, -10, 10, 30, 100 }):requires_grad(true)
+      for _, f in ipairs { mp.tanh, mp.sigmoid, mp.gelu, mp.silu } do
         x.grad = nil
         f(x):sum():backward()
         for _, g in ipairs(x.grad:totable()) do assert.is_true(g == g, "NaN gradient") end

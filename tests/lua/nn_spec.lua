@@ -180,11 +180,33 @@ describe("mp.nn", function()
       H.assert_same(nn.ReLU()(x):totable(), mp.relu(x):totable(), "relu")
       H.assert_same(nn.Tanh()(x):totable(), mp.tanh(x):totable(), "tanh")
       H.assert_same(nn.Sigmoid()(x):totable(), mp.sigmoid(x):totable(), "sigmoid")
+      H.assert_same(nn.SiLU()(x):totable(), mp.silu(x):totable(), "silu")
       H.assert_same(nn.GELU()(x):totable(), mp.gelu(x):totable(), "gelu")
       H.assert_same(nn.GELU("tanh")(x):totable(), mp.gelu(x, { approximate = "tanh" }):totable(), "gelu tanh")
       H.assert_same(nn.GELU { approximate = "tanh" }(x):totable(), mp.gelu(x, { approximate = "tanh" }):totable(),
                     "gelu tanh (options)")
       H.assert_same(nn.Identity()(x):totable(), x:totable(), "identity")
+    end)
+
+    it("silu is x * sigmoid(x), computed in f32 and rounded once for f16/bf16", function()
+      local vals = { -30, -4.5, -1, -0.25, 0, 0.125, 1, 3, 20 }
+      local got = mp.silu(mp.tensor(vals)):totable()
+      for i, v in ipairs(vals) do
+        H.assert_close(got[i], v / (1 + math.exp(-v)), 1e-6, 1e-30, "silu(" .. v .. ")")
+      end
+      for _, dt in ipairs { "f16", "bf16" } do
+        local x = mp.randn({ 7, 9 }):to(dt)
+        H.assert_same(mp.silu(x):to("f32"):totable(), mp.silu(x:to("f32")):to(dt):to("f32"):totable(), dt)
+      end
+      H.raises(function() mp.silu(3) end, { "silu", "tensor expected" })
+      -- under autocast it runs in its input's dtype, as in PyTorch (no class)
+      local y
+      do
+        local _ <close> = mp.amp.autocast("f16")
+        y = mp.silu(mp.randn { 2, 2 })
+      end
+      assert.are.equal("f32", y.dtype)
+      assert.are.equal("silu", mp.silu(mp.randn({ 2 }):requires_grad(true)).grad_fn)
     end)
 
     it("gradients reach every parameter after backward; zero_grad clears them", function()

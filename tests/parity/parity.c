@@ -237,7 +237,7 @@ static void cases_elementwise(void)
 {
     static const char *bn[] = {"add", "sub", "mul", "div"};
     static const char *un[] = {"neg", "abs", "exp", "log", "sqrt", "pow", "muls", "adds", "rsubs",
-                               "divs", "rdivs", "relu", "tanh", "sigmoid", "gelu", "dropmask"};
+                               "divs", "rdivs", "relu", "tanh", "sigmoid", "gelu", "dropmask", "silu"};
     pcase c;
     for (int d = 0; d < 3; d++) {
         mp_dtype dt = FLOATS[d];
