@@ -183,7 +183,7 @@ static int accumulate_leaf(mp_tensor *leaf, mp_tensor *g)
     if (!c) return -1;
     mp_bcast bc;
     mp_broadcast(leaf->grad, c, &bc);
-    mp_be(c)->binary(MP_ADD, c->dtype, mp_data(leaf->grad), mp_data(leaf->grad), mp_data(c), &bc);
+    MP_K(c, binary, MP_ADD, c->dtype, mp_data(leaf->grad), mp_data(leaf->grad), mp_data(c), &bc);
     mp_release(c);
     return 0;
 }
@@ -261,9 +261,9 @@ static int backward_counted(mp_node *x, mp_tensor **gin)
     const mp_backend *be = mp_backend_of(x->grad->dev);
     if (!count_flush || !be->flush_counter) return x->op->backward(x, x->grad, gin);
     int64_t c[3];
-    be->flush_counter(1, NULL);
+    be->flush_counter(be->ctx, 1, NULL);
     int rc = x->op->backward(x, x->grad, gin);
-    be->flush_counter(0, c);
+    be->flush_counter(be->ctx, 0, c);
     add_flush(x->name, c);
     return rc;
 }

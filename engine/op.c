@@ -27,6 +27,11 @@ const mp_op *mp_op_find(const char *name)
     return NULL;
 }
 
+int mp_kernel_oom(const char *op)
+{
+    return mp_fail(MP_EOOM, "out of memory: no working memory for the %s kernel", op);
+}
+
 int mp_keep(mp_ctx *c, int slot, mp_tensor *t)
 {
     if (!c->record) return 0;
@@ -68,6 +73,15 @@ mp_tensor *mp_apply(const mp_op *op, mp_ctx *c, int nin, mp_tensor *const *in)
     int ok = 1;
     for (int k = 0; k < nin && ok; k++)
         if (in[k] && !(cast[k] = mp_autocast_arg(op, in[k]))) ok = 0;
+    /* the backend of the first input may decline the op in that dtype */
+    for (int k = 0; k < nin && ok; k++) {
+        if (!cast[k]) continue;
+        const mp_backend *be = mp_be(cast[k]);
+        if (be->supports && !be->supports(be->ctx, op->name, cast[k]->dtype))
+            ok = 0, mp_fail(MP_EINVAL, "%s is not available for %s tensors on %s (the backend declines it)",
+                            op->name, mp_dtype_name(cast[k]->dtype), mp_device_name(cast[k]->dev));
+        break;
+    }
     if (ok) {
         c->op = op, c->nin = nin, c->in = cast;
         c->record = op->backward && mp_needs_grad(nin, cast);

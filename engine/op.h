@@ -65,6 +65,11 @@ int mp_keep_output(mp_ctx *c, int slot, mp_tensor *out);
  * release o when that fails: o itself, or NULL. *node: the node or NULL. */
 mp_tensor *mp_finish(mp_tensor *o, const mp_op *op, int nin, mp_tensor *const *ins, mp_node **node);
 
+/* a kernel could not get its working memory from its backend's context:
+ * an out-of-memory error naming the op (-1; the binding collects garbage and
+ * retries once, as for any allocation) */
+int mp_kernel_oom(const char *op);
+
 /* the registry */
 void mp_op_register(const mp_op *op);
 const mp_op *mp_op_at(int i);          /* i from 0; NULL past the end */

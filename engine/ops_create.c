@@ -12,7 +12,7 @@
 mp_tensor *mp_full(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape, double value)
 {
     mp_tensor *t = mp_empty(dt, dev, ndim, shape);
-    if (t) mp_be(t)->fill(mp_data(t), dt, t->numel, value);
+    if (t) MP_K(t, fill, mp_data(t), dt, t->numel, value);
     return t;
 }
 
@@ -21,7 +21,7 @@ mp_tensor *mp_arange(int64_t n, mp_dtype dt, mp_device dev)
     if (n <= 0) return mp_fail(MP_EINVAL, "n must be positive (got %lld)", (long long)n), NULL;
     if (dt == MP_U8 && n > 256) return mp_fail(MP_EINVAL, "n = %lld does not fit in u8", (long long)n), NULL;
     mp_tensor *t = mp_empty(dt, dev, 1, &n);
-    if (t) mp_be(t)->arange(mp_data(t), dt, n);
+    if (t) MP_K(t, arange, mp_data(t), dt, n);
     return t;
 }
 
@@ -40,7 +40,7 @@ static mp_tensor *random_tensor(int normal, mp_dtype dt, mp_device dev, int ndim
     mp_tensor *t = mp_empty(dt, dev, ndim, shape);
     if (!t) return NULL;
     const mp_backend *be = mp_be(t);
-    (normal ? be->rand_normal : be->rand_uniform)(mp_data(t), dt, t->numel, rng_seed, rng_offset);
+    (normal ? be->rand_normal : be->rand_uniform)(be->ctx, mp_data(t), dt, t->numel, rng_seed, rng_offset);
     rng_offset += (uint64_t)t->numel;
     return t;
 }
@@ -70,7 +70,7 @@ mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shap
         case MP_I32: ((int32_t *)p)[i] = isnan(x) ? 0 : x >= 2147483647.0 ? INT32_MAX
                                        : x <= -2147483648.0 ? INT32_MIN : (int32_t)x; break;
         case MP_U8: ((uint8_t *)p)[i] = isnan(x) || x <= 0 ? 0 : x >= 255 ? 255 : (uint8_t)x; break;
-        default: { float f = (float)x; mp_cpu_backend.cast((char *)p + 2 * i, dt, &f, MP_F32, 1); }
+        default: { float f = (float)x; mp_cpu_backend.cast(mp_cpu_backend.ctx, (char *)p + 2 * i, dt, &f, MP_F32, 1); }
         }
     }
     if (dev == MP_CPU) return host;
@@ -93,7 +93,7 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out)
         const char *src = (const char *)mp_data(t) + (size_t)(start + done) * es;
         if (mp_host_read(t->dev, raw, src, (size_t)m * es)) return -1;
         if (t->dtype == MP_F16 || t->dtype == MP_BF16)
-            mp_cpu_backend.cast(f, MP_F32, raw, t->dtype, m);
+            mp_cpu_backend.cast(mp_cpu_backend.ctx, f, MP_F32, raw, t->dtype, m);
         for (int64_t i = 0; i < m; i++) {
             switch (t->dtype) {
             case MP_F32: out[done + i] = ((float *)raw)[i]; break;
@@ -121,13 +121,13 @@ mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev)
     if (mp_device_check(dev)) return NULL;
     if (t->dev == dev) {
         mp_tensor *o = mp_empty(dt, dev, t->ndim, t->shape);
-        if (o) mp_be(o)->cast(mp_data(o), dt, mp_data(t), t->dtype, t->numel);
+        if (o) MP_K(o, cast, mp_data(o), dt, mp_data(t), t->dtype, t->numel);
         return o;
     }
     /* across devices: move the bytes as they are, then cast on the destination */
     mp_tensor *o = mp_empty(t->dtype, dev, t->ndim, t->shape);
     if (!o) return NULL;
-    if (dev != MP_CPU) mp_be(o)->from_host(mp_data(o), mp_data(t), mp_nbytes(t));
+    if (dev != MP_CPU) MP_K(o, from_host, mp_data(o), mp_data(t), mp_nbytes(t));
     else if (mp_host_read(t->dev, mp_data(o), mp_data(t), mp_nbytes(t))) return mp_release(o), NULL;
     if (dt == t->dtype) return o;
     mp_tensor *c = mp_to_raw(o, dt, dev);
@@ -147,7 +147,7 @@ static mp_tensor *to_fwd(mp_ctx *c) { return mp_to_raw(c->in[0], (mp_dtype)c->i[
 static mp_tensor *clone_fwd(mp_ctx *c)
 {
     mp_tensor *t = c->in[0], *o = mp_empty(t->dtype, t->dev, t->ndim, t->shape);
-    if (o) mp_be(o)->copy(mp_data(o), mp_data(t), mp_nbytes(t));
+    if (o) MP_K(o, copy, mp_data(o), mp_data(t), mp_nbytes(t));
     return o;
 }
 
@@ -173,7 +173,7 @@ mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt)
         st->lowp_version = st->version - 1;
     }
     if (st->lowp_version != st->version) {
-        mp_be(t)->cast(mp_data(st->lowp), dt, st->data, MP_F32, numel);
+        MP_K(t, cast, mp_data(st->lowp), dt, st->data, MP_F32, numel);
         st->lowp_version = st->version;
     }
     mp_node *n;
@@ -204,7 +204,7 @@ int mp_copy_(mp_tensor *dst, mp_tensor *src)
         return mp_fail(MP_EINVAL, "in-place copy into a tensor that requires grad (use it inside mp.no_grad())");
     mp_tensor *c = mp_to_raw(src, dst->dtype, dst->dev);
     if (!c) return -1;
-    if (c->st != dst->st || c->offset != dst->offset) mp_be(dst)->copy(mp_data(dst), mp_data(c), mp_nbytes(dst));
+    if (c->st != dst->st || c->offset != dst->offset) MP_K(dst, copy, mp_data(dst), mp_data(c), mp_nbytes(dst));
     dst->st->version++;
     mp_release(c);
     return 0;

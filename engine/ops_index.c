@@ -15,7 +15,7 @@ int mp_check_indices(const mp_tensor *idx, int64_t n, const char *what)
      * after the op (as PyTorch's device-side asserts do): no wait here */
     const mp_backend *be = mp_be(idx);
     if (idx->dev != MP_CPU && be->check_indices) {
-        be->check_indices(mp_data(idx), idx->numel, n, what);
+        be->check_indices(be->ctx, mp_data(idx), idx->numel, n, what);
         return 0;
     }
     mp_tensor *host = mp_to_raw((mp_tensor *)idx, MP_I32, MP_CPU);
@@ -37,7 +37,7 @@ static int index_select_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     mp_tensor *idx = n->saved[0];
     mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
     if (!r) return -1;
-    mp_be(r)->scatter_add(g->dtype, mp_data(r), mp_data(g), mp_data(idx), idx->numel, n->i[0], n->i[1], n->i[2]);
+    MP_K(r, scatter_add, g->dtype, mp_data(r), mp_data(g), mp_data(idx), idx->numel, n->i[0], n->i[1], n->i[2]);
     gin[0] = r;
     return 0;
 }
@@ -60,7 +60,7 @@ static mp_tensor *index_select_fwd(mp_ctx *c)
         if (i > k) inner *= t->shape[i];
     }
     mp_tensor *o = mp_empty(t->dtype, t->dev, t->ndim, shape);
-    if (o) mp_be(o)->gather(t->dtype, mp_data(o), mp_data(t), mp_data(idx), idx->numel, outer, t->shape[k], inner);
+    if (o) MP_K(o, gather, t->dtype, mp_data(o), mp_data(t), mp_data(idx), idx->numel, outer, t->shape[k], inner);
     c->i[0] = outer, c->i[1] = t->shape[k], c->i[2] = inner;
     if (o && mp_keep(c, 0, idx)) mp_release(o), o = NULL;
     return o;

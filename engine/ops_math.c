@@ -94,7 +94,7 @@ static mp_tensor *binary_fwd(mp_ctx *c)
     if (op == MP_DIV && !mp_is_float(dt)) dt = MP_F32;
     mp_tensor *x = as_dtype(a, dt), *y = x ? as_dtype(b, dt) : NULL, *o = NULL;
     if (y) o = mp_empty(MP_IS_CMP(op) ? MP_U8 : dt, a->dev, bc.ndim, bc.shape);
-    if (o) mp_be(o)->binary(op, dt, mp_data(o), mp_data(x), mp_data(y), &bc);
+    if (o) MP_K(o, binary, op, dt, mp_data(o), mp_data(x), mp_data(y), &bc);
     if (o && (op == MP_MUL || op == MP_DIV) && (mp_keep(c, 0, x) || mp_keep(c, 1, y))) mp_release(o), o = NULL;
     mp_release(x);
     mp_release(y);
@@ -136,7 +136,7 @@ static int unary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     mp_tensor *x = n->nsaved > 0 ? n->saved[0] : NULL, *y = n->nsaved > 1 ? n->saved[1] : NULL;
     mp_tensor *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
     if (!r) return -1;
-    mp_be(r)->unary_grad((mp_unop)n->op->kernel, g->dtype, mp_data(r), mp_data(g), x ? mp_data(x) : NULL,
+    MP_K(r, unary_grad, (mp_unop)n->op->kernel, g->dtype, mp_data(r), mp_data(g), x ? mp_data(x) : NULL,
                          y ? mp_data(y) : NULL, g->numel, n->f[0]);
     gin[0] = r;
     return 0;
@@ -160,7 +160,7 @@ static mp_tensor *unary_fwd(mp_ctx *c)
     double p = c->f[0];
     mp_dtype dt = unary_dtype(op, a->dtype, p);
     mp_tensor *x = as_dtype(a, dt), *o = x ? mp_empty(dt, a->dev, a->ndim, a->shape) : NULL;
-    if (o) mp_be(o)->unary(op, dt, mp_data(o), mp_data(x), a->numel, p);
+    if (o) MP_K(o, unary, op, dt, mp_data(o), mp_data(x), a->numel, p);
     if (o && ((needs_x(op) && mp_keep(c, 0, x)) || (needs_y(op) && mp_keep_output(c, 1, o)))) mp_release(o), o = NULL;
     mp_release(x);
     return o;
@@ -216,7 +216,7 @@ static int reduce_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
                 if (d > k) inner *= e->shape[d];
             }
         }
-        mp_be(r)->put_along(g->dtype, mp_data(r), mp_data(g), mp_data(n->saved[0]), outer, len, inner);
+        MP_K(r, put_along, g->dtype, mp_data(r), mp_data(g), mp_data(n->saved[0]), outer, len, inner);
         gin[0] = r;
         return 0;
     }
@@ -261,11 +261,11 @@ static mp_tensor *reduce_fwd(mp_ctx *c)
     if ((op == MP_MEAN || op == MP_SUM) && !mp_is_float(in)) in = MP_F32;
     mp_dtype out = op == MP_ARGMAX ? MP_I32 : in;
     mp_tensor *x = as_dtype(a, in), *o = x ? mp_empty(out, a->dev, nd, shape) : NULL;
-    if (o) mp_be(o)->reduce(op, in, mp_data(o), mp_data(x), outer, n, inner);
+    if (o) MP_K(o, reduce, op, in, mp_data(o), mp_data(x), outer, n, inner);
     c->i[1] = k;
     if (o && op == MP_MAX && c->record) {   /* where each maximum was, for the backward */
         mp_tensor *idx = mp_empty(MP_I32, a->dev, nd, shape);
-        if (idx) mp_be(idx)->reduce(MP_ARGMAX, in, mp_data(idx), mp_data(x), outer, n, inner);
+        if (idx) MP_K(idx, reduce, MP_ARGMAX, in, mp_data(idx), mp_data(x), outer, n, inner);
         if (!idx || mp_keep(c, 0, idx)) mp_release(o), o = NULL;
         mp_release(idx);
     }

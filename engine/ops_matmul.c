@@ -17,7 +17,7 @@ static mp_tensor *gemm_new(mp_dtype dt, mp_device dev, int ta, int tb, int64_t b
 {
     int64_t shape[3] = {batch, m, n};
     mp_tensor *c = batch ? mp_empty(dt, dev, 3, shape) : mp_empty(dt, dev, 2, shape + 1);
-    if (c && mp_be(c)->gemm(dt, ta, tb, batch ? batch : 1, m, n, k, 1.0f, mp_data(a), sa, mp_data(b), sb,
+    if (c && MP_K(c, gemm, dt, ta, tb, batch ? batch : 1, m, n, k, 1.0f, mp_data(a), sa, mp_data(b), sb,
                             0.0f, mp_data(c), m * n)) {
         mp_release(c);
         return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
@@ -205,11 +205,11 @@ static mp_tensor *linear_fwd(mp_ctx *c)
         mp_tensor *zero = mp_full(x->dtype, x->dev, 1, &out, 0);
         if (!zero) { mp_release(y); return NULL; }
         mp_bcast bc = {.ndim = 2, .shape = {rows, out}, .sa = {0, 1}, .sb = {0, 1}};
-        mp_be(y)->binary(MP_ADD, x->dtype, mp_data(y), mp_data(zero), mp_data(b), &bc);
+        MP_K(y, binary, MP_ADD, x->dtype, mp_data(y), mp_data(zero), mp_data(b), &bc);
         mp_release(zero);
         beta = 1.0f;
     }
-    if (mp_be(y)->gemm(x->dtype, 0, 1, 1, rows, out, in, 1.0f, mp_data(x), 0, mp_data(w), 0, beta, mp_data(y), 0)) {
+    if (MP_K(y, gemm, x->dtype, 0, 1, 1, rows, out, in, 1.0f, mp_data(x), 0, mp_data(w), 0, beta, mp_data(y), 0)) {
         mp_release(y);
         return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
                        (long long)rows, (long long)out, (long long)in), NULL;

@@ -32,7 +32,10 @@ static int softmax_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *y = nd->saved[0], *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
     if (!r) return -1;
-    mp_be(r)->softmax_grad(g->dtype, mp_data(r), mp_data(g), mp_data(y), nd->i[0], nd->i[1], nd->i[2], (int)nd->i[3]);
+    if (MP_K(r, softmax_grad, g->dtype, mp_data(r), mp_data(g), mp_data(y), nd->i[0], nd->i[1], nd->i[2], (int)nd->i[3])) {
+        mp_release(r);
+        return mp_kernel_oom(nd->name);
+    }
     gin[0] = r;
     return 0;
 }
@@ -46,7 +49,8 @@ static mp_tensor *softmax_fwd(mp_ctx *c)
     split(x, k, &outer, &n, &inner);
     c->i[0] = outer, c->i[1] = n, c->i[2] = inner;
     mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
-    if (y) mp_be(y)->softmax(x->dtype, mp_data(y), mp_data(x), outer, n, inner, log);
+    if (y && MP_K(y, softmax, x->dtype, mp_data(y), mp_data(x), outer, n, inner, log))
+        mp_release(y), y = NULL, mp_kernel_oom(c->op->name);
     if (y && mp_keep_output(c, 0, y)) mp_release(y), y = NULL;
     return y;
 }
@@ -87,8 +91,9 @@ static int ce_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     mp_release(g32);
     if (!scale) return -1;
     mp_tensor *r = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
-    if (r) mp_be(r)->cross_entropy_grad(x->dtype, mp_data(r), mp_data(x), mp_data(lse), mp_data(target),
-                                        mp_data(scale), rows, classes);
+    if (r && MP_K(r, cross_entropy_grad, x->dtype, mp_data(r), mp_data(x), mp_data(lse), mp_data(target),
+                  mp_data(scale), rows, classes))
+        mp_release(r), r = NULL, mp_kernel_oom(nd->name);
     mp_release(scale);
     gin[0] = r;
     return r ? 0 : -1;
@@ -115,8 +120,10 @@ static mp_tensor *cross_entropy_fwd(mp_ctx *c)
     int64_t classes = x->shape[x->ndim - 1], rows = x->numel / classes;
     if (mp_check_indices(target, classes, "target")) return NULL;
     mp_tensor *loss = mp_empty(MP_F32, x->dev, 1, &rows), *lse = mp_empty(MP_F32, x->dev, 1, &rows), *o = NULL;
-    if (loss && lse) {
-        mp_be(x)->cross_entropy(x->dtype, mp_data(loss), mp_data(lse), mp_data(x), mp_data(target), rows, classes);
+    if (loss && lse && MP_K(x, cross_entropy, x->dtype, mp_data(loss), mp_data(lse), mp_data(x), mp_data(target),
+                            rows, classes)) {
+        mp_kernel_oom(c->op->name);
+    } else if (loss && lse) {
         if (red == MP_REDUCE_NONE) o = mp_reshape(loss, target->ndim, target->shape);
         else o = mp_reduce(red == MP_REDUCE_MEAN ? MP_MEAN : MP_SUM, loss, 0, 0);
     }
@@ -177,10 +184,11 @@ static int ln_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     mp_tensor *gx = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
     mp_tensor *gw = ww ? mp_empty(MP_F32, x->dev, 1, &n) : NULL, *gb = wb ? mp_empty(MP_F32, x->dev, 1, &n) : NULL;
     int rc = -1;
-    if (gx && (!ww || gw) && (!wb || gb)) {
-        mp_be(x)->layer_norm_grad(x->dtype, mp_data(gx), gw ? mp_data(gw) : NULL, gb ? mp_data(gb) : NULL,
-                                  mp_data(g), mp_data(x), mp_data(mean), mp_data(rstd), w ? mp_data(w) : NULL,
-                                  rows, n);
+    if (gx && (!ww || gw) && (!wb || gb) &&
+        MP_K(x, layer_norm_grad, x->dtype, mp_data(gx), gw ? mp_data(gw) : NULL, gb ? mp_data(gb) : NULL,
+             mp_data(g), mp_data(x), mp_data(mean), mp_data(rstd), w ? mp_data(w) : NULL, rows, n)) {
+        mp_kernel_oom(nd->name);
+    } else if (gx && (!ww || gw) && (!wb || gb)) {
         gin[0] = mp_retain(gx);
         rc = 0;
         if (gw && !(gin[1] = mp_to_raw(gw, nd->in[1].dtype, x->dev))) rc = -1;
@@ -214,10 +222,11 @@ static mp_tensor *layer_norm_fwd(mp_ctx *c)
     if (!(eps > 0) || !isfinite(eps)) return mp_fail(MP_EINVAL, "eps must be positive (got %g)", eps), NULL;
     mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
     mp_tensor *mean = mp_empty(MP_F32, x->dev, 1, &rows), *rstd = mp_empty(MP_F32, x->dev, 1, &rows);
-    if (y && mean && rstd)
-        mp_be(x)->layer_norm(x->dtype, mp_data(y), mp_data(mean), mp_data(rstd), mp_data(x), w ? mp_data(w) : NULL,
-                             b ? mp_data(b) : NULL, rows, n, (float)eps);
-    else mp_release(y), y = NULL;
+    if (!y || !mean || !rstd)
+        mp_release(y), y = NULL;
+    else if (MP_K(x, layer_norm, x->dtype, mp_data(y), mp_data(mean), mp_data(rstd), mp_data(x), w ? mp_data(w) : NULL,
+                  b ? mp_data(b) : NULL, rows, n, (float)eps))
+        mp_release(y), y = NULL, mp_kernel_oom(c->op->name);
     if (y && (mp_keep(c, 0, x) || mp_keep(c, 1, w) || mp_keep(c, 2, mean) || mp_keep(c, 3, rstd)))
         mp_release(y), y = NULL;
     mp_release(mean), mp_release(rstd);
@@ -337,7 +346,7 @@ static mp_tensor *cat_fwd(mp_ctx *c)
         mp_tensor *c = mp_to_raw(ts[i], dt, ts[i]->dev);
         if (!c) { mp_release(o); return NULL; }
         split(c, k, &outer, &len, &inner);
-        mp_be(o)->narrow_put(dt, mp_data(o), mp_data(c), outer, total, start, len, inner);
+        MP_K(o, narrow_put, dt, mp_data(o), mp_data(c), outer, total, start, len, inner);
         start += len;
         mp_release(c);
     }
@@ -426,7 +435,7 @@ static mp_tensor *where_fwd(mp_ctx *c)
     }
     if (bx && ce) {
         o = mp_empty(dt, a->dev, abc.ndim, abc.shape);
-        if (o) mp_be(o)->where(dt, mp_data(o), mp_data(ce), mp_data(ax), mp_data(bx), o->numel);
+        if (o) MP_K(o, where, dt, mp_data(o), mp_data(ce), mp_data(ax), mp_data(bx), o->numel);
     }
     if (o && mp_keep(c, 0, ce)) mp_release(o), o = NULL;
     mp_release(cn), mp_release(c8), mp_release(ce), mp_release(ac), mp_release(bc), mp_release(ax), mp_release(bx);

@@ -36,7 +36,7 @@ static int narrow_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     mp_edge *e = &n->in[0];
     mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
     if (!r) return -1;
-    mp_be(r)->narrow_put(g->dtype, mp_data(r), mp_data(g), n->i[0], n->i[1], n->i[2], n->i[3], n->i[4]);
+    MP_K(r, narrow_put, g->dtype, mp_data(r), mp_data(g), n->i[0], n->i[1], n->i[2], n->i[3], n->i[4]);
     gin[0] = r;
     return 0;
 }
@@ -100,7 +100,7 @@ static mp_tensor *transpose_fwd(mp_ctx *c)
     perm[a] = b, perm[b] = a;
     for (int i = 0; i < t->ndim; i++) shape[i] = t->shape[perm[i]];
     mp_tensor *o = mp_empty(t->dtype, t->dev, t->ndim, shape);
-    if (o) mp_be(o)->permute(t->dtype, mp_data(o), mp_data(t), t->ndim, t->shape, perm);
+    if (o) MP_K(o, permute, t->dtype, mp_data(o), mp_data(t), t->ndim, t->shape, perm);
     return o;
 }
 
@@ -138,7 +138,7 @@ static mp_tensor *narrow_fwd(mp_ctx *c)
         o = mp_view(t, t->ndim, shape, t->offset + (start - 1) * inner);
     } else {
         o = mp_empty(t->dtype, t->dev, t->ndim, shape);
-        if (o) mp_be(o)->narrow(t->dtype, mp_data(o), mp_data(t), outer, n, start - 1, len, inner);
+        if (o) MP_K(o, narrow, t->dtype, mp_data(o), mp_data(t), outer, n, start - 1, len, inner);
     }
     c->i[0] = outer, c->i[1] = n, c->i[2] = start - 1, c->i[4] = inner;
     return o;

@@ -84,9 +84,9 @@ mp_optim *mp_optim_new(const mp_optim_config *cfg, int n, mp_tensor *const *ps)
     for (int i = 0; i < n; i++) {   /* nothing can fail from here on */
         mp_tensor *p = ps[i];
         size_t off = (size_t)o->offsets[i] * 4;
-        be->copy((char *)mp_data(o->values) + off, mp_data(p), mp_nbytes(p));
+        be->copy(be->ctx, (char *)mp_data(o->values) + off, mp_data(p), mp_nbytes(p));
         if (p->grad && p->grad->dtype == MP_F32 && mp_same_shape(p->grad, p))
-            be->copy((char *)mp_data(o->grads) + off, mp_data(p->grad), mp_nbytes(p));
+            be->copy(be->ctx, (char *)mp_data(o->grads) + off, mp_data(p->grad), mp_nbytes(p));
         adopt(p, o->values, o->offsets[i]);
         o->params[i] = mp_retain(p);
     }
@@ -123,7 +123,7 @@ int mp_optim_ensure_state(mp_optim *o)
 
 int mp_optim_zero_grad(mp_optim *o)
 {
-    mp_be(o->grads)->zero(mp_data(o->grads), mp_nbytes(o->grads));
+    MP_K(o->grads, zero, mp_data(o->grads), mp_nbytes(o->grads));
     for (int i = 0; i < o->n; i++) {
         mp_tensor *p = o->params[i];
         if (p->grad && p->grad->st == o->grads->st && p->grad->offset == o->offsets[i]) continue;
@@ -142,7 +142,7 @@ int mp_optim_sync_grads(mp_optim *o)
         if (!g || (g->st == o->grads->st && g->offset == o->offsets[i])) continue;
         /* a .grad the script replaced: its values go into the arena, and .grad is the view again */
         mp_tensor *c = mp_to_raw(g, MP_F32, o->grads->dev), *v = c ? mp_optim_view(o, o->grads, i) : NULL;
-        if (v) mp_be(c)->copy(mp_data(v), mp_data(c), mp_nbytes(p));
+        if (v) MP_K(c, copy, mp_data(v), mp_data(c), mp_nbytes(p));
         mp_release(c);
         if (!v) return -1;
         mp_release(p->grad);
@@ -158,7 +158,7 @@ int mp_optim_get_step(mp_optim *o, int64_t *step)
 
 void mp_optim_set_step(mp_optim *o, int64_t step)
 {
-    mp_be(o->counter)->from_host(mp_data(o->counter), &step, sizeof step);
+    MP_K(o->counter, from_host, mp_data(o->counter), &step, sizeof step);
 }
 
 int mp_optim_step(mp_optim *o) { return mp_optim_step_if(o, NULL); }
@@ -189,9 +189,9 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
     size_t les = mp_dtype_size(lpt);
     vs->version++;
     if (mirror) vs->lowp_version = vs->version;
-    be->optim_count(step, skip);
+    be->optim_count(be->ctx, step, skip);
     if (all) {   /* the usual case: one pass over the arena */
-        be->optim_step(c->kind, p, g, s1, s2, o->numel, &a, step, skip, lp, lpt);
+        be->optim_step(be->ctx, c->kind, p, g, s1, s2, o->numel, &a, step, skip, lp, lpt);
         return 0;
     }
     /* a parameter whose .grad was set to nil is left alone, as PyTorch skips grad None;
@@ -199,7 +199,7 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
     for (int i = 0; i < o->n; i++) {
         if (!o->params[i]->grad) continue;
         int64_t off = o->offsets[i];
-        be->optim_step(c->kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL,
+        be->optim_step(be->ctx, c->kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL,
                        o->params[i]->numel, &a, step, skip, lp ? lp + (size_t)off * les : NULL, lpt);
     }
     return 0;
@@ -264,7 +264,7 @@ int mp_clip_grad_norm(int n, mp_tensor *const *ps, double max_norm, double *tota
     if (coef < 1) {   /* in place, so arena views stay views */
         for (int i = 0; i < (range ? 1 : n); i++) {
             mp_tensor *g = range ? range : ps[i]->grad;
-            if (g) mp_be(g)->unary(MP_MULS, g->dtype, mp_data(g), mp_data(g), g->numel, coef);
+            if (g) MP_K(g, unary, MP_MULS, g->dtype, mp_data(g), mp_data(g), g->numel, coef);
         }
     }
     mp_release(range);

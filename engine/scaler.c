@@ -105,7 +105,7 @@ static int pull(mp_scaler *s)
 
 static void push(mp_scaler *s)
 {
-    if (s->state) mp_be(s->state)->from_host(dev_state(s), &s->h, sizeof s->h);
+    if (s->state) MP_K(s->state, from_host, dev_state(s), &s->h, sizeof s->h);
     s->h_fresh = true;
 }
 
@@ -125,7 +125,7 @@ static int place(mp_scaler *s, mp_device dev)
 
 static void rule(mp_scaler *s, mp_scale_op op, int arg, float value)
 {
-    mp_be(s->state)->scale_rule(op, dev_state(s), &s->policy, arg, value);
+    MP_K(s->state, scale_rule, op, dev_state(s), &s->policy, arg, value);
     s->h_fresh = false;
 }
 
@@ -199,7 +199,7 @@ static int scale_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *st = n->saved[0], *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
     if (!r) return -1;
-    mp_be(r)->scale_loss(g->dtype, mp_data(r), mp_data(g), g->numel, mp_data(st), 0);
+    MP_K(r, scale_loss, g->dtype, mp_data(r), mp_data(g), g->numel, mp_data(st), 0);
     gin[0] = r;
     return 0;
 }
@@ -209,7 +209,7 @@ static mp_tensor *scale_fwd(mp_ctx *c)
     mp_scaler *s = (mp_scaler *)c->arg;
     mp_tensor *loss = c->in[0], *o = mp_empty(loss->dtype, loss->dev, loss->ndim, loss->shape);
     if (!o) return NULL;
-    mp_be(o)->scale_loss(loss->dtype, mp_data(o), mp_data(loss), loss->numel, dev_state(s), 1);
+    MP_K(o, scale_loss, loss->dtype, mp_data(o), mp_data(loss), loss->numel, dev_state(s), 1);
     s->h_fresh = false;
     if (mp_keep(c, 0, s->state)) mp_release(o), o = NULL;
     return o;
@@ -227,7 +227,7 @@ mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss)
     const mp_backend *be = mp_be(loss);
     /* a loss that is already inf/NaN is a forward problem no scale can cure */
     if (s->policy.kind == MP_POLICY_NONE) {
-        be->scale_loss(loss->dtype, NULL, mp_data(loss), loss->numel, dev_state(s), 1);
+        be->scale_loss(be->ctx, loss->dtype, NULL, mp_data(loss), loss->numel, dev_state(s), 1);
         s->h_fresh = false;
         return mp_retain(loss);
     }
@@ -286,8 +286,8 @@ static int telemetry_room(mp_scaler *s, mp_optim *o)
     for (int i = 0; i < o->n; i++) s->seg_host[i] = o->offsets[i];
     s->seg_host[o->n] = o->numel;
     const mp_backend *be = mp_be(s->tel);
-    be->zero(mp_data(s->tel), (size_t)bytes);
-    be->from_host(mp_data(s->seg), s->seg_host, (size_t)seg_bytes);
+    be->zero(be->ctx, mp_data(s->tel), (size_t)bytes);
+    be->from_host(be->ctx, mp_data(s->seg), s->seg_host, (size_t)seg_bytes);
     return 0;
 }
 
@@ -306,9 +306,9 @@ int mp_scaler_unscale(mp_scaler *s, mp_optim *o)
     float *g = mp_data(o->grads);
     if (s->telemetry) {   /* one pass over the arena, with statistics per parameter */
         if (telemetry_room(s, o)) return -1;
-        be->unscale(g, o->numel, dev_state(s), slot, mp_data(s->tel), mp_data(s->seg), o->n);
+        be->unscale(be->ctx, g, o->numel, dev_state(s), slot, mp_data(s->tel), mp_data(s->seg), o->n);
     } else {
-        be->unscale(g, o->numel, dev_state(s), slot, NULL, NULL, 0);
+        be->unscale(be->ctx, g, o->numel, dev_state(s), slot, NULL, NULL, 0);
     }
     s->h_fresh = false;
     s->opts[s->nopt++] = o;

@@ -122,7 +122,7 @@ const char *mp_device_why_not(mp_device d)
 int mp_device_error(mp_device d)
 {
     const mp_backend *be = (unsigned)d < MP_NDEVICES ? backends[d] : NULL;
-    const char *e = be && be->error ? be->error() : NULL;
+    const char *e = be && be->error ? be->error(be->ctx) : NULL;
     return e ? mp_fail(MP_EDEVICE, "%s", e) : 0;
 }
 
@@ -130,7 +130,7 @@ int mp_device_synchronize(mp_device d)
 {
     const mp_backend *be = mp_backend_of(d);
     if (!be) return mp_device_check(d);
-    if (be->synchronize) be->synchronize();
+    if (be->synchronize) be->synchronize(be->ctx);
     return mp_device_error(d);
 }
 
@@ -142,7 +142,7 @@ void mp_device_counters(mp_device d, int64_t c[3])
 {
     const mp_backend *be = (unsigned)d < MP_NDEVICES ? backends[d] : NULL;
     c[0] = c[1] = c[2] = 0;
-    if (be && be->counters) be->counters(c);
+    if (be && be->counters) be->counters(be->ctx, c);
 }
 
 int mp_device_check(mp_device d)
@@ -165,7 +165,7 @@ int mp_host_read(mp_device d, void *dst, const void *src, size_t nbytes)
         return 0;
     }
     if (!be) return memset(dst, 0, nbytes), mp_device_check(d);
-    be->to_host(dst, src, nbytes);
+    be->to_host(be->ctx, dst, src, nbytes);
     if (mp_device_error(d)) return memset(dst, 0, nbytes), -1;
     return 0;
 }
@@ -188,14 +188,14 @@ mp_memstats mp_memory(mp_device d)
     if (stats[d].limit == 0) stats[d].limit = default_limit(d);
     mp_memstats m = stats[d];
     const mp_backend *be = backends[d];
-    m.cached = be && be->cached ? be->cached() : 0;
+    m.cached = be && be->cached ? be->cached(be->ctx) : 0;
     return m;
 }
 
 void mp_release_cache(mp_device d)
 {
     const mp_backend *be = backends[d];
-    if (be && be->release_cache) be->release_cache();
+    if (be && be->release_cache) be->release_cache(be->ctx);
 }
 
 void mp_set_memory_limit(mp_device d, size_t bytes) { stats[d].limit = bytes; }
@@ -213,9 +213,9 @@ static mp_storage *storage_new(mp_device dev, size_t nbytes)
         return NULL;
     }
     /* what the cache holds counts against the limit too: give it back first */
-    if (be->cached && s->in_use + nbytes + be->cached() > s->limit) be->release_cache();
+    if (be->cached && s->in_use + nbytes + be->cached(be->ctx) > s->limit) be->release_cache(be->ctx);
     mp_storage *st = malloc(sizeof *st);
-    void *data = st ? be->alloc(nbytes ? nbytes : 1) : NULL;
+    void *data = st ? be->alloc(be->ctx, nbytes ? nbytes : 1) : NULL;
     if (!data) {
         free(st);
         mp_fail(MP_EOOM, "out of memory: cannot allocate %zu bytes on %s", nbytes, mp_device_name(dev));
@@ -232,7 +232,7 @@ void mp_storage_release(mp_storage *st)
 {
     if (--st->refs > 0) return;
     mp_release(st->lowp);
-    mp_backend_of(st->dev)->free(st->data, st->nbytes);
+    mp_backend_of(st->dev)->free(mp_backend_of(st->dev)->ctx, st->data, st->nbytes);
     stats[st->dev].in_use -= st->nbytes;
     stats[st->dev].allocs--;
     free(st);

@@ -98,5 +98,7 @@ static inline void *mp_data(const mp_tensor *t)
     return (char *)t->st->data + (size_t)t->offset * mp_dtype_size(t->dtype);
 }
 static inline const mp_backend *mp_be(const mp_tensor *t) { return mp_backend_of(t->dev); }
+/* run kernel entry fn of t's backend, its context first (kernels/backend.h) */
+#define MP_K(t, fn, ...) (mp_be(t)->fn(mp_be(t)->ctx, __VA_ARGS__))
 
 #endif

@@ -1,10 +1,18 @@
 /*
  * backend.h: the one contract between the engine and its kernels.
  *
- * A backend (kernels/cpu, kernels/cuda) fills one mp_backend table of function
- * pointers. The engine calls kernels only through it. A kernel takes raw pointers,
- * sizes, dtypes and scalars, and trusts its caller: every argument was checked
- * once, in engine/. Nothing here knows about tensors, autograd or Lua.
+ * A backend (kernels/cpu, kernels/cuda) is an object: one mp_backend table of
+ * function pointers and its context, which the table carries (ctx) and every
+ * entry takes first. The context is the backend's own state, opaque to the
+ * engine: the CPU's caching allocator and scratch space; on CUDA the stream, the
+ * cuBLAS handle and workspace, scratch, the sticky error, the staging buffers,
+ * and the room where cuDNN handles and plan caches and an NCCL communicator go.
+ * Kernels take their temporary memory from it (never malloc inside a kernel),
+ * and an entry that can fail for want of it returns -1, which the engine turns
+ * into an error. The engine calls kernels only through the table. A kernel
+ * takes raw pointers, sizes, dtypes and scalars, and trusts its caller: every
+ * argument was checked once, in engine/. Nothing here knows about tensors,
+ * autograd or Lua.
  *
  * Numerics (DESIGN.md section 3): an op on f16/bf16 data widens its inputs to f32,
  * computes in f32 and rounds its output once.
@@ -150,45 +158,53 @@ typedef enum {
     MP_SCALE_SET       /* scale = value */
 } mp_scale_op;
 
+/* a backend's context: each backend defines struct mp_kctx for itself */
+typedef struct mp_kctx mp_kctx;
+
 typedef struct mp_backend {
     const char *name;
+    mp_kctx *ctx;
+    /* whether this backend runs the op of that name (engine/op.h) on inputs of
+     * dtype dt; the engine asks before each op and turns a no into an error
+     * naming op, dtype and device. NULL: every op in every dtype */
+    bool (*supports)(mp_kctx *cx, const char *op, mp_dtype dt);
 
     /* memory: alloc returns NULL on failure; bytes are device bytes. Both go
      * through the backend's caching allocator (kernels/block_cache.h): cached
      * says how many bytes it holds in free blocks, release_cache gives them all
      * back to the system */
-    void *(*alloc)(size_t nbytes);
-    void (*free)(void *p, size_t nbytes);
-    size_t (*cached)(void);
-    void (*release_cache)(void);
-    void (*zero)(void *p, size_t nbytes);
-    void (*copy)(void *dst, const void *src, size_t nbytes);       /* same device */
-    void (*to_host)(void *host_dst, const void *src, size_t nbytes);
-    void (*from_host)(void *dst, const void *host_src, size_t nbytes);
+    void *(*alloc)(mp_kctx *cx, size_t nbytes);
+    void (*free)(mp_kctx *cx, void *p, size_t nbytes);
+    size_t (*cached)(mp_kctx *cx);
+    void (*release_cache)(mp_kctx *cx);
+    void (*zero)(mp_kctx *cx, void *p, size_t nbytes);
+    void (*copy)(mp_kctx *cx, void *dst, const void *src, size_t nbytes);       /* same device */
+    void (*to_host)(mp_kctx *cx, void *host_dst, const void *src, size_t nbytes);
+    void (*from_host)(mp_kctx *cx, void *dst, const void *host_src, size_t nbytes);
     /* asynchronous backends: the first error since the last call, or NULL; and a
      * wait for all queued work (NULL entries: nothing to report or wait for) */
-    const char *(*error)(void);
-    void (*synchronize)(void);
+    const char *(*error)(mp_kctx *cx);
+    void (*synchronize)(mp_kctx *cx);
 
     /* n elements of src (dtype sd) converted into dst (dtype dd) */
-    void (*cast)(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);
-    void (*fill)(void *dst, mp_dtype dt, int64_t n, double value);
-    void (*arange)(void *dst, mp_dtype dt, int64_t n);
+    void (*cast)(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);
+    void (*fill)(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value);
+    void (*arange)(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n);
     /* counter-based random numbers: element i depends only on (seed, offset + i),
      * so every backend draws the same stream */
-    void (*rand_uniform)(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
-    void (*rand_normal)(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
+    void (*rand_uniform)(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
+    void (*rand_normal)(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
 
-    void (*binary)(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
+    void (*binary)(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
                    const mp_bcast *bc);
-    void (*unary)(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
+    void (*unary)(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
     /* gin = gout * d op(x)/dx, given the input x and the output y of the forward */
-    void (*unary_grad)(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,
+    void (*unary_grad)(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,
                        const void *y, int64_t n, double p);
-    void (*reduce)(mp_redop op, mp_dtype dt, void *out, const void *a,
+    void (*reduce)(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a,
                    int64_t outer, int64_t n, int64_t inner);
     /* out[o, idx[o,i], i] = src[o, i] on a zeroed {outer, n, inner} out (max's backward) */
-    void (*put_along)(mp_dtype dt, void *out, const void *src, const int32_t *idx,
+    void (*put_along)(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx,
                       int64_t outer, int64_t n, int64_t inner);
     /* The loss scaler, all on state in this backend's memory:
      * scale_loss: out = in * st->scale (out may be NULL) and, when check, loss_bad
@@ -201,54 +217,56 @@ typedef struct mp_backend {
      *   and tel[i] (nseg records, backend memory) gets the statistics of
      *   g[seg[i] .. seg[i+1]);
      * scale_rule: one of the state operations above (arg: DECIDE's slot). */
-    void (*scale_loss)(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
-    void (*unscale)(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
+    void (*scale_loss)(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
+    void (*unscale)(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
                     int nseg);
-    void (*scale_rule)(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
+    void (*scale_rule)(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
     /* start (on) or stop counting, at every rounding of f32 results to f16/bf16, the
      * values rounded, those that were nonzero and became zero, and those that were
      * finite and became inf; counts[3] receives the totals since the last start */
-    void (*flush_counter)(int on, int64_t counts[3]);
+    void (*flush_counter)(mp_kctx *cx, int on, int64_t counts[3]);
     /* an optimizer's step: optim_count adds 1 to *step (an int64 in this backend's
      * memory) unless skip (backend memory, NULL: never) is set; optim_step then
      * updates n parameters p with gradients g and state s1, s2 at that step count,
      * and writes the new values rounded to lowp_dt into lowp (the parameters'
      * low-precision working copy for autocast; NULL: none), or leaves everything
      * as it is when skip is set */
-    void (*optim_count)(int64_t *step, const int32_t *skip);
-    void (*optim_step)(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
+    void (*optim_count)(mp_kctx *cx, int64_t *step, const int32_t *skip);
+    void (*optim_step)(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                        const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
                        mp_dtype lowp_dt);
     /* since the backend loaded: the copies to the host and the waits for the
      * device (asynchronous backends; 0 on the CPU), and the allocations its
      * caching allocator asked the system for (cudaMalloc, posix_memalign) */
-    void (*counters)(int64_t c[3]);
+    void (*counters)(mp_kctx *cx, int64_t c[3]);
     /* out = cond ? a : b elementwise, all contiguous of n elements; cond is u8 */
-    void (*where)(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
+    void (*where)(mp_kctx *cx, mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
 
+    /* The row-wise kernels below return 0, or -1 when they could not get their
+     * working memory from the context (nothing was written then). */
     /* softmax (or log-softmax when log) over the middle axis of {outer, n, inner} */
-    void (*softmax)(mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log);
-    void (*softmax_grad)(mp_dtype dt, void *gx, const void *gy, const void *y,
+    int (*softmax)(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log);
+    int (*softmax_grad)(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const void *y,
                          int64_t outer, int64_t n, int64_t inner, int log);
     /* cross-entropy of rows x {rows, classes} against 0-based targets: loss[r] and
      * the row's log-sum-exp (both f32); the gradient gx = (softmax(x) - onehot) * scale[r] */
-    void (*cross_entropy)(mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
+    int (*cross_entropy)(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
                           int64_t rows, int64_t classes);
-    void (*cross_entropy_grad)(mp_dtype dt, void *gx, const void *x, const float *lse,
+    int (*cross_entropy_grad)(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, const float *lse,
                                const int32_t *target, const float *scale, int64_t rows, int64_t classes);
     /* layer norm over the last dim of {rows, n}: y = (x - mean) * rstd * w + b, with
      * mean and rstd (f32, one per row) kept for the backward; w or b may be NULL */
-    void (*layer_norm)(mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
+    int (*layer_norm)(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
                        const void *b, int64_t rows, int64_t n, float eps);
     /* gx, and gw/gb (f32 sums over rows, may be NULL) */
-    void (*layer_norm_grad)(mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
+    int (*layer_norm_grad)(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                             const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
 
     /* Batched C = alpha * op(A) @ op(B) + beta * C, row-major, all of dtype dt;
      * A is {m,k} (or {k,m} when ta), B is {k,n} (or {n,k} when tb), C is {m,n};
      * sA, sB, sC are the element strides between batch items (0 broadcasts).
      * Returns 0, or -1 when the kernel could not get its working memory. */
-    int (*gemm)(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+    int (*gemm)(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
                  float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
                  float beta, void *c, int64_t sc);
 
@@ -258,23 +276,23 @@ typedef struct mp_backend {
      * scatter_add, put_along and cross-entropy kernels leave it out meanwhile
      * (what must be a string that outlives the process, a literal). NULL: the
      * engine reads the indices and checks them itself, before the op. */
-    void (*check_indices)(const int32_t *idx, int64_t n, int64_t limit, const char *what);
+    void (*check_indices)(mp_kctx *cx, const int32_t *idx, int64_t n, int64_t limit, const char *what);
 
     /* out = in with dims permuted: out dim d is in dim perm[d] (contiguous copy) */
-    void (*permute)(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape,
+    void (*permute)(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape,
                     const int *perm);
     /* out[o, j, i] = in[o, idx[j], i] for an {outer, n, inner} input and nidx indices
      * (0-based, already checked to lie in [0, n)); idx is an i32 array on this device */
-    void (*gather)(mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx,
+    void (*gather)(mp_kctx *cx, mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx,
                    int64_t outer, int64_t n, int64_t inner);
     /* out[o, idx[j], i] += src[o, j, i]: the adjoint of gather, in index order */
-    void (*scatter_add)(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
+    void (*scatter_add)(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
                         int64_t outer, int64_t n, int64_t inner);
     /* copy a {outer, len, inner} block starting at `start` of an {outer, n, inner} source */
-    void (*narrow)(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
+    void (*narrow)(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
                    int64_t start, int64_t len, int64_t inner);
     /* the reverse: write a {outer, len, inner} source into an {outer, n, inner} out at `start` */
-    void (*narrow_put)(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
+    void (*narrow_put)(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
                        int64_t start, int64_t len, int64_t inner);
 } mp_backend;
 

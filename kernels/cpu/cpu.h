@@ -7,7 +7,19 @@
 #define MP_CPU_H
 
 #include "kernels/backend.h"
+#include "kernels/block_cache.h"
 #include "kernels/cpu/convert.h"
+
+/* The CPU backend's context (backend.h): its caching allocator, and scratch
+ * space that kernels take their working memory from (grown on demand, kept
+ * between calls, given back by release_cache). Slots 0-2: the GEMM's widening
+ * buffers; slot 3: the row buffers of the row-wise kernels, one per thread. */
+#define CPU_SCRATCH_SLOTS 4
+struct mp_kctx {
+    mp_block_cache cache;
+    void *scratch[CPU_SCRATCH_SLOTS];
+    size_t scratch_cap[CPU_SCRATCH_SLOTS];
+};
 
 /* Hot loops are compiled for AVX-512, AVX2 and plain x86-64, and the loader
  * picks the best the processor has (GCC function multiversioning): one binary
@@ -72,55 +84,56 @@ static inline double cpu_get_f64(mp_dtype dt, const void *p, int64_t i)
     }
 }
 
-/* scratch memory that grows and is kept per thread (GEMM widening buffers) */
-void *cpu_scratch(int slot, size_t nbytes);
+/* nbytes of the context's scratch slot (64-byte aligned), or NULL */
+void *cpu_scratch(mp_kctx *cx, int slot, size_t nbytes);
+size_t cpu_scratch_bytes(mp_kctx *cx);
 
-void cpu_cast(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);
-void cpu_fill(void *dst, mp_dtype dt, int64_t n, double value);
-void cpu_arange(void *dst, mp_dtype dt, int64_t n);
-void cpu_rand_uniform(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
-void cpu_rand_normal(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
-void cpu_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc);
-void cpu_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
-void cpu_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner);
-int cpu_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+void cpu_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);
+void cpu_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value);
+void cpu_arange(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n);
+void cpu_rand_uniform(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
+void cpu_rand_normal(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
+void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc);
+void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
+void cpu_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner);
+int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
               float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
               float beta, void *c, int64_t sc);
-void cpu_permute(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm);
-void cpu_gather(mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx,
+void cpu_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm);
+void cpu_gather(mp_kctx *cx, mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx,
                 int64_t outer, int64_t n, int64_t inner);
-void cpu_scatter_add(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
+void cpu_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
                      int64_t outer, int64_t n, int64_t inner);
-void cpu_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
+void cpu_narrow(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
                 int64_t start, int64_t len, int64_t inner);
 
-void cpu_unary_grad(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
+void cpu_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
                     int64_t n, double p);
-void cpu_where(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
-void cpu_narrow_put(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
+void cpu_where(mp_kctx *cx, mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
+void cpu_narrow_put(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
                     int64_t start, int64_t len, int64_t inner);
-void cpu_put_along(mp_dtype dt, void *out, const void *src, const int32_t *idx,
+void cpu_put_along(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx,
                    int64_t outer, int64_t n, int64_t inner);
-void cpu_softmax(mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log);
-void cpu_softmax_grad(mp_dtype dt, void *gx, const void *gy, const void *y,
+int cpu_softmax(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log);
+int cpu_softmax_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const void *y,
                       int64_t outer, int64_t n, int64_t inner, int log);
-void cpu_cross_entropy(mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
+int cpu_cross_entropy(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
                        int64_t rows, int64_t classes);
-void cpu_cross_entropy_grad(mp_dtype dt, void *gx, const void *x, const float *lse,
+int cpu_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, const float *lse,
                             const int32_t *target, const float *scale, int64_t rows, int64_t classes);
-void cpu_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
+int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
                     const void *b, int64_t rows, int64_t n, float eps);
-void cpu_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
+int cpu_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                          const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
 
-void cpu_optim_count(int64_t *step, const int32_t *skip);
-void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
+void cpu_optim_count(mp_kctx *cx, int64_t *step, const int32_t *skip);
+void cpu_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                     const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
                     mp_dtype lowp_dt);
 
-void cpu_flush_counter(int on, int64_t counts[3]);
-void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg, int nseg);
-void cpu_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
-void cpu_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
+void cpu_flush_counter(mp_kctx *cx, int on, int64_t counts[3]);
+void cpu_unscale(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg, int nseg);
+void cpu_scale_loss(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
+void cpu_scale_rule(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
 
 #endif

@@ -48,38 +48,53 @@ static void sys_free(void *p, size_t nbytes)
     else free(p);
 }
 
-static mp_block_cache cache = {.sys_alloc = sys_alloc, .sys_free = sys_free};
+/* The CPU backend's one context (cpu.h): the engine calls kernels from one
+ * thread at a time, and a kernel's own OpenMP threads share what it took. */
+static mp_kctx cpu_ctx = {.cache = {.sys_alloc = sys_alloc, .sys_free = sys_free}};
 
-static void *cpu_alloc(size_t nbytes) { return mp_cache_alloc(&cache, nbytes); }
-static void cpu_free(void *p, size_t nbytes) { mp_cache_free(&cache, p, nbytes); }
-static size_t cpu_cached(void) { return cache.cached; }
-static void cpu_release_cache(void) { mp_cache_release(&cache); }
-
-/* the CPU copies nothing to a host and never waits; it counts its system allocations */
-static void cpu_counters(int64_t c[3])
+static void *cpu_alloc(mp_kctx *cx, size_t nbytes) { return mp_cache_alloc(&cx->cache, nbytes); }
+static void cpu_free(mp_kctx *cx, void *p, size_t nbytes) { mp_cache_free(&cx->cache, p, nbytes); }
+static size_t cpu_cached(mp_kctx *cx) { return cx->cache.cached; }
+static void cpu_release_cache(mp_kctx *cx)
 {
-    c[0] = 0, c[1] = 0, c[2] = cache.sys_allocs;
+    mp_cache_release(&cx->cache);
+    for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) {   /* scratch is kept between kernels: give it back too */
+        sys_free(cx->scratch[i], cx->scratch_cap[i]);
+        cx->scratch[i] = NULL, cx->scratch_cap[i] = 0;
+    }
 }
 
-static void cpu_zero(void *p, size_t nbytes) { memset(p, 0, nbytes); }
-static void cpu_copy(void *dst, const void *src, size_t nbytes) { memcpy(dst, src, nbytes); }
-
-void *cpu_scratch(int slot, size_t nbytes)
+/* the CPU copies nothing to a host and never waits; it counts its system allocations */
+static void cpu_counters(mp_kctx *cx, int64_t c[3])
 {
-    static _Thread_local void *buf[4];
-    static _Thread_local size_t cap[4];
-    if (nbytes > cap[slot]) {
-        sys_free(buf[slot], cap[slot]);
-        cap[slot] = 0;
-        buf[slot] = sys_alloc(nbytes);
-        if (!buf[slot]) return NULL;
-        cap[slot] = nbytes;
+    c[0] = 0, c[1] = 0, c[2] = cx->cache.sys_allocs;
+}
+
+static void cpu_zero(mp_kctx *cx, void *p, size_t nbytes) { memset(p, 0, nbytes); }
+static void cpu_copy(mp_kctx *cx, void *dst, const void *src, size_t nbytes) { memcpy(dst, src, nbytes); }
+
+void *cpu_scratch(mp_kctx *cx, int slot, size_t nbytes)
+{
+    if (nbytes > cx->scratch_cap[slot]) {
+        sys_free(cx->scratch[slot], cx->scratch_cap[slot]);
+        cx->scratch_cap[slot] = 0;
+        cx->scratch[slot] = sys_alloc(nbytes);
+        if (!cx->scratch[slot]) return NULL;
+        cx->scratch_cap[slot] = nbytes;
     }
-    return buf[slot];
+    return cx->scratch[slot];
+}
+
+size_t cpu_scratch_bytes(mp_kctx *cx)
+{
+    size_t n = 0;
+    for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) n += cx->scratch_cap[i];
+    return n;
 }
 
 const mp_backend mp_cpu_backend = {
     .name = "cpu",
+    .ctx = &cpu_ctx,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .cached = cpu_cached,

@@ -37,7 +37,7 @@ static void cast_block(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int
     else cpu_store(dd, dst, i, f, n);
 }
 
-void cpu_cast(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
+void cpu_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
 {
     if (dd == sd) { memcpy(dst, src, (size_t)n * mp_dtype_size(dd)); return; }
     if (dd == MP_F32 && sd == MP_F16) { mp_cpu_f16_to_f32(dst, src, n); return; }
@@ -57,7 +57,7 @@ void cpu_cast(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
         cast_block(dst, dd, src, sd, i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
 }
 
-void cpu_fill(void *dst, mp_dtype dt, int64_t n, double value)
+void cpu_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value)
 {
     unsigned char one[4];
     if (dt == MP_I32) {   /* exact, not through f32 */
@@ -85,7 +85,7 @@ void cpu_fill(void *dst, mp_dtype dt, int64_t n, double value)
     }
 }
 
-void cpu_arange(void *dst, mp_dtype dt, int64_t n)
+void cpu_arange(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n)
 {
     for (int64_t i = 0; i < n; i += MP_BLOCK) {
         int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
@@ -134,12 +134,12 @@ static void random_fill(int normal, void *dst, mp_dtype dt, int64_t n, uint64_t 
     }
 }
 
-void cpu_rand_uniform(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
+void cpu_rand_uniform(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
     random_fill(0, dst, dt, n, seed, offset);
 }
 
-void cpu_rand_normal(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
+void cpu_rand_normal(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
     random_fill(1, dst, dt, n, seed, offset);
 }

@@ -78,7 +78,7 @@ static uint8_t cmp(mp_binop op, double x, double y)
     }
 }
 
-void cpu_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
+void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
 {
     mp_bcast bc;
     int nd = mp_bcast_coalesce(bc0, &bc);
@@ -211,7 +211,7 @@ static int64_t un_int(mp_unop op, int64_t x, int64_t p)
     }
 }
 
-void cpu_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
+void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
 {
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += MP_BLOCK) {
@@ -233,7 +233,7 @@ void cpu_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, dou
     }
 }
 
-void cpu_unary_grad(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
+void cpu_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
                     int64_t n, double p)
 {
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
@@ -248,7 +248,7 @@ void cpu_unary_grad(mp_unop op, mp_dtype dt, void *gin, const void *gout, const 
     }
 }
 
-void cpu_where(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n)
+void cpu_where(mp_kctx *cx, mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n)
 {
     size_t es = mp_dtype_size(dt);
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)

@@ -32,7 +32,7 @@ static void narrow_to(mp_dtype dt, const float *src, void *dst, int64_t n)
     }
 }
 
-int cpu_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
              float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
              float beta, void *c, int64_t sc)
 {
@@ -44,8 +44,8 @@ int cpu_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, i
     }
     /* widen whole operands once; a broadcast operand (stride 0) is widened once */
     int64_t na = (sa ? batch : 1) * m * k, nb = (sb ? batch : 1) * k * n, nc = m * n;
-    float *fa = cpu_scratch(0, (size_t)na * 4), *fb = cpu_scratch(1, (size_t)nb * 4);
-    float *fc = cpu_scratch(2, (size_t)nc * 4);
+    float *fa = cpu_scratch(cx, 0, (size_t)na * 4), *fb = cpu_scratch(cx, 1, (size_t)nb * 4);
+    float *fc = cpu_scratch(cx, 2, (size_t)nc * 4);
     if (!fa || !fb || !fc) return -1;
     widen(dt, a, fa, na);
     widen(dt, b, fb, nb);

@@ -6,7 +6,7 @@
 #include <string.h>
 #include "kernels/cpu/cpu.h"
 
-void cpu_permute(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm)
+void cpu_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm)
 {
     size_t es = mp_dtype_size(dt);
     int64_t istride[MP_MAXDIM], oshape[MP_MAXDIM], ostride_in[MP_MAXDIM], total = 1;
@@ -35,7 +35,7 @@ void cpu_permute(mp_dtype dt, void *out, const void *in, int ndim, const int64_t
     }
 }
 
-void cpu_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
+void cpu_narrow(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
                 int64_t start, int64_t len, int64_t inner)
 {
     size_t es = mp_dtype_size(dt), row = (size_t)(len * inner) * es;
@@ -45,7 +45,7 @@ void cpu_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n
                (const char *)in + (size_t)((o * n + start) * inner) * es, row);
 }
 
-void cpu_gather(mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx,
+void cpu_gather(mp_kctx *cx, mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx,
                 int64_t outer, int64_t n, int64_t inner)
 {
     size_t es = mp_dtype_size(dt), row = (size_t)inner * es;
@@ -57,7 +57,7 @@ void cpu_gather(mp_dtype dt, void *out, const void *in, const int32_t *idx, int6
 }
 
 /* sequential over indices so repeated indices add in a fixed order (deterministic) */
-void cpu_scatter_add(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
+void cpu_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
                      int64_t outer, int64_t n, int64_t inner)
 {
     float a[MP_BLOCK], b[MP_BLOCK];
@@ -78,7 +78,7 @@ void cpu_scatter_add(mp_dtype dt, void *out, const void *src, const int32_t *idx
         }
 }
 
-void cpu_narrow_put(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
+void cpu_narrow_put(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
                     int64_t start, int64_t len, int64_t inner)
 {
     size_t es = mp_dtype_size(dt), row = (size_t)(len * inner) * es;
@@ -87,7 +87,7 @@ void cpu_narrow_put(mp_dtype dt, void *out, const void *in, int64_t outer, int64
         memcpy((char *)out + (size_t)((o * n + start) * inner) * es, (const char *)in + (size_t)o * row, row);
 }
 
-void cpu_put_along(mp_dtype dt, void *out, const void *src, const int32_t *idx,
+void cpu_put_along(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx,
                    int64_t outer, int64_t n, int64_t inner)
 {
     size_t es = mp_dtype_size(dt);

@@ -2,10 +2,25 @@
  * cpu_nn.c: the row-wise kernels of neural networks: softmax and log-softmax,
  * cross-entropy fused with log-softmax (the probabilities are never stored),
  * and layer norm. All compute in f32 (double for the row sums) and round once.
+ * Each thread's row buffers come from the context's scratch (slot 3), taken
+ * before the parallel region: a kernel that cannot have them returns -1 and
+ * writes nothing.
  */
 #include <math.h>
-#include <stdlib.h>
+#include <omp.h>
 #include "kernels/cpu/cpu.h"
+
+/* floats per thread (rounded up to a cache line) for the threads a region of
+ * `work` elements will run on; NULL when the scratch cannot grow */
+static float *rows_for(mp_kctx *cx, int64_t work, int64_t per_thread, int64_t *stride)
+{
+    int threads = work >= MP_PAR_MIN ? omp_get_max_threads() : 1;
+    *stride = (per_thread + 15) & ~(int64_t)15;
+    return cpu_scratch(cx, 3, sizeof(float) * (size_t)(*stride) * (size_t)threads);
+}
+
+/* this thread's rows in a region run with `if (work >= MP_PAR_MIN)` */
+static inline float *my_rows(float *base, int64_t stride) { return base + stride * omp_get_thread_num(); }
 
 /* a strided row of n values {outer, n, inner} at (o, i) into f32 */
 static void load_row(mp_dtype dt, const void *x, int64_t o, int64_t i, int64_t n, int64_t inner, float *r)
@@ -31,33 +46,37 @@ static float logsumexp(const float *r, int64_t n)
     return m + (float)log(s);
 }
 
-void cpu_softmax(mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log)
+int cpu_softmax(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log)
 {
-    #pragma omp parallel if (outer * n * inner >= MP_PAR_MIN)
+    int64_t stride, work = outer * n * inner;
+    float *base = rows_for(cx, work, n, &stride);
+    if (!base) return -1;
+    #pragma omp parallel if (work >= MP_PAR_MIN)
     {
-        float *r = malloc(sizeof(float) * (size_t)n);
+        float *r = my_rows(base, stride);
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < outer * inner; q++) {
-            if (!r) continue;
             int64_t o = q / inner, i = q % inner;
             load_row(dt, x, o, i, n, inner, r);
             float lse = logsumexp(r, n);
             for (int64_t j = 0; j < n; j++) r[j] = log ? r[j] - lse : expf(r[j] - lse);
             store_row(dt, y, o, i, n, inner, r);
         }
-        free(r);
     }
+    return 0;
 }
 
-void cpu_softmax_grad(mp_dtype dt, void *gx, const void *gy, const void *y,
+int cpu_softmax_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const void *y,
                       int64_t outer, int64_t n, int64_t inner, int log)
 {
-    #pragma omp parallel if (outer * n * inner >= MP_PAR_MIN)
+    int64_t stride, work = outer * n * inner;
+    float *base = rows_for(cx, work, 2 * n, &stride);
+    if (!base) return -1;
+    #pragma omp parallel if (work >= MP_PAR_MIN)
     {
-        float *g = malloc(sizeof(float) * (size_t)n * 2), *p = g ? g + n : NULL;
+        float *g = my_rows(base, stride), *p = g + n;
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < outer * inner; q++) {
-            if (!g) continue;
             int64_t o = q / inner, i = q % inner;
             load_row(dt, gy, o, i, n, inner, g);
             load_row(dt, y, o, i, n, inner, p);
@@ -71,59 +90,63 @@ void cpu_softmax_grad(mp_dtype dt, void *gx, const void *gy, const void *y,
             }
             store_row(dt, gx, o, i, n, inner, g);
         }
-        free(g);
     }
+    return 0;
 }
 
-void cpu_cross_entropy(mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
+int cpu_cross_entropy(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
                        int64_t rows, int64_t classes)
 {
-    #pragma omp parallel if (rows * classes >= MP_PAR_MIN)
+    int64_t stride, work = rows * classes;
+    float *base = rows_for(cx, work, classes, &stride);
+    if (!base) return -1;
+    #pragma omp parallel if (work >= MP_PAR_MIN)
     {
-        float *r = malloc(sizeof(float) * (size_t)classes);
+        float *r = my_rows(base, stride);
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < rows; q++) {
-            if (!r) continue;
             cpu_load(dt, x, q * classes, r, classes);
             lse[q] = logsumexp(r, classes);
             loss[q] = lse[q] - r[target[q]];
         }
-        free(r);
     }
+    return 0;
 }
 
-void cpu_cross_entropy_grad(mp_dtype dt, void *gx, const void *x, const float *lse,
+int cpu_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, const float *lse,
                             const int32_t *target, const float *scale, int64_t rows, int64_t classes)
 {
-    #pragma omp parallel if (rows * classes >= MP_PAR_MIN)
+    int64_t stride, work = rows * classes;
+    float *base = rows_for(cx, work, classes, &stride);
+    if (!base) return -1;
+    #pragma omp parallel if (work >= MP_PAR_MIN)
     {
-        float *r = malloc(sizeof(float) * (size_t)classes);
+        float *r = my_rows(base, stride);
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < rows; q++) {
-            if (!r) continue;
             cpu_load(dt, x, q * classes, r, classes);
             for (int64_t j = 0; j < classes; j++) r[j] = expf(r[j] - lse[q]) * scale[q];
             r[target[q]] -= scale[q];
             cpu_store(dt, gx, q * classes, r, classes);
         }
-        free(r);
     }
+    return 0;
 }
 
-void cpu_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
+int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
                     const void *b, int64_t rows, int64_t n, float eps)
 {
-    #pragma omp parallel if (rows * n >= MP_PAR_MIN)
+    int64_t stride, work = rows * n;
+    float *base = rows_for(cx, work, 3 * n, &stride);
+    if (!base) return -1;
+    #pragma omp parallel if (work >= MP_PAR_MIN)
     {
-        float *r = malloc(sizeof(float) * (size_t)n * 3), *wf = r ? r + n : NULL, *bf = r ? r + 2 * n : NULL;
-        if (r) {
-            for (int64_t j = 0; j < n; j++) wf[j] = 1.0f, bf[j] = 0.0f;
-            if (w) cpu_load(dt, w, 0, wf, n);
-            if (b) cpu_load(dt, b, 0, bf, n);
-        }
+        float *r = my_rows(base, stride), *wf = r + n, *bf = r + 2 * n;
+        for (int64_t j = 0; j < n; j++) wf[j] = 1.0f, bf[j] = 0.0f;
+        if (w) cpu_load(dt, w, 0, wf, n);
+        if (b) cpu_load(dt, b, 0, bf, n);
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < rows; q++) {
-            if (!r) continue;
             cpu_load(dt, x, q * n, r, n);
             double s = 0, ss = 0;
             for (int64_t j = 0; j < n; j++) s += r[j];
@@ -134,16 +157,16 @@ void cpu_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const void *
             cpu_store(dt, y, q * n, r, n);
             mean[q] = m, rstd[q] = rs;
         }
-        free(r);
     }
+    return 0;
 }
 
 /* gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)); gw = sum g*xhat; gb = sum g */
-void cpu_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
+int cpu_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                          const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n)
 {
-    float *wf = malloc(sizeof(float) * (size_t)n * 3), *g = wf ? wf + n : NULL, *xh = wf ? wf + 2 * n : NULL;
-    if (!wf) return;
+    float *wf = cpu_scratch(cx, 3, sizeof(float) * (size_t)n * 3), *g = wf ? wf + n : NULL, *xh = wf ? wf + 2 * n : NULL;
+    if (!wf) return -1;
     for (int64_t j = 0; j < n; j++) wf[j] = 1.0f;
     if (w) cpu_load(dt, w, 0, wf, n);
     if (gw) for (int64_t j = 0; j < n; j++) gw[j] = 0;
@@ -164,5 +187,5 @@ void cpu_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void
         for (int64_t j = 0; j < n; j++) g[j] = rstd[q] * (g[j] * wf[j] - ma - xh[j] * mc);
         cpu_store(dt, gx, q * n, g, n);
     }
-    free(wf);
+    return 0;
 }

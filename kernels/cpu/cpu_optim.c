@@ -52,12 +52,12 @@ MP_SIMD static void adam(int decoupled, float *restrict p, const float *restrict
     }
 }
 
-void cpu_optim_count(int64_t *step, const int32_t *skip)
+void cpu_optim_count(mp_kctx *cx, int64_t *step, const int32_t *skip)
 {
     if (!(skip && *skip)) ++*step;
 }
 
-void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
+void cpu_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                     const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
                     mp_dtype lowp_dt)
 {
@@ -71,5 +71,5 @@ void cpu_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, flo
     }
     /* the working copy: a second pass here (the arrays are small on the CPU);
      * the CUDA kernel writes it in the same pass */
-    if (lowp) cpu_cast(lowp, lowp_dt, p, MP_F32, n);
+    if (lowp) cpu_cast(cx, lowp, lowp_dt, p, MP_F32, n);
 }

@@ -88,7 +88,7 @@ static void sum_rows(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t
     for (int64_t q = 0; q < len; q++) put(dt, out, o * inner + i0 + q, op == MP_MEAN ? acc[q] / (double)n : acc[q]);
 }
 
-void cpu_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner)
+void cpu_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner)
 {
     if ((op == MP_SUM || op == MP_MEAN) && inner > 1 && (dt != MP_I32 || n < (1 << 20))) {
         int64_t blocks = (inner + MP_BLOCK - 1) / MP_BLOCK;

@@ -60,7 +60,7 @@ static void unscale_telemetry(float *restrict g, int64_t n, float inv, mp_grad_s
     for (int b = 0; b < MP_HIST_BINS; b++) st->hist[b] = hist[b];
 }
 
-void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg, int nseg)
+void cpu_unscale(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg, int nseg)
 {
     mp_grad_stats *acc = &st->slot[slot];
     float inv = 1.0f / st->scale;
@@ -87,7 +87,7 @@ void cpu_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stat
     }
 }
 
-void cpu_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check)
+void cpu_scale_loss(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check)
 {
     float buf[MP_BLOCK];
     const float scale = st->scale;
@@ -102,7 +102,7 @@ void cpu_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_
     }
 }
 
-void cpu_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value)
+void cpu_scale_rule(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value)
 {
     mp_scale_apply(op, st, p, arg, value);
 }
@@ -129,7 +129,7 @@ void cpu_count_flush(mp_dtype dt, const float *src, const uint16_t *dst, int64_t
     flush_counts[2] += inf;
 }
 
-void cpu_flush_counter(int on, int64_t counts[3])
+void cpu_flush_counter(mp_kctx *cx, int on, int64_t counts[3])
 {
     if (counts) memcpy(counts, flush_counts, sizeof flush_counts);
     if (on) memset(flush_counts, 0, sizeof flush_counts);

@@ -7,7 +7,8 @@
  *   one (mp_ty, mp_get, mp_put), and 16 bytes at a time (mp_ldv, mp_stv).
  * - Flush counting at every rounding to f16/bf16 (mp_tally, mp_stc).
  * - Launch sizes and a grid-stride loop.
- * - The one stream every kernel and copy of this backend runs on.
+ * - The backend's context (struct mp_kctx): the stream every kernel and copy
+ *   runs on, the cuBLAS handle, scratch, the sticky error and the rest.
  * - The sticky error: a kernel launch cannot return an error to its caller, so
  *   each file notes the first CUDA error and the engine collects it after the op.
  *
@@ -19,26 +20,66 @@
 #define MP_CUDA_H
 
 #include <cuda_runtime.h>
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
 
 extern "C" {
 #include "kernels/backend.h"
+#include "kernels/block_cache.h"
 }
 
-extern cudaStream_t mp_cuda_stream;
+/* ---- the backend's context (backend.h) ----
+ * Everything the CUDA backend keeps between calls lives here, in one object
+ * that every entry takes first (cx): no kernel file keeps state of its own.
+ * The one instance is the device's (cuda_backend.cu). Outside it, the only
+ * mutable state is the device's own: __device__ counters that kernels update
+ * (mp_flush_totals, the index check's first bad position), documented where
+ * they are defined. */
+#define MP_CUDA_STAGE_SLOTS 4
+struct mp_kctx {
+    cudaStream_t stream;              /* every kernel and copy runs on it, in order */
+    mp_block_cache cache;             /* device memory (kernels/block_cache.h) */
+    int64_t n_to_host, n_waits, n_mallocs;   /* the counters entry */
+    char error_msg[256];              /* the sticky error: the first since the engine last asked */
+    bool has_error;
+    /* copies from the host through pinned staging buffers (cuda_backend.cu) */
+    char *stage_buf[MP_CUDA_STAGE_SLOTS];
+    cudaEvent_t stage_event[MP_CUDA_STAGE_SLOTS];
+    bool stage_busy[MP_CUDA_STAGE_SLOTS];
+    int stage_next, stage_state;      /* state 0: not tried yet, 1: ready, -1: unavailable */
+    /* flush counting: flush points at the device totals while counting, else NULL */
+    unsigned long long *flush, *flush_dev;
+    int64_t flush_host[3];
+    /* cuBLAS: the handle, bound to stream, and its workspace (cuda_gemm.cu) */
+    cublasHandle_t blas;
+    cudaStream_t blas_stream;
+    bool blas_bound;
+    void *blas_ws;
+    /* scratch device memory for a kernel's partial results, from the cache,
+     * grown on demand and kept (mp_cuda_scratch) */
+    void *scratch;
+    size_t scratch_cap;
+    /* the index checks' fault record in mapped host memory (cuda_check.cu) */
+    void *fault_host, *fault_dev;
+    /* room for what comes next, owned here when it comes: a cuDNN handle and its
+     * plan cache (per shape), and an NCCL communicator on this stream */
+    void *cudnn, *cudnn_plans, *nccl;
+};
 
 /* remember the first error since the engine last asked */
-void mp_cuda_note(cudaError_t e, const char *what);
-#define MP_CUDA_CHECK(call, what) mp_cuda_note((call), (what))
-#define MP_LAUNCHED(what) mp_cuda_note(cudaGetLastError(), (what))
+void mp_cuda_note(mp_kctx *cx, cudaError_t e, const char *what);
+#define MP_CUDA_CHECK(call, what) mp_cuda_note(cx, (call), (what))
+#define MP_LAUNCHED(what) mp_cuda_note(cx, cudaGetLastError(), (what))
 
 /* cudaMalloc, and a wait for the stream, counted for the counters entry
  * (cuda_backend.cu): a file that allocates device memory or waits for the
  * device goes through these */
-cudaError_t mp_cuda_malloc(void **p, size_t nbytes);
-cudaError_t mp_cuda_wait(void);
+cudaError_t mp_cuda_malloc(mp_kctx *cx, void **p, size_t nbytes);
+cudaError_t mp_cuda_wait(mp_kctx *cx);
+/* nbytes of the context's scratch device memory, or NULL */
+void *mp_cuda_scratch(mp_kctx *cx, size_t nbytes);
 
 #define MP_THREADS 256
 
@@ -164,15 +205,14 @@ template <> struct mp_word<1> { typedef uint8_t W; };
     }
 
 /* ---- flush counting (backend.h: flush_counter) ----
- * While the engine counts, mp_cuda_flush points at three device counters (values
+ * While the engine counts, cx->flush points at three device counters (values
  * rounded to f16/bf16, nonzero values that became zero, finite values that
  * became inf); otherwise it is NULL. Launches that round to f16/bf16 pass it to
  * the kernel; each thread tallies in registers and adds its warp's totals once,
  * at the end of the kernel (commit, which every thread that noted must reach).
  * With counting off the cost is one uniform branch per rounding. */
-extern unsigned long long *mp_cuda_flush;
 /* roundings made on the host (fill computes its one value there) */
-void mp_cuda_flush_host(int64_t n, int64_t zero, int64_t inf);
+void mp_cuda_flush_host(mp_kctx *cx, int64_t n, int64_t zero, int64_t inf);
 
 struct mp_tally {
     unsigned long long *to;
@@ -320,53 +360,53 @@ template <class T, int G> __device__ __forceinline__ void mp_stv(void *p, const 
 }
 
 /* the entries each .cu file provides (same signatures as the backend table) */
-void mp_cuda_cast(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);
-void mp_cuda_fill(void *dst, mp_dtype dt, int64_t n, double value);
-void mp_cuda_arange(void *dst, mp_dtype dt, int64_t n);
-void mp_cuda_rand_uniform(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
-void mp_cuda_rand_normal(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
-void mp_cuda_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc);
-void mp_cuda_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
-void mp_cuda_unary_grad(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
+void mp_cuda_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);
+void mp_cuda_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value);
+void mp_cuda_arange(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n);
+void mp_cuda_rand_uniform(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
+void mp_cuda_rand_normal(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
+void mp_cuda_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc);
+void mp_cuda_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
+void mp_cuda_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
                         int64_t n, double p);
-void mp_cuda_where(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
-void mp_cuda_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner);
-void mp_cuda_put_along(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t outer, int64_t n,
+void mp_cuda_where(mp_kctx *cx, mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
+void mp_cuda_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner);
+void mp_cuda_put_along(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t outer, int64_t n,
                        int64_t inner);
-void mp_cuda_permute(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm);
-void mp_cuda_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start, int64_t len,
+void mp_cuda_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm);
+void mp_cuda_narrow(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start, int64_t len,
                     int64_t inner);
-void mp_cuda_narrow_put(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
+void mp_cuda_narrow_put(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
                         int64_t len, int64_t inner);
-void mp_cuda_gather(mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx, int64_t outer,
+void mp_cuda_gather(mp_kctx *cx, mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx, int64_t outer,
                     int64_t n, int64_t inner);
-void mp_cuda_scatter_add(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
+void mp_cuda_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
                          int64_t outer, int64_t n, int64_t inner);
-int mp_cuda_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+int mp_cuda_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
                  const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc);
-void mp_cuda_softmax(mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log);
-void mp_cuda_softmax_grad(mp_dtype dt, void *gx, const void *gy, const void *y, int64_t outer, int64_t n,
+int mp_cuda_softmax(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log);
+int mp_cuda_softmax_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const void *y, int64_t outer, int64_t n,
                           int64_t inner, int log);
-void mp_cuda_cross_entropy(mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
+int mp_cuda_cross_entropy(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
                            int64_t rows, int64_t classes);
-void mp_cuda_cross_entropy_grad(mp_dtype dt, void *gx, const void *x, const float *lse, const int32_t *target,
+int mp_cuda_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, const float *lse, const int32_t *target,
                                 const float *scale, int64_t rows, int64_t classes);
-void mp_cuda_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
+int mp_cuda_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
                         const void *b, int64_t rows, int64_t n, float eps);
-void mp_cuda_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
+int mp_cuda_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                              const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
 /* cuda_check.cu: device-side index checks; the fault they record, taken once
  * (formatted into msg) by the backend's error entry */
-void mp_cuda_check_indices(const int32_t *idx, int64_t n, int64_t limit, const char *what);
-bool mp_cuda_check_init(void);
-bool mp_cuda_fault_take(char *msg, size_t cap);
+void mp_cuda_check_indices(mp_kctx *cx, const int32_t *idx, int64_t n, int64_t limit, const char *what);
+bool mp_cuda_check_init(mp_kctx *cx);
+bool mp_cuda_fault_take(mp_kctx *cx, char *msg, size_t cap);
 /* cuda_optim.cu: the loss scaler and the optimizers, on state in device memory */
-void mp_cuda_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
-void mp_cuda_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
+void mp_cuda_scale_loss(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
+void mp_cuda_unscale(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
                      int nseg);
-void mp_cuda_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
-void mp_cuda_optim_count(int64_t *step, const int32_t *skip);
-void mp_cuda_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
+void mp_cuda_scale_rule(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
+void mp_cuda_optim_count(mp_kctx *cx, int64_t *step, const int32_t *skip);
+void mp_cuda_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                         const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
                         mp_dtype lowp_dt);
 

@@ -31,54 +31,52 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/block_cache.h"
 
-cudaStream_t mp_cuda_stream;
+/* The device's context: the one instance of struct mp_kctx (cuda.h), the
+ * backend object's state. sys_alloc and sys_free, called by the caching
+ * allocator without a context, reach the counters through it. */
+static mp_kctx ctx;
 
 /* ---- what the backend counts (the counters entry) ---- */
 
-static int64_t n_to_host, n_waits, n_mallocs;
-
-static void cuda_counters(int64_t c[3])
+static void cuda_counters(mp_kctx *cx, int64_t c[3])
 {
-    c[0] = n_to_host, c[1] = n_waits, c[2] = n_mallocs;
+    c[0] = cx->n_to_host, c[1] = cx->n_waits, c[2] = cx->n_mallocs;
 }
 
 /* every wait for the stream goes through here */
-static cudaError_t wait_stream(void)
+static cudaError_t wait_stream(mp_kctx *cx)
 {
-    n_waits++;
-    return cudaStreamSynchronize(mp_cuda_stream);
+    cx->n_waits++;
+    return cudaStreamSynchronize(cx->stream);
 }
 
-cudaError_t mp_cuda_wait(void) { return wait_stream(); }
+cudaError_t mp_cuda_wait(mp_kctx *cx) { return wait_stream(cx); }
 
-cudaError_t mp_cuda_malloc(void **p, size_t nbytes)
+cudaError_t mp_cuda_malloc(mp_kctx *cx, void **p, size_t nbytes)
 {
-    n_mallocs++;
+    cx->n_mallocs++;
     return cudaMalloc(p, nbytes);
 }
 
 /* ---- the sticky error ---- */
 
-static char error_msg[256];
-static bool has_error;
-
-void mp_cuda_note(cudaError_t e, const char *what)
+void mp_cuda_note(mp_kctx *cx, cudaError_t e, const char *what)
 {
-    if (e == cudaSuccess || has_error) return;
-    snprintf(error_msg, sizeof error_msg, "CUDA error in %s: %s", what, cudaGetErrorString(e));
-    has_error = true;
+    if (e == cudaSuccess || cx->has_error) return;
+    snprintf(cx->error_msg, sizeof cx->error_msg, "CUDA error in %s: %s", what, cudaGetErrorString(e));
+    cx->has_error = true;
 }
 
 /* the first error since the last call (launch errors, and faults that
  * surfaced), else a bad index found by check_indices; each reported once */
-static const char *cuda_error(void)
+static const char *cuda_error(mp_kctx *cx)
 {
-    mp_cuda_note(cudaGetLastError(), "a kernel");
-    if (has_error) {
-        has_error = false;
-        return error_msg;
+    mp_cuda_note(cx, cudaGetLastError(), "a kernel");
+    if (cx->has_error) {
+        cx->has_error = false;
+        return cx->error_msg;
     }
-    if (mp_cuda_fault_take(error_msg, sizeof error_msg)) return error_msg;
+    if (mp_cuda_fault_take(cx, cx->error_msg, sizeof cx->error_msg)) return cx->error_msg;
     return NULL;
 }
 
@@ -87,40 +85,53 @@ static const char *cuda_error(void)
 static void *sys_alloc(size_t nbytes)
 {
     void *p = NULL;
-    if (mp_cuda_malloc(&p, nbytes) == cudaSuccess) return p;
+    if (mp_cuda_malloc(&ctx, &p, nbytes) == cudaSuccess) return p;
     cudaGetLastError();   /* an allocation failure is reported as out of memory, not as a sticky error */
     return NULL;
 }
 
 static void sys_free(void *p, size_t nbytes)
 {
-    n_waits++;   /* cudaFree synchronises the device */
+    ctx.n_waits++;   /* cudaFree synchronises the device */
     cudaFree(p);
 }
 
-static mp_block_cache cache = {sys_alloc, sys_free};
-
-static void *cuda_alloc(size_t nbytes) { return mp_cache_alloc(&cache, nbytes); }
-static void cuda_free(void *p, size_t nbytes) { mp_cache_free(&cache, p, nbytes); }
-static size_t cuda_cached(void) { return cache.cached; }
-static void cuda_release_cache(void) { mp_cache_release(&cache); }
-
-static void cuda_zero(void *p, size_t nbytes)
+static void *cuda_alloc(mp_kctx *cx, size_t nbytes) { return mp_cache_alloc(&cx->cache, nbytes); }
+static void cuda_free(mp_kctx *cx, void *p, size_t nbytes) { mp_cache_free(&cx->cache, p, nbytes); }
+static size_t cuda_cached(mp_kctx *cx) { return cx->cache.cached; }
+static void cuda_release_cache(mp_kctx *cx)
 {
-    MP_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, mp_cuda_stream), "zero");
+    if (cx->scratch) mp_cache_free(&cx->cache, cx->scratch, cx->scratch_cap);   /* scratch goes back too */
+    cx->scratch = NULL, cx->scratch_cap = 0;
+    mp_cache_release(&cx->cache);
 }
 
-static void cuda_copy(void *dst, const void *src, size_t nbytes)
+/* scratch: a block of the cache, kept and grown; the stream orders its uses */
+void *mp_cuda_scratch(mp_kctx *cx, size_t nbytes)
 {
-    MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, mp_cuda_stream), "copy");
+    if (nbytes <= cx->scratch_cap) return cx->scratch;
+    if (cx->scratch) mp_cache_free(&cx->cache, cx->scratch, cx->scratch_cap);
+    cx->scratch = mp_cache_alloc(&cx->cache, nbytes);
+    cx->scratch_cap = cx->scratch ? nbytes : 0;
+    return cx->scratch;
+}
+
+static void cuda_zero(mp_kctx *cx, void *p, size_t nbytes)
+{
+    MP_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, cx->stream), "zero");
+}
+
+static void cuda_copy(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
+{
+    MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, cx->stream), "copy");
 }
 
 /* the host side waits: the caller reads the bytes next */
-static void cuda_to_host(void *dst, const void *src, size_t nbytes)
+static void cuda_to_host(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
 {
-    n_to_host++;
-    MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, mp_cuda_stream), "copy to host");
-    MP_CUDA_CHECK(wait_stream(), "copy to host");
+    cx->n_to_host++;
+    MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cx->stream), "copy to host");
+    MP_CUDA_CHECK(wait_stream(cx), "copy to host");
 }
 
 /* ---- copies from the host, through pinned staging buffers ----
@@ -133,117 +144,112 @@ static void cuda_to_host(void *dst, const void *src, size_t nbytes)
  * copy of a few MiB a step never waits. Without pinned memory (cudaHostAlloc
  * failed) each copy waits for the stream, as a plain synchronous copy. */
 
-#define STAGE_SLOTS 4
+#define STAGE_SLOTS MP_CUDA_STAGE_SLOTS
 #define STAGE_BYTES ((size_t)4 << 20)
 
-static char *stage_buf[STAGE_SLOTS];
-static cudaEvent_t stage_event[STAGE_SLOTS];
-static bool stage_busy[STAGE_SLOTS];
-static int stage_next, stage_state;   /* state 0: not tried yet, 1: ready, -1: unavailable */
 
-static bool stage_ready(void)
+static bool stage_ready(mp_kctx *cx)
 {
-    if (stage_state) return stage_state > 0;
-    stage_state = -1;
+    if (cx->stage_state) return cx->stage_state > 0;
+    cx->stage_state = -1;
     void *p = NULL;
     if (cudaHostAlloc(&p, STAGE_SLOTS * STAGE_BYTES, cudaHostAllocDefault) != cudaSuccess) {
         cudaGetLastError();
         return false;
     }
     for (int i = 0; i < STAGE_SLOTS; i++) {
-        if (cudaEventCreateWithFlags(&stage_event[i], cudaEventDisableTiming) != cudaSuccess) {
+        if (cudaEventCreateWithFlags(&cx->stage_event[i], cudaEventDisableTiming) != cudaSuccess) {
             cudaGetLastError();
-            while (i-- > 0) cudaEventDestroy(stage_event[i]);
+            while (i-- > 0) cudaEventDestroy(cx->stage_event[i]);
             cudaFreeHost(p);
             return false;
         }
-        stage_buf[i] = (char *)p + i * STAGE_BYTES;
+        cx->stage_buf[i] = (char *)p + i * STAGE_BYTES;
     }
-    stage_state = 1;
+    cx->stage_state = 1;
     return true;
 }
 
 /* waits (counted) until the device has finished copying out of slot s */
-static void stage_claim(int s)
+static void stage_claim(mp_kctx *cx, int s)
 {
-    if (!stage_busy[s]) return;
-    cudaError_t e = cudaEventQuery(stage_event[s]);
+    if (!cx->stage_busy[s]) return;
+    cudaError_t e = cudaEventQuery(cx->stage_event[s]);
     if (e == cudaErrorNotReady) {
         /* not an error: keep it out of the sticky error, but not one before it */
         cudaError_t last = cudaGetLastError();
-        if (last != cudaSuccess && last != cudaErrorNotReady) mp_cuda_note(last, "a kernel");
-        n_waits++;
-        e = cudaEventSynchronize(stage_event[s]);
+        if (last != cudaSuccess && last != cudaErrorNotReady) mp_cuda_note(cx, last, "a kernel");
+        cx->n_waits++;
+        e = cudaEventSynchronize(cx->stage_event[s]);
     }
     MP_CUDA_CHECK(e, "copy from host");
-    stage_busy[s] = false;
+    cx->stage_busy[s] = false;
 }
 
-static void cuda_from_host(void *dst, const void *src, size_t nbytes)
+static void cuda_from_host(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
 {
     if (nbytes == 0) return;
-    if (!stage_ready()) {
-        MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, mp_cuda_stream), "copy from host");
-        MP_CUDA_CHECK(wait_stream(), "copy from host");
+    if (!stage_ready(cx)) {
+        MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cx->stream), "copy from host");
+        MP_CUDA_CHECK(wait_stream(cx), "copy from host");
         return;
     }
     for (size_t off = 0; off < nbytes; off += STAGE_BYTES) {
         size_t len = nbytes - off < STAGE_BYTES ? nbytes - off : STAGE_BYTES;
-        int s = stage_next;
-        stage_next = (s + 1) % STAGE_SLOTS;
-        stage_claim(s);
-        memcpy(stage_buf[s], (const char *)src + off, len);
-        MP_CUDA_CHECK(cudaMemcpyAsync((char *)dst + off, stage_buf[s], len, cudaMemcpyHostToDevice, mp_cuda_stream),
+        int s = cx->stage_next;
+        cx->stage_next = (s + 1) % STAGE_SLOTS;
+        stage_claim(cx, s);
+        memcpy(cx->stage_buf[s], (const char *)src + off, len);
+        MP_CUDA_CHECK(cudaMemcpyAsync((char *)dst + off, cx->stage_buf[s], len, cudaMemcpyHostToDevice, cx->stream),
                       "copy from host");
-        MP_CUDA_CHECK(cudaEventRecord(stage_event[s], mp_cuda_stream), "copy from host");
-        stage_busy[s] = true;
+        MP_CUDA_CHECK(cudaEventRecord(cx->stage_event[s], cx->stream), "copy from host");
+        cx->stage_busy[s] = true;
     }
 }
 
-static void cuda_synchronize(void)
+static void cuda_synchronize(mp_kctx *cx)
 {
-    MP_CUDA_CHECK(wait_stream(), "synchronize");
+    MP_CUDA_CHECK(wait_stream(cx), "synchronize");
 }
 
 /* ---- flush counting (backend.h; the kernels' side is in cuda.h) ----
  * The three totals live in device memory, added to by the kernels while
- * mp_cuda_flush points at them, and come back to the host only here, when the
+ * cx->flush points at them, and come back to the host only here, when the
  * engine asks for them (one copy and one wait). fill's one rounding is made on
  * the host and counted in flush_host. */
 
-unsigned long long *mp_cuda_flush;
+/* the device's own counters (a singleton of the device, as __device__ state is) */
 static __device__ unsigned long long mp_flush_totals[3];
-static unsigned long long *flush_dev;   /* mp_flush_totals' address, once known */
-static int64_t flush_host[3];
 
-void mp_cuda_flush_host(int64_t n, int64_t zero, int64_t inf)
+void mp_cuda_flush_host(mp_kctx *cx, int64_t n, int64_t zero, int64_t inf)
 {
-    if (!mp_cuda_flush) return;
-    flush_host[0] += n, flush_host[1] += zero, flush_host[2] += inf;
+    if (!cx->flush) return;
+    cx->flush_host[0] += n, cx->flush_host[1] += zero, cx->flush_host[2] += inf;
 }
 
-static void cuda_flush_counter(int on, int64_t counts[3])
+static void cuda_flush_counter(mp_kctx *cx, int on, int64_t counts[3])
 {
     if (counts) {
         unsigned long long d[3] = {0, 0, 0};
-        if (flush_dev) {
-            n_to_host++;
-            MP_CUDA_CHECK(cudaMemcpyAsync(d, flush_dev, sizeof d, cudaMemcpyDeviceToHost, mp_cuda_stream),
+        if (cx->flush_dev) {
+            cx->n_to_host++;
+            MP_CUDA_CHECK(cudaMemcpyAsync(d, cx->flush_dev, sizeof d, cudaMemcpyDeviceToHost, cx->stream),
                           "flush_counter");
-            MP_CUDA_CHECK(wait_stream(), "flush_counter");
+            MP_CUDA_CHECK(wait_stream(cx), "flush_counter");
         }
-        for (int k = 0; k < 3; k++) counts[k] = (int64_t)d[k] + flush_host[k];
+        for (int k = 0; k < 3; k++) counts[k] = (int64_t)d[k] + cx->flush_host[k];
     }
     if (on) {
-        if (!flush_dev) {
+        if (!cx->flush_dev) {
             void *p = NULL;
             MP_CUDA_CHECK(cudaGetSymbolAddress(&p, mp_flush_totals), "flush_counter");
-            flush_dev = (unsigned long long *)p;
+            cx->flush_dev = (unsigned long long *)p;
         }
-        if (flush_dev) MP_CUDA_CHECK(cudaMemsetAsync(flush_dev, 0, 3 * sizeof *flush_dev, mp_cuda_stream), "flush_counter");
-        memset(flush_host, 0, sizeof flush_host);
+        if (cx->flush_dev)
+            MP_CUDA_CHECK(cudaMemsetAsync(cx->flush_dev, 0, 3 * sizeof *cx->flush_dev, cx->stream), "flush_counter");
+        memset(cx->flush_host, 0, sizeof cx->flush_host);
     }
-    mp_cuda_flush = on ? flush_dev : NULL;
+    cx->flush = on ? cx->flush_dev : NULL;
 }
 
 static mp_backend table;
@@ -259,13 +265,16 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
         cudaGetLastError();
         return NULL;
     }
-    e = cudaStreamCreateWithFlags(&mp_cuda_stream, cudaStreamNonBlocking);
+    ctx.cache.sys_alloc = sys_alloc, ctx.cache.sys_free = sys_free;
+    e = cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         snprintf(why, cap, "cudaStreamCreate: %s", cudaGetErrorString(e));
         cudaGetLastError();
         return NULL;
     }
     table.name = "cuda";
+    table.ctx = &ctx;
+    table.supports = NULL;   /* every op in every dtype the engine lets through */
     table.alloc = cuda_alloc;
     table.free = cuda_free;
     table.cached = cuda_cached;
@@ -302,7 +311,7 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.layer_norm_grad = mp_cuda_layer_norm_grad;
     table.gemm = mp_cuda_gemm;
     /* without mapped host memory for the fault record, the engine checks indices itself */
-    table.check_indices = mp_cuda_check_init() ? mp_cuda_check_indices : NULL;
+    table.check_indices = mp_cuda_check_init(&ctx) ? mp_cuda_check_indices : NULL;
     table.permute = mp_cuda_permute;
     table.gather = mp_cuda_gather;
     table.scatter_add = mp_cuda_scatter_add;

@@ -34,14 +34,15 @@ struct Fault {
     uint64_t what;    /* the caller's string, as an integer */
 };
 
-Fault *fault_host;    /* the host's view of the record, NULL when unavailable */
-Fault *fault_dev;     /* the device's */
+/* the record lives in the context: cx->fault_host (the host's view, NULL when
+ * unavailable) and cx->fault_dev (the device's) */
 
 #define NO_BAD (~0ull)
 
 }  // namespace
 
-/* the first bad position of the check in flight, NO_BAD when none */
+/* the first bad position of the check in flight, NO_BAD when none: the device's
+ * own state (one check is in flight at a time on the context's stream) */
 static __device__ unsigned long long mp_check_first = NO_BAD;
 
 static __global__ void k_check_find(const int32_t *idx, int64_t n, int64_t limit)
@@ -68,7 +69,7 @@ static __global__ void k_check_report(const int32_t *idx, int64_t limit, uint64_
     vf->flag = 1;
 }
 
-bool mp_cuda_check_init(void)
+bool mp_cuda_check_init(mp_kctx *cx)
 {
     void *h = NULL, *d = NULL;
     if (cudaHostAlloc(&h, sizeof(Fault), cudaHostAllocMapped) != cudaSuccess) {
@@ -81,25 +82,25 @@ bool mp_cuda_check_init(void)
         return false;
     }
     memset(h, 0, sizeof(Fault));
-    fault_host = (Fault *)h;
-    fault_dev = (Fault *)d;
+    cx->fault_host = h;
+    cx->fault_dev = d;
     return true;
 }
 
-void mp_cuda_check_indices(const int32_t *idx, int64_t n, int64_t limit, const char *what)
+void mp_cuda_check_indices(mp_kctx *cx, const int32_t *idx, int64_t n, int64_t limit, const char *what)
 {
-    if (n <= 0 || !fault_dev) return;
-    k_check_find<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(idx, n, limit);
+    if (n <= 0 || !cx->fault_dev) return;
+    k_check_find<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(idx, n, limit);
     MP_LAUNCHED("check_indices");
-    k_check_report<<<1, 1, 0, mp_cuda_stream>>>(idx, limit, (uint64_t)(uintptr_t)what, fault_dev);
+    k_check_report<<<1, 1, 0, cx->stream>>>(idx, limit, (uint64_t)(uintptr_t)what, (Fault *)cx->fault_dev);
     MP_LAUNCHED("check_indices (report)");
 }
 
 /* a recorded fault as the CPU's check words it (position 1-based), once */
-bool mp_cuda_fault_take(char *msg, size_t cap)
+bool mp_cuda_fault_take(mp_kctx *cx, char *msg, size_t cap)
 {
-    if (!fault_host) return false;
-    volatile Fault *f = fault_host;
+    if (!cx->fault_host) return false;
+    volatile Fault *f = (Fault *)cx->fault_host;
     if (!f->flag) return false;
     __atomic_thread_fence(__ATOMIC_ACQUIRE);   /* the fields are read after the flag */
     int32_t value = f->value;

@@ -47,21 +47,21 @@ static __global__ void cast_vec_k(void *dst, const void *src, int64_t n, unsigne
     t.commit();
 }
 
-void mp_cuda_cast(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
+void mp_cuda_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
 {
     if (n <= 0) return;
     if (dd == sd) {
         MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, (size_t)n * mp_dtype_size(dd), cudaMemcpyDeviceToDevice,
-                                      mp_cuda_stream), "cast (copy)");
+                                      cx->stream), "cast (copy)");
         return;
     }
     if (mp_al16(dst) && mp_al16(src)) {
         size_t es = mp_dtype_size(dd) < mp_dtype_size(sd) ? mp_dtype_size(dd) : mp_dtype_size(sd);
         unsigned blocks = mp_blocks(n / (int64_t)(16 / es));
-        MP_BY_DTYPE(sd, TI, MP_BY_DTYPE(dd, TO, cast_vec_k<TI, TO><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(
-                                                    dst, src, n, mp_cuda_flush)));
+        MP_BY_DTYPE(sd, TI, MP_BY_DTYPE(dd, TO, cast_vec_k<TI, TO><<<blocks, MP_THREADS, 0, cx->stream>>>(
+                                                    dst, src, n, cx->flush)));
     } else {
-        cast_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dd, src, sd, n, mp_cuda_flush);
+        cast_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dst, dd, src, sd, n, cx->flush);
     }
     MP_LAUNCHED("cast");
 }
@@ -83,7 +83,7 @@ static __global__ void fill_k(void *dst, int64_t n, uint32_t b, int vec)
         ((W *)dst)[i] = (W)b;
 }
 
-void mp_cuda_fill(void *dst, mp_dtype dt, int64_t n, double value)
+void mp_cuda_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value)
 {
     if (n <= 0) return;
     uint32_t bits = 0;
@@ -99,18 +99,18 @@ void mp_cuda_fill(void *dst, mp_dtype dt, int64_t n, double value)
         } else {   /* the one rounding, made here and counted as the CPU counts it */
             bits = dt == MP_F16 ? __half_as_ushort(__float2half_rn(f)) : __bfloat16_as_ushort(__float2bfloat16_rn(f));
             uint32_t mag = bits & 0x7fffu;
-            mp_cuda_flush_host(1, mag == 0 && f != 0.0f, mag == (dt == MP_F16 ? 0x7c00u : 0x7f80u) && isfinite(f));
+            mp_cuda_flush_host(cx, 1, mag == 0 && f != 0.0f, mag == (dt == MP_F16 ? 0x7c00u : 0x7f80u) && isfinite(f));
         }
     }
     size_t es = mp_dtype_size(dt);
     if (bits == 0 || es == 1) {
-        MP_CUDA_CHECK(cudaMemsetAsync(dst, (int)(bits & 0xff), (size_t)n * es, mp_cuda_stream), "fill");
+        MP_CUDA_CHECK(cudaMemsetAsync(dst, (int)(bits & 0xff), (size_t)n * es, cx->stream), "fill");
         return;
     }
     int vec = mp_al16(dst);
     unsigned blocks = mp_blocks(vec ? n / (int64_t)(16 / es) : n);
-    if (es == 4) fill_k<4><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(dst, n, bits, vec);
-    else fill_k<2><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(dst, n, bits, vec);
+    if (es == 4) fill_k<4><<<blocks, MP_THREADS, 0, cx->stream>>>(dst, n, bits, vec);
+    else fill_k<2><<<blocks, MP_THREADS, 0, cx->stream>>>(dst, n, bits, vec);
     MP_LAUNCHED("fill");
 }
 
@@ -126,10 +126,10 @@ static __global__ void arange_k(void *dst, mp_dtype dt, int64_t n, unsigned long
     t.commit();
 }
 
-void mp_cuda_arange(void *dst, mp_dtype dt, int64_t n)
+void mp_cuda_arange(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n)
 {
     if (n <= 0) return;
-    arange_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dt, n, mp_cuda_flush);
+    arange_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dst, dt, n, cx->flush);
     MP_LAUNCHED("arange");
 }
 
@@ -185,16 +185,16 @@ static __global__ void rand_normal_k(void *dst, mp_dtype dt, int64_t n, uint64_t
     t.commit();
 }
 
-void mp_cuda_rand_uniform(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
+void mp_cuda_rand_uniform(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
     if (n <= 0) return;
-    rand_uniform_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dt, n, seed, offset, mp_cuda_flush);
+    rand_uniform_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dst, dt, n, seed, offset, cx->flush);
     MP_LAUNCHED("rand_uniform");
 }
 
-void mp_cuda_rand_normal(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
+void mp_cuda_rand_normal(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
     if (n <= 0) return;
-    rand_normal_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dst, dt, n, seed, offset, mp_cuda_flush);
+    rand_normal_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dst, dt, n, seed, offset, cx->flush);
     MP_LAUNCHED("rand_normal");
 }

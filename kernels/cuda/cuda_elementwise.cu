@@ -143,7 +143,7 @@ static __global__ void compare_k(mp_binop op, mp_dtype dt, uint8_t *out, const v
     }
 }
 
-void mp_cuda_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
+void mp_cuda_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
 {
     mp_bcast bc;
     int nd = mp_bcast_coalesce(bc0, &bc);
@@ -152,20 +152,20 @@ void mp_cuda_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const vo
     if (n <= 0) return;
     unsigned blocks = mp_blocks(n);
     if (MP_IS_CMP(op)) {
-        compare_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(op, dt, (uint8_t *)out, a, b, bc, n);
+        compare_k<<<blocks, MP_THREADS, 0, cx->stream>>>(op, dt, (uint8_t *)out, a, b, bc, n);
         MP_LAUNCHED("binary (compare)");
     } else if (dt == MP_I32 || dt == MP_U8) {
-        binary_int_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, b, bc, n);
+        binary_int_k<<<blocks, MP_THREADS, 0, cx->stream>>>(op, dt, out, a, b, bc, n);
         MP_LAUNCHED("binary (integer)");
     } else if (nd == 1 && (bc.sa[0] == 0 || bc.sa[0] == 1) && (bc.sb[0] == 0 || bc.sb[0] == 1) && mp_al16(out) &&
                (bc.sa[0] == 0 || mp_al16(a)) && (bc.sb[0] == 0 || mp_al16(b))) {
         const int sa = (int)bc.sa[0], sb = (int)bc.sb[0];
         const int64_t g = n / (16 / (int64_t)mp_dtype_size(dt));
-        MP_BY_FLOAT(dt, T, binary_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, mp_cuda_stream>>>(op, out, a, sa, b, sb, n,
-                                                                                             mp_cuda_flush));
+        MP_BY_FLOAT(dt, T, binary_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, cx->stream>>>(op, out, a, sa, b, sb, n,
+                                                                                             cx->flush));
         MP_LAUNCHED("binary");
     } else {
-        binary_float_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, b, bc, n, mp_cuda_flush);
+        binary_float_k<<<blocks, MP_THREADS, 0, cx->stream>>>(op, dt, out, a, b, bc, n, cx->flush);
         MP_LAUNCHED("binary");
     }
 }
@@ -255,20 +255,20 @@ static __global__ void unary_int_k(mp_unop op, mp_dtype dt, void *out, const voi
     }
 }
 
-void mp_cuda_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
+void mp_cuda_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
 {
     if (n <= 0) return;
     if (dt == MP_I32 || dt == MP_U8) {
-        unary_int_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, n, (int64_t)p);
+        unary_int_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(op, dt, out, a, n, (int64_t)p);
         MP_LAUNCHED("unary (integer)");
     } else if (mp_al16(out) && mp_al16(a)) {
         const int64_t g = n / (16 / (int64_t)mp_dtype_size(dt));
-        MP_BY_FLOAT(dt, T, unary_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, mp_cuda_stream>>>(op, out, a, n, (float)p,
-                                                                                            p == 0, mp_cuda_flush));
+        MP_BY_FLOAT(dt, T, unary_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, cx->stream>>>(op, out, a, n, (float)p,
+                                                                                            p == 0, cx->flush));
         MP_LAUNCHED("unary");
     } else {
-        unary_float_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, n, (float)p, p == 0,
-                                                                       mp_cuda_flush);
+        unary_float_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(op, dt, out, a, n, (float)p, p == 0,
+                                                                       cx->flush);
         MP_LAUNCHED("unary");
     }
 }
@@ -359,18 +359,18 @@ static __global__ void unary_grad_vec_k(mp_unop op, void *gin, const void *gout,
     t.commit();
 }
 
-void mp_cuda_unary_grad(mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
+void mp_cuda_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
                         int64_t n, double p)
 {
     if (n <= 0) return;
     if ((dt == MP_F32 || dt == MP_F16 || dt == MP_BF16) && mp_al16(gin) && mp_al16(gout) && (!x || mp_al16(x)) &&
         (!y || mp_al16(y))) {
         const int64_t g = n / (16 / (int64_t)mp_dtype_size(dt));
-        MP_BY_FLOAT(dt, T, unary_grad_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, mp_cuda_stream>>>(
-                               op, gin, gout, x, y, n, (float)p, p == 0, mp_cuda_flush));
+        MP_BY_FLOAT(dt, T, unary_grad_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, cx->stream>>>(
+                               op, gin, gout, x, y, n, (float)p, p == 0, cx->flush));
     } else {
-        unary_grad_k<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, gin, gout, x, y, n, (float)p, p == 0,
-                                                                      mp_cuda_flush);
+        unary_grad_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(op, dt, gin, gout, x, y, n, (float)p, p == 0,
+                                                                      cx->flush);
     }
     MP_LAUNCHED("unary_grad");
 }
@@ -405,30 +405,30 @@ static __global__ void where_vec_k(void *out, const uint8_t *cond, const void *a
     if (i < n) ((W *)out)[i] = cond[i] ? ((const W *)a)[i] : ((const W *)b)[i];
 }
 
-void mp_cuda_where(mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n)
+void mp_cuda_where(mp_kctx *cx, mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n)
 {
     if (n <= 0) return;
     const size_t es = mp_dtype_size(dt);
     if (mp_al16(out) && mp_al16(cond) && mp_al16(a) && mp_al16(b)) {
         const unsigned blocks = mp_blocks(n / (int64_t)(16 / es));
-        if (es == 4) where_vec_k<4><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(out, cond, a, b, n);
-        else if (es == 2) where_vec_k<2><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(out, cond, a, b, n);
-        else where_vec_k<1><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(out, cond, a, b, n);
+        if (es == 4) where_vec_k<4><<<blocks, MP_THREADS, 0, cx->stream>>>(out, cond, a, b, n);
+        else if (es == 2) where_vec_k<2><<<blocks, MP_THREADS, 0, cx->stream>>>(out, cond, a, b, n);
+        else where_vec_k<1><<<blocks, MP_THREADS, 0, cx->stream>>>(out, cond, a, b, n);
         MP_LAUNCHED("where");
         return;
     }
     unsigned blocks = mp_blocks(n);
     switch (es) {
     case 4:
-        where_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>((uint32_t *)out, cond, (const uint32_t *)a,
+        where_k<<<blocks, MP_THREADS, 0, cx->stream>>>((uint32_t *)out, cond, (const uint32_t *)a,
                                                            (const uint32_t *)b, n);
         break;
     case 2:
-        where_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>((uint16_t *)out, cond, (const uint16_t *)a,
+        where_k<<<blocks, MP_THREADS, 0, cx->stream>>>((uint16_t *)out, cond, (const uint16_t *)a,
                                                            (const uint16_t *)b, n);
         break;
     default:
-        where_k<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>((uint8_t *)out, cond, (const uint8_t *)a,
+        where_k<<<blocks, MP_THREADS, 0, cx->stream>>>((uint8_t *)out, cond, (const uint8_t *)a,
                                                            (const uint8_t *)b, n);
         break;
     }

@@ -15,7 +15,7 @@
  * every item accumulating into one C) and k == 0 (C = beta * C, by a small
  * kernel rather than cuBLAS's reading of an empty product).
  *
- * One cuBLAS handle, created on first use, runs on mp_cuda_stream with a
+ * The context's cuBLAS handle, created on first use, runs on cx->stream with a
  * workspace of its own (cublasSetWorkspace), so that cuBLAS never allocates
  * behind the engine's back during a call.
  */
@@ -26,10 +26,6 @@
 /* 32 MiB: what NVIDIA recommends for Hopper (sm_90); more than enough elsewhere */
 #define GEMM_WORKSPACE ((size_t)32 << 20)
 
-static cublasHandle_t handle;
-static cudaStream_t handle_stream;     /* the stream the handle is bound to, */
-static bool handle_bound;              /* once bound (NULL is a valid stream) */
-static void *workspace;                /* NULL: cuBLAS uses its own default */
 
 /* a cuBLAS status as the nearest CUDA error, for the sticky error */
 static cudaError_t as_cuda_error(cublasStatus_t s)
@@ -46,38 +42,41 @@ static cudaError_t as_cuda_error(cublasStatus_t s)
     }
 }
 
-/* the handle, bound to mp_cuda_stream; NULL (error noted) when it cannot be made */
-static cublasHandle_t get_handle(void)
+/* the context's handle (cx->blas, made on first use), bound to cx->stream with
+ * the context's workspace (cx->blas_ws; NULL: cuBLAS's default); NULL (error
+ * noted) when it cannot be made. cx->blas_bound: bound once (NULL is a valid
+ * stream) to cx->blas_stream */
+static cublasHandle_t get_handle(mp_kctx *cx)
 {
-    if (!handle) {
+    if (!cx->blas) {
         cublasHandle_t h;
         cublasStatus_t s = cublasCreate(&h);
         if (s != CUBLAS_STATUS_SUCCESS) {
-            mp_cuda_note(as_cuda_error(s), "gemm: cublasCreate");
+            mp_cuda_note(cx, as_cuda_error(s), "gemm: cublasCreate");
             return NULL;
         }
-        handle = h;
-        handle_bound = false;
+        cx->blas = h;
+        cx->blas_bound = false;
         /* A workspace of our own is an optimisation, not a requirement: when it
          * cannot be had, cuBLAS falls back to its default one. cudaMalloc's failure
          * is cleared so that no later launch check reports it. */
-        if (mp_cuda_malloc(&workspace, GEMM_WORKSPACE) != cudaSuccess) {   /* counted: once per process */
-            workspace = NULL;
+        if (mp_cuda_malloc(cx, &cx->blas_ws, GEMM_WORKSPACE) != cudaSuccess) {   /* counted: once per process */
+            cx->blas_ws = NULL;
             (void)cudaGetLastError();
         }
     }
-    if (!handle_bound || handle_stream != mp_cuda_stream) {
+    if (!cx->blas_bound || cx->blas_stream != cx->stream) {
         /* cublasSetStream resets the workspace to cuBLAS's default: set ours after it */
-        cublasStatus_t s = cublasSetStream(handle, mp_cuda_stream);
-        if (s == CUBLAS_STATUS_SUCCESS && workspace) s = cublasSetWorkspace(handle, workspace, GEMM_WORKSPACE);
+        cublasStatus_t s = cublasSetStream(cx->blas, cx->stream);
+        if (s == CUBLAS_STATUS_SUCCESS && cx->blas_ws) s = cublasSetWorkspace(cx->blas, cx->blas_ws, GEMM_WORKSPACE);
         if (s != CUBLAS_STATUS_SUCCESS) {
-            mp_cuda_note(as_cuda_error(s), "gemm: cublasSetStream/cublasSetWorkspace");
+            mp_cuda_note(cx, as_cuda_error(s), "gemm: cublasSetStream/cublasSetWorkspace");
             return NULL;
         }
-        handle_stream = mp_cuda_stream;
-        handle_bound = true;
+        cx->blas_stream = cx->stream;
+        cx->blas_bound = true;
     }
-    return handle;
+    return cx->blas;
 }
 
 static cudaDataType cuda_type(mp_dtype dt)
@@ -92,7 +91,7 @@ __global__ void scale_kernel(mp_dtype dt, void *c, int64_t n, float beta)
     MP_FOR(i, n) mp_st(dt, c, i, beta == 0.0f ? 0.0f : beta * mp_ld(dt, c, i));
 }
 
-int mp_cuda_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+int mp_cuda_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
                  const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc)
 {
     if (batch <= 0 || m <= 0 || n <= 0) return 0;   /* nothing to write */
@@ -100,12 +99,12 @@ int mp_cuda_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t 
         const int64_t mn = m * n;
         for (int64_t i = 0; i < batch; i++) {
             void *ci = (char *)c + (size_t)(i * sc) * mp_dtype_size(dt);
-            scale_kernel<<<mp_blocks(mn), MP_THREADS, 0, mp_cuda_stream>>>(dt, ci, mn, beta);
+            scale_kernel<<<mp_blocks(mn), MP_THREADS, 0, cx->stream>>>(dt, ci, mn, beta);
         }
         MP_LAUNCHED("gemm (k == 0)");
         return 0;
     }
-    cublasHandle_t h = get_handle();
+    cublasHandle_t h = get_handle(cx);
     if (!h) return -1;
 
     const cudaDataType t = cuda_type(dt);
@@ -143,7 +142,7 @@ int mp_cuda_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t 
                                               &beta, c, t, ldc, (long long)sc,
                                               per_call, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) {
-            mp_cuda_note(as_cuda_error(s), "gemm: cublasGemmStridedBatchedEx");
+            mp_cuda_note(cx, as_cuda_error(s), "gemm: cublasGemmStridedBatchedEx");
             return -1;
         }
     }

@@ -250,7 +250,7 @@ __global__ void k_scatter_u8(uint8_t *out, const uint8_t *src, const int32_t *id
 
 } /* namespace */
 
-void mp_cuda_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner)
+void mp_cuda_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner)
 {
     int64_t cols = outer * inner;
     if (cols <= 0) return;
@@ -261,73 +261,73 @@ void mp_cuda_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t 
         MP_CUDA_CHECK(cudaGetSymbolAddress((void **)&parts, mp_cuda_reduce_parts), "reduce (partials buffer)");
         if (!parts) chunks = 1;
     }
-    k_reduce<<<grid_for(tiles * chunks), MP_THREADS, 0, mp_cuda_stream>>>(op, dt, out, a, cols, n, inner, t,
-                                                                         chunks, parts, mp_cuda_flush);
+    k_reduce<<<grid_for(tiles * chunks), MP_THREADS, 0, cx->stream>>>(op, dt, out, a, cols, n, inner, t,
+                                                                         chunks, parts, cx->flush);
     MP_LAUNCHED("reduce");
     if (chunks == 1) return;
     Tile t2 = tile_for(chunks, 1);
-    k_reduce_parts<<<grid_for((cols + t2.txn - 1) / t2.txn), MP_THREADS, 0, mp_cuda_stream>>>(
-        op, dt, out, parts, cols, chunks, n, t2, mp_cuda_flush);
+    k_reduce_parts<<<grid_for((cols + t2.txn - 1) / t2.txn), MP_THREADS, 0, cx->stream>>>(
+        op, dt, out, parts, cols, chunks, n, t2, cx->flush);
     MP_LAUNCHED("reduce (combine)");
 }
 
-void mp_cuda_put_along(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t outer, int64_t n,
+void mp_cuda_put_along(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t outer, int64_t n,
                        int64_t inner)
 {
     if (outer * inner <= 0) return;
-    BY_WORD(dt, k_put_along<W><<<mp_blocks(outer * inner), MP_THREADS, 0, mp_cuda_stream>>>(
+    BY_WORD(dt, k_put_along<W><<<mp_blocks(outer * inner), MP_THREADS, 0, cx->stream>>>(
                     (W *)out, (const W *)src, idx, outer, n, inner));
     MP_LAUNCHED("put_along");
 }
 
-void mp_cuda_permute(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm)
+void mp_cuda_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm)
 {
     int64_t total;
     Perm p = perm_plan(ndim, shape, perm, &total);
     if (total <= 0) return;
-    BY_WORD(dt, k_permute<W><<<mp_blocks(total), MP_THREADS, 0, mp_cuda_stream>>>((W *)out, (const W *)in, p,
+    BY_WORD(dt, k_permute<W><<<mp_blocks(total), MP_THREADS, 0, cx->stream>>>((W *)out, (const W *)in, p,
                                                                                   total));
     MP_LAUNCHED("permute");
 }
 
-void mp_cuda_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start, int64_t len,
+void mp_cuda_narrow(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start, int64_t len,
                     int64_t inner)
 {
     int64_t w = len * inner;
     if (outer * w <= 0) return;
-    BY_WORD(dt, k_rows<W><<<mp_blocks(outer * w), MP_THREADS, 0, mp_cuda_stream>>>(
+    BY_WORD(dt, k_rows<W><<<mp_blocks(outer * w), MP_THREADS, 0, cx->stream>>>(
                     (W *)out, w, (const W *)in + start * inner, n * inner, outer, w));
     MP_LAUNCHED("narrow");
 }
 
-void mp_cuda_narrow_put(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
+void mp_cuda_narrow_put(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
                         int64_t len, int64_t inner)
 {
     int64_t w = len * inner;
     if (outer * w <= 0) return;
-    BY_WORD(dt, k_rows<W><<<mp_blocks(outer * w), MP_THREADS, 0, mp_cuda_stream>>>(
+    BY_WORD(dt, k_rows<W><<<mp_blocks(outer * w), MP_THREADS, 0, cx->stream>>>(
                     (W *)out + start * inner, n * inner, (const W *)in, w, outer, w));
     MP_LAUNCHED("narrow_put");
 }
 
-void mp_cuda_gather(mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx, int64_t outer,
+void mp_cuda_gather(mp_kctx *cx, mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx, int64_t outer,
                     int64_t n, int64_t inner)
 {
     int64_t total = outer * nidx * inner;
     if (total <= 0) return;
-    BY_WORD(dt, k_gather<W><<<mp_blocks(total), MP_THREADS, 0, mp_cuda_stream>>>((W *)out, (const W *)in, idx,
+    BY_WORD(dt, k_gather<W><<<mp_blocks(total), MP_THREADS, 0, cx->stream>>>((W *)out, (const W *)in, idx,
                                                                                  nidx, outer, n, inner));
     MP_LAUNCHED("gather");
 }
 
-void mp_cuda_scatter_add(mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
+void mp_cuda_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
                          int64_t outer, int64_t n, int64_t inner)
 {
     int64_t total = outer * nidx * inner;
     if (total <= 0) return;
     unsigned g = mp_blocks(total);
-    cudaStream_t s = mp_cuda_stream;
-    unsigned long long *fc = mp_cuda_flush;
+    cudaStream_t s = cx->stream;
+    unsigned long long *fc = cx->flush;
     switch (dt) {
     case MP_F32:
         k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((float *)out, (const float *)src, idx, nidx, outer, n, inner, fc);

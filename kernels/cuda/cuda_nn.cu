@@ -37,8 +37,7 @@
 #include "kernels/cuda/cuda_tile.h"
 
 /* the partial weight sums of layer_norm_grad */
-#define LN_PARTS (1 << 19)
-__device__ double mp_cuda_ln_parts[LN_PARTS];
+#define LN_PARTS (1 << 19)   /* doubles of partial sums at most, in the context's scratch */
 
 namespace {
 
@@ -353,95 +352,102 @@ int64_t ln_chunks(int64_t rows, int64_t n)
     return c < 2 ? 1 : c;
 }
 
-void layer_norm_wb(mp_dtype dt, float *gw, float *gb, const void *gy, const void *x, const float *mean,
+void layer_norm_wb(mp_kctx *cx, mp_dtype dt, float *gw, float *gb, const void *gy, const void *x, const float *mean,
                    const float *rstd, int64_t rows, int64_t n)
 {
     int64_t chunks = ln_chunks(rows, n);
     double *parts = NULL;
     if (chunks > 1) {
-        MP_CUDA_CHECK(cudaGetSymbolAddress((void **)&parts, mp_cuda_ln_parts), "layer_norm_grad (partials buffer)");
+        /* without scratch, one pass: slower, still summed in double */
+        parts = (double *)mp_cuda_scratch(cx, sizeof(double) * (size_t)(2 * chunks * n));
         if (!parts) chunks = 1;
     }
-    k_layer_norm_wb<<<grid_for((n + 31) / 32 * chunks), MP_THREADS, 0, mp_cuda_stream>>>(dt, gw, gb, parts, gy, x,
+    k_layer_norm_wb<<<grid_for((n + 31) / 32 * chunks), MP_THREADS, 0, cx->stream>>>(dt, gw, gb, parts, gy, x,
                                                                                         mean, rstd, rows, n, chunks);
     MP_LAUNCHED("layer_norm_grad (weight sums)");
     if (chunks == 1) return;
-    k_layer_norm_wb_sum<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(gw, gb, parts, n, chunks);
+    k_layer_norm_wb_sum<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(gw, gb, parts, n, chunks);
     MP_LAUNCHED("layer_norm_grad (weight sums, combine)");
 }
 
 } /* namespace */
 
-void mp_cuda_softmax(mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log)
+int mp_cuda_softmax(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log)
 {
     int64_t cols = outer * inner;
-    if (cols <= 0 || n <= 0) return;
+    if (cols <= 0 || n <= 0) return 0;
     Tile t = tile_for(n, inner);
-    k_softmax<<<grid_for((cols + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(dt, y, x, cols, n, inner, t,
-                                                                                     log, mp_cuda_flush);
+    k_softmax<<<grid_for((cols + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(dt, y, x, cols, n, inner, t,
+                                                                                     log, cx->flush);
     MP_LAUNCHED("softmax");
+    return 0;
 }
 
-void mp_cuda_softmax_grad(mp_dtype dt, void *gx, const void *gy, const void *y, int64_t outer, int64_t n,
+int mp_cuda_softmax_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const void *y, int64_t outer, int64_t n,
                           int64_t inner, int log)
 {
     int64_t cols = outer * inner;
-    if (cols <= 0 || n <= 0) return;
+    if (cols <= 0 || n <= 0) return 0;
     Tile t = tile_for(n, inner);
-    k_softmax_grad<<<grid_for((cols + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(dt, gx, gy, y, cols, n,
+    k_softmax_grad<<<grid_for((cols + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(dt, gx, gy, y, cols, n,
                                                                                           inner, t, log,
-                                                                                          mp_cuda_flush);
+                                                                                          cx->flush);
     MP_LAUNCHED("softmax_grad");
+    return 0;
 }
 
-void mp_cuda_cross_entropy(mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
+int mp_cuda_cross_entropy(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
                            int64_t rows, int64_t classes)
 {
-    if (rows <= 0 || classes <= 0) return;
+    if (rows <= 0 || classes <= 0) return 0;
     const int64_t run = 16 / (int64_t)mp_dtype_size(dt);
     const int vec = mp_al16(x) && classes % run == 0;
     MP_BY_FLOAT(dt, T, {
         Tile t = ce_tile<T>(classes);
-        k_cross_entropy<T><<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(
+        k_cross_entropy<T><<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(
             loss, lse, x, target, rows, classes, t, vec);
     });
     MP_LAUNCHED("cross_entropy");
+    return 0;
 }
 
-void mp_cuda_cross_entropy_grad(mp_dtype dt, void *gx, const void *x, const float *lse, const int32_t *target,
+int mp_cuda_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, const float *lse, const int32_t *target,
                                 const float *scale, int64_t rows, int64_t classes)
 {
-    if (rows <= 0 || classes <= 0) return;
+    if (rows <= 0 || classes <= 0) return 0;
     const int64_t run = 16 / (int64_t)mp_dtype_size(dt);
     const int vec = mp_al16(x) && mp_al16(gx) && classes % run == 0;
     MP_BY_FLOAT(dt, T, {
         Tile t = ce_tile<T>(classes);
-        k_cross_entropy_grad<T><<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(
-            gx, x, lse, target, scale, rows, classes, t, vec, mp_cuda_flush);
+        k_cross_entropy_grad<T><<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(
+            gx, x, lse, target, scale, rows, classes, t, vec, cx->flush);
     });
     MP_LAUNCHED("cross_entropy_grad");
+    return 0;
 }
 
-void mp_cuda_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
+int mp_cuda_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
                         const void *b, int64_t rows, int64_t n, float eps)
 {
-    if (rows <= 0) return;
+    if (rows <= 0) return 0;
     Tile t = tile_for(n, 1);
-    k_layer_norm<<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(dt, y, mean, rstd, x, w, b,
+    k_layer_norm<<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(dt, y, mean, rstd, x, w, b,
                                                                                          rows, n, eps, t,
-                                                                                         mp_cuda_flush);
+                                                                                         cx->flush);
     MP_LAUNCHED("layer_norm");
+    return 0;
 }
 
-void mp_cuda_layer_norm_grad(mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
+int mp_cuda_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                              const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n)
 {
-    if (n <= 0) return;
+    if (n <= 0) return 0;
     if (rows > 0) {
         Tile t = tile_for(n, 1);
-        k_layer_norm_gx<<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, mp_cuda_stream>>>(
-            dt, gx, gy, x, mean, rstd, w, rows, n, t, mp_cuda_flush);
+        k_layer_norm_gx<<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(
+            dt, gx, gy, x, mean, rstd, w, rows, n, t, cx->flush);
         MP_LAUNCHED("layer_norm_grad");
     }
-    if (gw || gb) layer_norm_wb(dt, gw, gb, gy, x, mean, rstd, rows, n);
+    if (gw || gb) layer_norm_wb(cx, dt, gw, gb, gy, x, mean, rstd, rows, n);
+    return 0;
 }

@@ -125,15 +125,15 @@ __global__ void optim_count_kernel(int64_t *step, const int32_t *skip)
     if (!(skip && *skip)) ++*step;
 }
 
-void mp_cuda_optim_count(int64_t *step, const int32_t *skip)
+void mp_cuda_optim_count(mp_kctx *cx, int64_t *step, const int32_t *skip)
 {
-    optim_count_kernel<<<1, 1, 0, mp_cuda_stream>>>(step, skip);
+    optim_count_kernel<<<1, 1, 0, cx->stream>>>(step, skip);
     MP_LAUNCHED("optim_step");
 }
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-void mp_cuda_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
+void mp_cuda_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                         const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
                         mp_dtype lowp_dt)
 {
@@ -141,9 +141,9 @@ void mp_cuda_optim_step(mp_optim_kind kind, float *p, const float *g, float *s1,
     bool vec = aligned16(p) && aligned16(g) && (!s1 || aligned16(s1)) && (!s2 || aligned16(s2));
     unsigned blocks = mp_blocks(vec ? (n + 3) / 4 : n);
     switch (kind) {
-    case MP_SGD: optim_kernel<MP_SGD><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
-    case MP_ADAM: optim_kernel<MP_ADAM><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
-    case MP_ADAMW: optim_kernel<MP_ADAMW><<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
+    case MP_SGD: optim_kernel<MP_SGD><<<blocks, MP_THREADS, 0, cx->stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
+    case MP_ADAM: optim_kernel<MP_ADAM><<<blocks, MP_THREADS, 0, cx->stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
+    case MP_ADAMW: optim_kernel<MP_ADAMW><<<blocks, MP_THREADS, 0, cx->stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
     }
     MP_LAUNCHED("optim_step");
 }
@@ -334,13 +334,13 @@ __global__ void unscale_tel_kernel(float *__restrict__ g, int64_t n, mp_scale_st
     }
 }
 
-void mp_cuda_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
+void mp_cuda_unscale(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
                      int nseg)
 {
     if (n <= 0) return;
     if (tel) {
         int64_t blocks = (n + TEL_RUN - 1) / TEL_RUN;
-        unscale_tel_kernel<<<(unsigned)blocks, MP_THREADS, 0, mp_cuda_stream>>>(g, n, st, slot, tel, seg, nseg);
+        unscale_tel_kernel<<<(unsigned)blocks, MP_THREADS, 0, cx->stream>>>(g, n, st, slot, tel, seg, nseg);
         MP_LAUNCHED("unscale");
         return;
     }
@@ -349,7 +349,7 @@ void mp_cuda_unscale(float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_
      * mean fewer atomics on the state */
     unsigned blocks = mp_blocks(vec ? (n + 3) / 4 : n);
     if (blocks > 1024) blocks = 1024;
-    unscale_kernel<<<blocks, MP_THREADS, 0, mp_cuda_stream>>>(g, n, st, slot, vec);
+    unscale_kernel<<<blocks, MP_THREADS, 0, cx->stream>>>(g, n, st, slot, vec);
     MP_LAUNCHED("unscale");
 }
 
@@ -368,10 +368,10 @@ __global__ void scale_loss_kernel(mp_dtype dt, void *out, const void *in, int64_
     t.commit();
 }
 
-void mp_cuda_scale_loss(mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check)
+void mp_cuda_scale_loss(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check)
 {
     if (n <= 0) return;
-    scale_loss_kernel<<<mp_blocks(n), MP_THREADS, 0, mp_cuda_stream>>>(dt, out, in, n, st, check, out ? mp_cuda_flush : NULL);
+    scale_loss_kernel<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dt, out, in, n, st, check, out ? cx->flush : NULL);
     MP_LAUNCHED("scale");
 }
 
@@ -380,8 +380,8 @@ __global__ void scale_rule_kernel(mp_scale_op op, mp_scale_state *st, mp_policy 
     mp_scale_apply(op, st, &p, arg, value);
 }
 
-void mp_cuda_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value)
+void mp_cuda_scale_rule(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value)
 {
-    scale_rule_kernel<<<1, 1, 0, mp_cuda_stream>>>(op, st, *p, arg, value);
+    scale_rule_kernel<<<1, 1, 0, cx->stream>>>(op, st, *p, arg, value);
     MP_LAUNCHED("scaler");
 }

@@ -67,7 +67,7 @@ int main(int argc, char **argv)
         for (int r = r0; r < r0 + BLOCK && r < REPS; r++) {
             double t0 = now();
             memset(&st->slot[0], 0, sizeof st->slot[0]);
-            be->unscale(g, n, st, 0, NULL, NULL, 0);
+            be->unscale(be->ctx, g, n, st, 0, NULL, NULL, 0);
             double t1 = now();
             st->scale = st->scale > 1.0f ? 1.0f / 65536.0f : 65536.0f;
             if (r >= 0) tp[r] = t1 - t0;
@@ -76,7 +76,7 @@ int main(int argc, char **argv)
             double t0 = now();
             memset(&st->slot[0], 0, sizeof st->slot[0]);
             memset(tel, 0, sizeof *tel);
-            be->unscale(g, n, st, 0, tel, seg, 1);
+            be->unscale(be->ctx, g, n, st, 0, tel, seg, 1);
             double t1 = now();
             st->scale = st->scale > 1.0f ? 1.0f / 65536.0f : 65536.0f;
             if (r >= 0) tt[r] = t1 - t0;

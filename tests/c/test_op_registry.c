@@ -5,7 +5,9 @@
  * through mp_apply like the engine's own.
  */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include "engine/ops.h"
 #include "engine/op.h"
 #include "engine/error.h"
@@ -128,5 +130,50 @@ Test(op_registry, no_node_without_a_gradient_and_nothing_kept)
     mp_tensor *y = mp_apply(&many_op, &c, 1, &x);
     cr_assert(y && !y->grad_fn && !y->requires_grad);
     cr_assert_eq(c.nsaved, 0);
+    mp_release(x), mp_release(y);
+}
+
+/* the bytes of address space this process has mapped (VmSize) */
+static size_t mapped_bytes(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    size_t kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %zu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+/* A kernel takes its working memory from its backend's context; when it cannot
+ * have it, the op fails with an out-of-memory error naming it and writes
+ * nothing (the CPU kernels once skipped rows and returned garbage). The
+ * address-space limit lets the output come from the allocator's cache while the
+ * kernel's 64 MiB of row scratch cannot be mapped. */
+Test(op_registry, a_kernel_without_working_memory_is_an_error)
+{
+#ifdef __SANITIZE_ADDRESS__
+    cr_skip_test("AddressSanitizer maps its own memory under the same limit");
+#endif
+    int64_t shape[2] = {1, (int64_t)1 << 24};   /* one row of 64 MiB */
+    mp_tensor *x = mp_full(MP_F32, MP_CPU, 2, shape, 1.0), *warm = mp_full(MP_F32, MP_CPU, 2, shape, 0.0);
+    cr_assert(x && warm, "%s", mp_error());
+    mp_release(warm);   /* its block stays cached for the softmax's output */
+    struct rlimit old, lim;
+    cr_assert_eq(getrlimit(RLIMIT_AS, &old), 0);
+    lim = old;
+    lim.rlim_cur = mapped_bytes() + ((size_t)16 << 20);
+    cr_assert_eq(setrlimit(RLIMIT_AS, &lim), 0);
+    mp_clear_error();
+    mp_tensor *y = mp_softmax(x, 2, 0);
+    cr_assert_eq(setrlimit(RLIMIT_AS, &old), 0);
+    cr_assert_null(y, "the softmax ran without its working memory");
+    cr_assert_eq(mp_errcode_last(), MP_EOOM);
+    cr_assert(strstr(mp_error(), "softmax kernel"), "%s", mp_error());
+    y = mp_softmax(x, 2, 0);   /* with the memory back, it runs */
+    cr_assert(y, "%s", mp_error());
+    double v;
+    cr_assert_eq(mp_read_f64(y, 12345, 1, &v), 0);
+    cr_assert_float_eq(v, 1.0 / (1 << 24), 1e-12);
     mp_release(x), mp_release(y);
 }

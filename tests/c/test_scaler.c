@@ -364,7 +364,7 @@ static void unscale_with(float *g, int64_t n, float inv, int tele, mp_grad_stats
     memset(&tel, 0, sizeof tel);
     bool fresh = st->n == 0;
     int64_t seg[2] = {0, n};
-    mp_cpu_backend.unscale(g, n, &s, 2, tele ? &tel : NULL, seg, 1);
+    mp_cpu_backend.unscale(mp_cpu_backend.ctx, g, n, &s, 2, tele ? &tel : NULL, seg, 1);
     if (tele && fresh) cr_assert_eq(memcmp(&tel, &s.slot[2], sizeof tel), 0, "telemetry record and slot differ");
     for (int k = 0; k < MP_SCALER_MAX_OPTIMS; k++)
         if (k != 2) cr_assert_eq(s.slot[k].n, 0, "slot %d touched", k);

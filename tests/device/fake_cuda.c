@@ -70,7 +70,7 @@ static mp_block_cache cache = {.sys_alloc = sys_alloc, .sys_free = sys_free};
 /* a new block holds garbage, as cudaMalloc's and a reused block's do (0xFF
  * bytes: NaN as floats, -1 as integers), so that an engine path or kernel that
  * reads what it never wrote gives NaN here instead of the zeros of fresh pages */
-static void *f_alloc(size_t nbytes)
+static void *f_alloc(mp_kctx *cx, size_t nbytes)
 {
     void *p = mp_cache_alloc(&cache, nbytes);
     if (p) {
@@ -82,22 +82,22 @@ static void *f_alloc(size_t nbytes)
 }
 /* A freed block keeps its place in the cache but not its pages: mprotect's cost
  * grows with the pages present in the arena, so only live tensors keep any */
-static void f_free(void *p, size_t nbytes)
+static void f_free(mp_kctx *cx, void *p, size_t nbytes)
 {
     if (protect && p && nbytes >= PAGE) madvise(p, nbytes & ~(PAGE - 1), MADV_DONTNEED);
     mp_cache_free(&cache, p, nbytes);
 }
-static size_t f_cached(void) { return cache.cached; }
-static void f_release_cache(void) { mp_cache_release(&cache); }
+static size_t f_cached(mp_kctx *cx) { return cache.cached; }
+static void f_release_cache(mp_kctx *cx) { mp_cache_release(&cache); }
 
-static void f_counters(int64_t c[3]) { c[0] = n_to_host, c[1] = n_waits, c[2] = cache.sys_allocs; }
+static void f_counters(mp_kctx *cx, int64_t c[3]) { c[0] = n_to_host, c[1] = n_waits, c[2] = cache.sys_allocs; }
 
 /* indices are checked "on the device", as the real backend does: a bad one is
  * reported by the next error() and the kernels that take indices leave the
  * op out meanwhile (the CPU kernels would read out of bounds) */
 static char index_fault[256];
 
-static void f_check_indices(const int32_t *idx, int64_t n, int64_t limit, const char *what)
+static void f_check_indices(mp_kctx *cx, const int32_t *idx, int64_t n, int64_t limit, const char *what)
 {
     open_mem();
     for (int64_t i = 0; i < n && !index_fault[0]; i++)
@@ -107,7 +107,7 @@ static void f_check_indices(const int32_t *idx, int64_t n, int64_t limit, const 
     close_mem();
 }
 
-static const char *f_error(void)
+static const char *f_error(mp_kctx *cx)
 {
     static char msg[256];
     if (faulted) return "fake device fault: an illegal memory access was encountered (planted by MP_FAKE_CUDA_FAULT)";
@@ -117,9 +117,9 @@ static const char *f_error(void)
     return msg;
 }
 
-static void f_synchronize(void) { n_waits++; }
+static void f_synchronize(mp_kctx *cx) { n_waits++; }
 
-static void f_to_host(void *dst, const void *src, size_t nbytes)
+static void f_to_host(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
 {
     n_to_host++, n_waits++;
     if (fault_at > 0 && ++n_reads >= fault_at) faulted = 1;
@@ -135,16 +135,29 @@ static void f_to_host(void *dst, const void *src, size_t nbytes)
 /* every other entry: the CPU kernel, with the arena open while it runs (IDX:
  * an entry that takes indices, left out while a bad index is pending) */
 #define CPU mp_cpu_backend
-#define WRAP_IF(cond, name, params, args)     \
-    static void f_##name params               \
-    {                                         \
-        if (!(cond)) return;                  \
-        open_mem();                           \
-        CPU.name args;                        \
-        close_mem();                          \
+#define UNPAREN(...) __VA_ARGS__
+#define WRAP_IF(cond, name, params, args)             \
+    static void f_##name(mp_kctx *cx, UNPAREN params) \
+    {                                                 \
+        if (!(cond)) return;                          \
+        open_mem();                                   \
+        CPU.name(CPU.ctx, UNPAREN args);              \
+        close_mem();                                  \
     }
 #define WRAP(name, params, args) WRAP_IF(1, name, params, args)
 #define WRAP_IDX(name, params, args) WRAP_IF(!index_fault[0], name, params, args)
+/* the entries that can fail for want of working memory */
+#define WRAP_RC_IF(cond, name, params, args)         \
+    static int f_##name(mp_kctx *cx, UNPAREN params) \
+    {                                                \
+        if (!(cond)) return 0;                       \
+        open_mem();                                  \
+        int rc = CPU.name(CPU.ctx, UNPAREN args);    \
+        close_mem();                                 \
+        return rc;                                   \
+    }
+#define WRAP_RC(name, params, args) WRAP_RC_IF(1, name, params, args)
+#define WRAP_RC_IDX(name, params, args) WRAP_RC_IF(!index_fault[0], name, params, args)
 
 WRAP(zero, (void *p, size_t n), (p, n))
 WRAP(copy, (void *d, const void *s, size_t n), (d, s, n))
@@ -173,18 +186,18 @@ WRAP(optim_step, (mp_optim_kind k, float *p, const float *g, float *s1, float *s
                   const int64_t *step, const int32_t *skip, void *lowp, mp_dtype ldt),
      (k, p, g, s1, s2, n, a, step, skip, lowp, ldt))
 WRAP(where, (mp_dtype dt, void *o, const uint8_t *c, const void *a, const void *b, int64_t n), (dt, o, c, a, b, n))
-WRAP(softmax, (mp_dtype dt, void *y, const void *x, int64_t ou, int64_t n, int64_t in, int lg), (dt, y, x, ou, n, in, lg))
-WRAP(softmax_grad, (mp_dtype dt, void *gx, const void *gy, const void *y, int64_t ou, int64_t n, int64_t in, int lg),
+WRAP_RC(softmax, (mp_dtype dt, void *y, const void *x, int64_t ou, int64_t n, int64_t in, int lg), (dt, y, x, ou, n, in, lg))
+WRAP_RC(softmax_grad, (mp_dtype dt, void *gx, const void *gy, const void *y, int64_t ou, int64_t n, int64_t in, int lg),
      (dt, gx, gy, y, ou, n, in, lg))
-WRAP_IDX(cross_entropy, (mp_dtype dt, float *l, float *lse, const void *x, const int32_t *t, int64_t r, int64_t c),
+WRAP_RC_IDX(cross_entropy, (mp_dtype dt, float *l, float *lse, const void *x, const int32_t *t, int64_t r, int64_t c),
      (dt, l, lse, x, t, r, c))
-WRAP_IDX(cross_entropy_grad, (mp_dtype dt, void *gx, const void *x, const float *lse, const int32_t *t, const float *s,
+WRAP_RC_IDX(cross_entropy_grad, (mp_dtype dt, void *gx, const void *x, const float *lse, const int32_t *t, const float *s,
                           int64_t r, int64_t c),
      (dt, gx, x, lse, t, s, r, c))
-WRAP(layer_norm, (mp_dtype dt, void *y, float *m, float *rs, const void *x, const void *w, const void *b, int64_t r,
+WRAP_RC(layer_norm, (mp_dtype dt, void *y, float *m, float *rs, const void *x, const void *w, const void *b, int64_t r,
                   int64_t n, float eps),
      (dt, y, m, rs, x, w, b, r, n, eps))
-WRAP(layer_norm_grad, (mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x, const float *m,
+WRAP_RC(layer_norm_grad, (mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x, const float *m,
                        const float *rs, const void *w, int64_t r, int64_t n),
      (dt, gx, gw, gb, gy, x, m, rs, w, r, n))
 WRAP(permute, (mp_dtype dt, void *o, const void *in, int nd, const int64_t *sh, const int *perm), (dt, o, in, nd, sh, perm))
@@ -197,17 +210,34 @@ WRAP(narrow, (mp_dtype dt, void *o, const void *in, int64_t ou, int64_t n, int64
 WRAP(narrow_put, (mp_dtype dt, void *o, const void *in, int64_t ou, int64_t n, int64_t st, int64_t len, int64_t in_),
      (dt, o, in, ou, n, st, len, in_))
 
-static int f_gemm(mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+static int f_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
                   const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc)
 {
     open_mem();
-    int rc = CPU.gemm(dt, ta, tb, batch, m, n, k, alpha, a, sa, b, sb, beta, c, sc);
+    int rc = CPU.gemm(CPU.ctx, dt, ta, tb, batch, m, n, k, alpha, a, sa, b, sb, beta, c, sc);
     close_mem();
     return rc;
 }
 
 /* the flush counts live on the host here; the CPU's entry keeps them */
-static void f_flush_counter(int on, int64_t counts[3]) { CPU.flush_counter(on, counts); }
+static void f_flush_counter(mp_kctx *cx, int on, int64_t counts[3]) { CPU.flush_counter(CPU.ctx, on, counts); }
+
+/* MP_FAKE_CUDA_DECLINE="op:dtype,...": this device declines those ops in those
+ * dtypes (as a backend without a kernel for them would), for the tests of the
+ * engine's error */
+static const char *decline;
+
+static bool f_supports(mp_kctx *cx, const char *op, mp_dtype dt)
+{
+    static const char *names[MP_NDTYPES] = {"f32", "f16", "bf16", "i32", "u8"};
+    if (!decline) return true;
+    char want[64];
+    snprintf(want, sizeof want, "%s:%s", op, (unsigned)dt < MP_NDTYPES ? names[dt] : "?");
+    size_t n = strlen(want);
+    for (const char *p = decline; (p = strstr(p, want)); p += n)
+        if ((p == decline || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return false;
+    return true;
+}
 
 static mp_backend table;
 
@@ -223,8 +253,9 @@ const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     }
     const char *f = getenv("MP_FAKE_CUDA_FAULT");
     fault_at = f ? atol(f) : 0;
+    decline = getenv("MP_FAKE_CUDA_DECLINE");
     table = (mp_backend){
-        .name = "cuda",
+        .name = "cuda", .ctx = CPU.ctx, .supports = f_supports,
         .alloc = f_alloc, .free = f_free, .cached = f_cached, .release_cache = f_release_cache,
         .zero = f_zero, .copy = f_copy, .to_host = f_to_host, .from_host = f_from_host,
         .error = f_error, .synchronize = f_synchronize, .counters = f_counters,

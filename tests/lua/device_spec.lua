@@ -133,3 +133,27 @@ describe("after a device fault", function()
     assert.are.equal("true", after)   -- the device goes on after a reported index error
   end)
 end)
+
+-- A backend may decline an op in a dtype (kernels/backend.h: supports); the
+-- fake device declines what MP_FAKE_CUDA_DECLINE lists. The engine asks before
+-- every op and raises an error naming op, dtype and device; other ops and
+-- dtypes run, and so does the same op on the CPU.
+describe("an op the backend declines", function()
+  it("is an error naming the op, the dtype and the device", function()
+    if not exists(FAKE) then return pending("no fake device built") end
+    local r = on_fake([[
+      local x = mp.randn({ 3, 4 }, { device = "cuda" }):to("f16")
+      local ok, err = pcall(mp.silu, x)
+      assert(not ok, "declined op ran")
+      local y = mp.silu(x:to("f32"))             -- f32: not declined
+      local z = mp.silu(x:to("cpu"))             -- the CPU runs it in f16
+      local w = mp.softmax(x, 2)                 -- another op in f16: runs
+      return err .. "|" .. y.dtype .. "|" .. z.dtype .. "|" .. w.device
+    ]], { MP_FAKE_CUDA_DECLINE = "softmax:bf16,silu:f16" })
+    assert.are.equal(0, r.rc, r.out .. r.err)
+    local err, y, z, w = r.out:match("^OK:(.*)|(.*)|(.*)|(.*)$")
+    assert.truthy(err, r.out)
+    assert.truthy(err:find("mp.silu: silu is not available for f16 tensors on cuda", 1, true), err)
+    assert.are.same({ "f32", "f16", "cuda" }, { y, z, w })
+  end)
+end)

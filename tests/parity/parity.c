@@ -49,10 +49,10 @@ typedef struct { unsigned char *base; size_t n; } dbuf;
 static void *dalloc(dbuf *b, size_t n)
 {
     b->n = n;
-    b->base = DUT->alloc(n + 2 * PAD);
+    b->base = DUT->alloc(DUT->ctx, n + 2 * PAD);
     unsigned char *pat = malloc(n + 2 * PAD);
     memset(pat, SENTINEL, n + 2 * PAD);
-    DUT->from_host(b->base, pat, n + 2 * PAD);
+    DUT->from_host(DUT->ctx, b->base, pat, n + 2 * PAD);
     free(pat);
     return b->base + PAD;
 }
@@ -61,11 +61,11 @@ static void *dalloc(dbuf *b, size_t n)
 static int dcheck_free(dbuf *b)
 {
     unsigned char *h = malloc(b->n + 2 * PAD);
-    DUT->to_host(h, b->base, b->n + 2 * PAD);
+    DUT->to_host(DUT->ctx, h, b->base, b->n + 2 * PAD);
     int bad = 0;
     for (size_t i = 0; i < PAD; i++) bad |= h[i] != SENTINEL || h[PAD + b->n + i] != SENTINEL;
     free(h);
-    DUT->free(b->base, b->n + 2 * PAD);
+    DUT->free(DUT->ctx, b->base, b->n + 2 * PAD);
     return bad;
 }
 
@@ -121,7 +121,7 @@ static int begin(pcase *c, const char *fmt, const char *a, const char *b)
 /* the backend's error since it was last asked, copied (NULL: none) */
 static const char *device_error(char *buf, size_t cap)
 {
-    const char *e = DUT->error ? DUT->error() : NULL;
+    const char *e = DUT->error ? DUT->error(DUT->ctx) : NULL;
     if (!e) return NULL;
     snprintf(buf, cap, "%s", e);
     return buf;
@@ -131,16 +131,16 @@ static const char *device_error(char *buf, size_t cap)
 static bool device_alive(void)
 {
     char buf[320];
-    if (DUT->synchronize) DUT->synchronize();
+    if (DUT->synchronize) DUT->synchronize(DUT->ctx);
     if (device_error(buf, sizeof buf)) return false;
     unsigned char in[64], out[64];
     for (int i = 0; i < 64; i++) in[i] = (unsigned char)(i * 7 + 1);
     memset(out, 0, sizeof out);
-    void *d = DUT->alloc(sizeof in);
+    void *d = DUT->alloc(DUT->ctx, sizeof in);
     if (!d) return false;
-    DUT->from_host(d, in, sizeof in);
-    DUT->to_host(out, d, sizeof out);
-    DUT->free(d, sizeof in);
+    DUT->from_host(DUT->ctx, d, in, sizeof in);
+    DUT->to_host(DUT->ctx, out, d, sizeof out);
+    DUT->free(DUT->ctx, d, sizeof in);
     return !device_error(buf, sizeof buf) && memcmp(in, out, sizeof in) == 0;
 }
 
@@ -156,7 +156,7 @@ static int buf(pcase *c, mp_dtype dt, int64_t n, int out, double lo, double hi)
     memcpy(c->ref[k], c->host[k], c->size[k]);
     if (DUT) {
         c->dev[k] = dalloc(&c->db[k], c->size[k]);
-        DUT->from_host(c->dev[k], c->host[k], c->size[k]);
+        DUT->from_host(DUT->ctx, c->dev[k], c->host[k], c->size[k]);
     }
     return k;
 }
@@ -187,7 +187,7 @@ static void finish(pcase *c)
         if (!c->is_out[k]) continue;
         size_t n = c->size[k] / mp_dtype_size(c->dt[k]);
         void *got = malloc(c->size[k]);
-        DUT->to_host(got, c->dev[k], c->size[k]);
+        DUT->to_host(DUT->ctx, got, c->dev[k], c->size[k]);
         double num = 0, den = 0;
         for (size_t i = 0; i < n && !why; i++) {
             double a = as_f64(c->dt[k], c->ref[k], i), b = as_f64(c->dt[k], got, i);
@@ -246,8 +246,8 @@ static void cases_elementwise(void)
             if (!begin(&c, "binary %s %s {37,1,5}x{1,4,5}", bn[op], dn)) continue;
             mp_bcast bc = {.ndim = 3, .shape = {37, 4, 5}, .sa = {5, 0, 1}, .sb = {0, 5, 1}};
             int a = buf(&c, dt, 37 * 5, 0, -2, 2), b = buf(&c, dt, 4 * 5, 0, 0.5, 2), o = buf(&c, dt, 37 * 4 * 5, 1, 0, 0);
-            REF->binary(op, dt, c.ref[o], c.ref[a], c.ref[b], &bc);
-            DUT->binary(op, dt, c.dev[o], c.dev[a], c.dev[b], &bc);
+            REF->binary(REF->ctx, op, dt, c.ref[o], c.ref[a], c.ref[b], &bc);
+            DUT->binary(DUT->ctx, op, dt, c.dev[o], c.dev[a], c.dev[b], &bc);
             c.bound = bound_for(dt, 1e-12, 1e-6);
             finish(&c);
         }
@@ -256,18 +256,18 @@ static void cases_elementwise(void)
             double lo = op == MP_LOG || op == MP_SQRT || op == MP_RDIVS || op == MP_POW ? 0.1 : -3;
             int a = buf(&c, dt, 1003, 0, lo, op == MP_DROPMASK ? 1 : 3), o = buf(&c, dt, 1003, 1, 0, 0);
             double p = op == MP_POW ? 1.5 : op == MP_DROPMASK ? 0.3 : op == MP_GELU ? 0 : 0.75;
-            REF->unary(op, dt, c.ref[o], c.ref[a], 1003, p);
-            DUT->unary(op, dt, c.dev[o], c.dev[a], 1003, p);
+            REF->unary(REF->ctx, op, dt, c.ref[o], c.ref[a], 1003, p);
+            DUT->unary(DUT->ctx, op, dt, c.dev[o], c.dev[a], 1003, p);
             c.bound = bound_for(dt, 1e-10, 1e-5);
             finish(&c);
             if (op == MP_DROPMASK) continue;
             if (!begin(&c, "unary_grad %s %s n=1003", un[op], dn)) continue;
             int x = buf(&c, dt, 1003, 0, lo, 3), g = buf(&c, dt, 1003, 0, -1, 1), y = buf(&c, dt, 1003, 0, lo, 3);
             int r = buf(&c, dt, 1003, 1, 0, 0);
-            REF->unary(op, dt, c.ref[y], c.ref[x], 1003, p);      /* y = f(x) on both sides */
-            DUT->from_host(c.dev[y], c.ref[y], c.size[y]);
-            REF->unary_grad(op, dt, c.ref[r], c.ref[g], c.ref[x], c.ref[y], 1003, p);
-            DUT->unary_grad(op, dt, c.dev[r], c.dev[g], c.dev[x], c.dev[y], 1003, p);
+            REF->unary(REF->ctx, op, dt, c.ref[y], c.ref[x], 1003, p);      /* y = f(x) on both sides */
+            DUT->from_host(DUT->ctx, c.dev[y], c.ref[y], c.size[y]);
+            REF->unary_grad(REF->ctx, op, dt, c.ref[r], c.ref[g], c.ref[x], c.ref[y], 1003, p);
+            DUT->unary_grad(DUT->ctx, op, dt, c.dev[r], c.dev[g], c.dev[x], c.dev[y], 1003, p);
             c.bound = bound_for(dt, 1e-10, 1e-5);
             finish(&c);
         }
@@ -295,19 +295,19 @@ static void cases_vector_paths(void)
                 mp_binop op = scalar ? MP_MUL : MP_ADD;
                 mp_bcast bc = {.ndim = 1, .shape = {n}, .sa = {1}, .sb = {scalar ? 0 : 1}};
                 int a = buf(&c, dt, n + 1, 0, -2, 2), b = buf(&c, dt, n + 1, 0, 0.5, 2), o = buf(&c, dt, n + 1, 1, 0, 0);
-                REF->binary(op, dt, at(c.ref[o], dt, off), at(c.ref[a], dt, off), at(c.ref[b], dt, off), &bc);
-                DUT->binary(op, dt, at(c.dev[o], dt, off), at(c.dev[a], dt, off), at(c.dev[b], dt, off), &bc);
+                REF->binary(REF->ctx, op, dt, at(c.ref[o], dt, off), at(c.ref[a], dt, off), at(c.ref[b], dt, off), &bc);
+                DUT->binary(DUT->ctx, op, dt, at(c.dev[o], dt, off), at(c.dev[a], dt, off), at(c.dev[b], dt, off), &bc);
                 c.bound = bound_for(dt, 1e-12, 1e-6);
                 finish(&c);
             }
             if (begin(&c, "unary gelu and its grad %s n=1003%s", dn, where)) {
                 int x = buf(&c, dt, n + 1, 0, -3, 3), y = buf(&c, dt, n + 1, 1, 0, 0);
                 int g = buf(&c, dt, n + 1, 0, -1, 1), r = buf(&c, dt, n + 1, 1, 0, 0);
-                REF->unary(MP_GELU, dt, at(c.ref[y], dt, off), at(c.ref[x], dt, off), n, 0);
-                DUT->unary(MP_GELU, dt, at(c.dev[y], dt, off), at(c.dev[x], dt, off), n, 0);
-                REF->unary_grad(MP_GELU, dt, at(c.ref[r], dt, off), at(c.ref[g], dt, off), at(c.ref[x], dt, off),
+                REF->unary(REF->ctx, MP_GELU, dt, at(c.ref[y], dt, off), at(c.ref[x], dt, off), n, 0);
+                DUT->unary(DUT->ctx, MP_GELU, dt, at(c.dev[y], dt, off), at(c.dev[x], dt, off), n, 0);
+                REF->unary_grad(REF->ctx, MP_GELU, dt, at(c.ref[r], dt, off), at(c.ref[g], dt, off), at(c.ref[x], dt, off),
                                 at(c.ref[y], dt, off), n, 0);
-                DUT->unary_grad(MP_GELU, dt, at(c.dev[r], dt, off), at(c.dev[g], dt, off), at(c.dev[x], dt, off),
+                DUT->unary_grad(DUT->ctx, MP_GELU, dt, at(c.dev[r], dt, off), at(c.dev[g], dt, off), at(c.dev[x], dt, off),
                                 at(c.dev[y], dt, off), n, 0);
                 c.bound = bound_for(dt, 1e-10, 1e-5);
                 finish(&c);
@@ -315,8 +315,8 @@ static void cases_vector_paths(void)
             if (begin(&c, "where %s n=1003%s", dn, where)) {
                 int k = buf(&c, MP_U8, n + 1, 0, 0, 2), a = buf(&c, dt, n + 1, 0, -2, 2), b = buf(&c, dt, n + 1, 0, -2, 2);
                 int o = buf(&c, dt, n + 1, 1, 0, 0);
-                REF->where(dt, at(c.ref[o], dt, off), at(c.ref[k], MP_U8, off), at(c.ref[a], dt, off), at(c.ref[b], dt, off), n);
-                DUT->where(dt, at(c.dev[o], dt, off), at(c.dev[k], MP_U8, off), at(c.dev[a], dt, off), at(c.dev[b], dt, off), n);
+                REF->where(REF->ctx, dt, at(c.ref[o], dt, off), at(c.ref[k], MP_U8, off), at(c.ref[a], dt, off), at(c.ref[b], dt, off), n);
+                DUT->where(DUT->ctx, dt, at(c.dev[o], dt, off), at(c.dev[k], MP_U8, off), at(c.dev[a], dt, off), at(c.dev[b], dt, off), n);
                 c.bound = 0;
                 finish(&c);
             }
@@ -324,10 +324,10 @@ static void cases_vector_paths(void)
                 int x = buf(&c, dt, 9 * 16 + 1, 0, -5, 5), t = buf(&c, MP_I32, 9, 0, 0, 16);
                 int loss = buf(&c, MP_F32, 9, 1, 0, 0), lse = buf(&c, MP_F32, 9, 1, 0, 0);
                 int sc = buf(&c, MP_F32, 9, 0, 0.1, 1), gx = buf(&c, dt, 9 * 16 + 1, 1, 0, 0);
-                REF->cross_entropy(dt, c.ref[loss], c.ref[lse], at(c.ref[x], dt, off), c.ref[t], 9, 16);
-                DUT->cross_entropy(dt, c.dev[loss], c.dev[lse], at(c.dev[x], dt, off), c.dev[t], 9, 16);
-                REF->cross_entropy_grad(dt, at(c.ref[gx], dt, off), at(c.ref[x], dt, off), c.ref[lse], c.ref[t], c.ref[sc], 9, 16);
-                DUT->cross_entropy_grad(dt, at(c.dev[gx], dt, off), at(c.dev[x], dt, off), c.dev[lse], c.dev[t], c.dev[sc], 9, 16);
+                REF->cross_entropy(REF->ctx, dt, c.ref[loss], c.ref[lse], at(c.ref[x], dt, off), c.ref[t], 9, 16);
+                DUT->cross_entropy(DUT->ctx, dt, c.dev[loss], c.dev[lse], at(c.dev[x], dt, off), c.dev[t], 9, 16);
+                REF->cross_entropy_grad(REF->ctx, dt, at(c.ref[gx], dt, off), at(c.ref[x], dt, off), c.ref[lse], c.ref[t], c.ref[sc], 9, 16);
+                DUT->cross_entropy_grad(DUT->ctx, dt, at(c.dev[gx], dt, off), at(c.dev[x], dt, off), c.dev[lse], c.dev[t], c.dev[sc], 9, 16);
                 c.bound = bound_for(dt, 1e-10, 1e-5);
                 finish(&c);
             }
@@ -336,8 +336,8 @@ static void cases_vector_paths(void)
             mp_dtype dt = ALL[i];
             if (begin(&c, "fill %s n=1003 with 2.5%s", mp_dtype_name(dt), where)) {
                 int o = buf(&c, dt, n + 1, 1, 0, 0);
-                REF->fill(at(c.ref[o], dt, off), dt, n, 2.5);
-                DUT->fill(at(c.dev[o], dt, off), dt, n, 2.5);
+                REF->fill(REF->ctx, at(c.ref[o], dt, off), dt, n, 2.5);
+                DUT->fill(DUT->ctx, at(c.dev[o], dt, off), dt, n, 2.5);
                 c.bound = 0;
                 finish(&c);
             }
@@ -348,8 +348,8 @@ static void cases_vector_paths(void)
                 if (!begin(&c, "cast %s n=1003%s", name, where)) continue;
                 /* integers and u8 saturate, so the range crosses both ends of u8 */
                 int a = buf(&c, sd, n + 1, 0, -300, 300), o = buf(&c, dd, n + 1, 1, 0, 0);
-                REF->cast(at(c.ref[o], dd, off), dd, at(c.ref[a], sd, off), sd, n);
-                DUT->cast(at(c.dev[o], dd, off), dd, at(c.dev[a], sd, off), sd, n);
+                REF->cast(REF->ctx, at(c.ref[o], dd, off), dd, at(c.ref[a], sd, off), sd, n);
+                DUT->cast(DUT->ctx, at(c.dev[o], dd, off), dd, at(c.dev[a], sd, off), sd, n);
                 c.bound = 0;   /* one rounding of the same value: exact */
                 finish(&c);
             }
@@ -371,8 +371,8 @@ static void cases_reduce_and_layout(void)
                 if (!begin(&c, "reduce %s %s {3,300,inner}", what, dn)) continue;
                 int a = buf(&c, dt, 3 * 300 * inner, 0, -1, 1);
                 int o = buf(&c, op == MP_ARGMAX ? MP_I32 : dt, 3 * inner, 1, 0, 0);
-                REF->reduce(op, dt, c.ref[o], c.ref[a], 3, 300, inner);
-                DUT->reduce(op, dt, c.dev[o], c.dev[a], 3, 300, inner);
+                REF->reduce(REF->ctx, op, dt, c.ref[o], c.ref[a], 3, 300, inner);
+                DUT->reduce(DUT->ctx, op, dt, c.dev[o], c.dev[a], 3, 300, inner);
                 c.bound = op == MP_SUM || op == MP_MEAN ? bound_for(dt, 1e-10, 1e-5) : 0;
                 finish(&c);
             }
@@ -380,17 +380,17 @@ static void cases_reduce_and_layout(void)
             int64_t shape[3] = {4, 5, 6};
             int perm[3] = {2, 0, 1};
             int a = buf(&c, dt, 120, 0, -1, 1), o = buf(&c, dt, 120, 1, 0, 0);
-            REF->permute(dt, c.ref[o], c.ref[a], 3, shape, perm);
-            DUT->permute(dt, c.dev[o], c.dev[a], 3, shape, perm);
+            REF->permute(REF->ctx, dt, c.ref[o], c.ref[a], 3, shape, perm);
+            DUT->permute(DUT->ctx, dt, c.dev[o], c.dev[a], 3, shape, perm);
             finish(&c);
         }
         if (begin(&c, "narrow and narrow_put %s %s", dn, "")) {
             int a = buf(&c, dt, 3 * 10 * 4, 0, -1, 1), o = buf(&c, dt, 3 * 4 * 4, 1, 0, 0);
             int back = buf(&c, dt, 3 * 10 * 4, 1, 0, 0);
-            REF->narrow(dt, c.ref[o], c.ref[a], 3, 10, 2, 4, 4);
-            DUT->narrow(dt, c.dev[o], c.dev[a], 3, 10, 2, 4, 4);
-            REF->narrow_put(dt, c.ref[back], c.ref[o], 3, 10, 2, 4, 4);
-            DUT->narrow_put(dt, c.dev[back], c.dev[o], 3, 10, 2, 4, 4);
+            REF->narrow(REF->ctx, dt, c.ref[o], c.ref[a], 3, 10, 2, 4, 4);
+            DUT->narrow(DUT->ctx, dt, c.dev[o], c.dev[a], 3, 10, 2, 4, 4);
+            REF->narrow_put(REF->ctx, dt, c.ref[back], c.ref[o], 3, 10, 2, 4, 4);
+            DUT->narrow_put(DUT->ctx, dt, c.dev[back], c.dev[o], 3, 10, 2, 4, 4);
             finish(&c);
         }
         if (begin(&c, "gather and scatter_add %s %s", dn, "")) {
@@ -398,11 +398,11 @@ static void cases_reduce_and_layout(void)
             int idx = buf(&c, MP_I32, 5, 0, 0, 9), o = buf(&c, dt, 2 * 5 * 3, 1, 0, 0);
             int acc = buf(&c, dt, 2 * 9 * 3, 1, 0, 0);
             ((int32_t *)c.ref[idx])[1] = ((int32_t *)c.ref[idx])[3];   /* a repeated index */
-            DUT->from_host(c.dev[idx], c.ref[idx], c.size[idx]);
-            REF->gather(dt, c.ref[o], c.ref[a], c.ref[idx], 5, 2, 9, 3);
-            DUT->gather(dt, c.dev[o], c.dev[a], c.dev[idx], 5, 2, 9, 3);
-            REF->scatter_add(dt, c.ref[acc], c.ref[o], c.ref[idx], 5, 2, 9, 3);
-            DUT->scatter_add(dt, c.dev[acc], c.dev[o], c.dev[idx], 5, 2, 9, 3);
+            DUT->from_host(DUT->ctx, c.dev[idx], c.ref[idx], c.size[idx]);
+            REF->gather(REF->ctx, dt, c.ref[o], c.ref[a], c.ref[idx], 5, 2, 9, 3);
+            DUT->gather(DUT->ctx, dt, c.dev[o], c.dev[a], c.dev[idx], 5, 2, 9, 3);
+            REF->scatter_add(REF->ctx, dt, c.ref[acc], c.ref[o], c.ref[idx], 5, 2, 9, 3);
+            DUT->scatter_add(DUT->ctx, dt, c.dev[acc], c.dev[o], c.dev[idx], 5, 2, 9, 3);
             c.bound = bound_for(dt, 1e-12, 1e-6);
             finish(&c);
         }
@@ -423,8 +423,8 @@ static void cases_gemm(void)
             int a = buf(&c, dt, 3 * m * k, 0, -1, 1), b = buf(&c, dt, 3 * k * n, 0, -1, 1);
             int o = buf(&c, dt, 3 * m * n, 0, -1, 1);
             c.is_out[o] = 1;
-            REF->gemm(dt, ta, tb, 3, m, n, k, 1.0f, c.ref[a], m * k, c.ref[b], k * n, 0.5f, c.ref[o], m * n);
-            DUT->gemm(dt, ta, tb, 3, m, n, k, 1.0f, c.dev[a], m * k, c.dev[b], k * n, 0.5f, c.dev[o], m * n);
+            REF->gemm(REF->ctx, dt, ta, tb, 3, m, n, k, 1.0f, c.ref[a], m * k, c.ref[b], k * n, 0.5f, c.ref[o], m * n);
+            DUT->gemm(DUT->ctx, dt, ta, tb, 3, m, n, k, 1.0f, c.dev[a], m * k, c.dev[b], k * n, 0.5f, c.dev[o], m * n);
             c.bound = bound_for(dt, 1e-10, 1e-5);
             finish(&c);
         }
@@ -441,10 +441,10 @@ static void cases_nn(void)
             if (!begin(&c, "%s and its grad %s {4,50,3} dim 2", lg ? "log_softmax" : "softmax", dn)) continue;
             int x = buf(&c, dt, 600, 0, -4, 4), y = buf(&c, dt, 600, 1, 0, 0);
             int g = buf(&c, dt, 600, 0, -1, 1), gx = buf(&c, dt, 600, 1, 0, 0);
-            REF->softmax(dt, c.ref[y], c.ref[x], 4, 50, 3, lg);
-            DUT->softmax(dt, c.dev[y], c.dev[x], 4, 50, 3, lg);
-            REF->softmax_grad(dt, c.ref[gx], c.ref[g], c.ref[y], 4, 50, 3, lg);
-            DUT->softmax_grad(dt, c.dev[gx], c.dev[g], c.dev[y], 4, 50, 3, lg);
+            REF->softmax(REF->ctx, dt, c.ref[y], c.ref[x], 4, 50, 3, lg);
+            DUT->softmax(DUT->ctx, dt, c.dev[y], c.dev[x], 4, 50, 3, lg);
+            REF->softmax_grad(REF->ctx, dt, c.ref[gx], c.ref[g], c.ref[y], 4, 50, 3, lg);
+            DUT->softmax_grad(DUT->ctx, dt, c.dev[gx], c.dev[g], c.dev[y], 4, 50, 3, lg);
             c.bound = bound_for(dt, 1e-10, 1e-5);
             finish(&c);
         }
@@ -452,10 +452,10 @@ static void cases_nn(void)
             int x = buf(&c, dt, 37 * 11, 0, -5, 5), t = buf(&c, MP_I32, 37, 0, 0, 11);
             int loss = buf(&c, MP_F32, 37, 1, 0, 0), lse = buf(&c, MP_F32, 37, 1, 0, 0);
             int sc = buf(&c, MP_F32, 37, 0, 0.1, 1), gx = buf(&c, dt, 37 * 11, 1, 0, 0);
-            REF->cross_entropy(dt, c.ref[loss], c.ref[lse], c.ref[x], c.ref[t], 37, 11);
-            DUT->cross_entropy(dt, c.dev[loss], c.dev[lse], c.dev[x], c.dev[t], 37, 11);
-            REF->cross_entropy_grad(dt, c.ref[gx], c.ref[x], c.ref[lse], c.ref[t], c.ref[sc], 37, 11);
-            DUT->cross_entropy_grad(dt, c.dev[gx], c.dev[x], c.dev[lse], c.dev[t], c.dev[sc], 37, 11);
+            REF->cross_entropy(REF->ctx, dt, c.ref[loss], c.ref[lse], c.ref[x], c.ref[t], 37, 11);
+            DUT->cross_entropy(DUT->ctx, dt, c.dev[loss], c.dev[lse], c.dev[x], c.dev[t], 37, 11);
+            REF->cross_entropy_grad(REF->ctx, dt, c.ref[gx], c.ref[x], c.ref[lse], c.ref[t], c.ref[sc], 37, 11);
+            DUT->cross_entropy_grad(DUT->ctx, dt, c.dev[gx], c.dev[x], c.dev[lse], c.dev[t], c.dev[sc], 37, 11);
             c.bound = bound_for(dt, 1e-10, 1e-5);
             finish(&c);
         }
@@ -464,11 +464,11 @@ static void cases_nn(void)
             int y = buf(&c, dt, 19 * 64, 1, 0, 0), mean = buf(&c, MP_F32, 19, 1, 0, 0), rstd = buf(&c, MP_F32, 19, 1, 0, 0);
             int g = buf(&c, dt, 19 * 64, 0, -1, 1), gx = buf(&c, dt, 19 * 64, 1, 0, 0);
             int gw = buf(&c, MP_F32, 64, 1, 0, 0), gb = buf(&c, MP_F32, 64, 1, 0, 0);
-            REF->layer_norm(dt, c.ref[y], c.ref[mean], c.ref[rstd], c.ref[x], c.ref[w], c.ref[b], 19, 64, 1e-5f);
-            DUT->layer_norm(dt, c.dev[y], c.dev[mean], c.dev[rstd], c.dev[x], c.dev[w], c.dev[b], 19, 64, 1e-5f);
-            REF->layer_norm_grad(dt, c.ref[gx], c.ref[gw], c.ref[gb], c.ref[g], c.ref[x], c.ref[mean], c.ref[rstd],
+            REF->layer_norm(REF->ctx, dt, c.ref[y], c.ref[mean], c.ref[rstd], c.ref[x], c.ref[w], c.ref[b], 19, 64, 1e-5f);
+            DUT->layer_norm(DUT->ctx, dt, c.dev[y], c.dev[mean], c.dev[rstd], c.dev[x], c.dev[w], c.dev[b], 19, 64, 1e-5f);
+            REF->layer_norm_grad(REF->ctx, dt, c.ref[gx], c.ref[gw], c.ref[gb], c.ref[g], c.ref[x], c.ref[mean], c.ref[rstd],
                                  c.ref[w], 19, 64);
-            DUT->layer_norm_grad(dt, c.dev[gx], c.dev[gw], c.dev[gb], c.dev[g], c.dev[x], c.dev[mean], c.dev[rstd],
+            DUT->layer_norm_grad(DUT->ctx, dt, c.dev[gx], c.dev[gw], c.dev[gb], c.dev[g], c.dev[x], c.dev[mean], c.dev[rstd],
                                  c.dev[w], 19, 64);
             c.bound = bound_for(dt, 1e-10, 1e-5);
             finish(&c);
@@ -481,7 +481,7 @@ static int struct_buf(pcase *c, const void *init, size_t bytes)
 {
     int k = buf(c, MP_U8, (int64_t)bytes, 1, 0, 0);
     memcpy(c->ref[k], init, bytes);
-    DUT->from_host(c->dev[k], init, bytes);
+    DUT->from_host(DUT->ctx, c->dev[k], init, bytes);
     return k;
 }
 
@@ -508,10 +508,10 @@ static void cases_optim_and_scaler(void)
                            .beta2_d = 0.999};
         for (int t = 0; t < 4; t++) {
             const int32_t *sr = t == 3 ? c.ref[skip] : NULL, *sd = t == 3 ? c.dev[skip] : NULL;
-            REF->optim_count(c.ref[step], sr);
-            DUT->optim_count(c.dev[step], sd);
-            REF->optim_step(kind, c.ref[p], c.ref[g], c.ref[s1], c.ref[s2], n, &a, c.ref[step], sr, c.ref[lp], lpt);
-            DUT->optim_step(kind, c.dev[p], c.dev[g], c.dev[s1], c.dev[s2], n, &a, c.dev[step], sd, c.dev[lp], lpt);
+            REF->optim_count(REF->ctx, c.ref[step], sr);
+            DUT->optim_count(DUT->ctx, c.dev[step], sd);
+            REF->optim_step(REF->ctx, kind, c.ref[p], c.ref[g], c.ref[s1], c.ref[s2], n, &a, c.ref[step], sr, c.ref[lp], lpt);
+            DUT->optim_step(DUT->ctx, kind, c.dev[p], c.dev[g], c.dev[s1], c.dev[s2], n, &a, c.dev[step], sd, c.dev[lp], lpt);
         }
         c.bound = 1e-12;
         finish(&c);
@@ -520,13 +520,13 @@ static void cases_optim_and_scaler(void)
     if (begin(&c, "unscale n=5003, into slot 1%s%s", "", "")) {
         int n = 5003, g = buf(&c, MP_F32, n, 0, -70000, 70000);
         ((float *)c.ref[g])[17] = INFINITY, ((float *)c.ref[g])[99] = NAN, ((float *)c.ref[g])[5] = 1e-9f;
-        DUT->from_host(c.dev[g], c.ref[g], c.size[g]);
+        DUT->from_host(DUT->ctx, c.dev[g], c.ref[g], c.size[g]);
         c.is_out[g] = 0;   /* the NaN planted in the gradients is compared by the statistics instead */
         memset(&st0, 0, sizeof st0);
         st0.scale = 1024;
         int st = struct_buf(&c, &st0, sizeof st0);
-        REF->unscale(c.ref[g], n, c.ref[st], 1, NULL, NULL, 0);
-        DUT->unscale(c.dev[g], n, c.dev[st], 1, NULL, NULL, 0);
+        REF->unscale(REF->ctx, c.ref[g], n, c.ref[st], 1, NULL, NULL, 0);
+        DUT->unscale(DUT->ctx, c.dev[g], n, c.dev[st], 1, NULL, NULL, 0);
         c.bound = 0;   /* counts and amax: exact */
         finish(&c);
     }
@@ -543,7 +543,7 @@ static void cases_optim_and_scaler(void)
         float *h = c.ref[g];
         h[17] = INFINITY, h[99] = NAN, h[5] = 1e-9f, h[0] = 0.0f, h[4200] = -1e-30f, h[30000] = 3e5f;
         for (int64_t i = 40000; i < 40100; i++) h[i] = 0.0f;   /* a run of zeros */
-        DUT->from_host(c.dev[g], c.ref[g], c.size[g]);
+        DUT->from_host(DUT->ctx, c.dev[g], c.ref[g], c.size[g]);
         c.is_out[g] = 0;
         memset(&st0, 0, sizeof st0);
         st0.scale = 1024;
@@ -551,8 +551,8 @@ static void cases_optim_and_scaler(void)
         int st = struct_buf(&c, &st0, sizeof st0), tl = struct_buf(&c, z, sizeof z);
         int sg = struct_buf(&c, seg, sizeof seg);
         c.is_out[sg] = 0;
-        REF->unscale(c.ref[g], n, c.ref[st], 1, c.ref[tl], c.ref[sg], NSEG);
-        DUT->unscale(c.dev[g], n, c.dev[st], 1, c.dev[tl], c.dev[sg], NSEG);
+        REF->unscale(REF->ctx, c.ref[g], n, c.ref[st], 1, c.ref[tl], c.ref[sg], NSEG);
+        DUT->unscale(DUT->ctx, c.dev[g], n, c.dev[st], 1, c.dev[tl], c.dev[sg], NSEG);
         c.bound = 0;
         finish(&c);
     }
@@ -577,17 +577,17 @@ static void cases_optim_and_scaler(void)
         for (int t = 0; t < 16; t++) {
             float bad = overflow[t] ? INFINITY : 3.0f * (float)(t + 1);
             ((float *)c.ref[g])[100] = bad;
-            DUT->from_host((float *)c.dev[g] + 100, &bad, sizeof bad);
-            REF->scale_rule(MP_SCALE_BEGIN, c.ref[st], pol, 0, 0);
-            DUT->scale_rule(MP_SCALE_BEGIN, c.dev[st], pol, 0, 0);
-            REF->scale_loss(MP_F32, c.ref[out], c.ref[loss], 1, c.ref[st], 1);
-            DUT->scale_loss(MP_F32, c.dev[out], c.dev[loss], 1, c.dev[st], 1);
-            REF->unscale(c.ref[g], 257, c.ref[st], 0, NULL, NULL, 0);
-            DUT->unscale(c.dev[g], 257, c.dev[st], 0, NULL, NULL, 0);
-            REF->scale_rule(MP_SCALE_DECIDE, c.ref[st], pol, 0, 0);
-            DUT->scale_rule(MP_SCALE_DECIDE, c.dev[st], pol, 0, 0);
-            REF->scale_rule(MP_SCALE_UPDATE, c.ref[st], pol, 0, 0);
-            DUT->scale_rule(MP_SCALE_UPDATE, c.dev[st], pol, 0, 0);
+            DUT->from_host(DUT->ctx, (float *)c.dev[g] + 100, &bad, sizeof bad);
+            REF->scale_rule(REF->ctx, MP_SCALE_BEGIN, c.ref[st], pol, 0, 0);
+            DUT->scale_rule(DUT->ctx, MP_SCALE_BEGIN, c.dev[st], pol, 0, 0);
+            REF->scale_loss(REF->ctx, MP_F32, c.ref[out], c.ref[loss], 1, c.ref[st], 1);
+            DUT->scale_loss(DUT->ctx, MP_F32, c.dev[out], c.dev[loss], 1, c.dev[st], 1);
+            REF->unscale(REF->ctx, c.ref[g], 257, c.ref[st], 0, NULL, NULL, 0);
+            DUT->unscale(DUT->ctx, c.dev[g], 257, c.dev[st], 0, NULL, NULL, 0);
+            REF->scale_rule(REF->ctx, MP_SCALE_DECIDE, c.ref[st], pol, 0, 0);
+            DUT->scale_rule(DUT->ctx, MP_SCALE_DECIDE, c.dev[st], pol, 0, 0);
+            REF->scale_rule(REF->ctx, MP_SCALE_UPDATE, c.ref[st], pol, 0, 0);
+            DUT->scale_rule(DUT->ctx, MP_SCALE_UPDATE, c.dev[st], pol, 0, 0);
         }
         c.is_out[g] = 0;   /* holds the planted inf; what matters is the state */
         c.bound = 0;
@@ -599,22 +599,22 @@ static void cases_optim_and_scaler(void)
 
 static mp_backend faulty;
 
-static void bad_binary(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc)
+static void bad_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc)
 {
-    mp_cpu_backend.binary(op, dt, out, a, b, bc);
+    mp_cpu_backend.binary(mp_cpu_backend.ctx, op, dt, out, a, b, bc);
     if (op == MP_MUL && dt == MP_F32) ((float *)out)[7] *= 1.01f;   /* one element 1% off */
 }
 
-static void bad_unary(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
+static void bad_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
 {
-    mp_cpu_backend.unary(op, dt, out, a, n, p);
+    mp_cpu_backend.unary(mp_cpu_backend.ctx, op, dt, out, a, n, p);
     if (op == MP_EXP && dt == MP_F16) ((uint16_t *)out)[3] = 0x7e00;   /* a NaN */
 }
 
-static void bad_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
+static void bad_narrow(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
                        int64_t len, int64_t inner)
 {
-    mp_cpu_backend.narrow(dt, out, in, outer, n, start, len, inner);
+    mp_cpu_backend.narrow(mp_cpu_backend.ctx, dt, out, in, outer, n, start, len, inner);
     if (dt == MP_BF16) ((unsigned char *)out)[outer * len * inner * 2] = 0;   /* one byte past the end */
 }
 
@@ -623,7 +623,7 @@ static void bad_narrow(mp_dtype dt, void *out, const void *in, int64_t outer, in
 static const char *planted_error;
 static bool planted_dead;
 
-static const char *bad_error(void)
+static const char *bad_error(mp_kctx *cx)
 {
     if (planted_dead) return "planted persistent fault";
     const char *e = planted_error;
@@ -631,21 +631,21 @@ static const char *bad_error(void)
     return e;
 }
 
-static void bad_synchronize(void) {}
+static void bad_synchronize(mp_kctx *cx) {}
 
-static void bad_permute(mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm)
+static void bad_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm)
 {
-    mp_cpu_backend.permute(dt, out, in, ndim, shape, perm);
+    mp_cpu_backend.permute(mp_cpu_backend.ctx, dt, out, in, ndim, shape, perm);
     if (dt == MP_F16) planted_error = "planted transient fault";
 }
 
-static void bad_scale_rule(mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value)
+static void bad_scale_rule(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value)
 {
-    mp_cpu_backend.scale_rule(op, st, p, arg, value);
+    mp_cpu_backend.scale_rule(mp_cpu_backend.ctx, op, st, p, arg, value);
     if (p->kind == MP_POLICY_HYSTERESIS) planted_dead = true;
 }
 
-static void bad_to_host(void *dst, const void *src, size_t nbytes)
+static void bad_to_host(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
 {
     if (planted_dead) memset(dst, 0xA5, nbytes);   /* a lost device delivers nothing */
     else memcpy(dst, src, nbytes);
