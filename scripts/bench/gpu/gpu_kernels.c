@@ -9,11 +9,11 @@
  *
  * Variants, each over N f32 values in device memory:
  *   copy       be->copy of 4N bytes: 8N bytes moved (read + written)
- *   unscale    be->unscale(g, N, st, 0, NULL, NULL, 0): g *= 1/scale with the inf/NaN
+ *   unscale    be->unscale(be->ctx, g, N, st, 0, NULL, NULL, 0): g *= 1/scale with the inf/NaN
  *              count and amax into st->slot[0]; 8N bytes (g read and written)
  *   unscale_tel the same with telemetry over an arena of 256 parameters (zeros, f16
  *              under/overflow, histogram, per parameter and in the slot); 8N bytes
- *   adamw      be->optim_count(step, NULL) + be->optim_step(MP_ADAMW, p, g, m, v, N, ...):
+ *   adamw      be->optim_count(be->ctx, step, NULL) + be->optim_step(be->ctx, MP_ADAMW, p, g, m, v, N, ...):
  *              p, g, m, v read, p, m, v written: 28N bytes
  *   adamw_lowp the same, also writing the parameters' f16 working copy (lowp, as a
  *              step under autocast does): 30N bytes
@@ -22,7 +22,7 @@
  * forth between the same two sets of values (both factors are exact) instead of
  * drifting into subnormals and zeros.
  *
- * Timing: be->synchronize(), REPS calls, be->synchronize(), wall clock; TRIALS such
+ * Timing: be->synchronize(be->ctx), REPS calls, be->synchronize(be->ctx), wall clock; TRIALS such
  * trials per variant, the variants interleaved trial by trial (a slower stretch of
  * the run slows all of them alike), after one warm-up trial each; the median trial.
  *
@@ -59,12 +59,12 @@ static float half_to_float(uint16_t h)
 
 static void sync_dev(void)
 {
-    if (be->synchronize) be->synchronize();
+    if (be->synchronize) be->synchronize(be->ctx);
 }
 
 static void check_error(const char *where)
 {
-    const char *e = be->error ? be->error() : NULL;
+    const char *e = be->error ? be->error(be->ctx) : NULL;
     if (e) {
         fprintf(stderr, "gpu_kernels: %s: %s\n", where, e);
         exit(1);
@@ -73,7 +73,7 @@ static void check_error(const char *where)
 
 static void *dev_alloc(size_t nbytes, const char *what)
 {
-    void *p = be->alloc(nbytes);
+    void *p = be->alloc(be->ctx, nbytes);
     if (!p) {
         fprintf(stderr, "gpu_kernels: out of memory allocating %s (%.2f GiB)\n", what, (double)nbytes / (1 << 30));
         exit(1);
@@ -95,16 +95,16 @@ static int flip;
 static void run(int variant)
 {
     switch (variant) {
-    case V_COPY: be->copy(dst, p, sizeof(float) * (size_t)n); break;
-    case V_UNSCALE: be->unscale(g, n, st[flip ^= 1], 0, NULL, NULL, 0); break;
-    case V_UNSCALE_TEL: be->unscale(g, n, st[flip ^= 1], 0, tel, seg, NSEG); break;
+    case V_COPY: be->copy(be->ctx, dst, p, sizeof(float) * (size_t)n); break;
+    case V_UNSCALE: be->unscale(be->ctx, g, n, st[flip ^= 1], 0, NULL, NULL, 0); break;
+    case V_UNSCALE_TEL: be->unscale(be->ctx, g, n, st[flip ^= 1], 0, tel, seg, NSEG); break;
     case V_ADAMW:
-        be->optim_count(step, NULL);
-        be->optim_step(MP_ADAMW, p, g, m, v, n, &args, step, NULL, NULL, MP_F32);   /* no low-precision copy */
+        be->optim_count(be->ctx, step, NULL);
+        be->optim_step(be->ctx, MP_ADAMW, p, g, m, v, n, &args, step, NULL, NULL, MP_F32);   /* no low-precision copy */
         break;
     case V_ADAMW_LOWP:
-        be->optim_count(step, NULL);
-        be->optim_step(MP_ADAMW, p, g, m, v, n, &args, step, NULL, lowp, MP_F16);
+        be->optim_count(be->ctx, step, NULL);
+        be->optim_step(be->ctx, MP_ADAMW, p, g, m, v, n, &args, step, NULL, lowp, MP_F16);
         break;
     }
 }
@@ -132,11 +132,11 @@ int main(int argc, char **argv)
     v = dev_alloc(bytes, "v");
     dst = dev_alloc(bytes, "the copy's destination");
     lowp = dev_alloc(bytes / 2, "the f16 working copy");
-    be->rand_normal(g, MP_F32, n, 1, 0);
-    be->rand_normal(p, MP_F32, n, 2, 0);
-    be->zero(m, bytes);
-    be->zero(v, bytes);
-    be->zero(dst, bytes);
+    be->rand_normal(be->ctx, g, MP_F32, n, 1, 0);
+    be->rand_normal(be->ctx, p, MP_F32, n, 2, 0);
+    be->zero(be->ctx, m, bytes);
+    be->zero(be->ctx, v, bytes);
+    be->zero(be->ctx, dst, bytes);
 
     /* the loss scaler's states, set up on the host: scale 2^16 (and 2^-16), all else 0 */
     mp_scale_state *hs = calloc(1, sizeof *hs);
@@ -145,18 +145,18 @@ int main(int argc, char **argv)
         memset(hs, 0, sizeof *hs);
         hs->scale = hs->stats_scale = i == 0 ? 65536.0f : 1.0f / 65536.0f;
         st[i] = dev_alloc(sizeof *hs, "the scaler state");
-        be->from_host(st[i], hs, sizeof *hs);
+        be->from_host(be->ctx, st[i], hs, sizeof *hs);
     }
     /* telemetry over NSEG parameters of equal size (the last takes the rest) */
     tel = dev_alloc(sizeof *tel * NSEG, "the telemetry");
-    be->zero(tel, sizeof *tel * NSEG);
+    be->zero(be->ctx, tel, sizeof *tel * NSEG);
     int64_t hseg[NSEG + 1];
     for (int i = 0; i < NSEG; i++) hseg[i] = n / NSEG * i;
     hseg[NSEG] = n;
     seg = dev_alloc(sizeof hseg, "the parameters' offsets");
-    be->from_host(seg, hseg, sizeof hseg);
+    be->from_host(be->ctx, seg, hseg, sizeof hseg);
     step = dev_alloc(sizeof *step, "the step count");
-    be->zero(step, sizeof *step);
+    be->zero(be->ctx, step, sizeof *step);
 
     /* AdamW as the engine fills it (PyTorch's defaults, weight decay 0.01) */
     const double lr = 1e-3, wd = 0.01, b1 = 0.9, b2 = 0.999;
@@ -184,17 +184,17 @@ int main(int argc, char **argv)
 
     /* read back what the kernels counted: a check that they ran over every value */
     int64_t steps = 0;
-    be->to_host(&steps, step, sizeof steps);
+    be->to_host(be->ctx, &steps, step, sizeof steps);
     int64_t seen = 0, bad = 0;
     for (int i = 0; i < 2; i++) {
-        be->to_host(hs, st[i], sizeof *hs);
+        be->to_host(be->ctx, hs, st[i], sizeof *hs);
         seen += hs->slot[0].n;
         bad += hs->slot[0].nan + hs->slot[0].inf;
     }
     float probe[1];
     uint16_t lprobe[1];
-    be->to_host(probe, p + n / 2, sizeof probe);
-    be->to_host(lprobe, (uint16_t *)lowp + n / 2, sizeof lprobe);
+    be->to_host(be->ctx, probe, p + n / 2, sizeof probe);
+    be->to_host(be->ctx, lprobe, (uint16_t *)lowp + n / 2, sizeof lprobe);
     float lp = half_to_float(lprobe[0]);
     check_error("the read-back");
     int64_t calls = (int64_t)(trials + 1) * reps;
@@ -221,9 +221,9 @@ int main(int argc, char **argv)
            (double)probe[0], (double)lp, ok ? "ok" : "MISMATCH");
     for (int k = 0; k < NV; k++) printf("ROW %s_gbs %.6g GB/s\n", vname[k], gbs[k]);
 
-    be->free(g, bytes), be->free(p, bytes), be->free(m, bytes), be->free(v, bytes), be->free(dst, bytes);
-    be->free(lowp, bytes / 2);
-    be->free(st[0], sizeof *st[0]), be->free(st[1], sizeof *st[1]);
-    be->free(tel, sizeof *tel * NSEG), be->free(seg, sizeof(int64_t) * (NSEG + 1)), be->free(step, sizeof *step);
+    be->free(be->ctx, g, bytes), be->free(be->ctx, p, bytes), be->free(be->ctx, m, bytes), be->free(be->ctx, v, bytes), be->free(be->ctx, dst, bytes);
+    be->free(be->ctx, lowp, bytes / 2);
+    be->free(be->ctx, st[0], sizeof *st[0]), be->free(be->ctx, st[1], sizeof *st[1]);
+    be->free(be->ctx, tel, sizeof *tel * NSEG), be->free(be->ctx, seg, sizeof(int64_t) * (NSEG + 1)), be->free(be->ctx, step, sizeof *step);
     return ok ? 0 : 1;
 }
