@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/philox.h"
 
 /* float -> integer without undefined behaviour: NaN to 0, saturate at the ends */
 static int64_t to_int(float f, int64_t lo, int64_t hi)
@@ -97,39 +98,16 @@ void cpu_arange(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n)
     }
 }
 
-/* Philox4x32-10: four 32-bit outputs for a 128-bit counter and a 64-bit key */
-static void philox(uint64_t counter, uint64_t key, uint32_t out[4])
-{
-    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
-    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-    for (int r = 0; r < 10; r++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c1 = (uint32_t)p1, c3 = (uint32_t)p0, c0 = n0, c2 = n2;
-        k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
-    }
-    out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
-}
-
-/* uniform in [0, 1) with as many random bits as the dtype's significand holds
- * (24 for f32, 11 for f16, 8 for bf16), so rounding to the dtype never gives 1 */
-static float unit_bits(uint32_t x, int bits) { return (float)(x >> (32 - bits)) * ldexpf(1.0f, -bits); }
-static float unit(uint32_t x) { return unit_bits(x, 24); }
-
 static void random_fill(int normal, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += MP_BLOCK) {
         int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
         float f[MP_BLOCK];
-        for (int64_t j = 0; j < len; j++) {
-            uint32_t r[4];
-            philox(offset + (uint64_t)(i + j), seed, r);
-            if (!normal) { f[j] = unit_bits(r[0], dt == MP_F16 ? 11 : dt == MP_BF16 ? 8 : 24); continue; }
-            /* Box-Muller; 1 - u keeps the log's argument in (0, 1] */
-            float u1 = 1.0f - unit(r[0]), u2 = unit(r[1]);
-            f[j] = sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2);
-        }
+        int bits = mp_uniform_bits(dt);
+        for (int64_t j = 0; j < len; j++)
+            f[j] = normal ? mp_philox_normal(seed, offset + (uint64_t)(i + j))
+                          : mp_philox_uniform(seed, offset + (uint64_t)(i + j), bits);
         cpu_store(dt, dst, i, f, len);
     }
 }

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/int_rules.h"
 
 /* o[j] = a[j*ia] OP b[j*ib] with the common stride cases spelled out so they vectorise */
 #define BIN_LOOP(EXPR)                                                                \
@@ -27,16 +28,6 @@ MP_SIMD static void bin_f32(mp_binop op, float *o, const float *a, int64_t ia, c
     case MP_MUL: BIN_LOOP(x * y); break;
     case MP_DIV: BIN_LOOP(x / y); break;
     default: break;
-    }
-}
-
-static int64_t bin_int(mp_binop op, int64_t x, int64_t y)
-{
-    switch (op) {
-    case MP_ADD: return x + y;
-    case MP_SUB: return x - y;
-    case MP_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
-    default: return 0;   /* integer division is computed in f32 by the engine */
     }
 }
 
@@ -107,11 +98,11 @@ void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a,
         } else if (dt == MP_I32) {
             const int32_t *pa = (const int32_t *)a + oa, *pb = (const int32_t *)b + ob;
             int32_t *po = (int32_t *)out + oo;
-            for (int64_t j = 0; j < n; j++) po[j] = (int32_t)(uint32_t)bin_int(op, pa[j * ia], pb[j * ib]);
+            for (int64_t j = 0; j < n; j++) po[j] = (int32_t)(uint32_t)mp_bin_int(op, pa[j * ia], pb[j * ib]);
         } else {
             const uint8_t *pa = (const uint8_t *)a + oa, *pb = (const uint8_t *)b + ob;
             uint8_t *po = (uint8_t *)out + oo;
-            for (int64_t j = 0; j < n; j++) po[j] = (uint8_t)bin_int(op, pa[j * ia], pb[j * ib]);
+            for (int64_t j = 0; j < n; j++) po[j] = (uint8_t)mp_bin_int(op, pa[j * ia], pb[j * ib]);
         }
     }
 }
@@ -197,20 +188,6 @@ MP_SIMD static void grad_f32(mp_unop op, float *gi, const float *go, const float
     }
 }
 
-/* the integer ops the engine lets through: neg, abs, relu and integral scalars */
-static int64_t un_int(mp_unop op, int64_t x, int64_t p)
-{
-    switch (op) {
-    case MP_NEG: return -x;
-    case MP_ABS: return x < 0 ? -x : x;
-    case MP_RELU: return x < 0 ? 0 : x;
-    case MP_MULS: return (int64_t)((uint64_t)x * (uint64_t)p);
-    case MP_ADDS: return x + p;
-    case MP_RSUBS: return p - x;
-    default: return 0;
-    }
-}
-
 void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
 {
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
@@ -225,10 +202,10 @@ void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, i
             cpu_store(dt, out, i, x, len);
         } else if (dt == MP_I32) {
             for (int64_t j = i; j < i + len; j++)
-                ((int32_t *)out)[j] = (int32_t)(uint32_t)un_int(op, ((const int32_t *)a)[j], (int64_t)p);
+                ((int32_t *)out)[j] = (int32_t)(uint32_t)mp_un_int(op, ((const int32_t *)a)[j], (int64_t)p);
         } else {
             for (int64_t j = i; j < i + len; j++)
-                ((uint8_t *)out)[j] = (uint8_t)un_int(op, ((const uint8_t *)a)[j], (int64_t)p);
+                ((uint8_t *)out)[j] = (uint8_t)mp_un_int(op, ((const uint8_t *)a)[j], (int64_t)p);
         }
     }
 }

@@ -19,6 +19,7 @@
  */
 #include <string.h>
 #include "kernels/cuda/cuda.h"
+#include "kernels/philox.h"
 
 /* ---- cast ---- */
 
@@ -135,39 +136,14 @@ void mp_cuda_arange(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n)
 
 /* ---- random numbers ---- */
 
-/* Philox4x32-10: four 32-bit outputs for the counter (counter, 0) and a 64-bit key */
-static __device__ __forceinline__ void philox(uint64_t counter, uint64_t key, uint32_t out[4])
-{
-    uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
-    uint32_t k0 = (uint32_t)key, k1 = (uint32_t)(key >> 32);
-#pragma unroll
-    for (int r = 0; r < 10; r++) {
-        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
-        uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
-        c1 = (uint32_t)p1, c3 = (uint32_t)p0, c0 = n0, c2 = n2;
-        k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
-    }
-    out[0] = c0, out[1] = c1, out[2] = c2, out[3] = c3;
-}
-
-/* uniform in [0, 1) from the top `bits` bits of x: exact, as on the CPU */
-static __device__ __forceinline__ float unit_bits(uint32_t x, int bits)
-{
-    return (float)(x >> (32 - bits)) * (1.0f / (float)(1u << bits));
-}
-
 /* uniform: as many random bits as the dtype's significand holds (24 for f32,
  * 11 for f16, 8 for bf16), so rounding to the dtype never gives 1 */
 static __global__ void rand_uniform_k(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset,
                                       unsigned long long *fc)
 {
-    int bits = dt == MP_F16 ? 11 : dt == MP_BF16 ? 8 : 24;
+    int bits = mp_uniform_bits(dt);
     mp_tally t(fc);
-    MP_FOR(i, n) {
-        uint32_t r[4];
-        philox(offset + (uint64_t)i, seed, r);
-        mp_stc(dt, dst, i, unit_bits(r[0], bits), t);
-    }
+    MP_FOR(i, n) mp_stc(dt, dst, i, mp_philox_uniform(seed, offset + (uint64_t)i, bits), t);
     t.commit();
 }
 
@@ -176,12 +152,7 @@ static __global__ void rand_normal_k(void *dst, mp_dtype dt, int64_t n, uint64_t
                                      unsigned long long *fc)
 {
     mp_tally t(fc);
-    MP_FOR(i, n) {
-        uint32_t r[4];
-        philox(offset + (uint64_t)i, seed, r);
-        float u1 = 1.0f - unit_bits(r[0], 24), u2 = unit_bits(r[1], 24);
-        mp_stc(dt, dst, i, sqrtf(-2.0f * logf(u1)) * cosf(6.2831853071795864f * u2), t);
-    }
+    MP_FOR(i, n) mp_stc(dt, dst, i, mp_philox_normal(seed, offset + (uint64_t)i), t);
     t.commit();
 }
 

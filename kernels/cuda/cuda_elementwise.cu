@@ -23,6 +23,7 @@
  * the output index to an offset in each input.
  */
 #include "kernels/cuda/cuda.h"
+#include "kernels/int_rules.h"
 
 /* ---- broadcasting ---- */
 
@@ -51,16 +52,6 @@ static __device__ __forceinline__ float bin_f(mp_binop op, float x, float y)
     case MP_MUL: return x * y;
     case MP_DIV: return x / y;
     default: return 0.0f;
-    }
-}
-
-static __device__ __forceinline__ int64_t bin_int(mp_binop op, int64_t x, int64_t y)
-{
-    switch (op) {
-    case MP_ADD: return x + y;
-    case MP_SUB: return x - y;
-    case MP_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
-    default: return 0;   /* integer division is computed in f32 by the engine */
     }
 }
 
@@ -126,7 +117,7 @@ static __global__ void binary_int_k(mp_binop op, mp_dtype dt, void *out, const v
     MP_FOR(i, n) {
         int64_t oa, ob;
         bcast_offsets(bc, i, &oa, &ob);
-        int64_t r = bin_int(op, ld_int(dt, a, oa), ld_int(dt, b, ob));
+        int64_t r = mp_bin_int(op, ld_int(dt, a, oa), ld_int(dt, b, ob));
         if (dt == MP_I32) ((int32_t *)out)[i] = (int32_t)(uint32_t)r;
         else ((uint8_t *)out)[i] = (uint8_t)r;
     }
@@ -205,20 +196,6 @@ static __device__ float un_f(mp_unop op, float x, float p, int erf_form)
     }
 }
 
-/* the integer ops the engine lets through: neg, abs, relu and integral scalars */
-static __device__ __forceinline__ int64_t un_int(mp_unop op, int64_t x, int64_t p)
-{
-    switch (op) {
-    case MP_NEG: return -x;
-    case MP_ABS: return x < 0 ? -x : x;
-    case MP_RELU: return x < 0 ? 0 : x;
-    case MP_MULS: return (int64_t)((uint64_t)x * (uint64_t)p);
-    case MP_ADDS: return x + p;
-    case MP_RSUBS: return p - x;
-    default: return 0;
-    }
-}
-
 static __global__ void unary_float_k(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, float p,
                                      int erf_form, unsigned long long *fc)
 {
@@ -250,8 +227,8 @@ static __global__ void unary_vec_k(mp_unop op, void *out, const void *a, int64_t
 static __global__ void unary_int_k(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, int64_t p)
 {
     MP_FOR(i, n) {
-        if (dt == MP_I32) ((int32_t *)out)[i] = (int32_t)(uint32_t)un_int(op, ((const int32_t *)a)[i], p);
-        else ((uint8_t *)out)[i] = (uint8_t)un_int(op, ((const uint8_t *)a)[i], p);
+        if (dt == MP_I32) ((int32_t *)out)[i] = (int32_t)(uint32_t)mp_un_int(op, ((const int32_t *)a)[i], p);
+        else ((uint8_t *)out)[i] = (uint8_t)mp_un_int(op, ((const uint8_t *)a)[i], p);
     }
 }
 

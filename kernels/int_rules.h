@@ -1,0 +1,45 @@
+/*
+ * int_rules.h: elementwise arithmetic on integer tensors (i32, u8), written
+ * once for both backends, as kernels/step_rules.h is. Computed in 64 bits and
+ * wrapped by the caller's store (multiplication through unsigned, so that an
+ * overflow wraps as the store does instead of being undefined). The engine lets
+ * only these ops reach an integer kernel: division and the transcendental
+ * functions of integers are computed in f32 (engine/ops_math.c).
+ */
+#ifndef MP_INT_RULES_H
+#define MP_INT_RULES_H
+
+#include <stdint.h>
+#include "kernels/backend.h"
+
+#ifdef __CUDACC__
+#define MP_INT_FN __host__ __device__ static inline
+#else
+#define MP_INT_FN static inline
+#endif
+
+MP_INT_FN int64_t mp_bin_int(mp_binop op, int64_t x, int64_t y)
+{
+    switch (op) {
+    case MP_ADD: return x + y;
+    case MP_SUB: return x - y;
+    case MP_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
+    default: return 0;
+    }
+}
+
+/* neg, abs, relu and the integral scalars (p) of mul, add and rsub */
+MP_INT_FN int64_t mp_un_int(mp_unop op, int64_t x, int64_t p)
+{
+    switch (op) {
+    case MP_NEG: return -x;
+    case MP_ABS: return x < 0 ? -x : x;
+    case MP_RELU: return x < 0 ? 0 : x;
+    case MP_MULS: return (int64_t)((uint64_t)x * (uint64_t)p);
+    case MP_ADDS: return x + p;
+    case MP_RSUBS: return p - x;
+    default: return 0;
+    }
+}
+
+#endif
