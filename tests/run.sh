@@ -38,11 +38,18 @@ for t in "$BUILD"/tests/test_*; do
 done
 
 # backend parity (tests/parity): the harness against planted faults, then the CUDA
-# backend against the CPU one, each case skipped where there is no CUDA device
-for mode in --self-check ""; do
+# backend against the CPU one, each case skipped where there is no CUDA device,
+# then every case through the fake device's table (its kernels are the CPU's: this
+# checks the harness and the calls through a second backend object, not kernels)
+for mode in --self-check "" fake; do
   [ -x "$BUILD/tests/parity" ] || { echo "!! $BUILD/tests/parity missing"; fail=$((fail + 1)); break; }
   echo "== parity $mode"
-  "$BUILD/tests/parity" $mode >"$log" 2>&1
+  if [ "$mode" = fake ]; then
+    [ -f "$BUILD/tests/fake_cuda.so" ] || { echo "!! $BUILD/tests/fake_cuda.so missing"; fail=$((fail + 1)); continue; }
+    MP_CUDA_BACKEND="$PWD/$BUILD/tests/fake_cuda.so" MP_FAKE_CUDA_PROTECT=1 "$BUILD/tests/parity" >"$log" 2>&1
+  else
+    "$BUILD/tests/parity" $mode >"$log" 2>&1
+  fi
   rc=$?
   grep -v '^FAIL' "$log" | tail -n 3
   [ "$mode" = "" ] && grep '^FAIL' "$log" | head -n 20

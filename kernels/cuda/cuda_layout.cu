@@ -25,9 +25,9 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_tile.h"
 
-/* the partials of split reductions: MP_PARTS Accs ({double, int64}, 16 bytes each) */
+/* the partials of split reductions: at most MP_PARTS Accs ({double, int64}, 16
+ * bytes each), in the context's scratch */
 #define MP_PARTS (1 << 16)
-__device__ double mp_cuda_reduce_parts[2 * MP_PARTS];
 
 namespace {
 
@@ -258,7 +258,8 @@ void mp_cuda_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void
     int64_t tiles = (cols + t.txn - 1) / t.txn, chunks = chunks_for(tiles, cols, n);
     Acc *parts = NULL;
     if (chunks > 1) {
-        MP_CUDA_CHECK(cudaGetSymbolAddress((void **)&parts, mp_cuda_reduce_parts), "reduce (partials buffer)");
+        /* without scratch, one pass: slower, still summed in double */
+        parts = (Acc *)mp_cuda_scratch(cx, sizeof(Acc) * (size_t)(chunks * cols));
         if (!parts) chunks = 1;
     }
     k_reduce<<<grid_for(tiles * chunks), MP_THREADS, 0, cx->stream>>>(op, dt, out, a, cols, n, inner, t,

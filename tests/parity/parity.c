@@ -364,15 +364,22 @@ static void cases_reduce_and_layout(void)
     for (int d = 0; d < 3; d++) {
         mp_dtype dt = FLOATS[d];
         const char *dn = mp_dtype_name(dt);
+        /* the CUDA reduction's paths (cuda_layout.cu): a whole row in one tile
+         * (n <= 256, inner 1 or more), rows longer than a tile, inner runs of a
+         * full warp, and rows long enough to split into chunks whose partials a
+         * second kernel combines (n >= 4096) */
+        static const int64_t red_shapes[][3] = {{3, 300, 1}, {3, 300, 7}, {5, 17, 1}, {2, 50, 40}, {1, 1, 1},
+                                                 {2, 10000, 1}, {1, 70000, 3}};
         for (int op = 0; op < MP_NREDOPS; op++)
-            for (int inner = 1; inner <= 7; inner += 6) {
-                char what[32];
-                snprintf(what, sizeof what, "%s inner=%d", rn[op], inner);
-                if (!begin(&c, "reduce %s %s {3,300,inner}", what, dn)) continue;
-                int a = buf(&c, dt, 3 * 300 * inner, 0, -1, 1);
-                int o = buf(&c, op == MP_ARGMAX ? MP_I32 : dt, 3 * inner, 1, 0, 0);
-                REF->reduce(REF->ctx, op, dt, c.ref[o], c.ref[a], 3, 300, inner);
-                DUT->reduce(DUT->ctx, op, dt, c.dev[o], c.dev[a], 3, 300, inner);
+            for (size_t si = 0; si < sizeof red_shapes / sizeof red_shapes[0]; si++) {
+                int64_t ou = red_shapes[si][0], n = red_shapes[si][1], in = red_shapes[si][2];
+                char what[64];
+                snprintf(what, sizeof what, "%s {%lld,%lld,%lld}", rn[op], (long long)ou, (long long)n, (long long)in);
+                if (!begin(&c, "reduce %s %s", what, dn)) continue;
+                int a = buf(&c, dt, ou * n * in, 0, -1, 1);
+                int o = buf(&c, op == MP_ARGMAX ? MP_I32 : dt, ou * in, 1, 0, 0);
+                REF->reduce(REF->ctx, op, dt, c.ref[o], c.ref[a], ou, n, in);
+                DUT->reduce(DUT->ctx, op, dt, c.dev[o], c.dev[a], ou, n, in);
                 c.bound = op == MP_SUM || op == MP_MEAN ? bound_for(dt, 1e-10, 1e-5) : 0;
                 finish(&c);
             }
@@ -411,65 +418,95 @@ static void cases_reduce_and_layout(void)
 
 static void cases_gemm(void)
 {
+    /* batch, m, n, k, broadcast C (sc == 0: every item accumulates into one C):
+     * cuBLAS's batched call, one item, odd and even sizes, k == 0 (C = beta C by
+     * the backend's own kernel) and the item-by-item broadcast C */
+    static const struct { int64_t batch, m, n, k; int bcast_c; } shapes[] = {
+        {3, 17, 9, 33, 0}, {1, 1, 1, 1, 0}, {2, 64, 128, 32, 0}, {2, 5, 7, 0, 0}, {3, 4, 6, 5, 1},
+    };
     pcase c;
     for (int d = 0; d < 3; d++) {
         mp_dtype dt = FLOATS[d];
-        for (int t = 0; t < 4; t++) {
-            int ta = t & 1, tb = t >> 1;
-            char what[32];
-            snprintf(what, sizeof what, "ta=%d tb=%d", ta, tb);
-            if (!begin(&c, "gemm %s %s batch 3 {17x33}@{33x9} beta 0.5", what, mp_dtype_name(dt))) continue;
-            int64_t m = 17, n = 9, k = 33;
-            int a = buf(&c, dt, 3 * m * k, 0, -1, 1), b = buf(&c, dt, 3 * k * n, 0, -1, 1);
-            int o = buf(&c, dt, 3 * m * n, 0, -1, 1);
-            c.is_out[o] = 1;
-            REF->gemm(REF->ctx, dt, ta, tb, 3, m, n, k, 1.0f, c.ref[a], m * k, c.ref[b], k * n, 0.5f, c.ref[o], m * n);
-            DUT->gemm(DUT->ctx, dt, ta, tb, 3, m, n, k, 1.0f, c.dev[a], m * k, c.dev[b], k * n, 0.5f, c.dev[o], m * n);
-            c.bound = bound_for(dt, 1e-10, 1e-5);
-            finish(&c);
-        }
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (int t = 0; t < 4; t++) {
+                int ta = t & 1, tb = t >> 1;
+                int64_t batch = shapes[si].batch, m = shapes[si].m, n = shapes[si].n, k = shapes[si].k;
+                int64_t sc = shapes[si].bcast_c ? 0 : m * n;
+                char what[96];
+                snprintf(what, sizeof what, "ta=%d tb=%d batch %lld {%lldx%lld}@{%lldx%lld}%s", ta, tb, (long long)batch,
+                         (long long)m, (long long)k, (long long)k, (long long)n, sc ? "" : " into one C");
+                if (!begin(&c, "gemm %s %s beta 0.5", what, mp_dtype_name(dt))) continue;
+                int a = buf(&c, dt, batch * m * k + 1, 0, -1, 1), b = buf(&c, dt, batch * k * n + 1, 0, -1, 1);
+                int o = buf(&c, dt, sc ? batch * m * n : m * n, 0, -1, 1);
+                c.is_out[o] = 1;
+                REF->gemm(REF->ctx, dt, ta, tb, batch, m, n, k, 1.0f, c.ref[a], m * k, c.ref[b], k * n, 0.5f, c.ref[o], sc);
+                DUT->gemm(DUT->ctx, dt, ta, tb, batch, m, n, k, 1.0f, c.dev[a], m * k, c.dev[b], k * n, 0.5f, c.dev[o], sc);
+                c.bound = bound_for(dt, 1e-10, 1e-5);
+                finish(&c);
+            }
     }
 }
 
 static void cases_nn(void)
 {
+    /* softmax {outer, n, inner} over the CUDA tiles (cuda_tile.h): inner 1 (a row
+     * per tile column) and more, up to a full warp of columns; rows shorter than
+     * a tile and longer (several passes) */
+    static const int64_t sm_shapes[][3] = {{4, 50, 3}, {8, 7, 1}, {2, 1000, 1}, {3, 300, 40}, {1, 5000, 2}, {6, 1, 5}};
+    /* cross-entropy {rows, classes}: the 16-byte run path (classes a multiple of
+     * a run, aligned) and the element path; one tile of classes and several */
+    static const int64_t ce_shapes[][2] = {{37, 11}, {16, 64}, {5, 3000}, {9, 1001}, {1, 2}};
+    /* layer norm {rows, n}: short and long rows, and enough rows that the weight
+     * sums split into chunks combined by a second kernel (rows >= 128) */
+    static const int64_t ln_shapes[][2] = {{19, 64}, {3, 7}, {4, 3000}, {300, 64}, {1000, 33}};
     pcase c;
+    char what[64];
     for (int d = 0; d < 3; d++) {
         mp_dtype dt = FLOATS[d];
         const char *dn = mp_dtype_name(dt);
-        for (int lg = 0; lg <= 1; lg++) {
-            if (!begin(&c, "%s and its grad %s {4,50,3} dim 2", lg ? "log_softmax" : "softmax", dn)) continue;
-            int x = buf(&c, dt, 600, 0, -4, 4), y = buf(&c, dt, 600, 1, 0, 0);
-            int g = buf(&c, dt, 600, 0, -1, 1), gx = buf(&c, dt, 600, 1, 0, 0);
-            REF->softmax(REF->ctx, dt, c.ref[y], c.ref[x], 4, 50, 3, lg);
-            DUT->softmax(DUT->ctx, dt, c.dev[y], c.dev[x], 4, 50, 3, lg);
-            REF->softmax_grad(REF->ctx, dt, c.ref[gx], c.ref[g], c.ref[y], 4, 50, 3, lg);
-            DUT->softmax_grad(DUT->ctx, dt, c.dev[gx], c.dev[g], c.dev[y], 4, 50, 3, lg);
+        for (size_t si = 0; si < sizeof sm_shapes / sizeof sm_shapes[0]; si++)
+            for (int lg = 0; lg <= 1; lg++) {
+                int64_t ou = sm_shapes[si][0], n = sm_shapes[si][1], in = sm_shapes[si][2], tot = ou * n * in;
+                snprintf(what, sizeof what, "%s {%lld,%lld,%lld}", lg ? "log_softmax" : "softmax", (long long)ou,
+                         (long long)n, (long long)in);
+                if (!begin(&c, "%s and its grad %s dim 2", what, dn)) continue;
+                int x = buf(&c, dt, tot, 0, -4, 4), y = buf(&c, dt, tot, 1, 0, 0);
+                int g = buf(&c, dt, tot, 0, -1, 1), gx = buf(&c, dt, tot, 1, 0, 0);
+                REF->softmax(REF->ctx, dt, c.ref[y], c.ref[x], ou, n, in, lg);
+                DUT->softmax(DUT->ctx, dt, c.dev[y], c.dev[x], ou, n, in, lg);
+                REF->softmax_grad(REF->ctx, dt, c.ref[gx], c.ref[g], c.ref[y], ou, n, in, lg);
+                DUT->softmax_grad(DUT->ctx, dt, c.dev[gx], c.dev[g], c.dev[y], ou, n, in, lg);
+                c.bound = bound_for(dt, 1e-10, 1e-5);
+                finish(&c);
+            }
+        for (size_t si = 0; si < sizeof ce_shapes / sizeof ce_shapes[0]; si++) {
+            int64_t r = ce_shapes[si][0], k = ce_shapes[si][1];
+            snprintf(what, sizeof what, "{%lld rows, %lld classes}", (long long)r, (long long)k);
+            if (!begin(&c, "cross_entropy and its grad %s %s", dn, what)) continue;
+            int x = buf(&c, dt, r * k, 0, -5, 5), t = buf(&c, MP_I32, r, 0, 0, (double)k);
+            int loss = buf(&c, MP_F32, r, 1, 0, 0), lse = buf(&c, MP_F32, r, 1, 0, 0);
+            int sc = buf(&c, MP_F32, r, 0, 0.1, 1), gx = buf(&c, dt, r * k, 1, 0, 0);
+            REF->cross_entropy(REF->ctx, dt, c.ref[loss], c.ref[lse], c.ref[x], c.ref[t], r, k);
+            DUT->cross_entropy(DUT->ctx, dt, c.dev[loss], c.dev[lse], c.dev[x], c.dev[t], r, k);
+            REF->cross_entropy_grad(REF->ctx, dt, c.ref[gx], c.ref[x], c.ref[lse], c.ref[t], c.ref[sc], r, k);
+            DUT->cross_entropy_grad(DUT->ctx, dt, c.dev[gx], c.dev[x], c.dev[lse], c.dev[t], c.dev[sc], r, k);
             c.bound = bound_for(dt, 1e-10, 1e-5);
             finish(&c);
         }
-        if (begin(&c, "cross_entropy and its grad %s {37 rows, 11 classes}%s", dn, "")) {
-            int x = buf(&c, dt, 37 * 11, 0, -5, 5), t = buf(&c, MP_I32, 37, 0, 0, 11);
-            int loss = buf(&c, MP_F32, 37, 1, 0, 0), lse = buf(&c, MP_F32, 37, 1, 0, 0);
-            int sc = buf(&c, MP_F32, 37, 0, 0.1, 1), gx = buf(&c, dt, 37 * 11, 1, 0, 0);
-            REF->cross_entropy(REF->ctx, dt, c.ref[loss], c.ref[lse], c.ref[x], c.ref[t], 37, 11);
-            DUT->cross_entropy(DUT->ctx, dt, c.dev[loss], c.dev[lse], c.dev[x], c.dev[t], 37, 11);
-            REF->cross_entropy_grad(REF->ctx, dt, c.ref[gx], c.ref[x], c.ref[lse], c.ref[t], c.ref[sc], 37, 11);
-            DUT->cross_entropy_grad(DUT->ctx, dt, c.dev[gx], c.dev[x], c.dev[lse], c.dev[t], c.dev[sc], 37, 11);
-            c.bound = bound_for(dt, 1e-10, 1e-5);
-            finish(&c);
-        }
-        if (begin(&c, "layer_norm and its grad %s {19 rows, 64}%s", dn, "")) {
-            int x = buf(&c, dt, 19 * 64, 0, -2, 3), w = buf(&c, dt, 64, 0, 0.5, 1.5), b = buf(&c, dt, 64, 0, -1, 1);
-            int y = buf(&c, dt, 19 * 64, 1, 0, 0), mean = buf(&c, MP_F32, 19, 1, 0, 0), rstd = buf(&c, MP_F32, 19, 1, 0, 0);
-            int g = buf(&c, dt, 19 * 64, 0, -1, 1), gx = buf(&c, dt, 19 * 64, 1, 0, 0);
-            int gw = buf(&c, MP_F32, 64, 1, 0, 0), gb = buf(&c, MP_F32, 64, 1, 0, 0);
-            REF->layer_norm(REF->ctx, dt, c.ref[y], c.ref[mean], c.ref[rstd], c.ref[x], c.ref[w], c.ref[b], 19, 64, 1e-5f);
-            DUT->layer_norm(DUT->ctx, dt, c.dev[y], c.dev[mean], c.dev[rstd], c.dev[x], c.dev[w], c.dev[b], 19, 64, 1e-5f);
-            REF->layer_norm_grad(REF->ctx, dt, c.ref[gx], c.ref[gw], c.ref[gb], c.ref[g], c.ref[x], c.ref[mean], c.ref[rstd],
-                                 c.ref[w], 19, 64);
-            DUT->layer_norm_grad(DUT->ctx, dt, c.dev[gx], c.dev[gw], c.dev[gb], c.dev[g], c.dev[x], c.dev[mean], c.dev[rstd],
-                                 c.dev[w], 19, 64);
+        for (size_t si = 0; si < sizeof ln_shapes / sizeof ln_shapes[0]; si++) {
+            int64_t r = ln_shapes[si][0], n = ln_shapes[si][1];
+            snprintf(what, sizeof what, "{%lld rows, %lld}", (long long)r, (long long)n);
+            if (!begin(&c, "layer_norm and its grad %s %s", dn, what)) continue;
+            int x = buf(&c, dt, r * n, 0, -2, 3), w = buf(&c, dt, n, 0, 0.5, 1.5), b = buf(&c, dt, n, 0, -1, 1);
+            int y = buf(&c, dt, r * n, 1, 0, 0), mean = buf(&c, MP_F32, r, 1, 0, 0), rstd = buf(&c, MP_F32, r, 1, 0, 0);
+            int g = buf(&c, dt, r * n, 0, -1, 1), gx = buf(&c, dt, r * n, 1, 0, 0);
+            int gw = buf(&c, MP_F32, n, 1, 0, 0), gb = buf(&c, MP_F32, n, 1, 0, 0);
+            REF->layer_norm(REF->ctx, dt, c.ref[y], c.ref[mean], c.ref[rstd], c.ref[x], c.ref[w], c.ref[b], r, n, 1e-5f);
+            DUT->layer_norm(DUT->ctx, dt, c.dev[y], c.dev[mean], c.dev[rstd], c.dev[x], c.dev[w], c.dev[b], r, n, 1e-5f);
+            REF->layer_norm_grad(REF->ctx, dt, c.ref[gx], c.ref[gw], c.ref[gb], c.ref[g], c.ref[x], c.ref[mean],
+                                 c.ref[rstd], c.ref[w], r, n);
+            DUT->layer_norm_grad(DUT->ctx, dt, c.dev[gx], c.dev[gw], c.dev[gb], c.dev[g], c.dev[x], c.dev[mean],
+                                 c.dev[rstd], c.dev[w], r, n);
             c.bound = bound_for(dt, 1e-10, 1e-5);
             finish(&c);
         }
