@@ -127,6 +127,20 @@ int mp_set_requires_grad(mp_tensor *t, bool on)
     return 0;
 }
 
+int mp_set_grad(mp_tensor *t, mp_tensor *g, mp_tensor **old)
+{
+    *old = NULL;
+    if (g && (!mp_same_shape(g, t) || g->dev != t->dev || g->dtype != t->dtype))
+        return mp_fail(MP_EINVAL, "must be nil or a tensor of the tensor's shape, dtype (%s) and device (%s)",
+                       mp_dtype_name(t->dtype), mp_device_name(t->dev));
+    if (g && (g == t || g->grad || g->requires_grad))
+        return mp_fail(MP_EINVAL, "must be a plain tensor (not the tensor itself, not one that requires grad "
+                                  "or has a .grad; use :detach():clone())");
+    *old = t->grad;
+    t->grad = g ? mp_retain(g) : NULL;
+    return 0;
+}
+
 /* ---- helpers for backward functions ---- */
 
 mp_tensor *mp_sum_to(mp_tensor *g, int ndim, const int64_t *shape)
@@ -343,5 +357,6 @@ int mp_backward(mp_tensor *t, mp_tensor *grad)
     }
     mp_autocast_exit(ac);
     mp_set_grad_enabled(was);
+    if (rc == 0 && t->dev != MP_CPU) rc = mp_device_error(t->dev);   /* mp_checked */
     return rc;
 }

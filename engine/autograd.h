@@ -72,6 +72,11 @@ void mp_node_release(mp_node *n);
 /* backward from t; grad NULL means ones (t must then have one element) */
 int mp_backward(mp_tensor *t, mp_tensor *grad);
 int mp_set_requires_grad(mp_tensor *t, bool on);
+/* t.grad = g (NULL clears it): g must have t's shape, dtype and device and be
+ * plain data (not t, no .grad, not requiring grad: anything else could make a
+ * reference cycle that is never freed). On success *old is the previous
+ * gradient, which the caller releases (retained g is now t's). */
+int mp_set_grad(mp_tensor *t, mp_tensor *g, mp_tensor **old);
 
 /* Telemetry of the backward pass: when on, every backward records how many values
  * it rounded to f16/bf16, how many nonzero ones became zero and how many finite

@@ -85,7 +85,7 @@ mp_tensor *mp_apply(const mp_op *op, mp_ctx *c, int nin, mp_tensor *const *in)
     if (ok) {
         c->op = op, c->nin = nin, c->in = cast;
         c->record = op->backward && mp_needs_grad(nin, cast);
-        o = op->forward(c);
+        o = mp_checked(op->forward(c));
         mp_node *nd;
         o = mp_finish(o, op, nin, cast, &nd);
         if (nd) {   /* the node takes the scalars and the kept tensors */

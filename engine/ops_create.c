@@ -13,7 +13,7 @@ mp_tensor *mp_full(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape, d
 {
     mp_tensor *t = mp_empty(dt, dev, ndim, shape);
     if (t) MP_K(t, fill, mp_data(t), dt, t->numel, value);
-    return t;
+    return mp_checked(t);
 }
 
 mp_tensor *mp_arange(int64_t n, mp_dtype dt, mp_device dev)
@@ -22,7 +22,7 @@ mp_tensor *mp_arange(int64_t n, mp_dtype dt, mp_device dev)
     if (dt == MP_U8 && n > 256) return mp_fail(MP_EINVAL, "n = %lld does not fit in u8", (long long)n), NULL;
     mp_tensor *t = mp_empty(dt, dev, 1, &n);
     if (t) MP_K(t, arange, mp_data(t), dt, n);
-    return t;
+    return mp_checked(t);
 }
 
 /* One global counter-based stream: a draw of n numbers takes the n counters
@@ -42,7 +42,7 @@ static mp_tensor *random_tensor(int normal, mp_dtype dt, mp_device dev, int ndim
     const mp_backend *be = mp_be(t);
     (normal ? be->rand_normal : be->rand_uniform)(be->ctx, mp_data(t), dt, t->numel, rng_seed, rng_offset);
     rng_offset += (uint64_t)t->numel;
-    return t;
+    return mp_checked(t);
 }
 
 mp_tensor *mp_rand(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape)
@@ -122,14 +122,14 @@ mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev)
     if (t->dev == dev) {
         mp_tensor *o = mp_empty(dt, dev, t->ndim, t->shape);
         if (o) MP_K(o, cast, mp_data(o), dt, mp_data(t), t->dtype, t->numel);
-        return o;
+        return mp_checked(o);
     }
     /* across devices: move the bytes as they are, then cast on the destination */
     mp_tensor *o = mp_empty(t->dtype, dev, t->ndim, t->shape);
     if (!o) return NULL;
     if (dev != MP_CPU) MP_K(o, from_host, mp_data(o), mp_data(t), mp_nbytes(t));
     else if (mp_host_read(t->dev, mp_data(o), mp_data(t), mp_nbytes(t))) return mp_release(o), NULL;
-    if (dt == t->dtype) return o;
+    if (dt == t->dtype) return mp_checked(o);
     mp_tensor *c = mp_to_raw(o, dt, dev);
     mp_release(o);
     return c;

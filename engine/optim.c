@@ -9,8 +9,17 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 
+mp_optim_config mp_optim_defaults(mp_optim_kind kind)
+{
+    mp_optim_config c = {.kind = kind, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+    if (kind == MP_SGD) c.lr = NAN;
+    if (kind == MP_ADAMW) c.weight_decay = 0.01;
+    return c;
+}
+
 int mp_optim_check_config(const mp_optim_config *c)
 {
+    if (isnan(c->lr) && c->kind == MP_SGD) return mp_fail(MP_EINVAL, "lr is required");
     if (!(c->lr >= 0) || !isfinite(c->lr)) return mp_fail(MP_EINVAL, "lr must be a finite number >= 0 (got %g)", c->lr);
     if (!(c->weight_decay >= 0)) return mp_fail(MP_EINVAL, "weight_decay must be >= 0 (got %g)", c->weight_decay);
     if (c->kind == MP_SGD) {
@@ -161,7 +170,12 @@ void mp_optim_set_step(mp_optim *o, int64_t step)
     MP_K(o->counter, from_host, mp_data(o->counter), &step, sizeof step);
 }
 
-int mp_optim_step(mp_optim *o) { return mp_optim_step_if(o, NULL); }
+/* the device's errors come back with the step (mp_checked) */
+int mp_optim_step(mp_optim *o)
+{
+    if (mp_optim_step_if(o, NULL)) return -1;
+    return o->values->dev != MP_CPU ? mp_device_error(o->values->dev) : 0;
+}
 
 int mp_optim_step_if(mp_optim *o, const int32_t *skip)
 {
@@ -268,5 +282,13 @@ int mp_clip_grad_norm(int n, mp_tensor *const *ps, double max_norm, double *tota
         }
     }
     mp_release(range);
+    return 0;
+}
+
+int mp_optim_set_config(mp_optim *o, const mp_optim_config *c)
+{
+    if (c->kind != o->cfg.kind) return mp_fail(MP_EINVAL, "the optimizer's kind cannot change");
+    if (mp_optim_check_config(c)) return -1;
+    o->cfg = *c;
     return 0;
 }

@@ -30,8 +30,14 @@ typedef struct mp_optim {
     int64_t numel;
 } mp_optim;
 
+/* replace o's hyperparameters after the check; o unchanged on failure */
+int mp_optim_set_config(struct mp_optim *o, const mp_optim_config *c);
 mp_optim *mp_optim_new(const mp_optim_config *cfg, int n, mp_tensor *const *params);
 void mp_optim_free(mp_optim *o);
+/* PyTorch's defaults for each kind (Adam/AdamW: lr 1e-3, betas (0.9, 0.999), eps
+ * 1e-8, weight_decay 0 and 0.01); SGD has no default lr: NaN, which the check
+ * refuses as "lr is required". The binding starts from these. */
+mp_optim_config mp_optim_defaults(mp_optim_kind kind);
 int mp_optim_check_config(const mp_optim_config *cfg);
 /* one update of every parameter from the gradient arena */
 int mp_optim_step(mp_optim *o);

@@ -19,11 +19,25 @@ const char *mp_skip_reason_name(mp_skip_reason r)
     return (unsigned)r < 4 ? names[r] : "?";
 }
 
-static bool positive(double x) { return x > 0 && isfinite(x); }
+bool mp_scale_ok(double v) { return v > 0 && v <= 3.4028234663852886e38; }   /* NaN fails both */
+
+mp_policy mp_policy_defaults(mp_policy_kind kind)
+{
+    mp_policy p = {.kind = kind, .init = 65536, .growth = 2, .backoff = 0.5, .history = 16, .margin = 1};
+    switch (kind) {
+    case MP_POLICY_DYNAMIC: p.interval = 2000, p.min = MP_MIN_SCALE; break;
+    case MP_POLICY_HYSTERESIS: p.interval = 1000, p.hysteresis = 2, p.min = 1; break;
+    case MP_POLICY_AMAX: p.min = 1, p.max = 16777216; break;
+    case MP_POLICY_NONE: p.init = 1; break;
+    case MP_POLICY_EXTERNAL: p.min = MP_MIN_SCALE; break;
+    default: break;
+    }
+    return p;
+}
 
 int mp_policy_check(const mp_policy *p)
 {
-    if (!positive(p->init) || p->init > 3.4028234663852886e38)
+    if (!mp_scale_ok(p->init))
         return mp_fail(MP_EINVAL, "init must be a finite f32 number > 0 (got %g)", p->init);
     if (p->kind == MP_POLICY_DYNAMIC || p->kind == MP_POLICY_HYSTERESIS || p->kind == MP_POLICY_AMAX) {
         if (p->kind != MP_POLICY_AMAX && !(p->growth > 1 && isfinite(p->growth)))
@@ -327,7 +341,7 @@ int mp_scaler_step(mp_scaler *s, mp_optim *o, int *applied)
     const int32_t *skip = &dev_state(s)->skip;
     if (mp_optim_step_if(o, skip)) return -1;
     *applied = -1;
-    if (!s->sync) return 0;
+    if (!s->sync) return o->values->dev != MP_CPU ? mp_device_error(o->values->dev) : 0;   /* mp_checked */
     if (pull(s)) return -1;
     *applied = !s->h.skip;
     if (s->h.skip && s->first_bad < 0 && mp_slot_bad(&s->h, k)) s->first_bad = first_nonfinite(o);
@@ -369,7 +383,7 @@ int mp_scaler_update(mp_scaler *s)
 
 int mp_scaler_set_scale(mp_scaler *s, double scale)
 {
-    if (!(scale > 0) || !isfinite((float)scale))
+    if (!mp_scale_ok(scale))
         return mp_fail(MP_EINVAL, "the new scale must be a finite f32 number > 0 (got %g)", scale);
     if (!s->state) {
         s->h.scale = (float)scale;
@@ -378,4 +392,40 @@ int mp_scaler_set_scale(mp_scaler *s, double scale)
     }
     rule(s, MP_SCALE_SET, 1, (float)scale);
     return floor_outcome(s);
+}
+
+void mp_scaler_set_sync(mp_scaler *s, bool on) { s->sync = on; }
+void mp_scaler_set_telemetry(mp_scaler *s, bool on) { s->telemetry = on; }
+
+/* a whole number in [lo, 9e15] (range first: converting inf or NaN is undefined) */
+static bool whole(double v, double lo) { return v >= lo && v <= 9.0e15 && v == (double)(int64_t)v; }
+
+int mp_scaler_restore(mp_scaler *s, const mp_scaler_saved *v)
+{
+    if (!mp_scale_ok(v->scale)) return mp_fail(MP_EINVAL, "scale must be a finite number > 0 (got %g)", v->scale);
+    static const char *names[6] = {"tracker", "last_overflow", "hysteresis_left", "steps", "skipped", "amax_pos"};
+    const double f[6] = {v->tracker, v->last_overflow, v->hysteresis_left, v->steps, v->skipped, v->amax_pos};
+    for (int i = 0; i < 6; i++)
+        if (!whole(f[i], -1)) return mp_fail(MP_EINVAL, "%s must be a whole number (got %f)", names[i], f[i]);
+    int hlen = s->policy.history > 0 ? s->policy.history : 1;
+    if (v->amax_count < 0 || v->amax_count > hlen || v->amax_pos < 0 || v->amax_pos >= hlen ||
+        v->hysteresis_left < 0 || v->hysteresis_left > 1e9)
+        return mp_fail(MP_EINVAL, "amax history, its position or the hysteresis counter out of range");
+    for (int i = 0; i < v->amax_count; i++)
+        if (!(v->amax_hist[i] >= 0) || !isfinite((float)v->amax_hist[i]))
+            return mp_fail(MP_EINVAL, "amax_history[%d] must be a finite number >= 0", i + 1);
+    mp_scale_state *h = (mp_scale_state *)mp_scaler_read(s);
+    if (!h) return -1;
+    h->scale = (float)v->scale;
+    h->tracker = (int64_t)v->tracker;
+    h->last_overflow = (int64_t)v->last_overflow;
+    h->hyst_left = (int)v->hysteresis_left;
+    h->steps = (int64_t)v->steps;
+    h->skipped = (int64_t)v->skipped;
+    h->warned_at_min = v->warned_at_min;
+    s->printed_min_warning = v->warned_at_min;
+    h->amax_count = v->amax_count;
+    for (int i = 0; i < v->amax_count; i++) h->amax_hist[i] = (float)v->amax_hist[i];
+    h->amax_pos = (int)v->amax_pos;
+    return mp_scaler_write(s);
 }

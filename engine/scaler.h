@@ -48,7 +48,17 @@ typedef struct mp_scaler {
     mp_grad_stats *per_param;        /* their host copy, filled by mp_scaler_per_param */
 } mp_scaler;
 
+/* The built-in policies' defaults, PyTorch's GradScaler's (dynamic) and
+ * DeepSpeed's (hysteresis) where they have one; the floor of a policy whose
+ * scale moves is MP_MIN_SCALE for dynamic and 1 for the others. The binding
+ * starts from these and changes only what a script gives; it keeps no default
+ * of its own. */
+#define MP_MIN_SCALE 1.1754943508222875e-38   /* 2^-126, the smallest normal f32 */
+mp_policy mp_policy_defaults(mp_policy_kind kind);
+/* every value of a policy in range (the one check: constructors, set_policy, GradScaler) */
 int mp_policy_check(const mp_policy *p);
+/* a loss scale the engine accepts: finite as an f32, and > 0 */
+bool mp_scale_ok(double v);
 mp_scaler *mp_scaler_new(const mp_policy *p);
 void mp_scaler_free(mp_scaler *s);
 /* replace the policy; its initial scale applies from the next step */
@@ -69,8 +79,23 @@ int mp_scaler_set_scale(mp_scaler *s, double scale);
 /* the state as it is now (waits for the device when it is not on the host
  * yet); NULL with the device's error when that read fails */
 const mp_scale_state *mp_scaler_read(mp_scaler *s);
-/* write back a state changed through mp_scaler_read's copy (load_state_dict) */
+/* write back a state changed through mp_scaler_read's copy */
 int mp_scaler_write(mp_scaler *s);
+/* what a checkpoint holds of the state (GradScaler:state_dict), as numbers to be
+ * checked: mp_scaler_restore refuses, naming the field, a scale that is not
+ * mp_scale_ok, a counter that is not a whole number in range, a history entry
+ * that is not finite and >= 0, and leaves the state as it was */
+typedef struct {
+    double scale, tracker, last_overflow, hysteresis_left, steps, skipped, amax_pos;
+    bool warned_at_min;
+    int amax_count;
+    double amax_hist[MP_AMAX_HISTORY_MAX];
+} mp_scaler_saved;
+int mp_scaler_restore(mp_scaler *s, const mp_scaler_saved *v);
+/* step() reads its decision back (one wait for the device), or leaves it there */
+void mp_scaler_set_sync(mp_scaler *s, bool on);
+/* per-parameter statistics at each unscale */
+void mp_scaler_set_telemetry(mp_scaler *s, bool on);
 /* what the state says about the step */
 mp_skip_reason mp_scaler_reason(const mp_scale_state *h);
 void mp_scaler_total(const mp_scale_state *h, mp_grad_stats *total);

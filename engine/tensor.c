@@ -126,6 +126,15 @@ int mp_device_error(mp_device d)
     return e ? mp_fail(MP_EDEVICE, "%s", e) : 0;
 }
 
+mp_tensor *mp_checked(mp_tensor *t)
+{
+    if (t && t->dev != MP_CPU && mp_device_error(t->dev)) {
+        mp_release(t);
+        return NULL;
+    }
+    return t;
+}
+
 int mp_device_synchronize(mp_device d)
 {
     const mp_backend *be = mp_backend_of(d);

@@ -61,6 +61,11 @@ const char *mp_device_why_not(mp_device d);
 int mp_device_check(mp_device d);                           /* -1 + error if unavailable */
 /* -1 + the backend's message when work queued on d failed (asynchronous backends) */
 int mp_device_error(mp_device d);
+/* t, after the engine queued work for it on an asynchronous device: NULL (t
+ * released) with that device's error when it reported one. Every engine call
+ * that queues work returns its device's errors this way (ops through mp_apply,
+ * creation, copies, backward, optimizer and scaler steps): callers need not ask. */
+mp_tensor *mp_checked(mp_tensor *t);
 int mp_device_synchronize(mp_device d);
 
 /* Waiting for the device, counted: the engine notes every time it reads values

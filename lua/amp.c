@@ -78,27 +78,125 @@ static mp_scaler *check_scaler(lua_State *L, int i)
     return u->s;
 }
 
-/* a policy table made by lua/mp/amp.lua: {kind=, init=, growth=, ...} */
+static const char *kinds[] = {"static", "none", "dynamic", "hysteresis", "amax", "external", NULL};
+
+/* an integer-valued field: absent leaves *v as it is */
+static void int_field(lua_State *L, int t, const char *k, int64_t *v, const char *name)
+{
+    if (lua_getfield(L, t, k) != LUA_TNIL) {
+        double d = lua_tonumber(L, -1);
+        if (lua_type(L, -1) != LUA_TNUMBER || !(d >= -9.0e15 && d <= 9.0e15) || d != (double)(int64_t)d)
+            luaL_error(L, "%s: %s must be a whole number (got %s)", name, k, luaL_tolstring(L, -1, NULL));
+        *v = (int64_t)d;
+    }
+    lua_pop(L, 1);
+}
+
+/* The engine's policy from a policy table: the engine's defaults for its kind,
+ * changed by the fields the table has (window is hysteresis's interval), then
+ * the engine's check. The binding converts types; values are the engine's. */
 static mp_policy read_policy(lua_State *L, int t, const char *name)
 {
-    static const char *kinds[] = {"static", "none", "dynamic", "hysteresis", "amax", "external", NULL};
+    t = lua_absindex(L, t);
     lua_getfield(L, t, "kind");
     int k = luaL_checkoption(L, -1, NULL, kinds);
     lua_pop(L, 1);
-    mp_policy p = {.kind = (mp_policy_kind)k};
-    p.init = lb_number_field(L, t, "init", 65536, name);
-    p.growth = lb_number_field(L, t, "growth", 2, name);
-    p.backoff = lb_number_field(L, t, "backoff", 0.5, name);
-    p.min = lb_number_field(L, t, "min", 0, name);
-    p.max = lb_number_field(L, t, "max", 0, name);
-    p.interval = (int64_t)lb_number_field(L, t, "interval", 2000, name);
-    p.hysteresis = (int)lb_number_field(L, t, "hysteresis", 2, name);
-    p.history = (int)lb_number_field(L, t, "history", 16, name);
-    p.margin = lb_number_field(L, t, "margin", 1, name);
+    mp_policy p = mp_policy_defaults((mp_policy_kind)k);
+    p.init = lb_number_field(L, t, "init", p.init, name);
+    p.growth = lb_number_field(L, t, "growth", p.growth, name);
+    p.backoff = lb_number_field(L, t, "backoff", p.backoff, name);
+    p.min = lb_number_field(L, t, "min", p.min, name);
+    p.max = lb_number_field(L, t, "max", p.max, name);
+    p.margin = lb_number_field(L, t, "margin", p.margin, name);
+    int64_t hyst = p.hysteresis, hist = p.history;
+    int_field(L, t, "interval", &p.interval, name);
+    int_field(L, t, "window", &p.interval, name);
+    int_field(L, t, "hysteresis", &hyst, name);
+    int_field(L, t, "history", &hist, name);
+    if (hyst < INT32_MIN || hyst > INT32_MAX || hist < INT32_MIN || hist > INT32_MAX)
+        luaL_error(L, "%s: hysteresis and history must fit an int", name);
+    p.hysteresis = (int)hyst, p.history = (int)hist;
+    lua_getfield(L, t, "on_min");
+    const char *on_min = lua_tostring(L, -1);
+    if (!lua_isnil(L, -1) && (!on_min || (strcmp(on_min, "warn") && strcmp(on_min, "error"))))
+        luaL_error(L, "%s: on_min must be \"warn\" or \"error\" (got %s)", name, luaL_tolstring(L, -1, NULL));
+    p.error_at_min = on_min && strcmp(on_min, "error") == 0;
+    lua_pop(L, 1);
     lua_getfield(L, t, "error_at_min");
-    p.error_at_min = lua_toboolean(L, -1);
+    if (lua_toboolean(L, -1)) p.error_at_min = true;
     lua_pop(L, 1);
     return p;
+}
+
+/* a whole number as a Lua integer (65536, not 65536.0), anything else as a float */
+static void push_num(lua_State *L, double v)
+{
+    if (v == floor(v) && fabs(v) < 9.0e15) lua_pushinteger(L, (lua_Integer)v);
+    else lua_pushnumber(L, v);
+}
+
+/* core._scale_ok(v): the engine's test of a loss scale */
+/* core._policy(kind, opts) -> the policy table, every field the engine's: the
+ * options a kind takes (checked by the one option checker), the engine's
+ * defaults for the rest, the engine's check */
+static int a_policy(lua_State *L)
+{
+    static const char *specs[] = {
+        "init:number", "",
+        "init:number growth:number backoff:number interval:integer min:number max:number on_min:string",
+        "init:number growth:number backoff:number window:integer hysteresis:integer min:number max:number "
+        "on_min:string",
+        "init:number history:integer margin:number backoff:number min:number max:number on_min:string",
+    };
+    static const char *names[] = {"mp.amp.policy.static", "mp.amp.policy.none", "mp.amp.policy.dynamic",
+                                  "mp.amp.policy.hysteresis", "mp.amp.policy.amax"};
+    int k = luaL_checkoption(L, 1, NULL, kinds);
+    if (k > MP_POLICY_AMAX) return luaL_argerror(L, 1, "not a built-in policy");
+    const char *name = names[k];
+    lb_check_options(L, 2, name, specs[k], 2);
+    lua_createtable(L, 0, 12);
+    lua_pushstring(L, kinds[k]);
+    lua_setfield(L, -2, "kind");
+    if (lua_istable(L, 2)) {   /* the options over the kind: read_policy fills the rest */
+        lua_pushnil(L);
+        while (lua_next(L, 2)) {
+            lua_pushvalue(L, -2);
+            lua_insert(L, -2);
+            lua_settable(L, -4);
+        }
+    }
+    mp_policy p = read_policy(L, -1, name);
+    mp_clear_error();
+    if (mp_policy_check(&p)) return lt_error(L, name);
+    lua_pop(L, 1);
+    /* the table a script sees: what the engine will run */
+    lua_createtable(L, 0, 12);
+    lua_pushstring(L, kinds[k]);
+    lua_setfield(L, -2, "kind");
+    push_num(L, p.init);
+    lua_setfield(L, -2, "init");
+#define FIELD_NUM(K, V) (push_num(L, (V)), lua_setfield(L, -2, K))
+#define FIELD_INT(K, V) (lua_pushinteger(L, (V)), lua_setfield(L, -2, K))
+    if (k == MP_POLICY_DYNAMIC || k == MP_POLICY_HYSTERESIS) FIELD_NUM("growth", p.growth);
+    if (k >= MP_POLICY_DYNAMIC) {
+        FIELD_NUM("backoff", p.backoff);
+        FIELD_NUM("min", p.min);
+        if (p.max > 0) FIELD_NUM("max", p.max);
+        lua_pushstring(L, p.error_at_min ? "error" : "warn");
+        lua_setfield(L, -2, "on_min");
+    }
+    if (k == MP_POLICY_DYNAMIC) FIELD_INT("interval", p.interval);
+    if (k == MP_POLICY_HYSTERESIS) FIELD_INT("window", p.interval), FIELD_INT("hysteresis", p.hysteresis);
+    if (k == MP_POLICY_AMAX) FIELD_INT("history", p.history), FIELD_NUM("margin", p.margin);
+#undef FIELD_NUM
+#undef FIELD_INT
+    return 1;
+}
+
+static int a_scale_ok(lua_State *L)
+{
+    lua_pushboolean(L, lua_type(L, 1) == LUA_TNUMBER && mp_scale_ok(lua_tonumber(L, 1)));
+    return 1;
 }
 
 static int s_new(lua_State *L)
@@ -163,8 +261,7 @@ static int s_step(lua_State *L)
     mp_optim *o = optim_arg(L, 2, "GradScaler:step");
     int applied;
     mp_clear_error();
-    if (mp_scaler_step(s, o, &applied) || (o->values->dev != MP_CPU && mp_device_error(o->values->dev)))
-        return lt_error(L, "GradScaler:step");
+    if (mp_scaler_step(s, o, &applied)) return lt_error(L, "GradScaler:step");
     lt_step_done(L);
     if (applied < 0) lua_pushnil(L);
     else lua_pushboolean(L, applied);
@@ -173,7 +270,7 @@ static int s_step(lua_State *L)
 
 static int s_set_sync(lua_State *L)
 {
-    check_scaler(L, 1)->sync = lua_toboolean(L, 2);
+    mp_scaler_set_sync(check_scaler(L, 1), lua_toboolean(L, 2));
     return 0;
 }
 
@@ -263,57 +360,39 @@ static int s_restore(lua_State *L)
     luaL_checktype(L, 2, LUA_TTABLE);
     const char *name = "GradScaler:load_state_dict";
     mp_clear_error();
-    mp_scale_state *h = (mp_scale_state *)mp_scaler_read(s);
+    const mp_scale_state *h = mp_scaler_read(s);
     if (!h) return lt_error(L, name);
-    double scale = lb_number_field(L, 2, "scale", h->scale, name);
-    if (!(scale > 0) || !isfinite((float)scale)) return luaL_error(L, "%s: scale must be a finite number > 0", name);
+    /* numbers out of the table; the engine checks them (mp_scaler_restore) */
+    mp_scaler_saved v = {
+        .scale = lb_number_field(L, 2, "scale", h->scale, name),
+        .tracker = lb_number_field(L, 2, "tracker", 0, name),
+        .last_overflow = lb_number_field(L, 2, "last_overflow", -1, name),
+        .hysteresis_left = lb_number_field(L, 2, "hysteresis_left", s->policy.hysteresis, name),
+        .steps = lb_number_field(L, 2, "steps", 0, name),
+        .skipped = lb_number_field(L, 2, "skipped", 0, name),
+        .amax_pos = lb_number_field(L, 2, "amax_pos", 0, name),
+    };
+    lua_getfield(L, 2, "warned_at_min");
+    v.warned_at_min = lua_toboolean(L, -1);
+    lua_pop(L, 1);
     lua_getfield(L, 2, "amax_history");
-    int nh = lua_istable(L, -1) ? lb_len(L, -1, MP_AMAX_HISTORY_MAX, "amax_history", name) : 0;
-    float hist[MP_AMAX_HISTORY_MAX];
-    for (int i = 0; i < nh; i++) {
+    v.amax_count = lua_istable(L, -1) ? lb_len(L, -1, MP_AMAX_HISTORY_MAX, "amax_history", name) : 0;
+    for (int i = 0; i < v.amax_count; i++) {
         lua_geti(L, -1, i + 1);
-        double v = lua_tonumber(L, -1);
-        if (lua_type(L, -1) != LUA_TNUMBER || !(v >= 0) || !isfinite((float)v))
-            return luaL_error(L, "%s: amax_history[%d] must be a finite number >= 0", name, i + 1);
-        hist[i] = (float)v;
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            return luaL_error(L, "%s: amax_history[%d] must be a number (got %s)", name, i + 1, luaL_typename(L, -1));
+        v.amax_hist[i] = lua_tonumber(L, -1);
         lua_pop(L, 1);
     }
     lua_pop(L, 1);
-    /* a checkpoint is input: every counter is checked before it is used as one */
-    double f[6] = {
-        lb_number_field(L, 2, "tracker", 0, name), lb_number_field(L, 2, "last_overflow", -1, name),
-        lb_number_field(L, 2, "hysteresis_left", s->policy.hysteresis, name),
-        lb_number_field(L, 2, "steps", 0, name), lb_number_field(L, 2, "skipped", 0, name),
-        lb_number_field(L, 2, "amax_pos", 0, name),
-    };
-    static const char *fn[6] = {"tracker", "last_overflow", "hysteresis_left", "steps", "skipped", "amax_pos"};
-    for (int i = 0; i < 6; i++)
-        if (!(f[i] >= -1 && f[i] <= 9.0e15) || f[i] != (double)(int64_t)f[i])   /* range first: casting inf or NaN is undefined */
-            return luaL_error(L, "%s: %s must be a whole number (got %f)", name, fn[i], f[i]);
-    int hlen = s->policy.history > 0 ? s->policy.history : 1;
-    if (nh > hlen || f[5] < 0 || f[5] >= hlen || f[2] < 0 || f[2] > 1e9)
-        return luaL_error(L, "%s: amax history, its position or the hysteresis counter out of range", name);
-    h->scale = (float)scale;
-    h->tracker = (int64_t)f[0];
-    h->last_overflow = (int64_t)f[1];
-    h->hyst_left = (int)f[2];
-    h->steps = (int64_t)f[3];
-    h->skipped = (int64_t)f[4];
-    lua_getfield(L, 2, "warned_at_min");
-    h->warned_at_min = lua_toboolean(L, -1);
-    s->printed_min_warning = h->warned_at_min;
-    lua_pop(L, 1);
-    h->amax_count = nh;
-    memcpy(h->amax_hist, hist, sizeof(float) * (size_t)nh);
-    h->amax_pos = (int)f[5];
-    mp_scaler_write(s);
+    mp_clear_error();
+    if (mp_scaler_restore(s, &v)) return lt_error(L, name);
     return 0;
 }
 
 static int s_telemetry(lua_State *L)
 {
-    mp_scaler *s = check_scaler(L, 1);
-    s->telemetry = lua_toboolean(L, 2);
+    mp_scaler_set_telemetry(check_scaler(L, 1), lua_toboolean(L, 2));
     return 0;
 }
 
@@ -364,8 +443,11 @@ void mp_open_amp(lua_State *L)
     lua_pop(L, 1);
     static const luaL_Reg f[] = {
         {"_autocast", a_autocast}, {"_register", a_register}, {"_classes", a_classes}, {"_scaler", s_new},
-        {"_count_flush", a_count_flush}, {"_flush_stats", a_flush_stats},
+        {"_count_flush", a_count_flush}, {"_flush_stats", a_flush_stats}, {"_policy", a_policy},
+        {"_scale_ok", a_scale_ok}, {"_options", lb_options_lua},
         {NULL, NULL}
     };
     luaL_setfuncs(L, f, 0);
+    lua_pushnumber(L, MP_MIN_SCALE);
+    lua_setfield(L, -2, "_MIN_SCALE");
 }

@@ -9,6 +9,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include "lua/bind.h"
 #include "engine/autograd.h"
@@ -29,8 +31,7 @@ int lt_error(lua_State *L, const char *name)
 void lt_set(lua_State *L, LTensor *u, mp_tensor *t, const char *name)
 {
     if (!t) lt_error(L, name);
-    u->t = t;
-    if (t->dev != MP_CPU && mp_device_error(t->dev)) lt_error(L, name);   /* a failed kernel launch */
+    u->t = t;   /* the engine returned the device's errors with t (mp_checked) */
     lt_pace_gc(L, t->dev, mp_nbytes(t));
 }
 
@@ -305,6 +306,96 @@ int lb_set_default_device(lua_State *L)
     return 0;
 }
 
+/* ---- the one option-table checker ----
+ * spec: "key:type ..." in the order an error lists them; type: number, integer,
+ * boolean, string, table, function or any. Raw reads (lua_next): an option
+ * table's metamethods run no code here. */
+static bool opt_type_ok(lua_State *L, int v, const char *type, size_t tlen)
+{
+#define IS(T) (tlen == sizeof T - 1 && memcmp(type, T, tlen) == 0)
+    int t = lua_type(L, v);
+    if (IS("any")) return true;
+    if (IS("number")) return t == LUA_TNUMBER;
+    if (IS("integer")) return t == LUA_TNUMBER && (lua_isinteger(L, v) || lua_tonumber(L, v) == floor(lua_tonumber(L, v)));
+    if (IS("boolean")) return t == LUA_TBOOLEAN;
+    if (IS("string")) return t == LUA_TSTRING;
+    if (IS("table")) return t == LUA_TTABLE;
+    if (IS("function")) return t == LUA_TFUNCTION;
+    return false;
+#undef IS
+}
+
+static int opt_error(lua_State *L, int level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    luaL_where(L, level);
+    lua_pushvfstring(L, fmt, ap);
+    va_end(ap);
+    lua_concat(L, 2);
+    return lua_error(L);
+}
+
+int lb_check_options(lua_State *L, int i, const char *name, const char *spec, int level)
+{
+    if (lua_isnoneornil(L, i)) return 0;
+    if (!lua_istable(L, i)) return opt_error(L, level, "%s: options must be a table (got %s)", name, luaL_typename(L, i));
+    i = lua_absindex(L, i);
+    lua_pushnil(L);
+    while (lua_next(L, i)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+        size_t klen = k ? strlen(k) : 0;
+        const char *type = NULL, *p = spec;
+        size_t tlen = 0;
+        while (k && *p) {   /* find "k:" among the words of spec */
+            const char *colon = strchr(p, ':'), *end = colon ? colon + strcspn(colon, " ") : p + strlen(p);
+            if (colon && (size_t)(colon - p) == klen && memcmp(p, k, klen) == 0) {
+                type = colon + 1, tlen = (size_t)(end - colon - 1);
+                break;
+            }
+            p = *end ? end + 1 : end;
+        }
+        if (!type) {   /* name every option, in spec's order: "a, b or c" */
+            luaL_Buffer b;
+            luaL_buffinit(L, &b);
+            int n = 0, total = 0;
+            for (const char *q = spec; *q; q++) total += *q == ':';
+            for (p = spec; *p;) {
+                const char *colon = strchr(p, ':'), *end = colon + strcspn(colon, " ");
+                if (n++) luaL_addstring(&b, n == total ? " or " : ", ");
+                luaL_addlstring(&b, p, (size_t)(colon - p));
+                p = *end ? end + 1 : end;
+            }
+            luaL_pushresult(&b);
+            return opt_error(L, level, "%s: unknown option %s%s%s (expected %s)", name, k ? "'" : "",
+                      k ? k : luaL_typename(L, -3), k ? "'" : "", lua_tostring(L, -1));
+        }
+        if (!opt_type_ok(L, -1, type, tlen)) {
+            char tn[16];
+            snprintf(tn, sizeof tn, "%.*s", (int)tlen, type);
+            const char *got = lua_type(L, -1) == LUA_TNUMBER && strcmp(tn, "integer") == 0 ? "a fraction"
+                                                                                         : luaL_typename(L, -1);
+            return opt_error(L, level, "%s: option %s must be %s %s (got %s)", name, k, tn[0] == 'i' ? "an" : "a", tn, got);
+        }
+        lua_pop(L, 1);
+    }
+    return 1;
+}
+
+/* core._options(name, opts, spec [, level]) -> opts or {}: the checker above for
+ * the Lua library; level as error()'s, counted from the caller of core._options */
+int lb_options_lua(lua_State *L)
+{
+    const char *name = luaL_checkstring(L, 1), *spec = luaL_checkstring(L, 3);
+    int level = (int)luaL_optinteger(L, 4, 2);
+    if (!lb_check_options(L, 2, name, spec, level)) {
+        lua_newtable(L);
+        return 1;
+    }
+    lua_settop(L, 2);
+    return 1;
+}
+
 lb_opts lb_options(lua_State *L, int i, const char *name)
 {
     return lb_options_def(L, i, name, (lb_opts){MP_F32, lb_default_device(L), 0});
@@ -312,19 +403,12 @@ lb_opts lb_options(lua_State *L, int i, const char *name)
 
 lb_opts lb_options_def(lua_State *L, int i, const char *name, lb_opts o)
 {
-    if (lua_isnoneornil(L, i)) return o;
-    if (!lua_istable(L, i)) luaL_error(L, "%s: options must be a table (got %s)", name, luaL_typename(L, i));
+    if (!lb_check_options(L, i, name, "dtype:any device:any requires_grad:any", 1)) return o;
     i = lua_absindex(L, i);
-    lua_pushnil(L);
-    while (lua_next(L, i)) {
-        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : "";
-        if (strcmp(k, "dtype") == 0) o.dtype = lb_dtype(L, -1, name);
-        else if (strcmp(k, "device") == 0) o.device = lb_device(L, -1, name);
-        else if (strcmp(k, "requires_grad") == 0) o.requires_grad = lua_toboolean(L, -1);
-        else luaL_error(L, "%s: unknown option '%s' (expected dtype, device or requires_grad)", name,
-                        lua_type(L, -2) == LUA_TSTRING ? k : luaL_typename(L, -2));
-        lua_pop(L, 1);
-    }
+    if (lua_getfield(L, i, "dtype") != LUA_TNIL) o.dtype = lb_dtype(L, -1, name);
+    if (lua_getfield(L, i, "device") != LUA_TNIL) o.device = lb_device(L, -1, name);
+    if (lua_getfield(L, i, "requires_grad") != LUA_TNIL) o.requires_grad = lua_toboolean(L, -1);
+    lua_pop(L, 3);
     return o;
 }
 

@@ -73,6 +73,13 @@ mp_device lb_device(lua_State *L, int i, const char *name);
 mp_device lb_default_device(lua_State *L);
 typedef struct { mp_dtype dtype; mp_device device; int requires_grad; } lb_opts;
 int lb_set_default_device(lua_State *L);
+/* The one option-table checker: the table at i (none or nil: no options, 0)
+ * holds only the keys of spec ("key:type ...", type: number, integer, boolean,
+ * string, table, function or any), each of its type; else an error naming the
+ * function and the option, positioned at `level` (as error()'s, counted from
+ * the C function). Returns 1 when there is a table. */
+int lb_check_options(lua_State *L, int i, const char *name, const char *spec, int level);
+int lb_options_lua(lua_State *L);   /* core._options(name, opts, spec [, level]) */
 lb_opts lb_options(lua_State *L, int i, const char *name);
 lb_opts lb_options_def(lua_State *L, int i, const char *name, lb_opts defaults);
 /* apply opts.requires_grad to the new tensor on top of the stack */

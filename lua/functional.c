@@ -37,8 +37,7 @@ static int f_gelu(lua_State *L)
 {
     mp_tensor *x = lt_check(L, 1);
     double tanh_form = 0;
-    if (!lua_isnoneornil(L, 2)) {
-        luaL_checktype(L, 2, LUA_TTABLE);
+    if (lb_check_options(L, 2, "mp.gelu", "approximate:string", 1)) {
         lua_getfield(L, 2, "approximate");
         const char *a = lua_isnil(L, -1) ? "none" : lua_tostring(L, -1);
         if (!a || (strcmp(a, "none") && strcmp(a, "tanh")))
@@ -101,8 +100,7 @@ static int f_cross_entropy(lua_State *L)
 {
     mp_tensor *x = lt_check(L, 1), *t = lt_check(L, 2);
     mp_reduction red = MP_REDUCE_MEAN;
-    if (!lua_isnoneornil(L, 3)) {
-        if (!lua_istable(L, 3)) return luaL_error(L, "mp.cross_entropy: options must be a table (got %s)", luaL_typename(L, 3));
+    if (lb_check_options(L, 3, "mp.cross_entropy", "reduction:string", 1)) {
         lua_getfield(L, 3, "reduction");
         if (!lua_isnil(L, -1)) {
             const char *r = lua_tostring(L, -1);

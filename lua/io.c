@@ -641,8 +641,7 @@ static int m_stale_saves(lua_State *L)
     if (lua_type(L, 1) != LUA_TSTRING) return luaL_error(L, "%s: path must be a string (got %s)", name, luaL_typename(L, 1));
     if (strlen(lua_tostring(L, 1)) != lua_rawlen(L, 1)) return luaL_error(L, "%s: path contains a NUL byte", name);
     bool remove = false;
-    if (!lua_isnoneornil(L, 2)) {
-        if (!lua_istable(L, 2)) return luaL_error(L, "%s: options must be a table (got %s)", name, luaL_typename(L, 2));
+    if (lb_check_options(L, 2, name, "remove:boolean", 1)) {
         lua_getfield(L, 2, "remove");
         remove = lua_toboolean(L, -1);
         lua_pop(L, 1);

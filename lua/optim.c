@@ -18,7 +18,8 @@ static mp_optim *check_optim(lua_State *L, int i)
     return u->o;
 }
 
-/* core._optimizer(kind, params, config) with config already defaulted in Lua */
+/* core._optimizer(kind, params, config): the engine's defaults for the kind
+ * (mp_optim_defaults), changed by the fields config has; the engine checks them */
 static int o_new(lua_State *L)
 {
     static const char *kinds[] = {"sgd", "adam", "adamw", NULL};
@@ -26,16 +27,15 @@ static int o_new(lua_State *L)
     int kind = luaL_checkoption(L, 1, NULL, kinds);
     const char *name = names[kind];
     luaL_checktype(L, 3, LUA_TTABLE);
-    mp_optim_config c = {.kind = (mp_optim_kind)kind};
-    c.lr = lb_number_field(L, 3, "lr", 0, name);
-    c.momentum = lb_number_field(L, 3, "momentum", 0, name);
-    c.dampening = lb_number_field(L, 3, "dampening", 0, name);
-    c.weight_decay = lb_number_field(L, 3, "weight_decay", 0, name);
-    c.beta1 = lb_number_field(L, 3, "beta1", 0.9, name);
-    c.beta2 = lb_number_field(L, 3, "beta2", 0.999, name);
-    c.eps = lb_number_field(L, 3, "eps", 1e-8, name);
-    lua_getfield(L, 3, "nesterov");
-    c.nesterov = lua_toboolean(L, -1);
+    mp_optim_config c = mp_optim_defaults((mp_optim_kind)kind);
+    c.lr = lb_number_field(L, 3, "lr", c.lr, name);
+    c.momentum = lb_number_field(L, 3, "momentum", c.momentum, name);
+    c.dampening = lb_number_field(L, 3, "dampening", c.dampening, name);
+    c.weight_decay = lb_number_field(L, 3, "weight_decay", c.weight_decay, name);
+    c.beta1 = lb_number_field(L, 3, "beta1", c.beta1, name);
+    c.beta2 = lb_number_field(L, 3, "beta2", c.beta2, name);
+    c.eps = lb_number_field(L, 3, "eps", c.eps, name);
+    if (lua_getfield(L, 3, "nesterov") != LUA_TNIL) c.nesterov = lua_toboolean(L, -1);
     lua_pop(L, 1);
     int n;
     mp_tensor **ps = lb_tensor_list(L, 2, 1 << 24, "params", name, &n);
@@ -74,7 +74,7 @@ static int o_step(lua_State *L)
 {
     mp_optim *o = check_optim(L, 1);
     mp_clear_error();
-    if (mp_optim_step(o) || (o->values->dev != MP_CPU && mp_device_error(o->values->dev)))
+    if (mp_optim_step(o))
         return lt_error(L, "Optimizer:step");
     lt_step_done(L);
     return 0;
@@ -106,15 +106,17 @@ static int o_views(lua_State *L)
     return 1;
 }
 
-static double *config_field(mp_optim *o, const char *k)
+/* the hyperparameter k of a config (a copy the binding changes and hands to
+ * mp_optim_set_config, or the optimizer's own for reading) */
+static double *config_field(mp_optim_config *c, const char *k)
 {
-    if (strcmp(k, "lr") == 0) return &o->cfg.lr;
-    if (strcmp(k, "momentum") == 0) return &o->cfg.momentum;
-    if (strcmp(k, "dampening") == 0) return &o->cfg.dampening;
-    if (strcmp(k, "weight_decay") == 0) return &o->cfg.weight_decay;
-    if (strcmp(k, "beta1") == 0) return &o->cfg.beta1;
-    if (strcmp(k, "beta2") == 0) return &o->cfg.beta2;
-    if (strcmp(k, "eps") == 0) return &o->cfg.eps;
+    if (strcmp(k, "lr") == 0) return &c->lr;
+    if (strcmp(k, "momentum") == 0) return &c->momentum;
+    if (strcmp(k, "dampening") == 0) return &c->dampening;
+    if (strcmp(k, "weight_decay") == 0) return &c->weight_decay;
+    if (strcmp(k, "beta1") == 0) return &c->beta1;
+    if (strcmp(k, "beta2") == 0) return &c->beta2;
+    if (strcmp(k, "eps") == 0) return &c->eps;
     return NULL;
 }
 
@@ -124,7 +126,7 @@ static int o_index(lua_State *L)
     if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
     mp_optim *o = check_optim(L, 1);
     const char *k = luaL_checkstring(L, 2);
-    double *f = config_field(o, k);
+    double *f = config_field(&o->cfg, k);
     if (f) lua_pushnumber(L, *f);
     else if (strcmp(k, "step_count") == 0) {
         int64_t step;
@@ -142,14 +144,11 @@ static int o_newindex(lua_State *L)
 {
     mp_optim *o = check_optim(L, 1);
     const char *k = luaL_checkstring(L, 2);
+    mp_optim_config c = o->cfg;   /* changed here, checked and set by the engine */
     if (strcmp(k, "nesterov") == 0) {
-        bool old = o->cfg.nesterov;
-        o->cfg.nesterov = lua_toboolean(L, 3);
+        c.nesterov = lua_toboolean(L, 3);
         mp_clear_error();
-        if (mp_optim_check_config(&o->cfg)) {
-            o->cfg.nesterov = old;
-            return lt_error(L, "Optimizer");
-        }
+        if (mp_optim_set_config(o, &c)) return lt_error(L, "Optimizer");
         return 0;
     }
     if (strcmp(k, "step_count") == 0) {
@@ -158,17 +157,13 @@ static int o_newindex(lua_State *L)
         mp_optim_set_step(o, s);
         return 0;
     }
-    double *f = config_field(o, k);
+    double *f = config_field(&c, k);
     if (!f) return luaL_error(L, "Optimizer: no field '%s' to set", k);
     if (lua_type(L, 3) != LUA_TNUMBER)
         return luaL_error(L, "Optimizer.%s: must be a number (got %s)", k, luaL_typename(L, 3));
-    double old = *f;
     *f = lua_tonumber(L, 3);
     mp_clear_error();
-    if (mp_optim_check_config(&o->cfg)) {
-        *f = old;
-        return lt_error(L, "Optimizer");
-    }
+    if (mp_optim_set_config(o, &c)) return lt_error(L, "Optimizer");
     return 0;
 }
 

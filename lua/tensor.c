@@ -337,7 +337,7 @@ static int t_backward(lua_State *L)
     mp_tensor *t = lt_check(L, 1), *g = lua_isnoneornil(L, 2) ? NULL : lt_check(L, 2);
     mp_clear_error();
     /* no retry after out of memory: the first attempt has already consumed part of the graph */
-    if (mp_backward(t, g) || (t->dev != MP_CPU && mp_device_error(t->dev))) return lt_error(L, "Tensor:backward");
+    if (mp_backward(t, g)) return lt_error(L, "Tensor:backward");
     return 0;
 }
 
@@ -354,18 +354,9 @@ static int t_newindex(lua_State *L)
     mp_tensor *t = lt_check(L, 1);
     const char *k = lua_tostring(L, 2);
     if (k && strcmp(k, "grad") == 0) {
-        mp_tensor *g = lua_isnil(L, 3) ? NULL : lt_check(L, 3);
-        if (g && (!mp_same_shape(g, t) || g->dev != t->dev || g->dtype != t->dtype))
-            return luaL_error(L, "Tensor.grad: must be nil or a tensor of the tensor's shape, dtype (%s) "
-                                 "and device (%s)", mp_dtype_name(t->dtype), mp_device_name(t->dev));
-        /* a gradient is plain data: one that is the tensor itself, has a gradient of its
-         * own or is part of a graph would make a reference cycle that is never freed */
-        if (g && (g == t || g->grad || g->requires_grad))
-            return luaL_error(L, "Tensor.grad: must be a plain tensor (not the tensor itself, not one that "
-                                 "requires grad or has a .grad; use :detach():clone())");
-        if (g) mp_retain(g);
-        mp_tensor *old = t->grad;
-        t->grad = g;
+        mp_tensor *g = lua_isnil(L, 3) ? NULL : lt_check(L, 3), *old;
+        mp_clear_error();
+        if (mp_set_grad(t, g, &old)) return lt_error(L, "Tensor.grad");
         lt_release(L, old);
         return 0;
     }

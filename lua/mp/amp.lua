@@ -28,22 +28,8 @@ function amp.classes() return core._classes() end
 local policy = {}
 amp.policy = policy
 
-local function options(name, opts, allowed)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then error(string.format("%s: options must be a table (got %s)", name, type(opts)), 3) end
-  for k, v in pairs(opts) do
-    if allowed[k] == nil then
-      local names = {}
-      for a in pairs(allowed) do names[#names + 1] = a end
-      table.sort(names)
-      error(string.format("%s: unknown option '%s' (expected %s)", name, tostring(k), table.concat(names, ", ")), 3)
-    end
-    if type(v) ~= allowed[k] then
-      error(string.format("%s: %s must be a %s (got %s)", name, k, allowed[k], type(v)), 3)
-    end
-  end
-  return opts
-end
+-- option tables: the binding's one checker (lua/bind.c)
+local function options(name, opts, spec) return core._options(name, opts, spec, 3) end
 
 local Builtin = {}
 Builtin.__index = Builtin
@@ -56,100 +42,47 @@ function Builtin:__tostring()
   return string.format("%s{%s}", self.kind, table.concat(parts, ", "))
 end
 
--- counts must be whole numbers, factors in range: checked when the policy is built
-local function validate(name, t)
-  for _, k in ipairs{"interval", "window", "hysteresis", "history"} do
-    local v = t[k]
-    if v ~= nil and (math.type(v) ~= "integer" and v ~= math.floor(v) or v < 1) then
-      error(string.format("%s: %s must be a positive integer (got %s)", name, k, tostring(v)), 3)
-    end
-  end
-  if t.growth ~= nil and not (t.growth > 1 and t.growth < math.huge) then
-    error(string.format("%s: growth must be > 1 (got %s)", name, tostring(t.growth)), 3)
-  end
-  if t.backoff ~= nil and not (t.backoff > 0 and t.backoff < 1) then
-    error(string.format("%s: backoff must be in (0, 1) (got %s)", name, tostring(t.backoff)), 3)
-  end
-  if not (t.init > 0 and t.init < math.huge) then
-    error(string.format("%s: init must be a finite number > 0 (got %s)", name, tostring(t.init)), 3)
-  end
-  return t
-end
-
 local function builtin(t) return setmetatable(t, Builtin) end
 
+-- The built-in policies: the options each takes, the engine's defaults for the
+-- rest and the engine's check of every value (engine/scaler.c,
+-- mp_policy_defaults and mp_policy_check), through core._policy. A bad value is
+-- refused here, when the policy is made.
 function policy.static(scale)
-  if type(scale) ~= "number" or not (scale > 0) or scale == math.huge then
+  if not core._scale_ok(scale) then
     error("mp.amp.policy.static: scale must be a finite number > 0 (got " .. tostring(scale) .. ")", 2)
   end
-  return builtin{kind = "static", init = scale}
+  return builtin(core._policy("static", {init = scale}))
 end
 
-function policy.none() return builtin{kind = "none", init = 1} end
+function policy.none() return builtin(core._policy("none")) end
 
 -- The floor of every policy whose scale moves: the smallest normal f32 unless
--- min says otherwise. At its floor with gradients that still overflow, a policy
--- warns once (on_min = "warn") or raises (on_min = "error"): the scale never
--- reaches 0 with every later step skipped in silence, as PyTorch's GradScaler's
--- does (docs/ARCHITECTURE.md, "The floor").
-policy.MIN_SCALE = 2 ^ -126
+-- min says otherwise (the engine's MP_MIN_SCALE). At its floor with gradients
+-- that still overflow, a policy warns once (on_min = "warn") or raises
+-- (on_min = "error"): the scale never reaches 0 with every later step skipped
+-- in silence, as PyTorch's GradScaler's does (docs/ARCHITECTURE.md, "The floor").
+policy.MIN_SCALE = core._MIN_SCALE
 
-local function check_on_min(name, v)
-  if v ~= nil and v ~= "warn" and v ~= "error" then
-    error(name .. ": on_min must be \"warn\" or \"error\" (got " .. v .. ")", 3)
-  end
-  return v or "warn"
-end
-
-function policy.dynamic(opts)
-  local o = options("mp.amp.policy.dynamic", opts,
-    {init = "number", growth = "number", backoff = "number", interval = "number", min = "number", max = "number",
-     on_min = "string"})
-  local on_min = check_on_min("mp.amp.policy.dynamic", o.on_min)
-  return builtin(validate("mp.amp.policy.dynamic", {kind = "dynamic", init = o.init or 65536, growth = o.growth or 2,
-                 backoff = o.backoff or 0.5, interval = o.interval or 2000, min = o.min or policy.MIN_SCALE,
-                 max = o.max, on_min = on_min}))
-end
-
-function policy.hysteresis(opts)
-  local o = options("mp.amp.policy.hysteresis", opts,
-    {init = "number", growth = "number", backoff = "number", window = "number", hysteresis = "number",
-     min = "number", max = "number", on_min = "string"})
-  check_on_min("mp.amp.policy.hysteresis", o.on_min)
-  return builtin(validate("mp.amp.policy.hysteresis", {kind = "hysteresis", init = o.init or 65536,
-                 growth = o.growth or 2, backoff = o.backoff or 0.5, window = o.window or 1000,
-                 hysteresis = o.hysteresis or 2, min = o.min or 1, max = o.max, on_min = o.on_min or "warn"}))
-end
-
-function policy.amax(opts)
-  local o = options("mp.amp.policy.amax", opts,
-    {init = "number", history = "number", margin = "number", backoff = "number", min = "number", max = "number",
-     on_min = "string"})
-  local on_min = check_on_min("mp.amp.policy.amax", o.on_min)
-  return builtin(validate("mp.amp.policy.amax", {kind = "amax", init = o.init or 65536, history = o.history or 16,
-                 margin = o.margin or 1, backoff = o.backoff or 0.5, min = o.min or 1, max = o.max or 2^24,
-                 on_min = on_min}))
-end
+function policy.dynamic(opts) return builtin(core._policy("dynamic", opts)) end
+function policy.hysteresis(opts) return builtin(core._policy("hysteresis", opts)) end
+function policy.amax(opts) return builtin(core._policy("amax", opts)) end
 
 -- the C view of a policy
 local function engine_policy(p)
-  if getmetatable(p) == Builtin then
-    return {kind = p.kind, init = p.init, growth = p.growth, backoff = p.backoff, min = p.min, max = p.max,
-            interval = p.interval or p.window, hysteresis = p.hysteresis, history = p.history, margin = p.margin,
-            error_at_min = p.on_min == "error"}
-  end
-  -- a Lua policy: its result is held to the same floor (its `min`, else the
-  -- smallest normal f32) and warns or raises there as its on_min says
-  local min = type(p.min) == "number" and p.min > 0 and p.min or policy.MIN_SCALE
-  return {kind = "external", init = 1, min = min, error_at_min = p.on_min == "error"}
+  if getmetatable(p) == Builtin then return p end
+  -- a Lua policy: its result is held to the same floor (its `min` when it sets
+  -- one, else the engine's) and warns or raises there as its on_min says
+  return {kind = "external", init = 1, min = type(p.min) == "number" and p.min > 0 and p.min or nil, on_min = p.on_min}
 end
 
 local function is_policy(p)
   return type(p) == "table" and (getmetatable(p) == Builtin or type(p.update) == "function")
 end
 
+-- the engine's test of a scale (mp_scale_ok), with the policy's words
 local function check_scale(v, what)
-  if math.type(v) == nil or v ~= v or v <= 0 or v == math.huge or v > 3.4028234663852886e38 then
+  if not core._scale_ok(v) then
     return nil, string.format("%s returned %s (expected a finite number > 0)", what, tostring(v))
   end
   return v
@@ -163,7 +96,7 @@ local function initial_scale(p)
     if not v then error("mp.amp.GradScaler: " .. err, 3) end
     return v
   end
-  return type(p.init) == "number" and p.init or 65536
+  return type(p.init) == "number" and p.init or nil   -- nil: the engine's default
 end
 
 -- ---- GradScaler ----
@@ -173,7 +106,7 @@ GradScaler.__index = GradScaler
 GradScaler.__name = "mp.amp.GradScaler"
 
 function amp.GradScaler(opts)
-  local o = options("mp.amp.GradScaler", opts, {policy = "table", enabled = "boolean", sync = "boolean"})
+  local o = options("mp.amp.GradScaler", opts, "policy:table enabled:boolean sync:boolean")
   local p = o.policy or policy.dynamic{}
   if not is_policy(p) then error("mp.amp.GradScaler: policy must be a built-in policy or a table with update(self, info)", 2) end
   local enabled = o.enabled ~= false

@@ -107,17 +107,12 @@ end
 -- ---- the loader ----
 
 local LD = "mp.data.loader"
-local OPTIONS = {batch = true, shuffle = true, seed = true, drop_last = true, device = true}
-
 local function check_options(opts)
   if type(opts) ~= "table" then
     fail(2, "%s: options must be a table with batch= (got %s)", LD, describe(opts))
   end
-  for k in pairs(opts) do
-    if not OPTIONS[k] then
-      fail(2, "%s: unknown option %s (expected batch, shuffle, seed, drop_last or device)", LD, describe(k))
-    end
-  end
+  -- the keys: the binding's one checker (lua/bind.c); the values below
+  core._options(LD, opts, "batch:any shuffle:any seed:any drop_last:any device:any", 4)
   -- math.tointeger would also take the string "8"; options want numbers
   local function int(v) return type(v) == "number" and math.tointeger(v) or nil end
   local batch = int(opts.batch)

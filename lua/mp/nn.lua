@@ -63,23 +63,19 @@ local function check_size(fname, what, v)
   return n
 end
 
--- an option table with only known keys, defaults filled in
+-- an option table with only known keys, each of its default's type (the
+-- binding's one checker, lua/bind.c), defaults filled in
 local function check_opts(fname, opts, defaults)
+  local keys = {}
+  for k in pairs(defaults) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for i, k in ipairs(keys) do keys[i] = k .. ":" .. type(defaults[k]) end
+  local ok, checked = pcall(core._options, fname, opts, table.concat(keys, " "), 0)
+  if not ok then raise(tostring(checked)) end
+  opts = checked
   local r = {}
   for k, v in pairs(defaults) do r[k] = v end
-  if opts == nil then return r end
-  if type(opts) ~= "table" then
-    raise(string.format("%s: options must be a table (got %s)", fname, show(opts)))
-  end
-  for k, v in pairs(opts) do
-    if defaults[k] == nil then
-      raise(string.format("%s: unknown option '%s'", fname, tostring(k)))
-    end
-    if type(v) ~= type(defaults[k]) then
-      raise(string.format("%s: option %s must be a %s (got %s)", fname, k, type(defaults[k]), show(v)))
-    end
-    r[k] = v
-  end
+  for k, v in pairs(opts) do r[k] = v end
   return r
 end
 

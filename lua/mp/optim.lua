@@ -7,21 +7,9 @@ local optim = {}
 local methods = core._optim_methods
 local schedules = setmetatable({}, {__mode = "k"})   -- optimizer -> its lr schedule
 
-local function check_options(name, opts, allowed)
-  if opts == nil then return {} end
-  if type(opts) ~= "table" then
-    error(string.format("%s: options must be a table (got %s)", name, type(opts)), 3)
-  end
-  for k in pairs(opts) do
-    if not allowed[k] then
-      local names = {}
-      for a in pairs(allowed) do names[#names + 1] = a end
-      table.sort(names)
-      error(string.format("%s: unknown option '%s' (expected %s)", name, tostring(k), table.concat(names, ", ")), 3)
-    end
-  end
-  return opts
-end
+-- option tables: the binding's one checker (lua/bind.c); values are the
+-- engine's to check and default (engine/optim.c, mp_optim_defaults)
+local function check_options(name, opts, spec) return core._options(name, opts, spec, 3) end
 
 local function check_params(name, params)
   if type(params) ~= "table" then
@@ -29,8 +17,9 @@ local function check_params(name, params)
   end
 end
 
+-- betas = {b1, b2}: nil leaves the engine's defaults
 local function betas(name, b)
-  if b == nil then return 0.9, 0.999 end
+  if b == nil then return nil, nil end
   if type(b) ~= "table" or #b ~= 2 or type(b[1]) ~= "number" or type(b[2]) ~= "number" then
     error(name .. ": betas must be a table of two numbers, e.g. {0.9, 0.999}", 3)
   end
@@ -40,27 +29,25 @@ end
 function optim.SGD(params, opts)
   local name = "mp.optim.SGD"
   check_params(name, params)
-  opts = check_options(name, opts, {lr = true, momentum = true, dampening = true, weight_decay = true, nesterov = true})
-  if opts.lr == nil then error(name .. ": lr is required", 2) end
+  opts = check_options(name, opts, "lr:any momentum:any dampening:any weight_decay:any nesterov:any")
   return core._optimizer("sgd", params, {
-    lr = opts.lr, momentum = opts.momentum or 0, dampening = opts.dampening or 0,
-    weight_decay = opts.weight_decay or 0, nesterov = opts.nesterov or false,
+    lr = opts.lr, momentum = opts.momentum, dampening = opts.dampening,
+    weight_decay = opts.weight_decay, nesterov = opts.nesterov,
   })
 end
 
-local function adam(kind, name, default_wd)
+local function adam(kind, name)
   return function(params, opts)
     check_params(name, params)
-    opts = check_options(name, opts, {lr = true, betas = true, eps = true, weight_decay = true})
+    opts = check_options(name, opts, "lr:any betas:any eps:any weight_decay:any")
     local b1, b2 = betas(name, opts.betas)
     return core._optimizer(kind, params, {
-      lr = opts.lr or 1e-3, beta1 = b1, beta2 = b2, eps = opts.eps or 1e-8,
-      weight_decay = opts.weight_decay or default_wd,
+      lr = opts.lr, beta1 = b1, beta2 = b2, eps = opts.eps, weight_decay = opts.weight_decay,
     })
   end
 end
-optim.Adam = adam("adam", "mp.optim.Adam", 0)
-optim.AdamW = adam("adamw", "mp.optim.AdamW", 0.01)
+optim.Adam = adam("adam", "mp.optim.Adam")
+optim.AdamW = adam("adamw", "mp.optim.AdamW")
 
 local HYPER = {"lr", "momentum", "dampening", "weight_decay", "beta1", "beta2", "eps"}
 
@@ -160,7 +147,7 @@ Schedule.__index = Schedule
 local function schedule(kind, shape)
   return function(opts)
     local name = "mp.optim.schedule." .. kind
-    opts = check_options(name, opts, {warmup = true, total = true, min_lr = true})
+    opts = check_options(name, opts, "warmup:any total:any min_lr:any")
     local warmup, total, min_lr = opts.warmup or 0, opts.total, opts.min_lr or 0
     if math.type(warmup) ~= "integer" or warmup < 0 then error(name .. ": warmup must be an integer >= 0", 2) end
     if kind ~= "constant" and (math.type(total) ~= "integer" or total < 1 or total < warmup) then

@@ -108,6 +108,23 @@ describe("mp.amp.policy.dynamic (PyTorch GradScaler rule)", function()
     assert.equal(65536, amp.GradScaler{}:get_scale())
   end)
 
+  -- the defaults and the checks are the engine's (mp_policy_defaults,
+  -- mp_policy_check): a policy table shows what the engine will run
+  it("every built-in policy's table holds the engine's defaults and on_min", function()
+    local d, h, a = P.dynamic(), P.hysteresis(), P.amax()
+    assert.equal(P.MIN_SCALE, d.min)
+    assert.equal(2 ^ -126, P.MIN_SCALE)
+    assert.is_nil(d.max)
+    assert.equal("warn", d.on_min)
+    assert.same({1000, 2, 1}, {h.window, h.hysteresis, h.min})
+    assert.same({16, 1, 1, 2 ^ 24}, {a.history, a.margin, a.min, a.max})
+    assert.equal("error", P.amax{on_min = "error"}.on_min)
+    assert.equal(3, P.dynamic{interval = 3.0}.interval)
+    H.raises(function() P.dynamic{interval = 2.5} end, {"mp.amp.policy.dynamic", "interval", "integer"})
+    H.raises(function() P.hysteresis{window = 0} end, {"mp.amp.policy.hysteresis", "window", "positive"})
+    H.raises(function() P.dynamic{min = -1} end, {"min"})
+  end)
+
   it("grows after interval clean steps and backs off on inf and NaN (interval 3)", function()
     local r = rig(P.dynamic{init = 1024, growth = 2, backoff = 0.5, interval = 3})
     local scales, applied = run(r, {OK, OK, OK, OK, INF, OK, OK, INF, OK, OK, OK, NAN, OK})
