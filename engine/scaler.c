@@ -23,10 +23,10 @@ bool mp_scale_ok(double v) { return v > 0 && v <= 3.4028234663852886e38; }   /* 
 
 mp_policy mp_policy_defaults(mp_policy_kind kind)
 {
-    mp_policy p = {.kind = kind, .init = 65536, .growth = 2, .backoff = 0.5, .history = 16, .margin = 1};
+    mp_policy p = {.kind = kind, .init = 65536, .growth = 2, .backoff = 0.5, .hysteresis = 2, .history = 16, .margin = 1};
     switch (kind) {
     case MP_POLICY_DYNAMIC: p.interval = 2000, p.min = MP_MIN_SCALE; break;
-    case MP_POLICY_HYSTERESIS: p.interval = 1000, p.hysteresis = 2, p.min = 1; break;
+    case MP_POLICY_HYSTERESIS: p.interval = 1000, p.min = 1; break;
     case MP_POLICY_AMAX: p.min = 1, p.max = 16777216; break;
     case MP_POLICY_NONE: p.init = 1; break;
     case MP_POLICY_EXTERNAL: p.min = MP_MIN_SCALE; break;
