@@ -16,8 +16,8 @@
  * kernel rather than cuBLAS's reading of an empty product).
  *
  * The context's cuBLAS handle, created on first use, runs on cx->stream with a
- * workspace of its own (cublasSetWorkspace), so that cuBLAS never allocates
- * behind the engine's back during a call.
+ * workspace from the context's caching allocator (cublasSetWorkspace), so that
+ * cuBLAS never allocates behind the engine's back during a call.
  */
 #include <cublas_v2.h>
 #include <limits.h>
@@ -57,13 +57,11 @@ static cublasHandle_t get_handle(mp_kctx *cx)
         }
         cx->blas = h;
         cx->blas_bound = false;
-        /* A workspace of our own is an optimisation, not a requirement: when it
-         * cannot be had, cuBLAS falls back to its default one. cudaMalloc's failure
-         * is cleared so that no later launch check reports it. */
-        if (mp_cuda_malloc(cx, &cx->blas_ws, GEMM_WORKSPACE) != cudaSuccess) {   /* counted: once per process */
-            cx->blas_ws = NULL;
-            (void)cudaGetLastError();
-        }
+        /* A workspace of our own, a block of the context's caching allocator held
+         * for the handle's life, is an optimisation, not a requirement: when it
+         * cannot be had, cuBLAS falls back to its default one (the allocator
+         * clears cudaMalloc's failure, so no later launch check reports it). */
+        cx->blas_ws = mp_cache_alloc(&cx->cache, GEMM_WORKSPACE);
     }
     if (!cx->blas_bound || cx->blas_stream != cx->stream) {
         /* cublasSetStream resets the workspace to cuBLAS's default: set ours after it */
