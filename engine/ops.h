@@ -72,6 +72,7 @@ mp_tensor *mp_softmax(mp_tensor *x, int dim, int log);
 mp_tensor *mp_cross_entropy(mp_tensor *logits, mp_tensor *target, mp_reduction red);
 mp_tensor *mp_mse_loss(mp_tensor *a, mp_tensor *b);
 mp_tensor *mp_layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps);   /* w, b may be NULL */
+#define MP_LAYER_NORM_EPS 1e-5   /* PyTorch's default eps, the one default of mp.layer_norm and nn.LayerNorm */
 mp_tensor *mp_embedding(mp_tensor *idx, mp_tensor *w);
 mp_tensor *mp_dropout(mp_tensor *x, double p, bool training);
 mp_tensor *mp_cat(int n, mp_tensor *const *ts, int dim);

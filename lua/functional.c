@@ -75,7 +75,7 @@ static int f_layer_norm(lua_State *L)
 {
     mp_tensor *x = lt_check(L, 1);
     mp_tensor *w = lua_isnoneornil(L, 2) ? NULL : lt_check(L, 2), *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3);
-    double eps = luaL_optnumber(L, 4, 1e-5);
+    double eps = luaL_optnumber(L, 4, MP_LAYER_NORM_EPS);
     RETURN_TENSOR(L, "mp.layer_norm", mp_layer_norm(x, w, b, eps));
 }
 
@@ -193,6 +193,8 @@ static const luaL_Reg funcs[] = {
 
 void mp_open_functional(lua_State *L)
 {
+    lua_pushnumber(L, MP_LAYER_NORM_EPS);
+    lua_setfield(L, -2, "_LAYER_NORM_EPS");
     if (luaL_newmetatable(L, "mp.GradGuard")) {
         lua_pushcfunction(L, guard_close);   /* no __gc: only the scope's end restores the mode */
         lua_setfield(L, -2, "__close");

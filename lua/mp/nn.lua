@@ -610,7 +610,7 @@ nn.LayerNorm = LayerNorm
 function LayerNorm:init(d, opts)
   if type(d) == "table" and #d == 1 then d = d[1] end
   d = check_size("mp.nn.LayerNorm", "normalized_shape", d)
-  opts = check_opts("mp.nn.LayerNorm", opts, { eps = 1e-5, elementwise_affine = true, bias = true })
+  opts = check_opts("mp.nn.LayerNorm", opts, { eps = core._LAYER_NORM_EPS, elementwise_affine = true, bias = true })
   if not (opts.eps > 0) then
     raise("mp.nn.LayerNorm: eps must be positive (got " .. show(opts.eps) .. ")")
   end
