@@ -49,6 +49,17 @@ mp_tensor *mp_narrow(mp_tensor *t, int d, int64_t start, int64_t len);  /* start
 /* every value of the i32 tensor idx lies in [0, n); the error names `what` */
 /* what: a string literal (an asynchronous backend may report it after the op) */
 int mp_check_indices(const mp_tensor *idx, int64_t n, const char *what);
+/* ops_select.c: t's slice at index (1-based, negative from the end) along dim,
+ * that dim dropped; the lower (tril) or upper (triu) triangle of the last two
+ * dims from diagonal k (0 the main one, k > 0 above it), zeros elsewhere;
+ * value where mask (u8/i32, broadcast to t) is nonzero; uniform integers in
+ * [lo, hi) (hi - lo <= 2^24) */
+mp_tensor *mp_select(mp_tensor *t, int dim, int64_t index);
+mp_tensor *mp_tril(mp_tensor *t, int64_t k);
+mp_tensor *mp_triu(mp_tensor *t, int64_t k);
+mp_tensor *mp_masked_fill(mp_tensor *t, mp_tensor *mask, double value);
+mp_tensor *mp_randint(int64_t lo, int64_t hi, mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
+
 /* t's entries at 0-based i32 indices idx (1-d) along dim */
 mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx);
 

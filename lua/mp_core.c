@@ -135,6 +135,18 @@ static int m_arange(lua_State *L)
     return 1;
 }
 
+/* mp.randint(low, high, shape [, opts]): uniform integers in [low, high), i32 unless opts.dtype says f32 */
+static int m_randint(lua_State *L)
+{
+    const char *name = "mp.randint";
+    int64_t lo = lb_integer(L, 1, "low", name), hi = lb_integer(L, 2, "high", name), shape[MP_MAXDIM];
+    int nd = lb_shape(L, 3, shape, name);
+    lb_opts o = lb_options_def(L, 4, name, (lb_opts){MP_I32, lb_default_device(L), 0});
+    if (o.requires_grad) return luaL_error(L, "%s: integers cannot require grad", name);
+    LT_PUSH(L, name, mp_randint(lo, hi, o.dtype, o.device, nd, shape));
+    return 1;
+}
+
 static int m_manual_seed(lua_State *L)
 {
     if (!lua_isinteger(L, 1))
@@ -256,7 +268,7 @@ static int m_counters(lua_State *L)
 
 static const luaL_Reg funcs[] = {
     {"tensor", m_tensor}, {"zeros", m_zeros}, {"ones", m_ones}, {"full", m_full},
-    {"arange", m_arange}, {"rand", m_rand}, {"randn", m_randn}, {"manual_seed", m_manual_seed},
+    {"arange", m_arange}, {"randint", m_randint}, {"rand", m_rand}, {"randn", m_randn}, {"manual_seed", m_manual_seed},
     {"matmul", m_matmul}, {"memory", m_memory}, {"counters", m_counters}, {"empty_cache", m_empty_cache},
     {"reset_peak_memory", m_reset_peak_memory},
     {"set_default_device", lb_set_default_device}, {"default_device", m_default_device},

@@ -4,6 +4,7 @@
  * first and then a property (shape, dtype, device). __close and free() share
  * one function, which may defer the release (bind.c); __gc releases at once.
  */
+#include <math.h>
 #include <string.h>
 #include "lua/bind.h"
 #include "engine/autograd.h"
@@ -206,6 +207,104 @@ static int t_narrow(lua_State *L)
     TENSOR_RETURN(L, "Tensor:narrow", mp_narrow(t, d, start, len));
 }
 
+/* t:select(dim, i): the slice at index i (1-based, negative from the end), that dim dropped */
+static int t_select(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    int d = lb_dim(L, 2, "Tensor:select");
+    int64_t i = lb_integer(L, 3, "index", "Tensor:select");
+    TENSOR_RETURN(L, "Tensor:select", mp_select(t, d, i));
+}
+
+/* t:tril([k]), t:triu([k]): a triangle of the last two dims from diagonal k (default 0) */
+static int t_tril(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    int64_t k = lua_isnoneornil(L, 2) ? 0 : lb_integer(L, 2, "diagonal", "Tensor:tril");
+    TENSOR_RETURN(L, "Tensor:tril", mp_tril(t, k));
+}
+
+static int t_triu(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1);
+    int64_t k = lua_isnoneornil(L, 2) ? 0 : lb_integer(L, 2, "diagonal", "Tensor:triu");
+    TENSOR_RETURN(L, "Tensor:triu", mp_triu(t, k));
+}
+
+/* t:masked_fill(mask, value) */
+static int t_masked_fill(lua_State *L)
+{
+    mp_tensor *t = lt_check(L, 1), *m = lt_check(L, 2);
+    if (lua_type(L, 3) != LUA_TNUMBER)
+        return luaL_error(L, "Tensor:masked_fill: value must be a number (got %s)", luaL_typename(L, 3));
+    TENSOR_RETURN(L, "Tensor:masked_fill", mp_masked_fill(t, m, lua_tonumber(L, 3)));
+}
+
+/* the list of narrows of t along dim d with the given lengths (views where the dim is the first) */
+static int push_pieces(lua_State *L, mp_tensor *t, int d, const int64_t *len, int n, const char *name)
+{
+    lua_createtable(L, n, 0);
+    int64_t start = 1;
+    for (int i = 0; i < n; i++) {
+        LT_PUSH(L, name, mp_narrow(t, d, start, len[i]));
+        lua_rawseti(L, -2, i + 1);
+        start += len[i];
+    }
+    return 1;
+}
+
+/* t:split(size [, dim]) -> pieces of size along dim (default 1), the last smaller;
+ * t:split({s1, s2, ...} [, dim]) -> pieces of those sizes, which must add up to the dim */
+static int t_split(lua_State *L)
+{
+    const char *name = "Tensor:split";
+    mp_tensor *t = lt_check(L, 1);
+    int d = lua_isnoneornil(L, 3) ? 1 : lb_dim(L, 3, name), k;
+    mp_clear_error();
+    if (mp_dim(t, d, &k)) return lt_error(L, name);
+    int64_t n = t->shape[k], total = 0;
+    int count;
+    int64_t *len;
+    if (lua_type(L, 2) == LUA_TTABLE) {
+        count = lb_len(L, 2, 1 << 20, "sizes", name);
+        if (count < 1) return luaL_error(L, "%s: sizes must not be empty", name);
+        len = lua_newuserdatauv(L, sizeof *len * (size_t)count, 0);
+        for (int i = 0; i < count; i++) {
+            lua_geti(L, 2, i + 1);
+            len[i] = lb_integer(L, -1, "size", name);
+            lua_pop(L, 1);
+            if (len[i] < 1) return luaL_error(L, "%s: size %d must be positive (got %I)", name, i + 1, (lua_Integer)len[i]);
+            if (len[i] > n - total) return luaL_error(L, "%s: sizes add up to more than dim %d's %I", name, d, (lua_Integer)n);
+            total += len[i];
+        }
+        if (total != n) return luaL_error(L, "%s: sizes add up to %I, dim %d has %I", name, (lua_Integer)total, d, (lua_Integer)n);
+    } else {
+        int64_t size = lb_integer(L, 2, "size", name);
+        if (size < 1) return luaL_error(L, "%s: size must be positive (got %I)", name, (lua_Integer)size);
+        int64_t c = (n + size - 1) / size;
+        count = (int)c;
+        len = lua_newuserdatauv(L, sizeof *len * (size_t)count, 0);
+        for (int i = 0; i < count; i++) len[i] = i < count - 1 ? size : n - size * (count - 1);
+    }
+    return push_pieces(L, t, d, len, count, name);
+}
+
+/* t:chunk(n [, dim]) -> n pieces as even as split makes them (ceil(size / n) each), fewer when the dim is short */
+static int t_chunk(lua_State *L)
+{
+    const char *name = "Tensor:chunk";
+    mp_tensor *t = lt_check(L, 1);
+    int64_t c = lb_integer(L, 2, "chunks", name);
+    int d = lua_isnoneornil(L, 3) ? 1 : lb_dim(L, 3, name), k;
+    if (c < 1) return luaL_error(L, "%s: chunks must be positive (got %I)", name, (lua_Integer)c);
+    mp_clear_error();
+    if (mp_dim(t, d, &k)) return lt_error(L, name);
+    int64_t n = t->shape[k], size = (n + c - 1) / c, count = (n + size - 1) / size;
+    int64_t *len = lua_newuserdatauv(L, sizeof *len * (size_t)count, 0);
+    for (int64_t i = 0; i < count; i++) len[i] = i < count - 1 ? size : n - size * (count - 1);
+    return push_pieces(L, t, d, len, (int)count, name);
+}
+
 /* arithmetic: tensor OP tensor, tensor OP number, number OP tensor */
 static int arith(lua_State *L, mp_binop op, const char *name)
 {
@@ -364,12 +463,24 @@ static int t_newindex(lua_State *L)
                       k ? k : luaL_typename(L, 2));
 }
 
+/* t[i]: the slice at index i along dim 1 (1-based, negative from the end), as
+ * t:select(1, i); t.name: a method or a field; anything else is an error, never
+ * a silent nil */
 static int t_index(lua_State *L)
 {
     lua_pushvalue(L, 2);
     if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;   /* a method */
+    if (lua_type(L, 2) == LUA_TNUMBER) {
+        mp_tensor *t = lt_check(L, 1);
+        if (!lua_isinteger(L, 2) && lua_tonumber(L, 2) != floor(lua_tonumber(L, 2)))
+            return luaL_error(L, "Tensor[]: index must be an integer (got %f)", lua_tonumber(L, 2));
+        int64_t i = (int64_t)lua_tonumber(L, 2);
+        TENSOR_RETURN(L, "Tensor[]", mp_select(t, 1, i));
+    }
+    if (lua_type(L, 2) != LUA_TSTRING)
+        return luaL_error(L, "Tensor: cannot index a tensor with a %s (integers select along dim 1; names are "
+                             "methods and fields)", luaL_typename(L, 2));
     const char *k = lua_tostring(L, 2);
-    if (!k) return 0;
     mp_tensor *t = lt_check(L, 1);
     if (strcmp(k, "shape") == 0) push_shape(L, t);
     else if (strcmp(k, "dtype") == 0) lua_pushstring(L, mp_dtype_name(t->dtype));
@@ -380,7 +491,7 @@ static int t_index(lua_State *L)
         if (t->grad_fn) lua_pushstring(L, t->grad_fn->name);
         else lua_pushnil(L);
     }
-    else lua_pushnil(L);
+    else return luaL_error(L, "Tensor: no method or field '%s'", k);
     return 1;
 }
 
@@ -401,6 +512,8 @@ static const luaL_Reg meth[] = {
     {"gt", t_gt}, {"lt", t_lt}, {"ge", t_ge}, {"le", t_le}, {"eq", t_eq_}, {"ne", t_ne},
     {"requires_grad", t_requires_grad}, {"backward", t_backward},
     {"abs", t_abs}, {"exp", t_exp}, {"log", t_log}, {"sqrt", t_sqrt}, {"pow", t_pow},
+    {"select", t_select}, {"tril", t_tril}, {"triu", t_triu}, {"masked_fill", t_masked_fill},
+    {"split", t_split}, {"chunk", t_chunk},
     {NULL, NULL}
 };
 

@@ -343,6 +343,30 @@ describe("autograd: backward against finite differences", function()
     end)
   end)
 
+  describe("selecting and masking", function()
+    it("select (t[i], negative, inner dims)", function()   -- KINK: linear, exact
+      gradcheck(function(a) return a[2] end, { X { 3, 4 } }, KINK, "t[2]")
+      gradcheck(function(a) return a[-1] end, { X { 3, 4 } }, KINK, "t[-1]")
+      gradcheck(function(a) return a:select(2, 3) end, { X { 2, 4, 3 } }, KINK, "select(2, 3)")
+    end)
+
+    it("tril and triu, batched, off the main diagonal", function()   -- KINK: linear
+      gradcheck(function(a) return a:tril() end, { X { 4, 4 } }, KINK, "tril")
+      gradcheck(function(a) return a:triu(1) end, { X { 2, 3, 5 } }, KINK, "triu(1)")
+      gradcheck(function(a) return mp.tril(a, -1) end, { X { 5, 3 } }, KINK, "tril(-1)")
+    end)
+
+    it("masked_fill passes the gradient where the mask is zero", function()   -- KINK
+      local mask = mp.tensor({ { 1, 0, 0, 1 } }, { dtype = "u8" })
+      gradcheck(function(a) return a:masked_fill(mask, -3) end, { X { 3, 4 } }, KINK, "masked_fill")
+    end)
+
+    it("split and chunk pieces", function()   -- KINK
+      gradcheck(function(a) return a:split(2, 2)[2] end, { X { 3, 5 } }, KINK, "split")
+      gradcheck(function(a) return a:chunk(2)[1] * a:chunk(2)[2] end, { X { 4, 3 } }, SMOOTH, "chunk")
+    end)
+  end)
+
   describe("activations", function()
     it("relu away from 0", function()   -- KINK
       gradcheck(function(a) return mp.relu(a) end, { X({ 3, 4 }, { away = 0.1 }) }, KINK, "relu")

@@ -157,9 +157,11 @@ describe("mp tensors", function()
       assert.are.same({ 2, 3 }, t.shape)
     end)
 
-    it("unknown keys index to nil", function()
+    it("unknown keys are an error naming the key, never a silent nil", function()
       local t = mp.zeros { 2 }
-      assert.is_nil(t.nonexistent)
+      H.raises(function() return t.nonexistent end, { "no method or field 'nonexistent'" })
+      H.raises(function() return t[true] end, { "cannot index a tensor with a boolean" })
+      H.raises(function() return t[1.5] end, { "index must be an integer" })
     end)
 
     it("== is identity of the engine tensor", function()

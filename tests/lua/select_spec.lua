@@ -1,0 +1,162 @@
+-- select_spec.lua: selecting and masking (engine/ops_select.c): t[i] and
+-- t:select(d, i) (1-based, negative from the end, the dim dropped), tril and
+-- triu, masked_fill, split and chunk, randint; values against plain loops,
+-- shapes, and errors that name the function and the argument. Gradients are in
+-- autograd_spec.lua.
+
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+local mp = require "mp"
+
+local function seq(shape)   -- 0, 1, 2, ... in the given shape
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return mp.arange(n):reshape(shape)
+end
+
+describe("t[i] and select", function()
+  it("t[i] is the i-th slice along dim 1, 1-based, negative from the end", function()
+    local x = seq { 3, 4 }
+    assert.are.same({ 4, 5, 6, 7 }, x[2]:totable())
+    assert.are.same({ 8, 9, 10, 11 }, x[-1]:totable())
+    assert.are.same({ 4 }, x[1].shape)
+    assert.are.equal(5, x[2][2]:item())
+    assert.are.same({}, x[3][4].shape)   -- a 0-d tensor
+  end)
+
+  it("select along any dim drops that dim", function()
+    local x = seq { 2, 3, 4 }
+    local s = x:select(2, 3)   -- x[:, 2, :] in 0-based terms
+    assert.are.same({ 2, 4 }, s.shape)
+    assert.are.same({ { 8, 9, 10, 11 }, { 20, 21, 22, 23 } }, s:totable())
+    assert.are.same({ { 3, 7, 11 }, { 15, 19, 23 } }, mp.select(x, -1, -1):totable())
+  end)
+
+  it("out of range and bad indices are errors, never nil", function()
+    local x = seq { 3, 4 }
+    H.raises(function() return x[0] end, { "Tensor[]", "index 0 out of range", "1..3" })
+    H.raises(function() return x[4] end, { "index 4 out of range" })
+    H.raises(function() return x[-4] end, { "index -4 out of range" })
+    H.raises(function() return x:select(3, 1) end, { "Tensor:select", "dim 3 out of range" })
+    H.raises(function() return x:select(1, 1.5) end, { "Tensor:select", "index" })
+    H.raises(function() return mp.zeros({})[1] end, { "0-d" })
+  end)
+end)
+
+describe("tril and triu", function()
+  local function tri(rows, cols, k, lower)
+    local r = {}
+    for i = 1, rows do
+      r[i] = {}
+      for j = 1, cols do
+        local keep = lower and (j - i <= k) or (not lower and j - i >= k)
+        r[i][j] = keep and (i - 1) * cols + (j - 1) or 0
+      end
+    end
+    return r
+  end
+
+  it("match a plain loop for every diagonal, rectangular and batched", function()
+    for _, sh in ipairs { { 4, 4 }, { 3, 5 }, { 5, 2 } } do
+      for k = -3, 3 do
+        local x = seq(sh)
+        assert.are.same(tri(sh[1], sh[2], k, true), x:tril(k):totable(), "tril " .. k)
+        assert.are.same(tri(sh[1], sh[2], k, false), x:triu(k):totable(), "triu " .. k)
+      end
+    end
+    local b = seq { 2, 3, 3 }:tril()
+    assert.are.same({ { 9, 0, 0 }, { 12, 13, 0 }, { 15, 16, 17 } }, b:totable()[2])
+  end)
+
+  it("keep the dtype, and a causal mask of -inf above the diagonal works", function()
+    local x = mp.randn({ 4, 4 }):to("f16")
+    assert.are.equal("f16", x:tril().dtype)
+    local scores = mp.zeros { 3, 3 }
+    local causal = mp.ones({ 3, 3 }):triu(1)
+    local p = mp.softmax(scores:masked_fill(causal:gt(0), -math.huge), 2):totable()
+    assert.are.same({ 1, 0, 0 }, p[1])
+    H.assert_close(p[3], { 1 / 3, 1 / 3, 1 / 3 }, 1e-6, 0, "last row")
+  end)
+
+  it("errors name the function", function()
+    H.raises(function() return mp.arange(3):tril() end, { "Tensor:tril", "at least 2 dims" })
+    H.raises(function() return mp.tril(mp.zeros { 2, 2 }, 0.5) end, { "mp.tril", "diagonal" })
+  end)
+end)
+
+describe("masked_fill", function()
+  it("fills where the mask is nonzero, broadcasting the mask", function()
+    local x = seq { 2, 3 }
+    local m = mp.tensor({ 1, 0, 1 }, { dtype = "u8" })
+    assert.are.same({ { -1, 1, -1 }, { -1, 4, -1 } }, x:masked_fill(m, -1):totable())
+    local xi = seq({ 2, 2 }):to("i32")
+    assert.are.same({ { 7, 1 }, { 2, 7 } }, xi:masked_fill(mp.tensor({ { 1, 0 }, { 0, 1 } }, { dtype = "i32" }), 7):totable())
+  end)
+
+  it("bad masks and values are errors", function()
+    local x = seq { 2, 3 }
+    H.raises(function() return x:masked_fill(mp.zeros { 3 }, 0) end, { "Tensor:masked_fill", "mask must be u8 or i32" })
+    H.raises(function() return x:masked_fill(mp.zeros({ 4 }, { dtype = "u8" }), 0) end, { "do not broadcast" })
+    H.raises(function() return x:masked_fill(mp.zeros({ 2, 2, 3 }, { dtype = "u8" }), 0) end, { "more dims" })
+    H.raises(function() return x:to("i32"):masked_fill(mp.zeros({ 3 }, { dtype = "u8" }), 0.5) end, { "does not fit" })
+    H.raises(function() return x:masked_fill(x:gt(1), "a") end, { "value must be a number" })
+  end)
+end)
+
+describe("split and chunk", function()
+  it("split by a size (the last piece smaller) and by a list of sizes", function()
+    local x = seq { 5, 2 }
+    local p = x:split(2)
+    assert.are.equal(3, #p)
+    assert.are.same({ { 0, 1 }, { 2, 3 } }, p[1]:totable())
+    assert.are.same({ { 8, 9 } }, p[3]:totable())
+    local q = x:split({ 1, 4 })
+    assert.are.same({ 1, 2 }, q[1].shape)
+    assert.are.same({ 4, 2 }, q[2].shape)
+    local r = seq({ 2, 5 }):split(3, 2)
+    assert.are.same({ { 3, 4 }, { 8, 9 } }, r[2]:totable())
+  end)
+
+  it("chunk into n pieces as PyTorch does (ceil(size / n) each)", function()
+    local x = seq { 6 }
+    local c = x:chunk(4)   -- sizes 2, 2, 2: PyTorch gives 3 chunks here too
+    assert.are.equal(3, #c)
+    assert.are.same({ 4, 5 }, c[3]:totable())
+    local qkv = seq({ 2, 9 }):chunk(3, -1)
+    assert.are.same({ { 3, 4, 5 }, { 12, 13, 14 } }, qkv[2]:totable())
+  end)
+
+  it("bad sizes are errors", function()
+    local x = seq { 5 }
+    H.raises(function() return x:split(0) end, { "Tensor:split", "size must be positive" })
+    H.raises(function() return x:split({ 2, 2 }) end, { "add up to 4, dim 1 has 5" })
+    H.raises(function() return x:split({ 3, 3 }) end, { "more than" })
+    H.raises(function() return x:split({}) end, { "must not be empty" })
+    H.raises(function() return x:chunk(0) end, { "Tensor:chunk", "chunks must be positive" })
+    H.raises(function() return x:split(2, 2) end, { "dim 2 out of range" })
+  end)
+end)
+
+describe("mp.randint", function()
+  it("draws every value of [low, high) and nothing else, reproducibly", function()
+    mp.manual_seed(7)
+    local r = mp.randint(-3, 4, { 2000 })
+    assert.are.equal("i32", r.dtype)
+    local seen = {}
+    for _, v in ipairs(r:totable()) do
+      assert.is_true(v >= -3 and v < 4, "value " .. v)
+      seen[v] = true
+    end
+    for v = -3, 3 do assert.is_true(seen[v], "never drew " .. v) end
+    mp.manual_seed(7)
+    assert.are.same(r:totable(), mp.randint(-3, 4, { 2000 }):totable())
+    assert.are.equal("f32", mp.randint(0, 2, { 3 }, { dtype = "f32" }).dtype)
+  end)
+
+  it("bad ranges and options are errors", function()
+    H.raises(function() return mp.randint(3, 3, { 2 }) end, { "mp.randint", "greater than low" })
+    H.raises(function() return mp.randint(0, 2 ^ 25, { 2 }) end, { "at most 2^24" })
+    H.raises(function() return mp.randint(0, 2, { 2 }, { dtype = "f16" }) end, { "dtype must be i32 or f32" })
+    H.raises(function() return mp.randint(0, 2, { 2 }, { requires_grad = true }) end, { "cannot require grad" })
+    H.raises(function() return mp.randint(0.5, 2, { 2 }) end, { "mp.randint", "low" })
+  end)
+end)
