@@ -6,6 +6,7 @@
  * bias loaded into the output before the GEMM accumulates onto it, so the
  * result is rounded once, as a GPU GEMM with a bias epilogue does.
  */
+#include <string.h>
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/autograd.h"
@@ -124,12 +125,68 @@ static int check_pair(const mp_tensor *a, const mp_tensor *b)
     return 0;
 }
 
+/* t {batch..., r, c} as {B, r, c} (B the batch dims' product) after broadcasting
+ * its batch dims to bs (nbs dims): a view when they already are bs, else an
+ * expanded copy (whose backward sums back: mp_expand) */
+static mp_tensor *batch3(mp_tensor *t, int nbs, const int64_t *bs, int64_t B)
+{
+    int64_t full[MP_MAXDIM];
+    memcpy(full, bs, sizeof(int64_t) * (size_t)nbs);
+    full[nbs] = t->shape[t->ndim - 2], full[nbs + 1] = t->shape[t->ndim - 1];
+    bool same = t->ndim == nbs + 2;
+    for (int d = 0; same && d < nbs; d++) same = t->shape[d] == bs[d];
+    mp_tensor *e = same ? mp_retain(t) : mp_expand(t, nbs + 2, full), *r = NULL;
+    int64_t three[3] = {B, full[nbs], full[nbs + 1]};
+    if (e) r = mp_reshape(e, 3, three);
+    mp_release(e);
+    return r;
+}
+
+/* a{..., m, k} @ b{..., k, n} with the batch dims broadcast as numpy does; both at
+ * least 2-d. A side whose batch is all ones is one matrix for every item (a
+ * stride-0 operand of the batched GEMM: no copy); two batches that differ are
+ * broadcast to the common shape first. */
+static mp_tensor *matmul_batched(mp_tensor *a, mp_tensor *b)
+{
+    char b1[128], b2[128];
+    int na = a->ndim - 2, nb = b->ndim - 2, nbs = na > nb ? na : nb;
+    int64_t bs[MP_MAXDIM], A = 1, Bn = 1, B = 1;
+    for (int i = 0; i < nbs; i++) {   /* right-aligned, as broadcasting */
+        int ia = i - (nbs - na), ib = i - (nbs - nb);
+        int64_t da = ia >= 0 ? a->shape[ia] : 1, db = ib >= 0 ? b->shape[ib] : 1;
+        if (da != db && da != 1 && db != 1)
+            return mp_fail(MP_EINVAL, "batch dims of %s and %s do not broadcast (dim %d: %lld vs %lld)",
+                           mp_shape_str(a->ndim, a->shape, b1, sizeof b1),
+                           mp_shape_str(b->ndim, b->shape, b2, sizeof b2), i + 1, (long long)da,
+                           (long long)db), NULL;
+        bs[i] = da > db ? da : db;
+        A *= da, Bn *= db, B *= bs[i];
+    }
+    int64_t m = a->shape[a->ndim - 2], n = b->shape[b->ndim - 1];
+    if (a->shape[a->ndim - 1] != b->shape[b->ndim - 2])
+        return mp_fail(MP_EINVAL, "shapes %s and %s do not match (%lld vs %lld)",
+                       mp_shape_str(a->ndim, a->shape, b1, sizeof b1), mp_shape_str(b->ndim, b->shape, b2, sizeof b2),
+                       (long long)a->shape[a->ndim - 1], (long long)b->shape[b->ndim - 2]), NULL;
+    int64_t mat_a[2] = {m, a->shape[a->ndim - 1]}, mat_b[2] = {b->shape[b->ndim - 2], n};
+    mp_tensor *x = A == 1 ? mp_reshape(a, 2, mat_a) : batch3(a, nbs, bs, B);
+    mp_tensor *y = x ? (Bn == 1 ? mp_reshape(b, 2, mat_b) : batch3(b, nbs, bs, B)) : NULL;
+    mp_tensor *c = y ? matmul_core(x, y) : NULL, *r = NULL;
+    if (c) {   /* {bs..., m, n} */
+        int64_t out[MP_MAXDIM];
+        memcpy(out, bs, sizeof(int64_t) * (size_t)nbs);
+        out[nbs] = m, out[nbs + 1] = n;
+        r = mp_reshape(c, nbs + 2, out);
+    }
+    mp_release(x), mp_release(y), mp_release(c);
+    return r;
+}
+
 mp_tensor *mp_matmul(mp_tensor *a, mp_tensor *b)
 {
-    if (a->ndim < 1 || a->ndim > 3 || b->ndim < 1 || b->ndim > 3)
-        return mp_fail(MP_EINVAL, "matmul takes 1-, 2- or 3-d tensors (got %d-d and %d-d)",
-                       a->ndim, b->ndim), NULL;
-    if (a->ndim > 1 && b->ndim > 1) return matmul_core(a, b);
+    if (a->ndim < 1 || b->ndim < 1)
+        return mp_fail(MP_EINVAL, "matmul needs operands of at least 1 dim (got %d-d and %d-d)", a->ndim, b->ndim), NULL;
+    if (a->ndim == 2 && b->ndim == 2) return matmul_core(a, b);
+    if (a->ndim > 1 && b->ndim > 1) return matmul_batched(a, b);
     /* vectors: a row on the left, a column on the right, dropped from the result */
     char b1[128], b2[128];
     int64_t ka = a->shape[a->ndim - 1], kb = b->ndim == 1 ? b->shape[0] : b->shape[b->ndim - 2];
@@ -140,7 +197,7 @@ mp_tensor *mp_matmul(mp_tensor *a, mp_tensor *b)
     int64_t row[2] = {1, ka}, col[2] = {kb, 1};
     mp_tensor *a2 = a->ndim == 1 ? mp_reshape(a, 2, row) : mp_retain(a);
     mp_tensor *b2t = a2 && b->ndim == 1 ? mp_reshape(b, 2, col) : a2 ? mp_retain(b) : NULL;
-    mp_tensor *c = b2t ? matmul_core(a2, b2t) : NULL, *r = NULL;
+    mp_tensor *c = b2t ? (a2->ndim == 2 && b2t->ndim == 2 ? matmul_core(a2, b2t) : matmul_batched(a2, b2t)) : NULL, *r = NULL;
     if (c) {
         int64_t shape[MP_MAXDIM];
         int nd = 0;

@@ -343,6 +343,14 @@ describe("autograd: backward against finite differences", function()
     end)
   end)
 
+  describe("matmul over batch dims", function()
+    it("4-d with broadcast batch dims, and a 1-d side", function()   -- SMOOTH
+      gradcheck(function(a, b) return mp.matmul(a, b) end, { X { 2, 1, 3, 4 }, X { 3, 4, 2 } }, SMOOTH, "4-d x 3-d")
+      gradcheck(function(a, b) return mp.matmul(a, b) end, { X { 2, 2, 3 }, X { 3 } }, SMOOTH, "3-d x 1-d")
+      gradcheck(function(a, b) return mp.matmul(a, b) end, { X { 4 }, X { 2, 4, 3 } }, SMOOTH, "1-d x 3-d")
+    end)
+  end)
+
   describe("selecting and masking", function()
     it("select (t[i], negative, inner dims)", function()   -- KINK: linear, exact
       gradcheck(function(a) return a[2] end, { X { 3, 4 } }, KINK, "t[2]")

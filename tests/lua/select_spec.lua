@@ -160,3 +160,40 @@ describe("mp.randint", function()
     H.raises(function() return mp.randint(0.5, 2, { 2 }) end, { "mp.randint", "low" })
   end)
 end)
+
+describe("matmul over any number of batch dims", function()
+  -- the product of each pair of matrices, by a plain loop
+  local function ref(A, B)   -- A {m,k}, B {k,n} as tables
+    local C = {}
+    for i = 1, #A do
+      C[i] = {}
+      for j = 1, #B[1] do
+        local s = 0
+        for t = 1, #B do s = s + A[i][t] * B[t][j] end
+        C[i][j] = s
+      end
+    end
+    return C
+  end
+
+  it("broadcasts batch dims as numpy does, item by item equal to 2-d products", function()
+    mp.manual_seed(3)
+    local a, b = mp.randn { 2, 1, 3, 4 }, mp.randn { 5, 4, 2 }
+    local c = mp.matmul(a, b)
+    assert.are.same({ 2, 5, 3, 2 }, c.shape)
+    for i = 1, 2 do
+      for j = 1, 5 do
+        H.assert_close(c[i][j]:totable(), ref(a[i][1]:totable(), b[j]:totable()), 1e-5, 1e-6, i .. "," .. j)
+      end
+    end
+    local q, k = mp.randn { 2, 4, 6, 8 }, mp.randn { 2, 4, 6, 8 }   -- attention scores {B, H, T, T}
+    local s = q:matmul(k:transpose(3, 4))
+    assert.are.same({ 2, 4, 6, 6 }, s.shape)
+    H.assert_close(s[2][3]:totable(), ref(q[2][3]:totable(), k[2][3]:transpose(1, 2):totable()), 1e-5, 1e-6, "scores")
+  end)
+
+  it("1-d operands take part and drop their dim", function()
+    assert.are.same({ 2, 3, 5 }, mp.matmul(mp.randn { 4 }, mp.randn { 2, 3, 4, 5 }).shape)
+    assert.are.same({ 2, 3, 4 }, mp.matmul(mp.randn { 2, 3, 4, 5 }, mp.randn { 5 }).shape)
+  end)
+end)
