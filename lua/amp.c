@@ -430,9 +430,13 @@ static const luaL_Reg smeth[] = {
 
 void mp_open_amp(lua_State *L)
 {
-    if (luaL_newmetatable(L, GUARD_MT)) {
+    if (luaL_newmetatable(L, GUARD_MT)) {   /* closed by a <close> scope or guard:close() */
         lua_pushcfunction(L, guard_close);
         lua_setfield(L, -2, "__close");
+        lua_createtable(L, 0, 1);
+        lua_pushcfunction(L, guard_close);
+        lua_setfield(L, -2, "close");
+        lua_setfield(L, -2, "__index");
     }
     lua_pop(L, 1);
     luaL_newmetatable(L, SCALER_MT);

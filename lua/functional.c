@@ -229,8 +229,12 @@ void mp_open_functional(lua_State *L)
     lua_pushnumber(L, MP_LAYER_NORM_EPS);
     lua_setfield(L, -2, "_LAYER_NORM_EPS");
     if (luaL_newmetatable(L, "mp.GradGuard")) {
-        lua_pushcfunction(L, guard_close);   /* no __gc: only the scope's end restores the mode */
+        lua_pushcfunction(L, guard_close);   /* no __gc: only the scope's end (or guard:close()) restores the mode */
         lua_setfield(L, -2, "__close");
+        lua_createtable(L, 0, 1);
+        lua_pushcfunction(L, guard_close);
+        lua_setfield(L, -2, "close");
+        lua_setfield(L, -2, "__index");
     }
     lua_pop(L, 1);
     luaL_setfuncs(L, funcs, 0);

@@ -29,7 +29,10 @@ local policy = {}
 amp.policy = policy
 
 -- option tables: the binding's one checker (lua/bind.c)
-local function options(name, opts, spec) return core._options(name, opts, spec, 3) end
+local function options(name, opts, spec)
+  local r = core._options(name, opts, spec, 3)   -- not a tail call: level 3 is our caller's caller
+  return r
+end
 
 local Builtin = {}
 Builtin.__index = Builtin

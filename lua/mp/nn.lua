@@ -550,6 +550,55 @@ function Sequential:forward(x, ...)
   return x
 end
 
+-- ModuleList({m1, m2, ...}): modules held in order as children "0", "1", ...
+-- (PyTorch's names, so state dicts match) with no forward of their own: ml[i]
+-- (1-based, nil past the end, so ipairs(ml) walks them), #ml, ml:append(m),
+-- ml:extend{...}. Their parameters are the list's.
+local ModuleList = Module:extend("ModuleList")
+nn.ModuleList = ModuleList
+ModuleList.__len = Sequential.__len
+local module_index = ModuleList.__index
+ModuleList.__index = function(self, k)
+  if math.type(k) == "integer" then
+    local name = rawget(self, "_module_names")[k]
+    return name and rawget(self, "_modules")[name] or nil
+  end
+  return module_index(self, k)
+end
+
+function ModuleList:init(mods)
+  if mods == nil then return end
+  if type(mods) ~= "table" or is_module(mods) then
+    raise("mp.nn.ModuleList: expected a list of modules (got " .. show(mods) .. ")")
+  end
+  self:extend(mods)
+end
+
+function ModuleList:append(m)
+  if not is_module(m) then
+    raise("mp.nn.ModuleList:append: expected a module (got " .. show(m) .. ")")
+  end
+  self:add_module(tostring(#self), m)
+  return self
+end
+
+function ModuleList:extend(mods)
+  if type(mods) ~= "table" or is_module(mods) then
+    raise("mp.nn.ModuleList:extend: expected a list of modules (got " .. show(mods) .. ")")
+  end
+  for i, m in ipairs(mods) do
+    if not is_module(m) then
+      raise(string.format("mp.nn.ModuleList: entry %d must be a module (got %s)", i, show(m)))
+    end
+    self:add_module(tostring(#self), m)
+  end
+  return self
+end
+
+function ModuleList:forward()
+  raise("mp.nn.ModuleList: a list has no forward; call its modules (for _, m in ipairs(list) do x = m(x) end)")
+end
+
 local function activation(name, fn)
   local cls = Module:extend(name)
   cls.forward = function(self, x) return fn(x) end

@@ -9,7 +9,18 @@ local schedules = setmetatable({}, {__mode = "k"})   -- optimizer -> its lr sche
 
 -- option tables: the binding's one checker (lua/bind.c); values are the
 -- engine's to check and default (engine/optim.c, mp_optim_defaults)
-local function check_options(name, opts, spec) return core._options(name, opts, spec, 3) end
+local function check_options(name, opts, spec)
+  local r = core._options(name, opts, spec, 3)   -- not a tail call: level 3 is our caller's caller
+  return r
+end
+
+-- a C function called on the caller's behalf by a public function of this file:
+-- its error is raised at the caller's line (level 3 from here), not at ours
+local function call(f, ...)
+  local r = table.pack(pcall(f, ...))
+  if r[1] then return table.unpack(r, 2, r.n) end
+  error((tostring(r[2]):gsub("^[^\n]-:%d+: ", "", 1)), 3)
+end
 
 local function check_params(name, params)
   if type(params) ~= "table" then
@@ -30,10 +41,11 @@ function optim.SGD(params, opts)
   local name = "mp.optim.SGD"
   check_params(name, params)
   opts = check_options(name, opts, "lr:any momentum:any dampening:any weight_decay:any nesterov:any")
-  return core._optimizer("sgd", params, {
+  local opt = call(core._optimizer, "sgd", params, {   -- not a tail call: call() raises at our caller
     lr = opts.lr, momentum = opts.momentum, dampening = opts.dampening,
     weight_decay = opts.weight_decay, nesterov = opts.nesterov,
   })
+  return opt
 end
 
 local function adam(kind, name)
@@ -41,9 +53,10 @@ local function adam(kind, name)
     check_params(name, params)
     opts = check_options(name, opts, "lr:any betas:any eps:any weight_decay:any")
     local b1, b2 = betas(name, opts.betas)
-    return core._optimizer(kind, params, {
+    local opt = call(core._optimizer, kind, params, {
       lr = opts.lr, beta1 = b1, beta2 = b2, eps = opts.eps, weight_decay = opts.weight_decay,
     })
+    return opt
   end
 end
 optim.Adam = adam("adam", "mp.optim.Adam")
@@ -192,13 +205,14 @@ end
 -- opt:step() in C, then the schedule
 local c_step = methods.step
 function methods.step(opt)
-  c_step(opt)
+  call(c_step, opt)
   local sched = schedules[opt]
   if sched then sched:step() end
 end
 
 function optim.clip_grad_norm(params, max_norm)
-  return core._clip_grad_norm(params, max_norm)
+  local norm = call(core._clip_grad_norm, params, max_norm)
+  return norm
 end
 
 return optim

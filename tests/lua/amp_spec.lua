@@ -28,6 +28,20 @@ end
 
 ---------------------------------------------------------------- autocast
 
+describe("guards close without <close> too", function()
+  it("an autocast guard's close() ends its region (twice is harmless); no_grad's too", function()
+    local g = mp.amp.autocast("f16")
+    assert.are.equal("f16", mp.matmul(mp.randn { 2, 2 }, mp.randn { 2, 2 }).dtype)
+    g:close()
+    g:close()
+    assert.are.equal("f32", mp.matmul(mp.randn { 2, 2 }, mp.randn { 2, 2 }).dtype)
+    local n = mp.no_grad()
+    assert.is_false(mp.is_grad_enabled())
+    n:close()
+    assert.is_true(mp.is_grad_enabled())
+  end)
+end)
+
 describe("mp.amp.autocast op classes", function()
   local x = mp.tensor({{0.5, 0.25}})
   local w = mp.tensor({{1, 2}, {3, 4}})

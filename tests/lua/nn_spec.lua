@@ -175,6 +175,30 @@ describe("mp.nn", function()
       H.assert_same(y:totable()[2][1], w[4], "row 3")
     end)
 
+    it("ModuleList holds modules in order with PyTorch's names and no forward", function()
+      local ml = nn.ModuleList { nn.Linear(4, 3), nn.ReLU() }
+      ml:append(nn.Linear(3, 2)):extend { nn.Tanh() }
+      assert.are.equal(4, #ml)
+      assert.are.equal("Linear", ml[3]:type_name())
+      assert.is_nil(ml[5])
+      local n = 0
+      for i, m in ipairs(ml) do n = i end
+      assert.are.equal(4, n)
+      local _, names = ml:named_parameters()
+      assert.are.same({ "0.weight", "0.bias", "2.weight", "2.bias" }, names)
+      local x = mp.randn { 5, 4 }
+      for _, m in ipairs(ml) do x = m(x) end
+      assert.are.same({ 5, 2 }, x.shape)
+      local sd = ml:state_dict()
+      local ml2 = nn.ModuleList { nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2), nn.Tanh() }
+      ml2:load_state_dict(sd)
+      H.assert_same(ml2[1].weight:totable(), ml[1].weight:totable(), "loaded")
+      H.raises(function() ml(x) end, { "ModuleList", "no forward" })
+      H.raises(function() ml:append(3) end, { "mp.nn.ModuleList:append", "module" })
+      H.raises(function() nn.ModuleList { 1 } end, { "entry 1 must be a module" })
+      H.raises(function() nn.ModuleList(nn.ReLU()) end, { "list of modules" })
+    end)
+
     it("activations match the functional ops", function()
       local x = mp.randn { 4, 5 }
       H.assert_same(nn.ReLU()(x):totable(), mp.relu(x):totable(), "relu")

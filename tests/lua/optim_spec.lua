@@ -605,6 +605,26 @@ describe("mp.optim", function()
       assert(e:find(pattern), "error '" .. e .. "' does not match '" .. pattern .. "'")
     end
 
+    it("errors point at the caller's line, not into lua/mp/optim.lua", function()
+      local here = debug.getinfo(1, "S").short_src
+      local p = sgd_params()
+      local opt = mp.optim.SGD(p, { lr = 0.1 })
+      -- (no tail calls here: a tail call has no line of its own to point at)
+      local r
+      for i, f in ipairs {
+        function() r = mp.optim.SGD(p, { lr = -1 }) end,
+        function() r = mp.optim.Adam(p, { betas = { 2, 0.9 } }) end,
+        function() r = mp.optim.AdamW({ mp.randn { 2 } }) end,
+        function() r = mp.optim.clip_grad_norm(p, -1) end,
+        function() opt.lr = -1 end,
+        function() r = mp.optim.SGD(p, { lr = 0.1, bogus = 1 }) end,
+      } do
+        local ok, e = pcall(f)
+        assert.is_false(ok)
+        assert.truthy(tostring(e):find(here, 1, true), "case " .. i .. ": " .. tostring(e))
+      end
+    end)
+
     it("unknown option keys", function()
       fails("unknown option 'momentm'", mp.optim.SGD, sgd_params(), { lr = 0.1, momentm = 0.9 })
       fails("unknown option 'beta1'", mp.optim.Adam, sgd_params(), { beta1 = 0.9 })
