@@ -89,6 +89,10 @@ mp_tensor *mp_dropout(mp_tensor *x, double p, bool training);
 mp_tensor *mp_cat(int n, mp_tensor *const *ts, int dim);
 mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b);
 
+/* softmax(q k^T * scale [causal]) v over the last two dims, dropout p on the
+ * probabilities; scale NaN: 1/sqrt(d) (ops_attention.c) */
+mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, double scale, double dropout);
+
 /* x{.., in} @ w{out, in}^T + b{out}; b may be NULL */
 mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b);
 

@@ -158,6 +158,15 @@ typedef enum {
     MP_SCALE_SET       /* scale = value */
 } mp_scale_op;
 
+/* scaled dot-product attention over bh heads of {t, d} rows (kernels/cpu/cpu_attention.c) */
+typedef struct {
+    int64_t bh, tq, tk, d;   /* heads (batch x heads), query rows, key rows, head dim */
+    float scale;             /* of the scores q . k */
+    int causal;              /* query i sees keys j <= i */
+    float dropout;           /* p: probabilities dropped with Philox draws at (seed, offset + (r*tq + i)*tk + j) */
+    uint64_t seed, offset;
+} mp_attn_args;
+
 /* a backend's context: each backend defines struct mp_kctx for itself */
 typedef struct mp_kctx mp_kctx;
 
@@ -261,6 +270,15 @@ typedef struct mp_backend {
     /* gx, and gw/gb (f32 sums over rows, may be NULL) */
     int (*layer_norm_grad)(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                             const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
+
+    /* Attention: out{bh,tq,d} = softmax(q k^T * scale [causal]) v, and each row's
+     * log-sum-exp (f32, -inf for a row that sees no key) for the backward, which
+     * writes dq, dk, dv from dout; no tq x tk scores are stored. q, k, v, out of
+     * dtype dt, contiguous {bh, t, d}. NULL: the backend has none (supports says no). */
+    int (*attention)(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
+                     const mp_attn_args *a);
+    int (*attention_grad)(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                          const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a);
 
     /* Batched C = alpha * op(A) @ op(B) + beta * C, row-major, all of dtype dt;
      * A is {m,k} (or {k,m} when ta), B is {k,n} (or {n,k} when tb), C is {m,n};

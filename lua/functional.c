@@ -3,6 +3,7 @@
  * functions that op descriptions ask for (mp.relu, mp.tanh, ...: bind_described),
  * and grad mode (mp.no_grad, mp.set_grad_enabled, mp.is_grad_enabled).
  */
+#include <math.h>
 #include <string.h>
 #include "lua/bind.h"
 #include "engine/autograd.h"
@@ -183,6 +184,23 @@ static int f_select(lua_State *L)
     RETURN_TENSOR(L, "mp.select", mp_select(x, d, i));
 }
 
+/* mp.attention(q, k, v [, {causal=false, scale=1/sqrt(d), dropout=0}]) */
+static int f_attention(lua_State *L)
+{
+    const char *name = "mp.attention";
+    mp_tensor *q = lt_check(L, 1), *k = lt_check(L, 2), *v = lt_check(L, 3);
+    bool causal = false;
+    double scale = NAN, dropout = 0;
+    if (lb_check_options(L, 4, name, "causal:boolean scale:number dropout:number", 1)) {
+        lua_getfield(L, 4, "causal");
+        causal = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        scale = lb_number_field(L, 4, "scale", NAN, name);
+        dropout = lb_number_field(L, 4, "dropout", 0, name);
+    }
+    RETURN_TENSOR(L, name, mp_attention(q, k, v, causal, scale, dropout));
+}
+
 /* ---- grad mode ---- */
 
 static int guard_close(lua_State *L)
@@ -219,7 +237,7 @@ static const luaL_Reg funcs[] = {
     {"softmax", f_softmax}, {"log_softmax", f_log_softmax}, {"linear", f_linear},
     {"layer_norm", f_layer_norm}, {"embedding", f_embedding}, {"dropout", f_dropout},
     {"cross_entropy", f_cross_entropy}, {"mse_loss", f_mse_loss}, {"cat", f_cat}, {"where", f_where},
-    {"tril", f_tril}, {"triu", f_triu}, {"masked_fill", f_masked_fill}, {"select", f_select},
+    {"attention", f_attention}, {"tril", f_tril}, {"triu", f_triu}, {"masked_fill", f_masked_fill}, {"select", f_select},
     {"no_grad", f_no_grad}, {"set_grad_enabled", f_set_grad_enabled}, {"is_grad_enabled", f_is_grad_enabled},
     {NULL, NULL}
 };

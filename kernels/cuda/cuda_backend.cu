@@ -252,6 +252,13 @@ static void cuda_flush_counter(mp_kctx *cx, int on, int64_t counts[3])
     cx->flush = on ? cx->flush_dev : NULL;
 }
 
+/* Attention has no CUDA kernel yet: the backend declines it (the engine's error
+ * names op, dtype and device) rather than fall back to anything slower */
+static bool cuda_supports(mp_kctx *cx, const char *op, mp_dtype dt)
+{
+    return strcmp(op, "attention") != 0;
+}
+
 static mp_backend table;
 
 /* the table, or NULL with the reason in why (for mp.cuda.is_available()) */
@@ -274,7 +281,7 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     }
     table.name = "cuda";
     table.ctx = &ctx;
-    table.supports = NULL;   /* every op in every dtype the engine lets through */
+    table.supports = cuda_supports;
     table.alloc = cuda_alloc;
     table.free = cuda_free;
     table.cached = cuda_cached;

@@ -493,6 +493,34 @@ static void cases_nn(void)
             c.bound = bound_for(dt, 1e-10, 1e-5);
             finish(&c);
         }
+        /* attention: query and key blocks of the CPU kernel (64) crossed, tq != tk,
+         * causal, dropout from the shared Philox stream; a backend without the
+         * entry declines the op (supports) and its cases are not run */
+        static const struct { int64_t bh, tq, tk, d; int causal; float p; } at_shapes[] = {
+            {3, 70, 70, 16, 1, 0}, {2, 5, 130, 8, 0, 0.3f}, {1, 130, 67, 64, 0, 0}, {2, 64, 64, 32, 1, 0.1f},
+        };
+        for (size_t si = 0; si < sizeof at_shapes / sizeof at_shapes[0]; si++) {
+            mp_attn_args a = {.bh = at_shapes[si].bh, .tq = at_shapes[si].tq, .tk = at_shapes[si].tk,
+                              .d = at_shapes[si].d, .causal = at_shapes[si].causal, .dropout = at_shapes[si].p,
+                              .seed = 42, .offset = 1000};
+            a.scale = 1.0f / sqrtf((float)a.d);
+            snprintf(what, sizeof what, "bh %lld tq %lld tk %lld d %lld%s p %g", (long long)a.bh, (long long)a.tq,
+                     (long long)a.tk, (long long)a.d, a.causal ? " causal" : "", a.dropout);
+            if (!DUT->attention || !DUT->attention_grad) { skipped++; continue; }
+            if (!begin(&c, "attention and its grad %s %s", dn, what)) continue;
+            int64_t nq = a.bh * a.tq * a.d, nk = a.bh * a.tk * a.d;
+            int q = buf(&c, dt, nq, 0, -2, 2), k = buf(&c, dt, nk, 0, -2, 2), v = buf(&c, dt, nk, 0, -2, 2);
+            int o = buf(&c, dt, nq, 1, 0, 0), lse = buf(&c, MP_F32, a.bh * a.tq, 1, 0, 0), g = buf(&c, dt, nq, 0, -1, 1);
+            int dq = buf(&c, dt, nq, 1, 0, 0), dk = buf(&c, dt, nk, 1, 0, 0), dv = buf(&c, dt, nk, 1, 0, 0);
+            REF->attention(REF->ctx, dt, c.ref[o], c.ref[lse], c.ref[q], c.ref[k], c.ref[v], &a);
+            DUT->attention(DUT->ctx, dt, c.dev[o], c.dev[lse], c.dev[q], c.dev[k], c.dev[v], &a);
+            REF->attention_grad(REF->ctx, dt, c.ref[dq], c.ref[dk], c.ref[dv], c.ref[g], c.ref[q], c.ref[k], c.ref[v],
+                                c.ref[o], c.ref[lse], &a);
+            DUT->attention_grad(DUT->ctx, dt, c.dev[dq], c.dev[dk], c.dev[dv], c.dev[g], c.dev[q], c.dev[k], c.dev[v],
+                                c.dev[o], c.dev[lse], &a);
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+        }
         for (size_t si = 0; si < sizeof ln_shapes / sizeof ln_shapes[0]; si++) {
             int64_t r = ln_shapes[si][0], n = ln_shapes[si][1];
             snprintf(what, sizeof what, "{%lld rows, %lld}", (long long)r, (long long)n);

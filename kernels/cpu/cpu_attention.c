@@ -1,0 +1,159 @@
+/*
+ * cpu_attention.c: scaled dot-product attention, blocked as FlashAttention is
+ * (Dao et al. 2022; the backward as in FlashAttention-2): softmax(q k^T * scale
+ * [+ causal mask]) v over {bh, t, d} operands without ever holding more than a
+ * BQ x BK block of the t x t scores. The forward keeps a running maximum and sum
+ * per query row (the online softmax) and writes the output and each row's
+ * log-sum-exp (f32); the backward recomputes each block of probabilities from
+ * that log-sum-exp. Operands are widened to f32 (a head at a time), products run
+ * through OpenBLAS sgemm, results are rounded once.
+ *
+ * Causal: query i sees keys j <= i (top-left aligned, PyTorch's is_causal).
+ * Dropout on the probabilities (p > 0): element (r, i, j) is kept when the
+ * Philox uniform at counter offset + (r * tq + i) * tk + j is >= p and scaled
+ * by 1 / (1 - p), the same draw in the forward and the backward (and on every
+ * backend: kernels/philox.h). The softmax's normaliser is that of the undropped
+ * probabilities, as in PyTorch.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+#include "kernels/cpu/cpu.h"
+#include "kernels/philox.h"
+
+#define BQ 64
+#define BK 64
+
+/* C{m,n} (ldc) = alpha * A{m,k} op B + beta * C, row-major, leading dims given */
+static void gemm(int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
+                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)k,
+                alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+/* C{m,n} += alpha * A{k,m}^T B{k,n} */
+static void gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b,
+                    int64_t ldb, float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda,
+                b, (blasint)ldb, 1.0f, c, (blasint)ldc);
+}
+
+/* the dropout factor of element (row r of the flattened heads, query i, key j) */
+static inline float keep(const mp_attn_args *a, int64_t r, int64_t i, int64_t j)
+{
+    uint64_t idx = a->offset + ((uint64_t)r * (uint64_t)a->tq + (uint64_t)i) * (uint64_t)a->tk + (uint64_t)j;
+    return mp_philox_uniform(a->seed, idx, 24) >= a->dropout ? 1.0f / (1.0f - a->dropout) : 0.0f;
+}
+
+/* S{BQ,BK} block (q rows i0.., keys j0..): scores * scale, masked to -inf */
+static void scores(const mp_attn_args *a, const float *q, const float *k, int64_t i0, int64_t ni, int64_t j0,
+                   int64_t nj, float *s)
+{
+    gemm(1, ni, nj, a->d, a->scale, q + i0 * a->d, a->d, k + j0 * a->d, a->d, 0.0f, s, BK);
+    if (!a->causal) return;
+    for (int64_t i = 0; i < ni; i++)
+        for (int64_t j = 0; j < nj; j++)
+            if (j0 + j > i0 + i) s[i * BK + j] = -INFINITY;
+}
+
+int cpu_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
+                  const mp_attn_args *a)
+{
+    int64_t tq = a->tq, tk = a->tk, d = a->d;
+    size_t nf = (size_t)(tq * d + 2 * tk * d + BQ * BK + BQ * d + 2 * BQ);
+    float *qf = cpu_scratch(cx, 3, sizeof(float) * nf);
+    if (!qf) return -1;
+    float *kf = qf + tq * d, *vf = kf + tk * d, *s = vf + tk * d, *acc = s + BQ * BK, *m = acc + BQ * d, *l = m + BQ;
+    for (int64_t r = 0; r < a->bh; r++) {
+        cpu_load(dt, q, r * tq * d, qf, tq * d);
+        cpu_load(dt, k, r * tk * d, kf, tk * d);
+        cpu_load(dt, v, r * tk * d, vf, tk * d);
+        for (int64_t i0 = 0; i0 < tq; i0 += BQ) {
+            int64_t ni = tq - i0 < BQ ? tq - i0 : BQ;
+            for (int64_t i = 0; i < ni; i++) m[i] = -INFINITY, l[i] = 0;
+            memset(acc, 0, sizeof(float) * (size_t)(ni * d));
+            int64_t jend = a->causal ? (i0 + ni < tk ? i0 + ni : tk) : tk;
+            for (int64_t j0 = 0; j0 < jend; j0 += BK) {
+                int64_t nj = jend - j0 < BK ? jend - j0 : BK;
+                scores(a, qf, kf, i0, ni, j0, nj, s);
+                for (int64_t i = 0; i < ni; i++) {   /* online softmax: rescale what came before */
+                    float *si = s + i * BK, mx = m[i];
+                    for (int64_t j = 0; j < nj; j++) mx = si[j] > mx ? si[j] : mx;
+                    if (mx == -INFINITY) { for (int64_t j = 0; j < nj; j++) si[j] = 0; continue; }
+                    float c = expf(m[i] - mx), sum = 0;
+                    for (int64_t j = 0; j < nj; j++) si[j] = expf(si[j] - mx), sum += si[j];
+                    l[i] = l[i] * c + sum, m[i] = mx;
+                    float *ai = acc + i * d;
+                    for (int64_t e = 0; e < d; e++) ai[e] *= c;
+                    if (a->dropout > 0)
+                        for (int64_t j = 0; j < nj; j++) si[j] *= keep(a, r, i0 + i, j0 + j);
+                }
+                gemm(0, ni, d, nj, 1.0f, s, BK, vf + j0 * d, d, 1.0f, acc, d);
+            }
+            for (int64_t i = 0; i < ni; i++) {
+                float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
+                for (int64_t e = 0; e < d; e++) acc[i * d + e] *= inv;
+                lse[r * tq + i0 + i] = l[i] > 0 ? m[i] + logf(l[i]) : -INFINITY;
+            }
+            cpu_store(dt, out, (r * tq + i0) * d, acc, ni * d);
+        }
+    }
+    return 0;
+}
+
+int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                       const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a)
+{
+    int64_t tq = a->tq, tk = a->tk, d = a->d;
+    size_t nf = (size_t)(4 * tq * d + 4 * tk * d + tq + 3 * BQ * BK);
+    float *qf = cpu_scratch(cx, 3, sizeof(float) * nf);
+    if (!qf) return -1;
+    float *of = qf + tq * d, *gf = of + tq * d, *dqf = gf + tq * d;          /* q, out, dout, dq */
+    float *kf = dqf + tq * d, *vf = kf + tk * d, *dkf = vf + tk * d, *dvf = dkf + tk * d;
+    float *di = dvf + tk * d, *p = di + tq, *pd = p + BQ * BK, *dp = pd + BQ * BK;
+    for (int64_t r = 0; r < a->bh; r++) {
+        cpu_load(dt, q, r * tq * d, qf, tq * d);
+        cpu_load(dt, out, r * tq * d, of, tq * d);
+        cpu_load(dt, dout, r * tq * d, gf, tq * d);
+        cpu_load(dt, k, r * tk * d, kf, tk * d);
+        cpu_load(dt, v, r * tk * d, vf, tk * d);
+        memset(dqf, 0, sizeof(float) * (size_t)(tq * d));
+        memset(dkf, 0, sizeof(float) * (size_t)(2 * tk * d));
+        for (int64_t i = 0; i < tq; i++) {   /* D_i = dout_i . out_i */
+            double sum = 0;
+            for (int64_t e = 0; e < d; e++) sum += (double)gf[i * d + e] * of[i * d + e];
+            di[i] = (float)sum;
+        }
+        const float *L = lse + r * tq;
+        for (int64_t i0 = 0; i0 < tq; i0 += BQ) {
+            int64_t ni = tq - i0 < BQ ? tq - i0 : BQ;
+            int64_t jend = a->causal ? (i0 + ni < tk ? i0 + ni : tk) : tk;
+            for (int64_t j0 = 0; j0 < jend; j0 += BK) {
+                int64_t nj = jend - j0 < BK ? jend - j0 : BK;
+                scores(a, qf, kf, i0, ni, j0, nj, p);
+                for (int64_t i = 0; i < ni; i++)   /* P = exp(S - lse); Pd = P * dropout factor */
+                    for (int64_t j = 0; j < nj; j++) {
+                        float pij = L[i0 + i] == -INFINITY ? 0.0f : expf(p[i * BK + j] - L[i0 + i]);
+                        p[i * BK + j] = pij;
+                        pd[i * BK + j] = a->dropout > 0 ? pij * keep(a, r, i0 + i, j0 + j) : pij;
+                    }
+                gemm_tn(nj, d, ni, 1.0f, pd, BK, gf + i0 * d, d, dvf + j0 * d, d);       /* dV += Pd^T dO */
+                gemm(1, ni, nj, d, 1.0f, gf + i0 * d, d, vf + j0 * d, d, 0.0f, dp, BK);  /* dPd = dO V^T */
+                for (int64_t i = 0; i < ni; i++)   /* dS = P * (dP - D), dP = dPd * dropout factor */
+                    for (int64_t j = 0; j < nj; j++) {
+                        float g = dp[i * BK + j];
+                        if (a->dropout > 0) g *= keep(a, r, i0 + i, j0 + j);
+                        dp[i * BK + j] = p[i * BK + j] * (g - di[i0 + i]);
+                    }
+                gemm(0, ni, d, nj, a->scale, dp, BK, kf + j0 * d, d, 1.0f, dqf + i0 * d, d);  /* dQ += dS K s */
+                gemm_tn(nj, d, ni, a->scale, dp, BK, qf + i0 * d, d, dkf + j0 * d, d);         /* dK += dS^T Q s */
+            }
+        }
+        cpu_store(dt, dq, r * tq * d, dqf, tq * d);
+        cpu_store(dt, dk, r * tk * d, dkf, tk * d);
+        cpu_store(dt, dv, r * tk * d, dvf, tk * d);
+    }
+    return 0;
+}

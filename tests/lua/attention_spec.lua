@@ -1,0 +1,135 @@
+-- attention_spec.lua: mp.attention (engine/ops_attention.c, kernels/cpu/cpu_attention.c):
+-- the blocked kernel against the same attention written with matmul, masked_fill and
+-- softmax (forward and every gradient, across block boundaries, causal or not, tq != tk),
+-- f16/bf16 computed in f32 and rounded once, the autocast class, dropout drawn the same
+-- in forward and backward, no t x t scores in memory, and errors.
+
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+local mp = require "mp"
+
+-- attention by the composite ops (t x t scores in memory)
+local function reference(q, k, v, causal, scale)
+  local tq, tk, d = q.shape[#q.shape - 1], k.shape[#k.shape - 1], q.shape[#q.shape]
+  local s = q:matmul(k:transpose(-2, -1)) * (scale or 1 / math.sqrt(d))
+  if causal then s = s:masked_fill(mp.ones({ tq, tk }):triu(1):gt(0), -math.huge) end
+  return mp.softmax(s, -1):matmul(v)
+end
+
+local function maxdiff(a, b) return (a:to("f32") - b:to("f32")):abs():max():item() end
+
+describe("mp.attention", function()
+  it("matches the composite attention, forward and gradients, across blocks", function()
+    mp.manual_seed(5)
+    for _, c in ipairs {
+      { q = { 2, 3, 70, 16 }, k = { 2, 3, 70, 16 }, causal = false },
+      { q = { 2, 3, 70, 16 }, k = { 2, 3, 70, 16 }, causal = true },
+      { q = { 1, 2, 130, 8 }, k = { 1, 2, 67, 8 }, causal = false },
+      { q = { 1, 1, 5, 8 }, k = { 1, 1, 130, 8 }, causal = true },
+      { q = { 4, 9, 8 }, k = { 4, 9, 8 }, causal = true, scale = 0.3 },
+    } do
+      local what = table.concat(c.q, "x") .. (c.causal and " causal" or "")
+      local q, k, v = mp.randn(c.q):requires_grad(true), mp.randn(c.k):requires_grad(true), mp.randn(c.k):requires_grad(true)
+      local o = mp.attention(q, k, v, { causal = c.causal, scale = c.scale })
+      assert.are.same(c.q, o.shape)
+      local g = mp.randn(c.q);
+      (o * g):sum():backward()
+      local gq, gk, gv = q.grad, k.grad, v.grad
+      q.grad, k.grad, v.grad = nil, nil, nil
+      local r = reference(q, k, v, c.causal, c.scale)
+      assert.is_true(maxdiff(o, r) < 2e-6, what .. " forward " .. maxdiff(o, r))
+      ;(r * g):sum():backward()
+      for name, pair in pairs { q = { gq, q.grad }, k = { gk, k.grad }, v = { gv, v.grad } } do
+        local diff = maxdiff(pair[1], pair[2])
+        assert.is_true(diff < 1e-5, what .. " d" .. name .. " " .. diff)
+      end
+    end
+  end)
+
+  it("keeps every saved tensor for its backward (five: q, k, v, out, lse)", function()
+    local q = mp.randn({ 1, 1, 4, 4 }):requires_grad(true)
+    local o = mp.attention(q, q, q)
+    assert.are.equal("attention", o.grad_fn)
+    o:sum():backward()
+    assert.are.same({ 1, 1, 4, 4 }, q.grad.shape)
+  end)
+
+  it("f16 and bf16 compute in f32 and round once; autocast runs it in the low dtype", function()
+    mp.manual_seed(2)
+    for _, dt in ipairs { "f16", "bf16" } do
+      local q, k, v = mp.randn({ 2, 2, 40, 8 }):to(dt), mp.randn({ 2, 2, 40, 8 }):to(dt), mp.randn({ 2, 2, 40, 8 }):to(dt)
+      local lo = mp.attention(q, k, v, { causal = true })
+      assert.are.equal(dt, lo.dtype)
+      local hi = mp.attention(q:to("f32"), k:to("f32"), v:to("f32"), { causal = true }):to(dt)
+      H.assert_same(lo:to("f32"):totable(), hi:to("f32"):totable(), dt)
+    end
+    local o
+    do
+      local _ <close> = mp.amp.autocast("bf16")
+      o = mp.attention(mp.randn { 1, 1, 3, 4 }, mp.randn { 1, 1, 3, 4 }, mp.randn { 1, 1, 3, 4 })
+    end
+    assert.are.equal("bf16", o.dtype)
+    assert.are.equal("low", mp.amp.classes().attention)
+  end)
+
+  it("dropout: p = 0 is none, draws are reproducible and the same in the backward", function()
+    local q, k, v = mp.randn { 1, 2, 50, 8 }, mp.randn { 1, 2, 50, 8 }, mp.randn { 1, 2, 50, 8 }
+    H.assert_same(mp.attention(q, k, v, { dropout = 0 }):totable(), mp.attention(q, k, v):totable(), "p = 0")
+    mp.manual_seed(9)
+    local a = mp.attention(q, k, v, { dropout = 0.3 })
+    mp.manual_seed(9)
+    H.assert_same(a:totable(), mp.attention(q, k, v, { dropout = 0.3 }):totable(), "reseeded")
+    assert.is_true(maxdiff(a, mp.attention(q, k, v, { dropout = 0.3 })) > 0, "a new draw differs")
+    -- v = 1: each output is the kept probability mass / (1 - p), 1 on average
+    local ones = mp.ones { 1, 2, 50, 8 }
+    local m = mp.attention(mp.randn { 1, 2, 50, 8 }, mp.randn { 1, 2, 50, 8 }, ones, { dropout = 0.5 }):mean():item()
+    assert.is_true(math.abs(m - 1) < 0.1, "mean " .. m)
+    -- the gradient through the same draws: a numerical check with the seed fixed
+    local x = mp.randn({ 1, 1, 6, 4 }):requires_grad(true)
+    local function f()
+      mp.manual_seed(4)
+      return (mp.attention(x, x, x, { dropout = 0.4, causal = true }) * mp.arange(24):reshape { 1, 1, 6, 4 }):sum()
+    end
+    f():backward()
+    local analytic, h = x.grad:totable()[1][1], 1e-2
+    local flat = x:detach():totable()[1][1]
+    for i = 1, 6 do
+      for j = 1, 4 do
+        local function at(delta)
+          local t = mp.tensor(flat)
+          local vals = t:totable()
+          vals[i][j] = vals[i][j] + delta
+          x = mp.tensor({ { vals } }):requires_grad(true)
+          return f():item()
+        end
+        local num = (at(h) - at(-h)) / (2 * h)
+        assert.is_true(math.abs(num - analytic[i][j]) < 2e-2 * (1 + math.abs(num)), i .. "," .. j .. ": " .. num .. " vs " .. analytic[i][j])
+      end
+    end
+  end)
+
+  it("never holds the t x t scores: memory grows by the blocks, not t^2", function()
+    local t, d = 4096, 16
+    local q, k, v = mp.randn { 1, 1, t, d }, mp.randn { 1, 1, t, d }, mp.randn { 1, 1, t, d }
+    mp.attention(q, k, v, { causal = true })   -- warm: scratch grown once
+    local before = H.rss()
+    mp.reset_peak_memory()
+    local base = mp.memory().in_use
+    local o = mp.attention(q, k, v, { causal = true })
+    local grew = H.rss() - before
+    assert.is_true(mp.memory().peak - base <= 2 * t * d * 4 + 4 * t, "engine peak " .. (mp.memory().peak - base))
+    assert.is_true(grew < 16 * 2 ^ 20, "RSS grew " .. grew .. " bytes; t x t f32 is " .. t * t * 4)
+    assert.are.same({ 1, 1, t, d }, o.shape)
+  end)
+
+  it("bad inputs are errors naming the argument", function()
+    local q = mp.randn { 1, 2, 5, 8 }
+    H.raises(function() return mp.attention(q, mp.randn { 1, 2, 5, 4 }, q) end, { "mp.attention", "do not fit" })
+    H.raises(function() return mp.attention(q, mp.randn { 2, 2, 5, 8 }, mp.randn { 2, 2, 5, 8 }) end, { "leading dims" })
+    H.raises(function() return mp.attention(q, q:to("f16"), q) end, { "one dtype and device" })
+    H.raises(function() return mp.attention(q:to("i32"), q:to("i32"), q:to("i32")) end, { "float" })
+    H.raises(function() return mp.attention(q, q, q, { dropout = 1 }) end, { "dropout must be in [0, 1)" })
+    H.raises(function() return mp.attention(q, q, q, { casual = true }) end, { "unknown option 'casual'" })
+    H.raises(function() return mp.attention(q, q, q, { scale = "x" }) end, { "option scale must be a number" })
+    H.raises(function() return mp.attention(q, q) end, { "attention", "tensor expected" })
+  end)
+end)
