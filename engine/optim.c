@@ -3,6 +3,7 @@
  * gradient clipping.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "engine/optim.h"
@@ -73,13 +74,38 @@ static void adopt(mp_tensor *p, mp_tensor *arena, int64_t off)
 
 mp_optim *mp_optim_new(const mp_optim_config *cfg, int n, mp_tensor *const *ps)
 {
-    if (mp_optim_check_config(cfg) || check_params(n, ps)) return NULL;
+    return mp_optim_new_groups(1, cfg, &n, n, ps);
+}
+
+mp_optim *mp_optim_new_groups(int ngroups, const mp_optim_config *cfgs, const int *counts, int n,
+                              mp_tensor *const *ps)
+{
+    if (ngroups < 1) return mp_fail(MP_EINVAL, "no parameter groups"), NULL;
+    int total = 0;
+    for (int g = 0; g < ngroups; g++) {
+        if (cfgs[g].kind != cfgs[0].kind) return mp_fail(MP_EINVAL, "the groups' kinds differ"), NULL;
+        if (mp_optim_check_config(&cfgs[g])) {
+            if (ngroups > 1) {   /* name the group */
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", mp_error());
+                return mp_fail(MP_EINVAL, "group %d: %s", g + 1, msg), NULL;
+            }
+            return NULL;
+        }
+        if (counts[g] < 1 && ngroups > 1) return mp_fail(MP_EINVAL, "group %d has no parameters", g + 1), NULL;
+        total += counts[g];
+    }
+    if (total != n) return mp_fail(MP_EINVAL, "the groups hold %d parameters, the list %d", total, n), NULL;
+    if (check_params(n, ps)) return NULL;
     mp_optim *o = calloc(1, sizeof *o);
-    if (!o || !(o->params = calloc((size_t)n, sizeof *o->params)) || !(o->offsets = calloc((size_t)n, sizeof *o->offsets))) {
+    if (!o || !(o->params = calloc((size_t)n, sizeof *o->params)) || !(o->offsets = calloc((size_t)n, sizeof *o->offsets)) ||
+        !(o->group = calloc((size_t)ngroups, sizeof *o->group)) || !(o->first = calloc((size_t)ngroups + 1, sizeof *o->first))) {
         mp_optim_free(o);
         return mp_fail(MP_EOOM, "out of memory"), NULL;
     }
-    o->cfg = *cfg;
+    o->ngroups = ngroups;
+    for (int g = 0; g < ngroups; g++) o->group[g] = cfgs[g], o->first[g + 1] = o->first[g] + counts[g];
+    o->cfg = cfgs[0];
     for (int i = 0; i < n; i++) o->offsets[i] = o->numel, o->numel += ps[i]->numel;
     o->values = mp_full(MP_F32, ps[0]->dev, 1, &o->numel, 0);
     o->grads = o->values ? mp_full(MP_F32, ps[0]->dev, 1, &o->numel, 0) : NULL;
@@ -119,12 +145,15 @@ void mp_optim_free(mp_optim *o)
     mp_release(o->values), mp_release(o->grads), mp_release(o->counter), mp_release(o->state1), mp_release(o->state2);
     free(o->params);
     free(o->offsets);
+    free(o->group);
+    free(o->first);
     free(o);
 }
 
 int mp_optim_ensure_state(mp_optim *o)
 {
-    bool two = o->cfg.kind != MP_SGD, one = two || o->cfg.momentum != 0;
+    bool two = o->cfg.kind != MP_SGD, one = two;
+    for (int g = 0; g < o->ngroups; g++) one = one || o->group[g].momentum != 0;
     if (one && !o->state1 && !(o->state1 = mp_full(MP_F32, o->values->dev, 1, &o->numel, 0))) return -1;
     if (two && !o->state2 && !(o->state2 = mp_full(MP_F32, o->values->dev, 1, &o->numel, 0))) return -1;
     return 0;
@@ -177,23 +206,25 @@ int mp_optim_step(mp_optim *o)
     return o->values->dev != MP_CPU ? mp_device_error(o->values->dev) : 0;
 }
 
-int mp_optim_step_if(mp_optim *o, const int32_t *skip)
+/* the kernel's arguments from a group's hyperparameters */
+static mp_optim_args args_of(const mp_optim_config *c)
 {
-    if (mp_optim_ensure_state(o) || mp_optim_sync_grads(o)) return -1;
-    const mp_optim_config *c = &o->cfg;
-    mp_optim_args a = {
+    return (mp_optim_args){
         .lr = (float)c->lr, .momentum = (float)c->momentum, .weight_decay = (float)c->weight_decay,
         .beta1 = (float)c->beta1, .beta2 = (float)c->beta2, .eps = (float)c->eps,
         .one_minus_dampening = (float)(1 - c->dampening), .one_minus_beta1 = (float)(1 - c->beta1),
         .one_minus_beta2 = (float)(1 - c->beta2), .decay = (float)(1 - c->lr * c->weight_decay),
         .lr_d = c->lr, .beta1_d = c->beta1, .beta2_d = c->beta2, .nesterov = c->nesterov,
     };
+}
+
+int mp_optim_step_if(mp_optim *o, const int32_t *skip)
+{
+    if (mp_optim_ensure_state(o) || mp_optim_sync_grads(o)) return -1;
     float *p = mp_data(o->values), *g = mp_data(o->grads);
     float *s1 = o->state1 ? mp_data(o->state1) : NULL, *s2 = o->state2 ? mp_data(o->state2) : NULL;
     int64_t *step = mp_data(o->counter);
     const mp_backend *be = mp_be(o->values);
-    bool all = true;
-    for (int i = 0; i < o->n && all; i++) all = o->params[i]->grad != NULL;
     /* casts of these parameters made before now are stale, but the working copy
      * for autocast, if current, stays current: the kernel writes it too */
     mp_storage *vs = o->values->st;
@@ -204,17 +235,25 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
     vs->version++;
     if (mirror) vs->lowp_version = vs->version;
     be->optim_count(be->ctx, step, skip);
-    if (all) {   /* the usual case: one pass over the arena */
-        be->optim_step(be->ctx, c->kind, p, g, s1, s2, o->numel, &a, step, skip, lp, lpt);
-        return 0;
-    }
-    /* a parameter whose .grad was set to nil is left alone, as PyTorch skips grad None;
-     * unlike PyTorch the step count (Adam's bias correction) is shared by all */
-    for (int i = 0; i < o->n; i++) {
-        if (!o->params[i]->grad) continue;
-        int64_t off = o->offsets[i];
-        be->optim_step(be->ctx, c->kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL,
-                       o->params[i]->numel, &a, step, skip, lp ? lp + (size_t)off * les : NULL, lpt);
+    for (int k = 0; k < o->ngroups; k++) {
+        mp_optim_args a = args_of(&o->group[k]);
+        int lo = o->first[k], hi = o->first[k + 1];
+        bool all = true;
+        for (int i = lo; i < hi && all; i++) all = o->params[i]->grad != NULL;
+        if (all) {   /* the usual case: one pass over the group's range of the arena */
+            int64_t off = o->offsets[lo], len = (hi < o->n ? o->offsets[hi] : o->numel) - off;
+            be->optim_step(be->ctx, o->cfg.kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL, len, &a,
+                           step, skip, lp ? lp + (size_t)off * les : NULL, lpt);
+            continue;
+        }
+        /* a parameter whose .grad was set to nil is left alone, as PyTorch skips grad None;
+         * unlike PyTorch the step count (Adam's bias correction) is shared by all */
+        for (int i = lo; i < hi; i++) {
+            if (!o->params[i]->grad) continue;
+            int64_t off = o->offsets[i];
+            be->optim_step(be->ctx, o->cfg.kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL,
+                           o->params[i]->numel, &a, step, skip, lp ? lp + (size_t)off * les : NULL, lpt);
+        }
     }
     return 0;
 }
@@ -289,6 +328,17 @@ int mp_optim_set_config(mp_optim *o, const mp_optim_config *c)
 {
     if (c->kind != o->cfg.kind) return mp_fail(MP_EINVAL, "the optimizer's kind cannot change");
     if (mp_optim_check_config(c)) return -1;
+    for (int g = 0; g < o->ngroups; g++) o->group[g] = *c;
     o->cfg = *c;
+    return 0;
+}
+
+int mp_optim_set_group(mp_optim *o, int g, const mp_optim_config *c)
+{
+    if (g < 0 || g >= o->ngroups) return mp_fail(MP_EINVAL, "group %d out of range 1..%d", g + 1, o->ngroups);
+    if (c->kind != o->cfg.kind) return mp_fail(MP_EINVAL, "the optimizer's kind cannot change");
+    if (mp_optim_check_config(c)) return -1;
+    o->group[g] = *c;
+    if (g == 0) o->cfg = *c;
     return 0;
 }

@@ -19,8 +19,15 @@ typedef struct {
     bool nesterov;
 } mp_optim_config;
 
+/* Parameter groups (PyTorch's param_groups): the parameters are packed group by
+ * group, so group g is the arena range of parameters first[g] .. first[g+1]-1,
+ * stepped with its own hyperparameters (one kernel pass per group). One group
+ * is the plain optimizer. The kind and the step count are the optimizer's. */
 typedef struct mp_optim {
-    mp_optim_config cfg;
+    mp_optim_config cfg;           /* group 0's hyperparameters (the plain optimizer's) */
+    int ngroups;
+    mp_optim_config *group;        /* every group's, group[0] == cfg */
+    int *first;                    /* ngroups + 1 parameter indices */
     int n;
     mp_tensor **params;            /* retained, in the order given */
     int64_t *offsets;              /* each parameter's first element in the arenas */
@@ -30,9 +37,15 @@ typedef struct mp_optim {
     int64_t numel;
 } mp_optim;
 
-/* replace o's hyperparameters after the check; o unchanged on failure */
+/* replace o's hyperparameters after the check; o unchanged on failure: every
+ * group's (mp_optim_set_config) or group g's */
 int mp_optim_set_config(struct mp_optim *o, const mp_optim_config *c);
+int mp_optim_set_group(struct mp_optim *o, int g, const mp_optim_config *c);
 mp_optim *mp_optim_new(const mp_optim_config *cfg, int n, mp_tensor *const *params);
+/* ngroups groups: group g's config cfgs[g] and its counts[g] parameters, the
+ * parameters in params group after group (n = sum of counts) */
+mp_optim *mp_optim_new_groups(int ngroups, const mp_optim_config *cfgs, const int *counts, int n,
+                              mp_tensor *const *params);
 void mp_optim_free(mp_optim *o);
 /* PyTorch's defaults for each kind (Adam/AdamW: lr 1e-3, betas (0.9, 0.999), eps
  * 1e-8, weight_decay 0 and 0.01); SGD has no default lr: NaN, which the check

@@ -18,8 +18,25 @@ static mp_optim *check_optim(lua_State *L, int i)
     return u->o;
 }
 
-/* core._optimizer(kind, params, config): the engine's defaults for the kind
- * (mp_optim_defaults), changed by the fields config has; the engine checks them */
+/* the hyperparameters a table t has, over c */
+static mp_optim_config read_config(lua_State *L, int t, mp_optim_config c, const char *name)
+{
+    c.lr = lb_number_field(L, t, "lr", c.lr, name);
+    c.momentum = lb_number_field(L, t, "momentum", c.momentum, name);
+    c.dampening = lb_number_field(L, t, "dampening", c.dampening, name);
+    c.weight_decay = lb_number_field(L, t, "weight_decay", c.weight_decay, name);
+    c.beta1 = lb_number_field(L, t, "beta1", c.beta1, name);
+    c.beta2 = lb_number_field(L, t, "beta2", c.beta2, name);
+    c.eps = lb_number_field(L, t, "eps", c.eps, name);
+    if (lua_getfield(L, t, "nesterov") != LUA_TNIL) c.nesterov = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return c;
+}
+
+/* core._optimizer(kind, params, config [, groups]): the engine's defaults for the
+ * kind (mp_optim_defaults), changed by the fields config has; with groups (a list
+ * of {params = {...}, lr = ..., ...}, lua/mp/optim.lua) each group's fields over
+ * those, params then unused. The engine checks them all. */
 static int o_new(lua_State *L)
 {
     static const char *kinds[] = {"sgd", "adam", "adamw", NULL};
@@ -27,28 +44,77 @@ static int o_new(lua_State *L)
     int kind = luaL_checkoption(L, 1, NULL, kinds);
     const char *name = names[kind];
     luaL_checktype(L, 3, LUA_TTABLE);
-    mp_optim_config c = mp_optim_defaults((mp_optim_kind)kind);
-    c.lr = lb_number_field(L, 3, "lr", c.lr, name);
-    c.momentum = lb_number_field(L, 3, "momentum", c.momentum, name);
-    c.dampening = lb_number_field(L, 3, "dampening", c.dampening, name);
-    c.weight_decay = lb_number_field(L, 3, "weight_decay", c.weight_decay, name);
-    c.beta1 = lb_number_field(L, 3, "beta1", c.beta1, name);
-    c.beta2 = lb_number_field(L, 3, "beta2", c.beta2, name);
-    c.eps = lb_number_field(L, 3, "eps", c.eps, name);
-    if (lua_getfield(L, 3, "nesterov") != LUA_TNIL) c.nesterov = lua_toboolean(L, -1);
-    lua_pop(L, 1);
-    int n;
-    mp_tensor **ps = lb_tensor_list(L, 2, 1 << 24, "params", name, &n);
+    mp_optim_config base = read_config(L, 3, mp_optim_defaults((mp_optim_kind)kind), name);
+    int ng = 1, n = 0;
+    mp_optim_config *cfg = &base;
+    int *counts = &n;
+    mp_tensor **ps;
+    if (lua_isnoneornil(L, 4)) {
+        ps = lb_tensor_list(L, 2, 1 << 24, "params", name, &n);
+    } else {   /* every group's tensors, in order, in one list */
+        luaL_checktype(L, 4, LUA_TTABLE);
+        ng = lb_len(L, 4, 1 << 16, "param groups", name);
+        if (ng < 1) return luaL_error(L, "%s: the list of parameter groups is empty", name);
+        cfg = lua_newuserdatauv(L, sizeof *cfg * (size_t)ng, 0);
+        counts = lua_newuserdatauv(L, sizeof *counts * (size_t)ng, 0);
+        lua_newtable(L);   /* all tensors, kept alive here */
+        int all = lua_gettop(L);
+        for (int g = 0; g < ng; g++) {
+            lua_geti(L, 4, g + 1);
+            if (!lua_istable(L, -1)) return luaL_error(L, "%s: group %d must be a table", name, g + 1);
+            cfg[g] = read_config(L, -1, base, name);
+            lua_getfield(L, -1, "params");
+            int m;
+            mp_tensor **gp = lb_tensor_list(L, -1, 1 << 24, "params", name, &m);
+            (void)gp;
+            counts[g] = m;
+            for (int i = 1; i <= m; i++) {   /* lb_tensor_list left its copy on the stack */
+                lua_geti(L, -1, i);
+                lua_rawseti(L, all, ++n);
+            }
+            lua_settop(L, all);
+        }
+        ps = lb_tensor_list(L, all, 1 << 24, "params", name, &n);
+    }
     LOptim *u = lua_newuserdatauv(L, sizeof *u, 0);
     u->o = NULL;
     luaL_setmetatable(L, OPTIM_MT);
     mp_clear_error();
-    if (!(u->o = mp_optim_new(&c, n, ps))) {
+    if (!(u->o = mp_optim_new_groups(ng, cfg, counts, n, ps))) {
         if (mp_errcode_last() != MP_EOOM) return lt_error(L, name);
         lua_gc(L, LUA_GCCOLLECT);
-        if (!(u->o = mp_optim_new(&c, n, ps))) return lt_error(L, name);
+        if (!(u->o = mp_optim_new_groups(ng, cfg, counts, n, ps))) return lt_error(L, name);
     }
     return 1;
+}
+
+/* o:_group(i) -> {lr =, ..., nesterov =, size = parameters} of group i (1-based) */
+static int o_group(lua_State *L)
+{
+    mp_optim *o = check_optim(L, 1);
+    lua_Integer g = luaL_checkinteger(L, 2);
+    if (g < 1 || g > o->ngroups) return luaL_error(L, "Optimizer: group %I out of range 1..%d", g, o->ngroups);
+    const mp_optim_config *c = &o->group[g - 1];
+    lua_createtable(L, 0, 9);
+    const double v[7] = {c->lr, c->momentum, c->dampening, c->weight_decay, c->beta1, c->beta2, c->eps};
+    static const char *k[7] = {"lr", "momentum", "dampening", "weight_decay", "beta1", "beta2", "eps"};
+    for (int i = 0; i < 7; i++) lua_pushnumber(L, v[i]), lua_setfield(L, -2, k[i]);
+    lua_pushboolean(L, c->nesterov), lua_setfield(L, -2, "nesterov");
+    lua_pushinteger(L, o->first[g] - o->first[g - 1]), lua_setfield(L, -2, "size");
+    return 1;
+}
+
+/* o:_set_group(i, {lr = ..., ...}): the fields given, checked by the engine; nothing changes on failure */
+static int o_set_group(lua_State *L)
+{
+    mp_optim *o = check_optim(L, 1);
+    lua_Integer g = luaL_checkinteger(L, 2);
+    luaL_checktype(L, 3, LUA_TTABLE);
+    if (g < 1 || g > o->ngroups) return luaL_error(L, "Optimizer: group %I out of range 1..%d", g, o->ngroups);
+    mp_optim_config c = read_config(L, 3, o->group[g - 1], "Optimizer");
+    mp_clear_error();
+    if (mp_optim_set_group(o, (int)g - 1, &c)) return lt_error(L, "Optimizer");
+    return 0;
 }
 
 static int o_gc(lua_State *L)
@@ -136,6 +202,7 @@ static int o_index(lua_State *L)
     }
     else if (strcmp(k, "nesterov") == 0) lua_pushboolean(L, o->cfg.nesterov);
     else if (strcmp(k, "numel") == 0) lua_pushinteger(L, o->numel);
+    else if (strcmp(k, "ngroups") == 0) lua_pushinteger(L, o->ngroups);
     else lua_pushnil(L);
     return 1;
 }
@@ -179,7 +246,8 @@ static int o_clip_grad_norm(lua_State *L)
 }
 
 static const luaL_Reg meth[] = {
-    {"step", o_step}, {"zero_grad", o_zero_grad}, {"_views", o_views}, {"free", o_free}, {NULL, NULL}
+    {"step", o_step}, {"zero_grad", o_zero_grad}, {"_views", o_views}, {"free", o_free},
+    {"_group", o_group}, {"_set_group", o_set_group}, {NULL, NULL}
 };
 
 void mp_open_optim(lua_State *L)

@@ -28,6 +28,31 @@ local function check_params(name, params)
   end
 end
 
+-- params as PyTorch's param groups: a list of tables {params = {...}, lr = ..., ...}
+local function is_groups(params)
+  local first = params[1]
+  return type(first) == "table" and getmetatable(first) == nil and first.params ~= nil
+end
+
+-- each group's options, checked like the optimizer's own, betas split for the engine
+local function group_list(name, groups, spec, split_betas)
+  local out = {}
+  for i, g in ipairs(groups) do
+    local gname = string.format("%s: group %d", name, i)
+    local ok, checked = pcall(core._options, gname, g, "params:table " .. spec, 0)
+    if not ok then error(checked, 4) end
+    if not is_groups({ g }) then error(gname .. ": params must be a list of tensors", 4) end
+    local e = {}
+    for k, v in pairs(checked) do e[k] = v end
+    if split_betas and g.betas ~= nil then
+      e.beta1, e.beta2 = split_betas(gname, g.betas)
+      e.betas = nil
+    end
+    out[i] = e
+  end
+  return out
+end
+
 -- betas = {b1, b2}: nil leaves the engine's defaults
 local function betas(name, b)
   if b == nil then return nil, nil end
@@ -40,22 +65,26 @@ end
 function optim.SGD(params, opts)
   local name = "mp.optim.SGD"
   check_params(name, params)
-  opts = check_options(name, opts, "lr:any momentum:any dampening:any weight_decay:any nesterov:any")
+  local spec = "lr:any momentum:any dampening:any weight_decay:any nesterov:any"
+  opts = check_options(name, opts, spec)
+  local groups = is_groups(params) and group_list(name, params, spec) or nil
   local opt = call(core._optimizer, "sgd", params, {   -- not a tail call: call() raises at our caller
     lr = opts.lr, momentum = opts.momentum, dampening = opts.dampening,
     weight_decay = opts.weight_decay, nesterov = opts.nesterov,
-  })
+  }, groups)
   return opt
 end
 
 local function adam(kind, name)
   return function(params, opts)
     check_params(name, params)
-    opts = check_options(name, opts, "lr:any betas:any eps:any weight_decay:any")
+    local spec = "lr:any betas:any eps:any weight_decay:any"
+    opts = check_options(name, opts, spec)
     local b1, b2 = betas(name, opts.betas)
+    local groups = is_groups(params) and group_list(name, params, spec, function(_, b) return betas(name, b) end) or nil
     local opt = call(core._optimizer, kind, params, {
       lr = opts.lr, beta1 = b1, beta2 = b2, eps = opts.eps, weight_decay = opts.weight_decay,
-    })
+    }, groups)
     return opt
   end
 end
@@ -64,12 +93,37 @@ optim.AdamW = adam("adamw", "mp.optim.AdamW")
 
 local HYPER = {"lr", "momentum", "dampening", "weight_decay", "beta1", "beta2", "eps"}
 
+-- opt:param_groups() -> a list with one live view per group: g.lr reads the
+-- engine's value and g.lr = x sets it (checked), g.size is its parameter count.
+-- opt.lr (and the other fields) read group 1 and set every group.
+local Group = {}
+Group.__index = function(g, k) return rawget(g, "_opt"):_group(rawget(g, "_i"))[k] end
+Group.__newindex = function(g, k, v)
+  local t = {}
+  t[k] = v
+  local ok, err = pcall(rawget(g, "_opt")._set_group, rawget(g, "_opt"), rawget(g, "_i"), t)
+  if not ok then error((tostring(err):gsub("^[^\n]-:%d+: ", "", 1)), 2) end
+end
+function methods.param_groups(opt)
+  local r = {}
+  for i = 1, opt.ngroups do r[i] = setmetatable({ _opt = opt, _i = i }, Group) end
+  return r
+end
+
 -- {state = {[i] = {...}}, param_groups = {{lr=, ..., step=}}} with copies of the state tensors
 function methods.state_dict(opt)
-  local group = {step = opt.step_count, nesterov = opt.nesterov}
+  local groups, first = {}, 1
+  for i = 1, opt.ngroups do   -- PyTorch's layout: each group's hyperparameters and its parameters' indices
+    local g = opt:_group(i)
+    local group = {step = opt.step_count, nesterov = g.nesterov, params = {}}
+    for _, k in ipairs(HYPER) do group[k] = g[k] end
+    for j = 0, g.size - 1 do group.params[j + 1] = first + j end
+    first = first + g.size
+    groups[i] = group
+  end
+  local group = groups[1]
   local sched = schedules[opt]
   if sched then group.schedule_count, group.schedule_base = sched.count, sched.base end
-  for _, k in ipairs(HYPER) do group[k] = opt[k] end
   local s1, s2 = opt:_views("state1"), opt:_views("state2")
   local state = {}
   if s1 then
@@ -78,7 +132,7 @@ function methods.state_dict(opt)
                      or {momentum_buffer = s1[i]:clone()}
     end
   end
-  return {state = state, param_groups = {group}}
+  return {state = state, param_groups = groups}
 end
 
 local function same_shape(t, u)
@@ -97,18 +151,23 @@ function methods.load_state_dict(opt, sd)
   local state = sd.state or {}
   local values = opt:_views("values")
   -- hyperparameters first (they decide which state exists), undone if any is bad
-  local old = {nesterov = opt.nesterov, step = opt.step_count}
-  for _, k in ipairs(HYPER) do old[k] = opt[k] end
+  local ngroups = opt.ngroups
+  if #sd.param_groups ~= ngroups and not (#sd.param_groups == 1 and ngroups == 1) then
+    error(string.format("%s: the state has %d parameter groups, this optimizer %d", name, #sd.param_groups, ngroups), 2)
+  end
+  local old = {}
+  for i = 1, ngroups do old[i] = opt:_group(i) end
   local ok, err = pcall(function()
-    for _, k in ipairs(HYPER) do
-      if group[k] ~= nil then opt[k] = group[k] end
+    for i = 1, ngroups do
+      local g, set = sd.param_groups[i], {}
+      for _, k in ipairs(HYPER) do set[k] = g[k] end
+      set.nesterov = g.nesterov
+      if g.momentum ~= nil and g.nesterov == nil then set.nesterov = old[i].nesterov end
+      opt:_set_group(i, set)
     end
-    if group.nesterov ~= nil then opt.nesterov = group.nesterov end
   end)
   local function undo()
-    opt.momentum, opt.dampening = old.momentum, old.dampening
-    for _, k in ipairs(HYPER) do pcall(function() opt[k] = old[k] end) end
-    pcall(function() opt.nesterov = old.nesterov end)
+    for i = 1, ngroups do pcall(opt._set_group, opt, i, old[i]) end
   end
   if not ok then
     undo()
@@ -143,7 +202,7 @@ function methods.load_state_dict(opt, sd)
   local sched = schedules[opt]
   if sched and group.schedule_count then
     sched.count, sched.base = group.schedule_count, group.schedule_base or sched.base
-    opt.lr = sched:lr_at(sched.count)
+    sched:apply()
   end
 end
 
@@ -171,16 +230,24 @@ local function schedule(kind, shape)
   end
 end
 
--- the lr after `count` applied steps, for a peak lr of base
-function Schedule:lr_at(count)
-  local base = self.base
+-- the lr after `count` applied steps, for a peak lr of base (default: group 1's)
+function Schedule:lr_at(count, base)
+  base = base or (type(self.base) == "table" and self.base[1] or self.base)
   if count < self.warmup then return base * (count + 1) / self.warmup end
   return self.shape(self, base, count)
 end
 
+-- every group's lr from its own peak (PyTorch's schedulers keep a base lr per group)
+function Schedule:apply()
+  local base = type(self.base) == "table" and self.base or { self.base }
+  for i = 1, self.opt.ngroups do
+    self.opt:_set_group(i, { lr = self:lr_at(self.count, base[i] or base[1]) })
+  end
+end
+
 function Schedule:step()
   self.count = self.count + 1
-  self.opt.lr = self:lr_at(self.count)
+  self:apply()
 end
 
 optim.schedule = {
@@ -197,9 +264,11 @@ optim.schedule = {
 
 function methods.set_schedule(opt, sched)
   if getmetatable(sched) ~= Schedule then error("Optimizer:set_schedule: expected an mp.optim.schedule", 2) end
-  sched.opt, sched.base = opt, sched.base or opt.lr
+  local base = {}
+  for i = 1, opt.ngroups do base[i] = opt:_group(i).lr end
+  sched.opt, sched.base = opt, sched.base or base
   schedules[opt] = sched
-  opt.lr = sched:lr_at(sched.count)
+  sched:apply()
 end
 
 -- opt:step() in C, then the schedule
@@ -208,6 +277,40 @@ function methods.step(opt)
   call(c_step, opt)
   local sched = schedules[opt]
   if sched then sched:step() end
+end
+
+-- mp.optim.decay_groups(model, weight_decay) -> param groups for any optimizer:
+-- the weights of Linear layers decayed, everything else (biases, norms,
+-- embeddings, and a weight shared with an embedding, as a tied output layer is)
+-- not: minGPT's rule. Parameters keep model:parameters()' order within a group.
+function optim.decay_groups(model, weight_decay)
+  local name = "mp.optim.decay_groups"
+  if type(model) ~= "table" or type(model.modules) ~= "function" then
+    error(name .. ": expected an mp.nn module (got " .. type(model) .. ")", 2)
+  end
+  if type(weight_decay) ~= "number" or not (weight_decay >= 0) then
+    error(name .. ": weight_decay must be a number >= 0 (got " .. tostring(weight_decay) .. ")", 2)
+  end
+  local decay, keep = {}, {}
+  for _, m in ipairs(model:modules()) do
+    local params = rawget(m, "_parameters")
+    for _, n in ipairs(rawget(m, "_param_names")) do
+      local p = params[n]
+      if m:type_name() == "Linear" and n == "weight" then
+        if keep[p] == nil then decay[p] = true end
+      else
+        keep[p], decay[p] = true, nil
+      end
+    end
+  end
+  local d, k = {}, {}
+  for _, p in ipairs(model:parameters()) do
+    if decay[p] then d[#d + 1] = p else k[#k + 1] = p end
+  end
+  local groups = {}
+  if #d > 0 then groups[#groups + 1] = { params = d, weight_decay = weight_decay } end
+  if #k > 0 then groups[#groups + 1] = { params = k, weight_decay = 0 } end
+  return groups
 end
 
 function optim.clip_grad_norm(params, max_norm)
