@@ -59,6 +59,14 @@ mp_tensor *mp_tril(mp_tensor *t, int64_t k);
 mp_tensor *mp_triu(mp_tensor *t, int64_t k);
 mp_tensor *mp_masked_fill(mp_tensor *t, mp_tensor *mask, double value);
 mp_tensor *mp_randint(int64_t lo, int64_t hi, mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
+/* the k largest (or smallest) values along dim, in order, and in *indices their
+ * 0-based positions (i32); sort: all of them; ties keep index order, NaN ranks
+ * above every number. The values are differentiable. */
+mp_tensor *mp_topk(mp_tensor *x, int64_t k, int dim, bool largest, mp_tensor **indices);
+mp_tensor *mp_sort(mp_tensor *x, int dim, bool descending, mp_tensor **indices);
+/* n draws (0-based i32 categories) from each row of probs (1-d or 2-d, any
+ * nonnegative weights), with or without replacement, from the random stream */
+mp_tensor *mp_multinomial(mp_tensor *probs, int64_t n, bool replacement);
 
 /* t's entries at 0-based i32 indices idx (1-d) along dim */
 mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx);

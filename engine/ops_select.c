@@ -6,6 +6,7 @@
  * parts.
  */
 #include <math.h>
+#include <stdlib.h>
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/op.h"
@@ -145,4 +146,143 @@ mp_tensor *mp_randint(int64_t lo, int64_t hi, mp_dtype dt, mp_device dev, int nd
     mp_tensor *out = r && dt != MP_I32 ? mp_to_raw(r, dt, dev) : (r ? mp_retain(r) : NULL);
     mp_release(u), mp_release(s), mp_release(f), mp_release(r);
     return out;
+}
+
+/* ---- topk and sort along the last dim (the public functions move any dim there) ---- */
+
+/* the gradient of each kept value goes back to where it was taken from */
+static int topk_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *idx = nd->saved[0];
+    int64_t rows = nd->i[0], n = nd->i[1], k = nd->i[2], rshape[2] = {rows, 1}, flatn = rows * k;
+    mp_edge *e = &nd->in[0];
+    mp_tensor *r = mp_arange(rows, MP_I32, g->dev), *base = r ? mp_unary(MP_MULS, r, (double)n) : NULL;
+    mp_tensor *b2 = base ? mp_reshape(base, 2, rshape) : NULL, *i2 = NULL, *flat = NULL, *out = NULL, *gc = NULL;
+    int64_t ishape[2] = {rows, k};
+    if (b2) i2 = mp_reshape(idx, 2, ishape);
+    mp_tensor *sum = i2 ? mp_binary(MP_ADD, i2, b2) : NULL;   /* row * n + position: one index into all rows */
+    if (sum) flat = mp_reshape(sum, 1, &flatn);
+    if (flat) out = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
+    if (out) gc = mp_to_raw(g, g->dtype, g->dev);
+    if (gc) MP_K(out, scatter_add, g->dtype, mp_data(out), mp_data(gc), mp_data(flat), flatn, 1, rows * n, 1);
+    mp_release(r), mp_release(base), mp_release(b2), mp_release(i2), mp_release(sum), mp_release(flat), mp_release(gc);
+    if (!gc) { mp_release(out); return -1; }
+    gin[0] = out;
+    return 0;
+}
+
+static mp_tensor *topk_fwd(mp_ctx *c)
+{
+    mp_tensor *x = c->in[0], **indices = (mp_tensor **)c->arg;
+    int64_t k = c->i[2];
+    if (x->ndim < 1) return mp_fail(MP_EINVAL, "input must have at least one dim"), NULL;
+    if (x->dtype == MP_U8) return mp_fail(MP_EINVAL, "input must not be u8"), NULL;
+    int64_t n = x->shape[x->ndim - 1], rows = x->numel / n;
+    if (k < 1 || k > n)
+        return mp_fail(MP_EINVAL, "k must be in 1..%lld (the size of the dim; got %lld)", (long long)n, (long long)k), NULL;
+    if (n > INT32_MAX || rows * n > INT32_MAX) return mp_fail(MP_EINVAL, "input too large for i32 indices"), NULL;
+    if (!mp_be(x)->topk) return mp_fail(MP_EINVAL, "%s is not available on %s", c->op->name, mp_device_name(x->dev)), NULL;
+    int64_t shape[MP_MAXDIM];
+    for (int d = 0; d < x->ndim; d++) shape[d] = d == x->ndim - 1 ? k : x->shape[d];
+    mp_tensor *v = mp_empty(x->dtype, x->dev, x->ndim, shape), *idx = v ? mp_empty(MP_I32, x->dev, x->ndim, shape) : NULL;
+    if (idx && MP_K(x, topk, x->dtype, mp_data(v), mp_data(idx), mp_data(x), rows, n, k, (int)c->i[3]))
+        mp_release(idx), idx = NULL, mp_kernel_oom(c->op->name);
+    if (!idx || mp_keep(c, 0, idx)) {
+        mp_release(v), mp_release(idx);
+        return NULL;
+    }
+    c->i[0] = rows, c->i[1] = n;
+    *indices = idx;
+    return v;
+}
+
+static const mp_op topk_op = {.name = "topk", .nin = 1, .forward = topk_fwd, .backward = topk_backward};
+static const mp_op sort_op = {.name = "sort", .nin = 1, .forward = topk_fwd, .backward = topk_backward};
+MP_OP_REGISTER(topk_op)
+MP_OP_REGISTER(sort_op)
+
+/* along dim: move it last (a copy when it is not), run the op, move it back */
+static mp_tensor *along(const mp_op *op, mp_tensor *x, int64_t k, int dim, bool largest, mp_tensor **indices)
+{
+    int kd;
+    *indices = NULL;
+    if (mp_dim(x, dim, &kd)) return NULL;
+    int last = x->ndim;
+    if (op == &sort_op) k = x->shape[kd];
+    mp_tensor *xt = kd == last - 1 ? mp_retain(x) : mp_transpose(x, kd + 1, last), *idx = NULL;
+    mp_ctx c = {.i = {[2] = k, [3] = largest}, .arg = &idx};
+    mp_tensor *v = xt ? mp_apply(op, &c, 1, &xt) : NULL;
+    mp_release(xt);
+    if (v && kd != last - 1) {
+        mp_tensor *vb = mp_transpose(v, kd + 1, last), *ib = vb ? mp_transpose(idx, kd + 1, last) : NULL;
+        mp_release(v), mp_release(idx);
+        v = vb, idx = ib;
+        if (!ib) mp_release(vb), v = NULL;
+    }
+    if (!v) { mp_release(idx); return NULL; }
+    *indices = idx;
+    return v;
+}
+
+mp_tensor *mp_topk(mp_tensor *x, int64_t k, int dim, bool largest, mp_tensor **indices)
+{
+    return along(&topk_op, x, k, dim, largest, indices);
+}
+
+mp_tensor *mp_sort(mp_tensor *x, int dim, bool descending, mp_tensor **indices)
+{
+    return along(&sort_op, x, 0, dim, descending, indices);
+}
+
+/* ---- multinomial: draws from the rows of a probability table ---- */
+
+mp_tensor *mp_multinomial(mp_tensor *probs, int64_t n, bool replacement)
+{
+    if (!mp_is_float(probs->dtype))
+        return mp_fail(MP_EINVAL, "probabilities must be a float tensor (got %s)", mp_dtype_name(probs->dtype)), NULL;
+    if (probs->ndim < 1 || probs->ndim > 2)
+        return mp_fail(MP_EINVAL, "probabilities must be 1-d or 2-d (got %d dims)", probs->ndim), NULL;
+    int64_t classes = probs->shape[probs->ndim - 1], rows = probs->numel / classes;
+    if (n < 1) return mp_fail(MP_EINVAL, "the number of draws must be positive (got %lld)", (long long)n), NULL;
+    if (!replacement && n > classes)
+        return mp_fail(MP_EINVAL, "cannot draw %lld of %lld categories without replacement", (long long)n,
+                       (long long)classes), NULL;
+    if (classes > INT32_MAX) return mp_fail(MP_EINVAL, "too many categories for i32 indices"), NULL;
+    /* on the host, from the one random stream (a row's draws are few: sampling) */
+    mp_tensor *p = mp_to_raw(probs, MP_F32, MP_CPU), *u = p ? mp_rand(MP_F32, MP_CPU, 1, (int64_t[]){rows * n}) : NULL;
+    int64_t shape[2] = {rows, n};
+    mp_tensor *out = u ? mp_empty(MP_I32, MP_CPU, probs->ndim, probs->ndim == 1 ? shape + 1 : shape) : NULL;
+    double *w = out ? malloc(sizeof(double) * (size_t)classes) : NULL;
+    int rc = w ? 0 : (out ? mp_fail(MP_EOOM, "out of memory") : -1);
+    const float *pv = p && rc == 0 ? mp_data(p) : NULL, *uv = pv ? mp_data(u) : NULL;
+    int32_t *ov = uv ? mp_data(out) : NULL;
+    for (int64_t r = 0; ov && r < rows && rc == 0; r++) {
+        double total = 0;
+        for (int64_t j = 0; j < classes && rc == 0; j++) {
+            double x = pv[r * classes + j];
+            if (!(x >= 0) || isinf(x)) rc = mp_fail(MP_EINVAL, "row %lld has a probability that is negative, inf or NaN", (long long)r + 1);
+            w[j] = x, total += x;
+        }
+        if (rc == 0 && !(total > 0)) rc = mp_fail(MP_EINVAL, "row %lld sums to 0", (long long)r + 1);
+        for (int64_t s = 0; s < n && rc == 0; s++) {   /* the first category whose running sum passes u * total */
+            double target = uv[r * n + s] * total, run = 0;
+            int64_t pick = -1;
+            for (int64_t j = 0; j < classes; j++) {
+                if (w[j] <= 0) continue;
+                run += w[j], pick = j;
+                if (run > target) break;
+            }
+            ov[r * n + s] = (int32_t)pick;
+            if (!replacement) total -= w[pick], w[pick] = 0;   /* drawn once at most */
+            if (!replacement && s + 1 < n && !(total > 0))
+                rc = mp_fail(MP_EINVAL, "row %lld has fewer than %lld categories of nonzero probability", (long long)r + 1, (long long)n);
+        }
+    }
+    free(w);
+    mp_release(p), mp_release(u);
+    if (rc) { mp_release(out); return NULL; }
+    if (!out || probs->dev == MP_CPU) return out;
+    mp_tensor *d = mp_to_raw(out, MP_I32, probs->dev);
+    mp_release(out);
+    return d;
 }

@@ -280,6 +280,13 @@ typedef struct mp_backend {
     int (*attention_grad)(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
                           const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a);
 
+    /* the k largest (largest) or smallest values of each of rows rows of n, in
+     * order, into values {rows, k} (dtype dt) and their 0-based positions into
+     * idx {rows, k}; ties in index order, NaN above every number (PyTorch's
+     * order). NULL: the backend has none (supports says no). */
+    int (*topk)(mp_kctx *cx, mp_dtype dt, void *values, int32_t *idx, const void *x, int64_t rows, int64_t n,
+                int64_t k, int largest);
+
     /* Batched C = alpha * op(A) @ op(B) + beta * C, row-major, all of dtype dt;
      * A is {m,k} (or {k,m} when ta), B is {k,n} (or {n,k} when tb), C is {m,n};
      * sA, sB, sC are the element strides between batch items (0 broadcasts).

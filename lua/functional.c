@@ -201,6 +201,21 @@ static int f_attention(lua_State *L)
     RETURN_TENSOR(L, name, mp_attention(q, k, v, causal, scale, dropout));
 }
 
+/* mp.multinomial(probs, n [, {replacement = false}]) -> i32 categories (0-based) */
+static int f_multinomial(lua_State *L)
+{
+    const char *name = "mp.multinomial";
+    mp_tensor *p = lt_check(L, 1);
+    int64_t n = lb_integer(L, 2, "n", name);
+    bool repl = false;
+    if (lb_check_options(L, 3, name, "replacement:boolean", 1)) {
+        lua_getfield(L, 3, "replacement");
+        repl = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    RETURN_TENSOR(L, name, mp_multinomial(p, n, repl));
+}
+
 /* ---- grad mode ---- */
 
 static int guard_close(lua_State *L)
@@ -237,7 +252,7 @@ static const luaL_Reg funcs[] = {
     {"softmax", f_softmax}, {"log_softmax", f_log_softmax}, {"linear", f_linear},
     {"layer_norm", f_layer_norm}, {"embedding", f_embedding}, {"dropout", f_dropout},
     {"cross_entropy", f_cross_entropy}, {"mse_loss", f_mse_loss}, {"cat", f_cat}, {"where", f_where},
-    {"attention", f_attention}, {"tril", f_tril}, {"triu", f_triu}, {"masked_fill", f_masked_fill}, {"select", f_select},
+    {"attention", f_attention}, {"multinomial", f_multinomial}, {"tril", f_tril}, {"triu", f_triu}, {"masked_fill", f_masked_fill}, {"select", f_select},
     {"no_grad", f_no_grad}, {"set_grad_enabled", f_set_grad_enabled}, {"is_grad_enabled", f_is_grad_enabled},
     {NULL, NULL}
 };

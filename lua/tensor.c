@@ -305,6 +305,54 @@ static int t_chunk(lua_State *L)
     return push_pieces(L, t, d, len, (int)count, name);
 }
 
+/* push values and indices (or raise with the engine's error) */
+static int push_two(lua_State *L, const char *name, mp_tensor *v, mp_tensor *idx)
+{
+    LTensor *a = lt_new(L);
+    if (!v) lt_error(L, name);
+    lt_set(L, a, v, name);
+    LTensor *b = lt_new(L);
+    lt_set(L, b, idx, name);
+    return 2;
+}
+
+/* t:topk(k [, dim = -1 [, {largest = true}]]) -> values, indices (0-based) */
+static int t_topk(lua_State *L)
+{
+    const char *name = "Tensor:topk";
+    mp_tensor *t = lt_check(L, 1), *idx = NULL;
+    int64_t k = lb_integer(L, 2, "k", name);
+    int d = lua_isnoneornil(L, 3) ? -1 : lb_dim(L, 3, name);
+    bool largest = true;
+    if (lb_check_options(L, 4, name, "largest:boolean", 1)) {
+        lua_getfield(L, 4, "largest");
+        largest = lua_isnil(L, -1) || lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    mp_clear_error();
+    mp_tensor *v = mp_topk(t, k, d, largest, &idx);
+    if (!v && mp_errcode_last() == MP_EOOM) lua_gc(L, LUA_GCCOLLECT), mp_clear_error(), v = mp_topk(t, k, d, largest, &idx);
+    return push_two(L, name, v, idx);
+}
+
+/* t:sort([dim = -1 [, {descending = false}]]) -> values, indices (0-based) */
+static int t_sort(lua_State *L)
+{
+    const char *name = "Tensor:sort";
+    mp_tensor *t = lt_check(L, 1), *idx = NULL;
+    int d = lua_isnoneornil(L, 2) ? -1 : lb_dim(L, 2, name);
+    bool desc = false;
+    if (lb_check_options(L, 3, name, "descending:boolean", 1)) {
+        lua_getfield(L, 3, "descending");
+        desc = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+    }
+    mp_clear_error();
+    mp_tensor *v = mp_sort(t, d, desc, &idx);
+    if (!v && mp_errcode_last() == MP_EOOM) lua_gc(L, LUA_GCCOLLECT), mp_clear_error(), v = mp_sort(t, d, desc, &idx);
+    return push_two(L, name, v, idx);
+}
+
 /* arithmetic: tensor OP tensor, tensor OP number, number OP tensor */
 static int arith(lua_State *L, mp_binop op, const char *name)
 {
@@ -513,7 +561,7 @@ static const luaL_Reg meth[] = {
     {"requires_grad", t_requires_grad}, {"backward", t_backward},
     {"abs", t_abs}, {"exp", t_exp}, {"log", t_log}, {"sqrt", t_sqrt}, {"pow", t_pow},
     {"select", t_select}, {"tril", t_tril}, {"triu", t_triu}, {"masked_fill", t_masked_fill},
-    {"split", t_split}, {"chunk", t_chunk},
+    {"split", t_split}, {"chunk", t_chunk}, {"topk", t_topk}, {"sort", t_sort},
     {NULL, NULL}
 };
 

@@ -131,6 +131,9 @@ int cpu_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q
 int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
                        const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a);
 
+int cpu_topk(mp_kctx *cx, mp_dtype dt, void *values, int32_t *idx, const void *x, int64_t rows, int64_t n, int64_t k,
+             int largest);
+
 void cpu_optim_count(mp_kctx *cx, int64_t *step, const int32_t *skip);
 void cpu_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                     const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,

@@ -129,6 +129,7 @@ const mp_backend mp_cpu_backend = {
     .layer_norm_grad = cpu_layer_norm_grad,
     .gemm = cpu_gemm,
     .attention = cpu_attention,
+    .topk = cpu_topk,
     .attention_grad = cpu_attention_grad,
     .permute = cpu_permute,
     .narrow = cpu_narrow,

@@ -252,11 +252,12 @@ static void cuda_flush_counter(mp_kctx *cx, int on, int64_t counts[3])
     cx->flush = on ? cx->flush_dev : NULL;
 }
 
-/* Attention has no CUDA kernel yet: the backend declines it (the engine's error
- * names op, dtype and device) rather than fall back to anything slower */
+/* Attention, topk and sort have no CUDA kernel yet: the backend declines them
+ * (the engine's error names op, dtype and device) rather than fall back to
+ * anything slower */
 static bool cuda_supports(mp_kctx *cx, const char *op, mp_dtype dt)
 {
-    return strcmp(op, "attention") != 0;
+    return strcmp(op, "attention") != 0 && strcmp(op, "topk") != 0 && strcmp(op, "sort") != 0;
 }
 
 static mp_backend table;

@@ -216,6 +216,9 @@ WRAP_RC(attention_grad, (mp_dtype dt, void *dq, void *dk, void *dv, const void *
                          const void *v, const void *o, const float *lse, const mp_attn_args *a),
         (dt, dq, dk, dv, g, q, k, v, o, lse, a))
 
+WRAP_RC(topk, (mp_dtype dt, void *vals, int32_t *idx, const void *x, int64_t rows, int64_t n, int64_t k, int largest),
+        (dt, vals, idx, x, rows, n, k, largest))
+
 static int f_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
                   const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc)
 {
@@ -272,7 +275,7 @@ const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
         .optim_step = f_optim_step, .where = f_where, .softmax = f_softmax, .softmax_grad = f_softmax_grad,
         .cross_entropy = f_cross_entropy, .cross_entropy_grad = f_cross_entropy_grad,
         .layer_norm = f_layer_norm, .layer_norm_grad = f_layer_norm_grad, .gemm = f_gemm,
-        .attention = f_attention, .attention_grad = f_attention_grad,
+        .attention = f_attention, .attention_grad = f_attention_grad, .topk = f_topk,
         .permute = f_permute, .gather = f_gather, .scatter_add = f_scatter_add, .narrow = f_narrow,
         .narrow_put = f_narrow_put, .check_indices = f_check_indices,
     };

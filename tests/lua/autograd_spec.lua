@@ -364,6 +364,12 @@ describe("autograd: backward against finite differences", function()
       gradcheck(function(a) return mp.tril(a, -1) end, { X { 5, 3 } }, KINK, "tril(-1)")
     end)
 
+    it("topk and sort send each gradient back to where its value came from", function()   -- KINK
+      gradcheck(function(a) return (a:topk(2)) end, { X({ 3, 5 }, { distinct = 0.3 }) }, KINK, "topk")
+      gradcheck(function(a) return (a:topk(2, 1, { largest = false })) end, { X({ 4, 3 }, { distinct = 0.3 }) }, KINK, "topk dim 1")
+      gradcheck(function(a) return (a:sort(2, { descending = true })) end, { X({ 2, 3, 4 }, { distinct = 0.3 }) }, KINK, "sort")
+    end)
+
     it("masked_fill passes the gradient where the mask is zero", function()   -- KINK
       local mask = mp.tensor({ { 1, 0, 0, 1 } }, { dtype = "u8" })
       gradcheck(function(a) return a:masked_fill(mask, -3) end, { X { 3, 4 } }, KINK, "masked_fill")

@@ -197,3 +197,84 @@ describe("matmul over any number of batch dims", function()
     assert.are.same({ 2, 3, 4 }, mp.matmul(mp.randn { 2, 3, 4, 5 }, mp.randn { 5 }).shape)
   end)
 end)
+
+describe("topk and sort", function()
+  it("match a plain sort, ties in index order, NaN above every number", function()
+    mp.manual_seed(11)
+    local x = mp.randint(0, 6, { 4, 9 }, { dtype = "f32" })   -- many ties
+    local v, i = x:topk(4)
+    local rows = x:totable()
+    for r = 1, 4 do
+      local e = {}
+      for j, val in ipairs(rows[r]) do e[j] = { val, j - 1 } end
+      table.sort(e, function(a, b) return a[1] > b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+      for j = 1, 4 do
+        assert.are.equal(e[j][1], v:totable()[r][j])
+        assert.are.equal(e[j][2], i:totable()[r][j])
+      end
+    end
+    local s, si = mp.tensor({ 2, 0 / 0, -1, 2 }):sort(1, { descending = true })
+    local sv = s:totable()
+    assert.is_true(sv[1] ~= sv[1], "NaN first when descending")
+    assert.are.same({ 2, 2, -1 }, { sv[2], sv[3], sv[4] })
+    assert.are.same({ 1, 0, 3, 2 }, si:totable())
+    local a, ai = mp.tensor({ 3, 1, 2 }):sort()
+    assert.are.same({ 1, 2, 3 }, a:totable())
+    assert.are.same({ 1, 2, 0 }, ai:totable())
+    local lo = mp.tensor({ 5, 1, 4 }):topk(2, 1, { largest = false })
+    assert.are.same({ 1, 4 }, lo:totable())
+  end)
+
+  it("along any dim, and the indices gather the values back", function()
+    local x = mp.randn { 3, 5, 4 }
+    local v, i = x:topk(2, 2)
+    assert.are.same({ 3, 2, 4 }, v.shape)
+    assert.are.equal("i32", i.dtype)
+    local xv, iv, vv = x:totable(), i:totable(), v:totable()
+    for a = 1, 3 do for c = 1, 4 do for b = 1, 2 do
+      assert.are.equal(xv[a][iv[a][b][c] + 1][c], vv[a][b][c])
+    end end end
+    local s = x:sort(1)
+    assert.are.same({ 3, 5, 4 }, s.shape)
+  end)
+
+  it("bad k, dims and dtypes are errors", function()
+    local x = mp.randn { 2, 3 }
+    H.raises(function() return x:topk(0) end, { "Tensor:topk", "k must be in 1..3" })
+    H.raises(function() return x:topk(4) end, { "k must be in 1..3" })
+    H.raises(function() return x:topk(1, 3) end, { "dim 3 out of range" })
+    H.raises(function() return x:topk(1, 1, { biggest = true }) end, { "unknown option 'biggest'" })
+    H.raises(function() return x:to("u8"):sort() end, { "Tensor:sort", "u8" })
+  end)
+end)
+
+describe("mp.multinomial", function()
+  it("draws in proportion to the weights, never a zero weight, reproducibly", function()
+    mp.manual_seed(3)
+    local d = mp.multinomial(mp.tensor({ 1, 0, 3 }), 4000, { replacement = true }):totable()
+    local count = { [0] = 0, [1] = 0, [2] = 0 }
+    for _, c in ipairs(d) do count[c] = count[c] + 1 end
+    assert.are.equal(0, count[1])
+    assert.is_true(math.abs(count[2] / 4000 - 0.75) < 0.03, "frequency " .. count[2] / 4000)
+    mp.manual_seed(3)
+    assert.are.same(d, mp.multinomial(mp.tensor({ 1, 0, 3 }), 4000, { replacement = true }):totable())
+  end)
+
+  it("without replacement draws each category at most once; rows are independent", function()
+    local d = mp.multinomial(mp.ones { 3, 6 }, 6)
+    assert.are.same({ 3, 6 }, d.shape)
+    for _, row in ipairs(d:totable()) do
+      table.sort(row)
+      assert.are.same({ 0, 1, 2, 3, 4, 5 }, row)
+    end
+  end)
+
+  it("bad tables are errors", function()
+    H.raises(function() return mp.multinomial(mp.tensor({ 1, -1 }), 1) end, { "mp.multinomial", "negative" })
+    H.raises(function() return mp.multinomial(mp.zeros { 3 }, 1) end, { "sums to 0" })
+    H.raises(function() return mp.multinomial(mp.tensor({ 1, 0 }), 2) end, { "fewer than 2" })
+    H.raises(function() return mp.multinomial(mp.ones { 3 }, 4) end, { "without replacement" })
+    H.raises(function() return mp.multinomial(mp.ones { 3 }, 0) end, { "positive" })
+    H.raises(function() return mp.multinomial(mp.ones { 2, 2, 2 }, 1) end, { "1-d or 2-d" })
+  end)
+end)

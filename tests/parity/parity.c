@@ -521,6 +521,18 @@ static void cases_nn(void)
             c.bound = bound_for(dt, 1e-10, 1e-5);
             finish(&c);
         }
+        /* topk/sort rows: short and long, k of 1, a few and all */
+        static const int64_t tk_shapes[][3] = {{7, 9, 3}, {2, 300, 1}, {3, 50, 50}};
+        for (size_t si = 0; si < sizeof tk_shapes / sizeof tk_shapes[0]; si++) {
+            int64_t r = tk_shapes[si][0], n = tk_shapes[si][1], kk = tk_shapes[si][2];
+            snprintf(what, sizeof what, "{%lld rows, %lld} k %lld", (long long)r, (long long)n, (long long)kk);
+            if (!DUT->topk) { skipped++; continue; }
+            if (!begin(&c, "topk %s %s", dn, what)) continue;
+            int x = buf(&c, dt, r * n, 0, -3, 3), v = buf(&c, dt, r * kk, 1, 0, 0), ix = buf(&c, MP_I32, r * kk, 1, 0, 0);
+            REF->topk(REF->ctx, dt, c.ref[v], c.ref[ix], c.ref[x], r, n, kk, 1);
+            DUT->topk(DUT->ctx, dt, c.dev[v], c.dev[ix], c.dev[x], r, n, kk, 1);
+            finish(&c);
+        }
         for (size_t si = 0; si < sizeof ln_shapes / sizeof ln_shapes[0]; si++) {
             int64_t r = ln_shapes[si][0], n = ln_shapes[si][1];
             snprintf(what, sizeof what, "{%lld rows, %lld}", (long long)r, (long long)n);
