@@ -22,7 +22,7 @@ LDLIBS   := $(SANFLAGS) -lopenblas -lz -lcjson -lm -fopenmp -lpthread
 VERSION  := 0.1.0
 
 DEBS := liblua5.4-dev lua5.4 libopenblas-dev zlib1g-dev libreadline-dev libcriterion-dev \
-        lua-busted dataset-fashion-mnist pkg-config gcc make libcjson-dev python3-venv
+        lua-busted dataset-fashion-mnist fortunes pkg-config gcc make libcjson-dev python3-venv
 
 ENGINE_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)

@@ -51,29 +51,12 @@ local function usage(msg)
   os.exit(2)
 end
 
+local cli = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "lib/cli.lua")
+
 -- ---- options ----
-local opts = {epochs = 1, batch = 128, lr = 1e-3, seed = 0, amp = "off"}
-local numeric = {epochs = "int", batch = "int", lr = "num", seed = "int", ["max-steps"] = "int"}
-local strings = {save = true, resume = true, metrics = true, amp = true, policy = true}
-local argv = arg or {}
-local i = 1
-while i <= #argv do
-  local a = argv[i]
-  local key, val = a:match("^%-%-([%w-]+)=(.*)$")
-  if not key then key = a:match("^%-%-([%w-]+)$"); val = argv[i + 1]; i = i + 1 end
-  if not key or not (numeric[key] or strings[key]) then usage("unknown option " .. a) end
-  if val == nil then usage("option --" .. key .. " needs a value") end
-  if numeric[key] then
-    local n = tonumber(val)
-    if not n or (numeric[key] == "int" and math.type(n) ~= "integer") or n <= 0 and key ~= "seed" then
-      usage(string.format("--%s must be a positive %s (got %s)", key, numeric[key] == "int" and "integer" or "number", val))
-    end
-    opts[key] = n
-  else
-    opts[key] = val
-  end
-  i = i + 1
-end
+local opts = cli.parse(arg or {}, {epochs = "int", batch = "int", lr = "num", seed = "int", ["max-steps"] = "int",
+                                   save = "str", resume = "str", metrics = "str", amp = "str", policy = "str"},
+                       {epochs = 1, batch = 128, lr = 1e-3, seed = 0, amp = "off"}, usage, {seed = true})
 if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" then
   usage("--amp must be off, f16 or bf16 (got " .. opts.amp .. ")")
 end
@@ -82,59 +65,8 @@ if opts.amp == "off" and opts.policy then
 end
 local amp_on = opts.amp ~= "off"
 
--- ---- the loss-scaling policy ----
--- "2^20", "1024", "1e4" -> number
-local function number_of(v)
-  local b, e = v:match("^(%d+)%^(%-?%d+)$")
-  if b then return tonumber(b) ^ tonumber(e) end
-  return tonumber(v)
-end
-
-local builtin_names = {static = true, none = true, dynamic = true, hysteresis = true, amax = true}
-
-local function make_policy(spec)
-  if spec:find("/", 1, true) or spec:match("%.lua$") then
-    local ok, p = pcall(dofile, spec)
-    if not ok then usage("--policy " .. spec .. ": " .. tostring(p)) end
-    if type(p) ~= "table" or not (getmetatable(p) and getmetatable(p).__name == "mp.amp.policy" or type(p.update) == "function") then
-      usage("--policy " .. spec .. ": the file must return a policy (a table with update(self, info)), got " .. type(p))
-    end
-    return p
-  end
-  local name, args = spec:match("^(%a+):(.*)$")
-  name = name or spec
-  if not builtin_names[name] then
-    usage("--policy must be static, none, dynamic, hysteresis, amax (optionally NAME:ARGS) or the path of a .lua file (got " .. spec .. ")")
-  end
-  local P = mp.amp.policy
-  if name == "none" then
-    if args then usage("--policy none takes no arguments") end
-    return P.none()
-  end
-  if name == "static" then
-    local s = 65536
-    if args then
-      s = number_of(args)
-      if not s or not (s > 0) or s == math.huge then usage("--policy static:S needs a finite number S > 0 (got " .. args .. ")") end
-    end
-    return P.static(s)
-  end
-  local o = {}
-  if args then
-    for kv in args:gmatch("[^,]+") do
-      local k, v = kv:match("^%s*([%w_]+)%s*=%s*(.-)%s*$")
-      if not k then usage("--policy " .. spec .. ": expected key=value, got " .. kv) end
-      o[k] = (k == "on_min") and v or number_of(v)
-      if o[k] == nil then usage("--policy " .. spec .. ": " .. k .. " must be a number (got " .. v .. ")") end
-    end
-  end
-  local ok, p = pcall(P[name], o)
-  if not ok then usage("--policy " .. spec .. ": " .. tostring(p):gsub("^.-:%d+: ", "")) end
-  return p
-end
-
 local policy_spec = opts.policy or (opts.amp == "bf16" and "none" or "dynamic")
-local policy = amp_on and make_policy(policy_spec) or nil
+local policy = amp_on and cli.policy(policy_spec, usage) or nil
 
 -- ---- the checkpoint to resume from: checked before anything is loaded ----
 local ck

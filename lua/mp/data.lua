@@ -5,6 +5,9 @@
 --   mp.data.loader(dataset, {batch=, shuffle=false, seed=, drop_last=false, device=})
 --       -> an iterator object: `for x, y in loader do`; `#loader` is the number of batches
 --
+--   mp.data.text([path]) -> {train = i32 ids, val = i32 ids, vocab = {bytes}, encode(s), decode(ids)}
+--   mp.data.windows(ids, batch, ctx [, device]) -> x, y: random windows (y = x moved on by one)
+--
 -- The file reading and the shuffle are C (lua/data.c over engine/data_idx.c
 -- and engine/data_perm.c); this file checks the arguments and cuts batches
 -- with index_select. The dataset stays on the cpu and batches are cut there,
@@ -213,6 +216,101 @@ function M.loader(ds, opts)
   local nbatches = drop_last and n // batch or (n + batch - 1) // batch
   return setmetatable({images = ds.images, labels = ds.labels, n = n, batch = batch,
                        nbatches = nbatches, next = 1, order = order, device = device}, Loader)
+end
+
+-- ---- character-level text ----
+
+M.FORTUNES_DIR = "/usr/share/games/fortunes"
+
+-- every file of dir without an extension (no "."), in byte order of the names
+local function fortune_files(dir)
+  local p = io.popen("ls -1 " .. dir .. " 2>/dev/null")
+  local names = {}
+  for name in p:lines() do
+    if not name:find(".", 1, true) then names[#names + 1] = name end
+  end
+  p:close()
+  table.sort(names)   -- Lua compares strings bytewise (the C locale's order)
+  return names
+end
+
+-- The bytes of a text file (default: Debian's fortunes, every file without an
+-- extension sorted by name and concatenated) as i32 ids 0..V-1 over its
+-- distinct bytes in byte order; the last 10% is the validation split.
+function M.text(path)
+  local LT = "mp.data.text"
+  if path ~= nil and type(path) ~= "string" then fail(1, "%s: path must be a string (got %s)", LT, describe(path)) end
+  local parts = {}
+  if path then
+    local f, err = io.open(path, "rb")
+    if not f then fail(1, "%s: cannot read %s: %s", LT, path, tostring(err)) end
+    parts[1] = f:read("a")
+    f:close()
+  else
+    local names = fortune_files(M.FORTUNES_DIR)
+    if #names == 0 then
+      fail(1, "%s: no text in %s (apt-get install fortunes, or give a path)", LT, M.FORTUNES_DIR)
+    end
+    for i, name in ipairs(names) do
+      local f = assert(io.open(M.FORTUNES_DIR .. "/" .. name, "rb"))
+      parts[i] = f:read("a")
+      f:close()
+    end
+  end
+  local text = table.concat(parts)
+  if #text < 2 then fail(1, "%s: the text has %d bytes (at least 2 needed)", LT, #text) end
+  local seen, vocab, id = {}, {}, {}
+  for i = 1, #text, 4096 do
+    for _, b in ipairs { text:byte(i, math.min(i + 4095, #text)) } do seen[b] = true end
+  end
+  for b = 0, 255 do
+    if seen[b] then vocab[#vocab + 1] = b; id[b] = #vocab - 1 end
+  end
+  local ids = {}
+  for i = 1, #text, 4096 do
+    local chunk = { text:byte(i, math.min(i + 4095, #text)) }
+    for j, b in ipairs(chunk) do ids[i + j - 1] = id[b] end
+  end
+  local all = core.tensor(ids, { dtype = "i32", device = "cpu" })
+  local nval = math.max(1, #text // 10)
+  local ntrain = #text - nval
+  local d = { bytes = #text, vocab = vocab, vocab_size = #vocab,
+              train = all:narrow(1, 1, ntrain), val = all:narrow(1, ntrain + 1, nval) }
+  function d.encode(s)
+    local r = {}
+    for i = 1, #s do
+      local v = id[s:byte(i)]
+      if v == nil then fail(1, "%s: encode: byte %d is not in the vocabulary", LT, s:byte(i)) end
+      r[i] = v
+    end
+    return core.tensor(r, { dtype = "i32", device = "cpu" })
+  end
+  function d.decode(t)
+    local r = {}
+    for i, v in ipairs(is_tensor(t) and t:totable() or t) do r[i] = string.char(vocab[v + 1]) end
+    return table.concat(r)
+  end
+  return d
+end
+
+-- `batch` windows of ctx + 1 consecutive ids at offsets from the random stream:
+-- x their first ctx ids, y their last ctx ({batch, ctx} i32 each) on device
+function M.windows(ids, batch, ctx, device)
+  local LW = "mp.data.windows"
+  if not is_tensor(ids) or ids.dtype ~= "i32" or #ids.shape ~= 1 then
+    fail(1, "%s: ids must be a 1-d i32 tensor (got %s)", LW, describe(ids))
+  end
+  if math.type(batch) ~= "integer" or batch < 1 then fail(1, "%s: batch must be a positive integer", LW) end
+  if math.type(ctx) ~= "integer" or ctx < 1 then fail(1, "%s: ctx must be a positive integer", LW) end
+  local n = ids.shape[1]
+  if n < ctx + 1 then fail(1, "%s: %d ids are fewer than ctx + 1 = %d", LW, n, ctx + 1) end
+  local start = core.randint(0, n - ctx, { batch, 1 }, { device = "cpu" })
+  local idx = start + core.arange(ctx + 1, { dtype = "i32", device = "cpu" })
+  local w = ids:index_select(1, idx:reshape { -1 }):reshape { batch, ctx + 1 }
+  device = device or core.default_device()
+  local x, y = move(w:narrow(2, 1, ctx), device), move(w:narrow(2, 2, ctx), device)
+  start:free(); idx:free(); w:free()
+  return x, y
 end
 
 return M

@@ -1,0 +1,87 @@
+-- gpt.lua: a GPT in Lua on mpengine's ops: token and position embeddings,
+-- pre-LayerNorm blocks of causal self-attention (mp.attention) and an MLP with
+-- GELU, a final LayerNorm, and the output layer tied to the token embedding.
+-- Parameter names, layouts and initialisation are PyTorch's defaults for the
+-- same modules (nn.Embedding, nn.Linear, nn.LayerNorm), so a PyTorch state dict
+-- of the same definition loads one to one.
+--
+--   local GPT = dofile("scripts/models/gpt.lua")
+--   local model = GPT{vocab = 114, ctx = 64, layers = 2, dim = 128, heads = 4}
+--   local logits = model(idx)    -- idx {B, T} i32 -> {B, T, vocab}
+local mp = mp or require "mp"
+local nn = mp.nn
+
+local Attention = nn.Module:extend("CausalSelfAttention")
+function Attention:init(dim, heads)
+  self.heads = heads
+  self.c_attn = nn.Linear(dim, 3 * dim)
+  self.c_proj = nn.Linear(dim, dim)
+end
+function Attention:forward(x)
+  local B, T, C = x.shape[1], x.shape[2], x.shape[3]
+  local H = self.heads
+  local qkv = self.c_attn(x):chunk(3, 3)
+  local function heads(t) return t:reshape { B, T, H, C // H }:transpose(2, 3) end   -- {B, H, T, Dh}
+  local y = mp.attention(heads(qkv[1]), heads(qkv[2]), heads(qkv[3]), { causal = true })
+  return self.c_proj(y:transpose(2, 3):reshape { B, T, C })
+end
+
+local MLP = nn.Module:extend("MLP")
+function MLP:init(dim)
+  self.c_fc = nn.Linear(dim, 4 * dim)
+  self.gelu = nn.GELU()
+  self.c_proj = nn.Linear(4 * dim, dim)
+end
+function MLP:forward(x) return self.c_proj(self.gelu(self.c_fc(x))) end
+
+local Block = nn.Module:extend("Block")
+function Block:init(dim, heads)
+  self.ln_1 = nn.LayerNorm(dim)
+  self.attn = Attention(dim, heads)
+  self.ln_2 = nn.LayerNorm(dim)
+  self.mlp = MLP(dim)
+end
+function Block:forward(x)
+  x = x + self.attn(self.ln_1(x))
+  return x + self.mlp(self.ln_2(x))
+end
+
+local GPT = nn.Module:extend("GPT")
+function GPT:init(cfg)
+  assert(cfg.dim % cfg.heads == 0, "gpt: dim must be a multiple of heads")
+  self.cfg = cfg
+  self.wte = nn.Embedding(cfg.vocab, cfg.dim)
+  self.wpe = nn.Embedding(cfg.ctx, cfg.dim)
+  self.h = nn.ModuleList()
+  for _ = 1, cfg.layers do self.h:append(Block(cfg.dim, cfg.heads)) end
+  self.ln_f = nn.LayerNorm(cfg.dim)
+end
+
+-- idx {B, T} i32 (T <= ctx) -> logits {B, T, vocab}
+function GPT:forward(idx)
+  local T = idx.shape[2]
+  assert(T <= self.cfg.ctx, "gpt: the sequence is longer than the context")
+  local pos = mp.arange(T, { dtype = "i32", device = idx.device })
+  local x = self.wte(idx) + self.wpe(pos)
+  for _, block in ipairs(self.h) do x = block(x) end
+  return self.ln_f(x):matmul(self.wte.weight:transpose(1, 2))   -- tied output layer
+end
+
+-- n more ids after prompt (a 1-d i32 tensor): temperature, then the top_k most likely
+function GPT:generate(prompt, n, temperature, top_k)
+  local _ <close> = mp.no_grad()
+  local ids = prompt:totable()
+  for _ = 1, n do
+    local from = math.max(1, #ids - self.cfg.ctx + 1)
+    local window = {}
+    for i = from, #ids do window[#window + 1] = ids[i] end
+    local logits = self(mp.tensor({ window }, { dtype = "i32", device = prompt.device }))
+    local last = logits:select(2, -1):select(1, 1):to("f32") / temperature
+    local v, i = last:topk(math.min(top_k, last.shape[1]))
+    local pick = mp.multinomial(mp.softmax(v, 1), 1):item()
+    ids[#ids + 1] = i[pick + 1]:item()
+  end
+  return mp.tensor(ids, { dtype = "i32", device = "cpu" })
+end
+
+return GPT

@@ -1,0 +1,162 @@
+-- train_gpt.lua: a character-level GPT (scripts/models/gpt.lua) on Debian's
+-- fortunes, or on any text file with --data PATH.
+--
+--   build/mpengine scripts/train_gpt.lua [--layers 2] [--dim 128] [--heads 4] [--ctx 64]
+--       [--batch 32] [--steps 1500] [--accum 1] [--lr 3e-3] [--wd 0.1] [--warmup 30]
+--       [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH] [--seed 0] [--data PATH]
+--       [--eval-every 100] [--eval-batches 20] [--save PATH] [--resume PATH]
+--       [--sample N] [--metrics FILE]
+--
+-- The recipe: AdamW with weight decay on the Linear weights only
+-- (mp.optim.decay_groups), --warmup steps of linear warmup then a cosine to 0.1x
+-- the lr over the run, gradients clipped to norm 1.0 (after scaler:unscale with
+-- --amp), PyTorch's default initialisation. A step is --accum micro-batches of
+-- --batch random windows of --ctx + 1 characters, the loss of each divided by
+-- --accum, so --accum 2 --batch B gives the step of --batch 2B to f32 rounding.
+-- Validation: the mean loss of --eval-batches batches of the validation split (the
+-- text's last 10%) drawn with a fixed seed, every --eval-every steps. The last
+-- lines are `final val loss: X.XXX` and, with --sample N, N generated characters
+-- (temperature 0.8, top-k 40).
+local mp = mp or require "mp"
+local here = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./")
+local cli = dofile(here .. "lib/cli.lua")
+local GPT = dofile(here .. "models/gpt.lua")
+
+local function usage(msg)
+  io.stderr:write("train_gpt.lua: ", msg, "\n",
+    "usage: train_gpt.lua [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B] [--steps N] [--accum K]\n",
+    "                     [--lr LR] [--wd WD] [--warmup W] [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]\n",
+    "                     [--seed S] [--data PATH] [--eval-every N] [--eval-batches N] [--save PATH]\n",
+    "                     [--resume PATH] [--sample N] [--metrics FILE]\n")
+  os.exit(2)
+end
+
+local opts = cli.parse(arg or {}, {
+  layers = "int", dim = "int", heads = "int", ctx = "int", batch = "int", steps = "int", accum = "int",
+  lr = "num", wd = "num", warmup = "int", seed = "int", ["eval-every"] = "int", ["eval-batches"] = "int",
+  sample = "int", amp = "str", policy = "str", data = "str", save = "str", resume = "str", metrics = "str",
+}, {
+  layers = 2, dim = 128, heads = 4, ctx = 64, batch = 32, steps = 1500, accum = 1, lr = 3e-3, wd = 0.1,
+  warmup = 30, seed = 0, ["eval-every"] = 100, ["eval-batches"] = 20, amp = "off",
+}, usage, {seed = true, wd = true, warmup = true, sample = true})
+if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" then usage("--amp must be off, f16 or bf16") end
+if opts.amp == "off" and opts.policy then usage("--policy needs --amp f16 or bf16") end
+if opts.dim % opts.heads ~= 0 then usage("--dim must be a multiple of --heads") end
+if opts.wd < 0 then usage("--wd must be >= 0") end
+local amp_on = opts.amp ~= "off"
+local policy_spec = opts.policy or (opts.amp == "bf16" and "none" or "dynamic")
+local policy = amp_on and cli.policy(policy_spec, usage) or nil
+
+-- ---- data and model ----
+local text = mp.data.text(opts.data)
+local cfg = {vocab = text.vocab_size, ctx = opts.ctx, layers = opts.layers, dim = opts.dim, heads = opts.heads}
+mp.manual_seed(opts.seed)
+local model = GPT(cfg)
+local opt = mp.optim.AdamW(mp.optim.decay_groups(model, opts.wd), {lr = opts.lr})
+-- (a run shorter than the warmup warms up over the whole run)
+opt:set_schedule(mp.optim.schedule.cosine{warmup = math.min(opts.warmup, opts.steps), total = opts.steps, min_lr = opts.lr * 0.1})
+local scaler = amp_on and mp.amp.GradScaler{policy = policy} or nil
+local V = cfg.vocab
+
+local function loss_of(x, y)
+  local _ <close> = amp_on and mp.amp.autocast(opts.amp) or nil
+  return mp.cross_entropy(model(x):reshape{-1, V}, y:reshape{-1})
+end
+
+-- the validation loss over fixed windows: the random stream is put back after
+local function validate()
+  local _ <close> = mp.no_grad()
+  local saved = mp.get_rng_state()
+  mp.manual_seed(1234567)
+  local total = 0
+  for _ = 1, opts["eval-batches"] do
+    local x, y = mp.data.windows(text.val, opts.batch, opts.ctx)
+    total = total + loss_of(x, y):item()
+  end
+  mp.set_rng_state(saved)
+  return total / opts["eval-batches"]
+end
+
+-- ---- checkpoints ----
+local step = 0
+local function save(path)
+  mp.save(path, {model = model:state_dict(), optim = opt:state_dict(), rng = mp.get_rng_state(), step = step,
+                 config = {layers = opts.layers, dim = opts.dim, heads = opts.heads, ctx = opts.ctx, vocab = V,
+                           batch = opts.batch, accum = opts.accum, amp = opts.amp,
+                           policy = amp_on and policy_spec or nil, seed = opts.seed},
+                 scaler = scaler and scaler:state_dict() or nil})
+end
+if opts.resume then
+  local ck = mp.load(opts.resume)
+  local c = ck.config or {}
+  for _, k in ipairs{"layers", "dim", "heads", "ctx", "batch", "accum", "amp", "seed"} do
+    if c[k] ~= opts[k] then usage(string.format("--resume: the checkpoint has --%s %s, this run %s", k, tostring(c[k]), tostring(opts[k]))) end
+  end
+  if c.vocab ~= V then usage("--resume: the checkpoint's vocabulary differs from this text's") end
+  if amp_on and c.policy ~= policy_spec then usage("--resume: the checkpoint has --policy " .. tostring(c.policy)) end
+  model:load_state_dict(ck.model)
+  opt:load_state_dict(ck.optim)
+  if scaler then scaler:load_state_dict(ck.scaler) end
+  mp.set_rng_state(ck.rng)
+  step = ck.step
+  print(string.format("resumed from %s at step %d", opts.resume, step))
+end
+
+-- ---- training ----
+local tty = mp.isatty(1)
+local metrics = opts.metrics and assert(io.open(opts.metrics, opts.resume and "a" or "w"))
+local tokens_per_step = opts.batch * opts.ctx * opts.accum
+print(string.format("gpt: %d layers, d %d, %d heads, ctx %d, vocab %d, %d parameters; %d tokens a step",
+  opts.layers, opts.dim, opts.heads, opts.ctx, V, (function() local n = 0
+    for _, p in ipairs(model:parameters()) do n = n + p:numel() end return n end)(), tokens_per_step))
+local t_last, step_last, val = mp.clock(), step, nil
+while step < opts.steps do
+  opt:zero_grad()
+  local loss_sum = 0
+  for _ = 1, opts.accum do
+    local x, y = mp.data.windows(text.train, opts.batch, opts.ctx)
+    local loss = loss_of(x, y)
+    loss_sum = loss_sum + loss:item()
+    local scaled = opts.accum > 1 and loss / opts.accum or loss
+    if scaler then scaler:scale(scaled):backward() else scaled:backward() end
+  end
+  if scaler then
+    scaler:unscale(opt)
+    mp.optim.clip_grad_norm(model:parameters(), 1.0)
+    scaler:step(opt)
+    scaler:update()
+  else
+    mp.optim.clip_grad_norm(model:parameters(), 1.0)
+    opt:step()
+  end
+  step = step + 1
+  local loss = loss_sum / opts.accum
+  local now = mp.clock()
+  local rate = (step - step_last) * tokens_per_step / math.max(now - t_last, 1e-9)
+  if tty and (step % 10 == 0 or step == opts.steps) then
+    local width, done = 30, math.floor(30 * step / opts.steps)
+    io.stdout:write(string.format("\r[%s%s] %d/%d  loss %.4f  %.0f tokens/s ", string.rep("=", done),
+      string.rep(" ", width - done), step, opts.steps, loss, rate))
+    io.stdout:flush()
+  end
+  if step % opts["eval-every"] == 0 or step == opts.steps then
+    val = validate()
+    if tty then io.stdout:write("\n") end
+    print(string.format("step %d/%d  loss %.4f  val loss %.4f  lr %.3g  %.0f tokens/s%s", step, opts.steps, loss, val,
+      opt.lr, rate, scaler and string.format("  scale %g  skipped %d", scaler:get_scale(), scaler.stats.skipped) or ""))
+    if metrics then
+      metrics:write(string.format('{"step": %d, "loss": %.6g, "val_loss": %.6g, "lr": %.6g, "tokens_per_s": %.1f%s}\n',
+        step, loss, val, opt.lr, rate, scaler and string.format(', "scale": %.9g', scaler:get_scale()) or ""))
+      metrics:flush()
+    end
+    t_last, step_last = mp.clock(), step
+    if opts.save then save(opts.save) end
+  end
+end
+if metrics then metrics:close() end
+val = val or validate()
+print(string.format("final val loss: %.3f", val))
+if opts.sample and opts.sample > 0 then
+  model:eval()
+  print(text.decode(model:generate(text.encode("\n"), opts.sample, 0.8, 40)))
+end

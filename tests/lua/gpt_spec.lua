@@ -1,0 +1,134 @@
+-- gpt_spec.lua: scripts/train_gpt.lua and scripts/models/gpt.lua end to end, in
+-- child processes on a small text: the output's last lines, metrics, gradient
+-- accumulation giving the larger batch's step, the model's parameter names,
+-- options and resume checks. (The default run on Debian's fortunes is a
+-- benchmark figure, not a test.)
+local mp = require "mp"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+
+local exe = H.mpengine
+local script = "scripts/train_gpt.lua"
+
+local function run(args)
+  local p = io.popen(string.format("%s%s %s %s 2>&1; echo \"exit=$?\"", H.env(), exe, script, args))
+  local out = p:read("a")
+  p:close()
+  return out, tonumber(out:match("exit=(%d+)%s*$"))
+end
+
+local function tmp(name) return os.tmpname() .. "-" .. name end
+
+-- a small text: a few kilobytes of repeated sentences
+local data = tmp("text.txt")
+do
+  local lines = {}
+  for i = 1, 120 do
+    lines[i] = string.format("line %d: the quick brown fox jumps over the lazy dog %d times.", i, i % 7)
+  end
+  H.spit(data, table.concat(lines, "\n"))
+end
+local SMALL = "--layers 1 --dim 32 --heads 2 --ctx 16 --eval-batches 2 --data " .. data
+
+describe("train_gpt.lua", function()
+  it("trains, prints the final val loss and then a sample, and writes metrics", function()
+    local metrics = tmp("m.jsonl")
+    local out, code = run(SMALL .. " --batch 8 --steps 40 --eval-every 20 --lr 1e-2 --sample 30 --metrics " .. metrics)
+    assert.are.equal(0, code, out)
+    local first = tonumber(out:match("step 20/40 .- val loss (%d+%.%d+)"))
+    local final = tonumber(out:match("final val loss: (%d+%.%d%d%d)\n"))
+    assert.is_not_nil(final, out)
+    assert.is_true(final < first, out)
+    local sample = out:match("final val loss: [%d.]+\n(.*)exit=")
+    assert.is_true(#sample >= 30, "sample: " .. tostring(sample))
+    local n = 0
+    for l in io.lines(metrics) do
+      n = n + 1
+      assert.is_truthy(l:match('^{"step": %d+, "loss": [%d.e-]+, "val_loss": [%d.e-]+, "lr": [%d.e-]+, "tokens_per_s": [%d.]+}$'), l)
+    end
+    assert.are.equal(2, n)
+    os.remove(metrics)
+  end)
+
+  it("--accum 2 --batch 4 gives the step of --batch 8: the same gradients to f32 rounding", function()
+    -- the gradients themselves (Adam's first steps are nearly sign(g), which makes
+    -- a rounding-level difference in a gradient that is 0 in exact arithmetic, such
+    -- as the key bias's, a difference of lr in that weight)
+    local GPT = dofile("scripts/models/gpt.lua")
+    local text = mp.data.text(data)
+    mp.manual_seed(0)
+    local m = GPT { vocab = text.vocab_size, ctx = 16, layers = 1, dim = 32, heads = 2 }
+    local function loss(x, y) return mp.cross_entropy(m(x):reshape { -1, text.vocab_size }, y:reshape { -1 }) end
+    mp.manual_seed(5)
+    local x, y = mp.data.windows(text.train, 8, 16)
+    loss(x, y):backward()
+    local whole = {}
+    for i, p in ipairs(m:parameters()) do whole[i] = p.grad:clone() end
+    m:zero_grad()
+    mp.manual_seed(5)
+    for _ = 1, 2 do   -- the same windows: four and then four more draws of one stream
+      local xa, ya = mp.data.windows(text.train, 4, 16);
+      (loss(xa, ya) / 2):backward()
+    end
+    for i, p in ipairs(m:parameters()) do
+      local scale = math.max(whole[i]:abs():max():item(), 1e-3)
+      local d = (p.grad - whole[i]):abs():max():item() / scale
+      assert.is_true(d < 1e-5, "parameter " .. i .. ": " .. d)
+    end
+    -- and the script's first step sees the same loss either way
+    local outs = {}
+    for i, args in ipairs { "--batch 8", "--batch 4 --accum 2" } do
+      local out, code = run(SMALL .. " " .. args .. " --steps 1 --eval-every 1")
+      assert.are.equal(0, code, out)
+      outs[i] = out:match("step 1/1  loss (%d+%.%d+)")
+    end
+    assert.are.equal(outs[1], outs[2])
+  end)
+
+  it("resumes from its checkpoint and refuses a different model", function()
+    local ck = tmp("ck")
+    assert.are.equal(0, select(2, run(SMALL .. " --batch 4 --steps 4 --eval-every 2 --save " .. ck)))
+    local out, code = run(SMALL .. " --batch 4 --steps 6 --eval-every 2 --resume " .. ck)
+    assert.are.equal(0, code, out)
+    assert.is_truthy(out:find("resumed from .- at step 4"), out)
+    assert.is_truthy(out:find("step 6/6"), out)
+    out, code = run("--layers 2 --dim 32 --heads 2 --ctx 16 --eval-batches 2 --data " .. data .. " --batch 4 --steps 6 --resume " .. ck)
+    assert.are.equal(2, code, out)
+    assert.is_truthy(out:find("checkpoint has %-%-layers 1"), out)
+    os.remove(ck)
+  end)
+
+  it("rejects bad options, naming them", function()
+    for _, c in ipairs {
+      { "--bogus 1", "unknown option --bogus" },
+      { "--dim 30 --heads 4", "multiple of --heads" },
+      { "--amp f32", "--amp must be" },
+      { "--steps 0", "--steps must be a positive integer" },
+      { "--data /nonexistent/text", "cannot read /nonexistent/text" },
+    } do
+      local out, code = run(c[1])
+      assert.are_not.equal(0, code, c[1])
+      assert.is_truthy(out:find(c[2], 1, true), c[1] .. " -> " .. out)
+    end
+  end)
+end)
+
+describe("scripts/models/gpt.lua", function()
+  it("has PyTorch's parameter names and an output tied to the token embedding", function()
+    local GPT = dofile("scripts/models/gpt.lua")
+    mp.manual_seed(0)
+    local m = GPT { vocab = 20, ctx = 8, layers = 2, dim = 16, heads = 4 }
+    local _, names = m:named_parameters()
+    assert.are.same({ "wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.ln_1.bias", "h.0.attn.c_attn.weight",
+                      "h.0.attn.c_attn.bias", "h.0.attn.c_proj.weight", "h.0.attn.c_proj.bias", "h.0.ln_2.weight",
+                      "h.0.ln_2.bias", "h.0.mlp.c_fc.weight", "h.0.mlp.c_fc.bias", "h.0.mlp.c_proj.weight",
+                      "h.0.mlp.c_proj.bias" }, { table.unpack(names, 1, 14) })
+    assert.are.equal("ln_f.bias", names[#names])
+    local idx = mp.randint(0, 20, { 3, 8 })
+    local logits = m(idx)
+    assert.are.same({ 3, 8, 20 }, logits.shape)
+    mp.cross_entropy(logits:reshape { -1, 20 }, idx:reshape { -1 }):backward()
+    assert.are.same({ 20, 16 }, m.wte.weight.grad.shape)   -- the tied output's gradient reaches the embedding
+    local s = m:generate(mp.tensor({ 1, 2 }, { dtype = "i32" }), 5, 0.8, 5)
+    assert.are.equal(7, s:numel())
+  end)
+end)
