@@ -260,6 +260,7 @@ static bool cuda_supports(mp_kctx *cx, const char *op, mp_dtype dt)
     return strcmp(op, "attention") != 0 && strcmp(op, "topk") != 0 && strcmp(op, "sort") != 0;
 }
 
+/* the device's backend object (its entries and &ctx), filled once by init */
 static mp_backend table;
 
 /* the table, or NULL with the reason in why (for mp.cuda.is_available()) */
