@@ -272,6 +272,11 @@ mp_tensor *mp_multinomial(mp_tensor *probs, int64_t n, bool replacement)
                 run += w[j], pick = j;
                 if (run > target) break;
             }
+            if (pick < 0) {   /* every weight drawn already (a total left over from rounding) */
+                rc = mp_fail(MP_EINVAL, "row %lld has fewer than %lld categories of nonzero probability",
+                             (long long)r + 1, (long long)n);
+                break;
+            }
             ov[r * n + s] = (int32_t)pick;
             if (!replacement) total -= w[pick], w[pick] = 0;   /* drawn once at most */
             if (!replacement && s + 1 < n && !(total > 0))

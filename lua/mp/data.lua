@@ -293,7 +293,8 @@ function M.text(path)
   return d
 end
 
--- `batch` windows of ctx + 1 consecutive ids at offsets from the random stream:
+-- `batch` windows of ctx + 1 consecutive ids at offsets from the random stream
+-- (texts of up to 2^24 + ctx ids):
 -- x their first ctx ids, y their last ctx ({batch, ctx} i32 each) on device
 function M.windows(ids, batch, ctx, device)
   local LW = "mp.data.windows"
@@ -304,6 +305,8 @@ function M.windows(ids, batch, ctx, device)
   if math.type(ctx) ~= "integer" or ctx < 1 then fail(1, "%s: ctx must be a positive integer", LW) end
   local n = ids.shape[1]
   if n < ctx + 1 then fail(1, "%s: %d ids are fewer than ctx + 1 = %d", LW, n, ctx + 1) end
+  -- offsets come from mp.randint, exact and unbiased up to 2^24 positions
+  if n - ctx > 2 ^ 24 then fail(1, "%s: %d ids: at most 2^24 + ctx are supported", LW, n) end
   local start = core.randint(0, n - ctx, { batch, 1 }, { device = "cpu" })
   local idx = start + core.arange(ctx + 1, { dtype = "i32", device = "cpu" })
   local w = ids:index_select(1, idx:reshape { -1 }):reshape { batch, ctx + 1 }

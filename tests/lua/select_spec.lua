@@ -267,6 +267,13 @@ describe("mp.multinomial", function()
       table.sort(row)
       assert.are.same({ 0, 1, 2, 3, 4, 5 }, row)
     end
+    -- weights whose running total does not come back to 0 exactly after each draw
+    local w = mp.tensor({ { 0.1, 0.2, 0.7, 1e-7, 0.3 } }) * mp.ones { 200, 1 }
+    local all = mp.multinomial(w, 5):totable()
+    for _, row in ipairs(all) do
+      table.sort(row)
+      assert.are.same({ 0, 1, 2, 3, 4 }, row)
+    end
   end)
 
   it("bad tables are errors", function()
