@@ -1,0 +1,109 @@
+-- bench_gpt.lua: training throughput of the default GPT of scripts/train_gpt.lua
+-- (2 layers, d 128, 4 heads, ctx 64, batch 32, AdamW with decay groups, clipping)
+-- in mpengine and in PyTorch (scripts/bench/bench_gpt_torch.py, the same model at
+-- its fastest thread setting), in one run: tokens/s (median step after a warm-up)
+-- and peak RSS, in f32 and under bf16 and f16 autocast (PyTorch 1.13's CPU autocast
+-- has bf16 only), each configuration in its own process. Also the floor no engine
+-- passes: the step's matmul FLOPs over the sgemm rate measured in the same run.
+-- Figures, not tests: nothing here fails on speed.
+local mp = mp or require "mp"
+
+local STEPS, WARMUP = tonumber(os.getenv("MP_BENCH_STEPS") or 40), 5
+local B, T, D, L, V, H = 32, 64, 128, 2, 114, 4
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local exe = arg and arg[-1] or "build/mpengine"
+
+-- one configuration in this process (a child run): prints median_ms and peak RSS
+local mode = os.getenv("MP_BENCH_GPT_MODE")
+if mode then
+  local GPT = dofile(here .. "../models/gpt.lua")
+  mp.manual_seed(0)
+  local model = GPT { vocab = V, ctx = T, layers = L, dim = D, heads = H }
+  local opt = mp.optim.AdamW(mp.optim.decay_groups(model, 0.1), { lr = 3e-3 })
+  local scaler = mode == "f16" and mp.amp.GradScaler {} or nil
+  local ids = mp.randint(0, V, { 2300000 }, { device = "cpu" })
+  local times = {}
+  for s = 1, WARMUP + STEPS do
+    local x, y = mp.data.windows(ids, B, T)
+    local t0 = mp.clock()
+    opt:zero_grad()
+    local loss
+    do
+      local _ <close> = mode ~= "f32" and mp.amp.autocast(mode) or nil
+      loss = mp.cross_entropy(model(x):reshape { -1, V }, y:reshape { -1 })
+    end
+    if scaler then
+      scaler:scale(loss):backward()
+      scaler:unscale(opt)
+      mp.optim.clip_grad_norm(model:parameters(), 1.0)
+      scaler:step(opt)
+      scaler:update()
+    else
+      loss:backward()
+      mp.optim.clip_grad_norm(model:parameters(), 1.0)
+      opt:step()
+    end
+    loss:item()
+    if s > WARMUP then times[#times + 1] = mp.clock() - t0 end
+  end
+  table.sort(times)
+  local rss = 0
+  for line in io.lines("/proc/self/status") do
+    local kb = line:match("^VmHWM:%s+(%d+) kB")
+    if kb then rss = tonumber(kb) / 1024 end
+  end
+  print(string.format("mode=%s median_ms=%.3f peak_rss_mib=%.1f", mode, times[(#times + 1) // 2] * 1000, rss))
+  return
+end
+
+local function child(m)
+  local p = io.popen(string.format("MP_BENCH_GPT_MODE=%s MP_BENCH_STEPS=%d %s %sbench_gpt.lua 2>&1", m, STEPS, exe, here))
+  local out = p:read("a")
+  p:close()
+  return tonumber(out:match("median_ms=([%d.]+)")), tonumber(out:match("peak_rss_mib=([%d.]+)")), out
+end
+
+local function torch(m)
+  local best, rss, threads
+  for _, th in ipairs { 1, 2 } do
+    local p = io.popen(string.format("/usr/bin/python3 %sbench_gpt_torch.py %d %d %d %s 2>&1", here, STEPS, WARMUP, th, m))
+    local out = p:read("a")
+    p:close()
+    local ms = tonumber(out:match("median_ms=([%d.]+)"))
+    if ms and (not best or ms < best) then best, rss, threads = ms, tonumber(out:match("peak_rss_mib=([%d.]+)")), th end
+    if not ms then return nil, nil, nil, out end
+  end
+  return best, rss, threads
+end
+
+-- the floor: forward + backward matmul FLOPs (3x the forward's) at the measured sgemm rate
+local function floor_ms()
+  local a, b = mp.randn { 2048, 512 }, mp.randn { 512, 512 }
+  mp.matmul(a, b)
+  local t0, n = mp.clock(), 20
+  for _ = 1, n do mp.matmul(a, b):free() end
+  local gflops = 2 * 2048 * 512 * 512 * n / (mp.clock() - t0) / 1e9
+  local tok = B * T
+  local per_layer = 2 * tok * D * (3 * D) + 2 * tok * D * D + 2 * 2 * tok * D * (4 * D) + 2 * 2 * B * H * T * T * (D // H)
+  local fwd = L * per_layer + 2 * tok * D * V
+  return 3 * fwd / (gflops * 1e9) * 1000, gflops
+end
+
+local tokens = B * T
+local fl, gflops = floor_ms()
+print(string.format("gpt train step (2 layers, d %d, ctx %d, batch %d = %d tokens): sgemm %.1f GFLOP/s here, matmul floor %.2f ms",
+  D, T, B, tokens, gflops, fl))
+for _, m in ipairs { "f32", "bf16", "f16" } do
+  local ms, rss = child(m)
+  local tms, trss, th = nil, nil, nil
+  if m ~= "f16" then tms, trss, th = torch(m) end
+  if not ms then
+    print("gpt " .. m .. ": mpengine run failed")
+  elseif tms then
+    print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch %.1f ms %6.0f tokens/s %5.0f MiB (threads=%d) | speed %.2fx (target >= 1.2x)",
+      m, ms, tokens / ms * 1000, rss, tms, tokens / tms * 1000, trss, th, tms / ms))
+  else
+    print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch: %s", m, ms, tokens / ms * 1000, rss,
+      m == "f16" and "no f16 CPU autocast in 1.13" or "not available"))
+  end
+end

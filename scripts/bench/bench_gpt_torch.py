@@ -1,0 +1,84 @@
+"""The PyTorch side of bench_gpt.lua: the GPT of scripts/models/gpt.lua (the
+definition of tests/reference/make_gpt_fixture.py, as nn.Modules with PyTorch's
+default init) trained with AdamW on random windows of fortunes-sized random ids.
+
+    /usr/bin/python3 bench_gpt_torch.py STEPS WARMUP THREADS MODE
+
+MODE: f32 or bf16 (torch.autocast("cpu", bfloat16); PyTorch 1.13's CPU autocast
+has no f16). Prints `torch threads=N mode=M median_ms=X peak_rss_mib=Y`.
+"""
+import math
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+STEPS, WARMUP, THREADS, MODE = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+VOCAB, CTX, LAYERS, DIM, HEADS, BATCH = 114, 64, 2, 128, 4, 32
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.c_attn, self.attn_proj = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
+        self.c_fc, self.mlp_proj = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
+        self.register_buffer("mask", torch.triu(torch.ones(CTX, CTX, dtype=torch.bool), 1))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = [t.view(B, T, HEADS, C // HEADS).transpose(1, 2) for t in (q, k, v)]
+        s = (q @ k.transpose(-2, -1)) / math.sqrt(C // HEADS)
+        y = F.softmax(s.masked_fill(self.mask[:T, :T], float("-inf")), dim=-1) @ v
+        x = x + self.attn_proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, DIM), nn.Embedding(CTX, DIM)
+        self.h = nn.ModuleList([Block() for _ in range(LAYERS)])
+        self.ln_f = nn.LayerNorm(DIM)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for b in self.h:
+            x = b(x)
+        return self.ln_f(x) @ self.wte.weight.t()
+
+
+def main():
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+    model = GPT()
+    decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() == 2 and "wte" not in n and "wpe" not in n]
+    keep = [p for n, p in model.named_parameters() if not any(p is d for d in decay)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": keep, "weight_decay": 0.0}], lr=3e-3)
+    data = torch.randint(0, VOCAB, (2_300_000,))
+    times = []
+    for s in range(WARMUP + STEPS):
+        start = torch.randint(0, len(data) - CTX - 1, (BATCH,))
+        w = torch.stack([data[i:i + CTX + 1] for i in start.tolist()])
+        x, y = w[:, :CTX], w[:, 1:]
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=MODE == "bf16"):
+            loss = F.cross_entropy(model(x).reshape(-1, VOCAB).float(), y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss.item()
+        if s >= WARMUP:
+            times.append(time.perf_counter() - t0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"torch threads={THREADS} mode={MODE} median_ms={statistics.median(times) * 1000:.3f} peak_rss_mib={rss:.1f}")
+
+
+if __name__ == "__main__":
+    main()
