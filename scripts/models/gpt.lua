@@ -64,7 +64,7 @@ function GPT:forward(idx)
   local pos = mp.arange(T, { dtype = "i32", device = idx.device })
   local x = self.wte(idx) + self.wpe(pos)
   for _, block in ipairs(self.h) do x = block(x) end
-  return self.ln_f(x):matmul(self.wte.weight:transpose(1, 2))   -- tied output layer
+  return mp.linear(self.ln_f(x), self.wte.weight)   -- tied output layer: x @ wte^T, the GEMM's transpose flag, no copy
 end
 
 -- n more ids after prompt (a 1-d i32 tensor): temperature, then the top_k most likely
