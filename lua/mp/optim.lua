@@ -233,6 +233,14 @@ end
 -- the lr after `count` applied steps, for a peak lr of base (default: group 1's)
 function Schedule:lr_at(count, base)
   base = base or (type(self.base) == "table" and self.base[1] or self.base)
+  if self.fn then
+    local f = self.fn(count)
+    if type(f) ~= "number" or f ~= f or f < 0 or f == math.huge then
+      error("Optimizer: the schedule function returned " .. tostring(f) .. " for step " .. count ..
+            " (expected a finite factor >= 0)", 0)
+    end
+    return base * f
+  end
   if count < self.warmup then return base * (count + 1) / self.warmup end
   return self.shape(self, base, count)
 end
@@ -262,13 +270,23 @@ optim.schedule = {
   end),
 }
 
+-- a schedule as a Lua function of the applied steps so far (0 at the start):
+-- lr = f(count) * each group's peak lr, as PyTorch's LambdaLR
+local function lambda_schedule(f)
+  return setmetatable({kind = "lambda", warmup = 0, count = 0, fn = f}, Schedule)
+end
+
 function methods.set_schedule(opt, sched)
-  if getmetatable(sched) ~= Schedule then error("Optimizer:set_schedule: expected an mp.optim.schedule", 2) end
+  if type(sched) == "function" then sched = lambda_schedule(sched) end
+  if getmetatable(sched) ~= Schedule then
+    error("Optimizer:set_schedule: expected an mp.optim.schedule or a function of the step", 2)
+  end
   local base = {}
   for i = 1, opt.ngroups do base[i] = opt:_group(i).lr end
   sched.opt, sched.base = opt, sched.base or base
+  local ok, err = pcall(sched.apply, sched)   -- a bad schedule is refused before it is kept
+  if not ok then error(tostring(err), 2) end
   schedules[opt] = sched
-  sched:apply()
 end
 
 -- opt:step() in C, then the schedule

@@ -99,6 +99,20 @@ describe("parameter groups", function()
     H.assert_close({ g[1].lr, g[2].lr }, { 0.1 * f, 0.01 * f }, 1e-12, 0, "cosine")
   end)
 
+  it("a schedule may be a Lua function of the step: a factor of each group's peak lr", function()
+    local opt = mp.optim.SGD({ { params = { leaf({ 2 }, 1) } }, { params = { leaf({ 2 }, 2) }, lr = 0.01 } }, { lr = 0.1 })
+    opt:set_schedule(function(step) return 1 / (step + 1) end)
+    local g = opt:param_groups()
+    H.assert_close({ g[1].lr, g[2].lr }, { 0.1, 0.01 }, 1e-12, 0, "step 0")
+    for _ = 1, 3 do opt:step() end
+    H.assert_close({ g[1].lr, g[2].lr }, { 0.025, 0.0025 }, 1e-12, 0, "step 3")
+    local sd = opt:state_dict()
+    assert.are.equal(3, sd.param_groups[1].schedule_count)
+    local bad = mp.optim.SGD({ leaf({ 2 }, 3) }, { lr = 0.1 })
+    H.raises(function() bad:set_schedule(function() return -1 end) end, { "returned -1" })
+    H.raises(function() bad:set_schedule(42) end, { "function of the step" })
+  end)
+
   it("decay_groups: Linear weights decay; biases, norms, embeddings and tied weights do not", function()
     local nn = mp.nn
     local Tied = nn.Module:extend("Tied")
