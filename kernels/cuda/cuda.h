@@ -395,6 +395,11 @@ int mp_cuda_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rs
                         const void *b, int64_t rows, int64_t n, float eps);
 int mp_cuda_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                              const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
+/* cuda_attention.cu: fused attention (no t x t scores in memory) */
+int mp_cuda_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
+                      const mp_attn_args *a);
+int mp_cuda_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                           const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a);
 /* cuda_check.cu: device-side index checks; the fault they record, taken once
  * (formatted into msg) by the backend's error entry */
 void mp_cuda_check_indices(mp_kctx *cx, const int32_t *idx, int64_t n, int64_t limit, const char *what);

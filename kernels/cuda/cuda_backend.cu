@@ -252,12 +252,12 @@ static void cuda_flush_counter(mp_kctx *cx, int on, int64_t counts[3])
     cx->flush = on ? cx->flush_dev : NULL;
 }
 
-/* Attention, topk and sort have no CUDA kernel yet: the backend declines them
- * (the engine's error names op, dtype and device) rather than fall back to
- * anything slower */
+/* topk and sort have no CUDA kernel yet: the backend declines them (the
+ * engine's error names op, dtype and device) rather than fall back to anything
+ * slower */
 static bool cuda_supports(mp_kctx *cx, const char *op, mp_dtype dt)
 {
-    return strcmp(op, "attention") != 0 && strcmp(op, "topk") != 0 && strcmp(op, "sort") != 0;
+    return strcmp(op, "topk") != 0 && strcmp(op, "sort") != 0;
 }
 
 /* the device's backend object (its entries and &ctx), filled once by init */
@@ -319,6 +319,8 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.layer_norm = mp_cuda_layer_norm;
     table.layer_norm_grad = mp_cuda_layer_norm_grad;
     table.gemm = mp_cuda_gemm;
+    table.attention = mp_cuda_attention;
+    table.attention_grad = mp_cuda_attention_grad;
     /* without mapped host memory for the fault record, the engine checks indices itself */
     table.check_indices = mp_cuda_check_init(&ctx) ? mp_cuda_check_indices : NULL;
     table.permute = mp_cuda_permute;
