@@ -76,7 +76,9 @@ function GPT:generate(prompt, n, temperature, top_k)
     local window = {}
     for i = from, #ids do window[#window + 1] = ids[i] end
     local logits = self(mp.tensor({ window }, { dtype = "i32", device = prompt.device }))
-    local last = logits:select(2, -1):select(1, 1):to("f32") / temperature
+    -- the last position's logits, sampled on the CPU (a row of vocab values; the
+    -- CUDA backend has no topk yet)
+    local last = logits:select(2, -1):select(1, 1):to("f32"):cpu() / temperature
     local v, i = last:topk(math.min(top_k, last.shape[1]))
     local pick = mp.multinomial(mp.softmax(v, 1), 1):item()
     ids[#ids + 1] = i[pick + 1]:item()
