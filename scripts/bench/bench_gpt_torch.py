@@ -17,7 +17,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-STEPS, WARMUP, THREADS, MODE = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 VOCAB, CTX, LAYERS, DIM, HEADS, BATCH = 114, 64, 2, 128, 4, 32
 
 
@@ -53,13 +52,19 @@ class GPT(nn.Module):
         return self.ln_f(x) @ self.wte.weight.t()
 
 
+def adamw(model, lr=3e-3, wd=0.1):
+    """minGPT's groups, as mp.optim.decay_groups: Linear weights decay, the rest not"""
+    decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() == 2 and "wte" not in n and "wpe" not in n]
+    keep = [p for n, p in model.named_parameters() if not any(p is d for d in decay)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": wd}, {"params": keep, "weight_decay": 0.0}], lr=lr)
+
+
 def main():
+    STEPS, WARMUP, THREADS, MODE = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
     model = GPT()
-    decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() == 2 and "wte" not in n and "wpe" not in n]
-    keep = [p for n, p in model.named_parameters() if not any(p is d for d in decay)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": keep, "weight_decay": 0.0}], lr=3e-3)
+    opt = adamw(model)
     data = torch.randint(0, VOCAB, (2_300_000,))
     times = []
     for s in range(WARMUP + STEPS):
