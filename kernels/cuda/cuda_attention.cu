@@ -30,6 +30,26 @@ __device__ __forceinline__ float keep_factor(const mp_attn_args a, int64_t r, in
 /* keys per tile: a key tile and a value tile of kt x d floats fit the shared memory */
 __host__ __device__ __forceinline__ int key_tile(int64_t d) { return (int)(SHARED_FLOATS / 2 / d < 64 ? SHARED_FLOATS / 2 / d : 64); }
 
+/* the keys a block's last row sees (causal: up to it) */
+__device__ __forceinline__ int64_t keys_seen(const mp_attn_args &a)
+{
+    int64_t last = (int64_t)blockIdx.y * ROWS + ROWS - 1;
+    return a.causal ? (last + 1 < a.tk ? last + 1 : a.tk) : a.tk;
+}
+
+/* keys j0 .. j0+nj-1 of head r and their values into shared memory, as f32; the
+ * block waits before (the last tile is read no more) and after (this one is in) */
+__device__ __forceinline__ void load_tile(mp_dtype dt, const void *k, const void *v, const mp_attn_args &a, int64_t r,
+                                          int64_t j0, int64_t nj, float *ks, float *vs)
+{
+    __syncthreads();
+    for (int64_t t = threadIdx.x; t < nj * a.d; t += blockDim.x) {
+        ks[t] = mp_ld(dt, k, (r * a.tk + j0) * a.d + t);
+        vs[t] = mp_ld(dt, v, (r * a.tk + j0) * a.d + t);
+    }
+    __syncthreads();
+}
+
 __global__ void k_attention(mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
                             mp_attn_args a, unsigned long long *fc)
 {
@@ -40,16 +60,10 @@ __global__ void k_attention(mp_dtype dt, void *out, float *lse, const void *q, c
     const bool row = i < a.tq;
     float qr[MAXD], acc[MAXD], m = -INFINITY, l = 0;
     for (int64_t e = 0; e < d; e++) qr[e] = row ? mp_ld(dt, q, (r * a.tq + i) * d + e) : 0.0f, acc[e] = 0;
-    int64_t last = (int64_t)blockIdx.y * ROWS + ROWS - 1;   /* the block's last row sees the most keys */
-    int64_t jend = a.causal ? (last + 1 < a.tk ? last + 1 : a.tk) : a.tk;
+    const int64_t jend = keys_seen(a);
     for (int64_t j0 = 0; j0 < jend; j0 += kt) {
         int64_t nj = jend - j0 < kt ? jend - j0 : kt;
-        __syncthreads();
-        for (int64_t t = threadIdx.x; t < nj * d; t += blockDim.x) {
-            ks[t] = mp_ld(dt, k, (r * a.tk + j0) * d + t);
-            vs[t] = mp_ld(dt, v, (r * a.tk + j0) * d + t);
-        }
-        __syncthreads();
+        load_tile(dt, k, v, a, r, j0, nj, ks, vs);
         if (!row) continue;
         for (int64_t j = 0; j < nj; j++) {
             if (a.causal && j0 + j > i) break;
@@ -90,16 +104,10 @@ __global__ void k_attention_grad(mp_dtype dt, void *dq, float *dk32, float *dv32
         dqr[e] = 0;
     }
     const float L = row ? lse[r * a.tq + i] : -INFINITY;
-    int64_t last = (int64_t)blockIdx.y * ROWS + ROWS - 1;
-    int64_t jend = a.causal ? (last + 1 < a.tk ? last + 1 : a.tk) : a.tk;
+    const int64_t jend = keys_seen(a);
     for (int64_t j0 = 0; j0 < jend; j0 += kt) {
         int64_t nj = jend - j0 < kt ? jend - j0 : kt;
-        __syncthreads();
-        for (int64_t t = threadIdx.x; t < nj * d; t += blockDim.x) {
-            ks[t] = mp_ld(dt, k, (r * a.tk + j0) * d + t);
-            vs[t] = mp_ld(dt, v, (r * a.tk + j0) * d + t);
-        }
-        __syncthreads();
+        load_tile(dt, k, v, a, r, j0, nj, ks, vs);
         if (!row || L == -INFINITY) continue;
         for (int64_t j = 0; j < nj; j++) {
             if (a.causal && j0 + j > i) break;

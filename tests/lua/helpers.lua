@@ -102,6 +102,17 @@ H.mpengine = os.getenv("MPENGINE") or (H.build .. "/mpengine")
 -- create a CUDA context and load cuBLAS in each of its hundreds of children.
 -- H.env(envvars [, unset]) is the `env ...` prefix of a child's command line
 -- (unset: a list of variables to remove).
+-- H.script(path)(args) -> output, exit status: a training script run by build/mpengine in a
+-- child process (CPU unless asked otherwise), its output and status together
+function H.script(path)
+  return function(args)
+    local p = io.popen(string.format("%s%s %s %s 2>&1; echo \"exit=$?\"", H.env(), H.mpengine, path, args))
+    local out = p:read("a")
+    p:close()
+    return out, tonumber(out:match("exit=(%d+)%s*$"))
+  end
+end
+
 function H.env(envvars, unset)
   local vars = { MP_DEVICE = "cpu" }
   for k, v in pairs(envvars or {}) do vars[k] = v end

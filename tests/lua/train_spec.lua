@@ -4,15 +4,9 @@
 local mp = require "mp"
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
-local exe = H.mpengine
 local script = "scripts/train_mlp.lua"
 
-local function run(args)
-  local p = io.popen(string.format("%s%s %s %s 2>&1; echo \"exit=$?\"", H.env(), exe, script, args))
-  local out = p:read("a")
-  p:close()
-  return out, tonumber(out:match("exit=(%d+)%s*$"))
-end
+local run = H.script(script)
 
 local function tmp(name) return os.tmpname() .. "-" .. name end
 
