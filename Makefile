@@ -18,11 +18,12 @@ CFLAGS   ?= -O2 -g
 # -fno-math-errno: nothing reads errno after sqrtf, and it lets loops with sqrtf vectorise
 CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fPIC -fopenmp -fno-math-errno -I. $(BLAS_INC)
 CFLAGS   += $(SANFLAGS)
-LDLIBS   := $(SANFLAGS) -lopenblas -lz -lcjson -lm -fopenmp -lpthread
+LDLIBS   := $(SANFLAGS) -lopenblas -lsleef -lz -lcjson -lm -fopenmp -lpthread
 VERSION  := 0.1.0
 
 DEBS := liblua5.4-dev lua5.4 libopenblas-dev zlib1g-dev libreadline-dev libcriterion-dev \
-        lua-busted dataset-fashion-mnist fortunes pkg-config gcc make libcjson-dev python3-venv
+        lua-busted dataset-fashion-mnist fortunes pkg-config gcc make libcjson-dev python3-venv \
+        libsleef-dev
 
 ENGINE_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
@@ -66,6 +67,12 @@ all: $(LIB) $(CORE) $(CLI) $(CUDA_SO)
 # contracting a*b+c into an FMA, so that the AVX-512, AVX2 and baseline clones of a
 # loop (and the CUDA kernels, which round each operation) give the same bits
 $(BUILD)/obj/kernels/%.o: CFLAGS += -O3 -ffp-contract=off
+# the vector maths paths (kernels/cpu/vmath.h): each file for its instruction
+# set, called only on a processor that has it
+ifeq ($(shell uname -m),x86_64)
+$(BUILD)/obj/kernels/cpu/vmath_avx512.o: CFLAGS += -mavx512f -mavx2 -mfma
+$(BUILD)/obj/kernels/cpu/vmath_avx2.o: CFLAGS += -mavx2 -mfma
+endif
 
 $(BUILD)/obj/%.o: %.c $(wildcard engine/*.h kernels/*.h kernels/cpu/*.h lua/*.h)
 	@mkdir -p $(dir $@)

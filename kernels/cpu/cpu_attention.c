@@ -19,6 +19,7 @@
 #include <math.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/vmath.h"
 #include "kernels/philox.h"
 
 #define BQ 64
@@ -83,7 +84,9 @@ int cpu_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q
                     for (int64_t j = 0; j < nj; j++) mx = si[j] > mx ? si[j] : mx;
                     if (mx == -INFINITY) { for (int64_t j = 0; j < nj; j++) si[j] = 0; continue; }
                     float c = expf(m[i] - mx), sum = 0;
-                    for (int64_t j = 0; j < nj; j++) si[j] = expf(si[j] - mx), sum += si[j];
+                    for (int64_t j = 0; j < nj; j++) si[j] -= mx;
+                    cpu_vexp(si, si, nj);
+                    for (int64_t j = 0; j < nj; j++) sum += si[j];
                     l[i] = l[i] * c + sum, m[i] = mx;
                     float *ai = acc + i * d;
                     for (int64_t e = 0; e < d; e++) ai[e] *= c;
@@ -133,12 +136,16 @@ int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, c
             for (int64_t j0 = 0; j0 < jend; j0 += BK) {
                 int64_t nj = jend - j0 < BK ? jend - j0 : BK;
                 scores(a, qf, kf, i0, ni, j0, nj, p);
-                for (int64_t i = 0; i < ni; i++)   /* P = exp(S - lse); Pd = P * dropout factor */
-                    for (int64_t j = 0; j < nj; j++) {
-                        float pij = L[i0 + i] == -INFINITY ? 0.0f : expf(p[i * BK + j] - L[i0 + i]);
-                        p[i * BK + j] = pij;
-                        pd[i * BK + j] = a->dropout > 0 ? pij * keep(a, r, i0 + i, j0 + j) : pij;
+                for (int64_t i = 0; i < ni; i++) {   /* P = exp(S - lse); Pd = P * dropout factor */
+                    float *pi = p + i * BK, li = L[i0 + i];
+                    if (li == -INFINITY) for (int64_t j = 0; j < nj; j++) pi[j] = 0.0f;
+                    else {
+                        for (int64_t j = 0; j < nj; j++) pi[j] -= li;
+                        cpu_vexp(pi, pi, nj);
                     }
+                    for (int64_t j = 0; j < nj; j++)
+                        pd[i * BK + j] = a->dropout > 0 ? pi[j] * keep(a, r, i0 + i, j0 + j) : pi[j];
+                }
                 gemm_tn(nj, d, ni, 1.0f, pd, BK, gf + i0 * d, d, dvf + j0 * d, d);       /* dV += Pd^T dO */
                 gemm(1, ni, nj, d, 1.0f, gf + i0 * d, d, vf + j0 * d, d, 0.0f, dp, BK);  /* dPd = dO V^T */
                 for (int64_t i = 0; i < ni; i++)   /* dS = P * (dP - D), dP = dPd * dropout factor */

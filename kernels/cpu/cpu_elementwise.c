@@ -10,6 +10,7 @@
 #include <string.h>
 #include "kernels/cpu/cpu.h"
 #include "kernels/int_rules.h"
+#include "kernels/cpu/vmath.h"
 
 /* o[j] = a[j*ia] OP b[j*ib] with the common stride cases spelled out so they vectorise */
 #define BIN_LOOP(EXPR)                                                                \
@@ -107,14 +108,21 @@ void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a,
     }
 }
 
+/* t and e are written before they are read, in loops over the same n that GCC
+ * cannot match to the vmath call between them */
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+/* n <= MP_BLOCK, and o may be x. exp, log, tanh and erf are vmath.h's vector
+ * primitives (<= 1.5 ulp); the rest of each formula is a loop the compiler
+ * vectorises, through t when x is still needed after the primitive. */
 MP_SIMD static void un_f32(mp_unop op, float *o, const float *x, int64_t n, double pd)
 {
-    float p = (float)pd;
+    float p = (float)pd, t[MP_BLOCK];
     switch (op) {
     case MP_NEG: for (int64_t j = 0; j < n; j++) o[j] = -x[j]; break;
     case MP_ABS: for (int64_t j = 0; j < n; j++) o[j] = fabsf(x[j]); break;
-    case MP_EXP: for (int64_t j = 0; j < n; j++) o[j] = expf(x[j]); break;
-    case MP_LOG: for (int64_t j = 0; j < n; j++) o[j] = logf(x[j]); break;
+    case MP_EXP: cpu_vexp(o, x, n); break;
+    case MP_LOG: cpu_vlog(o, x, n); break;
     case MP_SQRT: for (int64_t j = 0; j < n; j++) o[j] = sqrtf(x[j]); break;
     case MP_POW:
         if (p == 2.0f) for (int64_t j = 0; j < n; j++) o[j] = x[j] * x[j];
@@ -126,16 +134,30 @@ MP_SIMD static void un_f32(mp_unop op, float *o, const float *x, int64_t n, doub
     case MP_DIVS: for (int64_t j = 0; j < n; j++) o[j] = x[j] / p; break;
     case MP_RDIVS: for (int64_t j = 0; j < n; j++) o[j] = p / x[j]; break;
     case MP_RELU: for (int64_t j = 0; j < n; j++) o[j] = x[j] < 0.0f ? 0.0f : x[j]; break;
-    case MP_TANH: for (int64_t j = 0; j < n; j++) o[j] = tanhf(x[j]); break;
-    case MP_SIGMOID: for (int64_t j = 0; j < n; j++) o[j] = 1.0f / (1.0f + expf(-x[j])); break;
-    case MP_GELU:
-        if (pd == 0) for (int64_t j = 0; j < n; j++) o[j] = 0.5f * x[j] * (1.0f + erff(x[j] * 0.70710678118654752f));
-        else for (int64_t j = 0; j < n; j++) {
-            float v = x[j], u = 0.79788456080286536f * (v + 0.044715f * v * v * v);
-            o[j] = 0.5f * v * (1.0f + tanhf(u));
-        }
+    case MP_TANH: cpu_vtanh(o, x, n); break;
+    case MP_SIGMOID:   /* 1 / (1 + e^-x), or e^x / (1 + e^x) for x < 0: e <= 1 either way */
+        for (int64_t j = 0; j < n; j++) t[j] = -fabsf(x[j]);
+        cpu_vexp(t, t, n);
+        for (int64_t j = 0; j < n; j++) o[j] = (x[j] < 0.0f ? t[j] : 1.0f) / (1.0f + t[j]);
         break;
-    case MP_SILU: for (int64_t j = 0; j < n; j++) o[j] = x[j] / (1.0f + expf(-x[j])); break;
+    case MP_GELU:
+        if (pd == 0) {
+            for (int64_t j = 0; j < n; j++) t[j] = x[j] * 0.70710678118654752f;
+            cpu_verf(t, t, n);
+        } else {
+            for (int64_t j = 0; j < n; j++) {
+                float v = x[j];
+                t[j] = 0.79788456080286536f * (v + 0.044715f * v * v * v);
+            }
+            cpu_vtanh(t, t, n);
+        }
+        for (int64_t j = 0; j < n; j++) o[j] = 0.5f * x[j] * (1.0f + t[j]);
+        break;
+    case MP_SILU:   /* x sigmoid(x), sigmoid as above */
+        for (int64_t j = 0; j < n; j++) t[j] = -fabsf(x[j]);
+        cpu_vexp(t, t, n);
+        for (int64_t j = 0; j < n; j++) o[j] = x[j] * (x[j] < 0.0f ? t[j] : 1.0f) / (1.0f + t[j]);
+        break;
     case MP_DROPMASK: {
         float keep = 1.0f / (1.0f - p);
         for (int64_t j = 0; j < n; j++) o[j] = x[j] >= p ? keep : 0.0f;
@@ -145,10 +167,10 @@ MP_SIMD static void un_f32(mp_unop op, float *o, const float *x, int64_t n, doub
     }
 }
 
-/* gi = go * op'(x), with the forward output y where that is cheaper */
+/* gi = go * op'(x), with the forward output y where that is cheaper; n <= MP_BLOCK */
 MP_SIMD static void grad_f32(mp_unop op, float *gi, const float *go, const float *x, const float *y, int64_t n, double pd)
 {
-    float p = (float)pd;
+    float p = (float)pd, t[MP_BLOCK], e[MP_BLOCK];
     switch (op) {
     case MP_NEG: for (int64_t j = 0; j < n; j++) gi[j] = -go[j]; break;
     case MP_ABS: for (int64_t j = 0; j < n; j++) gi[j] = x[j] > 0 ? go[j] : x[j] < 0 ? -go[j] : 0.0f; break;
@@ -168,19 +190,29 @@ MP_SIMD static void grad_f32(mp_unop op, float *gi, const float *go, const float
     case MP_TANH: for (int64_t j = 0; j < n; j++) gi[j] = go[j] * (1.0f - y[j] * y[j]); break;
     case MP_SIGMOID: for (int64_t j = 0; j < n; j++) gi[j] = go[j] * y[j] * (1.0f - y[j]); break;
     case MP_GELU:
-        if (pd == 0) for (int64_t j = 0; j < n; j++) {
-            float v = x[j], cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
-            float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
-            gi[j] = go[j] * (cdf + v * pdf);
-        }
-        else for (int64_t j = 0; j < n; j++) {
-            float v = x[j], k = 0.79788456080286536f, u = k * (v + 0.044715f * v * v * v), t = tanhf(u);
-            gi[j] = go[j] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * v * v));
+        if (pd == 0) {   /* cdf + x pdf */
+            for (int64_t j = 0; j < n; j++) t[j] = x[j] * 0.70710678118654752f, e[j] = -0.5f * x[j] * x[j];
+            cpu_verf(t, t, n);
+            cpu_vexp(e, e, n);
+            for (int64_t j = 0; j < n; j++) {
+                float cdf = 0.5f * (1.0f + t[j]), pdf = 0.39894228040143268f * e[j];
+                gi[j] = go[j] * (cdf + x[j] * pdf);
+            }
+        } else {
+            const float k = 0.79788456080286536f;
+            for (int64_t j = 0; j < n; j++) t[j] = k * (x[j] + 0.044715f * x[j] * x[j] * x[j]);
+            cpu_vtanh(t, t, n);
+            for (int64_t j = 0; j < n; j++) {
+                float v = x[j], th = t[j];
+                gi[j] = go[j] * (0.5f * (1.0f + th) + 0.5f * v * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * v * v));
+            }
         }
         break;
     case MP_SILU:   /* s (1 + x (1 - s)), s = sigmoid(x) */
+        for (int64_t j = 0; j < n; j++) t[j] = -fabsf(x[j]);
+        cpu_vexp(t, t, n);
         for (int64_t j = 0; j < n; j++) {
-            float s = 1.0f / (1.0f + expf(-x[j]));
+            float s = (x[j] < 0.0f ? t[j] : 1.0f) / (1.0f + t[j]);
             gi[j] = go[j] * s * (1.0f + x[j] * (1.0f - s));
         }
         break;

@@ -9,6 +9,18 @@
 #include <math.h>
 #include <omp.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/vmath.h"
+
+/* exp of a row goes through vmath.h in chunks of this many (a stack buffer) */
+#define EXP_CHUNK 256
+
+/* r[j] = exp(r[j] - c) * k */
+MP_SIMD static void exp_shift(float *r, int64_t n, float c, float k)
+{
+    for (int64_t j = 0; j < n; j++) r[j] -= c;
+    cpu_vexp(r, r, n);
+    if (k != 1.0f) for (int64_t j = 0; j < n; j++) r[j] *= k;
+}
 
 /* floats per thread (rounded up to a cache line) for the threads a region of
  * `work` elements will run on; NULL when the scratch cannot grow */
@@ -42,7 +54,13 @@ static float logsumexp(const float *r, int64_t n)
     for (int64_t j = 0; j < n; j++) m = r[j] > m ? r[j] : m;
     if (isinf(m)) return m;   /* all -inf (or a +inf): nothing finite to normalise */
     double s = 0;
-    for (int64_t j = 0; j < n; j++) s += expf(r[j] - m);
+    float e[EXP_CHUNK];
+    for (int64_t j0 = 0; j0 < n; j0 += EXP_CHUNK) {
+        int64_t c = n - j0 < EXP_CHUNK ? n - j0 : EXP_CHUNK;
+        for (int64_t j = 0; j < c; j++) e[j] = r[j0 + j] - m;
+        cpu_vexp(e, e, c);
+        for (int64_t j = 0; j < c; j++) s += e[j];
+    }
     return m + (float)log(s);
 }
 
@@ -59,7 +77,8 @@ int cpu_softmax(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer,
             int64_t o = q / inner, i = q % inner;
             load_row(dt, x, o, i, n, inner, r);
             float lse = logsumexp(r, n);
-            for (int64_t j = 0; j < n; j++) r[j] = log ? r[j] - lse : expf(r[j] - lse);
+            if (log) for (int64_t j = 0; j < n; j++) r[j] -= lse;
+            else exp_shift(r, n, lse, 1.0f);
             store_row(dt, y, o, i, n, inner, r);
         }
     }
@@ -83,7 +102,8 @@ int cpu_softmax_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const v
             double s = 0;
             if (log) {   /* gx = g - softmax * sum(g) */
                 for (int64_t j = 0; j < n; j++) s += g[j];
-                for (int64_t j = 0; j < n; j++) g[j] = g[j] - expf(p[j]) * (float)s;
+                cpu_vexp(p, p, n);
+                for (int64_t j = 0; j < n; j++) g[j] = g[j] - p[j] * (float)s;
             } else {     /* gx = y * (g - sum(g * y)) */
                 for (int64_t j = 0; j < n; j++) s += (double)g[j] * p[j];
                 for (int64_t j = 0; j < n; j++) g[j] = p[j] * (g[j] - (float)s);
@@ -125,7 +145,7 @@ int cpu_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, co
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < rows; q++) {
             cpu_load(dt, x, q * classes, r, classes);
-            for (int64_t j = 0; j < classes; j++) r[j] = expf(r[j] - lse[q]) * scale[q];
+            exp_shift(r, classes, lse[q], scale[q]);
             r[target[q]] -= scale[q];
             cpu_store(dt, gx, q * classes, r, classes);
         }

@@ -164,6 +164,14 @@ void mp_cuda_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
 /* ---- unary ---- */
 
 /* GELU's tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+/* 1 / (1 + e^-x), or e^x / (1 + e^x) for x < 0: e <= 1 keeps it within 2 ulp
+ * (the CPU's formula, kernels/cpu/cpu_elementwise.c) */
+static __device__ __forceinline__ float stable_sigmoid(float x)
+{
+    float t = expf(-fabsf(x));
+    return (x < 0.0f ? t : 1.0f) / (1.0f + t);
+}
+
 static __device__ __forceinline__ float gelu_tanh_arg(float v)
 {
     return 0.79788456080286536f * __fadd_rn(v, 0.044715f * v * v * v);
@@ -186,12 +194,15 @@ static __device__ float un_f(mp_unop op, float x, float p, int erf_form)
     case MP_RDIVS: return p / x;
     case MP_RELU: return x < 0.0f ? 0.0f : x;
     case MP_TANH: return tanhf(x);
-    case MP_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case MP_SIGMOID: return stable_sigmoid(x);
     case MP_GELU:
         if (erf_form) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
         return 0.5f * x * (1.0f + tanhf(gelu_tanh_arg(x)));
     case MP_DROPMASK: return x >= p ? 1.0f / (1.0f - p) : 0.0f;
-    case MP_SILU: return x / (1.0f + expf(-x));
+    case MP_SILU: {   /* x sigmoid(x), in the CPU's order of roundings */
+        float t = expf(-fabsf(x));
+        return x * (x < 0.0f ? t : 1.0f) / (1.0f + t);
+    }
     default: return 0.0f;
     }
 }
@@ -290,7 +301,7 @@ static __device__ float grad_f(mp_unop op, float go, float x, float y, float p, 
     case MP_SIGMOID: return go * y * (1.0f - y);
     case MP_GELU: return go * (erf_form ? gelu_erf_grad(x) : gelu_tanh_grad(x));
     case MP_SILU: {   /* s (1 + x (1 - s)), s = sigmoid(x) */
-        float s = 1.0f / (1.0f + expf(-x));
+        float s = stable_sigmoid(x);
         return go * s * (1.0f + x * (1.0f - s));
     }
     default: return 0.0f;
