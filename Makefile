@@ -18,12 +18,12 @@ CFLAGS   ?= -O2 -g
 # -fno-math-errno: nothing reads errno after sqrtf, and it lets loops with sqrtf vectorise
 CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fPIC -fopenmp -fno-math-errno -I. $(BLAS_INC)
 CFLAGS   += $(SANFLAGS)
-LDLIBS   := $(SANFLAGS) -lopenblas -lsleef -lz -lcjson -lm -fopenmp -lpthread
+LDLIBS   := $(SANFLAGS) -lopenblas -ldnnl -lsleef -lz -lcjson -lm -fopenmp -lpthread
 VERSION  := 0.1.0
 
 DEBS := liblua5.4-dev lua5.4 libopenblas-dev zlib1g-dev libreadline-dev libcriterion-dev \
         lua-busted dataset-fashion-mnist fortunes pkg-config gcc make libcjson-dev python3-venv \
-        libsleef-dev
+        libsleef-dev libdnnl-dev
 
 ENGINE_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)

@@ -1,0 +1,130 @@
+/*
+ * cpu_gemm_dnnl.c: bf16 matrix products through oneDNN's matmul (Debian's
+ * libdnnl, what PyTorch's CPU bf16 matmul runs on). On a processor with
+ * AVX512-BF16 its kernels multiply bf16 pairs into f32 accumulators
+ * (vdpbf16ps) at twice the f32 rate and round the result once into bf16: the
+ * numerics of cpu_gemm's widen-sgemm-round path, without the widening copies.
+ *
+ * A plan (primitive) is made once per shape and kept in the CPU context:
+ * making one costs ~0.6 ms (oneDNN compiles its kernel), running one costs
+ * microseconds. Where oneDNN has only its reference kernel for a shape (no
+ * AVX512-BF16 here), or fails in any way, the shape is marked and cpu_gemm
+ * takes its own path, so this file only ever makes things faster.
+ */
+#include <oneapi/dnnl/dnnl.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/cpu/cpu.h"
+
+#define PLANS 64   /* a GPT step has ~20 distinct shapes; beyond this, the oldest goes */
+
+typedef struct {
+    int ta, tb;
+    int64_t batch, m, n, k, sa, sb, sc;
+    float alpha, beta;
+} plan_key;
+
+typedef struct {
+    plan_key key;
+    int used;                       /* 1: a plan; -1: oneDNN cannot do this shape well */
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t md[3];       /* src, weights, dst */
+} plan;
+
+struct cpu_dnnl {
+    int state;                      /* 0 untried, 1 ready, -1 no engine */
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    plan plans[PLANS];
+    int next;                       /* the slot the next new plan takes */
+};
+
+static struct cpu_dnnl *dnnl_of(mp_kctx *cx)
+{
+    if (!cx->dnnl && !(cx->dnnl = calloc(1, sizeof *cx->dnnl))) return NULL;
+    struct cpu_dnnl *d = cx->dnnl;
+    if (d->state == 0) {
+        d->state = dnnl_engine_create(&d->engine, dnnl_cpu, 0) == dnnl_success &&
+                   dnnl_stream_create(&d->stream, d->engine, dnnl_stream_default_flags) == dnnl_success ? 1 : -1;
+    }
+    return d->state == 1 ? d : NULL;
+}
+
+/* a row-major {rows, cols} operand of every batch item (or one shared, stride
+ * 0), stored transposed when t */
+static int desc(dnnl_memory_desc_t *md, int64_t batch, int64_t stride, int64_t rows, int64_t cols, int t)
+{
+    int nd = batch == 1 ? 2 : 3, o = nd - 2;
+    dnnl_dims_t dims = {0}, strides = {0};
+    if (nd == 3) dims[0] = stride ? batch : 1, strides[0] = stride ? stride : rows * cols;
+    dims[o] = rows, dims[o + 1] = cols;
+    strides[o] = t ? 1 : cols, strides[o + 1] = t ? rows : 1;
+    return dnnl_memory_desc_init_by_strides(md, nd, dims, dnnl_bf16, strides) != dnnl_success;
+}
+
+static int make_plan(struct cpu_dnnl *d, plan *p)
+{
+    const plan_key *k = &p->key;
+    dnnl_matmul_desc_t mm;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t ops = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    const char *impl = "";
+    int ok = !desc(&p->md[0], k->batch, k->sa, k->m, k->k, k->ta) && !desc(&p->md[1], k->batch, k->sb, k->k, k->n, k->tb) &&
+             !desc(&p->md[2], k->batch, k->m * k->n, k->m, k->n, 0) &&
+             dnnl_matmul_desc_init(&mm, &p->md[0], &p->md[1], NULL, &p->md[2]) == dnnl_success &&
+             dnnl_primitive_attr_create(&attr) == dnnl_success;
+    if (ok && k->alpha != 1.0f) ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha) == dnnl_success;
+    if (ok && k->beta != 0.0f)   /* C = alpha AB + beta C, summed in f32, rounded once */
+        ok = dnnl_post_ops_create(&ops) == dnnl_success && dnnl_post_ops_append_sum(ops, k->beta) == dnnl_success &&
+             dnnl_primitive_attr_set_post_ops(attr, ops) == dnnl_success;
+    ok = ok && dnnl_primitive_desc_create(&pd, &mm, attr, d->engine, NULL) == dnnl_success &&
+         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success;
+    /* oneDNN's reference kernels are slower than widening and sgemm */
+    ok = ok && strncmp(impl, "ref", 3) != 0 && dnnl_primitive_create(&p->prim, pd) == dnnl_success;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (ops) dnnl_post_ops_destroy(ops);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    return ok ? 1 : -1;
+}
+
+static plan *find(struct cpu_dnnl *d, const plan_key *key)
+{
+    for (int i = 0; i < PLANS; i++)
+        if (d->plans[i].used && !memcmp(&d->plans[i].key, key, sizeof *key)) return &d->plans[i];
+    plan *p = &d->plans[d->next];
+    d->next = (d->next + 1) % PLANS;
+    if (p->used == 1) dnnl_primitive_destroy(p->prim);
+    memset(p, 0, sizeof *p);
+    p->key = *key;
+    p->used = make_plan(d, p);
+    return p;
+}
+
+/* C = alpha op(A) op(B) + beta C for bf16 through oneDNN: 0 when done, 1 when
+ * the caller should take its own path */
+int cpu_gemm_dnnl(mp_kctx *cx, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                  const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc)
+{
+    struct cpu_dnnl *d = dnnl_of(cx);
+    /* sc == 0 with a batch: every item accumulates into one C in turn, which a
+     * single matmul cannot express */
+    if (!d || m == 0 || n == 0 || k == 0 || (batch > 1 && sc != m * n)) return 1;
+    plan_key key;
+    memset(&key, 0, sizeof key);   /* the padding too: keys are compared whole */
+    key.ta = ta, key.tb = tb, key.batch = batch, key.m = m, key.n = n, key.k = k;
+    key.sa = sa, key.sb = sb, key.sc = sc, key.alpha = alpha, key.beta = beta;
+    plan *p = find(d, &key);
+    if (p->used != 1) return 1;
+    dnnl_memory_t mem[3] = {NULL, NULL, NULL};
+    void *ptr[3] = {(void *)a, (void *)b, c};
+    int ok = 1;
+    for (int i = 0; i < 3 && ok; i++) ok = dnnl_memory_create(&mem[i], &p->md[i], d->engine, ptr[i]) == dnnl_success;
+    if (ok) {
+        dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}};
+        ok = dnnl_primitive_execute(p->prim, d->stream, 3, args) == dnnl_success &&
+             dnnl_stream_wait(d->stream) == dnnl_success;
+    }
+    for (int i = 0; i < 3; i++) if (mem[i]) dnnl_memory_destroy(mem[i]);
+    return ok ? 0 : 1;
+}
