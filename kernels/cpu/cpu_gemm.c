@@ -36,15 +36,16 @@ int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m,
              float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
              float beta, void *c, int64_t sc)
 {
+    /* f32 and bf16: oneDNN's kernels where it has them (cpu_gemm_dnnl.c) */
+    if ((dt == MP_F32 || dt == MP_BF16) && k > 0 &&
+        cpu_gemm_dnnl(cx, dt, ta, tb, batch, m, n, k, alpha, a, sa, b, sb, beta, c, sc) == 0)
+        return 0;
     if (dt == MP_F32) {
         for (int64_t i = 0; i < batch; i++)
             sgemm(ta, tb, m, n, k, alpha, (const float *)a + i * sa, (const float *)b + i * sb,
                   beta, (float *)c + i * sc);
         return 0;
     }
-    /* bf16: oneDNN's bf16 kernels where it has them (cpu_gemm_dnnl.c) */
-    if (dt == MP_BF16 && k > 0 && cpu_gemm_dnnl(cx, ta, tb, batch, m, n, k, alpha, a, sa, b, sb, beta, c, sc) == 0)
-        return 0;
     /* widen whole operands once; a broadcast operand (stride 0) is widened once */
     int64_t na = (sa ? batch : 1) * m * k, nb = (sb ? batch : 1) * k * n, nc = m * n;
     float *fa = cpu_scratch(cx, 0, (size_t)na * 4), *fb = cpu_scratch(cx, 1, (size_t)nb * 4);
