@@ -17,6 +17,7 @@
  */
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/vmath.h"
@@ -59,15 +60,27 @@ static void scores(const mp_attn_args *a, const float *q, const float *k, int64_
             if (j0 + j > i0 + i) s[i * BK + j] = -INFINITY;
 }
 
+/* the scratch of every thread that will run heads (each head is independent:
+ * its own rows of out, lse, dq, dk, dv): `floats` each, cache-line apart;
+ * one thread below MP_PAR_MIN multiply-adds */
+static float *per_thread(mp_kctx *cx, const mp_attn_args *a, int64_t floats, int64_t *stride, int64_t *threads)
+{
+    int64_t work = a->bh * a->tq * a->tk * a->d;
+    *threads = work >= MP_PAR_MIN && a->bh > 1 ? omp_get_max_threads() : 1;
+    *stride = (floats + 15) & ~(int64_t)15;
+    return cpu_scratch(cx, 3, sizeof(float) * (size_t)(*stride * *threads));
+}
+
 int cpu_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
                   const mp_attn_args *a)
 {
-    int64_t tq = a->tq, tk = a->tk, d = a->d;
-    size_t nf = (size_t)(tq * d + 2 * tk * d + BQ * BK + BQ * d + 2 * BQ);
-    float *qf = cpu_scratch(cx, 3, sizeof(float) * nf);
-    if (!qf) return -1;
-    float *kf = qf + tq * d, *vf = kf + tk * d, *s = vf + tk * d, *acc = s + BQ * BK, *m = acc + BQ * d, *l = m + BQ;
+    int64_t tq = a->tq, tk = a->tk, d = a->d, stride, threads;
+    float *base = per_thread(cx, a, tq * d + 2 * tk * d + BQ * BK + BQ * d + 2 * BQ, &stride, &threads);
+    if (!base) return -1;
+    #pragma omp parallel for if (threads > 1) schedule(static)
     for (int64_t r = 0; r < a->bh; r++) {
+        float *qf = base + stride * omp_get_thread_num();
+        float *kf = qf + tq * d, *vf = kf + tk * d, *s = vf + tk * d, *acc = s + BQ * BK, *m = acc + BQ * d, *l = m + BQ;
         cpu_load(dt, q, r * tq * d, qf, tq * d);
         cpu_load(dt, k, r * tk * d, kf, tk * d);
         cpu_load(dt, v, r * tk * d, vf, tk * d);
@@ -109,14 +122,15 @@ int cpu_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q
 int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
                        const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a)
 {
-    int64_t tq = a->tq, tk = a->tk, d = a->d;
-    size_t nf = (size_t)(4 * tq * d + 4 * tk * d + tq + 3 * BQ * BK);
-    float *qf = cpu_scratch(cx, 3, sizeof(float) * nf);
-    if (!qf) return -1;
-    float *of = qf + tq * d, *gf = of + tq * d, *dqf = gf + tq * d;          /* q, out, dout, dq */
-    float *kf = dqf + tq * d, *vf = kf + tk * d, *dkf = vf + tk * d, *dvf = dkf + tk * d;
-    float *di = dvf + tk * d, *p = di + tq, *pd = p + BQ * BK, *dp = pd + BQ * BK;
+    int64_t tq = a->tq, tk = a->tk, d = a->d, stride, threads;
+    float *base = per_thread(cx, a, 4 * tq * d + 4 * tk * d + tq + 3 * BQ * BK, &stride, &threads);
+    if (!base) return -1;
+    #pragma omp parallel for if (threads > 1) schedule(static)
     for (int64_t r = 0; r < a->bh; r++) {
+        float *qf = base + stride * omp_get_thread_num();
+        float *of = qf + tq * d, *gf = of + tq * d, *dqf = gf + tq * d;          /* q, out, dout, dq */
+        float *kf = dqf + tq * d, *vf = kf + tk * d, *dkf = vf + tk * d, *dvf = dkf + tk * d;
+        float *di = dvf + tk * d, *p = di + tq, *pd = p + BQ * BK, *dp = pd + BQ * BK;
         cpu_load(dt, q, r * tq * d, qf, tq * d);
         cpu_load(dt, out, r * tq * d, of, tq * d);
         cpu_load(dt, dout, r * tq * d, gf, tq * d);

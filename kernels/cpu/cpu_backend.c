@@ -8,17 +8,23 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <string.h>
+#include <cblas.h>
 #include "kernels/cpu/cpu.h"
 #include "kernels/block_cache.h"
 
-/* OpenMP regions run on one thread unless OMP_NUM_THREADS asks for more. The
- * GEMMs, where two cores pay off, run on OpenBLAS's own threads; libgomp's idle
- * workers spin after each region and take the cores those threads need. On this
- * project's 2-core machines, with another process busy, an MLP training step took
- * 132 ms with two OpenMP threads and 8 ms with one (scripts/bench/bench_mlp.lua). */
+/* One pool of threads: OpenMP's. The GEMMs run on oneDNN (cpu_gemm_dnnl.c),
+ * which uses OpenMP too, and every kernel's regions fork on it; OpenBLAS, left
+ * with attention's small blocks (called inside OpenMP regions) and the GEMMs
+ * oneDNN declines, runs on its caller's thread. Two pools were the trouble
+ * before: libgomp's idle workers spin after each region and took the cores that
+ * OpenBLAS's threads needed (an MLP step of 8 ms took 132 ms with another
+ * process busy), which is why OpenMP once ran on one thread. With one pool, two
+ * OpenMP threads ran the GPT step in 33 ms against 49 with one, and the MLP step
+ * in 0.93 ms against 1.53, another process busy or not. OMP_NUM_THREADS and
+ * OPENBLAS_NUM_THREADS still decide when set. */
 __attribute__((constructor)) static void cpu_threads_init(void)
 {
-    if (!getenv("OMP_NUM_THREADS")) omp_set_num_threads(1);
+    if (!getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(1);
 }
 
 /* The system's memory, 64-byte aligned. Large blocks are mapped and unmapped

@@ -40,7 +40,7 @@ int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m,
     if ((dt == MP_F32 || dt == MP_BF16) && k > 0 &&
         cpu_gemm_dnnl(cx, dt, ta, tb, batch, m, n, k, alpha, a, sa, b, sb, beta, c, sc) == 0)
         return 0;
-    if (dt == MP_F32) {
+    if (dt == MP_F32) {   /* what oneDNN declined */
         for (int64_t i = 0; i < batch; i++)
             sgemm(ta, tb, m, n, k, alpha, (const float *)a + i * sa, (const float *)b + i * sb,
                   beta, (float *)c + i * sc);
@@ -57,7 +57,9 @@ int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m,
     for (int64_t i = 0; i < batch; i++) {
         void *ci = (char *)c + (size_t)(i * sc) * es;
         if (beta != 0.0f) widen(dt, ci, fc, nc);
-        sgemm(ta, tb, m, n, k, alpha, fa + (sa ? i * m * k : 0), fb + (sb ? i * k * n : 0), beta, fc);
+        const float *ai = fa + (sa ? i * m * k : 0), *bi = fb + (sb ? i * k * n : 0);
+        if (cpu_gemm_dnnl(cx, MP_F32, ta, tb, 1, m, n, k, alpha, ai, 0, bi, 0, beta, fc, m * n) != 0)
+            sgemm(ta, tb, m, n, k, alpha, ai, bi, beta, fc);
         narrow_to(dt, fc, ci, nc);
     }
     return 0;
