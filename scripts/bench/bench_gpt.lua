@@ -4,7 +4,7 @@
 -- its fastest thread setting), in one run: tokens/s (median step after a warm-up)
 -- and peak RSS, in f32 and under bf16 and f16 autocast (PyTorch 1.13's CPU autocast
 -- has bf16 only), each configuration in its own process. Also the floor no engine
--- passes: the step's matmul FLOPs over the sgemm rate measured in the same run.
+-- passes: the step's matmul FLOPs over the GEMM rate (f32 and bf16) measured in the same run.
 -- Figures, not tests: nothing here fails on speed.
 local mp = mp or require "mp"
 
@@ -76,9 +76,10 @@ local function torch(m)
   return best, rss, threads
 end
 
--- the floor: forward + backward matmul FLOPs (3x the forward's) at the measured sgemm rate
-local function floor_ms()
-  local a, b = mp.randn { 2048, 512 }, mp.randn { 512, 512 }
+-- the floor: forward + backward matmul FLOPs (3x the forward's) at the GEMM rate
+-- measured here for the dtype (f32; bf16 for bf16 autocast, whose products are bf16)
+local function floor_ms(dtype)
+  local a, b = mp.randn { 2048, 512 }:to(dtype), mp.randn { 512, 512 }:to(dtype)
   mp.matmul(a, b)
   local t0, n = mp.clock(), 20
   for _ = 1, n do mp.matmul(a, b):free() end
@@ -90,9 +91,10 @@ local function floor_ms()
 end
 
 local tokens = B * T
-local fl, gflops = floor_ms()
-print(string.format("gpt train step (2 layers, d %d, ctx %d, batch %d = %d tokens): sgemm %.1f GFLOP/s here, matmul floor %.2f ms",
-  D, T, B, tokens, gflops, fl))
+local fl, gflops = floor_ms("f32")
+local flb, gflopsb = floor_ms("bf16")
+print(string.format("gpt train step (2 layers, d %d, ctx %d, batch %d = %d tokens): GEMM f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s here; matmul floor f32 %.2f ms, bf16 %.2f ms",
+  D, T, B, tokens, gflops, gflopsb, fl, flb))
 for _, m in ipairs { "f32", "bf16", "f16" } do
   local ms, rss = child(m)
   local tms, trss, th = nil, nil, nil
