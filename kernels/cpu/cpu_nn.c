@@ -153,6 +153,64 @@ int cpu_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, co
     return 0;
 }
 
+/* Row sums in double over 8 lanes, each lane in order, the lanes added in
+ * order at the end: the same bits on every machine and clone, and loops the
+ * compiler vectorises (one double accumulator is a chain of dependent adds). */
+#define LANES 8
+
+MP_SIMD static double row_sum(const float *r, int64_t n)
+{
+    double acc[LANES] = {0}, s = 0;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += r[j + l];
+    for (; j < n; j++) acc[j % LANES] += r[j];
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    return s;
+}
+
+MP_SIMD static double row_sumsq_dev(const float *r, int64_t n, float m)
+{
+    double acc[LANES] = {0}, s = 0;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) { double d = r[j + l] - m; acc[l] += d * d; }
+    for (; j < n; j++) { double d = r[j] - m; acc[j % LANES] += d * d; }
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    return s;
+}
+
+/* one row of the layer norm backward: xh becomes x-hat, g becomes gx (f32),
+ * and g * x-hat, g add into the chunk's weight and bias sums pw, pb */
+MP_SIMD static void ln_grad_row(float *g, float *xh, const float *wf, float m, float rs, int64_t n, float *pw,
+                                float *pb)
+{
+    double a8[LANES] = {0}, c8[LANES] = {0}, a = 0, c = 0;
+    for (int64_t j = 0; j < n; j++) {
+        xh[j] = (xh[j] - m) * rs;
+        pw[j] += g[j] * xh[j];
+        pb[j] += g[j];
+    }
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) {
+            float gw = g[j + l] * wf[j + l];
+            a8[l] += gw, c8[l] += (double)gw * xh[j + l];
+        }
+    for (; j < n; j++) {
+        float gw = g[j] * wf[j];
+        a8[j % LANES] += gw, c8[j % LANES] += (double)gw * xh[j];
+    }
+    for (int l = 0; l < LANES; l++) a += a8[l], c += c8[l];
+    float ma = (float)(a / n), mc = (float)(c / n);
+    for (int64_t k = 0; k < n; k++) g[k] = rs * (g[k] * wf[k] - ma - xh[k] * mc);
+}
+
+MP_SIMD static void ln_row(float *r, const float *wf, const float *bf, float m, float rs, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) r[j] = (r[j] - m) * rs * wf[j] + bf[j];
+}
+
 int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
                     const void *b, int64_t rows, int64_t n, float eps)
 {
@@ -168,12 +226,9 @@ int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < rows; q++) {
             cpu_load(dt, x, q * n, r, n);
-            double s = 0, ss = 0;
-            for (int64_t j = 0; j < n; j++) s += r[j];
-            float m = (float)(s / n);
-            for (int64_t j = 0; j < n; j++) ss += (double)(r[j] - m) * (r[j] - m);
-            float rs = 1.0f / sqrtf((float)(ss / n) + eps);
-            for (int64_t j = 0; j < n; j++) r[j] = (r[j] - m) * rs * wf[j] + bf[j];
+            float m = (float)(row_sum(r, n) / n);
+            float rs = 1.0f / sqrtf((float)(row_sumsq_dev(r, n, m) / n) + eps);
+            ln_row(r, wf, bf, m, rs, n);
             cpu_store(dt, y, q * n, r, n);
             mean[q] = m, rstd[q] = rs;
         }
@@ -181,31 +236,40 @@ int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
     return 0;
 }
 
+/* The weight and bias sums of the backward add over rows in a fixed number of
+ * chunks, each in row order, then the chunks in order: the same bits on any
+ * number of threads. */
+#define LN_CHUNKS 16
+
 /* gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)); gw = sum g*xhat; gb = sum g */
 int cpu_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                          const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n)
 {
-    float *wf = cpu_scratch(cx, 3, sizeof(float) * (size_t)n * 3), *g = wf ? wf + n : NULL, *xh = wf ? wf + 2 * n : NULL;
+    int64_t chunks = rows < LN_CHUNKS ? (rows > 0 ? rows : 1) : LN_CHUNKS, work = rows * n;
+    int threads = work >= MP_PAR_MIN ? omp_get_max_threads() : 1;
+    int64_t nn = (n + 15) & ~(int64_t)15;   /* rows of floats, cache-line apart */
+    float *wf = cpu_scratch(cx, 3, sizeof(float) * (size_t)(nn * (1 + 2 * chunks + 2 * threads)));
     if (!wf) return -1;
+    float *part = wf + nn, *rowbuf = part + 2 * chunks * nn;
     for (int64_t j = 0; j < n; j++) wf[j] = 1.0f;
     if (w) cpu_load(dt, w, 0, wf, n);
-    if (gw) for (int64_t j = 0; j < n; j++) gw[j] = 0;
-    if (gb) for (int64_t j = 0; j < n; j++) gb[j] = 0;
-    /* rows in order: the weight sums add in a fixed order, so results are reproducible */
-    for (int64_t q = 0; q < rows; q++) {
-        cpu_load(dt, gy, q * n, g, n);
-        cpu_load(dt, x, q * n, xh, n);
-        double a = 0, c = 0;
-        for (int64_t j = 0; j < n; j++) {
-            xh[j] = (xh[j] - mean[q]) * rstd[q];
-            if (gw) gw[j] += g[j] * xh[j];
-            if (gb) gb[j] += g[j];
-            float gwj = g[j] * wf[j];
-            a += gwj, c += (double)gwj * xh[j];
+    #pragma omp parallel for if (threads > 1) schedule(static)
+    for (int64_t ch = 0; ch < chunks; ch++) {
+        float *pw = part + 2 * ch * nn, *pb = pw + nn;
+        float *g = rowbuf + 2 * nn * omp_get_thread_num(), *xh = g + nn;
+        for (int64_t j = 0; j < n; j++) pw[j] = 0, pb[j] = 0;
+        for (int64_t q = rows * ch / chunks; q < rows * (ch + 1) / chunks; q++) {
+            cpu_load(dt, gy, q * n, g, n);
+            cpu_load(dt, x, q * n, xh, n);
+            ln_grad_row(g, xh, wf, mean[q], rstd[q], n, pw, pb);
+            cpu_store(dt, gx, q * n, g, n);
         }
-        float ma = (float)(a / n), mc = (float)(c / n);
-        for (int64_t j = 0; j < n; j++) g[j] = rstd[q] * (g[j] * wf[j] - ma - xh[j] * mc);
-        cpu_store(dt, gx, q * n, g, n);
+    }
+    for (int64_t j = 0; j < n; j++) {
+        float sw = 0, sb = 0;
+        for (int64_t ch = 0; ch < chunks; ch++) sw += part[2 * ch * nn + j], sb += part[(2 * ch + 1) * nn + j];
+        if (gw) gw[j] = sw;
+        if (gb) gb[j] = sb;
     }
     return 0;
 }

@@ -4,6 +4,11 @@
  * every float dtype, layout copies, random streams, and argument checking.
  */
 #include <criterion/criterion.h>
+#include <omp.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/backend.h"
 #include <math.h>
 #include <string.h>
 #include "engine/ops.h"
@@ -304,4 +309,35 @@ Test(ops, cuda_tensors_or_why_not)
     cr_assert_eq(v[0], 2.5);
     cr_assert_eq(v[1], 2.5);
     mp_release(t);
+}
+
+/* layer norm's backward sums its weight and bias gradients over fixed chunks
+ * of rows: one thread or two give the same bits (and the row outputs too) */
+Test(ops, layer_norm_grad_same_bits_on_any_thread_count)
+{
+    int64_t rows = 1000, n = 300;   /* 3e5 elements: above the fork threshold */
+    size_t bytes = sizeof(float) * (size_t)(rows * n);
+    float *x = malloc(bytes), *gy = malloc(bytes), *gx1 = malloc(bytes), *gx2 = malloc(bytes);
+    float *w = malloc(sizeof(float) * (size_t)n), *mean = malloc(sizeof(float) * (size_t)rows);
+    float *rstd = malloc(sizeof(float) * (size_t)rows), gw[2][300], gb[2][300];
+    for (int64_t i = 0; i < rows * n; i++) x[i] = (float)((i * 7919) % 1013) / 97.0f - 5.0f, gy[i] = (float)((i * 104729) % 509) / 211.0f - 1.2f;
+    for (int64_t j = 0; j < n; j++) w[j] = 0.5f + (float)j / (float)n;
+    const mp_backend *cpu = &mp_cpu_backend;
+    cr_assert_eq(cpu->layer_norm(cpu->ctx, MP_F32, gx1, mean, rstd, x, w, NULL, rows, n, 1e-5f), 0);
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    cr_assert_eq(cpu->layer_norm_grad(cpu->ctx, MP_F32, gx1, gw[0], gb[0], gy, x, mean, rstd, w, rows, n), 0);
+    omp_set_num_threads(2);
+    cr_assert_eq(cpu->layer_norm_grad(cpu->ctx, MP_F32, gx2, gw[1], gb[1], gy, x, mean, rstd, w, rows, n), 0);
+    omp_set_num_threads(saved);
+    cr_assert(memcmp(gx1, gx2, bytes) == 0, "gx differs between 1 and 2 threads");
+    cr_assert(memcmp(gw[0], gw[1], sizeof gw[0]) == 0 && memcmp(gb[0], gb[1], sizeof gb[0]) == 0,
+              "weight or bias gradient differs between 1 and 2 threads");
+    /* and the sums are right: gb is the column sum of gy */
+    for (int64_t j = 0; j < n; j += 37) {
+        double s = 0;
+        for (int64_t q = 0; q < rows; q++) s += gy[q * n + j];
+        cr_assert(fabs(gb[0][j] - s) <= 1e-4 * (fabs(s) + 1), "gb[%ld] %g vs %g", (long)j, gb[0][j], s);
+    }
+    free(x), free(gy), free(gx1), free(gx2), free(w), free(mean), free(rstd);
 }
