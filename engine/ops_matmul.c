@@ -3,8 +3,9 @@
  * 3-D, a batch times one matrix (one big GEMM), one matrix times a batch, and
  * 1-D operands as numpy treats them (a vector is a row on the left and a column
  * on the right, and that dim is dropped). linear computes x @ w^T + b with the
- * bias loaded into the output before the GEMM accumulates onto it, so the
- * result is rounded once, as a GPU GEMM with a bias epilogue does.
+ * bias in the backend's GEMM epilogue (gemm_bias) where it has one, else loaded
+ * into the output before the GEMM accumulates onto it: either way the result
+ * is rounded once, as a GPU GEMM with a bias epilogue does.
  */
 #include <string.h>
 #include "engine/ops.h"
@@ -257,6 +258,18 @@ static mp_tensor *linear_fwd(mp_ctx *c)
     for (int d = 0; d < x->ndim; d++) shape[d] = d == x->ndim - 1 ? out : x->shape[d];
     mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, shape);
     if (!y) return NULL;
+    const mp_backend *be = mp_be(y);
+    int rc = b && be->gemm_bias ? MP_K(y, gemm_bias, x->dtype, rows, out, in, mp_data(x), mp_data(w), mp_data(b), mp_data(y))
+                                : 1;
+    if (rc < 0) {
+        mp_release(y);
+        return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
+                       (long long)rows, (long long)out, (long long)in), NULL;
+    }
+    if (rc == 0) {   /* the bias in the GEMM's epilogue */
+        if (mp_keep(c, 0, x) || mp_keep(c, 1, w)) mp_release(y), y = NULL;
+        return y;
+    }
     float beta = 0.0f;
     if (b) {   /* every row of y starts as the bias: 0 + b broadcast over the rows */
         mp_tensor *zero = mp_full(x->dtype, x->dev, 1, &out, 0);

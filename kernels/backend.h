@@ -295,6 +295,14 @@ typedef struct mp_backend {
                  float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
                  float beta, void *c, int64_t sc);
 
+    /* A linear layer's product with its bias in the GEMM's epilogue:
+     * C{m,n} = A{m,k} @ B^T + bias{n} on every row (B is {n,k}), summed in f32
+     * and rounded once, in one pass over C. Returns 0; 1 when declined (the
+     * engine then fills C with the bias and accumulates a gemm onto it); -1 for
+     * want of working memory. NULL: the backend has none. */
+    int (*gemm_bias)(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
+                     const void *bias, void *c);
+
     /* asynchronous backends: check n indices (i32, this device) against [0, limit)
      * on the device, without waiting: a bad one is reported by error() later, as
      * "<what>: <value> at position <i> out of range [0, limit)", and the gather,

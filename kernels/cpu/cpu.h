@@ -97,6 +97,8 @@ void cpu_rand_normal(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t se
 void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc);
 void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
 void cpu_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner);
+int cpu_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
+                  const void *bias, void *c);
 int cpu_gemm_dnnl(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
                   const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc);
 int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,

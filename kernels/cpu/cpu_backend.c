@@ -134,6 +134,7 @@ const mp_backend mp_cpu_backend = {
     .layer_norm = cpu_layer_norm,
     .layer_norm_grad = cpu_layer_norm_grad,
     .gemm = cpu_gemm,
+    .gemm_bias = cpu_gemm_bias,
     .attention = cpu_attention,
     .topk = cpu_topk,
     .attention_grad = cpu_attention_grad,

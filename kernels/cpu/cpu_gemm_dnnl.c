@@ -21,7 +21,7 @@
 #define PLANS 64   /* a GPT step has ~20 distinct shapes; beyond this, the oldest goes */
 
 typedef struct {
-    int dt, ta, tb;
+    int dt, ta, tb, bias;
     int64_t batch, m, n, k, sa, sb, sc;
     float alpha, beta;
 } plan_key;
@@ -30,7 +30,7 @@ typedef struct {
     plan_key key;
     int used;                       /* 1: a plan; -1: oneDNN cannot do this shape well */
     dnnl_primitive_t prim;
-    dnnl_memory_desc_t md[3];       /* src, weights, dst */
+    dnnl_memory_desc_t md[4];       /* src, weights, dst, bias */
 } plan;
 
 struct cpu_dnnl {
@@ -74,7 +74,8 @@ static int make_plan(struct cpu_dnnl *d, plan *p)
     const char *impl = "";
     int ok = !desc(&p->md[0], k->dt, k->batch, k->sa, k->m, k->k, k->ta) && !desc(&p->md[1], k->dt, k->batch, k->sb, k->k, k->n, k->tb) &&
              !desc(&p->md[2], k->dt, k->batch, k->m * k->n, k->m, k->n, 0) &&
-             dnnl_matmul_desc_init(&mm, &p->md[0], &p->md[1], NULL, &p->md[2]) == dnnl_success &&
+             (!k->bias || !desc(&p->md[3], k->dt, 1, 0, 1, k->n, 0)) &&
+             dnnl_matmul_desc_init(&mm, &p->md[0], &p->md[1], k->bias ? &p->md[3] : NULL, &p->md[2]) == dnnl_success &&
              dnnl_primitive_attr_create(&attr) == dnnl_success;
     if (ok && k->alpha != 1.0f) ok = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha) == dnnl_success;
     if (ok && k->beta != 0.0f)   /* C = alpha AB + beta C, summed in f32, rounded once */
@@ -103,8 +104,34 @@ static plan *find(struct cpu_dnnl *d, const plan_key *key)
     return p;
 }
 
-/* C = alpha op(A) op(B) + beta C for f32 or bf16 through oneDNN: 0 when done, 1 when
- * the caller should take its own path */
+/* run a plan over A, B, C (and the bias): 0, or 1 when oneDNN failed */
+static int run(struct cpu_dnnl *d, plan *p, const void *a, const void *b, void *c, const void *bias)
+{
+    dnnl_memory_t mem[4] = {NULL, NULL, NULL, NULL};
+    void *ptr[4] = {(void *)a, (void *)b, c, (void *)bias};
+    int nargs = bias ? 4 : 3, ok = 1;
+    for (int i = 0; i < nargs && ok; i++) ok = dnnl_memory_create(&mem[i], &p->md[i], d->engine, ptr[i]) == dnnl_success;
+    if (ok) {
+        dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]},
+                                   {DNNL_ARG_BIAS, mem[3]}};
+        ok = dnnl_primitive_execute(p->prim, d->stream, nargs, args) == dnnl_success &&
+             dnnl_stream_wait(d->stream) == dnnl_success;
+    }
+    for (int i = 0; i < 4; i++) if (mem[i]) dnnl_memory_destroy(mem[i]);
+    return ok ? 0 : 1;
+}
+
+static void key_of(plan_key *key, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+                   int64_t sa, int64_t sb, int64_t sc, float alpha, float beta, int bias)
+{
+    memset(key, 0, sizeof *key);   /* the padding too: keys are compared whole */
+    key->dt = dt == MP_F32 ? dnnl_f32 : dnnl_bf16, key->ta = ta, key->tb = tb, key->bias = bias;
+    key->batch = batch, key->m = m, key->n = n, key->k = k;
+    key->sa = sa, key->sb = sb, key->sc = sc, key->alpha = alpha, key->beta = beta;
+}
+
+/* C = alpha op(A) op(B) + beta C for f32 or bf16 through oneDNN: 0 when done, 1
+ * when the caller should take its own path */
 int cpu_gemm_dnnl(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
                   const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc)
 {
@@ -113,20 +140,20 @@ int cpu_gemm_dnnl(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64
      * single matmul cannot express */
     if ((dt != MP_F32 && dt != MP_BF16) || !d || m == 0 || n == 0 || k == 0 || (batch > 1 && sc != m * n)) return 1;
     plan_key key;
-    memset(&key, 0, sizeof key);   /* the padding too: keys are compared whole */
-    key.dt = dt == MP_F32 ? dnnl_f32 : dnnl_bf16, key.ta = ta, key.tb = tb, key.batch = batch, key.m = m, key.n = n, key.k = k;
-    key.sa = sa, key.sb = sb, key.sc = sc, key.alpha = alpha, key.beta = beta;
+    key_of(&key, dt, ta, tb, batch, m, n, k, sa, sb, sc, alpha, beta, 0);
     plan *p = find(d, &key);
-    if (p->used != 1) return 1;
-    dnnl_memory_t mem[3] = {NULL, NULL, NULL};
-    void *ptr[3] = {(void *)a, (void *)b, c};
-    int ok = 1;
-    for (int i = 0; i < 3 && ok; i++) ok = dnnl_memory_create(&mem[i], &p->md[i], d->engine, ptr[i]) == dnnl_success;
-    if (ok) {
-        dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, mem[0]}, {DNNL_ARG_WEIGHTS, mem[1]}, {DNNL_ARG_DST, mem[2]}};
-        ok = dnnl_primitive_execute(p->prim, d->stream, 3, args) == dnnl_success &&
-             dnnl_stream_wait(d->stream) == dnnl_success;
-    }
-    for (int i = 0; i < 3; i++) if (mem[i]) dnnl_memory_destroy(mem[i]);
-    return ok ? 0 : 1;
+    return p->used == 1 ? run(d, p, a, b, c, NULL) : 1;
+}
+
+/* the backend's gemm_bias: C{m,n} = A{m,k} @ B{n,k}^T + bias{n}, the bias
+ * added to the f32 accumulators before the one rounding */
+int cpu_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
+                  const void *bias, void *c)
+{
+    struct cpu_dnnl *d = dnnl_of(cx);
+    if ((dt != MP_F32 && dt != MP_BF16) || !d || m == 0 || n == 0 || k == 0) return 1;
+    plan_key key;
+    key_of(&key, dt, 0, 1, 1, m, n, k, 0, 0, m * n, 1.0f, 0.0f, 1);
+    plan *p = find(d, &key);
+    return p->used == 1 ? run(d, p, a, b, c, bias) : 1;
 }

@@ -113,3 +113,36 @@ Test(gemm_dnnl, one_c_for_every_item_and_f16_are_declined)
     cr_assert_eq(cpu_gemm_dnnl(mp_cpu_backend.ctx, MP_F16, 0, 0, 1, 2, 2, 3, 1.0f, a, 6, b, 6, 1.0f, c, 4), 1);
     for (int i = 0; i < 6; i++) cr_assert_eq(c[i], 0x3f80);
 }
+
+/* the bias in the epilogue: C = A B^T + bias on every row, rounded once */
+static void check_bias(mp_dtype dt, int64_t m, int64_t n, int64_t k)
+{
+    unsigned seed = (unsigned)(m + 7 * n + 13 * k);
+    void *a = rand_vals(dt, m * k, &seed), *b = rand_vals(dt, n * k, &seed), *bias = rand_vals(dt, n, &seed);
+    void *c = malloc(4 * (size_t)(m * n));
+    cr_assert_eq(cpu_gemm_bias(mp_cpu_backend.ctx, dt, m, n, k, a, b, bias, c), 0);
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t q = 0; q < n; q++) {
+            double s = get(dt, bias, q), mag = fabs(s);
+            for (int64_t j = 0; j < k; j++) {
+                double t = (double)get(dt, a, r * k + j) * get(dt, b, q * k + j);
+                s += t, mag += fabs(t);
+            }
+            double got = get(dt, c, r * n + q), want = s, tol = (double)(k + 2) * 0x1p-24 * mag;
+            if (dt == MP_BF16) want = mp_bf16_to_f32(mp_f32_to_bf16((float)s)), tol = fabs(want) * 0x1p-7 + 0x1p-120;
+            cr_assert(fabs(got - want) <= tol, "gemm_bias %dx%dx%d at (%d,%d): got %.9g want %.9g", (int)m, (int)n,
+                      (int)k, (int)r, (int)q, got, want);
+        }
+    free(a), free(b), free(bias), free(c);
+}
+
+Test(gemm_dnnl, bias_in_the_epilogue)
+{
+    check_bias(MP_F32, 37, 29, 53);
+    check_bias(MP_F32, 1, 1, 1);
+    check_bias(MP_F32, 64, 114, 128);
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512bf16")) check_bias(MP_BF16, 37, 29, 53), check_bias(MP_BF16, 64, 114, 128);
+    uint16_t x[4] = {0};
+    cr_assert_eq(cpu_gemm_bias(mp_cpu_backend.ctx, MP_F16, 1, 1, 1, x, x, x, x + 3), 1, "f16 is declined");
+}

@@ -228,6 +228,15 @@ static int f_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64
     return rc;
 }
 
+static int f_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
+                       const void *bias, void *c)
+{
+    open_mem();
+    int rc = CPU.gemm_bias(CPU.ctx, dt, m, n, k, a, b, bias, c);
+    close_mem();
+    return rc;
+}
+
 /* the flush counts live on the host here; the CPU's entry keeps them */
 static void f_flush_counter(mp_kctx *cx, int on, int64_t counts[3]) { CPU.flush_counter(CPU.ctx, on, counts); }
 
@@ -274,7 +283,7 @@ const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
         .scale_rule = f_scale_rule, .flush_counter = f_flush_counter, .optim_count = f_optim_count,
         .optim_step = f_optim_step, .where = f_where, .softmax = f_softmax, .softmax_grad = f_softmax_grad,
         .cross_entropy = f_cross_entropy, .cross_entropy_grad = f_cross_entropy_grad,
-        .layer_norm = f_layer_norm, .layer_norm_grad = f_layer_norm_grad, .gemm = f_gemm,
+        .layer_norm = f_layer_norm, .layer_norm_grad = f_layer_norm_grad, .gemm = f_gemm, .gemm_bias = f_gemm_bias,
         .attention = f_attention, .attention_grad = f_attention_grad, .topk = f_topk,
         .permute = f_permute, .gather = f_gather, .scatter_add = f_scatter_add, .narrow = f_narrow,
         .narrow_put = f_narrow_put, .check_indices = f_check_indices,

@@ -448,6 +448,34 @@ static void cases_gemm(void)
                 finish(&c);
             }
     }
+    /* gemm_bias (a linear layer's bias in the epilogue) against the engine's
+     * other way, a C filled with the bias rows and a gemm accumulated onto it
+     * with beta 1; where the device declines a dtype, that other way on it */
+    static const int64_t lb[][3] = {{37, 29, 53}, {1, 1, 1}, {64, 114, 128}};
+    for (int d = 0; d < 3; d++) {
+        mp_dtype dt = FLOATS[d];
+        for (size_t si = 0; si < sizeof lb / sizeof lb[0]; si++) {
+            int64_t m = lb[si][0], n = lb[si][1], k = lb[si][2];
+            char what[64];
+            snprintf(what, sizeof what, "{%lldx%lld}@{%lldx%lld}^T", (long long)m, (long long)k, (long long)n, (long long)k);
+            if (!DUT->gemm_bias) { skipped++; continue; }
+            if (!begin(&c, "gemm_bias %s %s", what, mp_dtype_name(dt))) continue;
+            int a = buf(&c, dt, m * k, 0, -1, 1), w = buf(&c, dt, n * k, 0, -1, 1), bias = buf(&c, dt, n, 0, -1, 1);
+            int o = buf(&c, dt, m * n, 1, 0, 0);
+            size_t es = mp_dtype_size(dt);
+            char *rows = malloc(es * (size_t)(m * n));
+            for (int64_t r = 0; r < m; r++) memcpy(rows + (size_t)(r * n) * es, c.ref[bias], es * (size_t)n);
+            memcpy(c.ref[o], rows, es * (size_t)(m * n));
+            REF->gemm(REF->ctx, dt, 0, 1, 1, m, n, k, 1.0f, c.ref[a], 0, c.ref[w], 0, 1.0f, c.ref[o], 0);
+            if (DUT->gemm_bias(DUT->ctx, dt, m, n, k, c.dev[a], c.dev[w], c.dev[bias], c.dev[o]) == 1) {
+                DUT->from_host(DUT->ctx, c.dev[o], rows, es * (size_t)(m * n));
+                DUT->gemm(DUT->ctx, dt, 0, 1, 1, m, n, k, 1.0f, c.dev[a], 0, c.dev[w], 0, 1.0f, c.dev[o], 0);
+            }
+            free(rows);
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+        }
+    }
 }
 
 static void cases_nn(void)
