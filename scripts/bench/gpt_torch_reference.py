@@ -4,10 +4,11 @@ weight decay 0.1 on the Linear weights, 30 warmup steps then a cosine to 0.1x,
 gradients clipped to 1.0, batch 32 of 64 + 1 character windows) on the same data
 (Debian's fortunes: every file without an extension, sorted by name, the bytes
 as ids over the distinct ones, the last 10% for validation) and the same
-validation protocol (20 batches of random validation windows from a fixed seed).
+validation protocol (EVAL_BATCHES, default 20, batches of random validation
+windows from a fixed seed; as train_gpt.lua's --eval-batches).
 Its own random windows: the same recipe, not the same batches.
 
-    /usr/bin/python3 scripts/bench/gpt_torch_reference.py [STEPS] [EVAL_EVERY] [SEED]
+    /usr/bin/python3 scripts/bench/gpt_torch_reference.py [STEPS] [EVAL_EVERY] [SEED] [EVAL_BATCHES]
 
 Prints `step N val loss X` at every EVAL_EVERY steps and `final val loss: X.XXX`.
 """
@@ -45,6 +46,7 @@ def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1500
     every = int(sys.argv[2]) if len(sys.argv) > 2 else 300
     seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    eval_batches = int(sys.argv[4]) if len(sys.argv) > 4 else 20
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     train, val = text_ids()
@@ -63,7 +65,7 @@ def main():
         g = torch.Generator().manual_seed(1234567)
         with torch.no_grad():
             losses = [F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1)).item()
-                      for x, y in (windows(val, g) for _ in range(20))]
+                      for x, y in (windows(val, g) for _ in range(eval_batches))]
         return sum(losses) / len(losses)
 
     v = None
