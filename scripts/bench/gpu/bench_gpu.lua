@@ -2,6 +2,7 @@
 --
 --   build/mpengine scripts/bench/gpu/bench_gpu.lua matmul   -- f16/bf16 C = A@B, n = 4096, 8192
 --   build/mpengine scripts/bench/gpu/bench_gpu.lua mlp      -- the f16 AMP MLP training step
+--   build/mpengine scripts/bench/gpu/bench_gpu.lua gpt      -- the GPT-2-small f16 AMP training step
 --
 -- Each mode runs in a process of its own, so that mp.cuda.memory().peak (which
 -- counts from the start of the process) is the MLP's alone.
@@ -140,11 +141,70 @@ local function bench_mlp()
   row("mlp_peak_mem", peak / 2^20, "MiB")
 end
 
+-- ---- d. GPT-2 small (scripts/models/gpt.lua), f16 AMP, dynamic scaling, AdamW ----
+-- 12 layers, d 768, 12 heads, T 1024, vocab 50304; batch MP_BENCH_GPT_BATCH (32:
+-- fits both sides on an H200's 141 GB; not searched, to spare device time).
+-- MFU: the model's FLOPs per token (6 N + 6 L T d for attention's two products,
+-- forward and backward, causal half counted whole as PyTorch's bench counts it)
+-- over the H200's dense f16 peak, 989 TFLOP/s.
+local function bench_gpt()
+  local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+  local GPT = dofile(here .. "../../models/gpt.lua")
+  local cfg = SMOKE and {vocab = 128, ctx = 32, layers = 2, dim = 64, heads = 4}
+    or {vocab = 50304, ctx = 1024, layers = 12, dim = 768, heads = 12}
+  local B = tonumber(os.getenv("MP_BENCH_GPT_BATCH") or (SMOKE and 2 or 32))
+  local T = cfg.ctx
+  local WARMUP, STEPS, TRIALS = SMOKE and 1 or 3, SMOKE and 2 or 10, SMOKE and 1 or 3
+  mp.manual_seed(0)
+  local model = GPT(cfg)
+  model:to(dev)
+  local opt = mp.optim.AdamW(mp.optim.decay_groups(model, 0.1), {lr = 6e-4})
+  local scaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{}}
+  local nparams = 0
+  for _, p in ipairs(model:parameters()) do nparams = nparams + p:numel() end
+  local x = mp.randint(0, cfg.vocab, {B, T}, {device = dev})
+  local y = mp.randint(0, cfg.vocab, {B, T}, {device = dev})
+  local loss
+  local function step()
+    opt:zero_grad()
+    do
+      local _ <close> = mp.amp.autocast("f16")
+      loss = mp.cross_entropy(model(x):reshape{-1, cfg.vocab}, y:reshape{-1})
+    end
+    scaler:scale(loss):backward()
+    scaler:step(opt)
+    scaler:update()
+  end
+  for _ = 1, WARMUP do step() end
+  sync()
+  local times = {}
+  for t = 1, TRIALS do
+    local t0 = mp.clock()
+    for _ = 1, STEPS do step() end
+    sync()
+    times[t] = (mp.clock() - t0) / STEPS
+  end
+  local sec = median(times)
+  local tokens = B * T / sec
+  local flops_per_token = 6 * nparams + 6 * cfg.layers * T * cfg.dim
+  local mfu = tokens * flops_per_token / 989e12
+  local peak = (dev == "cuda" and mp.cuda.memory() or mp.memory(dev)).peak
+  print(string.format("# mpengine gpt %dL d%d h%d T%d vocab %d (%.1f M parameters) batch %d, f16 autocast + "
+    .. "GradScaler(dynamic) + AdamW: %.1f ms/step (median of %d trials x %d steps), %.0f tokens/s, MFU %.1f%%, "
+    .. "peak %s memory %.0f MiB; loss %.3f", cfg.layers, cfg.dim, cfg.heads, T, cfg.vocab, nparams / 1e6, B,
+    sec * 1e3, TRIALS, STEPS, tokens, mfu * 100, dev, peak / 2^20, loss:item()))
+  row("gpt_tokens_per_s", tokens, "tokens/s")
+  row("gpt_mfu", mfu * 100, "%")
+  row("gpt_peak_mem", peak / 2^20, "MiB")
+end
+
 if mode == "matmul" then
   bench_matmul()
 elseif mode == "mlp" then
   bench_mlp()
+elseif mode == "gpt" then
+  bench_gpt()
 else
-  io.stderr:write("bench_gpu.lua: mode must be matmul or mlp (got " .. tostring(mode) .. ")\n")
+  io.stderr:write("bench_gpu.lua: mode must be matmul, mlp or gpt (got " .. tostring(mode) .. ")\n")
   os.exit(2)
 end

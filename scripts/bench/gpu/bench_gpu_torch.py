@@ -10,6 +10,12 @@ with the keys of the mpengine side (bench_gpu.lua, build/bench/gpu_kernels):
         1024, eager, torch.autocast("cuda", float16) + GradScaler + Adam(fused=True), on
         synthetic data already on the GPU; peak = torch.cuda.max_memory_allocated() (run
         first, in a fresh process, so that nothing else is in it)
+  gpt_tokens_per_s, gpt_mfu, gpt_peak_mem (eager) and gpt_compiled_tokens_per_s,
+        gpt_compiled_mfu, gpt_compiled_peak_mem (torch.compile): GPT-2 small (12 layers,
+        d 768, 12 heads, T 1024, vocab 50304, tied output, PyTorch's default init) at
+        batch MP_BENCH_GPT_BATCH (32), autocast float16 + GradScaler + AdamW(fused=True),
+        F.scaled_dot_product_attention (causal); each in a fresh process (`gpt`,
+        `gpt_compiled`) so that the peaks are its own
   matmul_{f16,bf16}_{4096,8192}     TFLOP/s of torch.matmul(A, B), square
   copy_gbs, unscale_gbs, adamw_gbs  GB/s over 2^28 f32 values (1 GiB arrays): dst.copy_(src),
         torch._amp_foreach_non_finite_check_and_unscale_ (GradScaler's unscale pass), and
@@ -215,6 +221,86 @@ def bench_kernels():
         row(f"{k}_gbs", b * n / s / 1e9, "GB/s")
 
 
+def bench_gpt(compiled=False):
+    import torch.nn as nn
+    import torch.nn.functional as F
+    if SMOKE:
+        V, T, L, D, H, B = 128, 32, 2, 64, 4, 2
+    else:
+        V, T, L, D, H, B = 50304, 1024, 12, 768, 12, int(os.environ.get("MP_BENCH_GPT_BATCH", "32"))
+    warmup, steps, trials = (1, 2, 1) if SMOKE else (3, 10, 3)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.ln_2 = nn.LayerNorm(D), nn.LayerNorm(D)
+            self.c_attn, self.attn_proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
+            self.c_fc, self.mlp_proj = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in self.c_attn(self.ln_1(x)).split(c, 2))
+            if hasattr(F, "scaled_dot_product_attention"):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:   # PyTorch 1.x (MP_BENCH_SMOKE on Debian's): the same product, unfused
+                s = (q @ k.transpose(-2, -1)) / (c // H) ** 0.5
+                s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
+                y = s.softmax(-1) @ v
+            x = x + self.attn_proj(y.transpose(1, 2).reshape(b, t, c))
+            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(V, D), nn.Embedding(T, D)
+            self.h = nn.ModuleList([Block() for _ in range(L)])
+            self.ln_f = nn.LayerNorm(D)
+
+        def forward(self, idx):
+            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+            for b in self.h:
+                x = b(x)
+            return self.ln_f(x) @ self.wte.weight.t()
+
+    torch.manual_seed(0)
+    model = GPT().to(DEV)
+    nparams = sum(p.numel() for p in model.parameters())
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "wte" not in n and "wpe" not in n]
+    keep = [p for n, p in model.named_parameters() if not any(p is d for d in decay)]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": keep, "weight_decay": 0.0}]
+    try:
+        opt = torch.optim.AdamW(groups, lr=6e-4, fused=DEV == "cuda")
+    except TypeError:   # PyTorch 1.x
+        opt = torch.optim.AdamW(groups, lr=6e-4)
+    scaler = grad_scaler()
+    amp_dtype = torch.float16 if DEV == "cuda" else torch.bfloat16
+    fwd = torch.compile(model) if compiled else model
+    x = torch.randint(0, V, (B, T), device=DEV)
+    y = torch.randint(0, V, (B, T), device=DEV)
+    state = {}
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(DEV, dtype=amp_dtype):
+            state["loss"] = F.cross_entropy(fwd(x).reshape(-1, V).float(), y.reshape(-1))
+        scaler.scale(state["loss"]).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    s = timed(step, steps, trials, warmup)
+    tokens = B * T / s
+    mfu = tokens * (6 * nparams + 6 * L * T * D) / 989e12
+    peak = torch.cuda.max_memory_allocated() / 2**20 if DEV == "cuda" else 0.0
+    key = "gpt_compiled" if compiled else "gpt"
+    print(f"# torch {torch.__version__} {key} {L}L d{D} h{H} T{T} vocab {V} ({nparams / 1e6:.1f} M parameters) batch {B}, "
+          f"{'torch.compile' if compiled else 'eager'}, autocast({DEV}, {amp_dtype}) + GradScaler + AdamW: "
+          f"{s * 1e3:.1f} ms/step, {tokens:.0f} tokens/s, MFU {mfu * 100:.1f}%, peak {peak:.0f} MiB; "
+          f"loss {state['loss'].item():.3f}")
+    row(f"{key}_tokens_per_s", tokens, "tokens/s")
+    row(f"{key}_mfu", mfu * 100, "%")
+    row(f"{key}_peak_mem", peak, "MiB")
+
+
 def main():
     if DEV == "cuda":
         print(f"# torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
@@ -224,7 +310,8 @@ def main():
     failed = []
     for w in what:   # the MLP first: its peak-memory figure wants a fresh process
         try:
-            {"mlp": bench_mlp, "matmul": bench_matmul, "kernels": bench_kernels}[w]()
+            {"mlp": bench_mlp, "matmul": bench_matmul, "kernels": bench_kernels, "gpt": bench_gpt,
+             "gpt_compiled": lambda: bench_gpt(compiled=True)}[w]()
         except Exception as e:   # report, and go on with the other parts
             print(f"# torch {w}: FAILED: {type(e).__name__}: {one_line(e)}")
             failed.append(w)

@@ -8,12 +8,17 @@
 #      fused AdamW step, GB/s                                                      copy in the same run)
 #   c. the Fashion-MNIST MLP, batch 1024, f16 AMP with    bench_gpu.lua mlp      (target >= 1.2x PyTorch
 #      the dynamic loss scaler: samples/s, peak memory                           eager + fused Adam)
+#   d. GPT-2 small (12 L, d 768, T 1024, vocab 50304),    bench_gpu.lua gpt      (targets >= 1.3x PyTorch
+#      batch 32, f16 AMP, dynamic scaler, AdamW:                                 eager, >= 1.0x torch.compile,
+#      tokens/s, MFU, peak memory                                                memory no higher)
 # The PyTorch side is bench_gpu_torch.py, run with python3 (PYTHON=... to choose
 # another; PYTHON_LD_LIBRARY_PATH, when set, is its LD_LIBRARY_PATH: gpu_check.sh
 # keeps the machine's own libraries for it). Without PyTorch with CUDA, the
 # mpengine rows alone. Without a GPU: one "skipped" line, exit 0.
 # MP_BENCH_SMOKE=1: everything on the CPU with tiny sizes, to check that the
 # scripts run end to end (the figures mean nothing).
+# MP_BENCH_GPT=0: without the GPT rows (d); MP_BENCH_GPT=only: the GPT rows alone
+# (gpu_check.sh runs them as a step of their own, after the others).
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/../../.." || exit 1
 HERE=scripts/bench/gpu
@@ -22,6 +27,7 @@ PY=${PYTHON:-python3}
 SMOKE=${MP_BENCH_SMOKE:-}
 [ "$SMOKE" = 0 ] && SMOKE=
 export MP_BENCH_SMOKE="$SMOKE"
+GPT=${MP_BENCH_GPT:-1}
 
 if [ ! -x "$MP" ]; then
   echo "bench-gpu: $MP is missing (make)"
@@ -55,14 +61,17 @@ part() {   # part FILE SECONDS COMMAND...: its output to $T/FILE, shown as it is
 
 echo "== bench-gpu $(git describe --always --dirty 2>/dev/null)  $( (nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi") | head -n 1)${SMOKE:+  (MP_BENCH_SMOKE: on the CPU, tiny sizes: not a measurement)}"
 echo "-- mpengine"
-part mp_mlp.txt 90 "$MP" "$HERE/bench_gpu.lua" mlp
-part mp_matmul.txt 90 "$MP" "$HERE/bench_gpu.lua" matmul
-if [ -x "$BUILD/bench/gpu_kernels" ]; then
-  part mp_kernels.txt 90 "$BUILD/bench/gpu_kernels"
-else
-  echo "!! $BUILD/bench/gpu_kernels is missing (make $BUILD/bench/gpu_kernels): the kernel rows are left out"
-  crashed=1
+if [ "$GPT" != only ]; then
+  part mp_mlp.txt 90 "$MP" "$HERE/bench_gpu.lua" mlp
+  part mp_matmul.txt 90 "$MP" "$HERE/bench_gpu.lua" matmul
+  if [ -x "$BUILD/bench/gpu_kernels" ]; then
+    part mp_kernels.txt 90 "$BUILD/bench/gpu_kernels"
+  else
+    echo "!! $BUILD/bench/gpu_kernels is missing (make $BUILD/bench/gpu_kernels): the kernel rows are left out"
+    crashed=1
+  fi
 fi
+[ "$GPT" != 0 ] && part mp_gpt.txt 240 "$MP" "$HERE/bench_gpu.lua" gpt
 
 echo "-- PyTorch"
 : >"$T/torch.txt"
@@ -75,10 +84,20 @@ except Exception as e:
 if not torch.cuda.is_available() and os.environ.get("MP_BENCH_SMOKE", "") == "":
     sys.exit("PyTorch %s has no CUDA device (torch.cuda.is_available() is false)" % torch.__version__)
 ' 2>&1); then
-  tmo 150 env LD_LIBRARY_PATH="${PYTHON_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" "$PY" "$HERE/bench_gpu_torch.py" >"$T/torch.txt" 2>&1
-  rc=$?
-  cat "$T/torch.txt"
-  [ "$rc" = 0 ] || echo "!! bench_gpu_torch.py exited $rc"
+  if [ "$GPT" != only ]; then
+    tmo 150 env LD_LIBRARY_PATH="${PYTHON_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" "$PY" "$HERE/bench_gpu_torch.py" >"$T/torch.txt" 2>&1
+    rc=$?
+    cat "$T/torch.txt"
+    [ "$rc" = 0 ] || echo "!! bench_gpu_torch.py exited $rc"
+  fi
+  # the GPT, eager then compiled, each in a process of its own (its own peak memory)
+  [ "$GPT" = 0 ] || for g in gpt gpt_compiled; do
+    tmo 300 env LD_LIBRARY_PATH="${PYTHON_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" "$PY" "$HERE/bench_gpu_torch.py" $g >"$T/torch_$g.txt" 2>&1
+    rc=$?
+    cat "$T/torch_$g.txt"
+    cat "$T/torch_$g.txt" >>"$T/torch.txt"
+    [ "$rc" = 0 ] || echo "!! bench_gpu_torch.py $g exited $rc"
+  done
 else
   echo "PyTorch rows skipped: $(echo "$why" | tail -n 1)"
 fi
@@ -86,7 +105,7 @@ fi
 # ---- the table ----
 echo
 echo "== bench-gpu table${SMOKE:+ (MP_BENCH_SMOKE: CPU, tiny sizes: not a measurement)}"
-cat "$T/mp_matmul.txt" "$T/mp_kernels.txt" "$T/mp_mlp.txt" 2>/dev/null | grep '^ROW ' | sed 's/^ROW /M /' >"$T/rows"
+cat "$T/mp_matmul.txt" "$T/mp_kernels.txt" "$T/mp_mlp.txt" "$T/mp_gpt.txt" 2>/dev/null | grep '^ROW ' | sed 's/^ROW /M /' >"$T/rows"
 grep '^ROW ' "$T/torch.txt" | sed 's/^ROW /P /' >>"$T/rows"
 awk '
   { v[$1, $2] = $3; u[$2] = $4; if (!($2 in seen)) { seen[$2] = 1; keys[++nk] = $2 } }
@@ -108,6 +127,19 @@ awk '
         line("MLP step, f16 AMP, dynamic scaler (samples/s)", num(a), num(b), rs, ">= 1.2x " verdict(r, 1.2))
       } else if (k == "mlp_peak_mem") {
         line("MLP peak GPU memory (MiB)", num(a), num(b), rs, "info (< 1x: mpengine uses less)")
+      } else if (k == "gpt_tokens_per_s") {
+        line("GPT-2 small f16 AMP (tokens/s) vs eager", num(a), num(b), rs, ">= 1.3x " verdict(r, 1.3))
+        c = v["P", "gpt_compiled_tokens_per_s"]; rc = (a != "" && c != "" && c > 0) ? a / c : ""
+        line("  vs torch.compile (tokens/s)", num(a), num(c), rc == "" ? "-" : sprintf("%.2fx", rc), ">= 1.0x " verdict(rc, 1.0))
+      } else if (k == "gpt_mfu") {
+        c = v["P", "gpt_compiled_mfu"]
+        line("GPT-2 small MFU (%, of 989 TFLOP/s) eager/compiled", num(a), num(b) "/" num(c), rs, "info")
+      } else if (k == "gpt_peak_mem") {
+        c = v["P", "gpt_compiled_peak_mem"]; rc = (a != "" && c != "" && c > 0) ? a / c : ""
+        line("GPT-2 small peak GPU memory (MiB) vs eager", num(a), num(b), rs, "<= 1.0x " (r == "" ? "" : (r <= 1.0 ? "met" : "MISSED")))
+        line("  vs torch.compile (MiB)", num(a), num(c), rc == "" ? "-" : sprintf("%.2fx", rc), "<= 1.0x " (rc == "" ? "" : (rc <= 1.0 ? "met" : "MISSED")))
+      } else if (k ~ /^gpt_compiled_/) {
+        ;   # shown beside the eager rows
       } else if (k ~ /_gbs$/) {
         name = k; sub(/_gbs$/, "", name)
         label = name == "copy" ? "device copy (GB/s, read + write)" : name == "unscale" ? "unscale + inf/NaN check (GB/s)" : \
