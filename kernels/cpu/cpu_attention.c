@@ -42,6 +42,25 @@ static void gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const float *a
                 b, (blasint)ldb, 1.0f, c, (blasint)ldc);
 }
 
+/* sum of x[e] y[e] in double over 8 lanes, each in order, added in order:
+ * vectorised, and the same bits on every clone */
+MP_SIMD static double dot(const float *x, const float *y, int64_t n)
+{
+    double acc[8] = {0}, s = 0;
+    int64_t e = 0;
+    for (; e + 8 <= n; e += 8)
+        for (int l = 0; l < 8; l++) acc[l] += (double)x[e + l] * y[e + l];
+    for (; e < n; e++) acc[e % 8] += (double)x[e] * y[e];
+    for (int l = 0; l < 8; l++) s += acc[l];
+    return s;
+}
+
+/* one row of dS = P * (dP - D) */
+MP_SIMD static void ds_row(float *dp, const float *p, float di, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) dp[j] = p[j] * (dp[j] - di);
+}
+
 /* the dropout factor of element (row r of the flattened heads, query i, key j) */
 static inline float keep(const mp_attn_args *a, int64_t r, int64_t i, int64_t j)
 {
@@ -55,9 +74,8 @@ static void scores(const mp_attn_args *a, const float *q, const float *k, int64_
 {
     gemm(1, ni, nj, a->d, a->scale, q + i0 * a->d, a->d, k + j0 * a->d, a->d, 0.0f, s, BK);
     if (!a->causal) return;
-    for (int64_t i = 0; i < ni; i++)
-        for (int64_t j = 0; j < nj; j++)
-            if (j0 + j > i0 + i) s[i * BK + j] = -INFINITY;
+    for (int64_t i = 0; i < ni; i++)   /* keys j0 + j > i0 + i are in the future */
+        for (int64_t j = i0 + i - j0 + 1 > 0 ? i0 + i - j0 + 1 : 0; j < nj; j++) s[i * BK + j] = -INFINITY;
 }
 
 /* the scratch of every thread that will run heads (each head is independent:
@@ -138,11 +156,7 @@ int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, c
         cpu_load(dt, v, r * tk * d, vf, tk * d);
         memset(dqf, 0, sizeof(float) * (size_t)(tq * d));
         memset(dkf, 0, sizeof(float) * (size_t)(2 * tk * d));
-        for (int64_t i = 0; i < tq; i++) {   /* D_i = dout_i . out_i */
-            double sum = 0;
-            for (int64_t e = 0; e < d; e++) sum += (double)gf[i * d + e] * of[i * d + e];
-            di[i] = (float)sum;
-        }
+        for (int64_t i = 0; i < tq; i++) di[i] = (float)dot(gf + i * d, of + i * d, d);   /* D_i = dout_i . out_i */
         const float *L = lse + r * tq;
         for (int64_t i0 = 0; i0 < tq; i0 += BQ) {
             int64_t ni = tq - i0 < BQ ? tq - i0 : BQ;
@@ -157,17 +171,18 @@ int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, c
                         for (int64_t j = 0; j < nj; j++) pi[j] -= li;
                         cpu_vexp(pi, pi, nj);
                     }
-                    for (int64_t j = 0; j < nj; j++)
-                        pd[i * BK + j] = a->dropout > 0 ? pi[j] * keep(a, r, i0 + i, j0 + j) : pi[j];
+                    if (a->dropout > 0)
+                        for (int64_t j = 0; j < nj; j++) pd[i * BK + j] = pi[j] * keep(a, r, i0 + i, j0 + j);
                 }
-                gemm_tn(nj, d, ni, 1.0f, pd, BK, gf + i0 * d, d, dvf + j0 * d, d);       /* dV += Pd^T dO */
+                const float *pdb = a->dropout > 0 ? pd : p;   /* without dropout Pd is P */
+                gemm_tn(nj, d, ni, 1.0f, pdb, BK, gf + i0 * d, d, dvf + j0 * d, d);      /* dV += Pd^T dO */
                 gemm(1, ni, nj, d, 1.0f, gf + i0 * d, d, vf + j0 * d, d, 0.0f, dp, BK);  /* dPd = dO V^T */
-                for (int64_t i = 0; i < ni; i++)   /* dS = P * (dP - D), dP = dPd * dropout factor */
-                    for (int64_t j = 0; j < nj; j++) {
-                        float g = dp[i * BK + j];
-                        if (a->dropout > 0) g *= keep(a, r, i0 + i, j0 + j);
-                        dp[i * BK + j] = p[i * BK + j] * (g - di[i0 + i]);
-                    }
+                for (int64_t i = 0; i < ni; i++) {   /* dS = P * (dP - D), dP = dPd * dropout factor */
+                    float *dpi = dp + i * BK;
+                    if (a->dropout > 0)
+                        for (int64_t j = 0; j < nj; j++) dpi[j] *= keep(a, r, i0 + i, j0 + j);
+                    ds_row(dpi, p + i * BK, di[i0 + i], nj);
+                }
                 gemm(0, ni, d, nj, a->scale, dp, BK, kf + j0 * d, d, 1.0f, dqf + i0 * d, d);  /* dQ += dS K s */
                 gemm_tn(nj, d, ni, a->scale, dp, BK, qf + i0 * d, d, dkf + j0 * d, d);         /* dK += dS^T Q s */
             }
