@@ -55,6 +55,44 @@ MP_SIMD static double dot(const float *x, const float *y, int64_t n)
     return s;
 }
 
+/* The forward's row loops, vectorised: max and sum over 16 lanes, combined in
+ * lane order at the end (the same bits on every clone) */
+#define LANES 16
+
+MP_SIMD static float row_max(const float *x, int64_t n, float init)
+{
+    float acc[LANES];
+    for (int l = 0; l < LANES; l++) acc[l] = init;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] = x[j + l] > acc[l] ? x[j + l] : acc[l];
+    for (; j < n; j++) acc[0] = x[j] > acc[0] ? x[j] : acc[0];
+    float m = acc[0];
+    for (int l = 1; l < LANES; l++) m = acc[l] > m ? acc[l] : m;
+    return m;
+}
+
+MP_SIMD static float row_sum(const float *x, int64_t n)
+{
+    float acc[LANES] = {0}, s = 0;
+    int64_t j = 0;
+    for (; j + LANES <= n; j += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += x[j + l];
+    for (; j < n; j++) acc[j % LANES] += x[j];
+    for (int l = 0; l < LANES; l++) s += acc[l];
+    return s;
+}
+
+MP_SIMD static void add_to_row(float *x, int64_t n, float c)
+{
+    for (int64_t j = 0; j < n; j++) x[j] += c;
+}
+
+MP_SIMD static void scale_row(float *x, int64_t n, float c)
+{
+    for (int64_t j = 0; j < n; j++) x[j] *= c;
+}
+
 /* one row of dS = P * (dP - D) */
 MP_SIMD static void ds_row(float *dp, const float *p, float di, int64_t n)
 {
@@ -111,24 +149,20 @@ int cpu_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q
                 int64_t nj = jend - j0 < BK ? jend - j0 : BK;
                 scores(a, qf, kf, i0, ni, j0, nj, s);
                 for (int64_t i = 0; i < ni; i++) {   /* online softmax: rescale what came before */
-                    float *si = s + i * BK, mx = m[i];
-                    for (int64_t j = 0; j < nj; j++) mx = si[j] > mx ? si[j] : mx;
+                    float *si = s + i * BK, mx = row_max(si, nj, m[i]);
                     if (mx == -INFINITY) { for (int64_t j = 0; j < nj; j++) si[j] = 0; continue; }
-                    float c = expf(m[i] - mx), sum = 0;
-                    for (int64_t j = 0; j < nj; j++) si[j] -= mx;
+                    float c = expf(m[i] - mx);
+                    add_to_row(si, nj, -mx);
                     cpu_vexp(si, si, nj);
-                    for (int64_t j = 0; j < nj; j++) sum += si[j];
-                    l[i] = l[i] * c + sum, m[i] = mx;
-                    float *ai = acc + i * d;
-                    for (int64_t e = 0; e < d; e++) ai[e] *= c;
+                    l[i] = l[i] * c + row_sum(si, nj), m[i] = mx;
+                    scale_row(acc + i * d, d, c);
                     if (a->dropout > 0)
                         for (int64_t j = 0; j < nj; j++) si[j] *= keep(a, r, i0 + i, j0 + j);
                 }
                 gemm(0, ni, d, nj, 1.0f, s, BK, vf + j0 * d, d, 1.0f, acc, d);
             }
             for (int64_t i = 0; i < ni; i++) {
-                float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
-                for (int64_t e = 0; e < d; e++) acc[i * d + e] *= inv;
+                scale_row(acc + i * d, d, l[i] > 0 ? 1.0f / l[i] : 0.0f);
                 lse[r * tq + i0 + i] = l[i] > 0 ? m[i] + logf(l[i]) : -INFINITY;
             }
             cpu_store(dt, out, (r * tq + i0) * d, acc, ni * d);
@@ -168,7 +202,7 @@ int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, c
                     float *pi = p + i * BK, li = L[i0 + i];
                     if (li == -INFINITY) for (int64_t j = 0; j < nj; j++) pi[j] = 0.0f;
                     else {
-                        for (int64_t j = 0; j < nj; j++) pi[j] -= li;
+                        add_to_row(pi, nj, -li);
                         cpu_vexp(pi, pi, nj);
                     }
                     if (a->dropout > 0)
