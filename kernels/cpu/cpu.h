@@ -20,6 +20,10 @@ struct mp_kctx {
     void *scratch[CPU_SCRATCH_SLOTS];
     size_t scratch_cap[CPU_SCRATCH_SLOTS];
     struct cpu_dnnl *dnnl;   /* oneDNN's engine and matmul plans (cpu_gemm_dnnl.c), made on first use */
+    /* GELU of every f16/bf16 value, [bf16][tanh form] (cpu_elementwise.c):
+     * the rounded output and the f32 slope, made on first use */
+    uint16_t *gelu_out[2][2];
+    float *gelu_slope[2][2];
 };
 
 /* Hot loops are compiled for AVX-512, AVX2 and plain x86-64, and the loader

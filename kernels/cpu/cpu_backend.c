@@ -64,6 +64,11 @@ static size_t cpu_cached(mp_kctx *cx) { return cx->cache.cached; }
 static void cpu_release_cache(mp_kctx *cx)
 {
     mp_cache_release(&cx->cache);
+    for (int d = 0; d < 2; d++)   /* GELU's tables too: made again on next use */
+        for (int f = 0; f < 2; f++) {
+            free(cx->gelu_out[d][f]), free(cx->gelu_slope[d][f]);
+            cx->gelu_out[d][f] = NULL, cx->gelu_slope[d][f] = NULL;
+        }
     for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) {   /* scratch is kept between kernels: give it back too */
         sys_free(cx->scratch[i], cx->scratch_cap[i]);
         cx->scratch[i] = NULL, cx->scratch_cap[i] = 0;
