@@ -13,7 +13,8 @@
 /* The CPU backend's context (backend.h): its caching allocator, and scratch
  * space that kernels take their working memory from (grown on demand, kept
  * between calls, given back by release_cache). Slots 0-2: the GEMM's widening
- * buffers; slot 3: the row buffers of the row-wise kernels, one per thread. */
+ * buffers (slot 2 also the chunk sums of cpu_reduce's column sums); slot 3:
+ * the row buffers of the row-wise kernels, one per thread. */
 #define CPU_SCRATCH_SLOTS 4
 struct mp_kctx {
     mp_block_cache cache;

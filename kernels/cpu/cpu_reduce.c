@@ -88,10 +88,44 @@ static void sum_rows(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t
     for (int64_t q = 0; q < len; q++) put(dt, out, o * inner + i0 + q, op == MP_MEAN ? acc[q] / (double)n : acc[q]);
 }
 
+/* Column sums with few columns and many rows (a bias's gradient: {2048, 384}
+ * -> {384}) have too few column blocks to share: the rows are cut into
+ * ROW_CHUNKS fixed chunks, each summed in double in row order, the chunks then
+ * added in order. The cut depends on the shape alone, so the bits do not
+ * depend on the number of threads. */
+#define ROW_CHUNKS 16
+
+static int sum_rows_chunked(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t n, int64_t inner)
+{
+    double *part = cpu_scratch(cx, 2, sizeof(double) * (size_t)(ROW_CHUNKS * inner));
+    if (!part) return -1;
+    #pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < ROW_CHUNKS; c++) {
+        double *acc = part + c * inner;
+        float buf[MP_BLOCK];
+        for (int64_t q = 0; q < inner; q++) acc[q] = 0;
+        for (int64_t j = n * c / ROW_CHUNKS; j < n * (c + 1) / ROW_CHUNKS; j++)
+            for (int64_t q0 = 0; q0 < inner; q0 += MP_BLOCK) {
+                int64_t len = inner - q0 < MP_BLOCK ? inner - q0 : MP_BLOCK;
+                cpu_load(dt, a, j * inner + q0, buf, len);
+                for (int64_t q = 0; q < len; q++) acc[q0 + q] += buf[q];
+            }
+    }
+    for (int64_t q = 0; q < inner; q++) {
+        double s = 0;
+        for (int64_t c = 0; c < ROW_CHUNKS; c++) s += part[c * inner + q];
+        put(dt, out, q, op == MP_MEAN ? s / (double)n : s);
+    }
+    return 0;
+}
+
 void cpu_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner)
 {
     if ((op == MP_SUM || op == MP_MEAN) && inner > 1 && (dt != MP_I32 || n < (1 << 20))) {
         int64_t blocks = (inner + MP_BLOCK - 1) / MP_BLOCK;
+        if (outer == 1 && blocks < 4 && n >= 4 * ROW_CHUNKS && (dt == MP_F32 || dt == MP_F16 || dt == MP_BF16) && n * inner >= MP_PAR_MIN &&
+            sum_rows_chunked(cx, op, dt, out, a, n, inner) == 0)
+            return;
         #pragma omp parallel for if (outer * n * inner >= MP_PAR_MIN) schedule(static)
         for (int64_t it = 0; it < outer * blocks; it++) {
             int64_t o = it / blocks, i0 = (it % blocks) * MP_BLOCK;

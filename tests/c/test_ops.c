@@ -341,3 +341,26 @@ Test(ops, layer_norm_grad_same_bits_on_any_thread_count)
     }
     free(x), free(gy), free(gx1), free(gx2), free(w), free(mean), free(rstd);
 }
+
+/* a column sum with few columns and many rows (a bias's gradient) is cut into
+ * fixed chunks of rows: one thread or two give the same bits, near the exact sum */
+Test(ops, column_sum_same_bits_on_any_thread_count)
+{
+    int64_t n = 2048, inner = 384;
+    float *a = malloc(sizeof(float) * (size_t)(n * inner)), s1[384], s2[384];
+    for (int64_t i = 0; i < n * inner; i++) a[i] = (float)((i * 7919) % 2003) / 1001.0f - 1.0f;
+    const mp_backend *cpu = &mp_cpu_backend;
+    int saved = omp_get_max_threads();
+    omp_set_num_threads(1);
+    cpu->reduce(cpu->ctx, MP_SUM, MP_F32, s1, a, 1, n, inner);
+    omp_set_num_threads(2);
+    cpu->reduce(cpu->ctx, MP_SUM, MP_F32, s2, a, 1, n, inner);
+    omp_set_num_threads(saved);
+    cr_assert(memcmp(s1, s2, sizeof s1) == 0, "the column sums differ between 1 and 2 threads");
+    for (int64_t q = 0; q < inner; q += 17) {
+        double e = 0;
+        for (int64_t j = 0; j < n; j++) e += a[j * inner + q];
+        cr_assert(fabs(s1[q] - e) <= 1e-6 * (fabs(e) + 1), "column %ld: %g vs %g", (long)q, s1[q], e);
+    }
+    free(a);
+}

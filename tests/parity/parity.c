@@ -370,9 +370,10 @@ static void cases_reduce_and_layout(void)
         /* the CUDA reduction's paths (cuda_layout.cu): a whole row in one tile
          * (n <= 256, inner 1 or more), rows longer than a tile, inner runs of a
          * full warp, and rows long enough to split into chunks whose partials a
-         * second kernel combines (n >= 4096) */
+         * second kernel combines (n >= 4096); and a bias gradient's column sum,
+         * which the CPU cuts into fixed chunks of rows (cpu_reduce.c) */
         static const int64_t red_shapes[][3] = {{3, 300, 1}, {3, 300, 7}, {5, 17, 1}, {2, 50, 40}, {1, 1, 1},
-                                                 {2, 10000, 1}, {1, 70000, 3}};
+                                                 {2, 10000, 1}, {1, 70000, 3}, {1, 2048, 384}};
         for (int op = 0; op < MP_NREDOPS; op++)
             for (size_t si = 0; si < sizeof red_shapes / sizeof red_shapes[0]; si++) {
                 int64_t ou = red_shapes[si][0], n = red_shapes[si][1], in = red_shapes[si][2];
