@@ -15,7 +15,8 @@
  * once and cache the answer.
  *
  * bf16 needs no special instructions: its rounding is a few integer
- * operations with no branches that the compiler vectorises by itself.
+ * operations with no branches. The C loops are the portable path; on AVX-512
+ * the same steps are written out with 512-bit registers (below).
  *
  * Long arrays are split over threads with OpenMP; the conversion is memory
  * bound, so short ones stay on one thread where fork/join would cost more
@@ -137,12 +138,77 @@ void mp_cpu_f32_to_f16_portable(uint16_t *dst, const float *src, int64_t n)
     run_split(f32_to_f16_c, dst, sizeof *dst, src, sizeof *src, n);
 }
 
+/* bf16 with AVX-512 written out: the same integer steps as to_bf16, sixteen
+ * values per instruction, narrowed with one vpmovdw. The compiler's own
+ * vectorisation of the C loops keeps to 256-bit registers and packs and
+ * unpacks its way to 16-bit lanes (47 GB/s in cache against 201 for widening,
+ * scripts/bench/bench_convert.c); conversions were 8% of a bf16 GPT step. */
+#if defined(MP_X86) && defined(__GNUC__)
+#define AVX512_FN __attribute__((target("avx512f,avx512bw")))
+
+AVX512_FN static void bf16_to_f32_avx512(void *dst, const void *src, int64_t n)
+{
+    float *d = dst;
+    const uint16_t *s = src;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i)));
+        _mm512_storeu_si512(d + i, _mm512_slli_epi32(w, 16));
+    }
+    for (; i < n; i++) d[i] = mp_bf16_to_f32(s[i]);
+}
+
+AVX512_FN static void f32_to_bf16_avx512(void *dst, const void *src, int64_t n)
+{
+    uint16_t *d = dst;
+    const float *s = src;
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
+    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+    const __m512i quiet = _mm512_set1_epi32(0x0040);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i x = _mm512_loadu_si512(s + i), hi = _mm512_srli_epi32(x, 16);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, half), _mm512_and_si512(hi, one)), 16);
+        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs), inf);
+        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
+        _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtepi32_epi16(r));
+    }
+    for (; i < n; i++) d[i] = to_bf16(s[i]);
+}
+
+static int has_avx512bw(void)
+{
+    static int has = -1;   /* racing threads all store the same answer */
+    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
+    }
+    return h;
+}
+#else
+static int has_avx512bw(void) { return 0; }
+#define bf16_to_f32_avx512 bf16_to_f32_c
+#define f32_to_bf16_avx512 f32_to_bf16_c
+#endif
+
 void mp_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n)
+{
+    run_split(has_avx512bw() ? bf16_to_f32_avx512 : bf16_to_f32_c, dst, sizeof *dst, src, sizeof *src, n);
+}
+
+void mp_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n)
+{
+    run_split(has_avx512bw() ? f32_to_bf16_avx512 : f32_to_bf16_c, dst, sizeof *dst, src, sizeof *src, n);
+}
+
+void mp_cpu_bf16_to_f32_portable(float *dst, const uint16_t *src, int64_t n)
 {
     run_split(bf16_to_f32_c, dst, sizeof *dst, src, sizeof *src, n);
 }
 
-void mp_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n)
+void mp_cpu_f32_to_bf16_portable(uint16_t *dst, const float *src, int64_t n)
 {
     run_split(f32_to_bf16_c, dst, sizeof *dst, src, sizeof *src, n);
 }

@@ -609,3 +609,33 @@ Test(bulk, dispatch_reports_the_processor)
     cr_assert_eq(mp_cpu_has_f16c(), have_hw());
     cr_assert_eq(mp_cpu_has_f16c(), mp_cpu_has_f16c());   /* cached, stable */
 }
+
+/* The bulk bf16 paths (AVX-512 where the processor has it, the C loops
+ * otherwise) against the scalar definition on 4 M random f32 bit patterns,
+ * NaNs with every payload among them, in lengths that leave tails */
+Test(bf16, bulk_paths_match_the_scalar_functions)
+{
+    int64_t n = (1 << 22) + 13;
+    float *xs = malloc(sizeof(float) * (size_t)n), *back = malloc(sizeof(float) * (size_t)n);
+    float *back2 = malloc(sizeof(float) * (size_t)n);
+    uint16_t *bulk = malloc(2 * (size_t)n), *port = malloc(2 * (size_t)n);
+    uint32_t st = 12345;
+    for (int64_t i = 0; i < n; i++) {
+        st = st * 1664525u + 1013904223u;
+        uint32_t u = st ^ (uint32_t)(i * 2654435761u);
+        memcpy(&xs[i], &u, 4);
+    }
+    mp_cpu_f32_to_bf16(bulk, xs, n);
+    mp_cpu_f32_to_bf16_portable(port, xs, n);
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += bulk[i] != mp_f32_to_bf16(xs[i]) || port[i] != bulk[i];
+    cr_assert_eq(bad, 0, "%lld of %lld f32 -> bf16 differ", (long long)bad, (long long)n);
+    mp_cpu_bf16_to_f32(back, bulk, n);
+    mp_cpu_bf16_to_f32_portable(back2, bulk, n);
+    for (int64_t i = 0; i < n; i++) {
+        float s = mp_bf16_to_f32(bulk[i]);
+        bad += memcmp(&back[i], &s, 4) != 0 || memcmp(&back2[i], &s, 4) != 0;
+    }
+    cr_assert_eq(bad, 0, "%lld of %lld bf16 -> f32 differ", (long long)bad, (long long)n);
+    free(xs), free(back), free(back2), free(bulk), free(port);
+}
