@@ -21,32 +21,38 @@ VOCAB, CTX, LAYERS, DIM, HEADS, BATCH = 114, 64, 2, 128, 4, 32
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, dim=DIM, heads=HEADS, ctx=CTX):
         super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
-        self.c_attn, self.attn_proj = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
-        self.c_fc, self.mlp_proj = nn.Linear(DIM, 4 * DIM), nn.Linear(4 * DIM, DIM)
-        self.register_buffer("mask", torch.triu(torch.ones(CTX, CTX, dtype=torch.bool), 1))
+        self.heads = heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.c_attn, self.attn_proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.c_fc, self.mlp_proj = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.register_buffer("mask", torch.triu(torch.ones(ctx, ctx, dtype=torch.bool), 1))
 
     def forward(self, x):
         B, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
-        q, k, v = [t.view(B, T, HEADS, C // HEADS).transpose(1, 2) for t in (q, k, v)]
-        s = (q @ k.transpose(-2, -1)) / math.sqrt(C // HEADS)
-        y = F.softmax(s.masked_fill(self.mask[:T, :T], float("-inf")), dim=-1) @ v
+        q, k, v = [t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v)]
+        if hasattr(F, "scaled_dot_product_attention"):   # PyTorch 2: its fused attention
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:                                             # PyTorch 1.13 (Debian's): the products
+            s = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)
+            y = F.softmax(s.masked_fill(self.mask[:T, :T], float("-inf")), dim=-1) @ v
         x = x + self.attn_proj(y.transpose(1, 2).reshape(B, T, C))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
 
 
 class GPT(nn.Module):
-    def __init__(self):
+    """the default GPT of train_gpt.lua; other sizes by keyword (bench_gpu_torch.py's GPT-2 small)"""
+
+    def __init__(self, vocab=VOCAB, ctx=CTX, layers=LAYERS, dim=DIM, heads=HEADS):
         super().__init__()
-        self.wte, self.wpe = nn.Embedding(VOCAB, DIM), nn.Embedding(CTX, DIM)
-        self.h = nn.ModuleList([Block() for _ in range(LAYERS)])
-        self.ln_f = nn.LayerNorm(DIM)
+        self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Embedding(ctx, dim)
+        self.h = nn.ModuleList([Block(dim, heads, ctx) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(dim)
 
     def forward(self, idx):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.h:
             x = b(x)
         return self.ln_f(x) @ self.wte.weight.t()

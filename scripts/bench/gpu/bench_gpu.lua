@@ -41,6 +41,21 @@ local function median(t)
   return c[(#c + 1) // 2]
 end
 
+-- seconds per call of step: warm-up calls, then trials of `steps` calls between
+-- two syncs; the median trial
+local function timed_steps(step, warmup, steps, trials)
+  for _ = 1, warmup do step() end
+  sync()
+  local times = {}
+  for t = 1, trials do
+    local t0 = mp.clock()
+    for _ = 1, steps do step() end
+    sync()
+    times[t] = (mp.clock() - t0) / steps
+  end
+  return median(times)
+end
+
 local function row(key, value, unit)
   print(string.format("ROW %s %.6g %s", key, value, unit))
 end
@@ -120,16 +135,7 @@ local function bench_mlp()
     scaler:update()
   end
 
-  for _ = 1, WARMUP do step() end
-  sync()
-  local times = {}
-  for t = 1, TRIALS do
-    local t0 = mp.clock()
-    for _ = 1, STEPS do step() end
-    sync()
-    times[t] = (mp.clock() - t0) / STEPS
-  end
-  local ms = median(times) * 1e3
+  local ms = timed_steps(step, WARMUP, STEPS, TRIALS) * 1e3
   local peak = (dev == "cuda" and mp.cuda.memory() or mp.memory(dev)).peak
   print(string.format("# mpengine mlp 784-512-256-10 batch %d, f16 autocast + GradScaler(dynamic, %s) + Adam: "
     .. "%.3f ms/step (median of %d trials x %d steps), %.0f samples/s, peak %s memory %.1f MiB (mp.%smemory().peak)",
@@ -175,16 +181,7 @@ local function bench_gpt()
     scaler:step(opt)
     scaler:update()
   end
-  for _ = 1, WARMUP do step() end
-  sync()
-  local times = {}
-  for t = 1, TRIALS do
-    local t0 = mp.clock()
-    for _ = 1, STEPS do step() end
-    sync()
-    times[t] = (mp.clock() - t0) / STEPS
-  end
-  local sec = median(times)
+  local sec = timed_steps(step, WARMUP, STEPS, TRIALS)
   local tokens = B * T / sec
   local flops_per_token = 6 * nparams + 6 * cfg.layers * T * cfg.dim
   local mfu = tokens * flops_per_token / 989e12

@@ -222,7 +222,6 @@ def bench_kernels():
 
 
 def bench_gpt(compiled=False):
-    import torch.nn as nn
     import torch.nn.functional as F
     if SMOKE:
         V, T, L, D, H, B = 128, 32, 2, 64, 4, 2
@@ -230,40 +229,10 @@ def bench_gpt(compiled=False):
         V, T, L, D, H, B = 50304, 1024, 12, 768, 12, int(os.environ.get("MP_BENCH_GPT_BATCH", "32"))
     warmup, steps, trials = (1, 2, 1) if SMOKE else (3, 10, 3)
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln_1, self.ln_2 = nn.LayerNorm(D), nn.LayerNorm(D)
-            self.c_attn, self.attn_proj = nn.Linear(D, 3 * D), nn.Linear(D, D)
-            self.c_fc, self.mlp_proj = nn.Linear(D, 4 * D), nn.Linear(4 * D, D)
-
-        def forward(self, x):
-            b, t, c = x.shape
-            q, k, v = (z.view(b, t, H, c // H).transpose(1, 2) for z in self.c_attn(self.ln_1(x)).split(c, 2))
-            if hasattr(F, "scaled_dot_product_attention"):
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:   # PyTorch 1.x (MP_BENCH_SMOKE on Debian's): the same product, unfused
-                s = (q @ k.transpose(-2, -1)) / (c // H) ** 0.5
-                s = s.masked_fill(torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1), float("-inf"))
-                y = s.softmax(-1) @ v
-            x = x + self.attn_proj(y.transpose(1, 2).reshape(b, t, c))
-            return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.wte, self.wpe = nn.Embedding(V, D), nn.Embedding(T, D)
-            self.h = nn.ModuleList([Block() for _ in range(L)])
-            self.ln_f = nn.LayerNorm(D)
-
-        def forward(self, idx):
-            x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-            for b in self.h:
-                x = b(x)
-            return self.ln_f(x) @ self.wte.weight.t()
-
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from bench_gpt_torch import GPT   # the one PyTorch definition of the project's GPT
     torch.manual_seed(0)
-    model = GPT().to(DEV)
+    model = GPT(vocab=V, ctx=T, layers=L, dim=D, heads=H).to(DEV)
     nparams = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "wte" not in n and "wpe" not in n]
     keep = [p for n, p in model.named_parameters() if not any(p is d for d in decay)]
