@@ -111,7 +111,9 @@ void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a,
 
 /* t and e are written before they are read, in loops over the same n that GCC
  * cannot match to the vmath call between them */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 /* n <= MP_BLOCK, and o may be x. exp, log, tanh and erf are vmath.h's vector
  * primitives (<= 1.5 ulp); the rest of each formula is a loop the compiler
