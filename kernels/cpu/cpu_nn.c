@@ -117,7 +117,7 @@ int cpu_softmax_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const v
 int cpu_cross_entropy(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
                        int64_t rows, int64_t classes)
 {
-    int64_t stride, work = rows * classes;
+    int64_t stride, work = rows * classes * 8;   /* an exp and a log-sum per element: worth threads sooner */
     float *base = rows_for(cx, work, classes, &stride);
     if (!base) return -1;
     #pragma omp parallel if (work >= MP_PAR_MIN)
@@ -136,7 +136,7 @@ int cpu_cross_entropy(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const v
 int cpu_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, const float *lse,
                             const int32_t *target, const float *scale, int64_t rows, int64_t classes)
 {
-    int64_t stride, work = rows * classes;
+    int64_t stride, work = rows * classes * 8;   /* an exp and a log-sum per element: worth threads sooner */
     float *base = rows_for(cx, work, classes, &stride);
     if (!base) return -1;
     #pragma omp parallel if (work >= MP_PAR_MIN)
