@@ -6,7 +6,7 @@
  * per query row (the online softmax) and writes the output and each row's
  * log-sum-exp (f32); the backward recomputes each block of probabilities from
  * that log-sum-exp. Operands are widened to f32 (a head at a time), products run
- * through OpenBLAS sgemm, results are rounded once.
+ * through block_gemm.h, results are rounded once.
  *
  * Causal: query i sees keys j <= i (top-left aligned, PyTorch's is_causal).
  * Dropout on the probabilities (p > 0): element (r, i, j) is kept when the
@@ -15,10 +15,10 @@
  * backend: kernels/philox.h). The softmax's normaliser is that of the undropped
  * probabilities, as in PyTorch.
  */
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
+#include "kernels/cpu/block_gemm.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/vmath.h"
 #include "kernels/philox.h"
@@ -26,20 +26,12 @@
 #define BQ 64
 #define BK 64
 
-/* C{m,n} (ldc) = alpha * A{m,k} op B + beta * C, row-major, leading dims given */
-static void gemm(int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda,
-                 const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+/* x{rows, cols} -> xt{cols, rows}: keys and values transposed once per head, so
+ * that every product below is a block_gemm with B read along its rows */
+static void transpose(float *xt, const float *x, int64_t rows, int64_t cols)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (blasint)m, (blasint)n, (blasint)k,
-                alpha, a, (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
-}
-
-/* C{m,n} += alpha * A{k,m}^T B{k,n} */
-static void gemm_tn(int64_t m, int64_t n, int64_t k, float alpha, const float *a, int64_t lda, const float *b,
-                    int64_t ldb, float *c, int64_t ldc)
-{
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda,
-                b, (blasint)ldb, 1.0f, c, (blasint)ldc);
+    for (int64_t j = 0; j < rows; j++)
+        for (int64_t p = 0; p < cols; p++) xt[p * rows + j] = x[j * cols + p];
 }
 
 /* sum of x[e] y[e] in double over 8 lanes, each in order, added in order:
@@ -106,11 +98,12 @@ static inline float keep(const mp_attn_args *a, int64_t r, int64_t i, int64_t j)
     return mp_philox_uniform(a->seed, idx, 24) >= a->dropout ? 1.0f / (1.0f - a->dropout) : 0.0f;
 }
 
-/* S{BQ,BK} block (q rows i0.., keys j0..): scores * scale, masked to -inf */
-static void scores(const mp_attn_args *a, const float *q, const float *k, int64_t i0, int64_t ni, int64_t j0,
+/* S{BQ,BK} block (q rows i0.., keys j0..; kt: the keys transposed, {d, tk}):
+ * scores * scale, masked to -inf */
+static void scores(const mp_attn_args *a, const float *q, const float *kt, int64_t i0, int64_t ni, int64_t j0,
                    int64_t nj, float *s)
 {
-    gemm(1, ni, nj, a->d, a->scale, q + i0 * a->d, a->d, k + j0 * a->d, a->d, 0.0f, s, BK);
+    cpu_block_gemm(0, ni, nj, a->d, a->scale, q + i0 * a->d, a->d, kt + j0, a->tk, 0.0f, s, BK);
     if (!a->causal) return;
     for (int64_t i = 0; i < ni; i++)   /* keys j0 + j > i0 + i are in the future */
         for (int64_t j = i0 + i - j0 + 1 > 0 ? i0 + i - j0 + 1 : 0; j < nj; j++) s[i * BK + j] = -INFINITY;
@@ -131,15 +124,17 @@ int cpu_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q
                   const mp_attn_args *a)
 {
     int64_t tq = a->tq, tk = a->tk, d = a->d, stride, threads;
-    float *base = per_thread(cx, a, tq * d + 2 * tk * d + BQ * BK + BQ * d + 2 * BQ, &stride, &threads);
+    float *base = per_thread(cx, a, tq * d + 3 * tk * d + BQ * BK + BQ * d + 2 * BQ, &stride, &threads);
     if (!base) return -1;
     #pragma omp parallel for if (threads > 1) schedule(static)
     for (int64_t r = 0; r < a->bh; r++) {
         float *qf = base + stride * omp_get_thread_num();
-        float *kf = qf + tq * d, *vf = kf + tk * d, *s = vf + tk * d, *acc = s + BQ * BK, *m = acc + BQ * d, *l = m + BQ;
+        float *kf = qf + tq * d, *kt = kf + tk * d, *vf = kt + tk * d, *s = vf + tk * d, *acc = s + BQ * BK;
+        float *m = acc + BQ * d, *l = m + BQ;
         cpu_load(dt, q, r * tq * d, qf, tq * d);
         cpu_load(dt, k, r * tk * d, kf, tk * d);
         cpu_load(dt, v, r * tk * d, vf, tk * d);
+        transpose(kt, kf, tk, d);
         for (int64_t i0 = 0; i0 < tq; i0 += BQ) {
             int64_t ni = tq - i0 < BQ ? tq - i0 : BQ;
             for (int64_t i = 0; i < ni; i++) m[i] = -INFINITY, l[i] = 0;
@@ -147,7 +142,7 @@ int cpu_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q
             int64_t jend = a->causal ? (i0 + ni < tk ? i0 + ni : tk) : tk;
             for (int64_t j0 = 0; j0 < jend; j0 += BK) {
                 int64_t nj = jend - j0 < BK ? jend - j0 : BK;
-                scores(a, qf, kf, i0, ni, j0, nj, s);
+                scores(a, qf, kt, i0, ni, j0, nj, s);
                 for (int64_t i = 0; i < ni; i++) {   /* online softmax: rescale what came before */
                     float *si = s + i * BK, mx = row_max(si, nj, m[i]);
                     if (mx == -INFINITY) { for (int64_t j = 0; j < nj; j++) si[j] = 0; continue; }
@@ -159,7 +154,7 @@ int cpu_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q
                     if (a->dropout > 0)
                         for (int64_t j = 0; j < nj; j++) si[j] *= keep(a, r, i0 + i, j0 + j);
                 }
-                gemm(0, ni, d, nj, 1.0f, s, BK, vf + j0 * d, d, 1.0f, acc, d);
+                cpu_block_gemm(0, ni, d, nj, 1.0f, s, BK, vf + j0 * d, d, 1.0f, acc, d);
             }
             for (int64_t i = 0; i < ni; i++) {
                 scale_row(acc + i * d, d, l[i] > 0 ? 1.0f / l[i] : 0.0f);
@@ -175,19 +170,22 @@ int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, c
                        const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a)
 {
     int64_t tq = a->tq, tk = a->tk, d = a->d, stride, threads;
-    float *base = per_thread(cx, a, 4 * tq * d + 4 * tk * d + tq + 3 * BQ * BK, &stride, &threads);
+    float *base = per_thread(cx, a, 4 * tq * d + 6 * tk * d + tq + 3 * BQ * BK, &stride, &threads);
     if (!base) return -1;
     #pragma omp parallel for if (threads > 1) schedule(static)
     for (int64_t r = 0; r < a->bh; r++) {
         float *qf = base + stride * omp_get_thread_num();
         float *of = qf + tq * d, *gf = of + tq * d, *dqf = gf + tq * d;          /* q, out, dout, dq */
         float *kf = dqf + tq * d, *vf = kf + tk * d, *dkf = vf + tk * d, *dvf = dkf + tk * d;
-        float *di = dvf + tk * d, *p = di + tq, *pd = p + BQ * BK, *dp = pd + BQ * BK;
+        float *kt = dvf + tk * d, *vt = kt + tk * d;                               /* k, v transposed */
+        float *di = vt + tk * d, *p = di + tq, *pd = p + BQ * BK, *dp = pd + BQ * BK;
         cpu_load(dt, q, r * tq * d, qf, tq * d);
         cpu_load(dt, out, r * tq * d, of, tq * d);
         cpu_load(dt, dout, r * tq * d, gf, tq * d);
         cpu_load(dt, k, r * tk * d, kf, tk * d);
         cpu_load(dt, v, r * tk * d, vf, tk * d);
+        transpose(kt, kf, tk, d);
+        transpose(vt, vf, tk, d);
         memset(dqf, 0, sizeof(float) * (size_t)(tq * d));
         memset(dkf, 0, sizeof(float) * (size_t)(2 * tk * d));
         for (int64_t i = 0; i < tq; i++) di[i] = (float)dot(gf + i * d, of + i * d, d);   /* D_i = dout_i . out_i */
@@ -197,7 +195,7 @@ int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, c
             int64_t jend = a->causal ? (i0 + ni < tk ? i0 + ni : tk) : tk;
             for (int64_t j0 = 0; j0 < jend; j0 += BK) {
                 int64_t nj = jend - j0 < BK ? jend - j0 : BK;
-                scores(a, qf, kf, i0, ni, j0, nj, p);
+                scores(a, qf, kt, i0, ni, j0, nj, p);
                 for (int64_t i = 0; i < ni; i++) {   /* P = exp(S - lse); Pd = P * dropout factor */
                     float *pi = p + i * BK, li = L[i0 + i];
                     if (li == -INFINITY) for (int64_t j = 0; j < nj; j++) pi[j] = 0.0f;
@@ -209,16 +207,16 @@ int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, c
                         for (int64_t j = 0; j < nj; j++) pd[i * BK + j] = pi[j] * keep(a, r, i0 + i, j0 + j);
                 }
                 const float *pdb = a->dropout > 0 ? pd : p;   /* without dropout Pd is P */
-                gemm_tn(nj, d, ni, 1.0f, pdb, BK, gf + i0 * d, d, dvf + j0 * d, d);      /* dV += Pd^T dO */
-                gemm(1, ni, nj, d, 1.0f, gf + i0 * d, d, vf + j0 * d, d, 0.0f, dp, BK);  /* dPd = dO V^T */
+                cpu_block_gemm(1, nj, d, ni, 1.0f, pdb, BK, gf + i0 * d, d, 1.0f, dvf + j0 * d, d);  /* dV += Pd^T dO */
+                cpu_block_gemm(0, ni, nj, d, 1.0f, gf + i0 * d, d, vt + j0, tk, 0.0f, dp, BK);       /* dPd = dO V^T */
                 for (int64_t i = 0; i < ni; i++) {   /* dS = P * (dP - D), dP = dPd * dropout factor */
                     float *dpi = dp + i * BK;
                     if (a->dropout > 0)
                         for (int64_t j = 0; j < nj; j++) dpi[j] *= keep(a, r, i0 + i, j0 + j);
                     ds_row(dpi, p + i * BK, di[i0 + i], nj);
                 }
-                gemm(0, ni, d, nj, a->scale, dp, BK, kf + j0 * d, d, 1.0f, dqf + i0 * d, d);  /* dQ += dS K s */
-                gemm_tn(nj, d, ni, a->scale, dp, BK, qf + i0 * d, d, dkf + j0 * d, d);         /* dK += dS^T Q s */
+                cpu_block_gemm(0, ni, d, nj, a->scale, dp, BK, kf + j0 * d, d, 1.0f, dqf + i0 * d, d);  /* dQ += dS K s */
+                cpu_block_gemm(1, nj, d, ni, a->scale, dp, BK, qf + i0 * d, d, 1.0f, dkf + j0 * d, d);  /* dK += dS^T Q s */
             }
         }
         cpu_store(dt, dq, r * tq * d, dqf, tq * d);
