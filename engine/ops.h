@@ -99,6 +99,18 @@ mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b);
 
 /* softmax(q k^T * scale [causal]) v over the last two dims, dropout p on the
  * probabilities; scale NaN: 1/sqrt(d) (ops_attention.c) */
+/* convolution and pooling over NCHW (ops_conv.c, ops_pool.c); pairs are {rows, columns} */
+mp_tensor *mp_conv2d(mp_tensor *x, mp_tensor *w, mp_tensor *b, const int64_t stride[2], const int64_t padding[2],
+                     const int64_t dilation[2], int64_t groups);                        /* b may be NULL */
+mp_tensor *mp_max_pool2d(mp_tensor *x, const int64_t k[2], const int64_t stride[2], const int64_t padding[2]);
+mp_tensor *mp_avg_pool2d(mp_tensor *x, const int64_t k[2], const int64_t stride[2], const int64_t padding[2]);
+mp_tensor *mp_adaptive_avg_pool2d(mp_tensor *x, const int64_t out[2]);
+/* batch norm over dim 2 (ops_batch_norm.c): running buffers f32, updated in place
+ * when training (may then be NULL); w, b may be NULL */
+mp_tensor *mp_batch_norm(mp_tensor *x, mp_tensor *running_mean, mp_tensor *running_var, mp_tensor *w, mp_tensor *b,
+                         bool training, double momentum, double eps);
+#define MP_BATCH_NORM_MOMENTUM 0.1   /* PyTorch's defaults, the one default of mp.batch_norm and nn.BatchNorm2d */
+#define MP_BATCH_NORM_EPS 1e-5
 mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, double scale, double dropout);
 
 /* x{.., in} @ w{out, in}^T + b{out}; b may be NULL */

@@ -167,6 +167,28 @@ typedef struct {
     uint64_t seed, offset;
 } mp_attn_args;
 
+/* 2-d convolution over NCHW tensors (kernels/cpu/cpu_conv.c): x {n, c, h, w},
+ * w {k, c / groups, r, s}, y {n, k, oh, ow}; output pixel (i, j) reads input row
+ * i * sh - ph + u * dh and column j * sw - pw + v * dw for kernel tap (u, v);
+ * taps outside the input read zeros */
+typedef struct {
+    int64_t n, c, h, w;      /* input */
+    int64_t k, r, s;         /* output channels, kernel rows and columns */
+    int64_t oh, ow;          /* output rows and columns */
+    int64_t sh, sw, ph, pw, dh, dw, groups;
+} mp_conv_args;
+
+/* 2-d pooling over the planes of {n * c, h, w} (kernels/cpu/cpu_pool.c): window
+ * (i, j) covers input rows i * sh - ph + [0, kh) and columns j * sw - pw + [0, kw)
+ * clipped to the input; adaptive: rows [floor(i h / oh), ceil((i + 1) h / oh)) and
+ * the same for columns (kh, kw, sh, sw, ph, pw unused). Average pooling divides
+ * by kh * kw (padding counted, PyTorch's default), adaptive by the window's size. */
+typedef struct {
+    int64_t planes, h, w, oh, ow;
+    int64_t kh, kw, sh, sw, ph, pw;
+    int adaptive;
+} mp_pool_args;
+
 /* a backend's context: each backend defines struct mp_kctx for itself */
 typedef struct mp_kctx mp_kctx;
 
@@ -279,6 +301,39 @@ typedef struct mp_backend {
                      const mp_attn_args *a);
     int (*attention_grad)(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
                           const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a);
+
+    /* Convolution (mp_conv_args): y = conv(x, w) + b (b may be NULL), summed in
+     * f32 and rounded once. The backward writes any of gx, gw (x's dtype) and gb
+     * (f32 sums over n, oh, ow) that is not NULL. NULL entries: no convolution. */
+    int (*conv2d)(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, const void *b,
+                  const mp_conv_args *a);
+    int (*conv2d_grad)(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, const void *gy, const void *x,
+                       const void *w, const mp_conv_args *a);
+    /* Pooling (mp_pool_args). Max: y and the 0-based position in its plane
+     * (h * w) of each window's maximum (the first of equals; a NaN wins, the
+     * last one, as in PyTorch); a window with no input gives -inf and position
+     * -1. Its backward adds gy at those positions into gx (zeroed by the
+     * kernel). Average: the mean of each window (f32 sums); its backward
+     * spreads gy evenly. */
+    int (*max_pool2d)(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *x, const mp_pool_args *a);
+    int (*max_pool2d_grad)(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const int32_t *idx,
+                           const mp_pool_args *a);
+    int (*avg_pool2d)(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const mp_pool_args *a);
+    int (*avg_pool2d_grad)(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const mp_pool_args *a);
+    /* Batch norm over channels of {n, c, hw}: training: each channel's batch mean
+     * and biased variance (f32) normalise x, are written to mean and rstd
+     * (1 / sqrt(var + eps)) for the backward, and move running_mean and
+     * running_var (unbiased variance) by momentum, when those are not NULL;
+     * otherwise the running statistics normalise x and mean/rstd get them.
+     * w and b (f32, may be NULL) scale and shift. The backward writes gx and
+     * gw/gb (f32, may be NULL); training says whether the statistics were the
+     * batch's (their gradient flows into gx) or fixed. */
+    int (*batch_norm)(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,
+                      float *running_var, const void *x, const float *w, const float *b, int64_t n, int64_t c,
+                      int64_t hw, int training, float momentum, float eps);
+    int (*batch_norm_grad)(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
+                           const float *mean, const float *rstd, const float *w, int64_t n, int64_t c, int64_t hw,
+                           int training);
 
     /* the k largest (largest) or smallest values of each of rows rows of n, in
      * order, into values {rows, k} (dtype dt) and their 0-based positions into

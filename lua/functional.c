@@ -201,6 +201,102 @@ static int f_attention(lua_State *L)
     RETURN_TENSOR(L, name, mp_attention(q, k, v, causal, scale, dropout));
 }
 
+/* ---- convolution, pooling, batch norm ---- */
+
+/* the value at i as a {rows, columns} pair: an integer (both) or a list of two */
+static void pair_at(lua_State *L, int i, const char *what, const char *name, int64_t out[2])
+{
+    i = lua_absindex(L, i);
+    if (lua_type(L, i) == LUA_TNUMBER) {
+        out[0] = out[1] = lb_integer(L, i, what, name);
+        return;
+    }
+    if (!lua_istable(L, i) || lua_rawlen(L, i) != 2)
+        luaL_error(L, "%s: %s must be an integer or a pair {rows, columns} (got %s)", name, what,
+                   lua_istable(L, i) ? "a table that is not a pair" : luaL_typename(L, i));
+    for (int k = 0; k < 2; k++) {
+        lua_rawgeti(L, i, k + 1);
+        out[k] = lb_integer(L, -1, what, name);
+        lua_pop(L, 1);
+    }
+}
+
+/* option key of the table at t as a pair, or dflt when absent */
+static void pair_field(lua_State *L, int t, const char *key, const int64_t dflt[2], const char *name, int64_t out[2])
+{
+    if (lua_getfield(L, t, key) == LUA_TNIL) out[0] = dflt[0], out[1] = dflt[1];
+    else pair_at(L, -1, key, name, out);
+    lua_pop(L, 1);
+}
+
+/* mp.conv2d(x, w [, b], {stride = 1, padding = 0, dilation = 1, groups = 1}) */
+static int f_conv2d(lua_State *L)
+{
+    const char *name = "mp.conv2d";
+    mp_tensor *x = lt_check(L, 1), *w = lt_check(L, 2), *b = NULL;
+    int o = 3;   /* the options: after b, or in b's place when b is left out */
+    if (lt_opt(L, 3)) b = lt_check(L, 3), o = 4;
+    else if (lua_isnil(L, 3)) o = 4;
+    else if (!lua_isnone(L, 3) && !lua_istable(L, 3))
+        return luaL_error(L, "%s: bias must be a tensor or nil (got %s)", name, luaL_typename(L, 3));
+    static const int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+    int64_t stride[2] = {1, 1}, padding[2] = {0, 0}, dilation[2] = {1, 1}, groups = 1;
+    if (lb_check_options(L, o, name, "stride:any padding:any dilation:any groups:integer", 1)) {
+        pair_field(L, o, "stride", one, name, stride);
+        pair_field(L, o, "padding", zero, name, padding);
+        pair_field(L, o, "dilation", one, name, dilation);
+        groups = (int64_t)lb_number_field(L, o, "groups", 1, name);
+    }
+    RETURN_TENSOR(L, name, mp_conv2d(x, w, b, stride, padding, dilation, groups));
+}
+
+/* mp.max_pool2d(x, k [, {stride = k, padding = 0}]) and mp.avg_pool2d */
+static int pool2d(lua_State *L, const char *name, int max)
+{
+    mp_tensor *x = lt_check(L, 1);
+    int64_t k[2], stride[2], padding[2] = {0, 0};
+    static const int64_t zero[2] = {0, 0};
+    pair_at(L, 2, "kernel size", name, k);
+    stride[0] = k[0], stride[1] = k[1];
+    if (lb_check_options(L, 3, name, "stride:any padding:any", 1)) {
+        pair_field(L, 3, "stride", k, name, stride);
+        pair_field(L, 3, "padding", zero, name, padding);
+    }
+    RETURN_TENSOR(L, name, max ? mp_max_pool2d(x, k, stride, padding) : mp_avg_pool2d(x, k, stride, padding));
+}
+
+static int f_max_pool2d(lua_State *L) { return pool2d(L, "mp.max_pool2d", 1); }
+static int f_avg_pool2d(lua_State *L) { return pool2d(L, "mp.avg_pool2d", 0); }
+
+/* mp.adaptive_avg_pool2d(x, size): size an integer or {rows, columns} */
+static int f_adaptive_avg_pool2d(lua_State *L)
+{
+    const char *name = "mp.adaptive_avg_pool2d";
+    mp_tensor *x = lt_check(L, 1);
+    int64_t out[2];
+    pair_at(L, 2, "output size", name, out);
+    RETURN_TENSOR(L, name, mp_adaptive_avg_pool2d(x, out));
+}
+
+/* mp.batch_norm(x, running_mean, running_var [, w, b], {training = false, momentum = 0.1, eps = 1e-5}) */
+static int f_batch_norm(lua_State *L)
+{
+    const char *name = "mp.batch_norm";
+    mp_tensor *x = lt_check(L, 1), *t[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; i < 4; i++)
+        if (!lua_isnoneornil(L, 2 + i)) t[i] = lt_check(L, 2 + i);
+    bool training = false;
+    double momentum = MP_BATCH_NORM_MOMENTUM, eps = MP_BATCH_NORM_EPS;
+    if (lb_check_options(L, 6, name, "training:boolean momentum:number eps:number", 1)) {
+        lua_getfield(L, 6, "training");
+        training = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        momentum = lb_number_field(L, 6, "momentum", momentum, name);
+        eps = lb_number_field(L, 6, "eps", eps, name);
+    }
+    RETURN_TENSOR(L, name, mp_batch_norm(x, t[0], t[1], t[2], t[3], training, momentum, eps));
+}
+
 /* mp.multinomial(probs, n [, {replacement = false}]) -> i32 categories (0-based) */
 static int f_multinomial(lua_State *L)
 {
@@ -252,7 +348,8 @@ static const luaL_Reg funcs[] = {
     {"softmax", f_softmax}, {"log_softmax", f_log_softmax}, {"linear", f_linear},
     {"layer_norm", f_layer_norm}, {"embedding", f_embedding}, {"dropout", f_dropout},
     {"cross_entropy", f_cross_entropy}, {"mse_loss", f_mse_loss}, {"cat", f_cat}, {"where", f_where},
-    {"attention", f_attention}, {"multinomial", f_multinomial}, {"tril", f_tril}, {"triu", f_triu}, {"masked_fill", f_masked_fill}, {"select", f_select},
+    {"attention", f_attention}, {"conv2d", f_conv2d}, {"max_pool2d", f_max_pool2d}, {"avg_pool2d", f_avg_pool2d},
+    {"adaptive_avg_pool2d", f_adaptive_avg_pool2d}, {"batch_norm", f_batch_norm}, {"multinomial", f_multinomial}, {"tril", f_tril}, {"triu", f_triu}, {"masked_fill", f_masked_fill}, {"select", f_select},
     {"no_grad", f_no_grad}, {"set_grad_enabled", f_set_grad_enabled}, {"is_grad_enabled", f_is_grad_enabled},
     {NULL, NULL}
 };
@@ -261,6 +358,10 @@ void mp_open_functional(lua_State *L)
 {
     lua_pushnumber(L, MP_LAYER_NORM_EPS);
     lua_setfield(L, -2, "_LAYER_NORM_EPS");
+    lua_pushnumber(L, MP_BATCH_NORM_EPS);
+    lua_setfield(L, -2, "_BATCH_NORM_EPS");
+    lua_pushnumber(L, MP_BATCH_NORM_MOMENTUM);
+    lua_setfield(L, -2, "_BATCH_NORM_MOMENTUM");
     if (luaL_newmetatable(L, "mp.GradGuard")) {
         lua_pushcfunction(L, guard_close);   /* no __gc: only the scope's end (or guard:close()) restores the mode */
         lua_setfield(L, -2, "__close");

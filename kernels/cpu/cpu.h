@@ -14,8 +14,9 @@
  * space that kernels take their working memory from (grown on demand, kept
  * between calls, given back by release_cache). Slots 0-2: the GEMM's widening
  * buffers (slot 2 also the chunk sums of cpu_reduce's column sums); slot 3:
- * the row buffers of the row-wise kernels, one per thread. */
-#define CPU_SCRATCH_SLOTS 4
+ * the row buffers of the row-wise kernels and the planes of pooling, one per
+ * thread; slots 4-10: convolution's columns and f32 operands (cpu_conv.c). */
+#define CPU_SCRATCH_SLOTS 11
 struct mp_kctx {
     mp_block_cache cache;
     void *scratch[CPU_SCRATCH_SLOTS];
@@ -135,6 +136,20 @@ int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
                     const void *b, int64_t rows, int64_t n, float eps);
 int cpu_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                          const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
+
+int cpu_conv2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, const void *b, const mp_conv_args *a);
+int cpu_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, const void *gy, const void *x,
+                    const void *w, const mp_conv_args *a);
+int cpu_max_pool2d(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *x, const mp_pool_args *a);
+int cpu_max_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const int32_t *idx, const mp_pool_args *a);
+int cpu_avg_pool2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const mp_pool_args *a);
+int cpu_avg_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const mp_pool_args *a);
+int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,
+                   float *running_var, const void *x, const float *w, const float *b, int64_t n, int64_t c,
+                   int64_t hw, int training, float momentum, float eps);
+int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
+                        const float *mean, const float *rstd, const float *w, int64_t n, int64_t c, int64_t hw,
+                        int training);
 
 int cpu_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
                   const mp_attn_args *a);

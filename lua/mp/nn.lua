@@ -112,8 +112,18 @@ end
 -- self.k = v: a module registers as a child, a leaf tensor that requires grad as
 -- a parameter; assigning to an existing parameter or child replaces it (nil removes)
 local function module_newindex(self, k, v)
-  local params, mods = rawget(self, "_parameters"), rawget(self, "_modules")
-  if params[k] ~= nil then
+  local params, mods, bufs = rawget(self, "_parameters"), rawget(self, "_modules"), rawget(self, "_buffers")
+  if bufs[k] ~= nil then
+    if v == nil then
+      bufs[k] = nil
+      remove_name(rawget(self, "_buffer_names"), k)
+    elseif is_tensor(v) then
+      bufs[k] = v
+    else
+      raise(string.format("mp.nn.Module: cannot assign %s as buffer '%s' (a tensor, or nil, expected)",
+                          show(v), tostring(k)))
+    end
+  elseif params[k] ~= nil then
     if v == nil then
       params[k] = nil
       remove_name(rawget(self, "_param_names"), k)
@@ -146,6 +156,7 @@ local function construct(cls, ...)
   local self = {
     _parameters = {}, _param_names = {},
     _modules = {}, _module_names = {},
+    _buffers = {}, _buffer_names = {},
     training = true,
   }
   setmetatable(self, cls)
@@ -161,6 +172,8 @@ local function make_class(name, parent)
   cls._class_name = name
   cls.__index = function(self, k)
     local v = rawget(self, "_parameters")[k]
+    if v ~= nil then return v end
+    v = rawget(self, "_buffers")[k]
     if v ~= nil then return v end
     v = rawget(self, "_modules")[k]
     if v ~= nil then return v end
@@ -206,8 +219,8 @@ function Module:add_module(name, m)
     raise(string.format("mp.nn.Module:add_module: '%s' must be a module (got %s)", name, show(m)))
   end
   local params, mods = rawget(self, "_parameters"), rawget(self, "_modules")
-  if params[name] ~= nil then
-    raise(string.format("mp.nn.Module:add_module: '%s' is already a parameter", name))
+  if params[name] ~= nil or rawget(self, "_buffers")[name] ~= nil then
+    raise(string.format("mp.nn.Module:add_module: '%s' is already a parameter or buffer", name))
   end
   rawset(self, name, nil)
   if mods[name] == nil then table.insert(rawget(self, "_module_names"), name) end
@@ -229,13 +242,31 @@ function Module:add_parameter(name, t)
     raise(string.format("mp.nn.Module:add_parameter: '%s' must be a float tensor (got %s)", name, t.dtype))
   end
   local params, mods = rawget(self, "_parameters"), rawget(self, "_modules")
-  if mods[name] ~= nil then
-    raise(string.format("mp.nn.Module:add_parameter: '%s' is already a child module", name))
+  if mods[name] ~= nil or rawget(self, "_buffers")[name] ~= nil then
+    raise(string.format("mp.nn.Module:add_parameter: '%s' is already a child module or buffer", name))
   end
   if not t:requires_grad() then t:requires_grad(true) end
   rawset(self, name, nil)
   if params[name] == nil then table.insert(rawget(self, "_param_names"), name) end
   params[name] = t
+  return t
+end
+
+-- a buffer: state that is not a parameter (batch norm's running statistics): in
+-- state_dict and moved by to(device), never trained, and keeping its dtype
+-- under to(dtype) (running statistics stay f32 in a half-precision model)
+function Module:add_buffer(name, t)
+  check_name(self, "buffer", name)
+  if not is_tensor(t) then
+    raise(string.format("mp.nn.Module:add_buffer: '%s' must be a tensor (got %s)", name, show(t)))
+  end
+  if rawget(self, "_parameters")[name] ~= nil or rawget(self, "_modules")[name] ~= nil then
+    raise(string.format("mp.nn.Module:add_buffer: '%s' is already a parameter or child module", name))
+  end
+  local bufs = rawget(self, "_buffers")
+  rawset(self, name, nil)
+  if bufs[name] == nil then table.insert(rawget(self, "_buffer_names"), name) end
+  bufs[name] = t
   return t
 end
 
@@ -305,14 +336,37 @@ function Module:parameters()
   return r
 end
 
--- fn(module, own name, full name) for every parameter slot, a shared module under
--- each of its names (as PyTorch's state_dict walks), cycles refused
+-- {["bn.running_mean"] = t, ...} plus the names in definition order
+function Module:named_buffers()
+  local map, names = {}, {}
+  walk(self, function(m, prefix)
+    local bufs = rawget(m, "_buffers")
+    for _, n in ipairs(rawget(m, "_buffer_names")) do
+      map[prefix .. n] = bufs[n]
+      names[#names + 1] = prefix .. n
+    end
+  end)
+  return map, names
+end
+
+function Module:buffers()
+  local map, names = self:named_buffers()
+  local r = {}
+  for i, n in ipairs(names) do r[i] = map[n] end
+  return r
+end
+
+-- fn(module, own name, full name, store) for every parameter slot, then every
+-- buffer slot (store: the module's _parameters or _buffers table), a shared
+-- module under each of its names (as PyTorch's state_dict walks), cycles refused
 local function each_slot(self, fn)
   local active = {}
   local function go(m, prefix)
     if active[m] then raise("mp.nn.Module: module '" .. prefix .. "' contains itself") end
     active[m] = true
-    for _, n in ipairs(rawget(m, "_param_names")) do fn(m, n, prefix .. n) end
+    local params, bufs = rawget(m, "_parameters"), rawget(m, "_buffers")
+    for _, n in ipairs(rawget(m, "_param_names")) do fn(m, n, prefix .. n, params) end
+    for _, n in ipairs(rawget(m, "_buffer_names")) do fn(m, n, prefix .. n, bufs) end
     local mods = rawget(m, "_modules")
     for _, n in ipairs(rawget(m, "_module_names")) do go(mods[n], prefix .. n .. ".") end
     active[m] = nil
@@ -358,12 +412,20 @@ function Module:to(...)
   local moved, slots = {}, {}
   local _ <close> = core.no_grad()
   -- every copy first, then the swap: a failure halfway leaves the module as it was
-  each_slot(self, function(m, name)
-    local p = rawget(m, "_parameters")[name]
-    slots[#slots + 1] = { m, name, p }
+  each_slot(self, function(m, name, _, store)
+    local p = store[name]
+    slots[#slots + 1] = { store, name, p }
     if moved[p] then return end
-    local ok, r = pcall(p.to, p, table.unpack(args, 1, args.n))
+    local targs = args
+    if store ~= rawget(m, "_parameters") then   -- a buffer: to its device, in its own dtype
+      targs = { n = 0 }
+      for i = 1, args.n do if args[i] ~= "f32" and args[i] ~= "f16" and args[i] ~= "bf16" then
+        targs.n = targs.n + 1; targs[targs.n] = args[i] end end
+      if targs.n == 0 then moved[p] = p return end
+    end
+    local ok, r = pcall(p.to, p, table.unpack(targs, 1, targs.n))
     if not ok then raise("mp.nn.Module:to: " .. tostring(r):gsub("^[^:]*:%d+: ", "")) end
+    if targs ~= args then moved[p] = r return end
     if r.dtype ~= "f32" and r.dtype ~= "f16" and r.dtype ~= "bf16" then
       raise("mp.nn.Module:to: parameters must stay float tensors (asked for " .. r.dtype .. ")")
     end
@@ -376,7 +438,7 @@ function Module:to(...)
       moved[p] = q
     end
   end)
-  for _, s in ipairs(slots) do rawget(s[1], "_parameters")[s[2]] = moved[s[3]] end
+  for _, s in ipairs(slots) do s[1][s[2]] = moved[s[3]] end
   return self
 end
 
@@ -390,8 +452,8 @@ end
 -- b:load_state_dict(a:state_dict()) passes no options by accident.)
 function Module:state_dict()
   local sd = {}
-  each_slot(self, function(m, name, full)
-    sd[full] = rawget(m, "_parameters")[name]:detach()
+  each_slot(self, function(_, name, full, store)
+    sd[full] = store[name]:detach()
   end)
   return sd
 end
@@ -420,9 +482,9 @@ function Module:load_state_dict(sd, opts)
   opts = check_opts("mp.nn.Module:load_state_dict", opts, { strict = true })
   local expected, missing, unexpected = {}, {}, {}
   local slots = {}
-  each_slot(self, function(m, name, full)
+  each_slot(self, function(m, name, full, store)
     expected[full] = true
-    slots[#slots + 1] = { m, name, full }
+    slots[#slots + 1] = { store, name, full, store ~= rawget(m, "_parameters") }
   end)
   for _, s in ipairs(slots) do
     if sd[s[3]] == nil then missing[#missing + 1] = s[3] end
@@ -440,7 +502,7 @@ function Module:load_state_dict(sd, opts)
   end
   -- check everything before writing anything, so a bad entry leaves the model untouched
   for _, s in ipairs(slots) do
-    local v, p = sd[s[3]], rawget(s[1], "_parameters")[s[2]]
+    local v, p = sd[s[3]], s[1][s[2]]
     if v ~= nil then
       if not is_tensor(v) then
         raise(string.format("mp.nn.Module:load_state_dict: '%s' is %s (expected a tensor)", s[3], show(v)))
@@ -449,14 +511,14 @@ function Module:load_state_dict(sd, opts)
         raise(string.format("mp.nn.Module:load_state_dict: size mismatch for '%s': the state_dict has %s, "
                             .. "the model %s", s[3], shape_str(v.shape), shape_str(p.shape)))
       end
-      if v.dtype ~= "f32" and v.dtype ~= "f16" and v.dtype ~= "bf16" then
+      if not s[4] and v.dtype ~= "f32" and v.dtype ~= "f16" and v.dtype ~= "bf16" then
         raise(string.format("mp.nn.Module:load_state_dict: '%s' is %s (expected a float tensor)", s[3], v.dtype))
       end
     end
   end
   for _, s in ipairs(slots) do
     local v = sd[s[3]]
-    if v ~= nil then copy_into(rawget(s[1], "_parameters")[s[2]], v) end
+    if v ~= nil then copy_into(s[1][s[2]], v) end
   end
   return { missing_keys = missing, unexpected_keys = unexpected }
 end
@@ -692,5 +754,173 @@ end
 function Embedding:forward(idx) return core.embedding(idx, self.weight) end
 
 function Embedding:extra_repr() return string.format("%d, %d", self.num_embeddings, self.embedding_dim) end
+
+---------------------------------------------------------------- convolutional networks
+
+-- an integer or a pair {rows, columns} of integers >= lo, as a pair
+local function check_pair(fname, what, v, lo)
+  local function ok(x) x = type(x) == "number" and math.tointeger(x); return x and x >= lo and x end
+  if type(v) == "number" and ok(v) then return { ok(v), ok(v) } end
+  if type(v) == "table" and #v == 2 and ok(v[1]) and ok(v[2]) then return { ok(v[1]), ok(v[2]) } end
+  raise(string.format("%s: %s must be an integer >= %d or a pair {rows, columns} of them (got %s)", fname, what, lo,
+                      type(v) == "table" and "a table" or show(v)))
+end
+
+local function pair_str(p) return p[1] == p[2] and tostring(p[1]) or string.format("(%d, %d)", p[1], p[2]) end
+
+local function checked_options(fname, opts, spec)
+  local ok, r = pcall(core._options, fname, opts, spec, 0)
+  if not ok then raise(tostring(r)) end
+  return r or {}
+end
+
+-- Conv2d(in, out, kernel_size [, {stride=1, padding=0, dilation=1, groups=1, bias=true}]):
+-- weight {out, in / groups, kh, kw}; PyTorch's default init, kaiming_uniform_(a=sqrt(5)):
+-- weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in / groups * kh * kw
+local Conv2d = Module:extend("Conv2d")
+nn.Conv2d = Conv2d
+
+function Conv2d:init(in_channels, out_channels, kernel_size, opts)
+  local f = "mp.nn.Conv2d"
+  in_channels = check_size(f, "in_channels", in_channels)
+  out_channels = check_size(f, "out_channels", out_channels)
+  local k = check_pair(f, "kernel_size", kernel_size, 1)
+  opts = checked_options(f, opts, "stride:any padding:any dilation:any groups:integer bias:boolean")
+  self.stride = check_pair(f, "stride", opts.stride or 1, 1)
+  self.padding = check_pair(f, "padding", opts.padding or 0, 0)
+  self.dilation = check_pair(f, "dilation", opts.dilation or 1, 1)
+  self.groups = check_size(f, "groups", opts.groups or 1)
+  if in_channels % self.groups ~= 0 or out_channels % self.groups ~= 0 then
+    raise(string.format("%s: groups (%d) must divide in_channels (%d) and out_channels (%d)", f, self.groups,
+                        in_channels, out_channels))
+  end
+  self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, k
+  local bound = 1 / math.sqrt(in_channels // self.groups * k[1] * k[2])
+  self:add_parameter("weight", uniform({ out_channels, in_channels // self.groups, k[1], k[2] }, bound))
+  if opts.bias ~= false then self:add_parameter("bias", uniform({ out_channels }, bound)) end
+end
+
+function Conv2d:forward(x)
+  return core.conv2d(x, self.weight, self.bias,
+                     { stride = self.stride, padding = self.padding, dilation = self.dilation, groups = self.groups })
+end
+
+function Conv2d:extra_repr()
+  local s = string.format("%d, %d, kernel_size=%s, stride=%s", self.in_channels, self.out_channels,
+                          pair_str(self.kernel_size), pair_str(self.stride))
+  if self.padding[1] ~= 0 or self.padding[2] ~= 0 then s = s .. ", padding=" .. pair_str(self.padding) end
+  if self.dilation[1] ~= 1 or self.dilation[2] ~= 1 then s = s .. ", dilation=" .. pair_str(self.dilation) end
+  if self.groups ~= 1 then s = s .. ", groups=" .. self.groups end
+  if not self.bias then s = s .. ", bias=false" end
+  return s
+end
+
+-- MaxPool2d(kernel_size [, {stride=kernel_size, padding=0}]) and AvgPool2d (padding
+-- counted in the average, as PyTorch's default)
+local function pool_class(name, fn)
+  local cls = Module:extend(name)
+  nn[name] = cls
+  function cls:init(kernel_size, opts)
+    local f = "mp.nn." .. name
+    self.kernel_size = check_pair(f, "kernel_size", kernel_size, 1)
+    opts = checked_options(f, opts, "stride:any padding:any")
+    self.stride = opts.stride and check_pair(f, "stride", opts.stride, 1) or self.kernel_size
+    self.padding = check_pair(f, "padding", opts.padding or 0, 0)
+  end
+  function cls:forward(x) return core[fn](x, self.kernel_size, { stride = self.stride, padding = self.padding }) end
+  function cls:extra_repr()
+    return string.format("kernel_size=%s, stride=%s, padding=%s", pair_str(self.kernel_size), pair_str(self.stride),
+                         pair_str(self.padding))
+  end
+end
+pool_class("MaxPool2d", "max_pool2d")
+pool_class("AvgPool2d", "avg_pool2d")
+
+-- AdaptiveAvgPool2d(output_size): output_size an integer or {rows, columns}
+local AdaptiveAvgPool2d = Module:extend("AdaptiveAvgPool2d")
+nn.AdaptiveAvgPool2d = AdaptiveAvgPool2d
+
+function AdaptiveAvgPool2d:init(output_size)
+  self.output_size = check_pair("mp.nn.AdaptiveAvgPool2d", "output_size", output_size, 1)
+end
+
+function AdaptiveAvgPool2d:forward(x) return core.adaptive_avg_pool2d(x, self.output_size) end
+
+function AdaptiveAvgPool2d:extra_repr() return "output_size=" .. pair_str(self.output_size) end
+
+-- BatchNorm2d(c [, {eps=1e-5, momentum=0.1, affine=true, track_running_stats=true}]) over
+-- {n, c, h, w}: weight ones, bias zeros; buffers running_mean (zeros), running_var
+-- (ones), always f32, and num_batches_tracked (i32; PyTorch's is i64), as PyTorch names
+-- them. Training uses the batch's statistics and moves the running ones; eval uses
+-- the running ones (or the batch's without track_running_stats).
+local BatchNorm2d = Module:extend("BatchNorm2d")
+nn.BatchNorm2d = BatchNorm2d
+
+function BatchNorm2d:init(num_features, opts)
+  local f = "mp.nn.BatchNorm2d"
+  num_features = check_size(f, "num_features", num_features)
+  opts = check_opts(f, opts, { eps = core._BATCH_NORM_EPS, momentum = core._BATCH_NORM_MOMENTUM, affine = true,
+                               track_running_stats = true })
+  if not (opts.eps > 0) then raise(f .. ": eps must be positive (got " .. show(opts.eps) .. ")") end
+  if not (opts.momentum >= 0 and opts.momentum <= 1) then
+    raise(f .. ": momentum must be in [0, 1] (got " .. show(opts.momentum) .. ")")
+  end
+  self.num_features, self.eps, self.momentum = num_features, opts.eps, opts.momentum
+  self.affine, self.track_running_stats = opts.affine, opts.track_running_stats
+  if opts.affine then
+    self:add_parameter("weight", core.ones({ num_features }, { dtype = "f32" }))
+    self:add_parameter("bias", core.zeros({ num_features }, { dtype = "f32" }))
+  end
+  if opts.track_running_stats then
+    self:add_buffer("running_mean", core.zeros({ num_features }, { dtype = "f32" }))
+    self:add_buffer("running_var", core.ones({ num_features }, { dtype = "f32" }))
+    self:add_buffer("num_batches_tracked", core.zeros({}, { dtype = "i32" }))
+  end
+end
+
+function BatchNorm2d:forward(x)
+  if is_tensor(x) and #x.shape ~= 4 then
+    raise(string.format("mp.nn.BatchNorm2d: expected a 4-d input {n, c, h, w} (got %s)", shape_str(x.shape)))
+  end
+  local batch_stats = self.training or not self.track_running_stats
+  if self.training and self.track_running_stats then
+    self.num_batches_tracked = self.num_batches_tracked + 1
+  end
+  return core.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
+                         { training = batch_stats, momentum = self.momentum, eps = self.eps })
+end
+
+function BatchNorm2d:extra_repr()
+  return string.format("%d, eps=%g, momentum=%g, affine=%s, track_running_stats=%s", self.num_features, self.eps,
+                       self.momentum, tostring(self.affine), tostring(self.track_running_stats))
+end
+
+-- Flatten([{start_dim=2, end_dim=-1}]): dims start_dim..end_dim (1-based, negative
+-- from the end) merged into one: {n, c, h, w} -> {n, c*h*w} by default (PyTorch's
+-- Flatten(1, -1) in its 0-based dims)
+local Flatten = Module:extend("Flatten")
+nn.Flatten = Flatten
+
+function Flatten:init(opts)
+  opts = check_opts("mp.nn.Flatten", opts, { start_dim = 2, end_dim = -1 })
+  self.start_dim, self.end_dim = opts.start_dim, opts.end_dim
+end
+
+function Flatten:forward(x)
+  local n = #x.shape
+  local s = self.start_dim < 0 and n + 1 + self.start_dim or self.start_dim
+  local e = self.end_dim < 0 and n + 1 + self.end_dim or self.end_dim
+  if s < 1 or e > n or s > e then
+    raise(string.format("mp.nn.Flatten: dims %d..%d do not fit a %d-d input", self.start_dim, self.end_dim, n))
+  end
+  local shape, merged = {}, 1
+  for d = 1, s - 1 do shape[#shape + 1] = x.shape[d] end
+  for d = s, e do merged = merged * x.shape[d] end
+  shape[#shape + 1] = merged
+  for d = e + 1, n do shape[#shape + 1] = x.shape[d] end
+  return x:reshape(shape)
+end
+
+function Flatten:extra_repr() return string.format("start_dim=%d, end_dim=%d", self.start_dim, self.end_dim) end
 
 return nn

@@ -216,6 +216,21 @@ WRAP_RC(attention_grad, (mp_dtype dt, void *dq, void *dk, void *dv, const void *
                          const void *v, const void *o, const float *lse, const mp_attn_args *a),
         (dt, dq, dk, dv, g, q, k, v, o, lse, a))
 
+WRAP_RC(conv2d, (mp_dtype dt, void *y, const void *x, const void *w, const void *b, const mp_conv_args *a),
+        (dt, y, x, w, b, a))
+WRAP_RC(conv2d_grad, (mp_dtype dt, void *gx, void *gw, float *gb, const void *gy, const void *x, const void *w,
+                      const mp_conv_args *a), (dt, gx, gw, gb, gy, x, w, a))
+WRAP_RC(max_pool2d, (mp_dtype dt, void *y, int32_t *idx, const void *x, const mp_pool_args *a), (dt, y, idx, x, a))
+WRAP_RC(max_pool2d_grad, (mp_dtype dt, void *gx, const void *gy, const int32_t *idx, const mp_pool_args *a),
+        (dt, gx, gy, idx, a))
+WRAP_RC(avg_pool2d, (mp_dtype dt, void *y, const void *x, const mp_pool_args *a), (dt, y, x, a))
+WRAP_RC(avg_pool2d_grad, (mp_dtype dt, void *gx, const void *gy, const mp_pool_args *a), (dt, gx, gy, a))
+WRAP_RC(batch_norm, (mp_dtype dt, void *y, float *m, float *rs, float *rm, float *rv, const void *x, const float *w,
+                     const float *b, int64_t n, int64_t c, int64_t hw, int tr, float mo, float eps),
+        (dt, y, m, rs, rm, rv, x, w, b, n, c, hw, tr, mo, eps))
+WRAP_RC(batch_norm_grad, (mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x, const float *m,
+                          const float *rs, const float *w, int64_t n, int64_t c, int64_t hw, int tr),
+        (dt, gx, gw, gb, gy, x, m, rs, w, n, c, hw, tr))
 WRAP_RC(topk, (mp_dtype dt, void *vals, int32_t *idx, const void *x, int64_t rows, int64_t n, int64_t k, int largest),
         (dt, vals, idx, x, rows, n, k, largest))
 
@@ -285,6 +300,9 @@ const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
         .cross_entropy = f_cross_entropy, .cross_entropy_grad = f_cross_entropy_grad,
         .layer_norm = f_layer_norm, .layer_norm_grad = f_layer_norm_grad, .gemm = f_gemm, .gemm_bias = f_gemm_bias,
         .attention = f_attention, .attention_grad = f_attention_grad, .topk = f_topk,
+        .conv2d = f_conv2d, .conv2d_grad = f_conv2d_grad, .max_pool2d = f_max_pool2d,
+        .max_pool2d_grad = f_max_pool2d_grad, .avg_pool2d = f_avg_pool2d, .avg_pool2d_grad = f_avg_pool2d_grad,
+        .batch_norm = f_batch_norm, .batch_norm_grad = f_batch_norm_grad,
         .permute = f_permute, .gather = f_gather, .scatter_add = f_scatter_add, .narrow = f_narrow,
         .narrow_put = f_narrow_put, .check_indices = f_check_indices,
     };

@@ -492,6 +492,45 @@ describe("autograd: backward against finite differences", function()
       gradcheck(function(x, b) return mp.layer_norm(x, nil, b) end, { X { 3, 5 }, X { 5 } }, LOOSE, "ln bias only")
     end)
 
+    -- EXACT: conv is linear in x and in w (bilinear), pooling by averages linear
+    it("conv2d: stride, padding, dilation, groups, with and without bias", function()
+      for _, c in ipairs {
+        { x = { 2, 3, 5, 6 }, w = { 4, 3, 3, 2 }, o = {} },
+        { x = { 1, 4, 6, 5 }, w = { 6, 2, 2, 3 }, o = { stride = { 2, 1 }, padding = { 1, 2 }, dilation = { 2, 1 }, groups = 2 } },
+        { x = { 2, 2, 4, 4 }, w = { 2, 1, 3, 3 }, o = { padding = 1, groups = 2 }, nobias = true },
+      } do
+        local what = "conv2d " .. table.concat(c.x, "x") .. " * " .. table.concat(c.w, "x")
+        if c.nobias then
+          gradcheck(function(x, w) return mp.conv2d(x, w, nil, c.o) end, { X(c.x), X(c.w) }, EXACT, what)
+        else
+          gradcheck(function(x, w, b) return mp.conv2d(x, w, b, c.o) end, { X(c.x), X(c.w), X { c.w[1] } }, EXACT, what)
+        end
+      end
+    end)
+
+    it("avg_pool2d (padding counted) and adaptive_avg_pool2d (uneven windows)", function()   -- EXACT
+      gradcheck(function(x) return mp.avg_pool2d(x, 3, { stride = 2, padding = 1 }) end, { X { 2, 2, 5, 6 } }, EXACT,
+                "avg_pool2d")
+      gradcheck(function(x) return mp.adaptive_avg_pool2d(x, { 3, 2 }) end, { X { 2, 7, 5 } }, EXACT, "adaptive")
+    end)
+
+    it("max_pool2d: each window's largest element, overlapping windows add", function()   -- KINK, no ties
+      gradcheck(function(x) return mp.max_pool2d(x, 2) end, { X({ 2, 2, 4, 6 }, { distinct = 0.3 }) }, KINK, "max 2")
+      gradcheck(function(x) return mp.max_pool2d(x, { 3, 2 }, { stride = 1, padding = 1 }) end,
+                { X({ 1, 2, 5, 4 }, { distinct = 0.3 }) }, KINK, "max overlapping")
+    end)
+
+    -- LOOSE, as layer_norm: the batch statistics round in f32
+    it("batch_norm in training (batch statistics) and evaluation (running statistics)", function()
+      gradcheck(function(x, w, b) return mp.batch_norm(x, nil, nil, w, b, { training = true }) end,
+                { X { 3, 2, 2, 3 }, X { 2 }, X { 2 } }, LOOSE, "bn training")
+      gradcheck(function(x) return mp.batch_norm(x, nil, nil, nil, nil, { training = true }) end, { X { 4, 3 } }, LOOSE,
+                "bn 2-d, no affine")
+      local rm, rv = mp.tensor { 0.5, -1 }, mp.tensor { 2, 0.5 }
+      gradcheck(function(x, w, b) return mp.batch_norm(x, rm, rv, w, b) end, { X { 2, 2, 3 }, X { 2 }, X { 2 } }, EXACT,
+                "bn evaluation")
+    end)
+
     it("embedding: rows gather, repeated indices accumulate", function()   -- EXACT: a gather
       gradcheck(function(w) return mp.embedding(I32 { 1, 3, 1, 1 }, w) end, { X { 4, 3 } }, EXACT, "embedding 1-d")
       gradcheck(function(w) return mp.embedding(I32 { { 0, 2 }, { 2, 2 } }, w) end, { X { 3, 2 } }, EXACT,

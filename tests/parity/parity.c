@@ -594,6 +594,118 @@ static int struct_buf(pcase *c, const void *init, size_t bytes)
     return k;
 }
 
+/* convolution, pooling and batch norm over the shapes that reach each path: a
+ * 1 x 1 kernel, padding and stride, dilation, groups (depthwise too), a batch
+ * large enough to be cut into chunks of images; pooling windows clipped by
+ * padding, overlapping, and adaptive windows of uneven size */
+static void cases_cnn(void)
+{
+    /* n, c, h, w, k, r, s, sh, sw, ph, pw, dh, dw, groups */
+    static const int64_t cv[][14] = {
+        {2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1},    {4, 16, 14, 14, 8, 1, 1, 1, 1, 0, 0, 1, 1, 1},
+        {3, 4, 11, 9, 6, 3, 2, 2, 1, 1, 2, 2, 1, 2},   {2, 8, 10, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1, 8},
+        {9, 16, 64, 64, 3, 3, 3, 1, 1, 0, 0, 1, 1, 1}, {1, 1, 28, 28, 32, 5, 5, 2, 2, 2, 2, 1, 1, 1},
+    };
+    /* planes, h, w, kh, kw, sh, sw, ph, pw (oh, ow for adaptive: kh, kw) */
+    static const int64_t pl[][9] = {
+        {6, 8, 8, 2, 2, 2, 2, 0, 0}, {4, 7, 5, 3, 3, 2, 1, 1, 1}, {3, 28, 28, 3, 2, 1, 2, 1, 1}, {8, 9, 6, 4, 3, 0, 0, 0, 0},
+    };
+    /* batch norm: n, c, hw */
+    static const int64_t bn[][3] = {{8, 4, 36}, {2, 64, 49}, {33, 3, 1}, {4, 16, 1000}};
+    pcase c;
+    char what[96];
+    for (int d = 0; d < 3; d++) {
+        mp_dtype dt = FLOATS[d];
+        const char *dn = mp_dtype_name(dt);
+        for (size_t si = 0; si < sizeof cv / sizeof cv[0]; si++) {
+            const int64_t *v = cv[si];
+            mp_conv_args a = {.n = v[0], .c = v[1], .h = v[2], .w = v[3], .k = v[4], .r = v[5], .s = v[6], .sh = v[7],
+                              .sw = v[8], .ph = v[9], .pw = v[10], .dh = v[11], .dw = v[12], .groups = v[13]};
+            a.oh = (a.h + 2 * a.ph - a.dh * (a.r - 1) - 1) / a.sh + 1;
+            a.ow = (a.w + 2 * a.pw - a.dw * (a.s - 1) - 1) / a.sw + 1;
+            snprintf(what, sizeof what, "x {%lld,%lld,%lld,%lld} w {%lld,%lld,%lld,%lld} groups %lld", (long long)a.n,
+                     (long long)a.c, (long long)a.h, (long long)a.w, (long long)a.k, (long long)(a.c / a.groups),
+                     (long long)a.r, (long long)a.s, (long long)a.groups);
+            if (!DUT->conv2d || !DUT->conv2d_grad) { skipped++; continue; }
+            if (!begin(&c, "conv2d and its grad %s %s", dn, what)) continue;
+            int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * (a.c / a.groups) * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
+            int x = buf(&c, dt, nx, 0, -1, 1), w = buf(&c, dt, nw, 0, -1, 1), b = buf(&c, dt, a.k, 0, -1, 1);
+            int y = buf(&c, dt, ny, 1, 0, 0), g = buf(&c, dt, ny, 0, -1, 1);
+            int gx = buf(&c, dt, nx, 1, 0, 0), gw = buf(&c, dt, nw, 1, 0, 0), gb = buf(&c, MP_F32, a.k, 1, 0, 0);
+            REF->conv2d(REF->ctx, dt, c.ref[y], c.ref[x], c.ref[w], c.ref[b], &a);
+            DUT->conv2d(DUT->ctx, dt, c.dev[y], c.dev[x], c.dev[w], c.dev[b], &a);
+            REF->conv2d_grad(REF->ctx, dt, c.ref[gx], c.ref[gw], c.ref[gb], c.ref[g], c.ref[x], c.ref[w], &a);
+            DUT->conv2d_grad(DUT->ctx, dt, c.dev[gx], c.dev[gw], c.dev[gb], c.dev[g], c.dev[x], c.dev[w], &a);
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+        }
+        for (size_t si = 0; si < sizeof pl / sizeof pl[0]; si++)
+            for (int kind = 0; kind < 3; kind++) {   /* max, average, adaptive average */
+                const int64_t *v = pl[si];
+                mp_pool_args a = {.planes = v[0], .h = v[1], .w = v[2], .kh = v[3], .kw = v[4], .sh = v[5], .sw = v[6],
+                                  .ph = v[7], .pw = v[8], .adaptive = kind == 2};
+                if (a.adaptive) a.oh = v[3], a.ow = v[4], a.kh = a.kw = a.sh = a.sw = a.ph = a.pw = 0;
+                else if (!a.sh) continue;   /* an adaptive-only row */
+                else a.oh = (a.h + 2 * a.ph - a.kh) / a.sh + 1, a.ow = (a.w + 2 * a.pw - a.kw) / a.sw + 1;
+                static const char *kn[3] = {"max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"};
+                snprintf(what, sizeof what, "%s {%lld planes, %lld x %lld} -> %lld x %lld", kn[kind], (long long)a.planes,
+                         (long long)a.h, (long long)a.w, (long long)a.oh, (long long)a.ow);
+                if (kind == 0 ? !DUT->max_pool2d || !DUT->max_pool2d_grad : !DUT->avg_pool2d || !DUT->avg_pool2d_grad) {
+                    skipped++;
+                    continue;
+                }
+                if (!begin(&c, "%s and its grad %s", dn, what)) continue;
+                int64_t nx = a.planes * a.h * a.w, ny = a.planes * a.oh * a.ow;
+                int x = buf(&c, dt, nx, 0, -2, 2), y = buf(&c, dt, ny, 1, 0, 0), g = buf(&c, dt, ny, 0, -1, 1);
+                int gx = buf(&c, dt, nx, 1, 0, 0);
+                if (kind == 0) {
+                    int ix = buf(&c, MP_I32, ny, 1, 0, 0);
+                    REF->max_pool2d(REF->ctx, dt, c.ref[y], c.ref[ix], c.ref[x], &a);
+                    DUT->max_pool2d(DUT->ctx, dt, c.dev[y], c.dev[ix], c.dev[x], &a);
+                    REF->max_pool2d_grad(REF->ctx, dt, c.ref[gx], c.ref[g], c.ref[ix], &a);
+                    DUT->max_pool2d_grad(DUT->ctx, dt, c.dev[gx], c.dev[g], c.dev[ix], &a);
+                } else {
+                    REF->avg_pool2d(REF->ctx, dt, c.ref[y], c.ref[x], &a);
+                    DUT->avg_pool2d(DUT->ctx, dt, c.dev[y], c.dev[x], &a);
+                    REF->avg_pool2d_grad(REF->ctx, dt, c.ref[gx], c.ref[g], &a);
+                    DUT->avg_pool2d_grad(DUT->ctx, dt, c.dev[gx], c.dev[g], &a);
+                }
+                c.bound = bound_for(dt, 1e-12, 1e-6);
+                finish(&c);
+            }
+        for (size_t si = 0; si < sizeof bn / sizeof bn[0]; si++)
+            for (int training = 0; training <= 1; training++) {
+                int64_t n = bn[si][0], ch = bn[si][1], hw = bn[si][2];
+                snprintf(what, sizeof what, "{%lld, %lld, %lld} %s", (long long)n, (long long)ch, (long long)hw,
+                         training ? "training" : "evaluation");
+                if (!DUT->batch_norm || !DUT->batch_norm_grad) { skipped++; continue; }
+                if (!begin(&c, "batch_norm and its grad %s %s", dn, what)) continue;
+                int x = buf(&c, dt, n * ch * hw, 0, -2, 3), w = buf(&c, MP_F32, ch, 0, 0.5, 1.5);
+                int b = buf(&c, MP_F32, ch, 0, -1, 1), rm = buf(&c, MP_F32, ch, 1, 0, 0), rv = buf(&c, MP_F32, ch, 1, 0, 0);
+                int y = buf(&c, dt, n * ch * hw, 1, 0, 0), mean = buf(&c, MP_F32, ch, 1, 0, 0);
+                int rstd = buf(&c, MP_F32, ch, 1, 0, 0), g = buf(&c, dt, n * ch * hw, 0, -1, 1);
+                int gx = buf(&c, dt, n * ch * hw, 1, 0, 0), gw = buf(&c, MP_F32, ch, 1, 0, 0), gb = buf(&c, MP_F32, ch, 1, 0, 0);
+                if (!training) {   /* evaluation reads running statistics: give both sides the same */
+                    float *hm = c.host[rm], *hv = c.host[rv];
+                    for (int64_t i = 0; i < ch; i++) hm[i] = 0.1f * (float)i - 0.5f, hv[i] = 0.5f + 0.25f * (float)i;
+                    memcpy(c.ref[rm], hm, (size_t)ch * 4), memcpy(c.ref[rv], hv, (size_t)ch * 4);
+                    DUT->from_host(DUT->ctx, c.dev[rm], hm, (size_t)ch * 4);
+                    DUT->from_host(DUT->ctx, c.dev[rv], hv, (size_t)ch * 4);
+                }
+                REF->batch_norm(REF->ctx, dt, c.ref[y], c.ref[mean], c.ref[rstd], c.ref[rm], c.ref[rv], c.ref[x], c.ref[w],
+                                c.ref[b], n, ch, hw, training, 0.1f, 1e-5f);
+                DUT->batch_norm(DUT->ctx, dt, c.dev[y], c.dev[mean], c.dev[rstd], c.dev[rm], c.dev[rv], c.dev[x], c.dev[w],
+                                c.dev[b], n, ch, hw, training, 0.1f, 1e-5f);
+                REF->batch_norm_grad(REF->ctx, dt, c.ref[gx], c.ref[gw], c.ref[gb], c.ref[g], c.ref[x], c.ref[mean],
+                                     c.ref[rstd], c.ref[w], n, ch, hw, training);
+                DUT->batch_norm_grad(DUT->ctx, dt, c.dev[gx], c.dev[gw], c.dev[gb], c.dev[g], c.dev[x], c.dev[mean],
+                                     c.dev[rstd], c.dev[w], n, ch, hw, training);
+                c.bound = bound_for(dt, 1e-10, 1e-5);
+                finish(&c);
+            }
+    }
+}
+
 static void cases_optim_and_scaler(void)
 {
     static const char *kn[] = {"sgd", "adam", "adamw"};
@@ -791,6 +903,7 @@ int main(int argc, char **argv)
     cases_reduce_and_layout();
     cases_gemm();
     cases_nn();
+    cases_cnn();
     cases_optim_and_scaler();
     if (none) {
         printf("parity: no CUDA device on this machine: %d cases skipped (the harness ran them CPU "

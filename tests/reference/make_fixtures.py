@@ -69,8 +69,10 @@ def f32(*shape, gen, scale=1.0, lo=None, hi=None):
     return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(torch.float32)
 
 
-def fixture(name, net, inputs, params, forward, metadata):
-    """run forward in float64 from the f32 inputs and params; write the file"""
+def fixture(name, net, inputs, params, forward, metadata, extra=None):
+    """run forward in float64 from the f32 inputs and params; write the file.
+    extra(): more tensors to store ({name: tensor}), read after the backward
+    (a network's updated running statistics, say)"""
     leaves = {}
     for k, v in list(inputs.items()) + list(params.items()):
         if v.dtype == torch.float32:
@@ -87,6 +89,8 @@ def fixture(name, net, inputs, params, forward, metadata):
     for k, v in params.items():
         out["param." + k] = v
         out["grad." + k] = leaves[k].grad.float()
+    if extra:
+        out.update(extra())
     meta = {"net": net, "generator": "tests/reference/make_fixtures.py",
             "torch": torch.__version__, "compute": "float64 from float32 inputs, rounded to float32"}
     meta.update(metadata)
