@@ -15,8 +15,8 @@
  * between calls, given back by release_cache). Slots 0-2: the GEMM's widening
  * buffers (slot 2 also the chunk sums of cpu_reduce's column sums); slot 3:
  * the row buffers of the row-wise kernels and the planes of pooling, one per
- * thread; slots 4-10: convolution's columns and f32 operands (cpu_conv.c). */
-#define CPU_SCRATCH_SLOTS 11
+ * thread; slots 4-12: convolution's columns and f32 operands (cpu_conv.c). */
+#define CPU_SCRATCH_SLOTS 13
 struct mp_kctx {
     mp_block_cache cache;
     void *scratch[CPU_SCRATCH_SLOTS];
@@ -107,6 +107,9 @@ int cpu_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, con
                   const void *bias, void *c);
 int cpu_gemm_dnnl(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
                   const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc);
+int cpu_dnnl_enable(int on);   /* 0: every oneDNN path declines (tests); returns the previous setting */
+int cpu_gemm_dnnl_f32out(mp_kctx *cx, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                         const void *a, int64_t sa, const void *b, int64_t sb, float beta, float *c, int64_t sc);
 int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
               float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
               float beta, void *c, int64_t sc);

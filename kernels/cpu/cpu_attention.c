@@ -20,6 +20,7 @@
 #include <string.h>
 #include "kernels/cpu/block_gemm.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/lane_sums.h"
 #include "kernels/cpu/vmath.h"
 #include "kernels/philox.h"
 
@@ -32,19 +33,6 @@ static void transpose(float *xt, const float *x, int64_t rows, int64_t cols)
 {
     for (int64_t j = 0; j < rows; j++)
         for (int64_t p = 0; p < cols; p++) xt[p * rows + j] = x[j * cols + p];
-}
-
-/* sum of x[e] y[e] in double over 8 lanes, each in order, added in order:
- * vectorised, and the same bits on every clone */
-MP_SIMD static double dot(const float *x, const float *y, int64_t n)
-{
-    double acc[8] = {0}, s = 0;
-    int64_t e = 0;
-    for (; e + 8 <= n; e += 8)
-        for (int l = 0; l < 8; l++) acc[l] += (double)x[e + l] * y[e + l];
-    for (; e < n; e++) acc[e % 8] += (double)x[e] * y[e];
-    for (int l = 0; l < 8; l++) s += acc[l];
-    return s;
 }
 
 /* The forward's row loops, vectorised: max and sum over 16 lanes, combined in
@@ -188,7 +176,7 @@ int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, c
         transpose(vt, vf, tk, d);
         memset(dqf, 0, sizeof(float) * (size_t)(tq * d));
         memset(dkf, 0, sizeof(float) * (size_t)(2 * tk * d));
-        for (int64_t i = 0; i < tq; i++) di[i] = (float)dot(gf + i * d, of + i * d, d);   /* D_i = dout_i . out_i */
+        for (int64_t i = 0; i < tq; i++) di[i] = (float)lane_dot(gf + i * d, of + i * d, d);   /* D_i = dout_i . out_i */
         const float *L = lse + r * tq;
         for (int64_t i0 = 0; i0 < tq; i0 += BQ) {
             int64_t ni = tq - i0 < BQ ? tq - i0 : BQ;

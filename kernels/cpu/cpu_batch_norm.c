@@ -1,26 +1,42 @@
 /*
  * cpu_batch_norm.c: batch norm over the channels of {n, c, hw}, forward and
- * backward (backend.h). Statistics are f64 sums over the channel's n * hw
- * values in order (mean first, then the squared deviations: two passes, no
- * cancellation), stored as f32; channels run in parallel, each on one thread,
- * so the bits do not depend on the thread count.
+ * backward (backend.h). A channel is n runs of hw values; statistics are f64
+ * sums (lane_sums.h) of each run, the runs added in order (the mean first, then
+ * the squared deviations: two passes, no cancellation), stored as f32. Channels
+ * run in parallel, each on one thread, so the bits do not depend on the thread
+ * count. f32 runs are read in place; f16/bf16 ones are widened a block at a time.
  */
 #include <math.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/lane_sums.h"
 
-/* sum of channel ch's values (about mu: of their squared deviations), f64, in order */
-static double channel_sum(mp_dtype dt, const void *x, int64_t n, int64_t c, int64_t hw, int64_t ch, int sq, double mu)
+/* a piece of a run as f32: in place for f32, else widened into buf */
+static inline const float *piece(mp_dtype dt, const void *src, int64_t off, int64_t len, float *buf)
 {
-    float buf[MP_BLOCK];
-    double s = 0;
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t e = 0; e < hw; e += MP_BLOCK) {
-            int64_t len = hw - e < MP_BLOCK ? hw - e : MP_BLOCK;
-            cpu_load(dt, x, (i * c + ch) * hw + e, buf, len);
-            if (sq) for (int64_t l = 0; l < len; l++) s += ((double)buf[l] - mu) * ((double)buf[l] - mu);
-            else for (int64_t l = 0; l < len; l++) s += buf[l];
-        }
-    return s;
+    if (dt == MP_F32) return (const float *)src + off;
+    cpu_load(dt, src, off, buf, len);
+    return buf;
+}
+
+/* for each piece (off, len) of channel ch, in order: its n runs of hw values,
+ * whole for f32, in blocks that fit the widening buffers otherwise */
+#define PIECE(dt, hw) ((dt) == MP_F32 ? (hw) : MP_BLOCK)
+#define FOR_PIECES(dt, n, c, hw, ch, off, len)                                           \
+    for (int64_t i_ = 0; i_ < (n); i_++)                                                   \
+        for (int64_t e_ = 0, len = 0, off = 0; e_ < (hw); e_ += len)                      \
+            if ((len = (hw) - e_ < PIECE(dt, hw) ? (hw) - e_ : PIECE(dt, hw)),             \
+                (off = (i_ * (c) + (ch)) * (hw) + e_), 1)
+
+/* y = x a + b over a piece */
+MP_SIMD static void affine(float *y, const float *x, int64_t n, float a, float b)
+{
+    for (int64_t j = 0; j < n; j++) y[j] = x[j] * a + b;
+}
+
+/* gx = a g + b + k (x - m) over a piece */
+MP_SIMD static void grad_piece(float *gx, const float *g, const float *x, int64_t n, float a, float b, float k, float m)
+{
+    for (int64_t j = 0; j < n; j++) gx[j] = a * g[j] + b + k * (x[j] - m);
 }
 
 int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,
@@ -30,11 +46,13 @@ int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
     int64_t count = n * hw;
     #pragma omp parallel for if (n * c * hw >= MP_PAR_MIN) schedule(static)
     for (int64_t ch = 0; ch < c; ch++) {
-        float buf[MP_BLOCK];
+        float buf[MP_BLOCK], out[MP_BLOCK];
         double mu, var;
         if (training) {
-            mu = count ? channel_sum(dt, x, n, c, hw, ch, 0, 0) / (double)count : 0;
-            double q = channel_sum(dt, x, n, c, hw, ch, 1, mu);
+            double s = 0, q = 0;
+            FOR_PIECES(dt, n, c, hw, ch, off, len) s += lane_sum(piece(dt, x, off, len, buf), len);
+            mu = count ? s / (double)count : 0;
+            FOR_PIECES(dt, n, c, hw, ch, off, len) q += lane_sumsq_dev(piece(dt, x, off, len, buf), len, (float)mu);
             var = count ? q / (double)count : 0;
             if (running_mean) running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mu);
             if (running_var && count > 1)
@@ -44,14 +62,12 @@ int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
         }
         float m = (float)mu, r = (float)(1.0 / sqrt(var + (double)eps));
         mean[ch] = m, rstd[ch] = r;
-        float scale = w ? w[ch] * r : r, shift = b ? b[ch] : 0.0f;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t e = 0; e < hw; e += MP_BLOCK) {
-                int64_t len = hw - e < MP_BLOCK ? hw - e : MP_BLOCK, off = (i * c + ch) * hw + e;
-                cpu_load(dt, x, off, buf, len);
-                for (int64_t l = 0; l < len; l++) buf[l] = (buf[l] - m) * scale + shift;
-                cpu_store(dt, y, off, buf, len);
-            }
+        float scale = w ? w[ch] * r : r, shift = (b ? b[ch] : 0.0f) - m * scale;
+        FOR_PIECES(dt, n, c, hw, ch, off, len) {
+            const float *xp = piece(dt, x, off, len, buf);
+            if (dt == MP_F32) affine((float *)y + off, xp, len, scale, shift);
+            else affine(out, xp, len, scale, shift), cpu_store(dt, y, off, out, len);
+        }
     }
     return 0;
 }
@@ -63,30 +79,26 @@ int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
     int64_t count = n * hw;
     #pragma omp parallel for if (n * c * hw >= MP_PAR_MIN) schedule(static)
     for (int64_t ch = 0; ch < c; ch++) {
-        float gbuf[MP_BLOCK], xbuf[MP_BLOCK];
+        float gbuf[MP_BLOCK], xbuf[MP_BLOCK], out[MP_BLOCK];
         float m = mean[ch], r = rstd[ch], wc = w ? w[ch] : 1.0f;
-        double sg = 0, sgx = 0;   /* sum gy, sum gy * xhat */
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t e = 0; e < hw; e += MP_BLOCK) {
-                int64_t len = hw - e < MP_BLOCK ? hw - e : MP_BLOCK, off = (i * c + ch) * hw + e;
-                cpu_load(dt, gy, off, gbuf, len);
-                cpu_load(dt, x, off, xbuf, len);
-                for (int64_t l = 0; l < len; l++) sg += gbuf[l], sgx += (double)gbuf[l] * ((xbuf[l] - m) * r);
-            }
+        double sg = 0, sgd = 0;   /* sum gy, sum gy (x - mean) */
+        FOR_PIECES(dt, n, c, hw, ch, off, len) {
+            const float *g = piece(dt, gy, off, len, gbuf), *xp = piece(dt, x, off, len, xbuf);
+            sg += lane_sum(g, len), sgd += lane_dot_dev(g, xp, len, m);
+        }
+        double sgx = sgd * r;     /* sum gy x-hat */
         if (gb) gb[ch] = (float)sg;
         if (gw) gw[ch] = (float)sgx;
         if (!gx) continue;
-        /* training: gx = w rstd (gy - mean(gy) - xhat mean(gy xhat)); fixed statistics: gx = w rstd gy */
+        /* training: gx = w rstd (gy - mean(gy) - x-hat mean(gy x-hat)); fixed statistics: gx = w rstd gy */
         float k = wc * r, mg = training && count ? (float)(sg / (double)count) : 0.0f;
         float mgx = training && count ? (float)(sgx / (double)count) : 0.0f;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t e = 0; e < hw; e += MP_BLOCK) {
-                int64_t len = hw - e < MP_BLOCK ? hw - e : MP_BLOCK, off = (i * c + ch) * hw + e;
-                cpu_load(dt, gy, off, gbuf, len);
-                cpu_load(dt, x, off, xbuf, len);
-                for (int64_t l = 0; l < len; l++) gbuf[l] = k * (gbuf[l] - mg - (xbuf[l] - m) * r * mgx);
-                cpu_store(dt, gx, off, gbuf, len);
-            }
+        FOR_PIECES(dt, n, c, hw, ch, off, len) {
+            const float *g = piece(dt, gy, off, len, gbuf), *xp = piece(dt, x, off, len, xbuf);
+            float *o = dt == MP_F32 ? (float *)gx + off : out;
+            grad_piece(o, g, xp, len, k, -k * mg, -k * r * mgx, m);
+            if (dt != MP_F32) cpu_store(dt, gx, off, out, len);
+        }
     }
     return 0;
 }

@@ -1,8 +1,11 @@
 /*
- * cpu_conv.c: 2-d convolution as im2col + GEMM (the engine's f32 GEMM: oneDNN,
- * else OpenBLAS), forward and backward, for every float dtype: f16/bf16
- * operands are widened to f32, products accumulate in f32, results are rounded
- * once.
+ * cpu_conv.c: 2-d convolution as im2col + GEMM, forward and backward, for
+ * every float dtype: products accumulate in f32 and results are rounded once.
+ * f32 and f16 run through the engine's f32 GEMM (oneDNN, else OpenBLAS; f16
+ * operands widened first). bf16 operands stay bf16 (columns included) and go
+ * to oneDNN's bf16 GEMM with f32 results (AVX512-BF16: bf16 pairs multiplied
+ * into f32 accumulators at twice the f32 rate); where oneDNN has no such kernel
+ * they are widened and take the f32 GEMM, with the same numerics.
  *
  * Per group g and per image, the input's patches are unrolled into
  * col {cg r s, oh ow} (zeros where a tap falls in the padding), so that
@@ -14,52 +17,78 @@
  * and thread count (each output element is one GEMM dot product, gw adds the
  * images in order).
  */
+#include <stdint.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
 
 #define COL_FLOATS ((int64_t)1 << 22)   /* 16 MiB of columns per chunk of images */
 /* scratch slots (cpu.h) */
-enum { S_COL = 4, S_GCOL, S_X, S_GY, S_GX, S_W, S_GW };
+enum { S_COL = 4, S_GCOL, S_X, S_GY, S_GX, S_W, S_GW, S_WA, S_WB };
 
-/* x{cg, h, w} (f32, one group of one image) -> col{cg r s, oh ow} */
-static void im2col(const mp_conv_args *a, const float *x, float *col, int64_t cg)
+/* the output columns [*lo, *hi) whose input column j * sw - pw + v * dw lies in
+ * [0, w) for kernel column v: the rest read padding */
+static inline void valid_cols(const mp_conv_args *a, int64_t v, int64_t *lo, int64_t *hi)
 {
-    int64_t ohw = a->oh * a->ow;
-    for (int64_t row = 0; row < cg * a->r * a->s; row++) {
-        int64_t c = row / (a->r * a->s), u = row / a->s % a->r, v = row % a->s;
-        const float *xc = x + c * a->h * a->w;
-        float *out = col + row * ohw;
-        for (int64_t i = 0; i < a->oh; i++) {
-            int64_t ih = i * a->sh - a->ph + u * a->dh;
-            float *o = out + i * a->ow;
-            if (ih < 0 || ih >= a->h) { memset(o, 0, sizeof(float) * (size_t)a->ow); continue; }
-            const float *xr = xc + ih * a->w;
-            for (int64_t j = 0; j < a->ow; j++) {
-                int64_t iw = j * a->sw - a->pw + v * a->dw;
-                o[j] = iw >= 0 && iw < a->w ? xr[iw] : 0.0f;
-            }
-        }
-    }
+    int64_t off = v * a->dw - a->pw;   /* input column of output column 0 */
+    *lo = off >= 0 ? 0 : (-off + a->sw - 1) / a->sw;
+    *hi = a->w - off <= 0 ? 0 : (a->w - off + a->sw - 1) / a->sw;
+    if (*hi > a->ow) *hi = a->ow;
+    if (*lo > *hi) *lo = *hi;
 }
 
-/* the adjoint: gx{cg, h, w} += col{cg r s, oh ow}, taps in row order */
+/* x{cg, h, w} (one group of one image) -> col{cg r s, oh ow}, for 4-byte (f32)
+ * and 2-byte (bf16) elements: copies, zeros where a tap reads padding */
+#define IM2COL(NAME, T)                                                                          \
+    static void NAME(const mp_conv_args *a, const T *x, T *col, int64_t cg)                      \
+    {                                                                                            \
+        int64_t ohw = a->oh * a->ow;                                                             \
+        for (int64_t row = 0; row < cg * a->r * a->s; row++) {                                   \
+            int64_t c = row / (a->r * a->s), u = row / a->s % a->r, v = row % a->s, lo, hi;      \
+            valid_cols(a, v, &lo, &hi);                                                          \
+            int64_t off = v * a->dw - a->pw;   /* + j * sw: output column j's input column */    \
+            const T *xc = x + c * a->h * a->w;                                                   \
+            T *out = col + row * ohw;                                                            \
+            for (int64_t i = 0; i < a->oh; i++) {                                                \
+                int64_t ih = i * a->sh - a->ph + u * a->dh;                                      \
+                T *o = out + i * a->ow;                                                          \
+                if (ih < 0 || ih >= a->h) { memset(o, 0, sizeof(T) * (size_t)a->ow); continue; } \
+                const T *xr = xc + ih * a->w;                                                    \
+                for (int64_t j = 0; j < lo; j++) o[j] = 0;                                       \
+                if (a->sw == 1) memcpy(o + lo, xr + off + lo, sizeof(T) * (size_t)(hi - lo));    \
+                else for (int64_t j = lo; j < hi; j++) o[j] = xr[off + j * a->sw];               \
+                for (int64_t j = hi; j < a->ow; j++) o[j] = 0;                                   \
+            }                                                                                    \
+        }                                                                                        \
+    }
+IM2COL(im2col_f32, float)
+IM2COL(im2col_u16, uint16_t)
+
+/* one group of one image into its columns: es-byte elements */
+static void im2col(const mp_conv_args *a, const void *x, void *col, int64_t cg, size_t es)
+{
+    if (es == 2) im2col_u16(a, x, col, cg);
+    else im2col_f32(a, x, col, cg);
+}
+
+/* the adjoint: gx{cg, h, w} += col{cg r s, oh ow}, a channel's taps in order
+ * (one thread owns the image) */
 static void col2im(const mp_conv_args *a, const float *col, float *gx, int64_t cg)
 {
     int64_t ohw = a->oh * a->ow;
-    for (int64_t c = 0; c < cg; c++)   /* a channel's taps in order: one thread owns the channel */
+    for (int64_t c = 0; c < cg; c++)
         for (int64_t t = 0; t < a->r * a->s; t++) {
-            int64_t u = t / a->s, v = t % a->s;
+            int64_t u = t / a->s, v = t % a->s, lo, hi;
+            valid_cols(a, v, &lo, &hi);
             const float *in = col + (c * a->r * a->s + t) * ohw;
+            int64_t off = v * a->dw - a->pw;
             float *gc = gx + c * a->h * a->w;
             for (int64_t i = 0; i < a->oh; i++) {
                 int64_t ih = i * a->sh - a->ph + u * a->dh;
                 if (ih < 0 || ih >= a->h) continue;
                 float *gr = gc + ih * a->w;
                 const float *o = in + i * a->ow;
-                for (int64_t j = 0; j < a->ow; j++) {
-                    int64_t iw = j * a->sw - a->pw + v * a->dw;
-                    if (iw >= 0 && iw < a->w) gr[iw] += o[j];
-                }
+                if (a->sw == 1) for (int64_t j = lo; j < hi; j++) gr[off + j] += o[j];
+                else for (int64_t j = lo; j < hi; j++) gr[off + j * a->sw] += o[j];
             }
         }
 }
@@ -88,29 +117,51 @@ static int64_t chunk_images(const mp_conv_args *a)
     return n < 1 ? 1 : n > a->n ? a->n : n;
 }
 
+/* es-byte element i of p */
+static inline const void *at(const void *p, int64_t i, size_t es) { return (const char *)p + (size_t)i * es; }
+
+/* the elements an operand of batch items (stride s, 0 shared) spans */
+static int64_t span(int64_t batch, int64_t s, int64_t item) { return s ? (batch - 1) * s + item : item; }
+
+/* C (f32) = op(A) op(B) + beta C over a batch (the engine's GEMM arguments):
+ * f32 operands through cpu_gemm; bf16 ones (lowp) through oneDNN's bf16 GEMM
+ * with f32 results, or widened into S_WA/S_WB and then cpu_gemm */
+static int gemm_f32out(mp_kctx *cx, int lowp, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+                       const void *a, int64_t sa, const void *b, int64_t sb, float beta, float *c, int64_t sc)
+{
+    if (!lowp) return cpu_gemm(cx, MP_F32, ta, tb, batch, m, n, k, 1.0f, a, sa, b, sb, beta, c, sc);
+    if (cpu_gemm_dnnl_f32out(cx, ta, tb, batch, m, n, k, 1.0f, a, sa, b, sb, beta, c, sc) == 0) return 0;
+    const float *fa = as_f32(cx, S_WA, MP_BF16, a, span(batch, sa, m * k));
+    const float *fb = fa ? as_f32(cx, S_WB, MP_BF16, b, span(batch, sb, k * n)) : NULL;
+    return fb ? cpu_gemm(cx, MP_F32, ta, tb, batch, m, n, k, 1.0f, fa, sa, fb, sb, beta, c, sc) : -1;
+}
+
 int cpu_conv2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, const void *b, const mp_conv_args *a)
 {
     int64_t g = a->groups, cg = a->c / g, kg = a->k / g, crs = cg * a->r * a->s, ohw = a->oh * a->ow;
     int64_t chw = a->c * a->h * a->w, nb = chunk_images(a);
-    const float *wf = as_f32(cx, S_W, dt, w, a->k * crs);
-    float *col = cpu_scratch(cx, S_COL, sizeof(float) * (size_t)(nb * crs * ohw + 1));
+    int lowp = dt == MP_BF16;
+    size_t es = mp_dtype_size(dt), ce = lowp ? 2 : 4;   /* bytes of an element of x, of the columns */
+    const void *wop = lowp ? w : as_f32(cx, S_W, dt, w, a->k * crs);
+    void *col = cpu_scratch(cx, S_COL, ce * (size_t)(nb * crs * ohw + 1));
     /* the GEMM's output: y itself for f32 without groups, else f32 scratch */
     int direct = dt == MP_F32 && g == 1;
     float *yf = direct ? NULL : cpu_scratch(cx, S_GCOL, sizeof(float) * (size_t)(nb * kg * ohw + 1));
-    if (!wf || !col || (!direct && !yf)) return -1;
+    if (!wop || !col || (!direct && !yf)) return -1;
     float bias[1024], *bv = a->k <= 1024 ? bias : cpu_scratch(cx, S_GW, sizeof(float) * (size_t)a->k);
     if (!bv) return -1;
     if (b) cpu_load(dt, b, 0, bv, a->k);
     for (int64_t n0 = 0; n0 < a->n; n0 += nb) {
         int64_t ni = a->n - n0 < nb ? a->n - n0 : nb;
-        const float *xf = as_f32(cx, S_X, dt, (const char *)x + (size_t)(n0 * chw) * mp_dtype_size(dt), ni * chw);
-        if (!xf) return -1;
+        const void *xop = lowp ? at(x, n0 * chw, es) : as_f32(cx, S_X, dt, at(x, n0 * chw, es), ni * chw);
+        if (!xop) return -1;
         for (int64_t gi = 0; gi < g; gi++) {
             #pragma omp parallel for if (ni * crs * ohw >= MP_PAR_MIN) schedule(static)
-            for (int64_t i = 0; i < ni; i++) im2col(a, xf + i * chw + gi * cg * a->h * a->w, col + i * crs * ohw, cg);
+            for (int64_t i = 0; i < ni; i++)
+                im2col(a, at(xop, i * chw + gi * cg * a->h * a->w, ce), (char *)col + (size_t)(i * crs * ohw) * ce, cg, ce);
             float *out = direct ? (float *)y + n0 * a->k * ohw : yf;
             int64_t so = direct ? a->k * ohw : kg * ohw;
-            if (cpu_gemm(cx, MP_F32, 0, 0, ni, kg, ohw, crs, 1.0f, wf + gi * kg * crs, 0, col, crs * ohw, 0.0f, out, so))
+            if (gemm_f32out(cx, lowp, 0, 0, ni, kg, ohw, crs, at(wop, gi * kg * crs, ce), 0, col, crs * ohw, 0.0f, out, so))
                 return -1;
             /* bias, and the rounding into y's channels of this group */
             #pragma omp parallel for if (ni * kg * ohw >= MP_PAR_MIN) schedule(static)
@@ -130,7 +181,8 @@ int cpu_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, con
 {
     int64_t g = a->groups, cg = a->c / g, kg = a->k / g, crs = cg * a->r * a->s, ohw = a->oh * a->ow;
     int64_t chw = a->c * a->h * a->w, kohw = a->k * ohw, nb = chunk_images(a);
-    size_t es = mp_dtype_size(dt);
+    int lowp = dt == MP_BF16;
+    size_t es = mp_dtype_size(dt), ce = lowp ? 2 : 4;
     if (gb) {   /* each channel's sum over images and pixels, in f64, in order */
         #pragma omp parallel for if (a->n * kohw >= MP_PAR_MIN) schedule(static)
         for (int64_t ch = 0; ch < a->k; ch++) {
@@ -146,32 +198,35 @@ int cpu_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, con
         }
     }
     if (!gx && !gw) return 0;
-    const float *wf = as_f32(cx, S_W, dt, w, a->k * crs);
-    float *col = gw ? cpu_scratch(cx, S_COL, sizeof(float) * (size_t)(nb * crs * ohw + 1)) : NULL;
+    const void *wop = lowp ? w : as_f32(cx, S_W, dt, w, a->k * crs);
+    void *col = gw ? cpu_scratch(cx, S_COL, ce * (size_t)(nb * crs * ohw + 1)) : NULL;
     float *gcol = gx ? cpu_scratch(cx, S_GCOL, sizeof(float) * (size_t)(nb * crs * ohw + 1)) : NULL;
     float *gwf = !gw ? NULL : dt == MP_F32 ? gw : cpu_scratch(cx, S_GW, sizeof(float) * (size_t)(a->k * crs));
-    if (!wf || (gw && (!col || !gwf)) || (gx && !gcol)) return -1;
+    if (!wop || (gw && (!col || !gwf)) || (gx && !gcol)) return -1;
+    if (gwf && a->n == 0) memset(gwf, 0, sizeof(float) * (size_t)(a->k * crs));
     for (int64_t n0 = 0; n0 < a->n; n0 += nb) {
         int64_t ni = a->n - n0 < nb ? a->n - n0 : nb;
-        const float *gyf = as_f32(cx, S_GY, dt, (const char *)gy + (size_t)(n0 * kohw) * es, ni * kohw);
-        const float *xf = gw ? as_f32(cx, S_X, dt, (const char *)x + (size_t)(n0 * chw) * es, ni * chw) : NULL;
+        const void *gyop = lowp ? at(gy, n0 * kohw, es) : as_f32(cx, S_GY, dt, at(gy, n0 * kohw, es), ni * kohw);
+        const void *xop = !gw ? NULL : lowp ? at(x, n0 * chw, es) : as_f32(cx, S_X, dt, at(x, n0 * chw, es), ni * chw);
         float *gxf = !gx ? NULL : dt == MP_F32 ? (float *)gx + n0 * chw : cpu_scratch(cx, S_GX, sizeof(float) * (size_t)(ni * chw));
-        if (!gyf || (gw && !xf) || (gx && !gxf)) return -1;
+        if (!gyop || (gw && !xop) || (gx && !gxf)) return -1;
         if (gxf) memset(gxf, 0, sizeof(float) * (size_t)(ni * chw));
         for (int64_t gi = 0; gi < g; gi++) {
-            const float *wg = wf + gi * kg * crs, *gyg = gyf + gi * kg * ohw;
+            const void *wg = at(wop, gi * kg * crs, ce), *gyg = at(gyop, gi * kg * ohw, ce);
             if (gx) {
-                if (cpu_gemm(cx, MP_F32, 1, 0, ni, crs, ohw, kg, 1.0f, wg, 0, gyg, kohw, 0.0f, gcol, crs * ohw)) return -1;
+                if (gemm_f32out(cx, lowp, 1, 0, ni, crs, ohw, kg, wg, 0, gyg, kohw, 0.0f, gcol, crs * ohw)) return -1;
                 #pragma omp parallel for if (ni * crs * ohw >= MP_PAR_MIN) schedule(static)
                 for (int64_t i = 0; i < ni; i++)
                     col2im(a, gcol + i * crs * ohw, gxf + i * chw + gi * cg * a->h * a->w, cg);
             }
             if (gw) {
                 #pragma omp parallel for if (ni * crs * ohw >= MP_PAR_MIN) schedule(static)
-                for (int64_t i = 0; i < ni; i++) im2col(a, xf + i * chw + gi * cg * a->h * a->w, col + i * crs * ohw, cg);
+                for (int64_t i = 0; i < ni; i++)
+                    im2col(a, at(xop, i * chw + gi * cg * a->h * a->w, ce), (char *)col + (size_t)(i * crs * ohw) * ce, cg, ce);
                 for (int64_t i = 0; i < ni; i++)   /* images in order */
-                    if (cpu_gemm(cx, MP_F32, 0, 1, 1, kg, crs, ohw, 1.0f, gyg + i * kohw, 0, col + i * crs * ohw, 0,
-                                 n0 + i == 0 ? 0.0f : 1.0f, gwf + gi * kg * crs, 0))
+                    if (gemm_f32out(cx, lowp, 0, 1, 1, kg, crs, ohw, at(gyg, i * kohw, ce), 0,
+                                    (char *)col + (size_t)(i * crs * ohw) * ce, 0, n0 + i == 0 ? 0.0f : 1.0f,
+                                    gwf + gi * kg * crs, 0))
                         return -1;
             }
         }

@@ -21,7 +21,7 @@
 #define PLANS 64   /* a GPT step has ~20 distinct shapes; beyond this, the oldest goes */
 
 typedef struct {
-    int dt, ta, tb, bias;
+    int dt, odt, ta, tb, bias;   /* odt: C's dtype (f32 C from bf16 operands: cpu_gemm_dnnl_f32out) */
     int64_t batch, m, n, k, sa, sb, sc;
     float alpha, beta;
 } plan_key;
@@ -41,8 +41,18 @@ struct cpu_dnnl {
     int next;                       /* the slot the next new plan takes */
 };
 
+/* tests turn oneDNN off to reach the paths that stand in for it */
+static int dnnl_enabled = 1;
+int cpu_dnnl_enable(int on)
+{
+    int was = dnnl_enabled;
+    dnnl_enabled = on;
+    return was;
+}
+
 static struct cpu_dnnl *dnnl_of(mp_kctx *cx)
 {
+    if (!dnnl_enabled) return NULL;
     if (!cx->dnnl && !(cx->dnnl = calloc(1, sizeof *cx->dnnl))) return NULL;
     struct cpu_dnnl *d = cx->dnnl;
     if (d->state == 0) {
@@ -73,7 +83,7 @@ static int make_plan(struct cpu_dnnl *d, plan *p)
     dnnl_primitive_desc_t pd = NULL;
     const char *impl = "";
     int ok = !desc(&p->md[0], k->dt, k->batch, k->sa, k->m, k->k, k->ta) && !desc(&p->md[1], k->dt, k->batch, k->sb, k->k, k->n, k->tb) &&
-             !desc(&p->md[2], k->dt, k->batch, k->m * k->n, k->m, k->n, 0) &&
+             !desc(&p->md[2], k->odt, k->batch, k->m * k->n, k->m, k->n, 0) &&
              (!k->bias || !desc(&p->md[3], k->dt, 1, 0, 1, k->n, 0)) &&
              dnnl_matmul_desc_init(&mm, &p->md[0], &p->md[1], k->bias ? &p->md[3] : NULL, &p->md[2]) == dnnl_success &&
              dnnl_primitive_attr_create(&attr) == dnnl_success;
@@ -125,7 +135,7 @@ static void key_of(plan_key *key, mp_dtype dt, int ta, int tb, int64_t batch, in
                    int64_t sa, int64_t sb, int64_t sc, float alpha, float beta, int bias)
 {
     memset(key, 0, sizeof *key);   /* the padding too: keys are compared whole */
-    key->dt = dt == MP_F32 ? dnnl_f32 : dnnl_bf16, key->ta = ta, key->tb = tb, key->bias = bias;
+    key->dt = key->odt = dt == MP_F32 ? dnnl_f32 : dnnl_bf16, key->ta = ta, key->tb = tb, key->bias = bias;
     key->batch = batch, key->m = m, key->n = n, key->k = k;
     key->sa = sa, key->sb = sb, key->sc = sc, key->alpha = alpha, key->beta = beta;
 }
@@ -141,6 +151,21 @@ int cpu_gemm_dnnl(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64
     if ((dt != MP_F32 && dt != MP_BF16) || !d || m == 0 || n == 0 || k == 0 || (batch > 1 && sc != m * n)) return 1;
     plan_key key;
     key_of(&key, dt, ta, tb, batch, m, n, k, sa, sb, sc, alpha, beta, 0);
+    plan *p = find(d, &key);
+    return p->used == 1 ? run(d, p, a, b, c, NULL) : 1;
+}
+
+/* the same with bf16 A and B and an f32 C: the products' f32 sums unrounded,
+ * for kernels that add more to them before their one rounding (convolution's
+ * col2im and its weight gradient over images) */
+int cpu_gemm_dnnl_f32out(mp_kctx *cx, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
+                         const void *a, int64_t sa, const void *b, int64_t sb, float beta, float *c, int64_t sc)
+{
+    struct cpu_dnnl *d = dnnl_of(cx);
+    if (!d || m == 0 || n == 0 || k == 0 || (batch > 1 && sc != m * n)) return 1;
+    plan_key key;
+    key_of(&key, MP_BF16, ta, tb, batch, m, n, k, sa, sb, sc, alpha, beta, 0);
+    key.odt = dnnl_f32;
     plan *p = find(d, &key);
     return p->used == 1 ? run(d, p, a, b, c, NULL) : 1;
 }

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <omp.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/lane_sums.h"
 #include "kernels/cpu/vmath.h"
 
 /* exp of a row goes through vmath.h in chunks of this many (a stack buffer) */
@@ -153,32 +154,7 @@ int cpu_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, co
     return 0;
 }
 
-/* Row sums in double over 8 lanes, each lane in order, the lanes added in
- * order at the end: the same bits on every machine and clone, and loops the
- * compiler vectorises (one double accumulator is a chain of dependent adds). */
-#define LANES 8
-
-MP_SIMD static double row_sum(const float *r, int64_t n)
-{
-    double acc[LANES] = {0}, s = 0;
-    int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) acc[l] += r[j + l];
-    for (; j < n; j++) acc[j % LANES] += r[j];
-    for (int l = 0; l < LANES; l++) s += acc[l];
-    return s;
-}
-
-MP_SIMD static double row_sumsq_dev(const float *r, int64_t n, float m)
-{
-    double acc[LANES] = {0}, s = 0;
-    int64_t j = 0;
-    for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) { double d = r[j + l] - m; acc[l] += d * d; }
-    for (; j < n; j++) { double d = r[j] - m; acc[j % LANES] += d * d; }
-    for (int l = 0; l < LANES; l++) s += acc[l];
-    return s;
-}
+#define LANES MP_LANES
 
 /* one row of the layer norm backward: xh becomes x-hat, g becomes gx (f32),
  * and g * x-hat, g add into the chunk's weight and bias sums pw, pb */
@@ -226,8 +202,8 @@ int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < rows; q++) {
             cpu_load(dt, x, q * n, r, n);
-            float m = (float)(row_sum(r, n) / n);
-            float rs = 1.0f / sqrtf((float)(row_sumsq_dev(r, n, m) / n) + eps);
+            float m = (float)(lane_sum(r, n) / n);
+            float rs = 1.0f / sqrtf((float)(lane_sumsq_dev(r, n, m) / n) + eps);
             ln_row(r, wf, bf, m, rs, n);
             cpu_store(dt, y, q * n, r, n);
             mean[q] = m, rstd[q] = rs;

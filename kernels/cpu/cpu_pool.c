@@ -7,12 +7,13 @@
  */
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
 
 /* the input rows [*lo, *hi) of output row i (columns: the same with w/ow/kw/sw/pw) */
-static void window(const mp_pool_args *a, int64_t i, int64_t n, int64_t on, int64_t k, int64_t s, int64_t p,
+static inline void window(const mp_pool_args *a, int64_t i, int64_t n, int64_t on, int64_t k, int64_t s, int64_t p,
                    int64_t *lo, int64_t *hi)
 {
     if (a->adaptive) {
@@ -40,6 +41,27 @@ static float *planes(mp_kctx *cx, const mp_pool_args *a, int64_t *stride, int *t
     return cpu_scratch(cx, 3, sizeof(float) * (size_t)(*stride * *threads));
 }
 
+/* the largest of a window (rows r0..r1, columns c0..c1 of a plane w wide) and
+ * its position: the first of equals, starting from the window's first element
+ * at -inf (PyTorch's rule). Branch-free: which element wins is data, and a
+ * branch on it mispredicts half the time. *nan: the window holds a NaN. */
+static inline float window_max(const float *x, int64_t w, int64_t r0, int64_t r1, int64_t c0, int64_t c1, int32_t *at,
+                               int *nan)
+{
+    float m = -INFINITY;
+    uint32_t pos = r0 < r1 && c0 < c1 ? (uint32_t)(r0 * w + c0) : UINT32_MAX, bad = 0;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t c = c0; c < c1; c++) {
+            float v = x[r * w + c];
+            uint32_t gt = 0u - (uint32_t)(v > m);
+            bad |= (uint32_t)(v != v);
+            m = v > m ? v : m;
+            pos = (pos & ~gt) | ((uint32_t)(r * w + c) & gt);
+        }
+    *at = (int32_t)pos, *nan = (int)bad;
+    return m;
+}
+
 int cpu_max_pool2d(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *x, const mp_pool_args *a)
 {
     int64_t stride, hw = a->h * a->w, ohw = a->oh * a->ow;
@@ -55,13 +77,13 @@ int cpu_max_pool2d(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *
             window(a, i, a->h, a->oh, a->kh, a->sh, a->ph, &r0, &r1);
             for (int64_t j = 0; j < a->ow; j++) {
                 window(a, j, a->w, a->ow, a->kw, a->sw, a->pw, &c0, &c1);
-                float m = -INFINITY;
-                int32_t at = -1;
-                for (int64_t r = r0; r < r1; r++)
-                    for (int64_t c = c0; c < c1; c++) {
-                        float v = xf[r * a->w + c];
-                        if (at < 0 || v > m || isnan(v)) m = v, at = (int32_t)(r * a->w + c);
-                    }
+                int32_t at;
+                int nan;
+                float m = window_max(xf, a->w, r0, r1, c0, c1, &at, &nan);
+                if (nan)   /* a NaN wins: the last one, as in PyTorch */
+                    for (int64_t r = r0; r < r1; r++)
+                        for (int64_t c = c0; c < c1; c++)
+                            if (isnan(xf[r * a->w + c])) m = xf[r * a->w + c], at = (int32_t)(r * a->w + c);
                 yf[i * a->ow + j] = m;
                 idx[p * ohw + i * a->ow + j] = at;
             }

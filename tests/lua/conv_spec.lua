@@ -82,8 +82,16 @@ describe("pooling", function()
     local xg = x:detach():requires_grad(true)
     mp.max_pool2d(xg, 2):sum():backward()   -- one window {1, 5, 5, 3}: the first 5 takes it
     assert.are.same({ { 0, 1, 0 }, { 0, 0, 0 }, { 0, 0, 0 } }, xg.grad:totable()[1][1])
-    local n = mp.tensor { { { 1, 0 / 0 }, { 7, 2 } } }
+    local n = mp.tensor { { { 1, 0 / 0 }, { 7, 2 } } }   -- a number after the NaN does not win
     assert.is_true(H.isnan(mp.max_pool2d(n, 2):item()))
+    local ng = mp.tensor({ { { 0 / 0, 3 }, { 0 / 0, 9 } } }):requires_grad(true)
+    mp.max_pool2d(ng, 2):sum():backward()   -- the last NaN takes the gradient, as in PyTorch
+    assert.are.same({ { 0, 0 }, { 1, 0 } }, ng.grad:totable()[1])
+    local inf = mp.full({ 1, 2, 2 }, -math.huge):requires_grad(true)
+    local yi = mp.max_pool2d(inf, 2)
+    assert.are.equal(-math.huge, yi:item())
+    yi:sum():backward()   -- all equal: the window's first element
+    assert.are.same({ { 1, 0 }, { 0, 0 } }, inf.grad:totable()[1])
   end)
 
   it("avg_pool2d counts padding; adaptive windows cover the input with overlap", function()

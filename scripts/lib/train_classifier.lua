@@ -1,0 +1,207 @@
+-- train_classifier.lua: the training script of scripts/train_mlp.lua and
+-- scripts/train_cnn.lua, which differ only in their model and the shape the
+-- images take: options, checkpoints and resuming, mixed precision with the loss
+-- scaler and its policies, progress, metrics and the last lines are this file's
+-- (documented in train_mlp.lua's header).
+--
+--   dofile("scripts/lib/train_classifier.lua"){
+--     name = "train_mlp.lua",              -- in usage and error messages
+--     model = function() return nn.Sequential(...) end,   -- made after the seed is set
+--     shape = {-1, 784},                   -- each batch of images reshaped to this
+--   }
+local mp = mp or require "mp"
+
+return function(spec)
+
+  local function usage(msg)
+    local pad = string.rep(" ", #spec.name)
+    io.stderr:write(spec.name, ": ", msg, "\n",
+      "usage: ", spec.name, " [--epochs N] [--batch B] [--lr LR] [--seed S] [--save PATH] [--resume PATH]\n",
+      "       ", pad, " [--metrics FILE] [--max-steps K] [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]\n")
+    os.exit(2)
+  end
+
+  local cli = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "cli.lua")
+
+  -- ---- options ----
+  local opts = cli.parse(arg or {}, {epochs = "int", batch = "int", lr = "num", seed = "int", ["max-steps"] = "int",
+                                     save = "str", resume = "str", metrics = "str", amp = "str", policy = "str"},
+                         {epochs = 1, batch = 128, lr = 1e-3, seed = 0, amp = "off"}, usage, {seed = true})
+  if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" then
+    usage("--amp must be off, f16 or bf16 (got " .. opts.amp .. ")")
+  end
+  if opts.amp == "off" and opts.policy then
+    usage("--policy needs --amp f16 or bf16 (this run has --amp off, which uses no loss scaler)")
+  end
+  local amp_on = opts.amp ~= "off"
+
+  local policy_spec = opts.policy or (opts.amp == "bf16" and "none" or "dynamic")
+  local policy = amp_on and cli.policy(policy_spec, usage) or nil
+
+  -- ---- the checkpoint to resume from: checked before anything is loaded ----
+  local ck
+  if opts.resume then
+    ck = mp.load(opts.resume)
+    if ck.batch_size ~= opts.batch or ck.seed ~= opts.seed then
+      usage(string.format("--resume: the checkpoint was made with --batch %s --seed %s", tostring(ck.batch_size), tostring(ck.seed)))
+    end
+    -- the same mixed precision and the same policy spec (compared as written, e.g. "dynamic",
+    -- "static:1024", "scripts/policies/logging.lua"; a checkpoint without "amp" is --amp off)
+    local ck_amp, ck_policy = ck.amp or "off", ck.policy
+    if ck_amp ~= opts.amp or (amp_on and ck_policy ~= policy_spec) then
+      usage(string.format("--resume: the checkpoint was made with --amp %s%s; this run has --amp %s%s", ck_amp,
+        ck_policy and (" --policy " .. ck_policy) or "", opts.amp, amp_on and (" --policy " .. policy_spec) or ""))
+    end
+    if amp_on and type(ck.scaler) ~= "table" then usage("--resume: the checkpoint has no loss scaler state") end
+  end
+
+  -- ---- data, model, optimizer ----
+  mp.manual_seed(opts.seed)
+  local train = mp.data.fashion_mnist("train")
+  local test = mp.data.fashion_mnist("test")
+  local model = spec.model()
+  local opt = mp.optim.Adam(model:parameters(), {lr = opts.lr})
+  local scaler, skips = nil, {overflow = 0, nan = 0, forward = 0}
+  if amp_on then
+    scaler = mp.amp.GradScaler{policy = policy}
+    local _, names = model:named_parameters()   -- in optimizer order: on_skip names the parameter
+    -- a Lua policy with `telemetry = true` gets the per-step gradient fractions in its info
+    scaler:telemetry(type(policy) == "table" and rawget(policy, "telemetry") == true, names)
+    scaler.on_skip = function(info) skips[info.reason] = (skips[info.reason] or 0) + 1 end
+  end
+  local steps_per_epoch = #mp.data.loader(train, {batch = opts.batch, seed = 0})
+  local total_steps = steps_per_epoch * opts.epochs
+  if opts["max-steps"] then total_steps = math.min(total_steps, opts["max-steps"]) end
+
+  -- ---- checkpoints ----
+  local state = {step = 0, epoch = 1, batch = 0}   -- batch: batches done in the current epoch
+
+  local function save(path)
+    mp.save(path, {
+      model = model:state_dict(), optim = opt:state_dict(), rng = mp.get_rng_state(),
+      step = state.step, epoch = state.epoch, batch = state.batch,
+      seed = opts.seed, batch_size = opts.batch,
+      amp = opts.amp, policy = amp_on and policy_spec or nil,
+      scaler = scaler and scaler:state_dict() or nil, skips = scaler and skips or nil,
+    })
+  end
+
+  if ck then
+    model:load_state_dict(ck.model)
+    if scaler then
+      scaler:load_state_dict(ck.scaler)
+      for k, v in pairs(ck.skips or {}) do skips[k] = v end
+    end
+    opt:load_state_dict(ck.optim)
+    mp.set_rng_state(ck.rng)
+    state.step, state.epoch, state.batch = ck.step, ck.epoch, ck.batch
+    print(string.format("resumed from %s at step %d (epoch %d, batch %d)", opts.resume, state.step, state.epoch, state.batch))
+  end
+
+  -- ---- progress ----
+  local tty = mp.isatty(1)
+  local metrics = opts.metrics and assert(io.open(opts.metrics, opts.resume and "a" or "w"))
+  local LOG_EVERY = 100
+
+  local function fmt_time(s)
+    s = math.max(0, math.floor(s + 0.5))
+    return string.format("%d:%02d", s // 60, s % 60)
+  end
+
+  local function progress(loss, rate, eta)
+    local width = 30
+    local done = math.floor(width * state.step / total_steps)
+    io.stdout:write(string.format("\r[%s%s] %d/%d  loss %.4f  %.0f samples/s  ETA %s ",
+      string.rep("=", done), string.rep(" ", width - done), state.step, total_steps, loss, rate, fmt_time(eta)))
+    io.stdout:flush()
+  end
+
+  local function evaluate()
+    local _ <close> = mp.no_grad()
+    local _a <close> = amp_on and mp.amp.autocast(opts.amp) or nil
+    model:eval()
+    local correct, n = 0, 0
+    for x, y in mp.data.loader(test, {batch = 1000}) do
+      correct = correct + model(x:reshape(spec.shape)):argmax(2):eq(y):sum():item()
+      n = n + y:numel()
+    end
+    model:train()
+    return correct / n
+  end
+
+  -- ---- training ----
+  local accuracy
+  local start, t_last, step_last = mp.clock(), mp.clock(), state.step
+  while state.step < total_steps and state.epoch <= opts.epochs do
+    -- one explicit seed per epoch, so a resumed run sees the same order
+    local loader = mp.data.loader(train, {batch = opts.batch, shuffle = true, seed = opts.seed * 1000003 + state.epoch})
+    local loss_sum, loss_n = 0, 0
+    local b = 0
+    for x, y in loader do
+      b = b + 1
+      if b > state.batch then
+        opt:zero_grad()
+        local loss
+        if scaler then
+          do
+            local _ <close> = mp.amp.autocast(opts.amp)
+            loss = mp.cross_entropy(model(x:reshape(spec.shape)), y)
+          end
+          scaler:scale(loss):backward()
+          scaler:step(opt)     -- skipped (false) when a gradient holds inf/NaN
+          scaler:update()
+        else
+          loss = mp.cross_entropy(model(x:reshape(spec.shape)), y)
+          loss:backward()
+          opt:step()
+        end
+        state.step, state.batch = state.step + 1, b
+        local l = loss:item()
+        if not scaler or (l == l and math.abs(l) ~= math.huge) then   -- a forward overflow's loss stays out of the mean
+          loss_sum, loss_n = loss_sum + l, loss_n + 1
+        end
+        local now = mp.clock()
+        local rate = (state.step - step_last) * opts.batch / math.max(now - t_last, 1e-9)
+        if tty and (state.step % 10 == 0 or state.step == total_steps) then
+          progress(l, rate, (total_steps - state.step) * opts.batch / math.max(rate, 1e-9))
+        end
+        if state.step % LOG_EVERY == 0 then
+          if not tty then
+            print(string.format("step %d/%d  epoch %d  loss %.4f  %.0f samples/s%s", state.step, total_steps, state.epoch, l, rate,
+              scaler and string.format("  scale %g", scaler:get_scale()) or ""))
+          end
+          if metrics then
+            local amp_fields = ""
+            if scaler then
+              amp_fields = string.format(', "scale": %.9g, "skipped": %d', scaler:get_scale(), scaler.stats.skipped)
+            end
+            metrics:write(string.format('{"step": %d, "epoch": %d, "loss": %.6g, "lr": %.6g, "samples_per_s": %.1f%s}\n',
+              state.step, state.epoch, l, opt.lr, rate, amp_fields))
+            metrics:flush()
+          end
+          t_last, step_last = now, state.step
+        end
+        if state.step >= total_steps then break end
+      end
+    end
+    local finished_epoch = state.batch >= #loader
+    if tty then io.stdout:write("\n") end
+    accuracy = evaluate()
+    print(string.format("epoch %d  train loss %.4f  test accuracy %.4f  (%.1f s)%s", state.epoch,
+      loss_n > 0 and loss_sum / loss_n or 0 / 0, accuracy, mp.clock() - start,
+      scaler and string.format("  loss scale %g  skipped %d", scaler:get_scale(), scaler.stats.skipped) or ""))
+    if finished_epoch then state.epoch, state.batch = state.epoch + 1, 0 end
+    if opts.save then save(opts.save) end
+  end
+  if metrics then metrics:close() end
+  accuracy = accuracy or evaluate()
+  if scaler then
+    local st, parts = scaler.stats, {}
+    for _, r in ipairs{"overflow", "nan", "forward"} do
+      if skips[r] > 0 then parts[#parts + 1] = r .. " " .. skips[r] end
+    end
+    print(string.format("skipped steps: %d of %d%s", st.skipped, st.steps,
+      #parts > 0 and (" (" .. table.concat(parts, ", ") .. ")") or ""))
+  end
+  print(string.format("final test accuracy: %.4f", accuracy))
+end

@@ -1,0 +1,51 @@
+-- train_cnn_spec.lua: scripts/train_cnn.lua end to end, in child processes: it trains
+-- and prints its accuracy last; a run saved mid-epoch and resumed matches a straight
+-- run bit for bit, batch norm's running statistics included; --amp f16 runs with the
+-- loss scaler and reports its skipped steps. (The options themselves are
+-- scripts/lib/train_classifier.lua's, tested through train_mlp.lua in train_spec.lua.)
+local mp = require "mp"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
+
+local run = H.script("scripts/train_cnn.lua")
+local function tmp(name) return os.tmpname() .. "-" .. name end
+
+-- every tensor of two checkpoints' models (parameters and buffers), bit for bit
+local function same_model(a, b)
+  local ca, cb = mp.load(a).model, mp.load(b).model
+  local n = 0
+  for k, t in pairs(ca) do
+    local u = assert(cb[k], "missing " .. k)
+    local x, y = t:reshape { -1 }:totable(), u:reshape { -1 }:totable()
+    for i = 1, #x do
+      if string.pack("<d", x[i]) ~= string.pack("<d", y[i]) then return false, k .. "[" .. i .. "]" end
+    end
+    n = n + 1
+  end
+  return n == 16, "tensor count " .. n   -- 4 convolution/linear weights, 2 biases, 2 x (2 + 3) of batch norm
+end
+
+describe("train_cnn.lua", function()
+  it("trains, prints its final accuracy last, and resumes mid-epoch bit-identically", function()
+    local straight, half, resumed = tmp("s"), tmp("h"), tmp("r")
+    local out, code = run("--max-steps 24 --seed 2 --save " .. straight)
+    assert.are.equal(0, code, out)
+    local acc = tonumber(out:match("final test accuracy: (0%.%d%d%d%d)%s*exit="))
+    assert.is_true(acc ~= nil and acc > 0.5, out)   -- 24 steps of Adam with batch norm already pass 50%
+    assert.are.equal(0, select(2, run("--max-steps 9 --seed 2 --save " .. half)))
+    out, code = run("--max-steps 24 --seed 2 --resume " .. half .. " --save " .. resumed)
+    assert.are.equal(0, code, out)
+    local ok, where = same_model(straight, resumed)
+    assert.is_true(ok, where)
+    local ck = mp.load(resumed)
+    assert.are.equal(24, ck.step)
+    assert.are.equal(24, ck.model["bn1.num_batches_tracked"]:item())
+    os.remove(straight); os.remove(half); os.remove(resumed)
+  end)
+
+  it("trains under f16 autocast with the loss scaler", function()
+    local out, code = run("--max-steps 6 --amp f16")
+    assert.are.equal(0, code, out)
+    assert.is_truthy(out:match("skipped steps: %d+ of 6"), out)
+    assert.is_truthy(out:match("final test accuracy: 0%.%d%d%d%d%s*exit="), out)
+  end)
+end)
