@@ -84,7 +84,7 @@ $(BUILD)/obj/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h ker
 
 $(CUDA_SO): $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
-	$(NVCC) -shared -o $@ $^ -lcublas -Xlinker -rpath,/usr/local/cuda/lib64
+	$(NVCC) -shared -o $@ $^ -lcublas -lcudnn -Xlinker -rpath,/usr/local/cuda/lib64
 
 $(LIB): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)

@@ -356,6 +356,7 @@ int mp_st_save(const char *path, int n, const char *const *names, mp_tensor *con
 typedef struct {
     const char *name;          /* points into the parsed header */
     mp_dtype dt;
+    int i64;                   /* stored as I64 (PyTorch's integer tensors), loaded as i32 */
     int ndim;
     int64_t shape[MP_MAXDIM];
     unsigned long long begin, end;
@@ -452,7 +453,7 @@ static int parse_offsets(const cJSON *offs, const char *path, st_entry *e)
 /* checks that the shape's bytes equal the span of the offsets */
 static int check_size(const char *path, const st_entry *e)
 {
-    unsigned long long bytes = mp_dtype_size(e->dt);
+    unsigned long long bytes = e->i64 ? 8 : mp_dtype_size(e->dt);
     for (int d = 0; d < e->ndim; d++) {
         if ((unsigned long long)e->shape[d] > ~0ull / bytes)
             return fail_at(path, "shape of tensor '%s' is too large", e->name);
@@ -461,7 +462,7 @@ static int check_size(const char *path, const st_entry *e)
     char sh[MP_MAXDIM * 24];
     if (bytes != e->end - e->begin)
         return fail_at(path, "tensor '%s' of shape %s and dtype %s takes %llu bytes but data_offsets [%llu, %llu] span %llu",
-                       e->name, mp_shape_str(e->ndim, e->shape, sh, sizeof sh), st_dtype_name(e->dt), bytes,
+                       e->name, mp_shape_str(e->ndim, e->shape, sh, sizeof sh), e->i64 ? "I64" : st_dtype_name(e->dt), bytes,
                        e->begin, e->end, e->end - e->begin);
     return 0;
 }
@@ -476,9 +477,13 @@ static int parse_entry(const cJSON *item, const char *path, st_entry *e)
     if (!dt || !shape || !offs)
         return fail_at(path, "tensor '%s' has no %s", e->name, !dt ? "dtype" : !shape ? "shape" : "data_offsets");
     if (!cJSON_IsString(dt)) return fail_at(path, "dtype of tensor '%s' is not a string", e->name);
-    if (st_dtype_parse(dt->valuestring, &e->dt))
-        return fail_at(path, "unsupported dtype %.40s for tensor '%s' (supported: F32, F16, BF16, I32, U8)",
-                       dt->valuestring, e->name);
+    /* I64: PyTorch's integer tensors (a batch norm's num_batches_tracked), read
+     * into i32 when every value fits */
+    e->i64 = strcmp(dt->valuestring, "I64") == 0;
+    if (e->i64) e->dt = MP_I32;
+    else if (st_dtype_parse(dt->valuestring, &e->dt))
+        return fail_at(path, "unsupported dtype %.40s for tensor '%s' (supported: F32, F16, BF16, I32, I64 read as "
+                       "i32, U8)", dt->valuestring, e->name);
     if (parse_shape(shape, path, e) || parse_offsets(offs, path, e)) return -1;
     return check_size(path, e);
 }
@@ -552,6 +557,28 @@ static int parse_entries(const cJSON *root, const char *path, unsigned long long
     return rc ? rc : check_layout(e, *n, datasize, path);
 }
 
+/* n little-endian I64 values into i32, each checked to fit */
+static int read_i64(FILE *f, const char *path, const st_entry *e, int32_t *dst, int64_t n)
+{
+    unsigned char buf[8 * 512];
+    for (int64_t i = 0; i < n;) {
+        int64_t k = n - i < 512 ? n - i : 512;
+        if (read_exact(f, buf, (size_t)(8 * k)))
+            return fail_at(path, "cannot read tensor '%s' (%s)", e->name,
+                           ferror(f) ? strerror(errno) : "the file ended early; did it change while being read?");
+        for (int64_t j = 0; j < k; j++, i++) {
+            uint64_t u = 0;
+            for (int b = 7; b >= 0; b--) u = u << 8 | buf[8 * j + b];
+            int64_t v = (int64_t)u;
+            if (v < INT32_MIN || v > INT32_MAX)
+                return fail_at(path, "tensor '%s' (I64) holds %lld at position %lld, outside i32's range", e->name,
+                               (long long)v, (long long)i);
+            dst[i] = (int32_t)v;
+        }
+    }
+    return 0;
+}
+
 /* the tensors' bytes, in file order; the file sits just past the header */
 static int read_tensors(FILE *f, const char *path, const st_entry *e, int n, mp_stfile *out)
 {
@@ -564,9 +591,12 @@ static int read_tensors(FILE *f, const char *path, const st_entry *e, int n, mp_
         out->ntensors++;
         if (!out->names[i]) return mp_fail(MP_EOOM, "'%s': out of memory", path);
         if (!out->tensors[i]) return -1;
-        if (read_exact(f, mp_data(out->tensors[i]), mp_nbytes(out->tensors[i])))
+        if (e[i].i64) {
+            if (read_i64(f, path, &e[i], mp_data(out->tensors[i]), out->tensors[i]->numel)) return -1;
+        } else if (read_exact(f, mp_data(out->tensors[i]), mp_nbytes(out->tensors[i]))) {
             return fail_at(path, "cannot read tensor '%s' (%s)", e[i].name,
                            ferror(f) ? strerror(errno) : "the file ended early; did it change while being read?");
+        }
     }
     return 0;
 }

@@ -395,6 +395,22 @@ int mp_cuda_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rs
                         const void *b, int64_t rows, int64_t n, float eps);
 int mp_cuda_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                              const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
+/* cuda_conv.cu: convolution through cuDNN; cuda_pool.cu, cuda_batch_norm.cu: own kernels */
+int mp_cuda_conv2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, const void *b, const mp_conv_args *a);
+int mp_cuda_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, const void *gy, const void *x,
+                        const void *w, const mp_conv_args *a);
+int mp_cuda_max_pool2d(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *x, const mp_pool_args *a);
+int mp_cuda_max_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const int32_t *idx,
+                            const mp_pool_args *a);
+int mp_cuda_avg_pool2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const mp_pool_args *a);
+int mp_cuda_avg_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const mp_pool_args *a);
+int mp_cuda_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,
+                       float *running_var, const void *x, const float *w, const float *b, int64_t n, int64_t c,
+                       int64_t hw, int training, float momentum, float eps);
+int mp_cuda_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
+                            const float *mean, const float *rstd, const float *w, int64_t n, int64_t c, int64_t hw,
+                            int training);
+
 /* cuda_attention.cu: fused attention (no t x t scores in memory) */
 int mp_cuda_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
                       const mp_attn_args *a);

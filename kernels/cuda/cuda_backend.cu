@@ -321,6 +321,14 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.gemm = mp_cuda_gemm;
     table.attention = mp_cuda_attention;
     table.attention_grad = mp_cuda_attention_grad;
+    table.conv2d = mp_cuda_conv2d;
+    table.conv2d_grad = mp_cuda_conv2d_grad;
+    table.max_pool2d = mp_cuda_max_pool2d;
+    table.max_pool2d_grad = mp_cuda_max_pool2d_grad;
+    table.avg_pool2d = mp_cuda_avg_pool2d;
+    table.avg_pool2d_grad = mp_cuda_avg_pool2d_grad;
+    table.batch_norm = mp_cuda_batch_norm;
+    table.batch_norm_grad = mp_cuda_batch_norm_grad;
     /* without mapped host memory for the fault record, the engine checks indices itself */
     table.check_indices = mp_cuda_check_init(&ctx) ? mp_cuda_check_indices : NULL;
     table.permute = mp_cuda_permute;

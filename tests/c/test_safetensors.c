@@ -452,13 +452,48 @@ Test(st, load_rejects_fields_of_the_wrong_json_type)
 
 Test(st, load_rejects_unknown_dtypes)
 {
-    const char *bad[] = {"F64", "I8", "BOOL", "f32", "F8_E4M3", ""};
+    const char *bad[] = {"F64", "I8", "BOOL", "f32", "i64", "F8_E4M3", ""};
     char hdr[200], frag[80];
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(hdr, sizeof hdr, "{\"x\": {\"dtype\": \"%s\", \"shape\": [1], \"data_offsets\": [0, 8]}}", bad[i]);
         snprintf(frag, sizeof frag, "unsupported dtype %s for tensor 'x'", bad[i]);
         header_fails(hdr, 8, frag);
     }
+}
+
+/* header text and raw data bytes into a file */
+static void write_with_data(const char *path, const char *hdr, const unsigned char *data, size_t n)
+{
+    size_t h = strlen(hdr);
+    unsigned char *b = malloc(8 + h + n);
+    for (int i = 0; i < 8; i++) b[i] = (unsigned char)((uint64_t)h >> (8 * i));
+    memcpy(b + 8, hdr, h);
+    memcpy(b + 8 + h, data, n);
+    spit(path, b, 8 + h + n);
+    free(b);
+}
+
+/* PyTorch writes integer tensors (a batch norm's num_batches_tracked) as I64:
+ * read into i32 when every value fits, refused with the value otherwise */
+Test(st, load_reads_i64_into_i32_and_refuses_what_does_not_fit)
+{
+    const int64_t vals[3] = {7, -2147483648LL, 2147483647LL};
+    unsigned char data[24];
+    for (int i = 0; i < 3; i++)
+        for (int b = 0; b < 8; b++) data[8 * i + b] = (unsigned char)((uint64_t)vals[i] >> (8 * b));
+    const char *path = file("i64.safetensors");
+    write_with_data(path, "{\"n\": {\"dtype\": \"I64\", \"shape\": [3], \"data_offsets\": [0, 24]}}", data, 24);
+    mp_stfile *f = mp_st_load(path);
+    cr_assert_not_null(f, "%s", mp_error());
+    cr_assert_eq(f->ntensors, 1);
+    cr_assert_eq(f->tensors[0]->dtype, MP_I32);
+    const int32_t *v = mp_data(f->tensors[0]);
+    cr_assert(v[0] == 7 && v[1] == INT32_MIN && v[2] == INT32_MAX);
+    mp_st_free(f);
+    data[8 + 4] = 0xff, data[8 + 5] = 0xff, data[8 + 6] = 0xff, data[8 + 7] = 0xfe;   /* a large negative value */
+    write_with_data(path, "{\"n\": {\"dtype\": \"I64\", \"shape\": [3], \"data_offsets\": [0, 24]}}", data, 24);
+    load_fails(path, "outside i32's range");
+    header_fails("{\"n\": {\"dtype\": \"I64\", \"shape\": [3], \"data_offsets\": [0, 12]}}", 12, "takes 24 bytes");
 }
 
 Test(st, load_rejects_bad_shapes)

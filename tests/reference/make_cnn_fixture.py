@@ -13,8 +13,9 @@ something.
 
 Writes tests/reference/fixtures/cnn.safetensors in the layout of
 make_fixtures.py (input.x, input.target, param.<name>, loss, grad.<name>),
-plus buffer.<name>: the running statistics before the step (the model's
-state) and after.<name>: the same after one training forward (momentum 0.1,
+plus buffer.<name>: the batch norms' buffers before the step (the model's
+state: running statistics, and num_batches_tracked as PyTorch stores it, I64)
+and after.<name>: the same after one training forward (momentum 0.1,
 unbiased variance), computed in float64 from float32 values.
 
     /usr/bin/python3 tests/reference/make_cnn_fixture.py     (Debian's python3-torch)
@@ -54,6 +55,8 @@ def cnn(gen):
         buffers[bn + ".running_mean"] = f32(c, gen=gen, lo=-0.5, hi=0.5)
         buffers[bn + ".running_var"] = f32(c, gen=gen, lo=0.5, hi=2.0)
     running = {k: v.double().clone() for k, v in buffers.items()}
+    for bn in ("bn1", "bn2"):   # PyTorch's own dtype for it: I64 in the file, read as i32 by mpengine
+        buffers[bn + ".num_batches_tracked"] = torch.tensor(0, dtype=torch.int64)
 
     def forward(v):
         x = v["x"]
@@ -69,6 +72,7 @@ def cnn(gen):
     def extra():
         out = {"buffer." + k: v for k, v in buffers.items()}
         out.update({"after." + k: v.float() for k, v in running.items()})
+        out.update({"after.%s.num_batches_tracked" % bn: torch.tensor(1, dtype=torch.int64) for bn in ("bn1", "bn2")})
         return out
 
     return fixture("cnn", "scripts/models/cnn.lua at 4 and 6 channels, 12 x 12 inputs: conv, batch norm (training), "

@@ -36,11 +36,11 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures")
 
-DTYPES = {torch.float32: ("F32", "<f"), torch.int32: ("I32", "<i")}
+DTYPES = {torch.float32: ("F32", "<f"), torch.int32: ("I32", "<i"), torch.int64: ("I64", "<q")}
 
 
 def write_safetensors(path, tensors, metadata):
-    """tensors: {name: tensor (f32 or i32, any shape)}; metadata: {str: str}"""
+    """tensors: {name: tensor (f32, i32 or i64, any shape)}; metadata: {str: str}"""
     header, blobs, offset = {}, [], 0
     for name in sorted(tensors):
         t = tensors[name].detach().contiguous().cpu()

@@ -3,6 +3,7 @@
 --   build/mpengine scripts/bench/gpu/bench_gpu.lua matmul   -- f16/bf16 C = A@B, n = 4096, 8192
 --   build/mpengine scripts/bench/gpu/bench_gpu.lua mlp      -- the f16 AMP MLP training step
 --   build/mpengine scripts/bench/gpu/bench_gpu.lua gpt      -- the GPT-2-small f16 AMP training step
+--   build/mpengine scripts/bench/gpu/bench_gpu.lua cnn      -- train_cnn.lua's CNN, f16 AMP, a large batch
 --
 -- Each mode runs in a process of its own, so that mp.cuda.memory().peak (which
 -- counts from the start of the process) is the MLP's alone.
@@ -195,13 +196,51 @@ local function bench_gpt()
   row("gpt_peak_mem", peak / 2^20, "MiB")
 end
 
+-- ---- e. the CNN of scripts/train_cnn.lua (scripts/models/cnn.lua), f16 AMP, Adam ----
+-- Fashion-MNIST-sized inputs (1 x 28 x 28, synthetic), batch MP_BENCH_CNN_BATCH (4096:
+-- enough work per step to keep the GPU busy; not searched, to spare device time),
+-- NCHW on both sides.
+local function bench_cnn()
+  local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+  local CNN = dofile(here .. "../../models/cnn.lua")
+  local B = tonumber(os.getenv("MP_BENCH_CNN_BATCH") or (SMOKE and 16 or 4096))
+  local WARMUP, STEPS, TRIALS = SMOKE and 1 or 5, SMOKE and 2 or 20, SMOKE and 1 or 3
+  mp.manual_seed(0)
+  local model = CNN {}
+  model:to(dev)
+  local opt = mp.optim.Adam(model:parameters(), {lr = 1e-3})
+  local scaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{}}
+  local x = mp.rand({B, 1, 28, 28}, {device = dev})
+  local y = mp.randint(0, 10, {B}, {device = dev})
+  local loss
+  local function step()
+    opt:zero_grad()
+    do
+      local _ <close> = mp.amp.autocast("f16")
+      loss = mp.cross_entropy(model(x), y)
+    end
+    scaler:scale(loss):backward()
+    scaler:step(opt)
+    scaler:update()
+  end
+  local sec = timed_steps(step, WARMUP, STEPS, TRIALS)
+  local peak = (dev == "cuda" and mp.cuda.memory() or mp.memory(dev)).peak
+  print(string.format("# mpengine cnn (conv 1-32-64 + batch norm + pooling, 3136-128-10) batch %d, f16 autocast + "
+    .. "GradScaler(dynamic) + Adam: %.2f ms/step (median of %d trials x %d steps), %.0f samples/s, peak %s memory "
+    .. "%.0f MiB; loss %.3f", B, sec * 1e3, TRIALS, STEPS, B / sec, dev, peak / 2^20, loss:item()))
+  row("cnn_samples_per_s", B / sec, "samples/s")
+  row("cnn_peak_mem", peak / 2^20, "MiB")
+end
+
 if mode == "matmul" then
   bench_matmul()
 elseif mode == "mlp" then
   bench_mlp()
 elseif mode == "gpt" then
   bench_gpt()
+elseif mode == "cnn" then
+  bench_cnn()
 else
-  io.stderr:write("bench_gpu.lua: mode must be matmul, mlp or gpt (got " .. tostring(mode) .. ")\n")
+  io.stderr:write("bench_gpu.lua: mode must be matmul, mlp, gpt or cnn (got " .. tostring(mode) .. ")\n")
   os.exit(2)
 end

@@ -270,6 +270,43 @@ def bench_gpt(compiled=False):
     row(f"{key}_peak_mem", peak, "MiB")
 
 
+def bench_cnn():
+    import torch.nn.functional as F
+    batch = 16 if SMOKE else int(os.environ.get("MP_BENCH_CNN_BATCH", "4096"))
+    warmup, steps, trials = (1, 2, 1) if SMOKE else (5, 20, 3)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from cnn_accuracy_torch import cnn   # the one PyTorch definition of the project's CNN
+    if DEV == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(0)
+    model = cnn().to(DEV)
+    try:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=DEV == "cuda")
+    except TypeError:   # PyTorch 1.x
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    scaler = grad_scaler()
+    amp_dtype = torch.float16 if DEV == "cuda" else torch.bfloat16
+    x = torch.rand(batch, 1, 28, 28, device=DEV)
+    y = torch.randint(0, 10, (batch,), device=DEV)
+    state = {}
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(DEV, dtype=amp_dtype):
+            state["loss"] = F.cross_entropy(model(x), y)
+        scaler.scale(state["loss"]).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    s = timed(step, steps, trials, warmup)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if DEV == "cuda" else 0.0
+    print(f"# torch {torch.__version__} cnn batch {batch}, eager, autocast({DEV}, {amp_dtype}) + GradScaler + Adam: "
+          f"{s * 1e3:.2f} ms/step, {batch / s:.0f} samples/s, peak {peak:.0f} MiB; loss {state['loss'].item():.3f}")
+    row("cnn_samples_per_s", batch / s, "samples/s")
+    if DEV == "cuda":
+        row("cnn_peak_mem", peak, "MiB")
+
+
 def main():
     if DEV == "cuda":
         print(f"# torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
@@ -279,7 +316,7 @@ def main():
     failed = []
     for w in what:   # the MLP first: its peak-memory figure wants a fresh process
         try:
-            {"mlp": bench_mlp, "matmul": bench_matmul, "kernels": bench_kernels, "gpt": bench_gpt,
+            {"mlp": bench_mlp, "matmul": bench_matmul, "kernels": bench_kernels, "gpt": bench_gpt, "cnn": bench_cnn,
              "gpt_compiled": lambda: bench_gpt(compiled=True)}[w]()
         except Exception as e:   # report, and go on with the other parts
             print(f"# torch {w}: FAILED: {type(e).__name__}: {one_line(e)}")

@@ -11,6 +11,8 @@
 #   d. GPT-2 small (12 L, d 768, T 1024, vocab 50304),    bench_gpu.lua gpt      (targets >= 1.3x PyTorch
 #      batch 32, f16 AMP, dynamic scaler, AdamW:                                 eager, >= 1.0x torch.compile,
 #      tokens/s, MFU, peak memory                                                memory no higher)
+#   e. the CNN of train_cnn.lua, batch 4096, f16 AMP,     bench_gpu.lua cnn      (target >= 1.0x PyTorch
+#      dynamic scaler, Adam: samples/s, peak memory                               eager autocast + GradScaler)
 # The PyTorch side is bench_gpu_torch.py, run with python3 (PYTHON=... to choose
 # another; PYTHON_LD_LIBRARY_PATH, when set, is its LD_LIBRARY_PATH: gpu_check.sh
 # keeps the machine's own libraries for it). Without PyTorch with CUDA, the
@@ -64,6 +66,7 @@ echo "-- mpengine"
 if [ "$GPT" != only ]; then
   part mp_mlp.txt 90 "$MP" "$HERE/bench_gpu.lua" mlp
   part mp_matmul.txt 90 "$MP" "$HERE/bench_gpu.lua" matmul
+  part mp_cnn.txt 90 "$MP" "$HERE/bench_gpu.lua" cnn
   if [ -x "$BUILD/bench/gpu_kernels" ]; then
     part mp_kernels.txt 90 "$BUILD/bench/gpu_kernels"
   else
@@ -85,7 +88,7 @@ if not torch.cuda.is_available() and os.environ.get("MP_BENCH_SMOKE", "") == "":
     sys.exit("PyTorch %s has no CUDA device (torch.cuda.is_available() is false)" % torch.__version__)
 ' 2>&1); then
   if [ "$GPT" != only ]; then
-    tmo 150 env LD_LIBRARY_PATH="${PYTHON_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" "$PY" "$HERE/bench_gpu_torch.py" >"$T/torch.txt" 2>&1
+    tmo 180 env LD_LIBRARY_PATH="${PYTHON_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" "$PY" "$HERE/bench_gpu_torch.py" mlp matmul kernels cnn >"$T/torch.txt" 2>&1
     rc=$?
     cat "$T/torch.txt"
     [ "$rc" = 0 ] || echo "!! bench_gpu_torch.py exited $rc"
@@ -105,7 +108,7 @@ fi
 # ---- the table ----
 echo
 echo "== bench-gpu table${SMOKE:+ (MP_BENCH_SMOKE: CPU, tiny sizes: not a measurement)}"
-cat "$T/mp_matmul.txt" "$T/mp_kernels.txt" "$T/mp_mlp.txt" "$T/mp_gpt.txt" 2>/dev/null | grep '^ROW ' | sed 's/^ROW /M /' >"$T/rows"
+cat "$T/mp_matmul.txt" "$T/mp_kernels.txt" "$T/mp_mlp.txt" "$T/mp_cnn.txt" "$T/mp_gpt.txt" 2>/dev/null | grep '^ROW ' | sed 's/^ROW /M /' >"$T/rows"
 grep '^ROW ' "$T/torch.txt" | sed 's/^ROW /P /' >>"$T/rows"
 awk '
   { v[$1, $2] = $3; u[$2] = $4; if (!($2 in seen)) { seen[$2] = 1; keys[++nk] = $2 } }
@@ -127,6 +130,10 @@ awk '
         line("MLP step, f16 AMP, dynamic scaler (samples/s)", num(a), num(b), rs, ">= 1.2x " verdict(r, 1.2))
       } else if (k == "mlp_peak_mem") {
         line("MLP peak GPU memory (MiB)", num(a), num(b), rs, "info (< 1x: mpengine uses less)")
+      } else if (k == "cnn_samples_per_s") {
+        line("CNN step, f16 AMP, dynamic scaler (samples/s)", num(a), num(b), rs, ">= 1.0x " verdict(r, 1.0))
+      } else if (k == "cnn_peak_mem") {
+        line("CNN peak GPU memory (MiB)", num(a), num(b), rs, "info (< 1x: mpengine uses less)")
       } else if (k == "gpt_tokens_per_s") {
         line("GPT-2 small f16 AMP (tokens/s) vs eager", num(a), num(b), rs, ">= 1.3x " verdict(r, 1.3))
         c = v["P", "gpt_compiled_tokens_per_s"]; rc = (a != "" && c != "" && c > 0) ? a / c : ""
