@@ -69,8 +69,8 @@ static mp_tensor *conv_fwd(mp_ctx *c)
     for (int i = 0; i < 6; i++) {
         int64_t v = c->i[i], lo = i / 2 == 1 ? 0 : 1;
         if (v < lo || v > (int64_t)1 << 30)
-            return mp_fail(MP_EINVAL, "%s must be %s (got %lld)", pn[i / 2], lo ? "positive" : "zero or positive",
-                           (long long)v), NULL;
+            return mp_fail(MP_EINVAL, "%s must be in [%lld, 2^30] (got %lld)", pn[i / 2], (long long)lo, (long long)v),
+                   NULL;
     }
     double gd = c->f[0];
     int64_t groups = (int64_t)gd, ch = x->shape[1], k = w->shape[0];

@@ -63,7 +63,7 @@ static mp_tensor *pool_fwd(mp_ctx *c)
     if (kind == POOL_ADAPTIVE) {
         for (int d = 0; d < 2; d++)
             if (c->i[d] < 1 || c->i[d] > (int64_t)1 << 30)
-                return mp_fail(MP_EINVAL, "output size must be positive (got %lld)", (long long)c->i[d]), NULL;
+                return mp_fail(MP_EINVAL, "output size must be in [1, 2^30] (got %lld)", (long long)c->i[d]), NULL;
         if (h < 1 || w < 1)
             return mp_fail(MP_EINVAL, "input %s has an empty plane", mp_shape_str(x->ndim, x->shape, b1, sizeof b1)), NULL;
     } else {
@@ -71,7 +71,7 @@ static mp_tensor *pool_fwd(mp_ctx *c)
         for (int i = 0; i < 6; i++) {
             int64_t v = c->i[i], lo = i / 2 == 2 ? 0 : 1;
             if (v < lo || v > (int64_t)1 << 30)
-                return mp_fail(MP_EINVAL, "%s must be %s (got %lld)", pn[i / 2], lo ? "positive" : "zero or positive",
+                return mp_fail(MP_EINVAL, "%s must be in [%lld, 2^30] (got %lld)", pn[i / 2], (long long)lo,
                                (long long)v), NULL;
         }
         for (int d = 0; d < 2; d++) {

@@ -23,7 +23,8 @@ for k, v in pairs(mp.Tensor) do if type(v) == "function" then methods[#methods +
 table.sort(methods)
 for _, k in ipairs(methods) do add("Tensor:" .. k, mp.Tensor[k], true) end
 for _, k in ipairs{"SGD", "Adam", "AdamW", "clip_grad_norm"} do add("mp.optim." .. k, mp.optim[k]) end
-for _, k in ipairs{"Linear", "LayerNorm", "Embedding", "Dropout", "Sequential", "ReLU", "GELU"} do
+for _, k in ipairs{"Linear", "LayerNorm", "Embedding", "Dropout", "Sequential", "ReLU", "GELU", "Conv2d", "BatchNorm2d",
+                   "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten"} do
   if mp.nn[k] then add("mp.nn." .. k, mp.nn[k]) end
 end
 add("GradScaler", function(...) return mp.amp.GradScaler(...) end)
@@ -41,7 +42,8 @@ return function(data)
   end
   local pool = {mp.zeros{2, 3}, mp.randn{3}, mp.ones({4}, {dtype = "f16"}), mp.arange(6),
                 mp.randn({2, 2}, {requires_grad = true}), mp.tensor({1, 0, 2}, {dtype = "i32"}), mp.full({1}, 7),
-                mp.zeros({3, 1}, {dtype = "bf16"}), mp.ones({2, 3}, {dtype = "u8"})}
+                mp.zeros({3, 1}, {dtype = "bf16"}), mp.ones({2, 3}, {dtype = "u8"}),
+                mp.randn({2, 3, 5, 5}, {requires_grad = true}), mp.randn({4, 3, 3, 3}), mp.randn({1, 2, 4, 4}):to("bf16")}
   local function tensor() return pool[b() % #pool + 1] end
   local function free_one() local t = tensor(); pcall(function() t:free() end) end
   local value
@@ -83,6 +85,12 @@ return function(data)
       local t = {}
       for i = 1, b() % 3 do t[i] = value(depth + 1) end
       return t
+    elseif k == 14 then   -- the options of convolution, pooling and batch norm (only theirs: no unknown key)
+      local pair = function() return b() % 4 == 0 and {b() % 4, (b() % 4) - 1} or EDGE[b() % #EDGE + 1] end
+      local which = b() % 3
+      if which == 0 then return {stride = pair(), padding = (b() % 4) - 1, dilation = pair(), groups = b() % 4} end
+      if which == 1 then return {stride = pair(), padding = pair()} end
+      return {training = b() % 2 == 0, momentum = EDGE[b() % #EDGE + 1], eps = EDGE[b() % #EDGE + 1]}
     else return (b() % 5) + 1
     end
   end
