@@ -285,7 +285,7 @@ static int s_update(lua_State *L)
 
 static void push_stats(lua_State *L, const mp_grad_stats *st, double scale)
 {
-    lua_createtable(L, 0, 10);
+    lua_createtable(L, 0, 14);
     lua_pushinteger(L, st->n); lua_setfield(L, -2, "n");
     lua_pushinteger(L, st->nan); lua_setfield(L, -2, "nan");
     lua_pushinteger(L, st->inf); lua_setfield(L, -2, "inf");
@@ -295,6 +295,9 @@ static void push_stats(lua_State *L, const mp_grad_stats *st, double scale)
     lua_pushnumber(L, st->zeros / n); lua_setfield(L, -2, "zero_frac");
     lua_pushnumber(L, st->underflow / n); lua_setfield(L, -2, "underflow_frac");
     lua_pushnumber(L, st->overflow / n); lua_setfield(L, -2, "overflow_frac");
+    lua_pushinteger(L, st->zeros); lua_setfield(L, -2, "zeros");
+    lua_pushinteger(L, st->underflow); lua_setfield(L, -2, "underflow");
+    lua_pushinteger(L, st->overflow); lua_setfield(L, -2, "overflow");
     lua_createtable(L, MP_HIST_BINS, 0);
     for (int b = 0; b < MP_HIST_BINS; b++) {
         lua_pushinteger(L, st->hist[b]);
@@ -350,6 +353,79 @@ static int s_info(lua_State *L)
         }
         lua_setfield(L, -2, "per_param");
     }
+    return 1;
+}
+
+/* a JSON number (non-finite ones as the strings "nan", "inf", "-inf") */
+static void add_num(luaL_Buffer *b, double v)
+{
+    char t[40];
+    if (isnan(v)) snprintf(t, sizeof t, "\"nan\"");
+    else if (isinf(v)) snprintf(t, sizeof t, v > 0 ? "\"inf\"" : "\"-inf\"");
+    else if (v == (double)(long long)v && fabs(v) < 9007199254740992.0) snprintf(t, sizeof t, "%lld", (long long)v);
+    else snprintf(t, sizeof t, "%.9g", v);
+    luaL_addstring(b, t);
+}
+
+static void add_field(luaL_Buffer *b, const char *key, double v)
+{
+    luaL_addchar(b, '"');
+    luaL_addstring(b, key);
+    luaL_addstring(b, "\":");
+    add_num(b, v);
+}
+
+/* s:_trace_record(loss or nil) -> this step's line of a trace (lua/mp/amp.lua
+ * documents it), written here because it runs every step: the scale the step
+ * ran at, the decision, the loss, and per parameter the counts and the
+ * histogram's non-empty stretch */
+static int s_trace_record(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    mp_clear_error();
+    const mp_scale_state *h = mp_scaler_read(s);
+    if (!h) return lt_error(L, "GradScaler:trace (reading the scaler's state)");
+    int n = 0;
+    const mp_grad_stats *pp = s->telemetry ? mp_scaler_per_param(s, &n) : NULL;
+    if (n < 0) return lt_error(L, "GradScaler:trace (reading its telemetry)");
+    mp_skip_reason reason = mp_scaler_reason(h);
+    float at = h->stats_scale > 0 ? h->stats_scale : h->scale;
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    luaL_addchar(&b, '{');
+    add_field(&b, "step", (double)h->steps);
+    luaL_addchar(&b, ',');
+    add_field(&b, "scale", h->scale);
+    luaL_addstring(&b, reason != MP_SKIP_NONE ? ",\"applied\":false,\"reason\":\"" : ",\"applied\":true,\"reason\":null");
+    if (reason != MP_SKIP_NONE) luaL_addstring(&b, mp_skip_reason_name(reason)), luaL_addchar(&b, '"');
+    luaL_addstring(&b, ",\"loss\":");
+    if (lua_isnoneornil(L, 2)) luaL_addstring(&b, "null");
+    else add_num(&b, luaL_checknumber(L, 2));
+    luaL_addstring(&b, ",\"params\":[");
+    for (int i = 0; pp && i < n; i++) {
+        const mp_grad_stats *st = &pp[i];
+        int lo = -1, hi = -1;
+        for (int k = 0; k < MP_HIST_BINS; k++)
+            if (st->hist[k]) hi = k, lo = lo < 0 ? k : lo;
+        if (i) luaL_addchar(&b, ',');
+        luaL_addchar(&b, '{');
+        add_field(&b, "n", (double)st->n), luaL_addchar(&b, ',');
+        add_field(&b, "amax", st->amax / at), luaL_addchar(&b, ',');
+        add_field(&b, "nan", (double)st->nan), luaL_addchar(&b, ',');
+        add_field(&b, "inf", (double)st->inf), luaL_addchar(&b, ',');
+        add_field(&b, "zeros", (double)st->zeros), luaL_addchar(&b, ',');
+        add_field(&b, "underflow", (double)st->underflow), luaL_addchar(&b, ',');
+        add_field(&b, "overflow", (double)st->overflow), luaL_addchar(&b, ',');
+        add_field(&b, "lo", lo < 0 ? 0 : lo);   /* the first non-empty bin, 0-based */
+        luaL_addstring(&b, ",\"hist\":[");
+        for (int k = lo; lo >= 0 && k <= hi; k++) {
+            if (k > lo) luaL_addchar(&b, ',');
+            add_num(&b, (double)st->hist[k]);
+        }
+        luaL_addstring(&b, "]}");
+    }
+    luaL_addstring(&b, "]}");
+    luaL_pushresult(&b);
     return 1;
 }
 
@@ -423,7 +499,7 @@ static int a_flush_stats(lua_State *L)
 
 static const luaL_Reg smeth[] = {
     {"scale", s_scale}, {"unscale", s_unscale}, {"step", s_step}, {"update", s_update},
-    {"set_policy", s_set_policy}, {"_info", s_info}, {"_restore", s_restore}, {"telemetry", s_telemetry},
+    {"set_policy", s_set_policy}, {"_info", s_info}, {"_trace_record", s_trace_record}, {"_restore", s_restore}, {"telemetry", s_telemetry},
     {"set_sync", s_set_sync},
     {NULL, NULL}
 };

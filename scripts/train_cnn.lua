@@ -4,7 +4,7 @@
 --
 --   build/mpengine scripts/train_cnn.lua [--epochs N] [--batch B] [--lr LR] [--seed S]
 --       [--save PATH] [--resume PATH] [--metrics FILE] [--max-steps K]
---       [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]
+--       [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH] [--trace FILE]
 --
 -- Options, checkpoints (which hold the batch norms' running statistics), mixed
 -- precision and output are train_mlp.lua's (see its header): the two scripts share

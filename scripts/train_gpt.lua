@@ -5,7 +5,7 @@
 --       [--batch 32] [--steps 1500] [--accum 1] [--lr 3e-3] [--wd 0.1] [--warmup 30]
 --       [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH] [--seed 0] [--data PATH]
 --       [--eval-every 100] [--eval-batches 20] [--save PATH] [--resume PATH]
---       [--sample N] [--metrics FILE]
+--       [--sample N] [--metrics FILE] [--trace FILE]
 --
 -- The recipe: AdamW with weight decay on the Linear weights only
 -- (mp.optim.decay_groups), --warmup steps of linear warmup then a cosine to 0.1x
@@ -16,7 +16,8 @@
 -- Validation: the mean loss of --eval-batches batches of the validation split (the
 -- text's last 10%) drawn with a fixed seed, every --eval-every steps. The last
 -- lines are `final val loss: X.XXX` and, with --sample N, N generated characters
--- (temperature 0.8, top-k 40).
+-- (temperature 0.8, top-k 40). --trace FILE (with --amp) records the loss scaler's
+-- view of every step, as train_mlp.lua's does.
 local mp = mp or require "mp"
 local here = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./")
 local cli = dofile(here .. "lib/cli.lua")
@@ -27,7 +28,7 @@ local function usage(msg)
     "usage: train_gpt.lua [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B] [--steps N] [--accum K]\n",
     "                     [--lr LR] [--wd WD] [--warmup W] [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]\n",
     "                     [--seed S] [--data PATH] [--eval-every N] [--eval-batches N] [--save PATH]\n",
-    "                     [--resume PATH] [--sample N] [--metrics FILE]\n")
+    "                     [--resume PATH] [--sample N] [--metrics FILE] [--trace FILE]\n")
   os.exit(2)
 end
 
@@ -35,12 +36,14 @@ local opts = cli.parse(arg or {}, {
   layers = "int", dim = "int", heads = "int", ctx = "int", batch = "int", steps = "int", accum = "int",
   lr = "num", wd = "num", warmup = "int", seed = "int", ["eval-every"] = "int", ["eval-batches"] = "int",
   sample = "int", amp = "str", policy = "str", data = "str", save = "str", resume = "str", metrics = "str",
+  trace = "str",
 }, {
   layers = 2, dim = 128, heads = 4, ctx = 64, batch = 32, steps = 1500, accum = 1, lr = 3e-3, wd = 0.1,
   warmup = 30, seed = 0, ["eval-every"] = 100, ["eval-batches"] = 20, amp = "off",
 }, usage, {seed = true, wd = true, warmup = true, sample = true})
 if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" then usage("--amp must be off, f16 or bf16") end
 if opts.amp == "off" and opts.policy then usage("--policy needs --amp f16 or bf16") end
+if opts.amp == "off" and opts.trace then usage("--trace needs --amp f16 or bf16 (it records the loss scaler's view of each step)") end
 if opts.dim % opts.heads ~= 0 then usage("--dim must be a multiple of --heads") end
 if opts.wd < 0 then usage("--wd must be >= 0") end
 local amp_on = opts.amp ~= "off"
@@ -52,10 +55,21 @@ local text = mp.data.text(opts.data)
 local cfg = {vocab = text.vocab_size, ctx = opts.ctx, layers = opts.layers, dim = opts.dim, heads = opts.heads}
 mp.manual_seed(opts.seed)
 local model = GPT(cfg)
-local opt = mp.optim.AdamW(mp.optim.decay_groups(model, opts.wd), {lr = opts.lr})
+local groups = mp.optim.decay_groups(model, opts.wd)
+local opt = mp.optim.AdamW(groups, {lr = opts.lr})
 -- (a run shorter than the warmup warms up over the whole run)
 opt:set_schedule(mp.optim.schedule.cosine{warmup = math.min(opts.warmup, opts.steps), total = opts.steps, min_lr = opts.lr * 0.1})
 local scaler = amp_on and mp.amp.GradScaler{policy = policy} or nil
+if scaler and opts.trace then
+  -- the parameters' names in the optimizer's order (its groups one after another)
+  local by_tensor, names = {}, {}
+  for name, p in pairs(model:named_parameters()) do by_tensor[p] = name end
+  for _, g in ipairs(groups) do
+    for _, p in ipairs(g.params) do names[#names + 1] = by_tensor[p] end
+  end
+  scaler:trace(opts.trace, {names = names, meta = {script = "train_gpt.lua", amp = opts.amp, policy = policy_spec,
+                                                  seed = opts.seed, batch = opts.batch, accum = opts.accum}})
+end
 local V = cfg.vocab
 
 local function loss_of(x, y)
@@ -154,6 +168,7 @@ while step < opts.steps do
   end
 end
 if metrics then metrics:close() end
+if scaler then scaler:trace(false) end
 val = val or validate()
 print(string.format("final val loss: %.3f", val))
 if opts.sample and opts.sample > 0 then

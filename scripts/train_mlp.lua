@@ -2,7 +2,7 @@
 --
 --   build/mpengine scripts/train_mlp.lua [--epochs N] [--batch B] [--lr LR] [--seed S]
 --       [--save PATH] [--resume PATH] [--metrics FILE] [--max-steps K]
---       [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]
+--       [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH] [--trace FILE]
 --
 -- The same seed gives bit-identical weights on the CPU. --save writes a checkpoint
 -- (model, optimizer, data position, random state, and with --amp the loss scaler's
@@ -35,6 +35,11 @@
 --                      has state_dict()/load_state_dict(sd) is saved in checkpoints,
 --                      one with `telemetry = true` turns on scaler:telemetry so its
 --                      info carries zero/underflow/overflow fractions
+--
+-- --trace FILE (with --amp) records the loss scaler's view of every step into FILE
+-- (JSON lines, gzip'd when FILE ends in .gz; scaler:trace in lua/mp/amp.lua says what a
+-- line holds), read back by mp.amp.load_trace. A resumed run's trace starts at the
+-- resume.
 --
 -- --policy needs --amp f16 or bf16. With --amp, the metrics lines carry "scale" (the
 -- scale for the next step) and "skipped" (skipped steps so far), each epoch line shows

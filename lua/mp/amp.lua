@@ -132,6 +132,10 @@ end
 
 function GradScaler:scale(loss)
   if self._telemetry then core._flush_stats(true) end   -- a new step: count this backward only
+  if self._trace then   -- the step's loss: the sum of its micro-batches' (gradient accumulation)
+    self._trace_loss = self._trace_loss or {}
+    self._trace_loss[#self._trace_loss + 1] = loss
+  end
   return self._c:scale(loss)
 end
 
@@ -173,7 +177,10 @@ local function step_info(self, c)
           zero_frac = t.zero_frac}
 end
 
+local write_record   -- (the traces, below)
+
 function GradScaler:update(new_scale)
+  if self._trace then write_record(self) end
   if new_scale ~= nil then
     local v, err = check_scale(new_scale, "update(new_scale)")
     if not v then error("GradScaler:update: " .. err, 2) end
@@ -196,6 +203,9 @@ end
 -- telemetry(true) also takes the names of the optimizer's parameters, in order
 -- (e.g. from model:named_parameters()), for the report
 function GradScaler:telemetry(on, names)
+  if not on and self._trace then
+    error("GradScaler:telemetry: a trace is being recorded, and needs telemetry (scaler:trace(false) first)", 2)
+  end
   self._telemetry = on and true or false
   if names ~= nil then self._names = names end
   self._c:telemetry(self._telemetry)
@@ -286,6 +296,139 @@ function GradScaler:load_state_dict(sd)
     self._policy:load_state_dict(pol.state)
   end
   self._c:_restore(sd)
+end
+
+-- ---- traces ----
+-- scaler:trace(path [, {names =, meta =}]) records every step from the next one into a
+-- JSON-lines file (gzip-compressed when the name ends in .gz), one line per step,
+-- each line written and flushed when the step's scale is updated, so the trace of a
+-- crashed run is readable up to its last step; scaler:trace(false) closes it.
+-- Tracing turns telemetry on (the per-parameter statistics it records).
+--
+-- Line 1, the header:
+--   {"trace": "mpengine.scaler", "version": 1, "hist_lo": -48, "bins": 64,
+--    "params": [names...], "policy": {...}, "meta": {...}}
+-- then one line per step:
+--   {"step": k, "scale": s, "applied": true|false, "reason": null|"overflow"|"nan"|"forward",
+--    "loss": l, "params": [{"n", "amax", "nan", "inf", "zeros", "underflow", "overflow",
+--                           "lo", "hist": [...]}...]}
+-- where scale is the scale the step ran at; loss the unscaled loss (summed over the
+-- losses scaled that step: micro-batches of gradient accumulation); per parameter, in
+-- the optimizer's order: amax of the true gradient, counts over the scaled gradient
+-- at that scale (zeros; underflow: |g s| <= 2^-25, f16 flushes it; overflow:
+-- |g s| >= 65520) and the log2 histogram of |g s| from its first non-empty bin lo
+-- (0-based): the k-th entry of hist (from 0) counts 2^(hist_lo + lo + k) <= |g s| <
+-- 2^(hist_lo + lo + k + 1) (bins outside the list are empty; the first and last of the
+-- 64 bins also take what lies beyond them). Non-finite numbers are written as the
+-- strings "nan", "inf", "-inf". mp.amp.load_trace expands hist to all 64 bins.
+-- mp.amp.load_trace(path) reads one back.
+
+local function json_value(v)
+  local t = type(v)
+  if t == "number" then
+    if v ~= v then return '"nan"' end
+    if v == math.huge then return '"inf"' end
+    if v == -math.huge then return '"-inf"' end
+    if math.type(v) == "integer" then return tostring(v) end
+    return string.format("%.9g", v)
+  elseif t == "string" then
+    return '"' .. v:gsub('[%c"\\]', function(c) return string.format("\\u%04x", c:byte()) end) .. '"'
+  elseif t == "boolean" then
+    return tostring(v)
+  elseif t == "table" then
+    if #v > 0 or next(v) == nil then
+      local parts = {}
+      for i = 1, #v do parts[i] = json_value(v[i]) end
+      return "[" .. table.concat(parts, ",") .. "]"
+    end
+    local keys, parts = {}, {}
+    for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+    table.sort(keys)
+    for i, k in ipairs(keys) do parts[i] = json_value(k) .. ":" .. json_value(v[k]) end
+    return "{" .. table.concat(parts, ",") .. "}"
+  end
+  return "null"
+end
+amp._json = json_value   -- for scripts that write their own JSON lines (the policy lab)
+
+local HIST_LO = -48
+
+write_record = function(self)
+  local l
+  for _, loss in ipairs(self._trace_loss or {}) do l = (l or 0) + loss:item() end
+  self._trace_loss = nil
+  self._trace:write(self._c:_trace_record(l))   -- lua/amp.c builds the line: it runs every step
+end
+
+function GradScaler:trace(path, opts)
+  if path == false or path == nil then
+    if self._trace then self._trace:close() end
+    self._trace, self._trace_loss = nil, nil
+    return
+  end
+  if type(path) ~= "string" then error("GradScaler:trace: expected a file name or false (got " .. type(path) .. ")", 2) end
+  local o = options("GradScaler:trace", opts, "names:table meta:table")
+  if self._trace then self._trace:close() end
+  local f, err = core._lines_open(path, "w")
+  if not f then error("GradScaler:trace: " .. err, 2) end
+  if o.names then self._names = o.names end
+  self:telemetry(true)
+  local pol = {}
+  if getmetatable(self._policy) == Builtin then
+    for k, v in pairs(self._policy) do pol[k] = v end
+  else
+    pol.kind = "lua"
+  end
+  local ok, e = pcall(f.write, f, json_value{trace = "mpengine.scaler", version = 1, hist_lo = HIST_LO, bins = 64,
+                                             params = self._names or {}, policy = pol, meta = o.meta or {}})
+  if not ok then f:close(); error("GradScaler:trace: " .. tostring(e), 2) end
+  self._trace = f
+end
+
+-- the numbers a trace wrote as strings, back
+local function finite(v)
+  if v == "nan" then return 0 / 0 elseif v == "inf" then return math.huge elseif v == "-inf" then return -math.huge end
+  return v
+end
+
+-- mp.amp.load_trace(path) -> {header = {...}, steps = {record, ...}}: records as
+-- written (see above), non-finite numbers as numbers again, each parameter's
+-- histogram expanded to all 64 bins (hist[1..64]). A last line cut short (a run
+-- that crashed while writing it) is left out.
+function amp.load_trace(path)
+  if type(path) ~= "string" then error("mp.amp.load_trace: expected a file name", 2) end
+  local f, err = core._lines_open(path, "r")
+  if not f then error("mp.amp.load_trace: " .. err, 2) end
+  local first = f:read()
+  local header = first and core._json_decode(first)
+  if type(header) ~= "table" or header.trace ~= "mpengine.scaler" then
+    f:close()
+    error("mp.amp.load_trace: '" .. path .. "' is not a scaler trace (no mpengine.scaler header line)", 2)
+  end
+  local steps, lineno, pending = {}, 1, nil
+  for line in function() return f:read() end do
+    lineno = lineno + 1
+    if pending then
+      f:close()
+      error(string.format("mp.amp.load_trace: '%s' line %d is not a step record (%s)", path, lineno - 1, pending), 2)
+    end
+    local r, why = core._json_decode(line)
+    if type(r) ~= "table" or type(r.step) ~= "number" or type(r.params) ~= "table" then
+      pending = why or "not a step record"   -- an error unless it is the last line
+    else
+      r.scale, r.loss = finite(r.scale), finite(r.loss)
+      for _, p in ipairs(r.params) do
+        p.amax = finite(p.amax)
+        local h = {}
+        for b = 1, header.bins do h[b] = 0 end
+        for i, v in ipairs(p.hist) do h[p.lo + i] = v end   -- bin lo + i - 1 (0-based) is h[lo + i]
+        p.hist = h
+      end
+      steps[#steps + 1] = r
+    end
+  end
+  f:close()
+  return {header = header, steps = steps}
 end
 
 return amp

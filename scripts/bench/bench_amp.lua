@@ -8,7 +8,11 @@
 --   3. the scaler's unscale + inf/NaN check + statistics pass over the gradient
 --      arena (kernels/cpu/cpu_scaler.c via scaler:unscale(opt)) as GB/s, bytes
 --      read + written, against a plain copy of the same bytes, with telemetry off
---      and on, and its share of an f16 AMP step.
+--      and on, and its share of an f16 AMP step;
+--   4. the f16 step with scaler:trace recording every step (telemetry on, a JSON
+--      line written and flushed per step) against the same step without, in the
+--      same run (target: tracing costs at most 10% of the step), and the trace's
+--      bytes per step, plain and gzip'd.
 --
 -- Figures are medians of per-step wall times (mp.clock) after a warm-up. The
 -- three step variants alternate every BLOCK steps, so that a noisy neighbour
@@ -50,8 +54,13 @@ local function new_run(mode)
   local model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
   local r = {mode = mode, model = model, opt = mp.optim.Adam(model:parameters(), {lr = 1e-3}),
              s = 0, times = {}, unscale_times = {}}
-  if mode == "f16" then
+  if mode == "f16" or mode == "f16trace" then
     r.scaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{}}
+    if mode == "f16trace" then
+      r.trace_path = os.tmpname() .. ".jsonl"
+      local _, names = model:named_parameters()
+      r.scaler:trace(r.trace_path, {names = names})
+    end
   elseif mode == "bf16" then
     r.scaler = mp.amp.GradScaler{policy = mp.amp.policy.none()}
   end
@@ -74,7 +83,7 @@ local function step(r, keep)
   end
   local loss
   do
-    local _ <close> = mp.amp.autocast(r.mode)
+    local _ <close> = mp.amp.autocast(r.mode == "f16trace" and "f16" or r.mode)
     loss = mp.cross_entropy(r.model(b[1]), b[2])
   end
   scaler:scale(loss):backward()
@@ -91,7 +100,7 @@ local function step(r, keep)
   end
 end
 
-local runs = {new_run("f32"), new_run("f16"), new_run("bf16")}
+local runs = {new_run("f32"), new_run("f16"), new_run("bf16"), new_run("f16trace")}
 for _, r in ipairs(runs) do
   for _ = 1, WARMUP do step(r, false) end
 end
@@ -100,7 +109,7 @@ for _ = 1, math.max(1, STEPS // BLOCK) do
     for _ = 1, BLOCK do step(r, true) end
   end
 end
-local f32, f16, bf16 = runs[1], runs[2], runs[3]
+local f32, f16, bf16, f16t = runs[1], runs[2], runs[3], runs[4]
 local ms32, ms16, msbf = median(f32.times) * 1000, median(f16.times) * 1000, median(bf16.times) * 1000
 
 print(string.format("amp mlp step (batch %d, Adam)  f32 %.2f ms  f16 %.2f ms (%.2fx)  bf16 %.2f ms (%.2fx)",
@@ -218,3 +227,22 @@ print(string.format("amp scaler pass, telemetry on  %.2f GB/s (%.3f ms)  pass/co
 local u16 = median(f16.unscale_times) * 1000
 print(string.format("amp scaler pass in an f16 step  %.3f ms of %.2f ms = %.1f%% of the step (%.2f GB/s in place)",
   u16, ms16, 100 * u16 / ms16, bytes / (u16 / 1000) / 1e9))
+
+-- ---- 4. tracing: the f16 step with scaler:trace on, against the same step without ----
+f16t.scaler:trace(false)
+local ms16t = median(f16t.times) * 1000
+local fsize = function(p) local f = io.open(p, "rb"); local n = f and f:seek("end") or 0; if f then f:close() end; return n end
+local plain = fsize(f16t.trace_path)
+local recorded = #mp.amp.load_trace(f16t.trace_path).steps
+-- the same records gzip'd, for the size: rewritten through a .gz line file
+local gz = f16t.trace_path .. ".gz"
+do
+  local core = require "mp.core"
+  local r, w = core._lines_open(f16t.trace_path, "r"), core._lines_open(gz, "w")
+  for line in function() return r:read() end do w:write(line) end
+  r:close(); w:close()
+end
+print(string.format("amp f16 step with scaler:trace  %.2f ms against %.2f ms without: +%.1f%% (target <= 10%%: %s)  "
+  .. "trace %.0f bytes/step plain, %.0f gzip'd (%d steps, MLP's 6 parameters)", ms16t, ms16, 100 * (ms16t / ms16 - 1),
+  ms16t / ms16 <= 1.10 and "met" or "MISSED", plain / recorded, fsize(gz) / recorded, recorded))
+os.remove(f16t.trace_path); os.remove(gz)

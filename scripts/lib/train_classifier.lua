@@ -17,7 +17,8 @@ return function(spec)
     local pad = string.rep(" ", #spec.name)
     io.stderr:write(spec.name, ": ", msg, "\n",
       "usage: ", spec.name, " [--epochs N] [--batch B] [--lr LR] [--seed S] [--save PATH] [--resume PATH]\n",
-      "       ", pad, " [--metrics FILE] [--max-steps K] [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]\n")
+      "       ", pad, " [--metrics FILE] [--max-steps K] [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]\n",
+      "       ", pad, " [--trace FILE]\n")
     os.exit(2)
   end
 
@@ -25,13 +26,17 @@ return function(spec)
 
   -- ---- options ----
   local opts = cli.parse(arg or {}, {epochs = "int", batch = "int", lr = "num", seed = "int", ["max-steps"] = "int",
-                                     save = "str", resume = "str", metrics = "str", amp = "str", policy = "str"},
+                                     save = "str", resume = "str", metrics = "str", amp = "str", policy = "str",
+                                     trace = "str"},
                          {epochs = 1, batch = 128, lr = 1e-3, seed = 0, amp = "off"}, usage, {seed = true})
   if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" then
     usage("--amp must be off, f16 or bf16 (got " .. opts.amp .. ")")
   end
   if opts.amp == "off" and opts.policy then
     usage("--policy needs --amp f16 or bf16 (this run has --amp off, which uses no loss scaler)")
+  end
+  if opts.amp == "off" and opts.trace then
+    usage("--trace needs --amp f16 or bf16 (it records the loss scaler's view of each step)")
   end
   local amp_on = opts.amp ~= "off"
 
@@ -68,6 +73,10 @@ return function(spec)
     -- a Lua policy with `telemetry = true` gets the per-step gradient fractions in its info
     scaler:telemetry(type(policy) == "table" and rawget(policy, "telemetry") == true, names)
     scaler.on_skip = function(info) skips[info.reason] = (skips[info.reason] or 0) + 1 end
+    if opts.trace then
+      scaler:trace(opts.trace, {names = names, meta = {script = spec.name, amp = opts.amp, policy = policy_spec,
+                                                       seed = opts.seed, batch = opts.batch, lr = opts.lr}})
+    end
   end
   local steps_per_epoch = #mp.data.loader(train, {batch = opts.batch, seed = 0})
   local total_steps = steps_per_epoch * opts.epochs
@@ -194,6 +203,7 @@ return function(spec)
     if opts.save then save(opts.save) end
   end
   if metrics then metrics:close() end
+  if scaler then scaler:trace(false) end
   accuracy = accuracy or evaluate()
   if scaler then
     local st, parts = scaler.stats, {}

@@ -85,7 +85,11 @@ static int many_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 static mp_tensor *many_forward(mp_ctx *c)
 {
     mp_tensor *x = c->in[0], *y = mp_to_raw(x, x->dtype, x->dev);
+    /* a forward computes without recording: the op's own node is its backward
+     * (an inner node on the output would be overwritten by the op's, and leak) */
+    bool was = mp_set_grad_enabled(false);
     mp_tensor *m = y ? mp_unary(MP_MULS, y, 7) : NULL;
+    mp_set_grad_enabled(was);
     mp_release(y);
     c->i[0] = x->dtype;   /* what the forward saw, after autocast */
     for (int i = NKEEP - 1; m && i >= 0; i--) {

@@ -10,6 +10,7 @@
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -452,4 +453,67 @@ Test(unscale_kernel, plain_pass_long_array_and_accumulation)
     cr_assert_eq(st.n, n + 3);
     cr_assert_eq(st.amax, 123456.0f);
     free(g);
+}
+
+/* The vectorised, threaded telemetry against the definition, value by value in
+ * double, over an arena of several parameters (short ones, and long ones that
+ * the pass splits over threads) holding every kind of value: zeros, subnormals,
+ * values at the flush and overflow edges, inf and NaN; on 1 and 2 threads. */
+static void reference_stats(const float *g, int64_t n, float inv, mp_grad_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->n = n;
+    for (int64_t i = 0; i < n; i++) {
+        double a = fabs((double)g[i]), y = (double)(g[i] * inv);
+        if (isnan(y)) st->nan++;
+        if (isinf(y)) st->inf++;
+        if (!isfinite(a)) continue;
+        if ((float)a > st->amax) st->amax = (float)a;
+        if (a == 0) { st->zeros++; continue; }
+        if (a <= ldexp(1, -25)) st->underflow++;
+        if (a >= 65520.0) st->overflow++;
+        st->hist[bin_of(a < ldexp(1, -126) ? ldexp(1, -126) : a)]++;   /* subnormals: bin of 2^-126, clamped to 0 */
+    }
+}
+
+Test(unscale_kernel, telemetry_matches_the_definition_on_long_arenas_and_any_thread_count)
+{
+    const int64_t seg[] = {0, 7, 4100, 90000, 90001, 300000};
+    const int nseg = 5;
+    int64_t n = seg[nseg];
+    float *g = malloc(sizeof *g * (size_t)n), *g0 = malloc(sizeof *g0 * (size_t)n);
+    unsigned r = 12345;
+    const float edges[] = {0.0f, -0.0f, 0x1p-25f, 0x1p-24f, 0x1p-149f, 0x1p-130f, 65504.0f, 65520.0f, 1e30f,
+                           INFINITY, -INFINITY, NAN, 3.4e38f};
+    for (int64_t i = 0; i < n; i++) {
+        r = r * 1103515245u + 12345u;
+        float v = ldexpf((float)((r >> 8) & 0xffff) / 65536.0f + 0.5f, (int)((r >> 3) % 80) - 50);
+        g0[i] = (r & 0x80000000u) ? -v : v;
+        if (((r >> 24) & 63) == 0) g0[i] = edges[(r >> 12) % (sizeof edges / sizeof *edges)];
+    }
+    static mp_scale_state s;
+    mp_grad_stats tel[5], want;
+    int was = omp_get_max_threads();
+    for (int threads = 1; threads <= 2; threads++) {
+        omp_set_num_threads(threads);
+        memcpy(g, g0, sizeof *g * (size_t)n);
+        memset(&s, 0, sizeof s);
+        memset(tel, 0, sizeof tel);
+        s.scale = 4.0f;
+        mp_cpu_backend.unscale(mp_cpu_backend.ctx, g, n, &s, 0, tel, seg, nseg);
+        for (int p = 0; p < nseg; p++) {
+            reference_stats(g0 + seg[p], seg[p + 1] - seg[p], 0.25f, &want);
+            cr_assert_eq(memcmp(&tel[p], &want, sizeof want), 0,
+                         "%d threads, parameter %d: n %lld/%lld nan %lld/%lld inf %lld/%lld zeros %lld/%lld under "
+                         "%lld/%lld over %lld/%lld amax %g/%g", threads, p, (long long)tel[p].n, (long long)want.n,
+                         (long long)tel[p].nan, (long long)want.nan, (long long)tel[p].inf, (long long)want.inf,
+                         (long long)tel[p].zeros, (long long)want.zeros, (long long)tel[p].underflow,
+                         (long long)want.underflow, (long long)tel[p].overflow, (long long)want.overflow,
+                         tel[p].amax, want.amax);
+        }
+        for (int64_t i = 0; i < n; i++)
+            cr_assert(g[i] == g0[i] * 0.25f || (isnan(g[i]) && isnan(g0[i])), "value %lld not unscaled", (long long)i);
+    }
+    omp_set_num_threads(was);
+    free(g), free(g0);
 }
