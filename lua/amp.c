@@ -497,6 +497,57 @@ static int a_flush_stats(lua_State *L)
     return 1;
 }
 
+/* ---- core._policy_sim(policy_table, init): a built-in policy without a model
+ * (engine/scaler.h), for mp.amp.replay: sim:step(reason or nil, amax) -> the
+ * next step's scale, at_min; sim:scale() ---- */
+
+#define SIM_MT "mp.PolicySim"
+
+static mp_policy_sim **check_sim(lua_State *L)
+{
+    mp_policy_sim **u = luaL_checkudata(L, 1, SIM_MT);
+    if (!*u) luaL_error(L, "policy simulator: freed");
+    return u;
+}
+
+static int a_policy_sim(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    mp_policy p = read_policy(L, 1, "mp.amp.replay");
+    double init = luaL_optnumber(L, 2, p.init);
+    mp_policy_sim **u = lua_newuserdatauv(L, sizeof *u, 0);
+    *u = NULL;
+    luaL_setmetatable(L, SIM_MT);
+    mp_clear_error();
+    if (!(*u = mp_policy_sim_new(&p, init))) return lt_error(L, "mp.amp.replay");
+    return 1;
+}
+
+static int sim_step(lua_State *L)
+{
+    mp_policy_sim **u = check_sim(L);
+    static const char *reasons[] = {"none", "overflow", "nan", "forward", NULL};
+    int r = lua_isnoneornil(L, 2) ? 0 : luaL_checkoption(L, 2, NULL, reasons);
+    int at_min = 0;
+    lua_pushnumber(L, mp_policy_sim_step(*u, (mp_skip_reason)r, luaL_checknumber(L, 3), &at_min));
+    lua_pushinteger(L, at_min);
+    return 2;
+}
+
+static int sim_scale(lua_State *L)
+{
+    lua_pushnumber(L, mp_policy_sim_scale(*check_sim(L)));
+    return 1;
+}
+
+static int sim_gc(lua_State *L)
+{
+    mp_policy_sim **u = luaL_checkudata(L, 1, SIM_MT);
+    mp_policy_sim_free(*u);
+    *u = NULL;
+    return 0;
+}
+
 static const luaL_Reg smeth[] = {
     {"scale", s_scale}, {"unscale", s_unscale}, {"step", s_step}, {"update", s_update},
     {"set_policy", s_set_policy}, {"_info", s_info}, {"_trace_record", s_trace_record}, {"_restore", s_restore}, {"telemetry", s_telemetry},
@@ -521,10 +572,18 @@ void mp_open_amp(lua_State *L)
     lua_pushcfunction(L, s_gc);
     lua_setfield(L, -2, "__gc");
     lua_pop(L, 1);
+    if (luaL_newmetatable(L, SIM_MT)) {
+        static const luaL_Reg sm[] = {{"step", sim_step}, {"scale", sim_scale}, {NULL, NULL}};
+        luaL_newlib(L, sm);
+        lua_setfield(L, -2, "__index");
+        lua_pushcfunction(L, sim_gc);
+        lua_setfield(L, -2, "__gc");
+    }
+    lua_pop(L, 1);
     static const luaL_Reg f[] = {
         {"_autocast", a_autocast}, {"_register", a_register}, {"_classes", a_classes}, {"_scaler", s_new},
         {"_count_flush", a_count_flush}, {"_flush_stats", a_flush_stats}, {"_policy", a_policy},
-        {"_scale_ok", a_scale_ok}, {"_options", lb_options_lua},
+        {"_scale_ok", a_scale_ok}, {"_options", lb_options_lua}, {"_policy_sim", a_policy_sim},
         {NULL, NULL}
     };
     luaL_setfuncs(L, f, 0);

@@ -91,6 +91,29 @@ describe("train_gpt.lua", function()
     os.remove(ck)
   end)
 
+  it("--trace records every step, the loss summed over its micro-batches, names in the optimizer's order", function()
+    local trace = tmp("t.jsonl")
+    local out, code = run(SMALL .. " --batch 4 --accum 2 --steps 3 --eval-every 3 --amp f16 --trace " .. trace)
+    assert.are.equal(0, code, out)
+    local tr = mp.amp.load_trace(trace)
+    assert.are.equal(3, #tr.steps)
+    assert.are.equal("train_gpt.lua", tr.header.meta.script)
+    assert.are.equal(2, tr.header.meta.accum)
+    -- AdamW's decay group (the Linear weights: 4 per layer) first, then the rest
+    local names, seen = tr.header.params, {}
+    for i, n in ipairs(names) do
+      local linear = n:match("c_attn%.weight$") or n:match("c_proj%.weight$") or n:match("c_fc%.weight$")
+      assert.are.equal(i <= 4, linear ~= nil, n .. " at " .. i)
+      assert.is_nil(seen[n], n)
+      seen[n] = true
+    end
+    assert.are.equal(#names, #tr.steps[1].params)
+    assert.is_true(seen["wte.weight"] and seen["ln_f.bias"])
+    local step3 = tonumber(out:match("step 3/3%s+loss (%d+%.%d+)"))
+    assert.is_true(math.abs(tr.steps[3].loss - step3) < 1e-3, out .. " trace " .. tr.steps[3].loss)
+    os.remove(trace)
+  end)
+
   it("rejects bad options, naming them", function()
     for _, c in ipairs {
       { "--bogus 1", "unknown option --bogus" },
@@ -98,6 +121,7 @@ describe("train_gpt.lua", function()
       { "--amp f32", "--amp must be" },
       { "--steps 0", "--steps must be a positive integer" },
       { "--data /nonexistent/text", "cannot read /nonexistent/text" },
+      { "--trace t.jsonl", "--trace needs --amp f16 or bf16" },
     } do
       local out, code = run(c[1])
       assert.are_not.equal(0, code, c[1])
