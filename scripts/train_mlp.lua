@@ -2,7 +2,8 @@
 --
 --   build/mpengine scripts/train_mlp.lua [--epochs N] [--batch B] [--lr LR] [--seed S]
 --       [--save PATH] [--resume PATH] [--metrics FILE] [--max-steps K]
---       [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH] [--trace FILE]
+--       [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH] [--trace FILE] [--tiny K]
+--       [--inject-overflow N]
 --
 -- The same seed gives bit-identical weights on the CPU. --save writes a checkpoint
 -- (model, optimizer, data position, random state, and with --amp the loss scaler's
@@ -40,6 +41,15 @@
 -- (JSON lines, gzip'd when FILE ends in .gz; scaler:trace in lua/mp/amp.lua says what a
 -- line holds), read back by mp.amp.load_trace. A resumed run's trace starts at the
 -- resume.
+--
+-- Two lab settings for traces (scripts/policy_lab.lua): --tiny K multiplies the loss
+-- by 2^-K and Adam's eps by the same (scripts/underflow.lua's small-loss setting:
+-- Adam's steps then do not depend on the loss's scale, so the run is the ordinary
+-- one in f32, but its gradients
+-- sit 2^K lower, where f16 flushes them without enough loss scale; the progress
+-- and metrics show the true loss); --inject-overflow N (with --amp) multiplies the
+-- loss of every N-th step by 2^12 before scaling, a spike as a rare bad batch makes:
+-- at the usual scales (2^16) its backward overflows f16, at 2^3 and below it fits.
 --
 -- --policy needs --amp f16 or bf16. With --amp, the metrics lines carry "scale" (the
 -- scale for the next step) and "skipped" (skipped steps so far), each epoch line shows

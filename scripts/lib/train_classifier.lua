@@ -18,7 +18,7 @@ return function(spec)
     io.stderr:write(spec.name, ": ", msg, "\n",
       "usage: ", spec.name, " [--epochs N] [--batch B] [--lr LR] [--seed S] [--save PATH] [--resume PATH]\n",
       "       ", pad, " [--metrics FILE] [--max-steps K] [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]\n",
-      "       ", pad, " [--trace FILE]\n")
+      "       ", pad, " [--trace FILE] [--tiny K] [--inject-overflow N]\n")
     os.exit(2)
   end
 
@@ -27,13 +27,16 @@ return function(spec)
   -- ---- options ----
   local opts = cli.parse(arg or {}, {epochs = "int", batch = "int", lr = "num", seed = "int", ["max-steps"] = "int",
                                      save = "str", resume = "str", metrics = "str", amp = "str", policy = "str",
-                                     trace = "str"},
+                                     trace = "str", tiny = "int", ["inject-overflow"] = "int"},
                          {epochs = 1, batch = 128, lr = 1e-3, seed = 0, amp = "off"}, usage, {seed = true})
   if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" then
     usage("--amp must be off, f16 or bf16 (got " .. opts.amp .. ")")
   end
   if opts.amp == "off" and opts.policy then
     usage("--policy needs --amp f16 or bf16 (this run has --amp off, which uses no loss scaler)")
+  end
+  if opts.amp == "off" and opts["inject-overflow"] then
+    usage("--inject-overflow needs --amp f16 or bf16 (an overflow is what the loss scaler handles)")
   end
   if opts.amp == "off" and opts.trace then
     usage("--trace needs --amp f16 or bf16 (it records the loss scaler's view of each step)")
@@ -65,7 +68,9 @@ return function(spec)
   local train = mp.data.fashion_mnist("train")
   local test = mp.data.fashion_mnist("test")
   local model = spec.model()
-  local opt = mp.optim.Adam(model:parameters(), {lr = opts.lr})
+  -- --tiny K: Adam's eps scaled with the loss, so that its steps stay those of the
+  -- ordinary run (Adam's update does not depend on the gradients' scale but for eps)
+  local opt = mp.optim.Adam(model:parameters(), {lr = opts.lr, eps = 1e-8 * 2.0 ^ -(opts.tiny or 0)})
   local scaler, skips = nil, {overflow = 0, nan = 0, forward = 0}
   if amp_on then
     scaler = mp.amp.GradScaler{policy = policy}
@@ -156,16 +161,21 @@ return function(spec)
             local _ <close> = mp.amp.autocast(opts.amp)
             loss = mp.cross_entropy(model(x:reshape(spec.shape)), y)
           end
-          scaler:scale(loss):backward()
+          if opts.tiny then loss = loss * 2.0 ^ -opts.tiny end
+          -- a spike, as a rare bad batch makes (gradients 2^12 larger): at the usual
+          -- scales (2^16) the scaled backward overflows in f16, at 2^3 and below not
+          local spike = opts["inject-overflow"] and (state.step + 1) % opts["inject-overflow"] == 0
+          scaler:scale(spike and loss * 2.0 ^ 12 or loss):backward()
           scaler:step(opt)     -- skipped (false) when a gradient holds inf/NaN
           scaler:update()
         else
           loss = mp.cross_entropy(model(x:reshape(spec.shape)), y)
+          if opts.tiny then loss = loss * 2.0 ^ -opts.tiny end
           loss:backward()
           opt:step()
         end
         state.step, state.batch = state.step + 1, b
-        local l = loss:item()
+        local l = loss:item() * (opts.tiny and 2.0 ^ opts.tiny or 1)   -- the true loss
         if not scaler or (l == l and math.abs(l) ~= math.huge) then   -- a forward overflow's loss stays out of the mean
           loss_sum, loss_n = loss_sum + l, loss_n + 1
         end

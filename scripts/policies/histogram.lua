@@ -18,7 +18,7 @@
 -- A skipped step divides the scale by 4, except a forward overflow, which no loss
 -- scale causes or cures. Scales stay powers of two, so unscaling is exact. It needs
 -- telemetry (`telemetry = true` turns it on); without a histogram it keeps the scale.
-local P = {init = 2^16, target = 1e-4, headroom = 2, rise = 1, backoff = 1 / 4, min = 1, max = 2^24}
+local P = {init = 2^16, target = 1e-4, headroom = 2, rise = 1, backoff = 1 / 4, min = 2^-24, max = 2^64}
 
 local policy = {telemetry = true}
 

@@ -143,3 +143,40 @@ describe("scripts/policy_lab.lua", function()
     os.remove(tr); os.remove(out_path)
   end)
 end)
+
+describe("scripts/policies/histogram.lua", function()
+  local function policy() return dofile(H.root .. "/scripts/policies/histogram.lua") end
+  local function hist_at(bin_lo, count)   -- all values in [2^bin_lo, 2^(bin_lo + 1)) of the scaled gradients
+    local h = {}
+    for b = 1, 64 do h[b] = 0 end
+    h[bin_lo + 48 + 1] = count
+    return h
+  end
+
+  it("rises toward the scale that keeps underflow under its target, an octave per step", function()
+    local p = policy()
+    -- scaled values at 2^-30: at 2^10 they all flush; 5 octaves more would clear them
+    local s = p:update { scale = 2 ^ 10, found_inf = false, grad_amax = 2 ^ -40, hist = hist_at(-30, 1000), hist_lo = -48 }
+    assert.are.equal(2 ^ 11, s)
+  end)
+
+  it("comes down at once when the largest gradient leaves too little headroom, and never rises into it", function()
+    local p = policy()
+    -- most values near f16's flush (precision wants 3 octaves more), but amax * scale =
+    -- 2^15, within an octave of 65504: 2 octaves of headroom need the scale 2 octaves
+    -- lower; headroom wins
+    local s = p:update { scale = 2 ^ 16, found_inf = false, grad_amax = 2 ^ -1, hist = hist_at(-27, 1000), hist_lo = -48 }
+    assert.are.equal(2 ^ 14, s)
+    -- values far from underflow and from overflow: the smallest scale that keeps them
+    -- clear of f16's flush is below this one, so it falls to it
+    s = p:update { scale = 2 ^ 16, found_inf = false, grad_amax = 2 ^ -10, hist = hist_at(-8, 1000), hist_lo = -48 }
+    assert.is_true(s < 2 ^ 16 and s >= 2 ^ -24)
+  end)
+
+  it("backs off by 4 on an overflow, keeps the scale on a forward overflow or without a histogram", function()
+    local p = policy()
+    assert.are.equal(2 ^ 14, p:update { scale = 2 ^ 16, found_inf = true, reason = "overflow" })
+    assert.are.equal(2 ^ 16, p:update { scale = 2 ^ 16, found_inf = true, reason = "forward" })
+    assert.are.equal(2 ^ 16, p:update { scale = 2 ^ 16, found_inf = false, grad_amax = 1 })
+  end)
+end)

@@ -50,6 +50,21 @@ describe("train_mlp.lua", function()
     os.remove(straight); os.remove(half); os.remove(resumed)
   end)
 
+  it("--tiny K: the loss and Adam's eps times 2^-K give the ordinary run's weights, bit for bit, in f32", function()
+    local a, b = tmp("a"), tmp("b")
+    assert.are.equal(0, select(2, run("--max-steps 20 --seed 4 --save " .. a)))
+    assert.are.equal(0, select(2, run("--max-steps 20 --seed 4 --tiny 20 --save " .. b)))
+    local ok, where = same_model(a, b)
+    assert.is_true(ok, where)
+    os.remove(a); os.remove(b)
+  end)
+
+  it("--inject-overflow N: every N-th step's backward overflows and the scaler skips it", function()
+    local out, code = run("--max-steps 10 --amp f16 --inject-overflow 5")
+    assert.are.equal(0, code, out)
+    assert.is_truthy(out:match("skipped steps: 2 of 10"), out)
+  end)
+
   it("rejects bad options with a clear message", function()
     for _, case in ipairs{
       {"--epochs 0", "--epochs must be a positive integer"},
@@ -60,6 +75,9 @@ describe("train_mlp.lua", function()
       {"--amp off --policy static:1024", "--policy needs --amp f16 or bf16"},
       {"--amp f16 --policy bogus", "--policy must be static, none, dynamic, hysteresis, amax"},
       {"--batch", "needs a value"},
+      {"--inject-overflow 5", "--inject-overflow needs --amp f16 or bf16"},
+      {"--trace t.jsonl", "--trace needs --amp f16 or bf16"},
+      {"--tiny -1", "--tiny must be a positive integer"},
     } do
       local out, code = run(case[1])
       assert.are_not.equal(0, code, case[1])
