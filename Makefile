@@ -23,7 +23,7 @@ VERSION  := 0.1.0
 
 DEBS := liblua5.4-dev lua5.4 libopenblas-dev zlib1g-dev libreadline-dev libcriterion-dev \
         lua-busted dataset-fashion-mnist fortunes pkg-config gcc make libcjson-dev python3-venv \
-        libsleef-dev libdnnl-dev
+        libsleef-dev libdnnl-dev gnuplot-nox
 
 ENGINE_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)

@@ -16,8 +16,8 @@
 --   recover      steps from a skip until the scale is back at its value before
 --                the skip, mean over skips ("never" when it does not come back)
 --   scale        the range of scales the candidate runs at
--- --out also writes each candidate's trajectory (step, scale, skipped) as JSON
--- lines, for scripts/plot.lua.
+-- --out also writes each candidate's trajectory (step, scale, skipped and each
+-- parameter's underflow fraction) as JSON lines, for scripts/plot.lua.
 local mp = mp or require "mp"
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local cli = dofile(here .. "lib/cli.lua")
@@ -113,7 +113,8 @@ for _, spec in ipairs(specs) do
     s.recover, s.range))
   if out then
     for _, e in ipairs(traj) do
-      out:write(mp.amp._json{policy = spec:match("([^/]+)$"), step = e.step, scale = e.scale, skipped = e.skipped}, "\n")
+      out:write(mp.amp._json{policy = spec:match("([^/]+)$"), step = e.step, scale = e.scale, skipped = e.skipped,
+                             underflow = e.underflow}, "\n")
     end
   end
 end

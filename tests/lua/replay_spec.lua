@@ -134,7 +134,7 @@ describe("scripts/policy_lab.lua", function()
     local n = 0
     for line in io.lines(out_path) do
       n = n + 1
-      assert.is_truthy(line:match('^{"policy":"[^"]+","scale":[%d.e+]+,"skipped":%a+,"step":%d+}$'), line)
+      assert.is_truthy(line:match('^{"policy":"[^"]+","scale":[%d.e+]+,"skipped":%a+,"step":%d+,"underflow":{.*}}$'), line)
     end
     assert.are.equal(36, n)
     out, code = H.script("scripts/policy_lab.lua")("/nonexistent.jsonl")

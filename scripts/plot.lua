@@ -1,0 +1,207 @@
+-- plot.lua: a training run's loss scaling as a picture, drawn by gnuplot (Debian's
+-- gnuplot-nox, installed by `make deps`).
+--
+--   build/mpengine scripts/plot.lua FILE --out PICTURE.png [--lab TRAJECTORIES.jsonl
+--       [--heat POLICY]] [--size W,H]
+--
+-- FILE is a trace (scaler:trace, --trace; plain or .gz) or a metrics file
+-- (--metrics of the training scripts: JSON lines with step, loss and, with --amp,
+-- scale and skipped). Panels, top to bottom:
+--   loss over steps;
+--   log2 of the loss scale over steps, skipped steps marked (x);
+--   from a trace: each parameter's fraction of gradient values that f16 flushes to
+--   zero at the step's scale, as a heat map (parameters up, steps across); with
+--   --heat POLICY, that fraction for one candidate of --lab at its own scales (a
+--   recorded f16 run's own fraction is near 0: its backward already rounded to
+--   f16, and what flushed shows as zeros);
+--   with --lab (scripts/policy_lab.lua --out): every candidate policy's scale
+--   trajectory on one plot, its skipped steps marked.
+-- The picture is PNG, 900 pixels wide by default.
+local mp = mp or require "mp"
+local core = require "mp.core"
+
+local function usage(msg)
+  io.stderr:write("plot.lua: ", msg, "\n",
+    "usage: plot.lua FILE --out PICTURE.png [--lab TRAJECTORIES.jsonl [--heat POLICY]] [--size W,H]\n")
+  os.exit(2)
+end
+
+local args, input, out, lab, width, height, heat_of = arg or {}, nil, nil, nil, 900, nil, nil
+local i = 1
+while i <= #args do
+  local a = args[i]
+  if a == "--out" or a == "--lab" or a == "--size" or a == "--heat" then
+    local v = args[i + 1] or usage(a .. " needs a value")
+    if a == "--out" then out = v elseif a == "--lab" then lab = v elseif a == "--heat" then heat_of = v
+    else
+      local w, h = v:match("^(%d+),(%d+)$")
+      if not w then usage("--size must be W,H in pixels (got " .. v .. ")") end
+      width, height = tonumber(w), tonumber(h)
+    end
+    i = i + 1
+  elseif a:sub(1, 2) == "--" then
+    usage("unknown option " .. a)
+  elseif input then
+    usage("one input file (got " .. input .. " and " .. a .. ")")
+  else
+    input = a
+  end
+  i = i + 1
+end
+if not input then usage("an input file (a trace or a metrics file) is needed") end
+if not out then usage("--out PICTURE.png is needed") end
+if heat_of and not lab then usage("--heat needs --lab") end
+
+-- the JSON lines of a file (plain or gzip), decoded
+local function lines_of(path)
+  local f, err = core._lines_open(path, "r")
+  if not f then usage(err) end
+  local t = {}
+  for line in function() return f:read() end do
+    local v = core._json_decode(line)
+    if type(v) == "table" then t[#t + 1] = v end
+  end
+  f:close()
+  return t
+end
+
+-- ---- the series ----
+local rows = lines_of(input)
+if #rows == 0 then usage(input .. " holds no JSON lines") end
+local is_trace = rows[1].trace == "mpengine.scaler"
+local steps, names = {}, {}
+if is_trace then
+  local tr = mp.amp.load_trace(input)
+  names = tr.header.params
+  for _, r in ipairs(tr.steps) do
+    local under = {}
+    for k, p in ipairs(r.params) do under[k] = p.n > 0 and p.underflow / p.n or 0 end
+    steps[#steps + 1] = {step = r.step, loss = r.loss, scale = r.scale, skipped = not r.applied, under = under}
+  end
+else   -- metrics: skipped is a running count there
+  local before = 0
+  for _, r in ipairs(rows) do
+    if type(r.step) == "number" then
+      local skipped = type(r.skipped) == "number" and r.skipped > before
+      if type(r.skipped) == "number" then before = r.skipped end
+      steps[#steps + 1] = {step = r.step, loss = r.loss, scale = r.scale, skipped = skipped}
+    end
+  end
+end
+if #steps == 0 then usage(input .. " holds no steps") end
+
+-- --heat: the candidate's own underflow fractions replace the recorded ones
+local lab_rows = lab and lines_of(lab) or {}
+if heat_of then
+  local by_step = {}
+  for _, r in ipairs(lab_rows) do if r.policy == heat_of then by_step[r.step] = r end end
+  if next(by_step) == nil then usage("--heat: no candidate " .. heat_of .. " in " .. lab) end
+  for _, s in ipairs(steps) do
+    local r = by_step[s.step]
+    for k, n in ipairs(names) do s.under[k] = r and r.underflow and r.underflow[n] or 0 / 0 end
+  end
+end
+
+local panels = 2 + (is_trace and #names > 0 and 1 or 0) + (lab and 1 or 0)
+height = height or 260 * panels
+
+-- ---- data files for gnuplot ----
+local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local dir = os.tmpname()
+os.remove(dir)
+if not os.execute("mkdir -p " .. sh(dir)) then usage("cannot make a temporary folder " .. dir) end
+local function write(name, fn)
+  local f = assert(io.open(dir .. "/" .. name, "w"))
+  fn(f)
+  f:close()
+  return dir .. "/" .. name
+end
+local function num(x) return (x == nil or x ~= x) and "NaN" or string.format("%.9g", x) end
+local function lg(x) return x and x > 0 and math.log(x, 2) or nil end
+
+local series = write("steps.dat", function(f)
+  for _, s in ipairs(steps) do
+    f:write(string.format("%d %s %s %s\n", s.step, num(s.loss), num(lg(s.scale)), s.skipped and num(lg(s.scale)) or "NaN"))
+  end
+end)
+local heat = is_trace and #names > 0 and write("under.dat", function(f)
+  for k = 1, #names do   -- rows: parameters; columns: steps
+    for t, s in ipairs(steps) do f:write(string.format("%d %d %s\n", t, k - 1, num(s.under[k]))) end
+    f:write("\n")
+  end
+end)
+local lab_series = {}
+if lab then
+  local by = {}
+  for _, r in ipairs(lab_rows) do
+    if r.policy then
+      if not by[r.policy] then by[r.policy] = {}; lab_series[#lab_series + 1] = r.policy end
+      table.insert(by[r.policy], r)
+    end
+  end
+  for k, pol in ipairs(lab_series) do
+    lab_series[k] = {name = pol, file = write("lab" .. k .. ".dat", function(f)
+      for _, r in ipairs(by[pol]) do
+        f:write(string.format("%d %s %s\n", r.step, num(lg(r.scale)), r.skipped and num(lg(r.scale)) or "NaN"))
+      end
+    end)}
+  end
+end
+
+-- a log scale for the loss when it is positive and spans more than 2 decades
+local lmin, lmax = math.huge, 0
+for _, s in ipairs(steps) do
+  if s.loss and s.loss == s.loss and s.loss < math.huge then lmin, lmax = math.min(lmin, s.loss), math.max(lmax, s.loss) end
+end
+local loss_log = lmin > 0 and lmax / lmin > 100
+
+-- ---- the gnuplot script ----
+local function q(s) return "'" .. tostring(s):gsub("'", "''") .. "'" end
+local g = {
+  "set terminal pngcairo size " .. width .. "," .. height .. " font 'sans,9'",
+  "set output " .. q(out),
+  "set multiplot layout " .. panels .. ",1 title " .. q(input:match("([^/]+)$")),
+  "set grid", "set key top right box opaque", "set xlabel 'step'",
+  "set ylabel 'loss'",
+  loss_log and "set logscale y" or "unset logscale y",
+  "plot " .. q(series) .. " using 1:2 with lines lw 1.5 lc rgb '#1f77b4' title 'loss'",
+  "unset logscale y",
+  "set ylabel 'log2 loss scale'",
+  "plot " .. q(series) .. " using 1:3 with steps lw 1.5 lc rgb '#2ca02c' title 'scale', "
+    .. q(series) .. " using 1:4 with points pt 2 ps 1.2 lc rgb '#d62728' title 'skipped'",
+}
+if heat then
+  local ytics = {}
+  for k, n in ipairs(names) do ytics[#ytics + 1] = string.format("%s %d", q(n), k - 1) end
+  g[#g + 1] = "set ylabel 'parameter'"
+  g[#g + 1] = "set ytics (" .. table.concat(ytics, ", ") .. ")"
+  g[#g + 1] = "set cblabel " .. q("f16 underflow fraction" .. (heat_of and (" (" .. heat_of .. ")") or ""))
+  g[#g + 1] = "set cbrange [0:*]"
+  g[#g + 1] = "set palette defined (0 'white', 0.25 '#fdd49e', 0.5 '#fc8d59', 1 '#b30000')"
+  g[#g + 1] = "unset key"
+  g[#g + 1] = "plot " .. q(heat) .. " using 1:2:3 with image notitle"
+  g[#g + 1] = "unset ytics; set ytics; set key"
+end
+if lab then
+  local parts = {}
+  for k, s in ipairs(lab_series) do
+    parts[#parts + 1] = q(s.file) .. " using 1:2 with steps lw 1.5 lc " .. k .. " title " .. q(s.name)
+    parts[#parts + 1] = q(s.file) .. " using 1:3 with points pt 2 lc " .. k .. " notitle"
+  end
+  g[#g + 1] = "set ylabel 'log2 loss scale (candidates)'"
+  g[#g + 1] = "set key bottom right box opaque"
+  g[#g + 1] = #parts > 0 and ("plot " .. table.concat(parts, ", ")) or "plot NaN notitle"
+end
+g[#g + 1] = "unset multiplot"
+local script = write("plot.gp", function(f) f:write(table.concat(g, "\n"), "\n") end)
+local okrun = os.execute("gnuplot " .. sh(script) .. " 2>" .. sh(dir .. "/gnuplot.err"))
+local errf = io.open(dir .. "/gnuplot.err")
+local err = errf and errf:read("a") or ""
+if errf then errf:close() end
+os.execute("rm -rf " .. sh(dir))
+if not okrun then
+  io.stderr:write("plot.lua: gnuplot failed", err ~= "" and (": " .. err) or " (is gnuplot installed? make deps)", "\n")
+  os.exit(1)
+end
+print(string.format("plot.lua: wrote %s (%dx%d, %d steps%s)", out, width, height, #steps,
+  lab and string.format(", %d candidates", #lab_series) or ""))
