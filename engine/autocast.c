@@ -71,9 +71,18 @@ void mp_autocast_exit(int token)
     if (depth == 0) clear_cache();
 }
 
+static bool suppressed;
+
+bool mp_autocast_suppress(bool on)
+{
+    bool was = suppressed;
+    suppressed = on;
+    return was;
+}
+
 bool mp_autocast_active(mp_dtype *dt)
 {
-    if (depth == 0 || !stack[depth - 1].on) return false;
+    if (suppressed || depth == 0 || !stack[depth - 1].on) return false;
     if (dt) *dt = stack[depth - 1].dt;
     return true;
 }

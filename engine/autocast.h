@@ -26,6 +26,9 @@ typedef enum { MP_AC_NONE, MP_AC_LOW, MP_AC_F32, MP_AC_PROMOTE } mp_ac_class;
 int mp_autocast_enter(bool enabled, mp_dtype dt);
 void mp_autocast_exit(int token);
 bool mp_autocast_active(mp_dtype *dt);
+/* while suppressed, every region is inactive whatever a script enters (the FP32
+ * rerun of mp.amp.diagnose); returns the previous setting */
+bool mp_autocast_suppress(bool on);
 
 int mp_autocast_register(const char *op, mp_ac_class c);
 mp_ac_class mp_autocast_class(const char *op);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "engine/autograd.h"
+#include "engine/observe.h"
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/autocast.h"
@@ -290,6 +291,8 @@ static int run_node(mp_node *x)
     mp_tensor *small[8] = {0}, **gin = x->nin <= 8 ? small : calloc((size_t)x->nin, sizeof *gin);
     if (!gin) return mp_fail(MP_EOOM, "out of memory in the backward of %s", x->name);
     int rc = backward_counted(x, gin);
+    if (rc == 0 && mp_observing())
+        for (int i = 0; i < x->nin; i++) mp_observe(x->name, true, i, gin[i]);
     mp_release(x->grad);
     x->grad = NULL;
     release_saved(x);
@@ -347,8 +350,10 @@ int mp_backward(mp_tensor *t, mp_tensor *grad)
         mp_tensor *prev = t->grad_fn->grad;
         t->grad_fn->grad = g;
         mp_release(prev);
+        bool obs = mp_observe_in_backward(true);
         for (size_t i = 0; i < n && rc == 0; i++)
             if (order[i]->grad) rc = run_node(order[i]);
+        mp_observe_in_backward(obs);
         for (size_t i = 0; i < n; i++) {   /* after a failure, drop partial sums */
             mp_release(order[i]->grad);
             order[i]->grad = NULL;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "engine/op.h"
+#include "engine/observe.h"
 #include "engine/error.h"
 
 #define MAX_OPS 256
@@ -88,6 +89,7 @@ mp_tensor *mp_apply(const mp_op *op, mp_ctx *c, int nin, mp_tensor *const *in)
         o = mp_checked(op->forward(c));
         mp_node *nd;
         o = mp_finish(o, op, nin, cast, &nd);
+        if (o && mp_observing()) mp_observe(op->name, false, 0, o);
         if (nd) {   /* the node takes the scalars and the kept tensors */
             memcpy(nd->f, c->f, sizeof nd->f);
             memcpy(nd->i, c->i, sizeof nd->i);

@@ -4,11 +4,13 @@
  * these: `core._scaler(policy_table)` and the methods below.
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "lua/bind.h"
 #include "engine/autocast.h"
 #include "engine/scaler.h"
 #include "engine/autograd.h"
+#include "engine/observe.h"
 
 #define SCALER_MT "mp.Scaler"
 #define GUARD_MT "mp.AutocastGuard"
@@ -548,6 +550,42 @@ static int sim_gc(lua_State *L)
     return 0;
 }
 
+/* core._observe(true): start keeping every op's output and every backward
+ * gradient (engine/observe.h); core._observe(false) stops and returns them,
+ * in order: {{op =, backward =, input =, tensor =}, ...} */
+static int a_observe(lua_State *L)
+{
+    if (lua_toboolean(L, 1)) {
+        if (mp_observe_start()) return luaL_error(L, "mp.amp.diagnose: already observing (diagnose inside diagnose?)");
+        return 0;
+    }
+    mp_observed *l;
+    int n;
+    mp_observe_stop(&l, &n);
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        lua_createtable(L, 0, 4);
+        lua_pushstring(L, l[i].op);
+        lua_setfield(L, -2, "op");
+        lua_pushboolean(L, l[i].backward);
+        lua_setfield(L, -2, "backward");
+        lua_pushinteger(L, l[i].input + 1);
+        lua_setfield(L, -2, "input");
+        lt_set(L, lt_new(L), l[i].t, "mp.amp.diagnose");   /* takes the list's reference */
+        lua_setfield(L, -2, "tensor");
+        lua_rawseti(L, -2, i + 1);
+    }
+    free(l);
+    return 1;
+}
+
+/* core._autocast_suppress(on) -> previous: every autocast region inactive while on */
+static int a_autocast_suppress(lua_State *L)
+{
+    lua_pushboolean(L, mp_autocast_suppress(lua_toboolean(L, 1)));
+    return 1;
+}
+
 static const luaL_Reg smeth[] = {
     {"scale", s_scale}, {"unscale", s_unscale}, {"step", s_step}, {"update", s_update},
     {"set_policy", s_set_policy}, {"_info", s_info}, {"_trace_record", s_trace_record}, {"_restore", s_restore}, {"telemetry", s_telemetry},
@@ -584,6 +622,7 @@ void mp_open_amp(lua_State *L)
         {"_autocast", a_autocast}, {"_register", a_register}, {"_classes", a_classes}, {"_scaler", s_new},
         {"_count_flush", a_count_flush}, {"_flush_stats", a_flush_stats}, {"_policy", a_policy},
         {"_scale_ok", a_scale_ok}, {"_options", lb_options_lua}, {"_policy_sim", a_policy_sim},
+        {"_observe", a_observe}, {"_autocast_suppress", a_autocast_suppress},
         {NULL, NULL}
     };
     luaL_setfuncs(L, f, 0);

@@ -563,4 +563,144 @@ function amp.replay(trace, pol)
   return out
 end
 
+-- ---- diagnose: a step's low-precision run against FP32, op by op ----
+-- mp.amp.diagnose{model =, loss = function() ... return loss end [, scale =,
+--   scaler =, print = true]} runs `loss` (the step's forward, autocast regions
+-- included, on its own inputs) twice from the same weights and random state: once in
+-- FP32 with every autocast region switched off, once as written; each loss times the
+-- scale (`scale`, else the scaler's current scale, else 1) goes through backward.
+-- Every op's output and every backward's gradients are kept, in order, and compared
+-- pairwise: the low-precision run's amax against the FP32 run's, its inf/NaN count
+-- (where FP32 has none: the low precision made them) and the fraction of values
+-- FP32 has nonzero that the low-precision run has at 0 (underflow). The parameters'
+-- gradients are compared the same way. The model's gradients are left as they were.
+-- Returns {rows = {...}, first = the first row whose inf/NaN FP32 does not have
+-- (forward before backward, in run order), mismatch = where the two runs' op
+-- sequences part, if they do}; each row {kind = "forward"|"backward"|"param",
+-- name =, index =, shape =, amax = (of the finite values), amax_f32 = (NaN for a
+-- cast that FP32 does not make), nonfinite =, nonfinite_f32 =, underflow =}. It prints the table (the first offending row on top) unless print
+-- is false. Usable from scaler.on_skip and from the REPL.
+local function compare(lp, fp)
+  local _ <close> = core.no_grad()
+  local a, b = lp:to("f32"), fp:to("f32")
+  local numel = a:numel()
+  local finite_a = (a - a):eq(0)            -- x - x is 0 exactly when x is finite
+  local finite_b = (b - b):eq(0)
+  local nonfinite, nonfinite_f32 = numel - finite_a:sum():item(), numel - finite_b:sum():item()
+  local amax = numel > 0 and a:masked_fill(finite_a:eq(0), 0):abs():max():item() or 0   -- of the finite values
+  local amax_f32 = numel > 0 and b:masked_fill(finite_b:eq(0), 0):abs():max():item() or 0
+  local under = numel > 0 and (a:eq(0):to("f32") * b:ne(0):to("f32")):sum():item() / numel or 0
+  return {amax = amax, amax_f32 = amax_f32, nonfinite = nonfinite, nonfinite_f32 = nonfinite_f32, underflow = under,
+          shape = table.concat(lp.shape, "x")}
+end
+
+local function run_observed(model, loss_fn, scale, f32)
+  local was
+  if f32 then was = core._autocast_suppress(true) end
+  local grad_was = core.set_grad_enabled(true)   -- from an on_skip callback or under no_grad alike
+  core._observe(true)
+  local ok, err = pcall(function()
+    local loss = loss_fn()
+    if type(loss) ~= "userdata" then error("the loss function must return the loss tensor", 0) end
+    ;(scale ~= 1 and loss * scale or loss):backward()
+  end)
+  local seen = core._observe(false)
+  core.set_grad_enabled(grad_was)
+  if f32 then core._autocast_suppress(was) end
+  if not ok then error(err, 0) end
+  local grads = {}
+  for name, p in pairs(model:named_parameters()) do grads[name] = p.grad; p.grad = nil end
+  return seen, grads
+end
+
+function amp.diagnose(o)
+  local opts = options("mp.amp.diagnose", o, "model:table loss:function scale:number scaler:table print:boolean")
+  if not opts.model or type(opts.model.named_parameters) ~= "function" then
+    error("mp.amp.diagnose: model must be an mp.nn module", 2)
+  end
+  if not opts.loss then error("mp.amp.diagnose: loss must be a function that runs the forward and returns the loss", 2) end
+  local scale = opts.scale or (opts.scaler and opts.scaler:get_scale()) or 1
+  local model = opts.model
+  local params, names = model:named_parameters()
+  local kept = {}
+  for name, p in pairs(params) do kept[name] = p.grad; p.grad = nil end
+  local rng = core.get_rng_state()
+  local ok, r = pcall(function()
+    local seen32, g32 = run_observed(model, opts.loss, scale, true)
+    core.set_rng_state(rng)
+    local seen, g = run_observed(model, opts.loss, scale, false)
+    return {seen32, g32, seen, g}
+  end)
+  for name, p in pairs(params) do p.grad = kept[name] end
+  core.set_rng_state(rng)
+  if not ok then error("mp.amp.diagnose: " .. tostring(r), 2) end
+  local seen32, g32, seen, g = r[1], r[2], r[3], r[4]
+  -- pair the two runs' entries in order; the casts that autocast adds (op "to" and
+  -- its backward) exist in the low-precision run only: they get rows of their own
+  -- (an f32 -> f16 cast is where a large activation first becomes inf)
+  local rows, mismatch = {}, nil
+  local i, j = 1, 1
+  while i <= #seen and j <= #seen32 do
+    local a, b = seen[i], seen32[j]
+    local row
+    if a.op == b.op and a.backward == b.backward and a.tensor:numel() == b.tensor:numel() then
+      row = compare(a.tensor, b.tensor)
+      i, j = i + 1, j + 1
+    elseif a.op == "to" then
+      row = compare(a.tensor, a.tensor)
+      row.amax_f32, row.nonfinite_f32, row.underflow = 0 / 0, 0, 0   -- no FP32 counterpart
+      i = i + 1
+    elseif b.op == "to" then
+      j = j + 1
+    else
+      mismatch = string.format("entry %d: %s%s against FP32's %s%s", i, a.op, a.backward and " backward" or "",
+                               b.op, b.backward and " backward" or "")
+      break
+    end
+    if row then
+      row.kind, row.name, row.index = a.backward and "backward" or "forward", a.op, #rows + 1
+      if a.backward then row.name = row.name .. " -> input " .. a.input end
+      rows[#rows + 1] = row
+    end
+  end
+  if not mismatch and (i <= #seen or j <= #seen32) then
+    local rest = 0
+    for k = i, #seen do if seen[k].op ~= "to" then rest = rest + 1 end end
+    for k = j, #seen32 do if seen32[k].op ~= "to" then rest = rest + 1 end end
+    if rest > 0 then mismatch = string.format("%d ops against FP32's %d", #seen, #seen32) end
+  end
+  for _, name in ipairs(names) do
+    if g[name] and g32[name] then
+      local row = compare(g[name], g32[name])
+      row.kind, row.name, row.index = "param", name, #rows + 1
+      rows[#rows + 1] = row
+    end
+  end
+  local first
+  for _, row in ipairs(rows) do
+    if row.nonfinite > 0 and row.nonfinite_f32 == 0 then first = row; break end
+  end
+  local result = {rows = rows, first = first, mismatch = mismatch, scale = scale}
+  if opts.print ~= false then
+    local lines = {string.format("mp.amp.diagnose at loss scale %g: %d ops and gradients against FP32%s", scale, #rows,
+                                 mismatch and ("; the runs part at " .. mismatch) or "")}
+    lines[#lines + 1] = string.format("%-4s %-9s %-34s %-14s %12s %12s %9s %10s", "#", "kind", "op / parameter", "shape",
+                                      "amax", "amax f32", "inf/nan", "underflow")
+    local function e(x) return x == x and string.format("%12.4e", x) or string.format("%12s", "-") end
+    local function line(row, mark)
+      lines[#lines + 1] = string.format("%-4s %-9s %-34s %-14s %s %s %9d %10.3e", mark .. row.index, row.kind,
+                                        row.name:sub(1, 34), row.shape:sub(1, 14), e(row.amax), e(row.amax_f32),
+                                        row.nonfinite, row.underflow)
+    end
+    if first then line(first, "!") end
+    for _, row in ipairs(rows) do
+      if row ~= first and (row.nonfinite > 0 or row.underflow > 0 or row.kind == "param") then line(row, "") end
+    end
+    lines[#lines + 1] = first and ("first inf/NaN that FP32 does not have: " .. first.kind .. " " .. first.name)
+                        or "no inf/NaN that FP32 does not have"
+    print(table.concat(lines, "\n"))
+  end
+  return result
+end
+
 return amp
