@@ -28,6 +28,7 @@ for _, k in ipairs{"Linear", "LayerNorm", "Embedding", "Dropout", "Sequential", 
   if mp.nn[k] then add("mp.nn." .. k, mp.nn[k]) end
 end
 add("GradScaler", function(...) return mp.amp.GradScaler(...) end)
+for _, k in ipairs{"replay", "load_trace", "diagnose"} do add("mp.amp." .. k, mp.amp[k]) end
 add("autocast", function(...) local g = mp.amp.autocast(...); if type(g) == "userdata" or type(g) == "table" then pcall(function() g:close() end) end return g end)
 add("metamethods", function(a, b) return a + b, a * b, a - b, a / b, -a end)
 
