@@ -10,6 +10,7 @@ local mp = mp or require "mp"
 local STEPS, WARMUP, BATCH = tonumber(os.getenv("MP_BENCH_STEPS") or 30), 5, 128
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local exe = arg and arg[-1] or "build/mpengine"
+local bc = dofile(here .. "../lib/bench_child.lua")
 
 -- one configuration in this process (a child run): prints median_ms and peak RSS
 local mode = os.getenv("MP_BENCH_CNN_MODE")
@@ -41,36 +42,12 @@ if mode then
     loss:item()
     if s > WARMUP then times[#times + 1] = mp.clock() - t0 end
   end
-  table.sort(times)
-  local rss = 0
-  for line in io.lines("/proc/self/status") do
-    local kb = line:match("^VmHWM:%s+(%d+) kB")
-    if kb then rss = tonumber(kb) / 1024 end
-  end
-  print(string.format("mode=%s median_ms=%.3f peak_rss_mib=%.1f", mode, times[(#times + 1) // 2] * 1000, rss))
+  bc.report(mode, times)
   return
 end
 
-local function child(m)
-  local p = io.popen(string.format("MP_BENCH_CNN_MODE=%s MP_BENCH_STEPS=%d %s %sbench_cnn.lua 2>&1", m, STEPS, exe, here))
-  local out = p:read("a")
-  p:close()
-  return tonumber(out:match("median_ms=([%d.]+)")), tonumber(out:match("peak_rss_mib=([%d.]+)")), out
-end
-
-local function torch(m)
-  local best, rss, threads
-  for _, th in ipairs { 1, 2 } do
-    local p = io.popen(string.format("/usr/bin/python3 %sbench_cnn_torch.py %d %d %d %s %d 2>&1", here, STEPS, WARMUP,
-                                     th, m, BATCH))
-    local out = p:read("a")
-    p:close()
-    local ms = tonumber(out:match("median_ms=([%d.]+)"))
-    if ms and (not best or ms < best) then best, rss, threads = ms, tonumber(out:match("peak_rss_mib=([%d.]+)")), th end
-    if not ms then return nil, nil, nil, out end
-  end
-  return best, rss, threads
-end
+local function child(m) return bc.mpengine("MP_BENCH_CNN_MODE", m, STEPS, exe, here .. "bench_cnn.lua") end
+local function torch(m) return bc.torch(string.format("/usr/bin/python3 %sbench_cnn_torch.py %d %d %%d %s %d", here, STEPS, WARMUP, m, BATCH)) end
 
 print(string.format("cnn train step (conv 1-32-64 with batch norm and pooling, 3136-128-10, batch %d of 1x28x28, Adam)",
   BATCH))

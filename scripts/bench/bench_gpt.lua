@@ -12,6 +12,7 @@ local STEPS, WARMUP = tonumber(os.getenv("MP_BENCH_STEPS") or 40), 5
 local B, T, D, L, V, H = 32, 64, 128, 2, 114, 4
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local exe = arg and arg[-1] or "build/mpengine"
+local bc = dofile(here .. "../lib/bench_child.lua")
 
 -- one configuration in this process (a child run): prints median_ms and peak RSS
 local mode = os.getenv("MP_BENCH_GPT_MODE")
@@ -46,35 +47,12 @@ if mode then
     loss:item()
     if s > WARMUP then times[#times + 1] = mp.clock() - t0 end
   end
-  table.sort(times)
-  local rss = 0
-  for line in io.lines("/proc/self/status") do
-    local kb = line:match("^VmHWM:%s+(%d+) kB")
-    if kb then rss = tonumber(kb) / 1024 end
-  end
-  print(string.format("mode=%s median_ms=%.3f peak_rss_mib=%.1f", mode, times[(#times + 1) // 2] * 1000, rss))
+  bc.report(mode, times)
   return
 end
 
-local function child(m)
-  local p = io.popen(string.format("MP_BENCH_GPT_MODE=%s MP_BENCH_STEPS=%d %s %sbench_gpt.lua 2>&1", m, STEPS, exe, here))
-  local out = p:read("a")
-  p:close()
-  return tonumber(out:match("median_ms=([%d.]+)")), tonumber(out:match("peak_rss_mib=([%d.]+)")), out
-end
-
-local function torch(m)
-  local best, rss, threads
-  for _, th in ipairs { 1, 2 } do
-    local p = io.popen(string.format("/usr/bin/python3 %sbench_gpt_torch.py %d %d %d %s 2>&1", here, STEPS, WARMUP, th, m))
-    local out = p:read("a")
-    p:close()
-    local ms = tonumber(out:match("median_ms=([%d.]+)"))
-    if ms and (not best or ms < best) then best, rss, threads = ms, tonumber(out:match("peak_rss_mib=([%d.]+)")), th end
-    if not ms then return nil, nil, nil, out end
-  end
-  return best, rss, threads
-end
+local function child(m) return bc.mpengine("MP_BENCH_GPT_MODE", m, STEPS, exe, here .. "bench_gpt.lua") end
+local function torch(m) return bc.torch(string.format("/usr/bin/python3 %sbench_gpt_torch.py %d %d %%d %s", here, STEPS, WARMUP, m)) end
 
 -- the floor: forward + backward matmul FLOPs (3x the forward's) at the GEMM rate
 -- measured here for the dtype (f32; bf16 for bf16 autocast, whose products are bf16)

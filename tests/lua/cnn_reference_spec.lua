@@ -11,10 +11,7 @@ local mp = require "mp"
 local FIXTURE = H.root .. "/tests/reference/fixtures/cnn.safetensors"
 local RTOL = 1e-4
 
-local function rel_err(a, b)
-  local d = (a:to("f32"):cpu() - b:to("f32"):cpu()):abs():max():item()
-  return d / math.max(b:abs():max():item(), 1e-30)
-end
+local rel_err = H.rel_err
 
 describe("the Lua CNN against PyTorch", function()
   it("loads PyTorch's state dict one to one and matches the loss, every gradient and the running statistics", function()

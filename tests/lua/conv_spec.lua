@@ -198,6 +198,18 @@ describe("the convolutional modules", function()
     H.raises(function() bn(mp.randn({ 4, 3 })) end, { "mp.nn.BatchNorm2d", "4-d" })
   end)
 
+  it("Module:add_buffer refuses what is not a tensor and names already taken", function()
+    local m = nn.Linear(2, 2)
+    H.raises(function() m:add_buffer("stats", 5) end, { "mp.nn.Module:add_buffer", "stats", "tensor" })
+    H.raises(function() m:add_buffer("weight", mp.zeros { 2 }) end, { "add_buffer", "weight", "already" })
+    H.raises(function() m:add_buffer("a.b", mp.zeros { 2 }) end, { "add_buffer", "dots" })
+    m:add_buffer("stats", mp.zeros({ 3 }, { dtype = "i32" }))
+    H.raises(function() m:add_parameter("stats", mp.zeros { 3 }) end, { "add_parameter", "buffer" })
+    H.raises(function() m.stats = 7 end, { "buffer 'stats'" })
+    m.stats = nil
+    assert.is_nil(m:state_dict().stats)
+  end)
+
   it("pooling modules, Flatten and a whole CNN's shapes", function()
     local x = mp.randn({ 2, 3, 8, 6 })
     assert.are.same({ 2, 3, 4, 3 }, nn.MaxPool2d(2)(x).shape)

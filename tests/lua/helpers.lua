@@ -223,6 +223,12 @@ function H.raises(fn, words)
   return msg
 end
 
+-- max |a - b| / max |b| over two tensors of any dtype and device (the reference specs' measure)
+function H.rel_err(a, b)
+  local d = (a:to("f32"):cpu() - b:to("f32"):cpu()):abs():max():item()
+  return d / math.max(b:abs():max():item(), 1e-30)
+end
+
 -- every tensor of two train_mlp.lua checkpoints' models, bit for bit (raw f32 bytes);
 -- returns ok, and where they first differ
 function H.same_model(a, b)

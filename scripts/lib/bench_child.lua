@@ -1,0 +1,48 @@
+-- bench_child.lua: what the training benchmarks of scripts/bench/ share: each
+-- configuration runs in a process of its own (its own peak RSS), mpengine's and
+-- PyTorch's alike, and prints one line `... median_ms=X peak_rss_mib=Y`.
+--
+--   local bc = dofile("scripts/lib/bench_child.lua")
+--   bc.report(mode, times)                     -- in the child: the median and VmHWM
+--   bc.mpengine(env_var, mode, steps, exe, script) -> ms, rss, output
+--   bc.torch(command_without_threads, threads_list) -> best ms, its rss, its threads, output
+local bc = {}
+
+-- the median of times (seconds) and the process's peak RSS, as the parent reads them
+function bc.report(mode, times)
+  table.sort(times)
+  local rss = 0
+  for line in io.lines("/proc/self/status") do
+    local kb = line:match("^VmHWM:%s+(%d+) kB")
+    if kb then rss = tonumber(kb) / 1024 end
+  end
+  print(string.format("mode=%s median_ms=%.3f peak_rss_mib=%.1f", mode, times[(#times + 1) // 2] * 1000, rss))
+end
+
+local function figures(out) return tonumber(out:match("median_ms=([%d.]+)")), tonumber(out:match("peak_rss_mib=([%d.]+)")) end
+
+-- the script again in a child process with env_var=mode
+function bc.mpengine(env_var, mode, steps, exe, script)
+  local p = io.popen(string.format("%s=%s MP_BENCH_STEPS=%d %s %s 2>&1", env_var, mode, steps, exe, script))
+  local out = p:read("a")
+  p:close()
+  local ms, rss = figures(out)
+  return ms, rss, out
+end
+
+-- a PyTorch command (its thread count appended as %d in `fmt`) at each thread
+-- setting: the fastest; nil and the output when one fails
+function bc.torch(fmt, threads)
+  local best, rss, th
+  for _, t in ipairs(threads or {1, 2}) do
+    local p = io.popen(string.format(fmt, t) .. " 2>&1")
+    local out = p:read("a")
+    p:close()
+    local ms, r = figures(out)
+    if not ms then return nil, nil, nil, out end
+    if not best or ms < best then best, rss, th = ms, r, t end
+  end
+  return best, rss, th
+end
+
+return bc
