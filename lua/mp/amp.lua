@@ -495,7 +495,11 @@ end
 local REASON_OF = {overflow = "overflow", nan = "nan", forward = "forward"}
 
 function amp.replay(trace, pol)
-  if type(trace) == "string" then trace = amp.load_trace(trace) end
+  if type(trace) == "string" then   -- its errors at the caller's line, as replay's own
+    local ok, t = pcall(amp.load_trace, trace)
+    if not ok then error((tostring(t):gsub("^[^:]*:%d+: ", ""):gsub("^mp%.amp%.load_trace", "mp.amp.replay")), 2) end
+    trace = t
+  end
   if type(trace) ~= "table" or type(trace.steps) ~= "table" or type(trace.header) ~= "table" then
     error("mp.amp.replay: expected a trace (mp.amp.load_trace's table, or a path)", 2)
   end
