@@ -46,6 +46,8 @@ typedef struct mp_scaler {
     mp_tensor *seg;                  /* the parameters' offsets in the arena (n + 1 int64), backend memory */
     int64_t *seg_host;               /* their host copy */
     mp_grad_stats *per_param;        /* their host copy, filled by mp_scaler_per_param */
+    struct mp_trace_snap *snap;      /* a trace's snapshots on an asynchronous backend (two, in turn) */
+    int snap_next;
 } mp_scaler;
 
 /* The built-in policies' defaults, PyTorch's GradScaler's (dynamic) and
@@ -103,6 +105,20 @@ void mp_scaler_total(const mp_scale_state *h, mp_grad_stats *total);
  * NULL and *n = -1 when reading them failed) */
 const mp_grad_stats *mp_scaler_per_param(mp_scaler *s, int *n);
 const char *mp_skip_reason_name(mp_skip_reason r);
+
+/* A trace's per-step view without a wait (asynchronous backends): the state,
+ * the per-parameter statistics and the loss (a one-element float tensor, or
+ * NULL) copied to host memory in the stream's order, read a step later when the
+ * copies have long passed. mp_scaler_snapshot_async: whether the backend can
+ * (else the trace reads at once). snapshot: 0, or -1 (the older snapshot must
+ * be taken first, or memory ran out). take: the snapshot before the latest
+ * (with latest_too, else the latest itself when it is the only one) after its
+ * copies are done (a wait only if they are not): 0, 1 when there is none, -1 on
+ * a device error. The pointers stay valid until the next snapshot. */
+bool mp_scaler_snapshot_async(const mp_scaler *s);
+int mp_scaler_snapshot(mp_scaler *s, mp_tensor *loss);
+int mp_scaler_snapshot_take(mp_scaler *s, bool latest_too, const mp_scale_state **h, const mp_grad_stats **pp,
+                            int *n, double *loss);
 
 /* A built-in policy's rule on host memory, with no model and no device: what
  * mp.amp.replay runs a built-in candidate through, step by step, with the

@@ -216,6 +216,17 @@ typedef struct mp_backend {
      * wait for all queued work (NULL entries: nothing to report or wait for) */
     const char *(*error)(mp_kctx *cx);
     void (*synchronize)(mp_kctx *cx);
+    /* Asynchronous reads (asynchronous backends; NULL: to_host is the only way).
+     * host_alloc gives host memory that to_host_async may copy into (pinned);
+     * to_host_async queues the copy on the stream and returns at once; mark
+     * records a point after everything queued so far (NULL on failure) and
+     * mark_wait waits for it (a wait only if it has not passed: the counters
+     * count that) and frees it. A trace's per-step snapshot uses them. */
+    void *(*host_alloc)(mp_kctx *cx, size_t nbytes);
+    void (*host_free)(mp_kctx *cx, void *p, size_t nbytes);
+    void (*to_host_async)(mp_kctx *cx, void *host_dst, const void *src, size_t nbytes);
+    void *(*mark)(mp_kctx *cx);
+    void (*mark_wait)(mp_kctx *cx, void *mark);
 
     /* n elements of src (dtype sd) converted into dst (dtype dd) */
     void (*cast)(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);

@@ -381,15 +381,9 @@ static void add_field(luaL_Buffer *b, const char *key, double v)
  * documents it), written here because it runs every step: the scale the step
  * ran at, the decision, the loss, and per parameter the counts and the
  * histogram's non-empty stretch */
-static int s_trace_record(lua_State *L)
+static void push_record(lua_State *L, const mp_scale_state *h, const mp_grad_stats *pp, int n, bool has_loss,
+                        double loss)
 {
-    mp_scaler *s = check_scaler(L, 1);
-    mp_clear_error();
-    const mp_scale_state *h = mp_scaler_read(s);
-    if (!h) return lt_error(L, "GradScaler:trace (reading the scaler's state)");
-    int n = 0;
-    const mp_grad_stats *pp = s->telemetry ? mp_scaler_per_param(s, &n) : NULL;
-    if (n < 0) return lt_error(L, "GradScaler:trace (reading its telemetry)");
     mp_skip_reason reason = mp_scaler_reason(h);
     float at = h->stats_scale > 0 ? h->stats_scale : h->scale;
     luaL_Buffer b;
@@ -401,8 +395,8 @@ static int s_trace_record(lua_State *L)
     luaL_addstring(&b, reason != MP_SKIP_NONE ? ",\"applied\":false,\"reason\":\"" : ",\"applied\":true,\"reason\":null");
     if (reason != MP_SKIP_NONE) luaL_addstring(&b, mp_skip_reason_name(reason)), luaL_addchar(&b, '"');
     luaL_addstring(&b, ",\"loss\":");
-    if (lua_isnoneornil(L, 2)) luaL_addstring(&b, "null");
-    else add_num(&b, luaL_checknumber(L, 2));
+    if (!has_loss) luaL_addstring(&b, "null");
+    else add_num(&b, loss);
     luaL_addstring(&b, ",\"params\":[");
     for (int i = 0; pp && i < n; i++) {
         const mp_grad_stats *st = &pp[i];
@@ -428,6 +422,54 @@ static int s_trace_record(lua_State *L)
     }
     luaL_addstring(&b, "]}");
     luaL_pushresult(&b);
+}
+
+static int s_trace_record(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    bool has_loss = !lua_isnoneornil(L, 2);
+    double loss = has_loss ? luaL_checknumber(L, 2) : 0;
+    mp_clear_error();
+    const mp_scale_state *h = mp_scaler_read(s);
+    if (!h) return lt_error(L, "GradScaler:trace (reading the scaler's state)");
+    int n = 0;
+    const mp_grad_stats *pp = s->telemetry ? mp_scaler_per_param(s, &n) : NULL;
+    if (n < 0) return lt_error(L, "GradScaler:trace (reading its telemetry)");
+    push_record(L, h, pp, n, has_loss, loss);
+    return 1;
+}
+
+/* s:_trace_async() -> whether the device snapshots without a wait;
+ * s:_trace_snap(loss tensor or nil) queues this step's snapshot;
+ * s:_trace_take(latest_too) -> the line of the snapshot before the latest (or
+ * the latest), or nil when there is none */
+static int s_trace_async(lua_State *L)
+{
+    lua_pushboolean(L, mp_scaler_snapshot_async(check_scaler(L, 1)));
+    return 1;
+}
+
+static int s_trace_snap(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    mp_tensor *loss = lua_isnoneornil(L, 2) ? NULL : lt_check(L, 2);
+    mp_clear_error();
+    if (mp_scaler_snapshot(s, loss)) return lt_error(L, "GradScaler:trace");
+    return 0;
+}
+
+static int s_trace_take(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    const mp_scale_state *h;
+    const mp_grad_stats *pp;
+    int n;
+    double loss;
+    mp_clear_error();
+    int rc = mp_scaler_snapshot_take(s, lua_toboolean(L, 2), &h, &pp, &n, &loss);
+    if (rc < 0) return lt_error(L, "GradScaler:trace");
+    if (rc > 0) return 0;
+    push_record(L, h, n ? pp : NULL, n, loss == loss, loss);
     return 1;
 }
 
@@ -588,7 +630,8 @@ static int a_autocast_suppress(lua_State *L)
 
 static const luaL_Reg smeth[] = {
     {"scale", s_scale}, {"unscale", s_unscale}, {"step", s_step}, {"update", s_update},
-    {"set_policy", s_set_policy}, {"_info", s_info}, {"_trace_record", s_trace_record}, {"_restore", s_restore}, {"telemetry", s_telemetry},
+    {"set_policy", s_set_policy}, {"_info", s_info}, {"_trace_record", s_trace_record},
+    {"_trace_async", s_trace_async}, {"_trace_snap", s_trace_snap}, {"_trace_take", s_trace_take}, {"_restore", s_restore}, {"telemetry", s_telemetry},
     {"set_sync", s_set_sync},
     {NULL, NULL}
 };

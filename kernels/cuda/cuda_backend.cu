@@ -212,6 +212,54 @@ static void cuda_synchronize(mp_kctx *cx)
     MP_CUDA_CHECK(wait_stream(cx), "synchronize");
 }
 
+/* ---- asynchronous reads (backend.h): pinned host memory, queued copies, events ---- */
+
+static void *cuda_host_alloc(mp_kctx *cx, size_t nbytes)
+{
+    void *p = NULL;
+    if (cudaMallocHost(&p, nbytes ? nbytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();   /* no sticky error: the caller says what failed */
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(mp_kctx *cx, void *p, size_t nbytes)
+{
+    if (p) MP_CUDA_CHECK(cudaFreeHost(p), "free pinned host memory");
+}
+
+static void cuda_to_host_async(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
+{
+    MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cx->stream), "copy to host (queued)");
+}
+
+static void *cuda_mark(mp_kctx *cx)
+{
+    cudaEvent_t e;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    MP_CUDA_CHECK(cudaEventRecord(e, cx->stream), "mark");
+    return (void *)e;
+}
+
+static void cuda_mark_wait(mp_kctx *cx, void *mark)
+{
+    cudaEvent_t e = (cudaEvent_t)mark;
+    if (!e) return;
+    cudaError_t q = cudaEventQuery(e);
+    if (q == cudaErrorNotReady) {   /* not passed yet: a real wait, counted */
+        (void)cudaGetLastError();
+        cx->n_waits++;
+        MP_CUDA_CHECK(cudaEventSynchronize(e), "wait for a mark");
+    } else {
+        MP_CUDA_CHECK(q, "wait for a mark");
+    }
+    MP_CUDA_CHECK(cudaEventDestroy(e), "free a mark");
+}
+
 /* ---- flush counting (backend.h; the kernels' side is in cuda.h) ----
  * The three totals live in device memory, added to by the kernels while
  * cx->flush points at them, and come back to the host only here, when the
@@ -294,6 +342,11 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.from_host = cuda_from_host;
     table.error = cuda_error;
     table.synchronize = cuda_synchronize;
+    table.host_alloc = cuda_host_alloc;
+    table.host_free = cuda_host_free;
+    table.to_host_async = cuda_to_host_async;
+    table.mark = cuda_mark;
+    table.mark_wait = cuda_mark_wait;
     table.cast = mp_cuda_cast;
     table.fill = mp_cuda_fill;
     table.arange = mp_cuda_arange;

@@ -182,7 +182,10 @@ end
 local write_record   -- (the traces, below)
 
 function GradScaler:update(new_scale)
-  if self._trace then write_record(self) end
+  if self._trace then
+    if self._trace_lag == nil then self._trace_lag = self._c:_trace_async() end
+    write_record(self)
+  end
   if new_scale ~= nil then
     local v, err = check_scale(new_scale, "update(new_scale)")
     if not v then error("GradScaler:update: " .. err, 2) end
@@ -304,7 +307,10 @@ end
 -- scaler:trace(path [, {names =, meta =}]) records every step from the next one into a
 -- JSON-lines file (gzip-compressed when the name ends in .gz), one line per step,
 -- each line written and flushed when the step's scale is updated, so the trace of a
--- crashed run is readable up to its last step; scaler:trace(false) closes it.
+-- crashed run is readable up to its last step; scaler:trace(false) closes it. On an
+-- asynchronous device (CUDA) a step's line is written at the next step's update, from
+-- a snapshot the device copied without a wait (a crashed run's trace then ends a step
+-- early), and the step itself waits for nothing.
 -- Tracing turns telemetry on (the per-parameter statistics it records).
 --
 -- Line 1, the header:
@@ -359,20 +365,46 @@ amp._json = json_value   -- for scripts that write their own JSON lines (the pol
 local HIST_LO = -48
 
 write_record = function(self)
-  local l
-  for _, loss in ipairs(self._trace_loss or {}) do l = (l or 0) + loss:item() end
+  local losses = self._trace_loss or {}
   self._trace_loss = nil
+  if self._trace_lag then
+    -- an asynchronous device: this step's snapshot is queued, the one before it
+    -- (long copied by now) becomes its line; no wait for the device
+    local l
+    do
+      local _ <close> = core.no_grad()
+      for _, loss in ipairs(losses) do l = l and l + loss:detach() or loss:detach() end
+    end
+    self._c:_trace_snap(l)
+    local line = self._c:_trace_take(false)
+    if line then self._trace:write(line) end
+    return
+  end
+  local l
+  for _, loss in ipairs(losses) do l = (l or 0) + loss:item() end
   self._trace:write(self._c:_trace_record(l))   -- lua/amp.c builds the line: it runs every step
+end
+
+-- the lines of the snapshots not yet written (an asynchronous device): at most two
+local function drain(self)
+  if not (self._trace and self._trace_lag) then return end
+  for _ = 1, 2 do
+    local line = self._c:_trace_take(true)
+    if not line then break end
+    self._trace:write(line)
+  end
 end
 
 function GradScaler:trace(path, opts)
   if path == false or path == nil then
+    drain(self)
     if self._trace then self._trace:close() end
     self._trace, self._trace_loss = nil, nil
     return
   end
   if type(path) ~= "string" then error("GradScaler:trace: expected a file name or false (got " .. type(path) .. ")", 2) end
   local o = options("GradScaler:trace", opts, "names:table meta:table")
+  drain(self)
   if self._trace then self._trace:close() end
   local f, err = core._lines_open(path, "w")
   if not f then error("GradScaler:trace: " .. err, 2) end
@@ -388,6 +420,10 @@ function GradScaler:trace(path, opts)
                                              params = self._names or {}, policy = pol, meta = o.meta or {}})
   if not ok then f:close(); error("GradScaler:trace: " .. tostring(e), 2) end
   self._trace = f
+  -- on an asynchronous device (CUDA) each step's line is written one step later,
+  -- from a snapshot copied without a wait; decided at the first step, when the
+  -- scaler's state has a device
+  self._trace_lag = nil
 end
 
 -- the numbers a trace wrote as strings, back

@@ -132,6 +132,21 @@ static void f_to_host(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
     close_mem();
 }
 
+/* asynchronous reads: the copy happens at once (the fake device has no queue),
+ * counted as neither a copy to the host nor a wait, as a queued copy is not;
+ * marks are always passed */
+static void *f_host_alloc(mp_kctx *cx, size_t nbytes) { return malloc(nbytes ? nbytes : 1); }
+static void f_host_free(mp_kctx *cx, void *p, size_t nbytes) { free(p); }
+static void f_to_host_async(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
+{
+    open_mem();
+    memcpy(dst, src, nbytes);
+    close_mem();
+}
+static int mark_token;
+static void *f_mark(mp_kctx *cx) { return &mark_token; }
+static void f_mark_wait(mp_kctx *cx, void *mark) { (void)mark; }
+
 /* every other entry: the CPU kernel, with the arena open while it runs (IDX:
  * an entry that takes indices, left out while a bad index is pending) */
 #define CPU mp_cpu_backend
@@ -292,6 +307,8 @@ const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
         .alloc = f_alloc, .free = f_free, .cached = f_cached, .release_cache = f_release_cache,
         .zero = f_zero, .copy = f_copy, .to_host = f_to_host, .from_host = f_from_host,
         .error = f_error, .synchronize = f_synchronize, .counters = f_counters,
+        .host_alloc = f_host_alloc, .host_free = f_host_free, .to_host_async = f_to_host_async, .mark = f_mark,
+        .mark_wait = f_mark_wait,
         .cast = f_cast, .fill = f_fill, .arange = f_arange, .rand_uniform = f_rand_uniform,
         .rand_normal = f_rand_normal, .binary = f_binary, .unary = f_unary, .unary_grad = f_unary_grad,
         .reduce = f_reduce, .put_along = f_put_along, .scale_loss = f_scale_loss, .unscale = f_unscale,

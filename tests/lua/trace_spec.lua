@@ -132,3 +132,48 @@ describe("scaler:trace", function()
     os.remove(path)
   end)
 end)
+
+describe("scaler:trace on an asynchronous device", function()
+  it("costs a step no read, copy or wait: each line comes from a snapshot one step later", function()
+    if mp.default_device() ~= "cuda" then return pending("needs the cuda device (a GPU, or the fake device of CI's second pass)") end
+    mp.manual_seed(2)
+    local model = nn.Sequential(nn.Linear(12, 10), nn.ReLU(), nn.Linear(10, 3))
+    local opt = mp.optim.Adam(model:parameters(), { lr = 1e-2 })
+    local sc = mp.amp.GradScaler { sync = false }
+    local path = tmp("async.jsonl")
+    local x, y = mp.randn { 16, 12 }, mp.randint(0, 3, { 16 })
+    sc:trace(path)
+    local function one()
+      opt:zero_grad()
+      local loss
+      do
+        local _ <close> = mp.amp.autocast("f16")
+        loss = mp.cross_entropy(model(x), y)
+      end
+      sc:scale(loss):backward()
+      sc:step(opt)
+      sc:update()
+    end
+    one(); one()
+    local before = mp.counters("cuda")
+    one(); one(); one()
+    local now = mp.counters("cuda")
+    assert.are.equal(before.host_reads, now.host_reads, "host reads")
+    assert.are.equal(before.device_to_host, now.device_to_host, "copies to the host")
+    assert.are.equal(before.device_waits, now.device_waits, "waits")
+    -- the lines so far: every step but the last, whose snapshot closing the trace writes
+    local lines = 0
+    for _ in io.lines(path) do lines = lines + 1 end
+    assert.are.equal(1 + 4, lines)
+    sc:trace(false)
+    local tr = mp.amp.load_trace(path)
+    assert.are.equal(5, #tr.steps)
+    for s, r in ipairs(tr.steps) do
+      assert.are.equal(s, r.step)
+      assert.is_true(r.applied)
+      assert.is_true(r.loss > 0 and r.loss < 10, "loss " .. tostring(r.loss))
+      assert.are.equal(4, #r.params)
+    end
+    os.remove(path)
+  end)
+end)
