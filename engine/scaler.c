@@ -13,6 +13,8 @@
 #include "engine/op.h"
 #include "kernels/step_rules.h"
 
+static void snap_free(mp_scaler *s);   /* trace snapshots, at the end of this file */
+
 const char *mp_skip_reason_name(mp_skip_reason r)
 {
     static const char *names[] = {"none", "overflow", "nan", "forward"};
@@ -82,8 +84,6 @@ mp_scaler *mp_scaler_new(const mp_policy *p)
     return s;
 }
 
-static void snap_free(mp_scaler *s);
-
 void mp_scaler_free(mp_scaler *s)
 {
     if (!s) return;
@@ -131,6 +131,7 @@ static int place(mp_scaler *s, mp_device dev)
 {
     if (s->state && s->state->dev == dev) return 0;
     if (pull(s)) return -1;
+    snap_free(s);   /* a trace's snapshots belong to the old device's memory (their lines are lost) */
     int64_t bytes = (int64_t)sizeof(mp_scale_state);
     mp_tensor *t = mp_empty(MP_U8, dev, 1, &bytes);
     if (!t) return -1;
