@@ -23,7 +23,7 @@ VERSION  := 0.1.0
 
 DEBS := liblua5.4-dev lua5.4 libopenblas-dev zlib1g-dev libreadline-dev libcriterion-dev \
         lua-busted dataset-fashion-mnist fortunes pkg-config gcc make libcjson-dev python3-venv \
-        libsleef-dev libdnnl-dev gnuplot-nox
+        libsleef-dev libdnnl-dev gnuplot-nox openmpi-bin libopenmpi-dev
 
 ENGINE_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
@@ -52,6 +52,11 @@ NVFLAGS  := -std=c++17 -O3 -I. -Xcompiler -fPIC -fmad=false -gencode arch=comput
             -gencode arch=compute_80,code=compute_80
 CUDA_SO  := $(if $(SAN),,$(if $(NVCC),$(if $(CUDA_SRC),$(BUILD)/mp/cuda.so)))
 
+# mp.dist's link to MPI (kernels/mpi/mpi_comm.c): a shared object built with
+# mpicc (Open MPI), loaded by the engine only under mpirun (engine/dist.c)
+MPICC  ?= $(shell command -v mpicc 2>/dev/null)
+MPI_SO := $(if $(MPICC),$(BUILD)/mp/mpi.so)
+
 LIB  := $(BUILD)/libmpengine.a
 # ops register themselves when loaded (engine/op.h): a program linked against
 # the archive takes every object of it, not only those it calls
@@ -60,8 +65,8 @@ CORE := $(BUILD)/mp/core.so
 CLI  := $(BUILD)/mpengine
 
 .PHONY: all deps pydeps test demo fuzz fuzz-bins bench bench-deps bench-gpu install clean gpu-bundle gpu-check
-all: $(LIB) $(CORE) $(CLI) $(CUDA_SO)
-	@echo "built backends: cpu$(if $(CUDA_SO), and cuda ($(CUDA_SO), loaded when a GPU is present), (nvcc not found: no CUDA backend))"
+all: $(LIB) $(CORE) $(CLI) $(CUDA_SO) $(MPI_SO)
+	@echo "built backends: cpu$(if $(CUDA_SO), and cuda ($(CUDA_SO), loaded when a GPU is present), (nvcc not found: no CUDA backend))$(if $(MPI_SO),; MPI for mp.dist ($(MPI_SO), loaded under mpirun),; no mpicc: mp.dist is a world of one)"
 
 # kernels are built at -O3: their loops are what -O3's vectoriser is for; without
 # contracting a*b+c into an FMA, so that the AVX-512, AVX2 and baseline clones of a
@@ -85,6 +90,10 @@ $(BUILD)/obj/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h ker
 $(CUDA_SO): $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) -shared -o $@ $^ -lcublas -lcudnn -Xlinker -rpath,/usr/local/cuda/lib64
+
+$(MPI_SO): kernels/mpi/mpi_comm.c kernels/comm.h kernels/backend.h
+	@mkdir -p $(dir $@)
+	$(MPICC) -std=gnu11 -O2 -g -Wall -Wextra -Wno-unused-parameter -fPIC -shared -I. -o $@ $<
 
 $(LIB): $(ENGINE_OBJ)
 	@mkdir -p $(dir $@)
@@ -227,6 +236,7 @@ install: all
 	install -m 644 lua/mp/*.lua $(LUADIR)/mp/
 	install -m 755 $(CORE) $(CLUADIR)/mp/core.so
 	$(if $(CUDA_SO),install -m 755 $(CUDA_SO) $(CLUADIR)/mp/cuda.so)
+	$(if $(MPI_SO),install -m 755 $(MPI_SO) $(CLUADIR)/mp/mpi.so)
 
 clean:
 	rm -rf $(BUILD)

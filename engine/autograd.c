@@ -3,6 +3,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include "engine/dist.h"
 #include "engine/autograd.h"
 #include "engine/observe.h"
 #include "engine/ops.h"
@@ -363,5 +364,7 @@ int mp_backward(mp_tensor *t, mp_tensor *grad)
     mp_autocast_exit(ac);
     mp_set_grad_enabled(was);
     if (rc == 0 && t->dev != MP_CPU) rc = mp_device_error(t->dev);   /* mp_checked */
+    /* data parallel: the gradients averaged over the ranks, as PyTorch's DDP leaves them */
+    if (rc == 0) rc = mp_dist_after_backward();
     return rc;
 }

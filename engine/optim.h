@@ -35,6 +35,7 @@ typedef struct mp_optim {
     mp_tensor *state1, *state2;    /* momentum / exp_avg and exp_avg_sq, NULL until needed */
     mp_tensor *counter;            /* the step count: one int64 in the backend's memory */
     int64_t numel;
+    int64_t dist_bucket;           /* data parallel (engine/dist.h): elements per bucket; 0: not */
 } mp_optim;
 
 /* replace o's hyperparameters after the check; o unchanged on failure: every

@@ -11,6 +11,7 @@
 #include "engine/error.h"
 #include "engine/autograd.h"
 #include "engine/op.h"
+#include "engine/dist.h"
 #include "kernels/step_rules.h"
 
 static void snap_free(mp_scaler *s);   /* trace snapshots, at the end of this file */
@@ -205,6 +206,7 @@ static int begin_step(mp_scaler *s, mp_device dev)
     if (s->in_step) return 0;
     if (s->has_pending) rule(s, MP_SCALE_SET, 0, s->pending), s->has_pending = false;
     rule(s, MP_SCALE_BEGIN, 0, 0);
+    s->shared = false;
     s->unscaled = false;
     s->nopt = 0;
     s->first_bad = -1;
@@ -229,6 +231,7 @@ static mp_tensor *scale_fwd(mp_ctx *c)
     if (!o) return NULL;
     MP_K(o, scale_loss, loss->dtype, mp_data(o), mp_data(loss), loss->numel, dev_state(s), 1);
     s->h_fresh = false;
+    s->shared = false;
     if (mp_keep(c, 0, s->state)) mp_release(o), o = NULL;
     return o;
 }
@@ -247,6 +250,7 @@ mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss)
     if (s->policy.kind == MP_POLICY_NONE) {
         be->scale_loss(be->ctx, loss->dtype, NULL, mp_data(loss), loss->numel, dev_state(s), 1);
         s->h_fresh = false;
+        s->shared = false;
         return mp_retain(loss);
     }
     mp_ctx c = {.arg = s};
@@ -331,6 +335,18 @@ int mp_scaler_unscale(mp_scaler *s, mp_optim *o)
     s->h_fresh = false;
     s->opts[s->nopt++] = o;
     s->unscaled = true;
+    s->shared = false;
+    return 0;
+}
+
+int mp_scaler_share(mp_scaler *s)
+{
+    if (!s->state || s->shared || !mp_dist_spans(s->state->dev)) return 0;
+    rule(s, MP_SCALE_EXPORT, 0, 0);
+    mp_scale_state *d = dev_state(s);   /* device memory: only its address is taken */
+    if (mp_dist_reduce_raw(s->state->dev, d->found, 1 + 3 * MP_SCALER_MAX_OPTIMS, MP_F32, MP_COLL_MAX)) return -1;
+    rule(s, MP_SCALE_IMPORT, 0, 0);
+    s->shared = true;
     return 0;
 }
 
@@ -341,6 +357,7 @@ int mp_scaler_step(mp_scaler *s, mp_optim *o, int *applied)
         if (mp_scaler_unscale(s, o)) return -1;
         k = s->nopt - 1;
     }
+    if (mp_scaler_share(s)) return -1;   /* data parallel: every rank decides alike */
     rule(s, MP_SCALE_DECIDE, k, 0);
     const int32_t *skip = &dev_state(s)->skip;
     if (mp_optim_step_if(o, skip)) return -1;
@@ -381,6 +398,7 @@ static int floor_outcome(mp_scaler *s)
 int mp_scaler_update(mp_scaler *s)
 {
     if (!s->state && place(s, MP_CPU)) return -1;   /* an update before any step */
+    if (mp_scaler_share(s)) return -1;
     rule(s, MP_SCALE_UPDATE, 0, 0);
     return floor_outcome(s);
 }

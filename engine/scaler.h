@@ -40,6 +40,7 @@ typedef struct mp_scaler {
     int nopt;                        /* optimizers unscaled this step, each in its own slot */
     const struct mp_optim *opts[MP_SCALER_MAX_OPTIMS];
     int first_bad;                   /* sync: index of the first parameter with a non-finite gradient, or -1 */
+    bool shared;                     /* data parallel: this step's findings were reduced over the ranks */
     bool telemetry;
     int nstats;
     mp_tensor *tel;                  /* telemetry: one mp_grad_stats per parameter, backend memory */
@@ -73,6 +74,12 @@ int mp_scaler_unscale(mp_scaler *s, mp_optim *o);
  * something was not finite. *applied: 1 applied, 0 skipped, or -1 unknown (no
  * sync: the decision stayed on the device) */
 int mp_scaler_step(mp_scaler *s, mp_optim *o, int *applied);
+/* data parallel (engine/dist.h): what this step found so far (inf/NaN, a bad
+ * loss, the amax) made the same on every rank, with max over the ranks, on
+ * the device; a no-op in a world of one. step and update call it before they
+ * decide; a Lua policy's update calls it before it reads the findings. Every
+ * rank must call it at the same point (it is a collective). */
+int mp_scaler_share(mp_scaler *s);
 /* the built-in policy's rule; ends the step */
 int mp_scaler_update(mp_scaler *s);
 /* an external policy's decision (finite and > 0), or a forced scale; ends the step */

@@ -49,18 +49,17 @@ static const mp_backend *backends[MP_NDEVICES] = {&mp_cpu_backend, NULL};
 static bool cuda_tried;
 static char cuda_why[1024];
 
-/* dlopen's reason, or that of the first place tried that exists */
-static void *open_cuda(void)
+void *mp_module_open(const char *file, const char *env_name, char *why, size_t cap)
 {
-    const char *env = getenv("MP_CUDA_BACKEND");
+    const char *env = getenv(env_name);
     if (env && *env) {
         void *h = dlopen(env, RTLD_NOW | RTLD_LOCAL);
-        if (!h) snprintf(cuda_why, sizeof cuda_why, "cannot load MP_CUDA_BACKEND=%.400s: %.500s", env, dlerror());
+        if (!h) snprintf(why, cap, "cannot load %s=%.400s: %.500s", env_name, env, dlerror());
         return h;
     }
     Dl_info info;
     if (!dladdr((void *)&mp_backend_of, &info) || !info.dli_fname) {
-        snprintf(cuda_why, sizeof cuda_why, "cannot tell where the engine was loaded from, to find cuda.so");
+        snprintf(why, cap, "cannot tell where the engine was loaded from, to find %s", file);
         return NULL;
     }
     char dir[4096];
@@ -70,19 +69,30 @@ static void *open_cuda(void)
     else snprintf(dir, sizeof dir, ".");
     /* next to mp/core.so; build/mpengine -> build/mp; a test in build/tests -> build/mp;
      * PREFIX/bin -> PREFIX/lib/lua/5.4/mp */
-    static const char *rel[] = {"/cuda.so", "/mp/cuda.so", "/../mp/cuda.so", "/../lib/lua/5.4/mp/cuda.so"};
-    snprintf(cuda_why, sizeof cuda_why, "the CUDA backend was not built or installed: no cuda.so next to %.600s "
-             "(build it where nvcc is, or set MP_CUDA_BACKEND)", dir);
+    static const char *rel[] = {"/", "/mp/", "/../mp/", "/../lib/lua/5.4/mp/"};
+    snprintf(why, cap, "no %s next to %.600s (it is built where its toolchain is, or set %s)", file, dir, env_name);
     for (size_t i = 0; i < sizeof rel / sizeof *rel; i++) {
         char path[4200];
-        snprintf(path, sizeof path, "%s%s", dir, rel[i]);
+        snprintf(path, sizeof path, "%s%s%s", dir, rel[i], file);
         if (access(path, F_OK) != 0) continue;
         void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (h) return h;
-        snprintf(cuda_why, sizeof cuda_why, "cannot load %.500s: %.400s", path, dlerror());
+        snprintf(why, cap, "cannot load %.500s: %.400s", path, dlerror());
         return NULL;
     }
     return NULL;
+}
+
+/* dlopen's reason, or that of the first place tried that exists */
+static void *open_cuda(void)
+{
+    void *h = mp_module_open("cuda.so", "MP_CUDA_BACKEND", cuda_why, sizeof cuda_why);
+    if (!h && strncmp(cuda_why, "no cuda.so", 10) == 0) {
+        char tmp[sizeof cuda_why];
+        snprintf(tmp, sizeof tmp, "%s", cuda_why);
+        snprintf(cuda_why, sizeof cuda_why, "the CUDA backend was not built or installed: %.900s", tmp);
+    }
+    return h;
 }
 
 static const mp_backend *load_cuda(void)
@@ -96,6 +106,13 @@ static const mp_backend *load_cuda(void)
                         "(no /dev/nvidiactl, no /proc/driver/nvidia/version)"), NULL;
     void *h = open_cuda();
     if (!h) return NULL;
+    /* one GPU per process of a launcher's job (mp.dist): the process's rank on
+     * this machine picks it, before CUDA starts (MP_CUDA_DEVICE, if set, wins) */
+    static const char *local_rank_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"};
+    for (size_t i = 0; i < sizeof local_rank_vars / sizeof *local_rank_vars && !getenv("MP_CUDA_DEVICE"); i++) {
+        const char *v = getenv(local_rank_vars[i]);
+        if (v && *v) setenv("MP_CUDA_DEVICE", v, 0);
+    }
     const mp_backend *(*init)(char *, size_t) = (const mp_backend *(*)(char *, size_t))dlsym(h, "mp_cuda_backend_init");
     if (!init) return snprintf(cuda_why, sizeof cuda_why, "the CUDA backend has no mp_cuda_backend_init: %s", dlerror()), NULL;
     cuda_why[0] = 0;

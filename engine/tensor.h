@@ -58,6 +58,10 @@ bool mp_is_float(mp_dtype t);
 const mp_backend *mp_backend_of(mp_device d);
 /* why not (NULL when it is available): no driver, which library failed to load, ... */
 const char *mp_device_why_not(mp_device d);
+/* dlopen a shared object of mpengine's (cuda.so, mpi.so): the path in the
+ * environment variable env when set, else next to the engine's own object;
+ * NULL with the reason in why */
+void *mp_module_open(const char *file, const char *env, char *why, size_t cap);
 int mp_device_check(mp_device d);                           /* -1 + error if unavailable */
 /* -1 + the backend's message when work queued on d failed (asynchronous backends) */
 int mp_device_error(mp_device d);

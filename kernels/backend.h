@@ -56,6 +56,11 @@ typedef enum {
  * i32 indices (0-based, the first maximum); the others write the input dtype. */
 typedef enum { MP_SUM, MP_MEAN, MP_MAX, MP_ARGMAX, MP_NREDOPS } mp_redop;
 
+/* The reductions of a collective across processes (kernels/comm.h, and the
+ * backends' coll_* entries): mp.dist.all_reduce's "mean" is a sum the engine
+ * then divides */
+typedef enum { MP_COLL_SUM, MP_COLL_MAX, MP_COLL_MIN } mp_coll_op;
+
 /* Broadcast description for a binary op: the output shape and, for each input,
  * its stride (in elements) along each output dim; 0 where the input broadcasts. */
 typedef struct {
@@ -148,6 +153,10 @@ typedef struct {
     int64_t steps, skipped;
     float amax_hist[MP_AMAX_HISTORY_MAX];
     mp_grad_stats slot[MP_SCALER_MAX_OPTIMS];   /* this step, per optimizer, of the scaled gradients */
+    /* data parallel: what this rank found (MP_SCALE_EXPORT), reduced with max
+     * over the ranks in place, then taken back (MP_SCALE_IMPORT): loss_bad, and
+     * per slot nan > 0, inf > 0 and amax */
+    float found[1 + 3 * MP_SCALER_MAX_OPTIMS];
 } mp_scale_state;
 
 /* the small state operations, run once per step (kernels/step_rules.h) */
@@ -155,7 +164,9 @@ typedef enum {
     MP_SCALE_BEGIN,    /* a new step: clear its findings */
     MP_SCALE_DECIDE,   /* skip = loss_bad or slot[arg] not finite; count the step */
     MP_SCALE_UPDATE,   /* the built-in policy's rule */
-    MP_SCALE_SET       /* scale = value */
+    MP_SCALE_SET,      /* scale = value */
+    MP_SCALE_EXPORT,   /* found = what this step found so far */
+    MP_SCALE_IMPORT    /* the findings from found (reduced over the ranks) */
 } mp_scale_op;
 
 /* scaled dot-product attention over bh heads of {t, d} rows (kernels/cpu/cpu_attention.c) */
@@ -227,6 +238,24 @@ typedef struct mp_backend {
     void (*to_host_async)(mp_kctx *cx, void *host_dst, const void *src, size_t nbytes);
     void *(*mark)(mp_kctx *cx);
     void (*mark_wait)(mp_kctx *cx, void *mark);
+
+    /* Collectives across processes on this device's memory, queued on the
+     * backend's stream (CUDA: NCCL, loaded when first used). NULL entries: the
+     * engine stages the bytes through host memory and MPI (kernels/comm.h).
+     * coll_id writes the bytes that name a new group (NCCL's unique id, at most
+     * cap) and returns their count, or -1 with the reason in why; every process
+     * then calls coll_join with the same bytes, its rank and the world's size
+     * (0, or -1 with the reason). The collectives report their failures through
+     * error(), as kernels do: all_reduce works in place on n elements of dt;
+     * broadcast sends root's nbytes to every process; all_gather puts each
+     * process's nbytes of send at recv + rank * nbytes. coll_leave ends the
+     * group (at finalize). */
+    int (*coll_id)(mp_kctx *cx, void *id, size_t cap, char *why, size_t why_cap);
+    int (*coll_join)(mp_kctx *cx, const void *id, size_t nbytes, int rank, int size, char *why, size_t why_cap);
+    void (*coll_all_reduce)(mp_kctx *cx, mp_dtype dt, void *buf, int64_t n, mp_coll_op op);
+    void (*coll_broadcast)(mp_kctx *cx, void *buf, size_t nbytes, int root);
+    void (*coll_all_gather)(mp_kctx *cx, const void *send, void *recv, size_t nbytes);
+    void (*coll_leave)(mp_kctx *cx);
 
     /* n elements of src (dtype sd) converted into dst (dtype dd) */
     void (*cast)(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);

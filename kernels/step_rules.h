@@ -158,6 +158,23 @@ MP_HD void mp_scale_apply(mp_scale_op op, mp_scale_state *s, const mp_policy *p,
         if (arg && mp_floor_reached(s, p, mp_scale_found_inf(s))) break;
         s->scale = p->min > 0 && (double)value < p->min ? (float)p->min : value;
         break;
+    case MP_SCALE_EXPORT:
+        s->found[0] = s->loss_bad ? 1.0f : 0.0f;
+        for (int k = 0; k < MP_SCALER_MAX_OPTIMS; k++) {
+            s->found[1 + 3 * k] = s->slot[k].nan > 0 ? 1.0f : 0.0f;
+            s->found[2 + 3 * k] = s->slot[k].inf > 0 ? 1.0f : 0.0f;
+            s->found[3 + 3 * k] = s->slot[k].amax;
+        }
+        break;
+    case MP_SCALE_IMPORT:   /* another rank's finding counts as one here; this rank's counts stay */
+        s->loss_bad = s->loss_bad || s->found[0] > 0;
+        for (int k = 0; k < MP_SCALER_MAX_OPTIMS; k++) {
+            mp_grad_stats *g = &s->slot[k];
+            if (g->nan == 0 && s->found[1 + 3 * k] > 0) g->nan = 1;
+            if (g->inf == 0 && s->found[2 + 3 * k] > 0) g->inf = 1;
+            if (s->found[3 + 3 * k] > g->amax) g->amax = s->found[3 + 3 * k];
+        }
+        break;
     }
 }
 

@@ -285,6 +285,16 @@ static int s_update(lua_State *L)
     return 0;
 }
 
+/* s:_share(): data parallel: the step's findings made the same on every rank
+ * (before a Lua policy reads them) */
+static int s_share(lua_State *L)
+{
+    mp_scaler *s = check_scaler(L, 1);
+    mp_clear_error();
+    if (mp_scaler_share(s)) return lt_error(L, "GradScaler:update");
+    return 0;
+}
+
 static void push_stats(lua_State *L, const mp_grad_stats *st, double scale)
 {
     lua_createtable(L, 0, 14);
@@ -629,7 +639,7 @@ static int a_autocast_suppress(lua_State *L)
 }
 
 static const luaL_Reg smeth[] = {
-    {"scale", s_scale}, {"unscale", s_unscale}, {"step", s_step}, {"update", s_update},
+    {"scale", s_scale}, {"unscale", s_unscale}, {"step", s_step}, {"update", s_update}, {"_share", s_share},
     {"set_policy", s_set_policy}, {"_info", s_info}, {"_trace_record", s_trace_record},
     {"_trace_async", s_trace_async}, {"_trace_snap", s_trace_snap}, {"_trace_take", s_trace_take}, {"_restore", s_restore}, {"telemetry", s_telemetry},
     {"set_sync", s_set_sync},

@@ -30,6 +30,7 @@
 #include <lualib.h>
 
 #include "mp_core.h"
+#include "engine/dist.h"
 
 #ifndef MP_VERSION
 #define MP_VERSION "unknown"
@@ -862,6 +863,10 @@ int main(int argc, char **argv) {
   status = lua_pcall(L, 2, 1, 0);
   result = lua_toboolean(L, -1);
   report(L, status);
+  /* a script that failed on one rank of mpirun's job: the others would wait
+     for it in their next collective; end them all (MPI_Abort), as PyTorch's
+     elastic launcher ends its workers when one fails */
+  if (!(result && status == LUA_OK)) mp_dist_abort(1);
   lua_close(L);
   return (result && status == LUA_OK) ? EXIT_SUCCESS : EXIT_FAILURE;
 }

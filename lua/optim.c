@@ -6,6 +6,7 @@
 #include <string.h>
 #include "lua/bind.h"
 #include "engine/optim.h"
+#include "engine/dist.h"
 
 #define OPTIM_MT "mp.Optimizer"
 
@@ -234,6 +235,26 @@ static int o_newindex(lua_State *L)
     return 0;
 }
 
+/* core._dist_attach(opt, bucket_bytes): data parallel (engine/dist.h) */
+static int o_dist_attach(lua_State *L)
+{
+    mp_optim *o = check_optim(L, 1);
+    int64_t bytes = lb_integer(L, 2, "bucket bytes", "dist");
+    mp_clear_error();
+    if (mp_dist_attach(o, bytes)) return lt_error(L, "dist");
+    return 0;
+}
+
+/* core._dist_reduce_grads(opt): the data-parallel gradient average alone
+ * (what each backward ends with), for benchmarks */
+static int o_dist_reduce(lua_State *L)
+{
+    mp_optim *o = check_optim(L, 1);
+    mp_clear_error();
+    if (mp_dist_reduce_grads(o)) return lt_error(L, "dist");
+    return 0;
+}
+
 static int o_clip_grad_norm(lua_State *L)
 {
     double max_norm = luaL_checknumber(L, 2), total;
@@ -267,4 +288,8 @@ void mp_open_optim(lua_State *L)
     lua_setfield(L, -2, "_optimizer");
     lua_pushcfunction(L, o_clip_grad_norm);
     lua_setfield(L, -2, "_clip_grad_norm");
+    lua_pushcfunction(L, o_dist_attach);
+    lua_setfield(L, -2, "_dist_attach");
+    lua_pushcfunction(L, o_dist_reduce);
+    lua_setfield(L, -2, "_dist_reduce_grads");
 }

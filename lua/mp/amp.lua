@@ -197,6 +197,7 @@ function GradScaler:update(new_scale)
     self._c:update()
     return
   end
+  self._c:_share()   -- data parallel: the policy sees what any rank found
   local c = self._c:_info()
   local ok, v = pcall(p.update, p, step_info(self, c))
   if not ok then error("GradScaler:update: the policy's update failed: " .. tostring(v), 2) end

@@ -2,7 +2,7 @@
 --
 --   mp.data.read_idx(path)              -> tensor (IDX file, gzip or raw)
 --   mp.data.fashion_mnist(split [, dir]) -> {images = u8 {N,28,28}, labels = i32 {N}}
---   mp.data.loader(dataset, {batch=, shuffle=false, seed=, drop_last=false, device=})
+--   mp.data.loader(dataset, {batch=, shuffle=false, seed=, drop_last=false, device=, shard=})
 --       -> an iterator object: `for x, y in loader do`; `#loader` is the number of batches
 --
 --   mp.data.text([path]) -> {train = i32 ids, val = i32 ids, vocab = {bytes}, encode(s), decode(ids)}
@@ -27,6 +27,17 @@
 -- The draw moves the global stream on by two counters (engine/data.h,
 -- mp_draw_seed), so it is part of the generator state checkpoints save.
 -- Loaders that do not shuffle never touch the global stream, and ignore `seed`.
+--
+-- Sharding (data parallel, mp.dist): shard = {rank, size} (rank 0-based, e.g.
+-- {mp.dist.rank(), mp.dist.size()}) gives this rank its part of each global
+-- batch of batch * size examples: the epoch's order is the one process's for the
+-- same seed, and global batch k is rank 0's batch k, then rank 1's, and so on,
+-- so `size` ranks with batch B see exactly what one process with batch size * B
+-- sees. Without drop_last the order is first padded with its own first
+-- examples to a multiple of size (as PyTorch's DistributedSampler does), so that
+-- every rank takes the same number of steps and the last global batch splits
+-- evenly. A sharded loader that shuffles needs an explicit seed, the same on
+-- every rank.
 local core = require "mp.core"
 local D = core._data
 
@@ -115,7 +126,7 @@ local function check_options(opts)
     fail(2, "%s: options must be a table with batch= (got %s)", LD, describe(opts))
   end
   -- the keys: the binding's one checker (lua/bind.c); the values below
-  core._options(LD, opts, "batch:any shuffle:any seed:any drop_last:any device:any", 4)
+  core._options(LD, opts, "batch:any shuffle:any seed:any drop_last:any device:any shard:any", 4)
   -- math.tointeger would also take the string "8"; options want numbers
   local function int(v) return type(v) == "number" and math.tointeger(v) or nil end
   local batch = int(opts.batch)
@@ -139,7 +150,19 @@ local function check_options(opts)
     local ok, why = core.cuda.is_available()
     if not ok then fail(2, "%s: device 'cuda' is not available on this machine: %s", LD, why) end
   end
-  return batch, opts.shuffle or false, seed and int(seed), opts.drop_last or false, device
+  local shard = opts.shard
+  if shard ~= nil then
+    local r, s = type(shard) == "table" and int(shard[1]), type(shard) == "table" and int(shard[2])
+    if not (r and s and s >= 1 and r >= 0 and r < s) then
+      fail(2, "%s: shard must be {rank, size} with 0 <= rank < size, e.g. {mp.dist.rank(), mp.dist.size()} (got %s)",
+           LD, type(shard) == "table" and ("{" .. tostring(shard[1]) .. ", " .. tostring(shard[2]) .. "}") or describe(shard))
+    end
+    if opts.shuffle and seed == nil then
+      fail(2, "%s: a sharded loader that shuffles needs seed=, the same on every rank (else each rank draws its own order)", LD)
+    end
+    shard = {rank = r, size = s}
+  end
+  return batch, opts.shuffle or false, seed and int(seed), opts.drop_last or false, device, shard
 end
 
 local function check_dataset(ds)
@@ -190,8 +213,16 @@ function Loader.__call(self)
     return nil
   end
   self.next = i + 1
-  local start = (i - 1) * self.batch + 1
-  local idx = self.order:narrow(1, start, math.min(self.batch, self.n - start + 1))   -- a view
+  local start, len = (i - 1) * self.batch + 1, nil
+  if self.shard then   -- this rank's part of global batch i (the order is padded to a multiple of size)
+    local s = self.shard
+    local gstart = (i - 1) * self.batch * s.size
+    len = math.min(self.batch * s.size, self.n - gstart) // s.size
+    start = gstart + s.rank * len + 1
+  else
+    len = math.min(self.batch, self.n - start + 1)
+  end
+  local idx = self.order:narrow(1, start, len)   -- a view
   local xb = move(self.images:index_select(1, idx), self.device)
   local x = xb
   if xb.dtype == "u8" then x = xb / 255
@@ -206,15 +237,34 @@ function Loader.__len(self) return self.nbatches end
 
 function M.loader(ds, opts)
   local n = check_dataset(ds)
-  local batch, shuffle, seed, drop_last, device = check_options(opts)
+  local batch, shuffle, seed, drop_last, device, shard = check_options(opts)
   local order
   if shuffle then
     order = D.randperm(n, seed or D.draw_seed())
   else
     order = core.arange(n, {dtype = "i32", device = "cpu"})
   end
-  local nbatches = drop_last and n // batch or (n + batch - 1) // batch
-  return setmetatable({images = ds.images, labels = ds.labels, n = n, batch = batch,
+  local nbatches
+  if shard then
+    local global = batch * shard.size
+    if drop_last then
+      nbatches = n // global
+    else   -- padded with the order's own first examples to a multiple of size
+      local total = (n + shard.size - 1) // shard.size * shard.size
+      local parts = {order}
+      for have = n, total - 1, n do parts[#parts + 1] = order:narrow(1, 1, math.min(n, total - have)) end
+      if #parts > 1 then
+        local padded = core.cat(parts, 1)
+        for _, p in ipairs(parts) do p:free() end
+        order = padded
+      end
+      n = total
+      nbatches = (n + global - 1) // global
+    end
+  else
+    nbatches = drop_last and n // batch or (n + batch - 1) // batch
+  end
+  return setmetatable({images = ds.images, labels = ds.labels, n = n, batch = batch, shard = shard,
                        nbatches = nbatches, next = 1, order = order, device = device}, Loader)
 end
 

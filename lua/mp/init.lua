@@ -15,6 +15,7 @@ mp.data = require "mp.data"
 mp.nn = require "mp.nn"
 mp.amp = require "mp.amp"
 mp.pretty = require "mp.pretty"
+mp.dist = require "mp.dist"
 
 -- default device: MP_DEVICE, else cuda when present, else cpu
 local env = os.getenv("MP_DEVICE")

@@ -62,16 +62,41 @@ local function betas(name, b)
   return b[1], b[2]
 end
 
+-- dist = true (or {bucket_mb = N}): data parallel over mp.dist's world
+-- (engine/dist.h): the parameters start from rank 0's, and after each backward
+-- the gradients are averaged over the ranks in buckets of bucket_mb MiB
+-- (PyTorch DDP's default: 25), so every rank takes the same step
+local DEFAULT_BUCKET_MB = 25
+local function attach_dist(name, opt, d)
+  if d == nil or d == false then return end
+  local mb = DEFAULT_BUCKET_MB
+  if type(d) == "table" then
+    core._options(name .. ": dist", d, "bucket_mb:number", 4)
+    mb = d.bucket_mb or mb
+    if not (mb > 0 and mb <= 1 << 20) then
+      error(string.format("%s: dist.bucket_mb must be a number in (0, 2^20] (got %s)", name, tostring(mb)), 3)
+    end
+  elseif d ~= true then
+    error(string.format("%s: dist must be true, false or {bucket_mb = N} (got %s)", name, type(d)), 3)
+  end
+  local ok, err = pcall(core._dist_attach, opt, math.max(4, math.floor(mb * 1048576)))
+  if not ok then
+    opt:free()
+    error(name .. ": " .. (tostring(err):gsub("^[^\n]-:%d+: ", "", 1):gsub("^dist: ", "dist: ")), 3)
+  end
+end
+
 function optim.SGD(params, opts)
   local name = "mp.optim.SGD"
   check_params(name, params)
   local spec = "lr:any momentum:any dampening:any weight_decay:any nesterov:any"
-  opts = check_options(name, opts, spec)
+  opts = check_options(name, opts, spec .. " dist:any")
   local groups = is_groups(params) and group_list(name, params, spec) or nil
   local opt = call(core._optimizer, "sgd", params, {   -- not a tail call: call() raises at our caller
     lr = opts.lr, momentum = opts.momentum, dampening = opts.dampening,
     weight_decay = opts.weight_decay, nesterov = opts.nesterov,
   }, groups)
+  attach_dist(name, opt, opts.dist)
   return opt
 end
 
@@ -79,12 +104,13 @@ local function adam(kind, name)
   return function(params, opts)
     check_params(name, params)
     local spec = "lr:any betas:any eps:any weight_decay:any"
-    opts = check_options(name, opts, spec)
+    opts = check_options(name, opts, spec .. " dist:any")
     local b1, b2 = betas(name, opts.betas)
     local groups = is_groups(params) and group_list(name, params, spec, function(_, b) return betas(name, b) end) or nil
     local opt = call(core._optimizer, kind, params, {
       lr = opts.lr, beta1 = b1, beta2 = b2, eps = opts.eps, weight_decay = opts.weight_decay,
     }, groups)
+    attach_dist(name, opt, opts.dist)
     return opt
   end
 end

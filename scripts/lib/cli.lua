@@ -5,7 +5,8 @@
 local mp = mp or require "mp"
 local cli = {}
 
--- kinds: {name = "int" | "num" | "str"}; returns opts filled over defaults.
+-- kinds: {name = "int" | "num" | "str" | "flag"} (a flag takes no value: true
+-- when given); returns opts filled over defaults.
 -- Numbers must be positive, except those named in `signed`.
 function cli.parse(argv, kinds, defaults, usage, signed)
   local opts = {}
@@ -16,9 +17,15 @@ function cli.parse(argv, kinds, defaults, usage, signed)
     local key, val = a:match("^%-%-([%w-]+)=(.*)$")
     if not key then key = a:match("^%-%-([%w-]+)$"); val = argv[i + 1]; i = i + 1 end
     if not key or not kinds[key] then usage("unknown option " .. a) end
+    if kinds[key] == "flag" then
+      if a:find("=", 1, true) then usage("option --" .. key .. " takes no value") end
+      opts[key], i, val = true, i - 1, true
+    end
     if val == nil then usage("option --" .. key .. " needs a value") end
     local kind = kinds[key]
-    if kind == "int" or kind == "num" then
+    if kind == "flag" then
+      -- set above
+    elseif kind == "int" or kind == "num" then
       local n = tonumber(val)
       if not n or (kind == "int" and math.type(n) ~= "integer") or (n <= 0 and not (signed and signed[key])) then
         usage(string.format("--%s must be a positive %s (got %s)", key, kind == "int" and "integer" or "number", val))

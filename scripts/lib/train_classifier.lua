@@ -18,7 +18,7 @@ return function(spec)
     io.stderr:write(spec.name, ": ", msg, "\n",
       "usage: ", spec.name, " [--epochs N] [--batch B] [--lr LR] [--seed S] [--save PATH] [--resume PATH]\n",
       "       ", pad, " [--metrics FILE] [--max-steps K] [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]\n",
-      "       ", pad, " [--trace FILE] [--tiny K] [--inject-overflow N]\n")
+      "       ", pad, " [--trace FILE] [--tiny K] [--inject-overflow N [--inject-rank R]] [--dist]\n")
     os.exit(2)
   end
 
@@ -27,8 +27,10 @@ return function(spec)
   -- ---- options ----
   local opts = cli.parse(arg or {}, {epochs = "int", batch = "int", lr = "num", seed = "int", ["max-steps"] = "int",
                                      save = "str", resume = "str", metrics = "str", amp = "str", policy = "str",
-                                     trace = "str", tiny = "int", ["inject-overflow"] = "int"},
-                         {epochs = 1, batch = 128, lr = 1e-3, seed = 0, amp = "off"}, usage, {seed = true})
+                                     trace = "str", tiny = "int", ["inject-overflow"] = "int",
+                                     ["inject-rank"] = "int", dist = "flag"},
+                         {epochs = 1, batch = 128, lr = 1e-3, seed = 0, amp = "off"}, usage,
+                         {seed = true, ["inject-rank"] = true})
   if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" then
     usage("--amp must be off, f16 or bf16 (got " .. opts.amp .. ")")
   end
@@ -41,7 +43,19 @@ return function(spec)
   if opts.amp == "off" and opts.trace then
     usage("--trace needs --amp f16 or bf16 (it records the loss scaler's view of each step)")
   end
+  if opts["inject-rank"] and not opts["inject-overflow"] then usage("--inject-rank needs --inject-overflow") end
   local amp_on = opts.amp ~= "off"
+
+  -- ---- data parallel (--dist, under mpirun): each rank takes --batch examples of
+  -- each global batch, the gradients are averaged, and the loss scaler decides for
+  -- all; rank 0 prints and writes checkpoints, every rank reads them ----
+  local rank, world = 0, 1
+  if opts.dist then rank, world = mp.dist.init() end
+  if opts["inject-rank"] and (opts["inject-rank"] < 0 or opts["inject-rank"] >= world) then
+    usage(string.format("--inject-rank must be a rank, 0..%d (got %d)", world - 1, opts["inject-rank"]))
+  end
+  local print = rank == 0 and print or function() end
+  local io_write = rank == 0 and function(...) io.stdout:write(...) end or function() end
 
   local policy_spec = opts.policy or (opts.amp == "bf16" and "none" or "dynamic")
   local policy = amp_on and cli.policy(policy_spec, usage) or nil
@@ -70,7 +84,11 @@ return function(spec)
   local model = spec.model()
   -- --tiny K: Adam's eps scaled with the loss, so that its steps stay those of the
   -- ordinary run (Adam's update does not depend on the gradients' scale but for eps)
-  local opt = mp.optim.Adam(model:parameters(), {lr = opts.lr, eps = 1e-8 * 2.0 ^ -(opts.tiny or 0)})
+  local opt = mp.optim.Adam(model:parameters(), {lr = opts.lr, eps = 1e-8 * 2.0 ^ -(opts.tiny or 0), dist = opts.dist})
+  -- each rank's own random stream (dropout and the like), at the same position
+  -- as rank 0's; rank 0 keeps the run's, so one process runs as before
+  local function rank_stream(st) return {seed = mp.dist.rank_seed(st.seed), offset = st.offset} end
+  if rank > 0 then mp.set_rng_state(rank_stream(mp.get_rng_state())) end
   local scaler, skips = nil, {overflow = 0, nan = 0, forward = 0}
   if amp_on then
     scaler = mp.amp.GradScaler{policy = policy}
@@ -78,12 +96,13 @@ return function(spec)
     -- a Lua policy with `telemetry = true` gets the per-step gradient fractions in its info
     scaler:telemetry(type(policy) == "table" and rawget(policy, "telemetry") == true, names)
     scaler.on_skip = function(info) skips[info.reason] = (skips[info.reason] or 0) + 1 end
-    if opts.trace then
+    if opts.trace and rank == 0 then   -- --dist: rank 0's view (decisions are every rank's)
       scaler:trace(opts.trace, {names = names, meta = {script = spec.name, amp = opts.amp, policy = policy_spec,
                                                        seed = opts.seed, batch = opts.batch, lr = opts.lr}})
     end
   end
-  local steps_per_epoch = #mp.data.loader(train, {batch = opts.batch, seed = 0})
+  local shard = opts.dist and {rank, world} or nil
+  local steps_per_epoch = #mp.data.loader(train, {batch = opts.batch, seed = 0, shard = shard})
   local total_steps = steps_per_epoch * opts.epochs
   if opts["max-steps"] then total_steps = math.min(total_steps, opts["max-steps"]) end
 
@@ -91,7 +110,7 @@ return function(spec)
   local state = {step = 0, epoch = 1, batch = 0}   -- batch: batches done in the current epoch
 
   local function save(path)
-    mp.save(path, {
+    (opts.dist and mp.dist.save or mp.save)(path, {
       model = model:state_dict(), optim = opt:state_dict(), rng = mp.get_rng_state(),
       step = state.step, epoch = state.epoch, batch = state.batch,
       seed = opts.seed, batch_size = opts.batch,
@@ -107,14 +126,14 @@ return function(spec)
       for k, v in pairs(ck.skips or {}) do skips[k] = v end
     end
     opt:load_state_dict(ck.optim)
-    mp.set_rng_state(ck.rng)
+    mp.set_rng_state(rank > 0 and rank_stream(ck.rng) or ck.rng)
     state.step, state.epoch, state.batch = ck.step, ck.epoch, ck.batch
     print(string.format("resumed from %s at step %d (epoch %d, batch %d)", opts.resume, state.step, state.epoch, state.batch))
   end
 
   -- ---- progress ----
   local tty = mp.isatty(1)
-  local metrics = opts.metrics and assert(io.open(opts.metrics, opts.resume and "a" or "w"))
+  local metrics = opts.metrics and rank == 0 and assert(io.open(opts.metrics, opts.resume and "a" or "w"))
   local LOG_EVERY = 100
 
   local function fmt_time(s)
@@ -125,9 +144,9 @@ return function(spec)
   local function progress(loss, rate, eta)
     local width = 30
     local done = math.floor(width * state.step / total_steps)
-    io.stdout:write(string.format("\r[%s%s] %d/%d  loss %.4f  %.0f samples/s  ETA %s ",
+    io_write(string.format("\r[%s%s] %d/%d  loss %.4f  %.0f samples/s  ETA %s ",
       string.rep("=", done), string.rep(" ", width - done), state.step, total_steps, loss, rate, fmt_time(eta)))
-    io.stdout:flush()
+    if rank == 0 then io.stdout:flush() end
   end
 
   local function evaluate()
@@ -148,7 +167,8 @@ return function(spec)
   local start, t_last, step_last = mp.clock(), mp.clock(), state.step
   while state.step < total_steps and state.epoch <= opts.epochs do
     -- one explicit seed per epoch, so a resumed run sees the same order
-    local loader = mp.data.loader(train, {batch = opts.batch, shuffle = true, seed = opts.seed * 1000003 + state.epoch})
+    local loader = mp.data.loader(train, {batch = opts.batch, shuffle = true, seed = opts.seed * 1000003 + state.epoch,
+                                          shard = shard})
     local loss_sum, loss_n = 0, 0
     local b = 0
     for x, y in loader do
@@ -165,6 +185,7 @@ return function(spec)
           -- a spike, as a rare bad batch makes (gradients 2^12 larger): at the usual
           -- scales (2^16) the scaled backward overflows in f16, at 2^3 and below not
           local spike = opts["inject-overflow"] and (state.step + 1) % opts["inject-overflow"] == 0
+                        and (opts["inject-rank"] == nil or opts["inject-rank"] == rank)
           scaler:scale(spike and loss * 2.0 ^ 12 or loss):backward()
           scaler:step(opt)     -- skipped (false) when a gradient holds inf/NaN
           scaler:update()
@@ -180,9 +201,9 @@ return function(spec)
           loss_sum, loss_n = loss_sum + l, loss_n + 1
         end
         local now = mp.clock()
-        local rate = (state.step - step_last) * opts.batch / math.max(now - t_last, 1e-9)
+        local rate = (state.step - step_last) * opts.batch * world / math.max(now - t_last, 1e-9)
         if tty and (state.step % 10 == 0 or state.step == total_steps) then
-          progress(l, rate, (total_steps - state.step) * opts.batch / math.max(rate, 1e-9))
+          progress(l, rate, (total_steps - state.step) * opts.batch * world / math.max(rate, 1e-9))
         end
         if state.step % LOG_EVERY == 0 then
           if not tty then
@@ -204,7 +225,7 @@ return function(spec)
       end
     end
     local finished_epoch = state.batch >= #loader
-    if tty then io.stdout:write("\n") end
+    if tty then io_write("\n") end
     accuracy = evaluate()
     print(string.format("epoch %d  train loss %.4f  test accuracy %.4f  (%.1f s)%s", state.epoch,
       loss_n > 0 and loss_sum / loss_n or 0 / 0, accuracy, mp.clock() - start,
@@ -224,4 +245,5 @@ return function(spec)
       #parts > 0 and (" (" .. table.concat(parts, ", ") .. ")") or ""))
   end
   print(string.format("final test accuracy: %.4f", accuracy))
+  if opts.dist then mp.dist.finalize() end
 end

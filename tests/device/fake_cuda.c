@@ -147,6 +147,35 @@ static int mark_token;
 static void *f_mark(mp_kctx *cx) { return &mark_token; }
 static void f_mark_wait(mp_kctx *cx, void *mark) { (void)mark; }
 
+/* Collectives (MP_FAKE_CUDA_COLL=1): a world of one, as NCCL with one rank is:
+ * the group's id is 8 bytes, a reduction or a broadcast leaves the data as it
+ * is, a gather copies; each is counted (n_coll, printed with MP_FAKE_CUDA_STATS)
+ * and none waits or copies to the host. Without the variable the entries are
+ * NULL, and the engine stages the bytes through host memory and MPI. */
+static int64_t n_coll;
+static int f_coll_id(mp_kctx *cx, void *id, size_t cap, char *why, size_t why_cap)
+{
+    if (cap < 8) return snprintf(why, why_cap, "fake_cuda: no room for the id"), -1;
+    memcpy(id, "fakecoll", 8);
+    return 8;
+}
+static int f_coll_join(mp_kctx *cx, const void *id, size_t nbytes, int rank, int size, char *why, size_t why_cap)
+{
+    if (nbytes != 8 || memcmp(id, "fakecoll", 8) != 0) return snprintf(why, why_cap, "fake_cuda: not its id"), -1;
+    if (size != 1 || rank != 0) return snprintf(why, why_cap, "fake_cuda: its collectives are a world of one (got %d of %d)", rank, size), -1;
+    return 0;
+}
+static void f_coll_all_reduce(mp_kctx *cx, mp_dtype dt, void *buf, int64_t n, mp_coll_op op) { n_coll++; }
+static void f_coll_broadcast(mp_kctx *cx, void *buf, size_t nbytes, int root) { n_coll++; }
+static void f_coll_all_gather(mp_kctx *cx, const void *send, void *recv, size_t nbytes)
+{
+    n_coll++;
+    open_mem();
+    memcpy(recv, send, nbytes);
+    close_mem();
+}
+static void f_coll_leave(mp_kctx *cx) {}
+
 /* every other entry: the CPU kernel, with the arena open while it runs (IDX:
  * an entry that takes indices, left out while a bad index is pending) */
 #define CPU mp_cpu_backend
@@ -323,9 +352,16 @@ const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
         .permute = f_permute, .gather = f_gather, .scatter_add = f_scatter_add, .narrow = f_narrow,
         .narrow_put = f_narrow_put, .check_indices = f_check_indices,
     };
+    const char *coll = getenv("MP_FAKE_CUDA_COLL");
+    if (coll && strcmp(coll, "1") == 0) {
+        table.coll_id = f_coll_id, table.coll_join = f_coll_join, table.coll_all_reduce = f_coll_all_reduce;
+        table.coll_broadcast = f_coll_broadcast, table.coll_all_gather = f_coll_all_gather, table.coll_leave = f_coll_leave;
+    }
     return &table;
 }
 __attribute__((destructor)) static void fake_stats(void)
 {
-    if (getenv("MP_FAKE_CUDA_STATS")) fprintf(stderr, "fake_cuda: arena used %zu bytes, %lld system allocations\n", used, (long long)cache.sys_allocs);
+    if (getenv("MP_FAKE_CUDA_STATS"))
+        fprintf(stderr, "fake_cuda: arena used %zu bytes, %lld system allocations, %lld collectives\n", used,
+                (long long)cache.sys_allocs, (long long)n_coll);
 }

@@ -29,6 +29,9 @@ for _, k in ipairs{"Linear", "LayerNorm", "Embedding", "Dropout", "Sequential", 
 end
 add("GradScaler", function(...) return mp.amp.GradScaler(...) end)
 for _, k in ipairs{"replay", "load_trace", "diagnose"} do add("mp.amp." .. k, mp.amp[k]) end
+-- a world of one (no launcher): the collectives' argument checks; finalize and save stay out
+for _, k in ipairs{"init", "all_reduce", "broadcast", "all_gather", "barrier", "rank_seed"} do add("mp.dist." .. k, mp.dist[k]) end
+add("mp.dist.no_sync", function() local g = mp.dist.no_sync(); g:close(); return g end)
 add("autocast", function(...) local g = mp.amp.autocast(...); if type(g) == "userdata" or type(g) == "table" then pcall(function() g:close() end) end return g end)
 add("metamethods", function(a, b) return a + b, a * b, a - b, a / b, -a end)
 

@@ -344,7 +344,7 @@ describe("mp.data.loader", function()
     raises("batch must be a positive integer (got '8')", data.loader, ds, {batch = "8"})
     raises("batch must be a positive integer (got nil)", data.loader, ds, {})
     raises("mp.data.loader: options must be a table with batch= (got nil)", data.loader, ds)
-    raises("mp.data.loader: unknown option 'shufle' (expected batch, shuffle, seed, drop_last or device)",
+    raises("mp.data.loader: unknown option 'shufle' (expected batch, shuffle, seed, drop_last, device or shard)",
            data.loader, ds, {batch = 2, shufle = true})
     raises("mp.data.loader: shuffle must be a boolean (got 1)", data.loader, ds, {batch = 2, shuffle = 1})
     raises("mp.data.loader: drop_last must be a boolean (got 'yes')", data.loader, ds, {batch = 2, drop_last = "yes"})

@@ -1,0 +1,350 @@
+/*
+ * dist.c: mp.dist: the world, its collectives, data-parallel gradients
+ * (engine/dist.h).
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "engine/dist.h"
+#include "engine/ops.h"
+#include "engine/error.h"
+#include "kernels/comm.h"
+
+static struct {
+    bool inited, finalized, device_self;
+    int rank, size, local_rank, local_size;
+    const mp_comm *comm;                 /* NULL: a world of one, MPI not loaded */
+    bool joined[MP_NDEVICES];            /* a device backend's group is made */
+    char name[300];
+    mp_optim **dp;                       /* attached optimizers */
+    int ndp, capdp;
+    int no_sync;
+} W = {.size = 1, .local_size = 1};
+
+static const char *launcher_size(void)
+{
+    const char *v = getenv("OMPI_COMM_WORLD_SIZE");   /* Open MPI's mpirun */
+    if (!v) v = getenv("PMI_SIZE");                    /* MPICH's Hydra, Slurm's PMI */
+    return v;
+}
+
+static void finalize_at_exit(void)
+{
+    if (W.comm && !W.finalized) mp_dist_finalize();
+}
+
+int mp_dist_init(bool device_self)
+{
+    if (W.finalized) return mp_fail(MP_EINVAL, "mp.dist was finalized; MPI cannot start again in this process");
+    if (W.inited) return 0;
+    if (launcher_size()) {
+        char why[1024];
+        void *h = mp_module_open("mpi.so", "MP_MPI_COMM", why, sizeof why);
+        if (!h) return mp_fail(MP_EINVAL, "started by a launcher (mpirun) but MPI cannot be loaded: %s", why);
+        mp_comm_init_fn init = (mp_comm_init_fn)dlsym(h, "mp_mpi_comm_init");
+        if (!init) return mp_fail(MP_EINVAL, "mpi.so has no mp_mpi_comm_init: %s", dlerror());
+        why[0] = 0;
+        const mp_comm *c = init(why, sizeof why);
+        if (!c) return mp_fail(MP_EINVAL, "MPI did not start: %s", why);
+        W.comm = c;
+        W.rank = c->rank, W.size = c->size, W.local_rank = c->local_rank, W.local_size = c->local_size;
+        snprintf(W.name, sizeof W.name, "%s", c->name);
+        atexit(finalize_at_exit);
+    } else {
+        snprintf(W.name, sizeof W.name, "a world of one (no launcher: MPI not loaded)");
+    }
+    W.device_self = device_self;
+    W.inited = true;
+    return 0;
+}
+
+bool mp_dist_initialized(void) { return W.inited && !W.finalized; }
+int mp_dist_rank(void) { return W.rank; }
+int mp_dist_size(void) { return W.size; }
+int mp_dist_local_rank(void) { return W.local_rank; }
+int mp_dist_local_size(void) { return W.local_size; }
+const char *mp_dist_backend(void) { return W.inited ? W.name : "not started"; }
+
+bool mp_dist_spans(mp_device dev)
+{
+    if (!mp_dist_initialized()) return false;
+    return W.size > 1 || (dev != MP_CPU && W.device_self && mp_backend_of(dev) && mp_backend_of(dev)->coll_all_reduce);
+}
+
+static int ready(void)
+{
+    if (W.finalized) return mp_fail(MP_EINVAL, "mp.dist was finalized");
+    if (!W.inited) return mp_fail(MP_EINVAL, "call mp.dist.init() first");
+    return 0;
+}
+
+static int comm_fail(void) { return mp_fail(MP_EDEVICE, "%s", W.comm->error()); }
+
+/* the device backend's group, made at its first collective: rank 0's bytes to everyone */
+static int join(mp_device dev, const mp_backend *be)
+{
+    if (W.joined[dev]) return 0;
+    unsigned char id[512];
+    char why[512] = "";
+    int n = 0;
+    if (W.rank == 0 && (n = be->coll_id(be->ctx, id, sizeof id, why, sizeof why)) < 0) n = -1;
+    if (W.comm) {   /* the id's length (or -1: rank 0 failed) first, so every rank stops together */
+        int32_t len = n;
+        if (W.comm->broadcast(&len, sizeof len, 0)) return comm_fail();
+        if (len < 0) return mp_fail(MP_EDEVICE, "%s: the group could not be made on rank 0%s%s", be->name,
+                                    why[0] ? ": " : "", why);
+        n = len;
+        if (W.comm->broadcast(id, n, 0)) return comm_fail();
+    } else if (n < 0) {
+        return mp_fail(MP_EDEVICE, "%s: %s", be->name, why);
+    }
+    if (be->coll_join(be->ctx, id, (size_t)n, W.rank, W.size, why, sizeof why))
+        return mp_fail(MP_EDEVICE, "%s: %s", be->name, why);
+    W.joined[dev] = true;
+    return 0;
+}
+
+/* the device's collectives, or NULL when its memory is staged through the host */
+static const mp_backend *device_coll(mp_device dev)
+{
+    const mp_backend *be = dev == MP_CPU ? NULL : mp_backend_of(dev);
+    return be && be->coll_all_reduce && be->coll_id && be->coll_join ? be : NULL;
+}
+
+int mp_dist_reduce_raw(mp_device dev, void *p, int64_t n, mp_dtype dt, mp_coll_op op)
+{
+    if (!mp_dist_spans(dev) || n == 0) return 0;
+    const mp_backend *be = device_coll(dev);
+    if (be) {
+        if (join(dev, be)) return -1;
+        be->coll_all_reduce(be->ctx, dt, p, n, op);
+        return mp_device_error(dev);
+    }
+    if (!W.comm) return 0;   /* device_self without device collectives: nothing to do */
+    if (dev == MP_CPU) return W.comm->all_reduce(p, n, dt, op) ? comm_fail() : 0;
+    size_t bytes = (size_t)n * mp_dtype_size(dt);
+    void *h = malloc(bytes);
+    if (!h) return mp_fail(MP_EOOM, "out of memory staging %zu bytes for MPI", bytes);
+    const mp_backend *d = mp_backend_of(dev);
+    int rc = mp_host_read(dev, h, p, bytes);
+    if (!rc && W.comm->all_reduce(h, n, dt, op)) rc = comm_fail();
+    if (!rc) d->from_host(d->ctx, p, h, bytes), rc = mp_device_error(dev);
+    free(h);
+    return rc;
+}
+
+/* ---- the public collectives ---- */
+
+/* Every rank must call a collective with the same size and dtype (MPI and
+ * NCCL read or write out of bounds otherwise). One small reduction compares
+ * them first: the largest and the smallest of each value over the world. */
+static int agree(const char *what, mp_tensor *t, int64_t extra)
+{
+    if (!W.comm || W.size == 1) return 0;
+    double v[8] = {(double)t->numel, t->dtype, t->dev, (double)extra};
+    for (int i = 0; i < 4; i++) v[4 + i] = -v[i];
+    if (W.comm->all_reduce(v, 8, (mp_dtype)MP_COMM_F64, MP_COLL_MAX)) return comm_fail();
+    static const char *names[] = {"number of elements", "dtype", "device", NULL};
+    for (int i = 0; i < 4; i++) {
+        if (v[i] == -v[4 + i]) continue;
+        if (i == 3) return mp_fail(MP_EINVAL, "the ranks disagree on the %s (from %g to %g)", what, -v[4 + i], v[i]);
+        return mp_fail(MP_EINVAL, "the ranks disagree on the tensor's %s (rank %d has %s %s on %s)", names[i], W.rank,
+                       mp_dtype_name(t->dtype), mp_shape_str(t->ndim, t->shape, (char[128]){0}, 128),
+                       mp_device_name(t->dev));
+    }
+    return 0;
+}
+
+/* the tensor's bytes in host memory as f32 or i32 (MPI's types): t itself on
+ * the CPU, else a copy; written back by put_back */
+static mp_tensor *host_copy(mp_tensor *t)
+{
+    mp_dtype wide = t->dtype == MP_I32 ? MP_I32 : MP_F32;
+    if (t->dev == MP_CPU && t->dtype == wide) return mp_retain(t);
+    return mp_to_raw(t, wide, MP_CPU);
+}
+
+static int put_back(mp_tensor *t, mp_tensor *h)
+{
+    if (h == t) return 0;
+    mp_tensor *c = mp_to_raw(h, t->dtype, t->dev);
+    if (!c) return -1;
+    MP_K(t, copy, mp_data(t), mp_data(c), mp_nbytes(t));
+    mp_release(c);
+    return t->dev != MP_CPU ? mp_device_error(t->dev) : 0;
+}
+
+int mp_dist_all_reduce(mp_tensor *t, mp_dist_op op)
+{
+    if (ready()) return -1;
+    if ((unsigned)op > MP_DIST_MIN) return mp_fail(MP_EINVAL, "unknown op %d", (int)op);
+    if (t->dtype == MP_U8) return mp_fail(MP_EINVAL, "t is u8: reduce f32, f16, bf16 or i32 tensors");
+    if (t->dtype == MP_I32 && op == MP_DIST_MEAN)
+        return mp_fail(MP_EINVAL, "\"mean\" of an i32 tensor (reduce with \"sum\" and divide as you need)");
+    if (agree("op", t, op)) return -1;
+    if (!mp_dist_spans(t->dev)) return 0;
+    mp_coll_op cop = op == MP_DIST_MAX ? MP_COLL_MAX : op == MP_DIST_MIN ? MP_COLL_MIN : MP_COLL_SUM;
+    int rc;
+    if (device_coll(t->dev)) {
+        rc = mp_dist_reduce_raw(t->dev, mp_data(t), t->numel, t->dtype, cop);
+    } else {
+        mp_tensor *h = host_copy(t);
+        if (!h) return -1;
+        rc = W.comm && W.comm->all_reduce(mp_data(h), h->numel, h->dtype, cop) ? comm_fail() : 0;
+        if (!rc && op == MP_DIST_MEAN && h != t) {
+            MP_K(h, unary, MP_MULS, MP_F32, mp_data(h), mp_data(h), h->numel, 1.0 / W.size);
+            op = MP_DIST_SUM;   /* divided already, before the rounding to t's dtype */
+        }
+        if (!rc) rc = put_back(t, h);
+        mp_release(h);
+    }
+    if (!rc && op == MP_DIST_MEAN) MP_K(t, unary, MP_MULS, t->dtype, mp_data(t), mp_data(t), t->numel, 1.0 / W.size);
+    t->st->version++;
+    return rc || t->dev == MP_CPU ? rc : mp_device_error(t->dev);
+}
+
+int mp_dist_broadcast(mp_tensor *t, int root)
+{
+    if (ready()) return -1;
+    if (root < 0 || root >= W.size)
+        return mp_fail(MP_EINVAL, "root %d is not a rank (0..%d)", root, W.size - 1);
+    if (agree("root", t, root)) return -1;
+    if (!mp_dist_spans(t->dev)) return 0;
+    const mp_backend *be = device_coll(t->dev);
+    int rc = 0;
+    if (be) {
+        if (join(t->dev, be)) return -1;
+        be->coll_broadcast(be->ctx, mp_data(t), mp_nbytes(t), root);
+        rc = mp_device_error(t->dev);
+    } else if (W.comm) {
+        mp_tensor *h = t->dev == MP_CPU ? mp_retain(t) : mp_to_raw(t, t->dtype, MP_CPU);
+        if (!h) return -1;
+        rc = W.comm->broadcast(mp_data(h), (int64_t)mp_nbytes(h), root) ? comm_fail() : put_back(t, h);
+        mp_release(h);
+    }
+    t->st->version++;
+    return rc;
+}
+
+mp_tensor *mp_dist_all_gather(mp_tensor *t)
+{
+    if (ready()) return NULL;
+    if (t->ndim == MP_MAXDIM) return mp_fail(MP_EINVAL, "t has %d dims: no room for the ranks' dim", MP_MAXDIM), NULL;
+    if (agree("size", t, 0)) return NULL;
+    int64_t shape[MP_MAXDIM];
+    shape[0] = W.size;
+    memcpy(shape + 1, t->shape, sizeof *shape * (size_t)t->ndim);
+    mp_tensor *out = mp_empty(t->dtype, t->dev, t->ndim + 1, shape);
+    if (!out) return NULL;
+    size_t nb = mp_nbytes(t);
+    const mp_backend *be = mp_dist_spans(t->dev) ? device_coll(t->dev) : NULL;
+    int rc = 0;
+    if (be) {
+        rc = join(t->dev, be);
+        if (!rc) be->coll_all_gather(be->ctx, mp_data(t), mp_data(out), nb), rc = mp_device_error(t->dev);
+    } else if (!W.comm) {
+        MP_K(t, copy, mp_data(out), mp_data(t), nb);
+    } else {
+        mp_tensor *h = t->dev == MP_CPU ? mp_retain(t) : mp_to_raw(t, t->dtype, MP_CPU);
+        mp_tensor *ho = !h ? NULL : t->dev == MP_CPU ? mp_retain(out) : mp_empty(t->dtype, MP_CPU, t->ndim + 1, shape);
+        rc = !ho ? -1 : W.comm->all_gather(mp_data(h), mp_data(ho), (int64_t)nb) ? comm_fail() : put_back(out, ho);
+        mp_release(h);
+        mp_release(ho);
+    }
+    if (rc) mp_release(out), out = NULL;
+    return out;
+}
+
+int mp_dist_barrier(void)
+{
+    if (ready()) return -1;
+    return W.comm && W.comm->barrier() ? comm_fail() : 0;
+}
+
+int mp_dist_finalize(void)
+{
+    if (!W.inited || W.finalized) return 0;
+    for (int d = 1; d < MP_NDEVICES; d++) {
+        const mp_backend *be = W.joined[d] ? mp_backend_of((mp_device)d) : NULL;
+        if (be && be->coll_leave) be->coll_leave(be->ctx);
+        W.joined[d] = false;
+    }
+    W.finalized = true;
+    return W.comm && W.comm->finalize() ? comm_fail() : 0;
+}
+
+void mp_dist_abort(int code)
+{
+    if (W.comm && !W.finalized && W.size > 1) W.comm->abort(code);
+}
+
+/* ---- data parallel ---- */
+
+int mp_dist_attach(mp_optim *o, int64_t bucket_bytes)
+{
+    if (ready()) return -1;
+    if (bucket_bytes < 4) return mp_fail(MP_EINVAL, "the bucket size must be at least 4 bytes (got %lld)", (long long)bucket_bytes);
+    for (int i = 0; i < W.ndp; i++)
+        if (W.dp[i] == o) return mp_fail(MP_EINVAL, "the optimizer is data parallel already");
+    if (W.ndp == W.capdp) {
+        int cap = W.capdp ? 2 * W.capdp : 4;
+        mp_optim **p = realloc(W.dp, sizeof *p * (size_t)cap);
+        if (!p) return mp_fail(MP_EOOM, "out of memory");
+        W.dp = p, W.capdp = cap;
+    }
+    if (agree("number of parameters", o->values, o->n)) return -1;
+    /* every rank starts from rank 0's parameters; casts made of the old ones are stale */
+    if (mp_dist_broadcast(o->values, 0)) return -1;
+    o->dist_bucket = bucket_bytes / 4;
+    W.dp[W.ndp++] = o;
+    return 0;
+}
+
+void mp_dist_detach(mp_optim *o)
+{
+    for (int i = 0; i < W.ndp; i++)
+        if (W.dp[i] == o) {
+            W.dp[i] = W.dp[--W.ndp];
+            break;
+        }
+    o->dist_bucket = 0;
+}
+
+/* The gradient arena averaged over the world: summed in buckets of
+ * dist_bucket elements, the last parameters' first (backward makes them
+ * first), then multiplied by 1/size in one pass. */
+int mp_dist_reduce_grads(mp_optim *o)
+{
+    if (!mp_dist_spans(o->grads->dev)) return 0;
+    if (mp_optim_sync_grads(o)) return -1;
+    int64_t b = o->dist_bucket > 0 ? o->dist_bucket : o->numel;
+    int nb = (int)((o->numel + b - 1) / b);
+    float *g = mp_data(o->grads);
+    mp_device dev = o->grads->dev;
+    int rc = 0;
+    /* bucket after bucket, each MPI's blocking all-reduce (its tuned algorithms;
+     * the nonblocking ones, started together, ran at about half the speed in bench_dist.lua) or
+     * queued on the device's stream */
+    for (int k = nb - 1; k >= 0 && !rc; k--) {
+        int64_t lo = (int64_t)k * b, n = o->numel - lo < b ? o->numel - lo : b;
+        rc = mp_dist_reduce_raw(dev, g + lo, n, MP_F32, MP_COLL_SUM);
+    }
+    if (!rc && W.size > 1) MP_K(o->grads, unary, MP_MULS, MP_F32, g, g, o->numel, 1.0 / W.size);
+    return rc || dev == MP_CPU ? rc : mp_device_error(dev);
+}
+
+int mp_dist_after_backward(void)
+{
+    if (W.no_sync > 0 || !mp_dist_initialized()) return 0;
+    for (int i = 0; i < W.ndp; i++)
+        if (mp_dist_reduce_grads(W.dp[i])) return -1;
+    return 0;
+}
+
+void mp_dist_no_sync(int delta)
+{
+    W.no_sync += delta;
+    if (W.no_sync < 0) W.no_sync = 0;
+}
