@@ -21,7 +21,10 @@
 #   parity (CUDA against the CPU, op by op), parity-memcheck (the same under
 #   compute-sanitizer where the machine has it), the C tests, lua-cuda (the Lua
 #   specs with MP_DEVICE=cuda, TAP: one line per test even when killed; the
-#   specs that only start CPU child processes are CI's), bench-gpu.
+#   specs that only start CPU child processes are CI's), nccl-one (mp.dist's
+#   NCCL path with one rank: the collectives on every dtype, and a
+#   data-parallel f16 step without a host read; multi-GPU runs need a machine
+#   with more than one GPU), bench-gpu.
 # Each step writes $OUT/<step>.txt (default: build/gpu-results) beginning with
 # the command it ran; $OUT/summary.txt gets one line per step as it ends:
 #   step, rc, seconds, passed/failed/skipped, the first failure's text.
@@ -208,6 +211,16 @@ done
 step lua-cuda tap 120 env MP_DEVICE=cuda "$LUA" "$G/bin/busted" -o TAP -v --no-auto-insulate \
   --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec \
   --exclude-pattern=repl_spec tests/lua
+# NCCL with one rank (no mpirun there: a world of one whose device collectives
+# still go through NCCL); on the fake device, its world-of-one collectives
+FAKE_COLL=
+[ -z "$HAVE_GPU" ] && FAKE_COLL=MP_FAKE_CUDA_COLL=1
+step nccl-one first 60 env MP_DEVICE=cuda $FAKE_COLL sh -c \
+  'build/mpengine tests/lua/dist/device_one.lua && build/mpengine tests/lua/dist/nowait.lua'
+if ! grep -q "steps 5 reads 0 copies 0 waits 0" "$OUT/nccl-one.txt"; then
+  say "gpu_check: nccl-one: a data-parallel step read back on the host, or did not run (see $OUT/nccl-one.txt)"
+  failed=1
+fi
 step bench-gpu bench 150 env BUILD=build MP_BENCH_GPT=0 sh scripts/bench/gpu/run.sh
 # the GPT-2-small rows last, in what is left of the budget (PyTorch's compile is slow)
 step bench-gpt bench 240 env BUILD=build MP_BENCH_GPT=only sh scripts/bench/gpu/run.sh

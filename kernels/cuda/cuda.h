@@ -411,6 +411,14 @@ int mp_cuda_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float
                             const float *mean, const float *rstd, const float *w, int64_t n, int64_t c, int64_t hw,
                             int training);
 
+/* cuda_nccl.cu: collectives across processes over NCCL (loaded when first used) */
+int mp_cuda_coll_id(mp_kctx *cx, void *id, size_t cap, char *why, size_t why_cap);
+int mp_cuda_coll_join(mp_kctx *cx, const void *id, size_t nbytes, int rank, int size, char *why, size_t why_cap);
+void mp_cuda_coll_all_reduce(mp_kctx *cx, mp_dtype dt, void *buf, int64_t n, mp_coll_op op);
+void mp_cuda_coll_broadcast(mp_kctx *cx, void *buf, size_t nbytes, int root);
+void mp_cuda_coll_all_gather(mp_kctx *cx, const void *send, void *recv, size_t nbytes);
+void mp_cuda_coll_leave(mp_kctx *cx);
+
 /* cuda_attention.cu: fused attention (no t x t scores in memory) */
 int mp_cuda_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
                       const mp_attn_args *a);

@@ -27,6 +27,7 @@
  * bad index that check_indices found on the device (cuda_check.cu), once.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "kernels/cuda/cuda.h"
 #include "kernels/block_cache.h"
@@ -322,6 +323,18 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
         cudaGetLastError();
         return NULL;
     }
+    /* MP_CUDA_DEVICE: which GPU (mod the count); a launcher's local rank sets it
+     * (engine/tensor.c), so the processes on one machine take one GPU each */
+    const char *want = getenv("MP_CUDA_DEVICE");
+    if (want && *want) {
+        int idx = atoi(want);
+        e = cudaSetDevice((idx < 0 ? 0 : idx) % count);
+        if (e != cudaSuccess) {
+            snprintf(why, cap, "cudaSetDevice(%d): %s", (idx < 0 ? 0 : idx) % count, cudaGetErrorString(e));
+            cudaGetLastError();
+            return NULL;
+        }
+    }
     ctx.cache.sys_alloc = sys_alloc, ctx.cache.sys_free = sys_free;
     e = cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
@@ -389,5 +402,11 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.scatter_add = mp_cuda_scatter_add;
     table.narrow = mp_cuda_narrow;
     table.narrow_put = mp_cuda_narrow_put;
+    table.coll_id = mp_cuda_coll_id;
+    table.coll_join = mp_cuda_coll_join;
+    table.coll_all_reduce = mp_cuda_coll_all_reduce;
+    table.coll_broadcast = mp_cuda_coll_broadcast;
+    table.coll_all_gather = mp_cuda_coll_all_gather;
+    table.coll_leave = mp_cuda_coll_leave;
     return &table;
 }

@@ -1,0 +1,125 @@
+/*
+ * cuda_nccl.cu: the CUDA backend's collectives (backend.h, coll_*) over NCCL,
+ * on the backend's stream.
+ *
+ * NCCL is loaded with dlopen the first time a group is made (mp.dist with
+ * CUDA tensors), not linked: a program that never uses mp.dist on a GPU does
+ * not need libnccl, nor pay for loading it. Its types come from the toolkit's
+ * nccl.h at compile time. The communicator lives in the context (cx->nccl).
+ * Failures go to the sticky error with NCCL's own message, as a kernel's do.
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <nccl.h>
+#include "kernels/cuda/cuda.h"
+
+static struct {
+    bool tried;
+    ncclResult_t (*get_unique_id)(ncclUniqueId *);
+    ncclResult_t (*comm_init_rank)(ncclComm_t *, int, ncclUniqueId, int);
+    ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*broadcast)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*all_gather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+    ncclResult_t (*comm_destroy)(ncclComm_t);
+    const char *(*error_string)(ncclResult_t);
+    ncclResult_t (*get_version)(int *);
+    char why[512];
+} lib;
+
+/* libnccl's entries, once; false with the reason in lib.why */
+static bool load(void)
+{
+    if (lib.tried) return lib.all_reduce != NULL;
+    lib.tried = true;
+    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h) h = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(lib.why, sizeof lib.why, "NCCL cannot be loaded (libnccl.so.2): %s", dlerror());
+        return false;
+    }
+#define SYM(field, name)                                                                         \
+    if (!(*(void **)&lib.field = dlsym(h, name))) {                                              \
+        snprintf(lib.why, sizeof lib.why, "libnccl.so.2 has no %s", name);                       \
+        lib.all_reduce = NULL;                                                                   \
+        return false;                                                                            \
+    }
+    SYM(get_unique_id, "ncclGetUniqueId")
+    SYM(comm_init_rank, "ncclCommInitRank")
+    SYM(broadcast, "ncclBroadcast")
+    SYM(all_gather, "ncclAllGather")
+    SYM(comm_destroy, "ncclCommDestroy")
+    SYM(error_string, "ncclGetErrorString")
+    SYM(get_version, "ncclGetVersion")
+    SYM(all_reduce, "ncclAllReduce")   /* last: it marks the library as loaded */
+#undef SYM
+    return true;
+}
+
+static void note(mp_kctx *cx, ncclResult_t r, const char *what)
+{
+    if (r == ncclSuccess || cx->has_error) return;
+    snprintf(cx->error_msg, sizeof cx->error_msg, "NCCL error in %s: %s", what, lib.error_string(r));
+    cx->has_error = true;
+}
+
+static ncclDataType_t nccl_type(mp_dtype dt)
+{
+    switch (dt) {
+    case MP_F16: return ncclFloat16;
+    case MP_BF16: return ncclBfloat16;
+    case MP_I32: return ncclInt32;
+    case MP_U8: return ncclUint8;
+    default: return ncclFloat32;
+    }
+}
+
+int mp_cuda_coll_id(mp_kctx *cx, void *id, size_t cap, char *why, size_t why_cap)
+{
+    if (!load()) return snprintf(why, why_cap, "%s", lib.why), -1;
+    if (cap < sizeof(ncclUniqueId)) return snprintf(why, why_cap, "no room for NCCL's unique id"), -1;
+    ncclUniqueId u;
+    ncclResult_t r = lib.get_unique_id(&u);
+    if (r != ncclSuccess) return snprintf(why, why_cap, "ncclGetUniqueId: %s", lib.error_string(r)), -1;
+    memcpy(id, &u, sizeof u);
+    return (int)sizeof u;
+}
+
+int mp_cuda_coll_join(mp_kctx *cx, const void *id, size_t nbytes, int rank, int size, char *why,
+                                 size_t why_cap)
+{
+    if (!load()) return snprintf(why, why_cap, "%s", lib.why), -1;
+    if (nbytes != sizeof(ncclUniqueId)) return snprintf(why, why_cap, "NCCL's unique id has %zu bytes, not %zu", sizeof(ncclUniqueId), nbytes), -1;
+    if (cx->nccl) return 0;
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof u);
+    ncclComm_t comm;
+    ncclResult_t r = lib.comm_init_rank(&comm, size, u, rank);
+    if (r != ncclSuccess) return snprintf(why, why_cap, "ncclCommInitRank: %s", lib.error_string(r)), -1;
+    cx->nccl = comm;
+    return 0;
+}
+
+void mp_cuda_coll_all_reduce(mp_kctx *cx, mp_dtype dt, void *buf, int64_t n, mp_coll_op op)
+{
+    ncclRedOp_t o = op == MP_COLL_MAX ? ncclMax : op == MP_COLL_MIN ? ncclMin : ncclSum;
+    note(cx, lib.all_reduce(buf, buf, (size_t)n, nccl_type(dt), o, (ncclComm_t)cx->nccl, cx->stream), "all_reduce");
+}
+
+void mp_cuda_coll_broadcast(mp_kctx *cx, void *buf, size_t nbytes, int root)
+{
+    note(cx, lib.broadcast(buf, buf, nbytes, ncclUint8, root, (ncclComm_t)cx->nccl, cx->stream), "broadcast");
+}
+
+void mp_cuda_coll_all_gather(mp_kctx *cx, const void *send, void *recv, size_t nbytes)
+{
+    note(cx, lib.all_gather(send, recv, nbytes, ncclUint8, (ncclComm_t)cx->nccl, cx->stream), "all_gather");
+}
+
+void mp_cuda_coll_leave(mp_kctx *cx)
+{
+    if (!cx->nccl) return;
+    mp_cuda_wait(cx);   /* what is queued on the communicator ends first */
+    lib.comm_destroy((ncclComm_t)cx->nccl);
+    cx->nccl = NULL;
+}
