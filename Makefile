@@ -202,7 +202,13 @@ bench-deps:
 	  || echo "bench: python3-torch could not be installed; PyTorch rows will be skipped"; \
 	else echo "bench: python3-torch missing (apt-get install python3-torch); PyTorch rows will be skipped"; fi
 
-bench: all $(BENCH_BIN) bench-deps
+# Open MPI's own MPI_Allreduce, the reference row of bench_dist.lua
+MPI_BENCH := $(if $(MPICC),$(BUILD)/bench/mpi_allreduce)
+$(BUILD)/bench/mpi_allreduce: scripts/bench/mpi/allreduce.c
+	@mkdir -p $(dir $@)
+	$(MPICC) -O2 -o $@ $<
+
+bench: all $(BENCH_BIN) $(MPI_BENCH) bench-deps
 	@BUILD=$(BUILD) sh scripts/bench/run.sh
 
 # The GPU benchmarks (scripts/bench/gpu): mpengine against PyTorch on the same GPU,
