@@ -106,11 +106,23 @@ return function(spec)
   local total_steps = steps_per_epoch * opts.epochs
   if opts["max-steps"] then total_steps = math.min(total_steps, opts["max-steps"]) end
 
+  -- --dist: the buffers (batch norm's running statistics) are rank 0's, as
+  -- PyTorch's DDP broadcasts them before each forward; in training mode they
+  -- change no output, so they are made alike where they are read: before an
+  -- evaluation and a checkpoint
+  local function sync_buffers()
+    if opts.dist then
+      for _, b in ipairs(model:buffers()) do mp.dist.broadcast(b, 0) end
+    end
+  end
+
   -- ---- checkpoints ----
   local state = {step = 0, epoch = 1, batch = 0}   -- batch: batches done in the current epoch
 
   local function save(path)
-    (opts.dist and mp.dist.save or mp.save)(path, {
+    sync_buffers()
+    local write = opts.dist and mp.dist.save or mp.save
+    write(path, {
       model = model:state_dict(), optim = opt:state_dict(), rng = mp.get_rng_state(),
       step = state.step, epoch = state.epoch, batch = state.batch,
       seed = opts.seed, batch_size = opts.batch,
@@ -150,6 +162,7 @@ return function(spec)
   end
 
   local function evaluate()
+    sync_buffers()
     local _ <close> = mp.no_grad()
     local _a <close> = amp_on and mp.amp.autocast(opts.amp) or nil
     model:eval()
