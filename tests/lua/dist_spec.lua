@@ -125,6 +125,20 @@ describe("mp.dist in a world of one (no launcher)", function()
     local _ <close> = mp.dist.no_sync()   -- a guard; nothing to keep local in a world of one
   end)
 
+  it("saves a checkpoint once with mp.dist.save, and fails on every rank alike when it cannot", function()
+    mp.dist.init()
+    local path = tmp("dist_save.safetensors")
+    mp.dist.save(path, {w = mp.tensor({1, 2}), step = 3})
+    local c = mp.load(path)
+    assert.are.equal(3, c.step)
+    assert.are.same({1, 2}, c.w:totable())
+    os.remove(path)
+    H.raises(function() mp.dist.save("/nonexistent-dir/x.safetensors", {step = 1}) end,
+             {"mp.dist.save", "/nonexistent-dir/x.safetensors"})
+    H.raises(function() mp.dist.save(path, {f = print}) end, {"mp.dist.save"})
+    assert.is_nil(io.open(path, "rb"))   -- nothing half-written
+  end)
+
   it("needs mp.dist.init() before a collective (in a fresh process), and none after finalize", function()
     local code = [[
       local ok, e = pcall(mp.dist.all_reduce, mp.zeros(1)); print(e)
