@@ -15,7 +15,6 @@
 --     f32 and bf16 CPU autocast (scripts/bench/dist_equivalence_torch.py).
 -- Without mpirun or build/mp/mpi.so it says so and prints nothing else.
 local mp = mp or require "mp"
-local bc = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "../lib/bench_child.lua")
 
 local STEPS, WARMUP, GLOBAL = tonumber(os.getenv("MP_BENCH_STEPS") or 150), 15, 256
 local SIZES = {535818, 25 * 262144, 100 * 262144}   -- f32 elements: the MLP's arena, 25 MB, 100 MB
