@@ -93,8 +93,7 @@ lua_pass "the default device"
 FAKE="MP_DEVICE=cuda MP_CUDA_BACKEND=$PWD/$BUILD/tests/fake_cuda.so"
 # The specs that only run child processes (which stay on the cpu) are left out.
 lua_pass "cuda on the fake device" $FAKE MP_FAKE_CUDA_PROTECT=1 -- --exclude-pattern=memory_spec \
-  --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec --exclude-pattern=repl_spec \
-  --exclude-pattern=dist_spec
+  --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec --exclude-pattern=repl_spec
 lua_pass "cuda on the fake device, memory_spec" $FAKE -- --pattern=memory_spec
 
 if [ "$skip" -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"

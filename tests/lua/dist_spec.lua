@@ -157,7 +157,8 @@ describe("mp.dist in a world of one (no launcher)", function()
   end)
 
   it("shards the loader: size ranks' batches are one process's global batches", function()
-    local ds = {images = mp.arange(11, {dtype = "f32"}):reshape{11, 1}, labels = mp.arange(11, {dtype = "i32"})}
+    local ds = {images = mp.arange(11, {dtype = "f32", device = "cpu"}):reshape{11, 1},
+                labels = mp.arange(11, {dtype = "i32", device = "cpu"})}
     local function batches(opts)
       local out = {}
       for _, y in mp.data.loader(ds, opts) do out[#out + 1] = y:totable() end
