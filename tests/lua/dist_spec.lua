@@ -263,6 +263,18 @@ describe("mp.dist under mpirun -np 2", function()
     for _, f in ipairs{acc_out .. ".rank0.safetensors", r0, r1} do os.remove(f) end
   end)
 
+  it("gives a Lua policy the world's finding: rank 0's info says found_inf at rank 1's overflow", function()
+    local out_p = tmp("lua_policy")
+    local out, code = mpirun(2, DP .. " --batch 32 --steps 30 --amp f16 --poison 20 --policy lua --out " .. out_p)
+    assert.are.equal(0, code, out)
+    for r = 0, 1 do
+      local s = mp.load(out_p .. ".rank" .. r .. ".safetensors").scaler
+      assert.are.equal("20", s.seen, "rank " .. r)
+      assert.are.equal(1, s.skipped, "rank " .. r)
+      os.remove(out_p .. ".rank" .. r .. ".safetensors")
+    end
+  end)
+
   it("resumes on every rank from rank 0's checkpoint, as a run that never stopped", function()
     local straight, first, ck, resumed = tmp("s"), tmp("p"), tmp("ck.safetensors"), tmp("r")
     local args = " --batch 32 --amp f16 --poison 12 "

@@ -3,8 +3,10 @@
 -- weights and its loss scaler's counts to OUT.rank<r>.safetensors.
 --
 --   mpengine tests/lua/dist/dp_mlp.lua --batch B --steps N --amp off|f16
---       [--poison K] [--accum M] [--save-at K PATH] [--resume PATH] --out PREFIX
+--       [--poison K] [--accum M] [--save-at K PATH] [--resume PATH] [--policy lua] --out PREFIX
 --
+-- --policy lua: the loss scaler's policy is a Lua table (halve on a skip), which
+-- notes the steps whose info says found_inf (out.seen, e.g. "20").
 -- --save-at K PATH: after step K, rank 0 writes a checkpoint (mp.dist.save);
 -- --resume PATH: every rank loads it and goes on from its step. The output
 -- then also holds the optimizer's and the scaler's state, to compare ranks.
@@ -35,7 +37,14 @@ local nn = mp.nn
 local model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
 local params = model:parameters()
 local opt = mp.optim.Adam(params, {lr = 1e-3, dist = true})
-local scaler = opts.amp ~= "off" and mp.amp.GradScaler{policy = mp.amp.policy.dynamic{}} or nil
+local found_steps = {}
+local policy = opts.policy == "lua" and {
+  update = function(_, info)
+    if info.found_inf then found_steps[#found_steps + 1] = info.step end
+    return info.found_inf and info.scale / 2 or info.scale
+  end,
+} or mp.amp.policy.dynamic{}
+local scaler = opts.amp ~= "off" and mp.amp.GradScaler{policy = policy} or nil
 
 local step = 0
 local function state()
@@ -92,7 +101,8 @@ end
 local out = {model = model:state_dict(), optim = opt:state_dict(), steps = step, world = world}
 if scaler then
   local st = scaler.stats
-  out.scaler = {steps = st.steps, skipped = st.skipped, scale = scaler:get_scale(), state = scaler:state_dict()}
+  out.scaler = {steps = st.steps, skipped = st.skipped, scale = scaler:get_scale(), state = scaler:state_dict(),
+                seen = table.concat(found_steps, ",")}
 end
 mp.save(string.format("%s.rank%d.safetensors", opts.out, rank), out)
 mp.dist.finalize()
