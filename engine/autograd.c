@@ -348,12 +348,15 @@ int mp_backward(mp_tensor *t, mp_tensor *grad)
         size_t n = 0;
         mp_node **order = collect(t->grad_fn, &n);
         if (!order) rc = -1;
+        else mp_dist_backward_begin(order, n);   /* data parallel: which gradients each node finishes */
         mp_tensor *prev = t->grad_fn->grad;
         t->grad_fn->grad = g;
         mp_release(prev);
         bool obs = mp_observe_in_backward(true);
-        for (size_t i = 0; i < n && rc == 0; i++)
+        for (size_t i = 0; i < n && rc == 0; i++) {
             if (order[i]->grad) rc = run_node(order[i]);
+            if (rc == 0) rc = mp_dist_backward_node(order[i]);   /* buckets reduced as they are done */
+        }
         mp_observe_in_backward(obs);
         for (size_t i = 0; i < n; i++) {   /* after a failure, drop partial sums */
             mp_release(order[i]->grad);
@@ -364,7 +367,8 @@ int mp_backward(mp_tensor *t, mp_tensor *grad)
     mp_autocast_exit(ac);
     mp_set_grad_enabled(was);
     if (rc == 0 && t->dev != MP_CPU) rc = mp_device_error(t->dev);   /* mp_checked */
-    /* data parallel: the gradients averaged over the ranks, as PyTorch's DDP leaves them */
+    /* data parallel: the gradients averaged over the ranks, as PyTorch's DDP leaves them
+     * (the rest of the buckets, and the device's second stream waited for) */
     if (rc == 0) rc = mp_dist_after_backward();
     return rc;
 }

@@ -18,9 +18,6 @@ static struct {
     const mp_comm *comm;                 /* NULL: a world of one, MPI not loaded */
     bool joined[MP_NDEVICES];            /* a device backend's group is made */
     char name[300];
-    mp_optim **dp;                       /* attached optimizers */
-    int ndp, capdp;
-    int no_sync;
 } W = {.size = 1, .local_size = 1};
 
 static const char *launcher_size(void)
@@ -280,71 +277,28 @@ void mp_dist_abort(int code)
     if (W.comm && !W.finalized && W.size > 1) W.comm->abort(code);
 }
 
-/* ---- data parallel ---- */
+/* ---- one bucket of a data-parallel gradient average (engine/dist_dp.c) ---- */
 
-int mp_dist_attach(mp_optim *o, int64_t bucket_bytes)
+int mp_dist_reduce_bucket(mp_device dev, float *g, int64_t n, bool side)
 {
-    if (ready()) return -1;
-    if (bucket_bytes < 4) return mp_fail(MP_EINVAL, "the bucket size must be at least 4 bytes (got %lld)", (long long)bucket_bytes);
-    for (int i = 0; i < W.ndp; i++)
-        if (W.dp[i] == o) return mp_fail(MP_EINVAL, "the optimizer is data parallel already");
-    if (W.ndp == W.capdp) {
-        int cap = W.capdp ? 2 * W.capdp : 4;
-        mp_optim **p = realloc(W.dp, sizeof *p * (size_t)cap);
-        if (!p) return mp_fail(MP_EOOM, "out of memory");
-        W.dp = p, W.capdp = cap;
+    if (!mp_dist_spans(dev) || n == 0) return 0;
+    const mp_backend *be = device_coll(dev);
+    if (be) {   /* the sum and / size in one pass (NCCL's average) */
+        if (join(dev, be)) return -1;
+        if (side && be->coll_fork) be->coll_fork(be->ctx);
+        be->coll_all_reduce(be->ctx, MP_F32, g, n, MP_COLL_AVG);
+        return mp_device_error(dev);
     }
-    if (agree("number of parameters", o->values, o->n)) return -1;
-    /* every rank starts from rank 0's parameters; casts made of the old ones are stale */
-    if (mp_dist_broadcast(o->values, 0)) return -1;
-    o->dist_bucket = bucket_bytes / 4;
-    W.dp[W.ndp++] = o;
-    return 0;
+    if (mp_dist_reduce_raw(dev, g, n, MP_F32, MP_COLL_SUM)) return -1;
+    const mp_backend *d = mp_backend_of(dev);   /* / size while the bucket is in cache */
+    if (W.size > 1) d->unary(d->ctx, MP_MULS, MP_F32, g, g, n, 1.0 / W.size);
+    return dev == MP_CPU ? 0 : mp_device_error(dev);
 }
 
-void mp_dist_detach(mp_optim *o)
+void mp_dist_reduce_done(mp_device dev)
 {
-    for (int i = 0; i < W.ndp; i++)
-        if (W.dp[i] == o) {
-            W.dp[i] = W.dp[--W.ndp];
-            break;
-        }
-    o->dist_bucket = 0;
+    const mp_backend *be = device_coll(dev);
+    if (be && be->coll_merge && W.joined[dev]) be->coll_merge(be->ctx);
 }
 
-/* The gradient arena averaged over the world: summed in buckets of
- * dist_bucket elements, the last parameters' first (backward makes them
- * first), then multiplied by 1/size in one pass. */
-int mp_dist_reduce_grads(mp_optim *o)
-{
-    if (!mp_dist_spans(o->grads->dev)) return 0;
-    if (mp_optim_sync_grads(o)) return -1;
-    int64_t b = o->dist_bucket > 0 ? o->dist_bucket : o->numel;
-    int nb = (int)((o->numel + b - 1) / b);
-    float *g = mp_data(o->grads);
-    mp_device dev = o->grads->dev;
-    int rc = 0;
-    /* bucket after bucket, each MPI's blocking all-reduce (its tuned algorithms;
-     * the nonblocking ones, started together, ran at about half the speed in bench_dist.lua) or
-     * queued on the device's stream */
-    for (int k = nb - 1; k >= 0 && !rc; k--) {
-        int64_t lo = (int64_t)k * b, n = o->numel - lo < b ? o->numel - lo : b;
-        rc = mp_dist_reduce_raw(dev, g + lo, n, MP_F32, MP_COLL_SUM);
-    }
-    if (!rc && W.size > 1) MP_K(o->grads, unary, MP_MULS, MP_F32, g, g, o->numel, 1.0 / W.size);
-    return rc || dev == MP_CPU ? rc : mp_device_error(dev);
-}
-
-int mp_dist_after_backward(void)
-{
-    if (W.no_sync > 0 || !mp_dist_initialized()) return 0;
-    for (int i = 0; i < W.ndp; i++)
-        if (mp_dist_reduce_grads(W.dp[i])) return -1;
-    return 0;
-}
-
-void mp_dist_no_sync(int delta)
-{
-    W.no_sync += delta;
-    if (W.no_sync < 0) W.no_sync = 0;
-}
+int mp_dist_agree(const char *what, mp_tensor *t, int64_t extra) { return agree(what, t, extra); }

@@ -56,16 +56,35 @@ void mp_dist_abort(int code);
  * without the argument check: the engine's own (the scaler's findings) */
 int mp_dist_reduce_raw(mp_device dev, void *p, int64_t n, mp_dtype dt, mp_coll_op op);
 
-/* Data parallel: broadcast o's parameters from rank 0 and average its
- * gradients after each backward, in buckets of bucket_bytes */
+/* Data parallel (engine/dist_dp.c): broadcast o's parameters from rank 0,
+ * and average its gradients over the ranks at every backward, in buckets of
+ * whole parameters of about bucket_bytes, the last parameters' first. During
+ * backward a bucket is reduced as soon as every gradient in it is final (and
+ * the buckets before it are on their way): on a device whose backend has
+ * coll_fork, on a second stream while backward goes on; on the CPU at once
+ * (MPI's blocking all-reduce). */
 int mp_dist_attach(mp_optim *o, int64_t bucket_bytes);
 void mp_dist_detach(mp_optim *o);
+/* the whole arena at once (what a backward that could not follow its
+ * gradients does at its end; benchmarks) */
 int mp_dist_reduce_grads(mp_optim *o);
-/* mp_backward's last act: every attached optimizer's gradients averaged
- * (unless inside no_sync: gradient accumulation's earlier micro-batches) */
+/* mp_backward's calls: begin, with the nodes it will run in order; node,
+ * after each node's turn (run or not: it adds nothing after); after_backward
+ * at the end, which reduces what is left and waits for the second stream
+ * (the average is done when backward returns). no_sync depth > 0 (gradient
+ * accumulation's earlier micro-batches) leaves gradients local; the next
+ * backward outside averages everything accumulated. */
+struct mp_node;
+void mp_dist_backward_begin(struct mp_node *const *order, size_t n);
+int mp_dist_backward_node(const struct mp_node *x);
 int mp_dist_after_backward(void);
-/* no_sync depth: > 0 leaves gradients local (they are averaged at the first
- * backward outside, which averages everything accumulated so far) */
 void mp_dist_no_sync(int delta);
+
+/* dist.c's pieces for dist_dp.c: n f32 gradients at g averaged over the
+ * world (side: on the device's second stream, when it has one); the device's
+ * main stream waiting for its second; the ranks' agreement on a tensor */
+int mp_dist_reduce_bucket(mp_device dev, float *g, int64_t n, bool side);
+void mp_dist_reduce_done(mp_device dev);
+int mp_dist_agree(const char *what, mp_tensor *t, int64_t extra);
 
 #endif

@@ -58,8 +58,9 @@ typedef enum { MP_SUM, MP_MEAN, MP_MAX, MP_ARGMAX, MP_NREDOPS } mp_redop;
 
 /* The reductions of a collective across processes (kernels/comm.h, and the
  * backends' coll_* entries): mp.dist.all_reduce's "mean" is a sum the engine
- * then divides */
-typedef enum { MP_COLL_SUM, MP_COLL_MAX, MP_COLL_MIN } mp_coll_op;
+ * then divides; AVG (the sum divided by the world's size in the same pass) is
+ * for the backends' coll_all_reduce only, never MPI's */
+typedef enum { MP_COLL_SUM, MP_COLL_MAX, MP_COLL_MIN, MP_COLL_AVG } mp_coll_op;
 
 /* Broadcast description for a binary op: the output shape and, for each input,
  * its stride (in elements) along each output dim; 0 where the input broadcasts. */
@@ -256,6 +257,13 @@ typedef struct mp_backend {
     void (*coll_broadcast)(mp_kctx *cx, void *buf, size_t nbytes, int root);
     void (*coll_all_gather)(mp_kctx *cx, const void *send, void *recv, size_t nbytes);
     void (*coll_leave)(mp_kctx *cx);
+    /* Overlap (NULL: collectives stay on the main stream): after coll_fork the
+     * collectives run on a second stream, each after what was queued on the
+     * main stream up to its own coll_fork (a data-parallel bucket, reduced
+     * while backward goes on); coll_merge makes the main stream wait for them
+     * and brings the collectives back to it. */
+    void (*coll_fork)(mp_kctx *cx);
+    void (*coll_merge)(mp_kctx *cx);
 
     /* n elements of src (dtype sd) converted into dst (dtype dd) */
     void (*cast)(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);

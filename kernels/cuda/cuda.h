@@ -66,6 +66,11 @@ struct mp_kctx {
     /* room for what comes next, owned here when it comes: a cuDNN handle and its
      * plan cache (per shape), and an NCCL communicator on this stream */
     void *cudnn, *cudnn_plans, *nccl;
+    /* NCCL's second stream (cuda_nccl.cu): data-parallel buckets reduced while
+     * backward goes on, each after an event of the main stream */
+    cudaStream_t coll_stream;
+    cudaEvent_t coll_event;
+    bool coll_on_side;
 };
 
 /* remember the first error since the engine last asked */
@@ -418,6 +423,8 @@ void mp_cuda_coll_all_reduce(mp_kctx *cx, mp_dtype dt, void *buf, int64_t n, mp_
 void mp_cuda_coll_broadcast(mp_kctx *cx, void *buf, size_t nbytes, int root);
 void mp_cuda_coll_all_gather(mp_kctx *cx, const void *send, void *recv, size_t nbytes);
 void mp_cuda_coll_leave(mp_kctx *cx);
+void mp_cuda_coll_fork(mp_kctx *cx);
+void mp_cuda_coll_merge(mp_kctx *cx);
 
 /* cuda_attention.cu: fused attention (no t x t scores in memory) */
 int mp_cuda_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,

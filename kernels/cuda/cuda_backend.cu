@@ -408,5 +408,7 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.coll_broadcast = mp_cuda_coll_broadcast;
     table.coll_all_gather = mp_cuda_coll_all_gather;
     table.coll_leave = mp_cuda_coll_leave;
+    table.coll_fork = mp_cuda_coll_fork;
+    table.coll_merge = mp_cuda_coll_merge;
     return &table;
 }

@@ -6,6 +6,8 @@
  * CUDA tensors), not linked: a program that never uses mp.dist on a GPU does
  * not need libnccl, nor pay for loading it. Its types come from the toolkit's
  * nccl.h at compile time. The communicator lives in the context (cx->nccl).
+ * Collectives run on the backend's stream, or between coll_fork and
+ * coll_merge on a second one (the data-parallel buckets during backward).
  * Failures go to the sticky error with NCCL's own message, as a kernel's do.
  */
 #include <dlfcn.h>
@@ -100,25 +102,62 @@ int mp_cuda_coll_join(mp_kctx *cx, const void *id, size_t nbytes, int rank, int 
     return 0;
 }
 
+/* the stream collectives run on: the second one between coll_fork and coll_merge */
+static cudaStream_t coll_stream(mp_kctx *cx) { return cx->coll_on_side ? cx->coll_stream : cx->stream; }
+
 void mp_cuda_coll_all_reduce(mp_kctx *cx, mp_dtype dt, void *buf, int64_t n, mp_coll_op op)
 {
-    ncclRedOp_t o = op == MP_COLL_MAX ? ncclMax : op == MP_COLL_MIN ? ncclMin : ncclSum;
-    note(cx, lib.all_reduce(buf, buf, (size_t)n, nccl_type(dt), o, (ncclComm_t)cx->nccl, cx->stream), "all_reduce");
+    ncclRedOp_t o = op == MP_COLL_MAX ? ncclMax : op == MP_COLL_MIN ? ncclMin : op == MP_COLL_AVG ? ncclAvg : ncclSum;
+    note(cx, lib.all_reduce(buf, buf, (size_t)n, nccl_type(dt), o, (ncclComm_t)cx->nccl, coll_stream(cx)), "all_reduce");
+}
+
+/* the second stream, made at the first fork, waits for the main stream as it
+ * is now (the event is recorded again each time: a wait takes the event's
+ * state at the call) */
+void mp_cuda_coll_fork(mp_kctx *cx)
+{
+    if (!cx->coll_stream) {
+        cudaStream_t s;
+        cudaEvent_t e;
+        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+            MP_CUDA_CHECK(cudaGetLastError(), "coll_fork: cudaStreamCreate");
+            return;   /* the collectives stay on the main stream */
+        }
+        if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+            MP_CUDA_CHECK(cudaGetLastError(), "coll_fork: cudaEventCreate");
+            cudaStreamDestroy(s);
+            return;
+        }
+        cx->coll_stream = s, cx->coll_event = e;
+    }
+    MP_CUDA_CHECK(cudaEventRecord(cx->coll_event, cx->stream), "coll_fork: cudaEventRecord");
+    MP_CUDA_CHECK(cudaStreamWaitEvent(cx->coll_stream, cx->coll_event, 0), "coll_fork: cudaStreamWaitEvent");
+    cx->coll_on_side = true;
+}
+
+/* the main stream waits for everything the second one was given */
+void mp_cuda_coll_merge(mp_kctx *cx)
+{
+    if (!cx->coll_on_side) return;
+    MP_CUDA_CHECK(cudaEventRecord(cx->coll_event, cx->coll_stream), "coll_merge: cudaEventRecord");
+    MP_CUDA_CHECK(cudaStreamWaitEvent(cx->stream, cx->coll_event, 0), "coll_merge: cudaStreamWaitEvent");
+    cx->coll_on_side = false;
 }
 
 void mp_cuda_coll_broadcast(mp_kctx *cx, void *buf, size_t nbytes, int root)
 {
-    note(cx, lib.broadcast(buf, buf, nbytes, ncclUint8, root, (ncclComm_t)cx->nccl, cx->stream), "broadcast");
+    note(cx, lib.broadcast(buf, buf, nbytes, ncclUint8, root, (ncclComm_t)cx->nccl, coll_stream(cx)), "broadcast");
 }
 
 void mp_cuda_coll_all_gather(mp_kctx *cx, const void *send, void *recv, size_t nbytes)
 {
-    note(cx, lib.all_gather(send, recv, nbytes, ncclUint8, (ncclComm_t)cx->nccl, cx->stream), "all_gather");
+    note(cx, lib.all_gather(send, recv, nbytes, ncclUint8, (ncclComm_t)cx->nccl, coll_stream(cx)), "all_gather");
 }
 
 void mp_cuda_coll_leave(mp_kctx *cx)
 {
     if (!cx->nccl) return;
+    mp_cuda_coll_merge(cx);
     mp_cuda_wait(cx);   /* what is queued on the communicator ends first */
     lib.comm_destroy((ncclComm_t)cx->nccl);
     cx->nccl = NULL;

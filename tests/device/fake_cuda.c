@@ -175,6 +175,13 @@ static void f_coll_all_gather(mp_kctx *cx, const void *send, void *recv, size_t 
     close_mem();
 }
 static void f_coll_leave(mp_kctx *cx) {}
+/* the second stream: the fake device has no queue, so forks are only counted,
+ * and a fork must be merged before the next backward (a merge without a fork
+ * is allowed, as the CUDA backend's is) */
+static int64_t n_fork, n_unmerged_max;
+static int64_t unmerged;
+static void f_coll_fork(mp_kctx *cx) { n_fork++, unmerged++; if (unmerged > n_unmerged_max) n_unmerged_max = unmerged; }
+static void f_coll_merge(mp_kctx *cx) { unmerged = 0; }
 
 /* every other entry: the CPU kernel, with the arena open while it runs (IDX:
  * an entry that takes indices, left out while a bad index is pending) */
@@ -356,12 +363,13 @@ const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     if (coll && strcmp(coll, "1") == 0) {
         table.coll_id = f_coll_id, table.coll_join = f_coll_join, table.coll_all_reduce = f_coll_all_reduce;
         table.coll_broadcast = f_coll_broadcast, table.coll_all_gather = f_coll_all_gather, table.coll_leave = f_coll_leave;
+        table.coll_fork = f_coll_fork, table.coll_merge = f_coll_merge;
     }
     return &table;
 }
 __attribute__((destructor)) static void fake_stats(void)
 {
     if (getenv("MP_FAKE_CUDA_STATS"))
-        fprintf(stderr, "fake_cuda: arena used %zu bytes, %lld system allocations, %lld collectives\n", used,
-                (long long)cache.sys_allocs, (long long)n_coll);
+        fprintf(stderr, "fake_cuda: arena used %zu bytes, %lld system allocations, %lld collectives, %lld forks (%lld unmerged at exit)\n",
+                used, (long long)cache.sys_allocs, (long long)n_coll, (long long)n_fork, (long long)unmerged);
 }

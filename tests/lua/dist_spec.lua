@@ -195,8 +195,9 @@ describe("mp.dist in a world of one (no launcher)", function()
        MP_FAKE_CUDA_STATS = "1"})
     assert.are.equal(0, code, out)
     assert.truthy(out:find("steps 5 reads 0 copies 0 waits 0", 1, true), out)
-    -- rank 0's parameters broadcast once, then per step the gradients' bucket and the scaler's findings
-    assert.truthy(out:find(" 11 collectives", 1, true), out)
+    -- rank 0's parameters broadcast once, then per step the gradients' four buckets, each on the
+    -- second stream (a fork) as backward finishes it, and the scaler's findings; every fork merged
+    assert.truthy(out:find(" 26 collectives, 20 forks (0 unmerged at exit)", 1, true), out)
   end)
 end)
 
@@ -239,6 +240,12 @@ describe("mp.dist under mpirun -np 2", function()
     -- against its two micro-batches of 32 accumulated (each rank's sum): the same bits
     worst = weight_diff(acc_out .. ".rank0.safetensors", r0)
     assert.is_true(worst <= 1e-7, "largest difference " .. worst)
+    -- small buckets (about 0.2 MB: five, reduced one by one as backward finishes them) give the same bits
+    local small = tmp("small")
+    out, code = mpirun(2, DP .. " --batch 32 --steps 50 --bucket-mb 0.2 --out " .. small)
+    assert.are.equal(0, code, out)
+    assert.is_true(H.same_model(r0, small .. ".rank0.safetensors"))
+    os.remove(small .. ".rank0.safetensors"); os.remove(small .. ".rank1.safetensors")
     for _, f in ipairs{one_out .. ".rank0.safetensors", acc_out .. ".rank0.safetensors", r0, r1} do os.remove(f) end
   end)
 

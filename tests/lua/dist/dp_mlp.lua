@@ -3,7 +3,8 @@
 -- weights and its loss scaler's counts to OUT.rank<r>.safetensors.
 --
 --   mpengine tests/lua/dist/dp_mlp.lua --batch B --steps N --amp off|f16
---       [--poison K] [--accum M] [--save-at K PATH] [--resume PATH] [--policy lua] --out PREFIX
+--       [--poison K] [--accum M] [--save-at K PATH] [--resume PATH] [--policy lua]
+--       [--bucket-mb X] --out PREFIX
 --
 -- --policy lua: the loss scaler's policy is a Lua table (halve on a skip), which
 -- notes the steps whose info says found_inf (out.seen, e.g. "20").
@@ -36,7 +37,8 @@ mp.manual_seed(0)
 local nn = mp.nn
 local model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
 local params = model:parameters()
-local opt = mp.optim.Adam(params, {lr = 1e-3, dist = true})
+-- --bucket-mb X: buckets of about X MiB (default 25: one bucket for this MLP)
+local opt = mp.optim.Adam(params, {lr = 1e-3, dist = opts["bucket-mb"] and {bucket_mb = opts["bucket-mb"]} or true})
 local found_steps = {}
 local policy = opts.policy == "lua" and {
   update = function(_, info)

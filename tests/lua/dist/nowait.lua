@@ -8,7 +8,9 @@ mp.dist.init{device_collectives = true}
 mp.manual_seed(0)
 local nn = mp.nn
 local model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-local opt = mp.optim.Adam(model:parameters(), {lr = 1e-3, dist = true})
+-- buckets of 512 bytes: four (the last bias, the last weight, the first bias,
+-- the first weight), each reduced as backward finishes it
+local opt = mp.optim.Adam(model:parameters(), {lr = 1e-3, dist = {bucket_mb = 512 / 1048576}})
 local scaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{interval = 2}, sync = false}
 local x, y = mp.randn({8, 16}), mp.randint(0, 4, {8})
 local function step()
