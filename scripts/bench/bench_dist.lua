@@ -4,7 +4,7 @@
 --     mpirun (batch 128 each, 1 thread each): samples/s, the 2-rank figure
 --     against the 1-process ones, and each process's peak RSS;
 --   all-reduce: mp.dist's data-parallel gradient average (the optimizer's
---     arena in buckets, then / size) and mp.dist.all_reduce on the same bytes,
+--     arena in buckets, each then / size) and mp.dist.all_reduce on the same bytes,
 --     against Open MPI's own MPI_Allreduce (build/bench/mpi_allreduce), at the
 --     MLP's arena (2.1 MB) and at 25 and 100 MB: GB/s as nccl-tests count them
 --     (algbw = bytes / time; busbw = algbw * 2(n-1)/n).
@@ -135,7 +135,8 @@ for _, n in ipairs(SIZES) do
   local g = function(us) return bytes / (tonumber(us) * 1e-6) / 1e9 end
   print(string.format("%-12d %16.2f %16.2f %16.2f %11.2fx", bytes, g(a), g(b), g(r), g(a) / g(r)))
 end
-print("(algbw: bytes / time; for 2 ranks busbw = algbw. The gradient average is the arena's sum in buckets of 25 MiB, then one pass of / size)")
+print("(algbw: bytes / time; for 2 ranks busbw = algbw. The gradient average: MPI's sum of each bucket of whole")
+print(" parameters of about 25 MiB, then / size over it; here one parameter of each size, so one bucket)")
 
 -- ---- equivalence: 2 ranks x batch 32 against 1 process x batch 64, 50 steps ----
 local root = script:match("^(.*)/scripts/bench/bench_dist.lua$") or "."
