@@ -143,6 +143,7 @@ static int reduce_ready(dp_opt *d)
 
 void mp_dist_backward_begin(struct mp_node *const *order, size_t n)
 {
+    if (D.n == 0) return;   /* no data-parallel optimizer: nothing to follow */
     for (int j = 0; j < D.n; j++) {
         dp_opt *d = &D.v[j];
         mp_optim *o = d->o;
@@ -180,6 +181,7 @@ void mp_dist_backward_begin(struct mp_node *const *order, size_t n)
 
 int mp_dist_backward_node(const struct mp_node *x)
 {
+    if (D.n == 0) return 0;
     for (int i = 0; i < x->nin; i++) {
         int idx;
         dp_opt *d = x->in[i].leaf ? owner(x->in[i].leaf, &idx) : NULL;
