@@ -1,9 +1,8 @@
 /*
- * dist.c: mp.dist: the world, its collectives, data-parallel gradients
- * (engine/dist.h).
+ * dist.c: mp.dist: the world and its collectives, and one bucket of a
+ * data-parallel average (engine/dist.h; the buckets are engine/dist_dp.c's).
  */
 #include <dlfcn.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,10 +63,12 @@ int mp_dist_local_rank(void) { return W.local_rank; }
 int mp_dist_local_size(void) { return W.local_size; }
 const char *mp_dist_backend(void) { return W.inited ? W.name : "not started"; }
 
+static const mp_backend *device_coll(mp_device dev);
+
 bool mp_dist_spans(mp_device dev)
 {
     if (!mp_dist_initialized()) return false;
-    return W.size > 1 || (dev != MP_CPU && W.device_self && mp_backend_of(dev) && mp_backend_of(dev)->coll_all_reduce);
+    return W.size > 1 || (W.device_self && device_coll(dev));
 }
 
 static int ready(void)

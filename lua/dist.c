@@ -7,9 +7,6 @@
 #include "lua/bind.h"
 #include "engine/dist.h"
 
-/* the engine's error, named; "Ranks" failures reach every rank alike */
-static int fail(lua_State *L, const char *name) { return lt_error(L, name); }
-
 /* mp.dist.init([{device_collectives = false}]) -> rank, size */
 static int d_init(lua_State *L)
 {
@@ -20,7 +17,7 @@ static int d_init(lua_State *L)
         lua_pop(L, 1);
     }
     mp_clear_error();
-    if (mp_dist_init(self)) return fail(L, "mp.dist.init");
+    if (mp_dist_init(self)) return lt_error(L, "mp.dist.init");
     lua_pushinteger(L, mp_dist_rank());
     lua_pushinteger(L, mp_dist_size());
     return 2;
@@ -45,7 +42,7 @@ static int d_all_reduce(lua_State *L)
     while (ops[k] && strcmp(ops[k], op) != 0) k++;
     if (!ops[k]) return luaL_error(L, "mp.dist.all_reduce: op must be \"sum\", \"mean\", \"max\" or \"min\" (got '%s')", op);
     mp_clear_error();
-    if (mp_dist_all_reduce(t, (mp_dist_op)k)) return fail(L, "mp.dist.all_reduce");
+    if (mp_dist_all_reduce(t, (mp_dist_op)k)) return lt_error(L, "mp.dist.all_reduce");
     lua_settop(L, 1);
     return 1;
 }
@@ -57,7 +54,7 @@ static int d_broadcast(lua_State *L)
     int64_t root = lua_isnoneornil(L, 2) ? 0 : lb_integer(L, 2, "root", "mp.dist.broadcast");
     if (root < 0 || root > 1 << 30) return luaL_error(L, "mp.dist.broadcast: root %I is not a rank (0..%d)", (lua_Integer)root, mp_dist_size() - 1);
     mp_clear_error();
-    if (mp_dist_broadcast(t, (int)root)) return fail(L, "mp.dist.broadcast");
+    if (mp_dist_broadcast(t, (int)root)) return lt_error(L, "mp.dist.broadcast");
     lua_settop(L, 1);
     return 1;
 }
@@ -73,14 +70,14 @@ static int d_all_gather(lua_State *L)
 static int d_barrier(lua_State *L)
 {
     mp_clear_error();
-    if (mp_dist_barrier()) return fail(L, "mp.dist.barrier");
+    if (mp_dist_barrier()) return lt_error(L, "mp.dist.barrier");
     return 0;
 }
 
 static int d_finalize(lua_State *L)
 {
     mp_clear_error();
-    if (mp_dist_finalize()) return fail(L, "mp.dist.finalize");
+    if (mp_dist_finalize()) return lt_error(L, "mp.dist.finalize");
     return 0;
 }
 

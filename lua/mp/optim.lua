@@ -82,7 +82,7 @@ local function attach_dist(name, opt, d)
   local ok, err = pcall(core._dist_attach, opt, math.max(4, math.floor(mb * 1048576)))
   if not ok then
     opt:free()
-    error(name .. ": " .. (tostring(err):gsub("^[^\n]-:%d+: ", "", 1):gsub("^dist: ", "dist: ")), 3)
+    error(name .. ": " .. (tostring(err):gsub("^[^\n]-:%d+: ", "", 1)), 3)
   end
 end
 
