@@ -1,6 +1,7 @@
 # mpengine build. `make` builds the engine library, the Lua module and the CLI;
 # `make test` and `make demo` first install missing Debian packages (make deps).
 
+.DEFAULT_GOAL := all
 PREFIX   ?= /usr/local
 BUILD    ?= build
 # make test SAN=1: everything built with AddressSanitizer, UndefinedBehaviorSanitizer
@@ -51,6 +52,42 @@ CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 NVFLAGS  := -std=c++17 -O3 -I. -Xcompiler -fPIC -fmad=false -gencode arch=compute_90,code=sm_90 \
             -gencode arch=compute_80,code=compute_80
 CUDA_SO  := $(if $(SAN),,$(if $(NVCC),$(if $(CUDA_SRC),$(BUILD)/mp/cuda.so)))
+
+# The emulated CUDA device (tests/emu): the .cu files of kernels/cuda compiled a
+# second time, by the host C++ compiler against the emulator's device language
+# (tests/emu/emu_device.h, force-included), linked with the emulated runtime,
+# cuBLAS, cuDNN and NCCL into one backend that loads as MP_CUDA_BACKEND. Built
+# wherever the CUDA toolkit's headers are (the runtime's types, __half and
+# __nv_bfloat16 come from them; no GPU, driver or CUDA library is used); without
+# them make test reports its cases skipped.
+CXX      ?= g++
+CUDA_INC ?= $(patsubst %/cuda_runtime.h,%,$(firstword $(wildcard /usr/local/cuda/include/cuda_runtime.h)))
+EMU_SO   := $(if $(CUDA_INC),$(if $(wildcard $(CUDA_INC)/cudnn.h),$(if $(wildcard $(CUDA_INC)/nccl.h),$(BUILD)/tests/emu_cuda.so)))
+EMU_CU   := $(CUDA_SRC:%.cu=$(BUILD)/obj/emu/%.o)
+EMU_OBJ  := $(patsubst %.cc,$(BUILD)/obj/emu/%.o,$(wildcard tests/emu/*.cc))
+# -ffp-contract=off: every multiply and add rounds on its own, as nvcc's -fmad=false
+EMUFLAGS := -std=c++17 -O2 -g -fPIC -ffp-contract=off -I. -I$(CUDA_INC) -DMP_EMU -Wall -Wextra -Wno-unused-parameter \
+            -Wno-unknown-pragmas -Wno-deprecated-declarations $(SANFLAGS)
+
+$(BUILD)/obj/emu/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h kernels/*.h tests/emu/*.h) Makefile
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMUFLAGS) -x c++ -include tests/emu/emu_device.h -c $< -o $@
+
+$(BUILD)/obj/emu/tests/emu/%.o: tests/emu/%.cc $(wildcard tests/emu/*.h kernels/*.h) Makefile
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMUFLAGS) -c $< -o $@
+
+# the emulator's own tests (Criterion), on kernels written to break it
+EMU_TEST := $(if $(EMU_SO),$(BUILD)/tests/test_emu)
+$(BUILD)/tests/test_emu: tests/emu/test_emu.cu $(EMU_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMUFLAGS) -x c++ -include tests/emu/emu_device.h -o $@ $< -x none $(EMU_OBJ) $(WHOLE_LIB) -lcriterion \
+	  $(LDLIBS) -lrt
+
+# -Bsymbolic: its runtime, libraries and copy of the CPU kernels are its own
+$(EMU_SO): $(EMU_CU) $(EMU_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) -shared -Wl,-Bsymbolic -o $@ $(EMU_CU) $(EMU_OBJ) $(WHOLE_LIB) $(LDLIBS) -lrt
 
 # mp.dist's link to MPI (kernels/mpi/mpi_comm.c): a shared object built with
 # mpicc (Open MPI), loaded by the engine only under mpirun (engine/dist.c)
@@ -186,7 +223,7 @@ pydeps:
 	  || echo "pydeps: install failed (see $(BUILD)/pydeps.log); the interop test will be pending"; fi
 
 test: deps pydeps
-	@$(MAKE) --no-print-directory all $(CTEST_BIN) $(PARITY) $(FAKE_CUDA)
+	@$(MAKE) --no-print-directory all $(CTEST_BIN) $(PARITY) $(FAKE_CUDA) $(EMU_SO) $(EMU_TEST)
 	@BUILD=$(BUILD) SAN=$(SAN) sh tests/run.sh
 
 demo: deps
@@ -222,17 +259,18 @@ $(GPU_BENCH): scripts/bench/gpu/gpu_kernels.c $(LIB) $(wildcard engine/*.h kerne
 bench-gpu: all $(GPU_BENCH)
 	@BUILD=$(BUILD) sh scripts/bench/gpu/run.sh
 
-# The GPU machine has no Debian packages: build here, gather what the binaries
-# need into gpu-libs/, carry both there and run scripts/gpu_check.sh (GPU.md).
-gpu-bundle: all $(CTEST_BIN) $(PARITY) $(FAKE_CUDA) $(BENCH_BIN) $(GPU_BENCH)
+# The GPU machine has no Debian packages: build here, gather what the GPU steps
+# run and need into gpu-libs/ (stripped, compressed), carry that folder there and
+# run scripts/gpu_check.sh (docs/ARCHITECTURE.md, "The GPU check").
+gpu-bundle: all $(PARITY) $(GPU_BENCH) $(FAKE_CUDA)
 	BUILD=$(BUILD) sh scripts/gpu_bundle.sh
 
 # here (no NVIDIA driver): build, bundle, then the check, which reports "no GPU"
-# (MP_GPU_CHECK_FORCE=1: every step anyway, the fake CUDA device standing in);
-# on the GPU machine (a driver, no toolchain): the check alone, on the carried build
+# (MP_GPU_CHECK_FORCE=1: every step anyway, the emulated CUDA device standing in);
+# on the GPU machine (a driver, no toolchain): the check alone, on the carried bundle
 gpu-check:
 	@if [ -e /dev/nvidiactl ] || [ -e /proc/driver/nvidia/version ]; then sh scripts/gpu_check.sh; \
-	else $(MAKE) --no-print-directory gpu-bundle && sh scripts/gpu_check.sh; fi
+	else $(MAKE) --no-print-directory gpu-bundle $(FAKE_CUDA) $(EMU_SO) && sh scripts/gpu_check.sh; fi
 
 LUADIR  := $(DESTDIR)$(PREFIX)/share/lua/5.4
 CLUADIR := $(DESTDIR)$(PREFIX)/lib/lua/5.4

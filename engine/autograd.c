@@ -246,41 +246,74 @@ oom:
     return NULL;
 }
 
+/* Flush counting: each backward op's name has a slot (MP_FLUSH_SLOTS of them);
+ * while a node's backward runs, its device's backend counts into the slot of
+ * its name, in the backend's own memory (device memory on a GPU), and the
+ * counts come to the host only when asked for (flush_collect): a counted
+ * backward waits for nothing. Ops past the last slot are not counted. */
 static bool count_flush;
-static struct { const char *name; int64_t c[3]; } flush[64];
+static struct { const char *name; int64_t c[3]; } flush[MP_FLUSH_SLOTS];
 static int nflush;
+static unsigned flush_devices;   /* bit d: device d counted since its slots were last read */
 
 void mp_autograd_count_flush(bool on) { count_flush = on; }
-void mp_autograd_flush_reset(void) { nflush = 0; }
+
+/* the devices' slots added into flush[] (one read each), which they then zero */
+static void flush_collect(void)
+{
+    static int64_t c[MP_FLUSH_SLOTS][3];
+    for (int d = 0; d < MP_NDEVICES; d++) {
+        if (!(flush_devices >> d & 1u)) continue;
+        const mp_backend *be = mp_backend_of((mp_device)d);
+        be->flush_read(be->ctx, c, 1);
+        for (int i = 0; i < nflush; i++)
+            for (int k = 0; k < 3; k++) flush[i].c[k] += c[i][k];
+    }
+    flush_devices = 0;
+}
+
+/* forgets the names and the counts; the devices' slots are zeroed without a read */
+void mp_autograd_flush_reset(void)
+{
+    for (int d = 0; d < MP_NDEVICES; d++) {
+        if (!(flush_devices >> d & 1u)) continue;
+        const mp_backend *be = mp_backend_of((mp_device)d);
+        be->flush_read(be->ctx, NULL, 1);
+    }
+    flush_devices = 0;
+    nflush = 0;
+}
 
 const char *mp_autograd_flush_entry(int i, int64_t counts[3])
 {
+    if (i == 0) flush_collect();
     if (i < 0 || i >= nflush) return NULL;
     memcpy(counts, flush[i].c, sizeof flush[i].c);
     return flush[i].name;
 }
 
-static void add_flush(const char *name, const int64_t c[3])
+/* the slot of an op's name, made when new; -1 when every slot is taken */
+static int flush_slot_of(const char *name)
 {
     int i = 0;
     while (i < nflush && strcmp(flush[i].name, name) != 0) i++;
+    if (i == MP_FLUSH_SLOTS) return -1;
     if (i == nflush) {
-        if (nflush == 64) return;
         flush[nflush].name = name;
         memset(flush[nflush++].c, 0, sizeof flush[0].c);
     }
-    for (int k = 0; k < 3; k++) flush[i].c[k] += c[k];
+    return i;
 }
 
 static int backward_counted(mp_node *x, mp_tensor **gin)
 {
     const mp_backend *be = mp_backend_of(x->grad->dev);
-    if (!count_flush || !be->flush_counter) return x->op->backward(x, x->grad, gin);
-    int64_t c[3];
-    be->flush_counter(be->ctx, 1, NULL);
+    int slot = count_flush && be->flush_slot ? flush_slot_of(x->name) : -1;
+    if (slot < 0) return x->op->backward(x, x->grad, gin);
+    flush_devices |= 1u << x->grad->dev;
+    be->flush_slot(be->ctx, slot);
     int rc = x->op->backward(x, x->grad, gin);
-    be->flush_counter(be->ctx, 0, c);
-    add_flush(x->name, c);
+    be->flush_slot(be->ctx, -1);
     return rc;
 }
 

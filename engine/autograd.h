@@ -80,7 +80,9 @@ int mp_set_grad(mp_tensor *t, mp_tensor *g, mp_tensor **old);
 
 /* Telemetry of the backward pass: when on, every backward records how many values
  * it rounded to f16/bf16, how many nonzero ones became zero and how many finite
- * ones became inf, summed per op name until reset. */
+ * ones became inf, summed per op name (the first MP_FLUSH_SLOTS names) until
+ * reset. The counts stay on their device until read: entry 0 reads them (one
+ * wait on an asynchronous device); reset reads nothing. */
 void mp_autograd_count_flush(bool on);
 void mp_autograd_flush_reset(void);
 /* the i-th op's sums (i from 0); NULL past the end */

@@ -109,6 +109,9 @@ typedef struct {
  * values that are zero, that would round to zero (|x| <= 2^-25) or to inf
  * (|x| >= 65520) in f16 at the current scale, and a log2 histogram of |x|:
  * bin i counts 2^(i+MP_HIST_LO) <= |x| < 2^(i+1+MP_HIST_LO), clamped at both ends. */
+/* the slots of flush counting (flush_slot): backward ops with distinct names */
+#define MP_FLUSH_SLOTS 64
+
 #define MP_HIST_BINS 64
 #define MP_HIST_LO (-48)
 typedef struct {
@@ -300,10 +303,16 @@ typedef struct mp_backend {
     void (*unscale)(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
                     int nseg);
     void (*scale_rule)(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
-    /* start (on) or stop counting, at every rounding of f32 results to f16/bf16, the
-     * values rounded, those that were nonzero and became zero, and those that were
-     * finite and became inf; counts[3] receives the totals since the last start */
-    void (*flush_counter)(mp_kctx *cx, int on, int64_t counts[3]);
+    /* Counting, at every rounding of f32 results to f16/bf16, the values rounded,
+     * those that were nonzero and became zero and those that were finite and
+     * became inf, per backward op: after flush_slot(cx, i) the roundings count
+     * into slot i (0 <= i < MP_FLUSH_SLOTS), after flush_slot(cx, -1) into none.
+     * The counts stay in the backend's memory (on a GPU, device memory that the
+     * kernels add to: nothing is read per op). flush_read copies every slot's
+     * totals into counts (when not NULL: one read, a wait on an asynchronous
+     * device) and then zeroes them when clear (queued, no wait). */
+    void (*flush_slot)(mp_kctx *cx, int slot);
+    void (*flush_read)(mp_kctx *cx, int64_t (*counts)[3], int clear);
     /* an optimizer's step: optim_count adds 1 to *step (an int64 in this backend's
      * memory) unless skip (backend memory, NULL: never) is set; optim_step then
      * updates n parameters p with gradients g and state s1, s2 at that step count,

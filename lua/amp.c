@@ -527,10 +527,17 @@ static int s_telemetry(lua_State *L)
 }
 
 /* core._count_flush(on): count roundings in the backward pass; core._flush_stats([reset])
- * -> {op = {rounded=, flushed=, overflowed=}} */
+ * -> {op = {rounded=, flushed=, overflowed=}} (a read of the devices' counts);
+ * core._flush_reset(): zero them without a read (a new step) */
 static int a_count_flush(lua_State *L)
 {
     mp_autograd_count_flush(lua_toboolean(L, 1));
+    mp_autograd_flush_reset();
+    return 0;
+}
+
+static int a_flush_reset(lua_State *L)
+{
     mp_autograd_flush_reset();
     return 0;
 }
@@ -673,7 +680,7 @@ void mp_open_amp(lua_State *L)
     lua_pop(L, 1);
     static const luaL_Reg f[] = {
         {"_autocast", a_autocast}, {"_register", a_register}, {"_classes", a_classes}, {"_scaler", s_new},
-        {"_count_flush", a_count_flush}, {"_flush_stats", a_flush_stats}, {"_policy", a_policy},
+        {"_count_flush", a_count_flush}, {"_flush_stats", a_flush_stats}, {"_flush_reset", a_flush_reset}, {"_policy", a_policy},
         {"_scale_ok", a_scale_ok}, {"_options", lb_options_lua}, {"_policy_sim", a_policy_sim},
         {"_observe", a_observe}, {"_autocast_suppress", a_autocast_suppress},
         {NULL, NULL}

@@ -1,10 +1,15 @@
 #!/bin/sh
 # Runs every test: the Criterion binaries in $BUILD/tests, the parity harness,
 # then the busted specs in tests/lua through `require "mp"` from plain lua5.4,
-# on the default device and on the fake CUDA device. Ends with one line
+# on the default device, on the fake CUDA device and on the emulated CUDA
+# device (the backend's own .cu code on the host: tests/emu). Ends with one line
 # `N passed, N failed` (`, N skipped` where any were skipped); exits 1 on failure.
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/.." || exit 1
+# the emulated CUDA device, built where the CUDA toolkit's headers are
+EMU="$PWD/$BUILD/tests/emu_cuda.so"
+[ -f "$EMU" ] || EMU=
+EMU_COV=$(mktemp)
 # SAN=1 (make test SAN=1): the build is instrumented with ASan and UBSan; lua5.4,
 # busted's interpreter, is not, so the sanitizers' runtimes are preloaded into it
 # and into every child. Any report fails the test that caused it (UBSan halts;
@@ -24,12 +29,16 @@ if [ "${SAN:-}" = 1 ]; then
   [ -x build/pyenv/bin/python3 ] && export MP_TEST_PYTHON="$PWD/build/pyenv/bin/python3"
 fi
 pass=0 fail=0 skip=0
-log=$(mktemp) && trap 'rm -f "$log"' EXIT
+log=$(mktemp) && trap 'rm -f "$log" "$EMU_COV"' EXIT
+# the emulated device's settings: launch sites that ran go to EMU_COV
+EMU_ENV="MP_CUDA_BACKEND=$EMU MP_NCCL_LIBRARY=$EMU MP_EMU_COVERAGE=$EMU_COV"
 
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
   echo "== $t"
-  "$t" --short-filename >"$log" 2>&1
+  # the tests that take a device (test_ops) get the emulated one
+  if [ -n "$EMU" ]; then env $EMU_ENV "$t" --short-filename >"$log" 2>&1
+  else "$t" --short-filename >"$log" 2>&1; fi
   rc=$?
   grep -v '^\[----\]' "$log" | tail -n 20
   line=$(grep 'Synthesis:' "$log" | tail -n 1)
@@ -43,12 +52,19 @@ done
 
 # backend parity (tests/parity): the harness against planted faults, then the CUDA
 # backend against the CPU one, each case skipped where there is no CUDA device,
-# then every case through the fake device's table (its kernels are the CPU's: this
-# checks the harness and the calls through a second backend object, not kernels)
-for mode in --self-check "" fake; do
+# then every case on the emulated CUDA device: the .cu kernels themselves, each
+# launch run with its threads in three orders (forward, reversed, shuffled) and
+# compared byte for byte (MP_EMU_RACECHECK). Where the emulator is not built,
+# every case through the fake device's table instead (its kernels are the CPU's:
+# that checks the harness and the calls through a second backend object).
+emu_mode=emu
+[ -n "$EMU" ] || { emu_mode=fake; echo "== the emulated CUDA device is not built (no CUDA headers at /usr/local/cuda/include): its passes are skipped"; }
+for mode in --self-check "" $emu_mode; do
   [ -x "$BUILD/tests/parity" ] || { echo "!! $BUILD/tests/parity missing"; fail=$((fail + 1)); break; }
   echo "== parity $mode"
-  if [ "$mode" = fake ]; then
+  if [ "$mode" = emu ]; then
+    env $EMU_ENV MP_EMU_RACECHECK=1 "$BUILD/tests/parity" >"$log" 2>&1
+  elif [ "$mode" = fake ]; then
     [ -f "$BUILD/tests/fake_cuda.so" ] || { echo "!! $BUILD/tests/fake_cuda.so missing"; fail=$((fail + 1)); continue; }
     MP_CUDA_BACKEND="$PWD/$BUILD/tests/fake_cuda.so" MP_FAKE_CUDA_PROTECT=1 "$BUILD/tests/parity" >"$log" 2>&1
   else
@@ -56,7 +72,7 @@ for mode in --self-check "" fake; do
   fi
   rc=$?
   grep -v '^FAIL' "$log" | tail -n 3
-  [ "$mode" = "" ] && grep '^FAIL' "$log" | head -n 20
+  [ "$mode" != --self-check ] && grep '^FAIL' "$log" | head -n 20
   line=$(grep -a '^parity: [0-9]* passed' "$log" | tail -n 1)
   if [ -z "$line" ]; then echo "!! parity $mode exited $rc without a summary"; fail=$((fail + 1)); continue; fi
   set -- $line
@@ -95,6 +111,17 @@ FAKE="MP_DEVICE=cuda MP_CUDA_BACKEND=$PWD/$BUILD/tests/fake_cuda.so"
 lua_pass "cuda on the fake device" $FAKE MP_FAKE_CUDA_PROTECT=1 -- --exclude-pattern=memory_spec \
   --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec --exclude-pattern=repl_spec
 lua_pass "cuda on the fake device, memory_spec" $FAKE -- --pattern=memory_spec
+# and on the emulated device: the backend's own kernels, runtime and library
+# calls (threads in a shuffled order), memory_spec included; dist_spec's
+# emulated-device cases run in the first pass (they start their own processes)
+if [ -n "$EMU" ]; then
+  lua_pass "cuda on the emulated device" MP_DEVICE=cuda $EMU_ENV MP_EMU_ORDER=shuffle -- \
+    --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec --exclude-pattern=repl_spec
+  # which of the backend's kernels and launch sites the passes ran, of all
+  env -u LD_PRELOAD sh tests/emu/coverage.sh "$EMU_COV"   # (make test SAN=1: not the sanitizers' runtimes)
+else
+  skip=$((skip + 1))
+fi
 
 if [ "$skip" -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"
 else echo "$pass passed, $fail failed"; fi

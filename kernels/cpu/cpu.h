@@ -167,7 +167,8 @@ void cpu_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, f
                     const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
                     mp_dtype lowp_dt);
 
-void cpu_flush_counter(mp_kctx *cx, int on, int64_t counts[3]);
+void cpu_flush_slot(mp_kctx *cx, int slot);
+void cpu_flush_read(mp_kctx *cx, int64_t (*counts)[3], int clear);
 void cpu_unscale(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg, int nseg);
 void cpu_scale_loss(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
 void cpu_scale_rule(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);

@@ -56,7 +56,9 @@ void cpu_gather(mp_kctx *cx, mp_dtype dt, void *out, const void *in, const int32
     }
 }
 
-/* sequential over indices so repeated indices add in a fixed order (deterministic) */
+/* sequential over indices so repeated indices add in a fixed order
+ * (deterministic); integers wrap, as the engine's integer arithmetic does (u8
+ * was once widened as if it were f32: 4 bytes an element, past the end) */
 void cpu_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
                      int64_t outer, int64_t n, int64_t inner)
 {
@@ -66,8 +68,13 @@ void cpu_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const
             int64_t dst = (o * n + idx[j]) * inner, s = (o * nidx + j) * inner;
             for (int64_t i = 0; i < inner; i += MP_BLOCK) {
                 int64_t len = inner - i < MP_BLOCK ? inner - i : MP_BLOCK;
-                if (dt == MP_I32) {
-                    for (int64_t k = 0; k < len; k++) ((int32_t *)out)[dst + i + k] += ((const int32_t *)src)[s + i + k];
+                if (dt == MP_I32) {   /* in uint32: a wrap, not signed overflow */
+                    uint32_t *d = (uint32_t *)out + dst + i;
+                    for (int64_t k = 0; k < len; k++) d[k] += ((const uint32_t *)src)[s + i + k];
+                    continue;
+                }
+                if (dt == MP_U8) {
+                    for (int64_t k = 0; k < len; k++) ((uint8_t *)out)[dst + i + k] += ((const uint8_t *)src)[s + i + k];
                     continue;
                 }
                 cpu_load(dt, out, dst + i, a, len);

@@ -173,7 +173,8 @@ void cpu_scale_rule(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_po
 /* ---- counting flushes at the f16/bf16 rounding points ---- */
 
 int cpu_flush_counting;
-static int64_t flush_counts[3];
+static int flush_at;                                /* the slot counting now */
+static int64_t flush_counts[MP_FLUSH_SLOTS][3];
 
 void cpu_count_flush(mp_dtype dt, const float *src, const uint16_t *dst, int64_t n)
 {
@@ -184,17 +185,23 @@ void cpu_count_flush(mp_dtype dt, const float *src, const uint16_t *dst, int64_t
         zero += mag == 0 && src[j] != 0.0f;
         inf += mag == inf_bits && isfinite(src[j]);
     }
+    int64_t *c = flush_counts[flush_at];
     #pragma omp atomic
-    flush_counts[0] += n;
+    c[0] += n;
     #pragma omp atomic
-    flush_counts[1] += zero;
+    c[1] += zero;
     #pragma omp atomic
-    flush_counts[2] += inf;
+    c[2] += inf;
 }
 
-void cpu_flush_counter(mp_kctx *cx, int on, int64_t counts[3])
+void cpu_flush_slot(mp_kctx *cx, int slot)
+{
+    cpu_flush_counting = slot >= 0 && slot < MP_FLUSH_SLOTS;
+    if (cpu_flush_counting) flush_at = slot;
+}
+
+void cpu_flush_read(mp_kctx *cx, int64_t (*counts)[3], int clear)
 {
     if (counts) memcpy(counts, flush_counts, sizeof flush_counts);
-    if (on) memset(flush_counts, 0, sizeof flush_counts);
-    cpu_flush_counting = on;
+    if (clear) memset(flush_counts, 0, sizeof flush_counts);
 }

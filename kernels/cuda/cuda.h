@@ -24,11 +24,36 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <utility>   /* std::forward, for mp_launch */
 
 extern "C" {
 #include "kernels/backend.h"
 #include "kernels/block_cache.h"
 }
+
+/* ---- launches ----
+ * Every kernel launch is MP_LAUNCH(grid, block, shared bytes, stream, kernel,
+ * arguments...): with nvcc, kernel<<<grid, block, shared, stream>>>(arguments)
+ * through mp_launch. Compiled for the emulated device (tests/emu, -DMP_EMU),
+ * tests/emu/emu_device.h defines these first and the emulator's scheduler runs
+ * the kernel. MP_LAUNCH_UNORDERED marks a launch whose floating-point atomics
+ * let the order of its threads change the last bits of a sum (scatter_add with
+ * a repeated index, attention's dk and dv: docs/ARCHITECTURE.md); the
+ * emulator's comparison of thread orders allows those differences only there.
+ * MP_DYNAMIC_SHARED declares a kernel's dynamic shared memory, MP_DEVICE_GLOBAL
+ * a __device__ variable. */
+#ifndef MP_EMU
+template <class... P, class... A>
+static inline void mp_launch(dim3 grid, dim3 block, size_t shared, cudaStream_t stream, void (*kernel)(P...),
+                             A &&...args)
+{
+    kernel<<<grid, block, shared, stream>>>(std::forward<A>(args)...);
+}
+#define MP_LAUNCH(grid, block, shared, stream, ...) mp_launch(grid, block, shared, stream, __VA_ARGS__)
+#define MP_LAUNCH_UNORDERED(grid, block, shared, stream, ...) mp_launch(grid, block, shared, stream, __VA_ARGS__)
+#define MP_DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#define MP_DEVICE_GLOBAL __device__
+#endif
 
 /* ---- the backend's context (backend.h) ----
  * Everything the CUDA backend keeps between calls lives here, in one object
@@ -42,16 +67,18 @@ struct mp_kctx {
     cudaStream_t stream;              /* every kernel and copy runs on it, in order */
     mp_block_cache cache;             /* device memory (kernels/block_cache.h) */
     int64_t n_to_host, n_waits, n_mallocs;   /* the counters entry */
-    char error_msg[256];              /* the sticky error: the first since the engine last asked */
+    char error_msg[512];              /* the sticky error: the first since the engine last asked */
     bool has_error;
     /* copies from the host through pinned staging buffers (cuda_backend.cu) */
     char *stage_buf[MP_CUDA_STAGE_SLOTS];
     cudaEvent_t stage_event[MP_CUDA_STAGE_SLOTS];
     bool stage_busy[MP_CUDA_STAGE_SLOTS];
     int stage_next, stage_state;      /* state 0: not tried yet, 1: ready, -1: unavailable */
-    /* flush counting: flush points at the device totals while counting, else NULL */
+    /* flush counting: flush points at the counting slot's three device totals
+     * while counting, else NULL; flush_dev at slot 0 */
     unsigned long long *flush, *flush_dev;
-    int64_t flush_host[3];
+    int flush_at;
+    int64_t flush_host[MP_FLUSH_SLOTS][3];
     /* cuBLAS: the handle, bound to stream, and its workspace (cuda_gemm.cu) */
     cublasHandle_t blas;
     cudaStream_t blas_stream;
@@ -83,7 +110,8 @@ void mp_cuda_note(mp_kctx *cx, cudaError_t e, const char *what);
  * device goes through these */
 cudaError_t mp_cuda_malloc(mp_kctx *cx, void **p, size_t nbytes);
 cudaError_t mp_cuda_wait(mp_kctx *cx);
-/* nbytes of the context's scratch device memory, or NULL */
+/* nbytes of the context's scratch device memory (0 bytes too), or NULL when
+ * there is no memory for it */
 void *mp_cuda_scratch(mp_kctx *cx, size_t nbytes);
 
 #define MP_THREADS 256
@@ -209,13 +237,14 @@ template <> struct mp_word<1> { typedef uint8_t W; };
     default: break;                                                                 \
     }
 
-/* ---- flush counting (backend.h: flush_counter) ----
- * While the engine counts, cx->flush points at three device counters (values
- * rounded to f16/bf16, nonzero values that became zero, finite values that
- * became inf); otherwise it is NULL. Launches that round to f16/bf16 pass it to
- * the kernel; each thread tallies in registers and adds its warp's totals once,
- * at the end of the kernel (commit, which every thread that noted must reach).
- * With counting off the cost is one uniform branch per rounding. */
+/* ---- flush counting (backend.h: flush_slot, flush_read) ----
+ * While the engine counts, cx->flush points at the counting slot's three
+ * device counters (values rounded to f16/bf16, nonzero values that became
+ * zero, finite values that became inf); otherwise it is NULL. Launches that
+ * round to f16/bf16 pass it to the kernel; each thread tallies in registers
+ * and adds its warp's totals once, at the end of the kernel (commit, which
+ * every thread that noted must reach). With counting off the cost is one
+ * uniform branch per rounding. */
 /* roundings made on the host (fill computes its one value there) */
 void mp_cuda_flush_host(mp_kctx *cx, int64_t n, int64_t zero, int64_t inf);
 
@@ -415,6 +444,10 @@ int mp_cuda_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rs
 int mp_cuda_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                             const float *mean, const float *rstd, const float *w, int64_t n, int64_t c, int64_t hw,
                             int training);
+
+/* cuda_sort.cu: topk and sort */
+int mp_cuda_topk(mp_kctx *cx, mp_dtype dt, void *values, int32_t *idx, const void *x, int64_t rows, int64_t n,
+                 int64_t k, int largest);
 
 /* cuda_nccl.cu: collectives across processes over NCCL (loaded when first used) */
 int mp_cuda_coll_id(mp_kctx *cx, void *id, size_t cap, char *why, size_t why_cap);

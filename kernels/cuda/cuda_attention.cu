@@ -53,7 +53,7 @@ __device__ __forceinline__ void load_tile(mp_dtype dt, const void *k, const void
 __global__ void k_attention(mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
                             mp_attn_args a, unsigned long long *fc)
 {
-    extern __shared__ float sh[];
+    MP_DYNAMIC_SHARED(float, sh);
     const int64_t d = a.d, r = blockIdx.x, i = (int64_t)blockIdx.y * ROWS + threadIdx.x;
     const int kt = key_tile(d);
     float *ks = sh, *vs = sh + (int64_t)kt * d;
@@ -90,7 +90,7 @@ __global__ void k_attention_grad(mp_dtype dt, void *dq, float *dk32, float *dv32
                                  const void *k, const void *v, const void *out, const float *lse, mp_attn_args a,
                                  unsigned long long *fc)
 {
-    extern __shared__ float sh[];
+    MP_DYNAMIC_SHARED(float, sh);
     const int64_t d = a.d, r = blockIdx.x, i = (int64_t)blockIdx.y * ROWS + threadIdx.x;
     const int kt = key_tile(d);
     float *ks = sh, *vs = sh + (int64_t)kt * d;
@@ -151,7 +151,7 @@ int mp_cuda_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const voi
     if (a->bh <= 0 || a->tq <= 0) return 0;
     dim3 grid((unsigned)a->bh, (unsigned)((a->tq + ROWS - 1) / ROWS));
     size_t shared = sizeof(float) * 2 * (size_t)key_tile(a->d) * (size_t)a->d;
-    k_attention<<<grid, ROWS, shared, cx->stream>>>(dt, out, lse, q, k, v, *a, cx->flush);
+    MP_LAUNCH(grid, ROWS, shared, cx->stream, k_attention, dt, out, lse, q, k, v, *a, cx->flush);
     MP_LAUNCHED("attention");
     return 0;
 }
@@ -170,13 +170,13 @@ int mp_cuda_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *d
     if (a->bh > 0 && a->tq > 0) {
         dim3 grid((unsigned)a->bh, (unsigned)((a->tq + ROWS - 1) / ROWS));
         size_t shared = sizeof(float) * 2 * (size_t)key_tile(a->d) * (size_t)a->d;
-        k_attention_grad<<<grid, ROWS, shared, cx->stream>>>(dt, dq, sums, sums + nk, dout, q, k, v, out, lse, *a,
-                                                             cx->flush);
+        MP_LAUNCH_UNORDERED(grid, ROWS, shared, cx->stream, k_attention_grad, dt, dq, sums, sums + nk, dout, q, k, v,
+                            out, lse, *a, cx->flush);
         MP_LAUNCHED("attention_grad");
     }
     if (nk > 0) {
-        k_round<<<mp_blocks(nk), MP_THREADS, 0, cx->stream>>>(dt, dk, sums, nk, cx->flush);
-        k_round<<<mp_blocks(nk), MP_THREADS, 0, cx->stream>>>(dt, dv, sums + nk, nk, cx->flush);
+        MP_LAUNCH(mp_blocks(nk), MP_THREADS, 0, cx->stream, k_round, dt, dk, sums, nk, cx->flush);
+        MP_LAUNCH(mp_blocks(nk), MP_THREADS, 0, cx->stream, k_round, dt, dv, sums + nk, nk, cx->flush);
         MP_LAUNCHED("attention_grad (round)");
     }
     return 0;

@@ -17,7 +17,7 @@
  * collection and its own retry).
  *
  * Nothing on the path of an op waits for the device. The host waits only in
- * to_host (the caller reads the bytes next), synchronize, flush_counter's read
+ * to_host (the caller reads the bytes next), synchronize, flush_read's read
  * of its totals, the cache's release (cudaFree), and from_host when all
  * of its pinned staging buffers are still being copied from (see there). The
  * counters entry reports, since load, the copies to the host, those waits
@@ -107,9 +107,12 @@ static void cuda_release_cache(mp_kctx *cx)
     mp_cache_release(&cx->cache);
 }
 
-/* scratch: a block of the cache, kept and grown; the stream orders its uses */
+/* scratch: a block of the cache, kept and grown; the stream orders its uses.
+ * NULL only when memory runs out: 0 bytes are a block too (an empty attention
+ * backward asked for 0 and took the NULL for "out of memory") */
 void *mp_cuda_scratch(mp_kctx *cx, size_t nbytes)
 {
+    if (nbytes == 0) nbytes = 1;
     if (nbytes <= cx->scratch_cap) return cx->scratch;
     if (cx->scratch) mp_cache_free(&cx->cache, cx->scratch, cx->scratch_cap);
     cx->scratch = mp_cache_alloc(&cx->cache, nbytes);
@@ -262,51 +265,51 @@ static void cuda_mark_wait(mp_kctx *cx, void *mark)
 }
 
 /* ---- flush counting (backend.h; the kernels' side is in cuda.h) ----
- * The three totals live in device memory, added to by the kernels while
- * cx->flush points at them, and come back to the host only here, when the
- * engine asks for them (one copy and one wait). fill's one rounding is made on
- * the host and counted in flush_host. */
+ * The totals live in device memory, one row of three per slot, added to by the
+ * kernels while cx->flush points at a row, and come back to the host only in
+ * flush_read, when the engine asks for them (one copy and one wait): a counted
+ * backward reads nothing per op. fill's one rounding is made on the host and
+ * counted in flush_host. */
 
 /* the device's own counters (a singleton of the device, as __device__ state is) */
-static __device__ unsigned long long mp_flush_totals[3];
+static MP_DEVICE_GLOBAL unsigned long long mp_flush_totals[MP_FLUSH_SLOTS][3];
 
 void mp_cuda_flush_host(mp_kctx *cx, int64_t n, int64_t zero, int64_t inf)
 {
     if (!cx->flush) return;
-    cx->flush_host[0] += n, cx->flush_host[1] += zero, cx->flush_host[2] += inf;
+    int64_t *h = cx->flush_host[cx->flush_at];
+    h[0] += n, h[1] += zero, h[2] += inf;
 }
 
-static void cuda_flush_counter(mp_kctx *cx, int on, int64_t counts[3])
+static void cuda_flush_slot(mp_kctx *cx, int slot)
 {
+    if (slot >= 0 && slot < MP_FLUSH_SLOTS && !cx->flush_dev) {
+        void *p = NULL;
+        MP_CUDA_CHECK(cudaGetSymbolAddress(&p, mp_flush_totals), "flush_slot");
+        cx->flush_dev = (unsigned long long *)p;
+    }
+    cx->flush_at = slot >= 0 && slot < MP_FLUSH_SLOTS ? slot : 0;
+    cx->flush = slot >= 0 && slot < MP_FLUSH_SLOTS && cx->flush_dev ? cx->flush_dev + 3 * slot : NULL;
+}
+
+static void cuda_flush_read(mp_kctx *cx, int64_t (*counts)[3], int clear)
+{
+    const size_t bytes = sizeof(unsigned long long) * 3 * MP_FLUSH_SLOTS;
     if (counts) {
-        unsigned long long d[3] = {0, 0, 0};
+        static unsigned long long d[MP_FLUSH_SLOTS][3];
+        memset(d, 0, sizeof d);
         if (cx->flush_dev) {
             cx->n_to_host++;
-            MP_CUDA_CHECK(cudaMemcpyAsync(d, cx->flush_dev, sizeof d, cudaMemcpyDeviceToHost, cx->stream),
-                          "flush_counter");
-            MP_CUDA_CHECK(wait_stream(cx), "flush_counter");
+            MP_CUDA_CHECK(cudaMemcpyAsync(d, cx->flush_dev, bytes, cudaMemcpyDeviceToHost, cx->stream), "flush_read");
+            MP_CUDA_CHECK(wait_stream(cx), "flush_read");
         }
-        for (int k = 0; k < 3; k++) counts[k] = (int64_t)d[k] + cx->flush_host[k];
+        for (int s = 0; s < MP_FLUSH_SLOTS; s++)
+            for (int k = 0; k < 3; k++) counts[s][k] = (int64_t)d[s][k] + cx->flush_host[s][k];
     }
-    if (on) {
-        if (!cx->flush_dev) {
-            void *p = NULL;
-            MP_CUDA_CHECK(cudaGetSymbolAddress(&p, mp_flush_totals), "flush_counter");
-            cx->flush_dev = (unsigned long long *)p;
-        }
-        if (cx->flush_dev)
-            MP_CUDA_CHECK(cudaMemsetAsync(cx->flush_dev, 0, 3 * sizeof *cx->flush_dev, cx->stream), "flush_counter");
+    if (clear) {
+        if (cx->flush_dev) MP_CUDA_CHECK(cudaMemsetAsync(cx->flush_dev, 0, bytes, cx->stream), "flush_read");
         memset(cx->flush_host, 0, sizeof cx->flush_host);
     }
-    cx->flush = on ? cx->flush_dev : NULL;
-}
-
-/* topk and sort have no CUDA kernel yet: the backend declines them (the
- * engine's error names op, dtype and device) rather than fall back to anything
- * slower */
-static bool cuda_supports(mp_kctx *cx, const char *op, mp_dtype dt)
-{
-    return strcmp(op, "topk") != 0 && strcmp(op, "sort") != 0;
 }
 
 /* the device's backend object (its entries and &ctx), filled once by init */
@@ -344,7 +347,7 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     }
     table.name = "cuda";
     table.ctx = &ctx;
-    table.supports = cuda_supports;
+    table.supports = NULL;   /* every op, every dtype */
     table.alloc = cuda_alloc;
     table.free = cuda_free;
     table.cached = cuda_cached;
@@ -373,7 +376,8 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.scale_loss = mp_cuda_scale_loss;
     table.unscale = mp_cuda_unscale;
     table.scale_rule = mp_cuda_scale_rule;
-    table.flush_counter = cuda_flush_counter;
+    table.flush_slot = cuda_flush_slot;
+    table.flush_read = cuda_flush_read;
     table.optim_count = mp_cuda_optim_count;
     table.optim_step = mp_cuda_optim_step;
     table.counters = cuda_counters;
@@ -395,6 +399,7 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.avg_pool2d_grad = mp_cuda_avg_pool2d_grad;
     table.batch_norm = mp_cuda_batch_norm;
     table.batch_norm_grad = mp_cuda_batch_norm_grad;
+    table.topk = mp_cuda_topk;
     /* without mapped host memory for the fault record, the engine checks indices itself */
     table.check_indices = mp_cuda_check_init(&ctx) ? mp_cuda_check_indices : NULL;
     table.permute = mp_cuda_permute;

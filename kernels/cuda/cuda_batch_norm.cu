@@ -115,12 +115,13 @@ int mp_cuda_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rs
                        int64_t hw, int training, float momentum, float eps)
 {
     if (c == 0) return 0;
-    k_bn_stats<<<mp_blocks(c * MP_THREADS), MP_THREADS, 0, cx->stream>>>(dt, mean, rstd, running_mean, running_var, x,
-                                                                          n, c, hw, training, momentum, eps);
+    MP_LAUNCH(mp_blocks(c * MP_THREADS), MP_THREADS, 0, cx->stream, k_bn_stats, dt, mean, rstd, running_mean,
+              running_var, x, n, c, hw, training, momentum, eps);
     MP_LAUNCHED("batch_norm statistics");
     int64_t total = n * c * hw;
     if (total) {
-        k_bn_apply<<<mp_blocks(total), MP_THREADS, 0, cx->stream>>>(dt, y, x, mean, rstd, w, b, total, c, hw, cx->flush);
+        MP_LAUNCH(mp_blocks(total), MP_THREADS, 0, cx->stream, k_bn_apply, dt, y, x, mean, rstd, w, b, total, c, hw,
+                  cx->flush);
         MP_LAUNCHED("batch_norm");
     }
     return 0;
@@ -133,16 +134,16 @@ int mp_cuda_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float
     if (c == 0) return 0;
     double *sums = (double *)mp_cuda_scratch(cx, sizeof(double) * (size_t)(2 * c));
     if (!sums) return -1;
-    k_bn_grad_sums<<<mp_blocks(c * MP_THREADS), MP_THREADS, 0, cx->stream>>>(dt, sums, gy, x, mean, n, c, hw);
+    MP_LAUNCH(mp_blocks(c * MP_THREADS), MP_THREADS, 0, cx->stream, k_bn_grad_sums, dt, sums, gy, x, mean, n, c, hw);
     MP_LAUNCHED("batch_norm_grad sums");
     if (gw || gb) {
-        k_bn_wb<<<mp_blocks(c), MP_THREADS, 0, cx->stream>>>(gw, gb, sums, rstd, c);
+        MP_LAUNCH(mp_blocks(c), MP_THREADS, 0, cx->stream, k_bn_wb, gw, gb, sums, rstd, c);
         MP_LAUNCHED("batch_norm_grad weight and bias");
     }
     int64_t total = n * c * hw;
     if (gx && total) {
-        k_bn_gx<<<mp_blocks(total), MP_THREADS, 0, cx->stream>>>(dt, gx, gy, x, sums, mean, rstd, w, total, c, hw,
-                                                                 n * hw, training, cx->flush);
+        MP_LAUNCH(mp_blocks(total), MP_THREADS, 0, cx->stream, k_bn_gx, dt, gx, gy, x, sums, mean, rstd, w, total, c,
+                  hw, n * hw, training, cx->flush);
         MP_LAUNCHED("batch_norm_grad");
     }
     return 0;

@@ -43,7 +43,7 @@ struct Fault {
 
 /* the first bad position of the check in flight, NO_BAD when none: the device's
  * own state (one check is in flight at a time on the context's stream) */
-static __device__ unsigned long long mp_check_first = NO_BAD;
+static MP_DEVICE_GLOBAL unsigned long long mp_check_first = NO_BAD;
 
 static __global__ void k_check_find(const int32_t *idx, int64_t n, int64_t limit)
 {
@@ -90,9 +90,9 @@ bool mp_cuda_check_init(mp_kctx *cx)
 void mp_cuda_check_indices(mp_kctx *cx, const int32_t *idx, int64_t n, int64_t limit, const char *what)
 {
     if (n <= 0 || !cx->fault_dev) return;
-    k_check_find<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(idx, n, limit);
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, k_check_find, idx, n, limit);
     MP_LAUNCHED("check_indices");
-    k_check_report<<<1, 1, 0, cx->stream>>>(idx, limit, (uint64_t)(uintptr_t)what, (Fault *)cx->fault_dev);
+    MP_LAUNCH(1, 1, 0, cx->stream, k_check_report, idx, limit, (uint64_t)(uintptr_t)what, (Fault *)cx->fault_dev);
     MP_LAUNCHED("check_indices (report)");
 }
 

@@ -10,10 +10,12 @@
  * (the caching allocator), so a warm step makes no cudaMalloc and no wait. The
  * handle and plans live as long as the context, as the cuBLAS handle does.
  *
- * The bias: cuDNN writes y rounded to its dtype, then a kernel adds the bias in
- * f32 and rounds again (PyTorch's cudnn path does the same; the CPU adds it
- * before its one rounding, so f16/bf16 results may differ by an ulp there).
- * The bias gradient is our own reduction: f64 sums per channel in a fixed order.
+ * The bias, in the one rounding: y is first filled with the bias (exact: it has
+ * y's dtype) and cuDNN then blends, y = conv(x, w) + 1 * y, in its f32 compute
+ * type before it rounds y once, as the CPU adds the bias to its f32 sums. (A
+ * bias added by a kernel after cuDNN had rounded y would round twice: an ulp
+ * off in f16/bf16, which conv_spec on the emulated device showed.) The bias
+ * gradient is our own reduction: f64 sums per channel in a fixed order.
  */
 #include <cudnn.h>
 #include <stdio.h>
@@ -80,19 +82,39 @@ static void drop(plan *p)
     memset(p, 0, sizeof *p);
 }
 
-/* an algorithm from cuDNN's ranked list: the first that works, is deterministic,
- * fits WS_LIMIT and (f32) uses FMA math only */
-#define PICK(PERF, N, OUT, WS, MATH, F32)                                                                   \
-    do {                                                                                                    \
-        int found_ = 0;                                                                                     \
-        for (int i_ = 0; i_ < (N) && !found_; i_++)                                                         \
-            if (PERF[i_].status == CUDNN_STATUS_SUCCESS && PERF[i_].determinism == CUDNN_DETERMINISTIC &&   \
-                PERF[i_].memory <= WS_LIMIT && (!(F32) || PERF[i_].mathType == CUDNN_FMA_MATH))             \
-                OUT = PERF[i_].algo, WS = PERF[i_].memory, MATH = PERF[i_].mathType, found_ = 1;            \
-        if (!found_) s = CUDNN_STATUS_NOT_SUPPORTED;                                                        \
-    } while (0)
+/* An algorithm from cuDNN's ranked list: the first that works, is
+ * deterministic and fits WS_LIMIT. For f32 the list was asked for with the
+ * descriptor at CUDNN_FMA_MATH, so what cuDNN offers runs with FMA only,
+ * whatever mathType label its result carries (cuDNN reports such algorithms
+ * as CUDNN_DEFAULT_MATH, which set on the descriptor would let them use TF32
+ * on sm_80 and newer): the descriptor keeps FMA_MATH. f16/bf16 take the math
+ * type their result was ranked with (tensor cores). When none qualifies, what
+ * was offered goes into `offered` for the error. */
+template <class PERF, class ALGO>
+static cudnnStatus_t pick(const PERF *perf, int n, bool f32, ALGO *algo, size_t *ws, cudnnMathType_t *math,
+                          char *offered, size_t cap)
+{
+    size_t at = 0;
+    offered[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const PERF &p = perf[i];
+        if (p.status == CUDNN_STATUS_SUCCESS && p.determinism == CUDNN_DETERMINISTIC && p.memory <= WS_LIMIT) {
+            *algo = p.algo, *ws = p.memory, *math = f32 ? CUDNN_FMA_MATH : p.mathType;
+            return CUDNN_STATUS_SUCCESS;
+        }
+        if (at < cap)
+            at += (size_t)snprintf(offered + at, cap - at, "%salgo %d (%s, %s, %zu bytes)", i ? ", " : "", (int)p.algo,
+                                   p.status == CUDNN_STATUS_SUCCESS ? "works" : cudnnGetErrorString(p.status),
+                                   p.determinism == CUDNN_DETERMINISTIC ? "deterministic" : "non-deterministic",
+                                   p.memory);
+    }
+    if (!n) snprintf(offered, cap, "nothing");
+    return CUDNN_STATUS_NOT_SUPPORTED;
+}
 
-static cudnnStatus_t make(cudnnHandle_t h, plan *p, mp_dtype dt, const mp_conv_args *a)
+/* the descriptors and the three algorithms of a plan; on failure, which pass
+ * found no algorithm and what cuDNN offered for it, in why */
+static cudnnStatus_t make(cudnnHandle_t h, plan *p, mp_dtype dt, const mp_conv_args *a, char *why, size_t cap)
 {
     cudnnDataType_t t = cudnn_type(dt);
     int f32 = dt == MP_F32;
@@ -117,27 +139,32 @@ static cudnnStatus_t make(cudnnHandle_t h, plan *p, mp_dtype dt, const mp_conv_a
             s = cudnnSetConvolutionMathType(p->conv[i], f32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
     }
     cudnnMathType_t math[3] = {CUDNN_FMA_MATH, CUDNN_FMA_MATH, CUDNN_FMA_MATH};
+    char offered[400];
     int n = 0;
     if (s == CUDNN_STATUS_SUCCESS) {
         cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
         s = cudnnGetConvolutionForwardAlgorithm_v7(h, p->x, p->w, p->conv[0], p->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                    &n, perf);
-        if (s == CUDNN_STATUS_SUCCESS) PICK(perf, n, p->fwd, p->ws[0], math[0], f32);
+        if (s == CUDNN_STATUS_SUCCESS && pick(perf, n, f32, &p->fwd, &p->ws[0], &math[0], offered, sizeof offered))
+            return snprintf(why, cap, "the forward pass; cuDNN offered %s", offered), CUDNN_STATUS_NOT_SUPPORTED;
     }
     if (s == CUDNN_STATUS_SUCCESS) {
         cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
         s = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, p->w, p->y, p->conv[1], p->x,
                                                         CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf);
-        if (s == CUDNN_STATUS_SUCCESS) PICK(perf, n, p->bwd_data, p->ws[1], math[1], f32);
+        if (s == CUDNN_STATUS_SUCCESS && pick(perf, n, f32, &p->bwd_data, &p->ws[1], &math[1], offered, sizeof offered))
+            return snprintf(why, cap, "the data gradient; cuDNN offered %s", offered), CUDNN_STATUS_NOT_SUPPORTED;
     }
     if (s == CUDNN_STATUS_SUCCESS) {
         cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
         s = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p->x, p->y, p->conv[2], p->w,
                                                           CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf);
-        if (s == CUDNN_STATUS_SUCCESS) PICK(perf, n, p->bwd_filter, p->ws[2], math[2], f32);
+        if (s == CUDNN_STATUS_SUCCESS && pick(perf, n, f32, &p->bwd_filter, &p->ws[2], &math[2], offered, sizeof offered))
+            return snprintf(why, cap, "the filter gradient; cuDNN offered %s", offered), CUDNN_STATUS_NOT_SUPPORTED;
     }
-    /* each pass runs with the math type its algorithm was ranked with */
+    /* each pass runs with the math type chosen for it */
     for (int i = 0; i < 3 && s == CUDNN_STATUS_SUCCESS; i++) s = cudnnSetConvolutionMathType(p->conv[i], math[i]);
+    if (s != CUDNN_STATUS_SUCCESS) snprintf(why, cap, "%s", cudnnGetErrorString(s));
     return s;
 }
 
@@ -150,19 +177,23 @@ static plan *plan_for(mp_kctx *cx, cudnnHandle_t h, mp_dtype dt, const mp_conv_a
     plan *p = &ps->p[ps->next];
     ps->next = (ps->next + 1) % PLANS;
     drop(p);
-    cudnnStatus_t s = make(h, p, dt, a);
-    if (s != CUDNN_STATUS_SUCCESS) {
+    char why[400];
+    if (make(h, p, dt, a, why, sizeof why) != CUDNN_STATUS_SUCCESS) {
         drop(p);
-        note(cx, s, "conv2d: no cuDNN algorithm for this shape");
+        if (!cx->has_error) {
+            snprintf(cx->error_msg, sizeof cx->error_msg, "conv2d: no deterministic cuDNN algorithm within %d MiB of "
+                     "workspace for %s", (int)(WS_LIMIT >> 20), why);
+            cx->has_error = true;
+        }
         return NULL;
     }
     return p;
 }
 
-/* y[n, k, :] += b[k] in f32, rounded into y's dtype */
-__global__ void k_add_bias(mp_dtype dt, void *y, const void *b, int64_t total, int64_t k, int64_t hw)
+/* y[n, k, :] = b[k]: the bias, which cuDNN then adds to its sums (beta = 1) */
+__global__ void k_fill_bias(mp_dtype dt, void *y, const void *b, int64_t total, int64_t k, int64_t hw)
 {
-    MP_FOR(i, total) mp_st(dt, y, i, mp_ld(dt, y, i) + mp_ld(dt, b, i / hw % k));
+    MP_FOR(i, total) mp_st(dt, y, i, mp_ld(dt, b, i / hw % k));
 }
 
 /* gb[ch] = sum over images and pixels of gy (f64, a fixed tree): one block per channel */
@@ -193,13 +224,14 @@ int mp_cuda_conv2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void 
     void *ws = p->ws[0] ? mp_cuda_scratch(cx, p->ws[0]) : NULL;
     if (p->ws[0] && !ws) return -1;
     float one = 1.0f, zero = 0.0f;
-    note(cx, cudnnConvolutionForward(h, &one, p->x, x, p->w, w, p->conv[0], p->fwd, ws, p->ws[0], &zero, p->y, y),
-         "conv2d: cudnnConvolutionForward");
     if (b) {
         int64_t total = a->n * a->k * a->oh * a->ow;
-        k_add_bias<<<mp_blocks(total), MP_THREADS, 0, cx->stream>>>(dt, y, b, total, a->k, a->oh * a->ow);
+        MP_LAUNCH(mp_blocks(total), MP_THREADS, 0, cx->stream, k_fill_bias, dt, y, b, total, a->k, a->oh * a->ow);
         MP_LAUNCHED("conv2d bias");
     }
+    note(cx, cudnnConvolutionForward(h, &one, p->x, x, p->w, w, p->conv[0], p->fwd, ws, p->ws[0], b ? &one : &zero, p->y,
+                                     y),
+         "conv2d: cudnnConvolutionForward");
     return 0;
 }
 
@@ -210,7 +242,7 @@ int mp_cuda_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb,
     if (gb) {
         if (a->n == 0) MP_CUDA_CHECK(cudaMemsetAsync(gb, 0, sizeof(float) * (size_t)a->k, cx->stream), "conv2d gb");
         else {
-            k_bias_grad<<<mp_blocks(a->k * MP_THREADS), MP_THREADS, 0, cx->stream>>>(dt, gb, gy, a->n, a->k, hw);
+            MP_LAUNCH(mp_blocks(a->k * MP_THREADS), MP_THREADS, 0, cx->stream, k_bias_grad, dt, gb, gy, a->n, a->k, hw);
             MP_LAUNCHED("conv2d bias grad");
         }
     }

@@ -59,10 +59,10 @@ void mp_cuda_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype
     if (mp_al16(dst) && mp_al16(src)) {
         size_t es = mp_dtype_size(dd) < mp_dtype_size(sd) ? mp_dtype_size(dd) : mp_dtype_size(sd);
         unsigned blocks = mp_blocks(n / (int64_t)(16 / es));
-        MP_BY_DTYPE(sd, TI, MP_BY_DTYPE(dd, TO, cast_vec_k<TI, TO><<<blocks, MP_THREADS, 0, cx->stream>>>(
-                                                    dst, src, n, cx->flush)));
+        MP_BY_DTYPE(sd, TI, MP_BY_DTYPE(dd, TO, MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, cast_vec_k<TI, TO>, dst,
+                                                          src, n, cx->flush)));
     } else {
-        cast_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dst, dd, src, sd, n, cx->flush);
+        MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, cast_k, dst, dd, src, sd, n, cx->flush);
     }
     MP_LAUNCHED("cast");
 }
@@ -110,8 +110,8 @@ void mp_cuda_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value)
     }
     int vec = mp_al16(dst);
     unsigned blocks = mp_blocks(vec ? n / (int64_t)(16 / es) : n);
-    if (es == 4) fill_k<4><<<blocks, MP_THREADS, 0, cx->stream>>>(dst, n, bits, vec);
-    else fill_k<2><<<blocks, MP_THREADS, 0, cx->stream>>>(dst, n, bits, vec);
+    if (es == 4) MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, fill_k<4>, dst, n, bits, vec);
+    else MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, fill_k<2>, dst, n, bits, vec);
     MP_LAUNCHED("fill");
 }
 
@@ -130,7 +130,7 @@ static __global__ void arange_k(void *dst, mp_dtype dt, int64_t n, unsigned long
 void mp_cuda_arange(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n)
 {
     if (n <= 0) return;
-    arange_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dst, dt, n, cx->flush);
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, arange_k, dst, dt, n, cx->flush);
     MP_LAUNCHED("arange");
 }
 
@@ -159,13 +159,13 @@ static __global__ void rand_normal_k(void *dst, mp_dtype dt, int64_t n, uint64_t
 void mp_cuda_rand_uniform(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
     if (n <= 0) return;
-    rand_uniform_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dst, dt, n, seed, offset, cx->flush);
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, rand_uniform_k, dst, dt, n, seed, offset, cx->flush);
     MP_LAUNCHED("rand_uniform");
 }
 
 void mp_cuda_rand_normal(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
     if (n <= 0) return;
-    rand_normal_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dst, dt, n, seed, offset, cx->flush);
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, rand_normal_k, dst, dt, n, seed, offset, cx->flush);
     MP_LAUNCHED("rand_normal");
 }

@@ -143,20 +143,20 @@ void mp_cuda_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
     if (n <= 0) return;
     unsigned blocks = mp_blocks(n);
     if (MP_IS_CMP(op)) {
-        compare_k<<<blocks, MP_THREADS, 0, cx->stream>>>(op, dt, (uint8_t *)out, a, b, bc, n);
+        MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, compare_k, op, dt, (uint8_t *)out, a, b, bc, n);
         MP_LAUNCHED("binary (compare)");
     } else if (dt == MP_I32 || dt == MP_U8) {
-        binary_int_k<<<blocks, MP_THREADS, 0, cx->stream>>>(op, dt, out, a, b, bc, n);
+        MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, binary_int_k, op, dt, out, a, b, bc, n);
         MP_LAUNCHED("binary (integer)");
     } else if (nd == 1 && (bc.sa[0] == 0 || bc.sa[0] == 1) && (bc.sb[0] == 0 || bc.sb[0] == 1) && mp_al16(out) &&
                (bc.sa[0] == 0 || mp_al16(a)) && (bc.sb[0] == 0 || mp_al16(b))) {
         const int sa = (int)bc.sa[0], sb = (int)bc.sb[0];
         const int64_t g = n / (16 / (int64_t)mp_dtype_size(dt));
-        MP_BY_FLOAT(dt, T, binary_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, cx->stream>>>(op, out, a, sa, b, sb, n,
-                                                                                             cx->flush));
+        MP_BY_FLOAT(dt, T, MP_LAUNCH(mp_blocks(g), MP_THREADS, 0, cx->stream, binary_vec_k<T>, op, out, a, sa, b, sb, n,
+                                     cx->flush));
         MP_LAUNCHED("binary");
     } else {
-        binary_float_k<<<blocks, MP_THREADS, 0, cx->stream>>>(op, dt, out, a, b, bc, n, cx->flush);
+        MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, binary_float_k, op, dt, out, a, b, bc, n, cx->flush);
         MP_LAUNCHED("binary");
     }
 }
@@ -247,16 +247,16 @@ void mp_cuda_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *
 {
     if (n <= 0) return;
     if (dt == MP_I32 || dt == MP_U8) {
-        unary_int_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(op, dt, out, a, n, (int64_t)p);
+        MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, unary_int_k, op, dt, out, a, n, (int64_t)p);
         MP_LAUNCHED("unary (integer)");
     } else if (mp_al16(out) && mp_al16(a)) {
         const int64_t g = n / (16 / (int64_t)mp_dtype_size(dt));
-        MP_BY_FLOAT(dt, T, unary_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, cx->stream>>>(op, out, a, n, (float)p,
-                                                                                            p == 0, cx->flush));
+        MP_BY_FLOAT(dt, T, MP_LAUNCH(mp_blocks(g), MP_THREADS, 0, cx->stream, unary_vec_k<T>, op, out, a, n, (float)p,
+                                     p == 0, cx->flush));
         MP_LAUNCHED("unary");
     } else {
-        unary_float_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(op, dt, out, a, n, (float)p, p == 0,
-                                                                       cx->flush);
+        MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, unary_float_k, op, dt, out, a, n, (float)p, p == 0,
+                  cx->flush);
         MP_LAUNCHED("unary");
     }
 }
@@ -354,11 +354,11 @@ void mp_cuda_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const v
     if ((dt == MP_F32 || dt == MP_F16 || dt == MP_BF16) && mp_al16(gin) && mp_al16(gout) && (!x || mp_al16(x)) &&
         (!y || mp_al16(y))) {
         const int64_t g = n / (16 / (int64_t)mp_dtype_size(dt));
-        MP_BY_FLOAT(dt, T, unary_grad_vec_k<T><<<mp_blocks(g), MP_THREADS, 0, cx->stream>>>(
-                               op, gin, gout, x, y, n, (float)p, p == 0, cx->flush));
+        MP_BY_FLOAT(dt, T, MP_LAUNCH(mp_blocks(g), MP_THREADS, 0, cx->stream, unary_grad_vec_k<T>, op, gin, gout, x, y,
+                                     n, (float)p, p == 0, cx->flush));
     } else {
-        unary_grad_k<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(op, dt, gin, gout, x, y, n, (float)p, p == 0,
-                                                                      cx->flush);
+        MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, unary_grad_k, op, dt, gin, gout, x, y, n, (float)p, p == 0,
+                  cx->flush);
     }
     MP_LAUNCHED("unary_grad");
 }
@@ -399,26 +399,19 @@ void mp_cuda_where(mp_kctx *cx, mp_dtype dt, void *out, const uint8_t *cond, con
     const size_t es = mp_dtype_size(dt);
     if (mp_al16(out) && mp_al16(cond) && mp_al16(a) && mp_al16(b)) {
         const unsigned blocks = mp_blocks(n / (int64_t)(16 / es));
-        if (es == 4) where_vec_k<4><<<blocks, MP_THREADS, 0, cx->stream>>>(out, cond, a, b, n);
-        else if (es == 2) where_vec_k<2><<<blocks, MP_THREADS, 0, cx->stream>>>(out, cond, a, b, n);
-        else where_vec_k<1><<<blocks, MP_THREADS, 0, cx->stream>>>(out, cond, a, b, n);
+        if (es == 4) MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, where_vec_k<4>, out, cond, a, b, n);
+        else if (es == 2) MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, where_vec_k<2>, out, cond, a, b, n);
+        else MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, where_vec_k<1>, out, cond, a, b, n);
         MP_LAUNCHED("where");
         return;
     }
     unsigned blocks = mp_blocks(n);
+#define WHERE(W) MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, where_k<W>, (W *)out, cond, (const W *)a, (const W *)b, n)
     switch (es) {
-    case 4:
-        where_k<<<blocks, MP_THREADS, 0, cx->stream>>>((uint32_t *)out, cond, (const uint32_t *)a,
-                                                           (const uint32_t *)b, n);
-        break;
-    case 2:
-        where_k<<<blocks, MP_THREADS, 0, cx->stream>>>((uint16_t *)out, cond, (const uint16_t *)a,
-                                                           (const uint16_t *)b, n);
-        break;
-    default:
-        where_k<<<blocks, MP_THREADS, 0, cx->stream>>>((uint8_t *)out, cond, (const uint8_t *)a,
-                                                           (const uint8_t *)b, n);
-        break;
+    case 4: WHERE(uint32_t); break;
+    case 2: WHERE(uint16_t); break;
+    default: WHERE(uint8_t); break;
     }
+#undef WHERE
     MP_LAUNCHED("where");
 }

@@ -15,6 +15,10 @@
  * every item accumulating into one C) and k == 0 (C = beta * C, by a small
  * kernel rather than cuBLAS's reading of an empty product).
  *
+ * The handle disallows reduced-precision reductions (CUBLAS_MATH_DISALLOW_
+ * REDUCED_PRECISION_REDUCTION): cuBLAS may otherwise split k and add the
+ * partial products in the output's f16/bf16, several roundings instead of one.
+ *
  * The context's cuBLAS handle, created on first use, runs on cx->stream with a
  * workspace from the context's caching allocator (cublasSetWorkspace), so that
  * cuBLAS never allocates behind the engine's back during a call.
@@ -53,6 +57,18 @@ static cublasHandle_t get_handle(mp_kctx *cx)
         cublasStatus_t s = cublasCreate(&h);
         if (s != CUBLAS_STATUS_SUCCESS) {
             mp_cuda_note(cx, as_cuda_error(s), "gemm: cublasCreate");
+            return NULL;
+        }
+        /* f32 accumulation and one rounding: without this flag cuBLAS may split
+         * k and add the partial sums in the output's 16 bits (f16/bf16), which
+         * a weight gradient's k of thousands would show (parity's long-k gemm
+         * cases). Tensor cores stay allowed (default math: f16/bf16 inputs,
+         * f32 accumulation; no TF32 for f32) */
+        cublasStatus_t m = cublasSetMathMode(
+            h, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+        if (m != CUBLAS_STATUS_SUCCESS) {
+            cublasDestroy(h);
+            mp_cuda_note(cx, as_cuda_error(m), "gemm: cublasSetMathMode");
             return NULL;
         }
         cx->blas = h;
@@ -97,7 +113,7 @@ int mp_cuda_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_
         const int64_t mn = m * n;
         for (int64_t i = 0; i < batch; i++) {
             void *ci = (char *)c + (size_t)(i * sc) * mp_dtype_size(dt);
-            scale_kernel<<<mp_blocks(mn), MP_THREADS, 0, cx->stream>>>(dt, ci, mn, beta);
+            MP_LAUNCH(mp_blocks(mn), MP_THREADS, 0, cx->stream, scale_kernel, dt, ci, mn, beta);
         }
         MP_LAUNCHED("gemm (k == 0)");
         return 0;

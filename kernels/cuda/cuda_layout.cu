@@ -262,13 +262,13 @@ void mp_cuda_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void
         parts = (Acc *)mp_cuda_scratch(cx, sizeof(Acc) * (size_t)(chunks * cols));
         if (!parts) chunks = 1;
     }
-    k_reduce<<<grid_for(tiles * chunks), MP_THREADS, 0, cx->stream>>>(op, dt, out, a, cols, n, inner, t,
-                                                                         chunks, parts, cx->flush);
+    MP_LAUNCH(grid_for(tiles * chunks), MP_THREADS, 0, cx->stream, k_reduce, op, dt, out, a, cols, n, inner, t, chunks,
+              parts, cx->flush);
     MP_LAUNCHED("reduce");
     if (chunks == 1) return;
     Tile t2 = tile_for(chunks, 1);
-    k_reduce_parts<<<grid_for((cols + t2.txn - 1) / t2.txn), MP_THREADS, 0, cx->stream>>>(
-        op, dt, out, parts, cols, chunks, n, t2, cx->flush);
+    MP_LAUNCH(grid_for((cols + t2.txn - 1) / t2.txn), MP_THREADS, 0, cx->stream, k_reduce_parts, op, dt, out, parts,
+              cols, chunks, n, t2, cx->flush);
     MP_LAUNCHED("reduce (combine)");
 }
 
@@ -276,8 +276,8 @@ void mp_cuda_put_along(mp_kctx *cx, mp_dtype dt, void *out, const void *src, con
                        int64_t inner)
 {
     if (outer * inner <= 0) return;
-    BY_WORD(dt, k_put_along<W><<<mp_blocks(outer * inner), MP_THREADS, 0, cx->stream>>>(
-                    (W *)out, (const W *)src, idx, outer, n, inner));
+    BY_WORD(dt, MP_LAUNCH(mp_blocks(outer * inner), MP_THREADS, 0, cx->stream, k_put_along<W>, (W *)out,
+                          (const W *)src, idx, outer, n, inner));
     MP_LAUNCHED("put_along");
 }
 
@@ -286,8 +286,8 @@ void mp_cuda_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int nd
     int64_t total;
     Perm p = perm_plan(ndim, shape, perm, &total);
     if (total <= 0) return;
-    BY_WORD(dt, k_permute<W><<<mp_blocks(total), MP_THREADS, 0, cx->stream>>>((W *)out, (const W *)in, p,
-                                                                                  total));
+    BY_WORD(dt, MP_LAUNCH(mp_blocks(total), MP_THREADS, 0, cx->stream, k_permute<W>, (W *)out, (const W *)in, p,
+                          total));
     MP_LAUNCHED("permute");
 }
 
@@ -296,8 +296,8 @@ void mp_cuda_narrow(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t
 {
     int64_t w = len * inner;
     if (outer * w <= 0) return;
-    BY_WORD(dt, k_rows<W><<<mp_blocks(outer * w), MP_THREADS, 0, cx->stream>>>(
-                    (W *)out, w, (const W *)in + start * inner, n * inner, outer, w));
+    BY_WORD(dt, MP_LAUNCH(mp_blocks(outer * w), MP_THREADS, 0, cx->stream, k_rows<W>, (W *)out, w,
+                          (const W *)in + start * inner, n * inner, outer, w));
     MP_LAUNCHED("narrow");
 }
 
@@ -306,8 +306,8 @@ void mp_cuda_narrow_put(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int
 {
     int64_t w = len * inner;
     if (outer * w <= 0) return;
-    BY_WORD(dt, k_rows<W><<<mp_blocks(outer * w), MP_THREADS, 0, cx->stream>>>(
-                    (W *)out + start * inner, n * inner, (const W *)in, w, outer, w));
+    BY_WORD(dt, MP_LAUNCH(mp_blocks(outer * w), MP_THREADS, 0, cx->stream, k_rows<W>, (W *)out + start * inner,
+                          n * inner, (const W *)in, w, outer, w));
     MP_LAUNCHED("narrow_put");
 }
 
@@ -316,8 +316,8 @@ void mp_cuda_gather(mp_kctx *cx, mp_dtype dt, void *out, const void *in, const i
 {
     int64_t total = outer * nidx * inner;
     if (total <= 0) return;
-    BY_WORD(dt, k_gather<W><<<mp_blocks(total), MP_THREADS, 0, cx->stream>>>((W *)out, (const W *)in, idx,
-                                                                                 nidx, outer, n, inner));
+    BY_WORD(dt, MP_LAUNCH(mp_blocks(total), MP_THREADS, 0, cx->stream, k_gather<W>, (W *)out, (const W *)in, idx,
+                          nidx, outer, n, inner));
     MP_LAUNCHED("gather");
 }
 
@@ -329,23 +329,20 @@ void mp_cuda_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, c
     unsigned g = mp_blocks(total);
     cudaStream_t s = cx->stream;
     unsigned long long *fc = cx->flush;
+    /* f32, f16 and bf16 sums with a repeated index depend on the order of the
+     * atomics: the launches say so (MP_LAUNCH_UNORDERED) */
+#define SCATTER(T)                                                                                           \
+    MP_LAUNCH_UNORDERED(g, MP_THREADS, 0, s, k_scatter_atomic<T>, (T *)out, (const T *)src, idx, nidx, outer, n, \
+                        inner, fc)
     switch (dt) {
-    case MP_F32:
-        k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((float *)out, (const float *)src, idx, nidx, outer, n, inner, fc);
-        break;
-    case MP_F16:
-        k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((__half *)out, (const __half *)src, idx, nidx, outer, n, inner, fc);
-        break;
-    case MP_BF16:
-        k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((__nv_bfloat16 *)out, (const __nv_bfloat16 *)src, idx, nidx, outer,
-                                                  n, inner, fc);
-        break;
-    case MP_I32:
-        k_scatter_atomic<<<g, MP_THREADS, 0, s>>>((int *)out, (const int *)src, idx, nidx, outer, n, inner, fc);
-        break;
+    case MP_F32: SCATTER(float); break;
+    case MP_F16: SCATTER(__half); break;
+    case MP_BF16: SCATTER(__nv_bfloat16); break;
+    case MP_I32: SCATTER(int); break;
     default:
-        k_scatter_u8<<<mp_blocks(outer * inner), MP_THREADS, 0, s>>>((uint8_t *)out, (const uint8_t *)src, idx, nidx,
-                                                                     outer, n, inner);
+        MP_LAUNCH(mp_blocks(outer * inner), MP_THREADS, 0, s, k_scatter_u8, (uint8_t *)out, (const uint8_t *)src, idx,
+                  nidx, outer, n, inner);
     }
+#undef SCATTER
     MP_LAUNCHED("scatter_add");
 }

@@ -12,6 +12,7 @@
  */
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <nccl.h>
 #include "kernels/cuda/cuda.h"
@@ -29,15 +30,19 @@ static struct {
     char why[512];
 } lib;
 
-/* libnccl's entries, once; false with the reason in lib.why */
+/* libnccl's entries, once; false with the reason in lib.why. MP_NCCL_LIBRARY
+ * names another library to take them from (a particular NCCL build; the
+ * emulated device's, tests/emu) */
 static bool load(void)
 {
     if (lib.tried) return lib.all_reduce != NULL;
     lib.tried = true;
-    void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-    if (!h) h = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
+    const char *want = getenv("MP_NCCL_LIBRARY");
+    void *h = want && *want ? dlopen(want, RTLD_NOW | RTLD_LOCAL) : dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!h && !(want && *want)) h = dlopen("libnccl.so", RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-        snprintf(lib.why, sizeof lib.why, "NCCL cannot be loaded (libnccl.so.2): %s", dlerror());
+        snprintf(lib.why, sizeof lib.why, "NCCL cannot be loaded (%.200s): %s", want && *want ? want : "libnccl.so.2",
+                 dlerror());
         return false;
     }
 #define SYM(field, name)                                                                         \
@@ -154,11 +159,15 @@ void mp_cuda_coll_all_gather(mp_kctx *cx, const void *send, void *recv, size_t n
     note(cx, lib.all_gather(send, recv, nbytes, ncclUint8, (ncclComm_t)cx->nccl, coll_stream(cx)), "all_gather");
 }
 
+/* the group ends, and the second stream and its event with it */
 void mp_cuda_coll_leave(mp_kctx *cx)
 {
     if (!cx->nccl) return;
     mp_cuda_coll_merge(cx);
-    mp_cuda_wait(cx);   /* what is queued on the communicator ends first */
+    MP_CUDA_CHECK(mp_cuda_wait(cx), "coll_leave");   /* what is queued on the communicator ends first */
     lib.comm_destroy((ncclComm_t)cx->nccl);
     cx->nccl = NULL;
+    if (cx->coll_stream) MP_CUDA_CHECK(cudaStreamDestroy(cx->coll_stream), "coll_leave: cudaStreamDestroy");
+    if (cx->coll_event) MP_CUDA_CHECK(cudaEventDestroy(cx->coll_event), "coll_leave: cudaEventDestroy");
+    cx->coll_stream = NULL, cx->coll_event = NULL;
 }

@@ -362,11 +362,11 @@ void layer_norm_wb(mp_kctx *cx, mp_dtype dt, float *gw, float *gb, const void *g
         parts = (double *)mp_cuda_scratch(cx, sizeof(double) * (size_t)(2 * chunks * n));
         if (!parts) chunks = 1;
     }
-    k_layer_norm_wb<<<grid_for((n + 31) / 32 * chunks), MP_THREADS, 0, cx->stream>>>(dt, gw, gb, parts, gy, x,
-                                                                                        mean, rstd, rows, n, chunks);
+    MP_LAUNCH(grid_for((n + 31) / 32 * chunks), MP_THREADS, 0, cx->stream, k_layer_norm_wb, dt, gw, gb, parts, gy, x,
+              mean, rstd, rows, n, chunks);
     MP_LAUNCHED("layer_norm_grad (weight sums)");
     if (chunks == 1) return;
-    k_layer_norm_wb_sum<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(gw, gb, parts, n, chunks);
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, k_layer_norm_wb_sum, gw, gb, parts, n, chunks);
     MP_LAUNCHED("layer_norm_grad (weight sums, combine)");
 }
 
@@ -377,8 +377,8 @@ int mp_cuda_softmax(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t ou
     int64_t cols = outer * inner;
     if (cols <= 0 || n <= 0) return 0;
     Tile t = tile_for(n, inner);
-    k_softmax<<<grid_for((cols + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(dt, y, x, cols, n, inner, t,
-                                                                                     log, cx->flush);
+    MP_LAUNCH(grid_for((cols + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_softmax, dt, y, x, cols, n, inner, t,
+              log, cx->flush);
     MP_LAUNCHED("softmax");
     return 0;
 }
@@ -389,9 +389,8 @@ int mp_cuda_softmax_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, con
     int64_t cols = outer * inner;
     if (cols <= 0 || n <= 0) return 0;
     Tile t = tile_for(n, inner);
-    k_softmax_grad<<<grid_for((cols + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(dt, gx, gy, y, cols, n,
-                                                                                          inner, t, log,
-                                                                                          cx->flush);
+    MP_LAUNCH(grid_for((cols + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_softmax_grad, dt, gx, gy, y, cols, n,
+              inner, t, log, cx->flush);
     MP_LAUNCHED("softmax_grad");
     return 0;
 }
@@ -404,8 +403,8 @@ int mp_cuda_cross_entropy(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, con
     const int vec = mp_al16(x) && classes % run == 0;
     MP_BY_FLOAT(dt, T, {
         Tile t = ce_tile<T>(classes);
-        k_cross_entropy<T><<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(
-            loss, lse, x, target, rows, classes, t, vec);
+        MP_LAUNCH(grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_cross_entropy<T>, loss, lse, x,
+                  target, rows, classes, t, vec);
     });
     MP_LAUNCHED("cross_entropy");
     return 0;
@@ -419,8 +418,8 @@ int mp_cuda_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x
     const int vec = mp_al16(x) && mp_al16(gx) && classes % run == 0;
     MP_BY_FLOAT(dt, T, {
         Tile t = ce_tile<T>(classes);
-        k_cross_entropy_grad<T><<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(
-            gx, x, lse, target, scale, rows, classes, t, vec, cx->flush);
+        MP_LAUNCH(grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_cross_entropy_grad<T>, gx, x, lse,
+                  target, scale, rows, classes, t, vec, cx->flush);
     });
     MP_LAUNCHED("cross_entropy_grad");
     return 0;
@@ -431,9 +430,8 @@ int mp_cuda_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rs
 {
     if (rows <= 0) return 0;
     Tile t = tile_for(n, 1);
-    k_layer_norm<<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(dt, y, mean, rstd, x, w, b,
-                                                                                         rows, n, eps, t,
-                                                                                         cx->flush);
+    MP_LAUNCH(grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_layer_norm, dt, y, mean, rstd, x, w, b,
+              rows, n, eps, t, cx->flush);
     MP_LAUNCHED("layer_norm");
     return 0;
 }
@@ -444,8 +442,8 @@ int mp_cuda_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float
     if (n <= 0) return 0;
     if (rows > 0) {
         Tile t = tile_for(n, 1);
-        k_layer_norm_gx<<<grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream>>>(
-            dt, gx, gy, x, mean, rstd, w, rows, n, t, cx->flush);
+        MP_LAUNCH(grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_layer_norm_gx, dt, gx, gy, x, mean,
+                  rstd, w, rows, n, t, cx->flush);
         MP_LAUNCHED("layer_norm_grad");
     }
     if (gw || gb) layer_norm_wb(cx, dt, gw, gb, gy, x, mean, rstd, rows, n);

@@ -127,7 +127,7 @@ __global__ void optim_count_kernel(int64_t *step, const int32_t *skip)
 
 void mp_cuda_optim_count(mp_kctx *cx, int64_t *step, const int32_t *skip)
 {
-    optim_count_kernel<<<1, 1, 0, cx->stream>>>(step, skip);
+    MP_LAUNCH(1, 1, 0, cx->stream, optim_count_kernel, step, skip);
     MP_LAUNCHED("optim_step");
 }
 
@@ -140,11 +140,14 @@ void mp_cuda_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *
     if (n <= 0) return;
     bool vec = aligned16(p) && aligned16(g) && (!s1 || aligned16(s1)) && (!s2 || aligned16(s2));
     unsigned blocks = mp_blocks(vec ? (n + 3) / 4 : n);
+#define STEP(K) \
+    MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, optim_kernel<K>, p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt)
     switch (kind) {
-    case MP_SGD: optim_kernel<MP_SGD><<<blocks, MP_THREADS, 0, cx->stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
-    case MP_ADAM: optim_kernel<MP_ADAM><<<blocks, MP_THREADS, 0, cx->stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
-    case MP_ADAMW: optim_kernel<MP_ADAMW><<<blocks, MP_THREADS, 0, cx->stream>>>(p, g, s1, s2, n, *a, step, skip, vec, lowp, lowp_dt); break;
+    case MP_SGD: STEP(MP_SGD); break;
+    case MP_ADAM: STEP(MP_ADAM); break;
+    case MP_ADAMW: STEP(MP_ADAMW); break;
     }
+#undef STEP
     MP_LAUNCHED("optim_step");
 }
 
@@ -340,7 +343,7 @@ void mp_cuda_unscale(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int s
     if (n <= 0) return;
     if (tel) {
         int64_t blocks = (n + TEL_RUN - 1) / TEL_RUN;
-        unscale_tel_kernel<<<(unsigned)blocks, MP_THREADS, 0, cx->stream>>>(g, n, st, slot, tel, seg, nseg);
+        MP_LAUNCH((unsigned)blocks, MP_THREADS, 0, cx->stream, unscale_tel_kernel, g, n, st, slot, tel, seg, nseg);
         MP_LAUNCHED("unscale");
         return;
     }
@@ -349,7 +352,7 @@ void mp_cuda_unscale(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int s
      * mean fewer atomics on the state */
     unsigned blocks = mp_blocks(vec ? (n + 3) / 4 : n);
     if (blocks > 1024) blocks = 1024;
-    unscale_kernel<<<blocks, MP_THREADS, 0, cx->stream>>>(g, n, st, slot, vec);
+    MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, unscale_kernel, g, n, st, slot, vec);
     MP_LAUNCHED("unscale");
 }
 
@@ -371,7 +374,8 @@ __global__ void scale_loss_kernel(mp_dtype dt, void *out, const void *in, int64_
 void mp_cuda_scale_loss(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check)
 {
     if (n <= 0) return;
-    scale_loss_kernel<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dt, out, in, n, st, check, out ? cx->flush : NULL);
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, scale_loss_kernel, dt, out, in, n, st, check,
+              out ? cx->flush : NULL);
     MP_LAUNCHED("scale");
 }
 
@@ -382,6 +386,6 @@ __global__ void scale_rule_kernel(mp_scale_op op, mp_scale_state *st, mp_policy 
 
 void mp_cuda_scale_rule(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value)
 {
-    scale_rule_kernel<<<1, 1, 0, cx->stream>>>(op, st, *p, arg, value);
+    MP_LAUNCH(1, 1, 0, cx->stream, scale_rule_kernel, op, st, *p, arg, value);
     MP_LAUNCHED("scaler");
 }

@@ -134,7 +134,7 @@ int mp_cuda_max_pool2d(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const vo
 {
     int64_t n = a->planes * a->oh * a->ow;
     if (n == 0) return 0;
-    k_max_pool<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dt, y, idx, x, *a, cx->flush);
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, k_max_pool, dt, y, idx, x, *a, cx->flush);
     MP_LAUNCHED("max_pool2d");
     return 0;
 }
@@ -144,7 +144,7 @@ int mp_cuda_max_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, 
 {
     int64_t n = a->planes * a->h * a->w;
     if (n == 0) return 0;
-    k_max_pool_grad<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dt, gx, gy, idx, *a, cx->flush);
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, k_max_pool_grad, dt, gx, gy, idx, *a, cx->flush);
     MP_LAUNCHED("max_pool2d_grad");
     return 0;
 }
@@ -153,7 +153,7 @@ int mp_cuda_avg_pool2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const m
 {
     int64_t n = a->planes * a->oh * a->ow;
     if (n == 0) return 0;
-    k_avg_pool<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dt, y, x, *a, cx->flush);
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, k_avg_pool, dt, y, x, *a, cx->flush);
     MP_LAUNCHED("avg_pool2d");
     return 0;
 }
@@ -162,7 +162,7 @@ int mp_cuda_avg_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, 
 {
     int64_t n = a->planes * a->h * a->w;
     if (n == 0) return 0;
-    k_avg_pool_grad<<<mp_blocks(n), MP_THREADS, 0, cx->stream>>>(dt, gx, gy, *a, cx->flush);
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, k_avg_pool_grad, dt, gx, gy, *a, cx->flush);
     MP_LAUNCHED("avg_pool2d_grad");
     return 0;
 }

@@ -131,7 +131,7 @@ function GradScaler:set_policy(p)
 end
 
 function GradScaler:scale(loss)
-  if self._telemetry then core._flush_stats(true) end   -- a new step: count this backward only
+  if self._telemetry then core._flush_reset() end   -- a new step: count this backward only (no read)
   if self._trace then   -- the step's loss: the sum of its micro-batches' (gradient accumulation)
     self._trace_loss = self._trace_loss or {}
     self._trace_loss[#self._trace_loss + 1] = loss

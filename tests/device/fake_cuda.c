@@ -304,7 +304,8 @@ static int f_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k
 }
 
 /* the flush counts live on the host here; the CPU's entry keeps them */
-static void f_flush_counter(mp_kctx *cx, int on, int64_t counts[3]) { CPU.flush_counter(CPU.ctx, on, counts); }
+static void f_flush_slot(mp_kctx *cx, int slot) { CPU.flush_slot(CPU.ctx, slot); }
+static void f_flush_read(mp_kctx *cx, int64_t (*counts)[3], int clear) { CPU.flush_read(CPU.ctx, counts, clear); }
 
 /* MP_FAKE_CUDA_DECLINE="op:dtype,...": this device declines those ops in those
  * dtypes (as a backend without a kernel for them would), for the tests of the
@@ -348,7 +349,7 @@ const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
         .cast = f_cast, .fill = f_fill, .arange = f_arange, .rand_uniform = f_rand_uniform,
         .rand_normal = f_rand_normal, .binary = f_binary, .unary = f_unary, .unary_grad = f_unary_grad,
         .reduce = f_reduce, .put_along = f_put_along, .scale_loss = f_scale_loss, .unscale = f_unscale,
-        .scale_rule = f_scale_rule, .flush_counter = f_flush_counter, .optim_count = f_optim_count,
+        .scale_rule = f_scale_rule, .flush_slot = f_flush_slot, .flush_read = f_flush_read, .optim_count = f_optim_count,
         .optim_step = f_optim_step, .where = f_where, .softmax = f_softmax, .softmax_grad = f_softmax_grad,
         .cross_entropy = f_cross_entropy, .cross_entropy_grad = f_cross_entropy_grad,
         .layer_norm = f_layer_norm, .layer_norm_grad = f_layer_norm_grad, .gemm = f_gemm, .gemm_bias = f_gemm_bias,

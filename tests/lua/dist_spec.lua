@@ -199,6 +199,20 @@ describe("mp.dist in a world of one (no launcher)", function()
     -- second stream (a fork) as backward finishes it, and the scaler's findings; every fork merged
     assert.truthy(out:find(" 26 collectives, 20 forks (0 unmerged at exit)", 1, true), out)
   end)
+
+  it("runs them through the CUDA backend's own NCCL code on the emulated device, and ends the group cleanly", function()
+    if not H.emu then return pending(H.no_emu) end
+    local out, code = one(H.mpengine .. " " .. DIR .. "device_one.lua", H.emu_env())
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("device collectives ok", 1, true), out)
+    out, code = one(H.mpengine .. " " .. DIR .. "nowait.lua", H.emu_env { MP_EMU_STATS = "1" })
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("steps 5 reads 0 copies 0 waits 0", 1, true), out)
+    -- mp.dist.finalize ends the group with its second stream and event: what is left is the
+    -- backend's own stream and staging events (the NCCL stream and its event used to stay)
+    assert.truthy(out:find("live at exit: 1 streams, 4 events", 1, true), out)
+    assert.truthy(out:find(", 0 NCCL communicators", 1, true), out)
+  end)
 end)
 
 describe("mp.dist under mpirun -np 2", function()
@@ -211,6 +225,29 @@ describe("mp.dist under mpirun -np 2", function()
     local out, code = mpirun(2, H.mpengine .. " " .. DIR .. "collectives.lua")
     assert.are.equal(0, code, out)
     assert.truthy(out:find("rank 0 ok", 1, true) and out:find("rank 1 ok", 1, true), out)
+  end)
+
+  it("runs the CUDA backend's NCCL code for two ranks on the emulated device: collectives, and f16 training", function()
+    if not H.emu then return pending(H.no_emu) end
+    if os.getenv("MP_DEVICE") == "cuda" then return pending("runs in the default device's pass (it starts its own processes)") end
+    local out, code = mpirun(2, H.mpengine .. " " .. DIR .. "collectives.lua", H.emu_env())
+    assert.are.equal(0, code, out)
+    assert.truthy(out:find("rank 0 ok", 1, true) and out:find("rank 1 ok", 1, true), out)
+    -- the gradient buckets reduced on the second stream as backward finishes each (a
+    -- missing event wait there gives the ranks different weights), an overflow on rank 1
+    local acc_out, two_out = tmp("emu_acc"), tmp("emu_two")
+    out, code = one(DP .. " --batch 64 --steps 20 --accum 2 --amp f16 --poison 10 --out " .. acc_out, H.emu_env())
+    assert.are.equal(0, code, out)
+    out, code = mpirun(2, DP .. " --batch 32 --steps 20 --amp f16 --poison 10 --out " .. two_out, H.emu_env())
+    assert.are.equal(0, code, out)
+    local r0, r1 = two_out .. ".rank0.safetensors", two_out .. ".rank1.safetensors"
+    assert.is_true(H.same_model(r0, r1))
+    local ref, s0 = mp.load(acc_out .. ".rank0.safetensors").scaler, mp.load(r0).scaler
+    assert.are.same({20, 1}, {s0.steps, s0.skipped})
+    assert.are.equal(ref.scale, s0.scale)
+    local worst = weight_diff(acc_out .. ".rank0.safetensors", r0)
+    assert.is_true(worst < 1e-6, "largest difference " .. worst)
+    for _, f in ipairs{acc_out .. ".rank0.safetensors", r0, r1} do os.remove(f) end
   end)
 
   it("does the same with tensors in a device's memory, staged through the host (the fake device)", function()

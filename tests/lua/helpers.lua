@@ -125,6 +125,19 @@ function H.env(envvars, unset)
   return table.concat(parts, " ") .. " "
 end
 
+-- the emulated CUDA device (tests/emu), or why not: the environment that
+-- puts a child process's "cuda" device on it, NCCL's calls included
+local emu_so = H.build .. "/tests/emu_cuda.so"
+local emu_f = io.open(emu_so, "rb")
+if emu_f then emu_f:close() end
+H.emu = emu_f and emu_so or nil
+H.no_emu = "the emulated CUDA device is not built (" .. emu_so .. ": the CUDA toolkit's headers were not found)"
+function H.emu_env(envvars)
+  local vars = { MP_DEVICE = "cuda", MP_CUDA_BACKEND = H.emu, MP_NCCL_LIBRARY = H.emu }
+  for k, v in pairs(envvars or {}) do vars[k] = v end
+  return vars
+end
+
 function H.spit(path, text)
   local f = assert(io.open(path, "wb"))
   f:write(text)

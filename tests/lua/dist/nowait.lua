@@ -2,7 +2,8 @@
 -- (the fake device's, MP_FAKE_CUDA_COLL=1: a world of one, as NCCL with one
 -- rank) for dist_spec.lua: the gradient average and the scaler's shared
 -- findings go through the device's collectives, and after warm-up a step
--- reads nothing back on the host. Prints "steps S reads R copies C waits W".
+-- reads nothing back on the host. Prints "steps S reads R copies C waits W",
+-- then ends the group.
 local mp = require "mp"
 mp.dist.init{device_collectives = true}
 mp.manual_seed(0)
@@ -30,3 +31,4 @@ for _ = 1, 4 do step() end
 local now = mp.counters()
 print(string.format("steps 5 reads %d copies %d waits %d", now.host_reads - before.host_reads,
   now.device_to_host - before.device_to_host, now.device_waits - before.device_waits))
+mp.dist.finalize()   -- the group ends, and what the device kept for it (the emulated device counts it)

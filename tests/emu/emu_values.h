@@ -1,0 +1,54 @@
+/*
+ * emu_values.h: the library shims' (emu_cublas.cc, emu_cudnn.cc) view of the
+ * values they compute on: an element of a float dtype as f32, an f32 rounded
+ * into one, and TF32, what tensor cores make of f32 operands where a math mode
+ * allows it.
+ */
+#ifndef MP_EMU_VALUES_H
+#define MP_EMU_VALUES_H
+
+#include <string.h>
+extern "C" {
+#include "kernels/backend.h"
+#include "kernels/half.h"
+}
+
+namespace mp_emu {
+
+inline float load_f32(mp_dtype dt, const void *p, size_t i)
+{
+    switch (dt) {
+    case MP_F16: return mp_f16_to_f32(((const uint16_t *)p)[i]);
+    case MP_BF16: return mp_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+    }
+}
+
+inline void store_f32(mp_dtype dt, void *p, size_t i, float v)
+{
+    switch (dt) {
+    case MP_F16: ((uint16_t *)p)[i] = mp_f32_to_f16(v); break;
+    case MP_BF16: ((uint16_t *)p)[i] = mp_f32_to_bf16(v); break;
+    default: ((float *)p)[i] = v;
+    }
+}
+
+/* f32 rounded to dt and back */
+inline float round_to(mp_dtype dt, float v)
+{
+    return dt == MP_F16 ? mp_f16_to_f32(mp_f32_to_f16(v)) : dt == MP_BF16 ? mp_bf16_to_f32(mp_f32_to_bf16(v)) : v;
+}
+
+/* f32 to TF32 (10 stored significand bits), round to nearest even */
+inline float tf32(float v)
+{
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+}  // namespace mp_emu
+
+#endif

@@ -1,0 +1,627 @@
+/*
+ * test_emu.cu: the emulated CUDA device's own tests (Criterion). Compiled as
+ * the backend's kernels are (the host compiler, tests/emu/emu_device.h) and
+ * linked with the emulator, so that what it promises is tested on kernels
+ * written to break it: barriers some threads never reach, warp operations
+ * with missing lanes, races and reads of unwritten shared memory under the
+ * comparison of thread orders, launch limits, host pointers handed to a
+ * kernel, copies in the wrong direction, work that runs only when the host
+ * waits, and the library shims' checks and models (cuBLAS's leading
+ * dimensions and split-K, cuDNN's math types and non-deterministic
+ * algorithms, NCCL with one rank).
+ */
+#include <criterion/criterion.h>
+#include <cublas_v2.h>
+#include <cudnn.h>
+#include <nccl.h>
+#include <string.h>
+#include <string>
+#include <vector>
+#include "tests/emu/emu.h"
+extern "C" {
+#include "kernels/half.h"
+}
+
+extern "C" void mp_emu_clear_fault(void);
+
+/* ---- helpers ---- */
+
+static std::string text(cudaError_t e) { return cudaGetErrorString(e); }
+
+/* the error the next synchronisation reports, then the context cleared for the next test */
+static cudaError_t sync_error(std::string *why)
+{
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (why) *why = text(e);
+    mp_emu_clear_fault();
+    return e;
+}
+
+static void *dev(size_t n)
+{
+    void *p = NULL;
+    cr_assert_eq(cudaMalloc(&p, n), cudaSuccess);
+    return p;
+}
+
+static std::vector<int> fetch(const int *d, size_t n)
+{
+    std::vector<int> h(n);
+    cr_assert_eq(cudaMemcpy(h.data(), d, n * sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+}
+
+#define CONTAINS(s, sub) cr_assert(std::string(s).find(sub) != std::string::npos, "'%s' lacks '%s'", (s).c_str(), sub)
+
+/* ---- kernels written to break the emulator's promises ---- */
+
+__global__ void k_skip_barrier(int *out)
+{
+    if (threadIdx.x == 5) return;   /* thread 5 never reaches the barrier */
+    __syncthreads();
+    out[threadIdx.x] = 1;
+}
+
+__global__ void k_two_barriers(int *out)
+{
+    if (threadIdx.x < 16) __syncthreads();
+    else __syncthreads();
+    out[threadIdx.x] = 1;
+}
+
+__global__ void k_half_warp_shfl(int *out)
+{
+    if (threadIdx.x >= 16) return;   /* lanes 16..31 leave; the mask still names them */
+    out[threadIdx.x] = __shfl_down_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+
+__global__ void k_barrier_against_warp(int *out)
+{
+    if (threadIdx.x < 16) __syncthreads();                                /* half the warp waits at the barrier */
+    else out[threadIdx.x] = __shfl_sync(0xffffffffu, 1, 0);               /* and the other half for it here */
+}
+
+__global__ void k_race(int *out)
+{
+    __shared__ int last;
+    last = threadIdx.x;   /* every thread writes: which one wins depends on the order */
+    __syncthreads();
+    out[threadIdx.x] = last;
+}
+
+__global__ void k_unwritten_shared(float *out)
+{
+    __shared__ float s[64];
+    if (threadIdx.x < 32) s[threadIdx.x] = 1.0f;   /* half of it written */
+    __syncthreads();
+    out[threadIdx.x] = s[threadIdx.x];
+}
+
+__global__ void k_float_atomics(float *sum, const float *x, int n)
+{
+    for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(sum, x[i]);
+}
+
+/* every warp operation, each lane's results in out[lane * 12 ...] */
+__global__ void k_warp_ops(int *out)
+{
+    const unsigned lane = threadIdx.x & 31, full = __activemask();
+    const int lanes = __popc(full);   /* 32, or the 8 of the last warp */
+    int v = (int)lane + 1, sum = v;
+    for (int o = lanes / 2; o > 0; o >>= 1) sum += __shfl_down_sync(full, sum, o, lanes);   /* within the warp's lanes */
+    int bfly = v;
+    for (int o = 1; o < lanes; o <<= 1) bfly += __shfl_xor_sync(full, bfly, o, lanes);
+    int *r = out + threadIdx.x * 12;
+    r[0] = (int)full;
+    r[1] = sum;                                                     /* lane 0: the warp's sum */
+    r[2] = bfly;                                                    /* every lane: the warp's sum */
+    r[3] = __shfl_sync(full, v, 3);                                 /* lane 3's value */
+    r[4] = __shfl_up_sync(full, v, 1);                              /* the lane below's (lane 0: its own) */
+    r[5] = (int)__ballot_sync(full, lane % 3 == 0);
+    r[6] = (int)__match_any_sync(full, lane % 4);
+    r[7] = (int)__reduce_add_sync(full, lane);
+    r[8] = __reduce_min_sync(full, 100 - (int)lane);
+    r[9] = (int)__reduce_max_sync(full, lane * 7u % 32u);
+    r[10] = __any_sync(full, lane == 9);
+    r[11] = __all_sync(full, lane < 40);
+    __syncwarp(full);
+}
+
+__global__ void k_dynamic_shared(int *out, int n)
+{
+    MP_DYNAMIC_SHARED(int, s);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s[i] = i;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long t = 0;
+        for (int i = 0; i < n; i++) t += s[i];
+        out[0] = (int)t;
+    }
+}
+
+__global__ void k_copy(int *dst, const int *src, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+
+__global__ void k_fill(int *dst, int v, int n)
+{
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = v;
+}
+
+static void setup(void)
+{
+    mp_emu::config_mut().racecheck = false;
+    mp_emu::config_mut().order = 0;
+    mp_emu_clear_fault();
+}
+
+TestSuite(emu, .init = setup);
+
+/* ---- barriers and warps ---- */
+
+Test(emu, a_barrier_that_a_thread_never_reaches_is_an_error_naming_the_kernel)
+{
+    int *out = (int *)dev(256 * sizeof(int));
+    MP_LAUNCH(2, 64, 0, NULL, k_skip_barrier, out);
+    cr_assert_eq(cudaGetLastError(), cudaSuccess);   /* a launch error would come now; this one comes as it runs */
+    std::string why;
+    cr_assert_eq(sync_error(&why), cudaErrorLaunchFailure);
+    CONTAINS(why, "k_skip_barrier");
+    CONTAINS(why, "__syncthreads at");
+    CONTAINS(why, "not reached by 1 threads that exited (thread 5");
+    cr_assert_eq(cudaMemset(out, 0, 4), cudaSuccess, "the context is usable again");
+    cudaFree(out);
+}
+
+Test(emu, threads_at_different_barriers_are_an_error)
+{
+    int *out = (int *)dev(64 * sizeof(int));
+    MP_LAUNCH(1, 64, 0, NULL, k_two_barriers, out);
+    std::string why;
+    cr_assert_eq(sync_error(&why), cudaErrorLaunchFailure);
+    CONTAINS(why, "threads wait at different barriers");
+    CONTAINS(why, "16 at __syncthreads");
+    CONTAINS(why, "48 at __syncthreads");
+    cudaFree(out);
+}
+
+Test(emu, a_warp_operation_whose_mask_names_lanes_that_left_is_an_error)
+{
+    int *out = (int *)dev(32 * sizeof(int));
+    MP_LAUNCH(1, 32, 0, NULL, k_half_warp_shfl, out);
+    std::string why;
+    cr_assert_eq(sync_error(&why), cudaErrorLaunchFailure);
+    CONTAINS(why, "__shfl_down_sync at");
+    CONTAINS(why, "named in the mask 0xffffffff has exited");
+    cudaFree(out);
+}
+
+Test(emu, a_deadlock_is_reported_not_a_hang)
+{
+    int *out = (int *)dev(32 * sizeof(int));
+    MP_LAUNCH(1, 32, 0, NULL, k_barrier_against_warp, out);
+    std::string why;
+    cr_assert_eq(sync_error(&why), cudaErrorLaunchTimeout);
+    CONTAINS(why, "k_barrier_against_warp");
+    CONTAINS(why, "deadlock");
+    cudaFree(out);
+}
+
+Test(emu, warp_operations_give_what_the_cuda_manual_says)
+{
+    for (int order = 0; order < 3; order++) {
+        mp_emu::config_mut().order = order;
+        int *out = (int *)dev(40 * 12 * sizeof(int));
+        MP_LAUNCH(1, 40, 0, NULL, k_warp_ops, out);   /* warp 1 has 8 lanes */
+        std::vector<int> r = fetch(out, 40 * 12);
+        for (int t = 0; t < 40; t++) {
+            const int lane = t % 32, lanes = t < 32 ? 32 : 8;
+            const unsigned full = lanes == 32 ? 0xffffffffu : 0xffu;
+            const int *x = &r[(size_t)t * 12];
+            int total = lanes * (lanes + 1) / 2, ballot = 0, match = 0, mx = 0;
+            for (int j = 0; j < lanes; j++) {
+                ballot |= (j % 3 == 0) << j, match |= (j % 4 == lane % 4) << j;
+                mx = j * 7 % 32 > mx ? j * 7 % 32 : mx;
+            }
+            cr_assert_eq((unsigned)x[0], full, "activemask, thread %d", t);
+            if (lane == 0) cr_assert_eq(x[1], total, "shfl_down sum, thread %d", t);
+            cr_assert_eq(x[2], total, "butterfly sum, thread %d", t);
+            cr_assert_eq(x[3], 4, "shfl from lane 3, thread %d", t);
+            cr_assert_eq(x[4], lane ? lane : 1, "shfl_up, thread %d", t);
+            cr_assert_eq(x[5], ballot, "ballot, thread %d", t);
+            cr_assert_eq(x[6], match, "match_any, thread %d", t);
+            cr_assert_eq(x[7], lanes * (lanes - 1) / 2, "reduce_add, thread %d", t);
+            cr_assert_eq(x[8], 100 - (lanes - 1), "reduce_min, thread %d", t);
+            cr_assert_eq(x[9], mx, "reduce_max, thread %d", t);
+            cr_assert_eq(x[10], lanes > 9, "any, thread %d", t);
+            cr_assert_eq(x[11], 1, "all, thread %d", t);
+        }
+        cudaFree(out);
+    }
+}
+
+/* ---- thread orders ---- */
+
+Test(emu, a_race_on_shared_memory_is_found_by_comparing_thread_orders)
+{
+    mp_emu::config_mut().racecheck = true;
+    int *out = (int *)dev(64 * sizeof(int));
+    MP_LAUNCH(1, 64, 0, NULL, k_race, out);
+    cudaDeviceSynchronize();
+    cudaError_t e = cudaGetLastError();
+    std::string why = text(e);
+    cr_assert_eq(e, cudaErrorLaunchFailure);
+    CONTAINS(why, "k_race gives different results with threads run forward and in reverse");
+    CONTAINS(why, "pointer argument 1");
+    cudaFree(out);
+}
+
+Test(emu, a_read_of_unwritten_shared_memory_is_found_too)
+{
+    mp_emu::config_mut().racecheck = true;
+    float *out = (float *)dev(64 * sizeof(float));
+    MP_LAUNCH(1, 64, 0, NULL, k_unwritten_shared, out);
+    cudaDeviceSynchronize();
+    std::string why = text(cudaGetLastError());
+    CONTAINS(why, "k_unwritten_shared gives different results");
+    CONTAINS(why, "a read of shared memory that no thread wrote");
+    /* the first run's poison: 0xFF bytes, a NaN */
+    float h[64];
+    mp_emu::config_mut().racecheck = false;
+    MP_LAUNCH(1, 64, 0, NULL, k_unwritten_shared, out);
+    cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost);
+    cr_assert(h[0] == 1.0f && h[63] != h[63]);
+    cudaFree(out);
+}
+
+Test(emu, float_atomics_may_differ_between_orders_only_where_the_launch_says_so)
+{
+    mp_emu::config_mut().racecheck = true;
+    const int n = 1000;
+    std::vector<float> x(n);
+    for (int i = 0; i < n; i++) x[i] = (i % 2 ? 1.0f : -1.0f) * (1.0f + (float)i * 1e-3f) * (i % 7 ? 1e-4f : 1e4f);
+    float *dx = (float *)dev(n * sizeof(float)), *sum = (float *)dev(sizeof(float));
+    cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemset(sum, 0, sizeof(float));
+    MP_LAUNCH(1, 256, 0, NULL, k_float_atomics, sum, dx, n);
+    cudaDeviceSynchronize();
+    std::string why = text(cudaGetLastError());
+    CONTAINS(why, "k_float_atomics gives different results");
+    long before = mp_emu::counters().order_diffs_allowed;
+    cudaMemset(sum, 0, sizeof(float));
+    MP_LAUNCH_UNORDERED(1, 256, 0, NULL, k_float_atomics, sum, dx, n);
+    cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+    cr_assert_eq(cudaGetLastError(), cudaSuccess);
+    cr_assert_eq(mp_emu::counters().order_diffs_allowed, before + 1);
+    cudaFree(dx), cudaFree(sum);
+}
+
+/* ---- launches ---- */
+
+Test(emu, the_launch_limits_are_errors)
+{
+    int *out = (int *)dev(4096 * sizeof(int));
+    MP_LAUNCH(1, 1025, 0, NULL, k_fill, out, 1, 4);
+    cudaError_t e = cudaGetLastError();
+    cr_assert_eq(e, cudaErrorInvalidConfiguration);
+    CONTAINS(text(e), "a block of (1025,1,1) threads");
+    MP_LAUNCH(dim3(1, 65536), 32, 0, NULL, k_fill, out, 1, 4);
+    cr_assert_eq(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    MP_LAUNCH(1, dim3(8, 8, 65), 0, NULL, k_fill, out, 1, 4);
+    cr_assert_eq(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    /* 48 KiB of shared memory unless the kernel opted in */
+    MP_LAUNCH(1, 128, 64 << 10, NULL, k_dynamic_shared, out, 16 << 10);
+    e = cudaGetLastError();
+    cr_assert_eq(e, cudaErrorInvalidValue);
+    CONTAINS(text(e), "without cudaFuncAttributeMaxDynamicSharedMemorySize");
+    cr_assert_eq(cudaFuncSetAttribute((const void *)k_dynamic_shared, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 << 10),
+                 cudaSuccess);
+    MP_LAUNCH(1, 128, 64 << 10, NULL, k_dynamic_shared, out, 16 << 10);
+    cr_assert_eq(cudaGetLastError(), cudaSuccess);
+    cr_assert_eq(fetch(out, 1)[0], (16 << 10) * ((16 << 10) - 1) / 2);
+    cudaFree(out);
+}
+
+Test(emu, a_kernel_handed_a_host_pointer_is_an_illegal_address_naming_the_argument)
+{
+    int host[16];
+    int *out = (int *)dev(16 * sizeof(int));
+    MP_LAUNCH(1, 16, 0, NULL, k_copy, out, host, 16);
+    cudaError_t e = cudaGetLastError();
+    cr_assert_eq(e, cudaErrorIllegalAddress);
+    CONTAINS(text(e), "kernel tests/emu/test_emu.cu");
+    CONTAINS(text(e), "argument 2 is");
+    CONTAINS(text(e), "host memory");
+    cr_assert_eq(cudaMemset(out, 0, 4), cudaErrorIllegalAddress, "sticky: every later call fails");
+    mp_emu_clear_fault();
+    cudaFree(out);
+}
+
+/* ---- memory and copies ---- */
+
+Test(emu, copies_check_their_direction_and_bounds)
+{
+    int host[8] = {0};
+    int *d = (int *)dev(8 * sizeof(int));
+    cudaError_t e = cudaMemcpyAsync(d, host, sizeof host, cudaMemcpyDeviceToHost, NULL);
+    cr_assert_eq(e, cudaErrorInvalidValue);
+    CONTAINS(text(e), "cudaMemcpyAsync with cudaMemcpyDeviceToHost");
+    e = cudaMemcpyAsync(d, host, 2 * sizeof host, cudaMemcpyHostToDevice, NULL);
+    cr_assert_eq(e, cudaErrorInvalidValue);
+    CONTAINS(text(e), "run past the end of its allocation");
+    cr_assert_eq(cudaMemcpyAsync(d, host, sizeof host, cudaMemcpyHostToDevice, NULL), cudaSuccess);
+    cr_assert_eq(cudaFree(host), cudaErrorInvalidValue);
+    cudaGetLastError();
+    cudaFree(d);
+}
+
+Test(emu, new_device_memory_holds_garbage_not_zeros)
+{
+    int *d = (int *)dev(64);
+    cr_assert_eq(fetch(d, 16)[3], -1);
+    cudaFree(d);
+}
+
+/* ---- streams ---- */
+
+Test(emu, work_runs_when_the_host_waits_so_a_pinned_buffer_reused_too_soon_shows)
+{
+    int *pin = NULL, *d = (int *)dev(sizeof(int));
+    cudaHostAlloc((void **)&pin, sizeof(int), cudaHostAllocDefault);
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    *pin = 1;
+    cudaMemcpyAsync(d, pin, sizeof(int), cudaMemcpyHostToDevice, s);
+    *pin = 2;   /* overwritten before the copy ran: a GPU might have read either */
+    cudaStreamSynchronize(s);
+    cr_assert_eq(fetch(d, 1)[0], 2);
+    cudaEvent_t ev;
+    cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    *pin = 3;
+    cudaMemcpyAsync(d, pin, sizeof(int), cudaMemcpyHostToDevice, s);
+    cudaEventRecord(ev, s);
+    cudaEventSynchronize(ev);   /* the copy has read the buffer */
+    *pin = 4;
+    cr_assert_eq(fetch(d, 1)[0], 3);
+    cudaEventDestroy(ev), cudaStreamDestroy(s), cudaFreeHost(pin), cudaFree(d);
+}
+
+Test(emu, a_second_stream_that_misses_its_event_wait_reads_stale_data)
+{
+    const int n = 64;
+    int *a = (int *)dev(n * sizeof(int)), *b = (int *)dev(n * sizeof(int));
+    cudaStream_t main_s, side;
+    cudaStreamCreate(&main_s), cudaStreamCreate(&side);
+    cudaEvent_t ev;
+    cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    for (int wait = 0; wait <= 1; wait++) {
+        MP_LAUNCH(1, 64, 0, main_s, k_fill, a, 0, n);
+        cudaDeviceSynchronize();
+        MP_LAUNCH(1, 64, 0, main_s, k_fill, a, 7, n);   /* the producer */
+        cudaEventRecord(ev, main_s);
+        if (wait) cudaStreamWaitEvent(side, ev, 0);
+        MP_LAUNCH(1, 64, 0, side, k_copy, b, a, n);      /* the consumer */
+        cudaDeviceSynchronize();
+        cr_assert_eq(fetch(b, 1)[0], wait ? 7 : 0, "with%s the wait", wait ? "" : "out");
+    }
+    cudaEventDestroy(ev), cudaStreamDestroy(side), cudaStreamDestroy(main_s), cudaFree(a), cudaFree(b);
+}
+
+/* ---- cuBLAS ---- */
+
+/* column-major C {m, n} = op(A) op(B), naively, in double */
+static std::vector<float> naive(bool ta, bool tb, int m, int n, int k, const std::vector<float> &A, int lda,
+                                const std::vector<float> &B, int ldb)
+{
+    std::vector<float> C((size_t)m * n);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double s = 0;
+            for (int l = 0; l < k; l++) s += (double)A[ta ? l + i * lda : i + l * lda] * B[tb ? j + l * ldb : l + j * ldb];
+            C[(size_t)i + (size_t)j * m] = (float)s;
+        }
+    return C;
+}
+
+Test(emu, cublas_reads_column_major_operands_through_their_leading_dimensions)
+{
+    cublasHandle_t h;
+    cr_assert_eq(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+    const int m = 5, n = 3, k = 4;
+    for (int t = 0; t < 4; t++) {
+        bool ta = t & 1, tb = t >> 1;
+        int lda = (ta ? k : m) + 2, ldb = (tb ? n : k) + 1;
+        std::vector<float> A((size_t)lda * (ta ? m : k)), B((size_t)ldb * (tb ? k : n));
+        for (size_t i = 0; i < A.size(); i++) A[i] = (float)((i * 7) % 11) - 5;
+        for (size_t i = 0; i < B.size(); i++) B[i] = (float)((i * 5) % 13) - 6;
+        float *dA = (float *)dev(A.size() * 4), *dB = (float *)dev(B.size() * 4), *dC = (float *)dev((size_t)m * n * 4);
+        cudaMemcpy(dA, A.data(), A.size() * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dB, B.data(), B.size() * 4, cudaMemcpyHostToDevice);
+        float one = 1, zero = 0;
+        cr_assert_eq(cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &one, dA,
+                                  CUDA_R_32F, lda, dB, CUDA_R_32F, ldb, &zero, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT),
+                     CUBLAS_STATUS_SUCCESS);
+        std::vector<float> C((size_t)m * n), want = naive(ta, tb, m, n, k, A, lda, B, ldb);
+        cudaMemcpy(C.data(), dC, C.size() * 4, cudaMemcpyDeviceToHost);
+        for (size_t i = 0; i < C.size(); i++) cr_assert_eq(C[i], want[i], "ta %d tb %d element %zu", ta, tb, i);
+        cudaFree(dA), cudaFree(dB), cudaFree(dC);
+    }
+    cublasDestroy(h);
+}
+
+Test(emu, cublas_refuses_a_leading_dimension_below_the_rows_naming_it)
+{
+    cublasHandle_t h;
+    cublasCreate(&h);
+    float *d = (float *)dev(64 * 4), one = 1, zero = 0;
+    cublasStatus_t s = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, d, CUDA_R_32F, 3, d, CUDA_R_32F, 4,
+                                    &zero, d + 32, CUDA_R_32F, 4, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cr_assert_eq(s, CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "lda 3 < max(1, m) = 4");
+    s = cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, d, CUDA_R_32F, 4, 16, d, CUDA_R_32F, 4,
+                                   16, &zero, d + 32, CUDA_R_32F, 4, 0, 2, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cr_assert_eq(s, CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "overlap");
+    cudaFree(d);
+    cublasDestroy(h);
+}
+
+/* f16 C over k = 4096: within an ulp of f32 accumulation with reductions in
+ * the compute type; several ulps apart when the handle allows 16-bit ones */
+static int worst_ulps(cublasHandle_t h)
+{
+    const int m = 8, n = 8, k = 4096;
+    std::vector<uint16_t> A((size_t)m * k), B((size_t)k * n);
+    std::vector<float> Af(A.size()), Bf(B.size());
+    for (size_t i = 0; i < A.size(); i++) A[i] = mp_f32_to_f16((float)((i * 37) % 201) / 100.0f - 1.0f), Af[i] = mp_f16_to_f32(A[i]);
+    for (size_t i = 0; i < B.size(); i++) B[i] = mp_f32_to_f16((float)((i * 53) % 199) / 100.0f - 1.0f), Bf[i] = mp_f16_to_f32(B[i]);
+    void *dA = dev(A.size() * 2), *dB = dev(B.size() * 2), *dC = dev((size_t)m * n * 2);
+    cudaMemcpy(dA, A.data(), A.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, B.data(), B.size() * 2, cudaMemcpyHostToDevice);
+    float one = 1, zero = 0;
+    cr_assert_eq(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, dA, CUDA_R_16F, m, dB, CUDA_R_16F, k, &zero, dC,
+                              CUDA_R_16F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 CUBLAS_STATUS_SUCCESS);
+    std::vector<uint16_t> C((size_t)m * n);
+    cudaMemcpy(C.data(), dC, C.size() * 2, cudaMemcpyDeviceToHost);
+    std::vector<float> want = naive(false, false, m, n, k, Af, m, Bf, k);
+    auto ordered = [](uint16_t b) { return b & 0x8000 ? -(int)(b & 0x7fff) : (int)b; };
+    int worst = 0;
+    for (size_t i = 0; i < C.size(); i++) {
+        int d = ordered(mp_f32_to_f16(want[i])) - ordered(C[i]);
+        if (d < 0) d = -d;
+        if (d > worst) worst = d;
+    }
+    cudaFree(dA), cudaFree(dB), cudaFree(dC);
+    return worst;
+}
+
+Test(emu, cublas_models_split_k_in_16_bits_unless_the_handle_disallows_it)
+{
+    cublasHandle_t h;
+    cublasCreate(&h);
+    int loose = worst_ulps(h);
+    cublasSetMathMode(h, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+    int strict = worst_ulps(h);
+    cr_assert(loose >= 2, "reduced-precision reduction: %d ulps at worst", loose);
+    cr_assert(strict <= 1, "f32 reduction: %d ulps at worst", strict);
+    cublasDestroy(h);
+}
+
+/* ---- cuDNN ---- */
+
+struct conv {
+    cudnnHandle_t h;
+    cudnnTensorDescriptor_t x, y;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t c;
+    float *dx, *dw, *dy;
+    void *ws;
+    conv(cudnnMathType_t math)
+    {
+        cudnnCreate(&h);
+        cudnnCreateTensorDescriptor(&x), cudnnCreateTensorDescriptor(&y);
+        cudnnCreateFilterDescriptor(&w), cudnnCreateConvolutionDescriptor(&c);
+        cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 6, 3, 8, 8);
+        cudnnSetFilter4dDescriptor(w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, 4, 3, 3, 3);
+        cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 6, 4, 8, 8);
+        cudnnSetConvolution2dDescriptor(c, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
+        cudnnSetConvolutionMathType(c, math);
+        dx = (float *)dev(6 * 3 * 64 * 4), dw = (float *)dev(4 * 27 * 4), dy = (float *)dev(6 * 4 * 64 * 4);
+        ws = dev(1 << 20);
+        std::vector<float> v(6 * 4 * 64);
+        for (size_t i = 0; i < v.size(); i++) v[i] = 1.0f + (float)((i * 31) % 97) * 1.1e-3f;
+        cudaMemcpy(dx, v.data(), 6 * 3 * 64 * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dw, v.data(), 4 * 27 * 4, cudaMemcpyHostToDevice);
+        cudaMemcpy(dy, v.data(), v.size() * 4, cudaMemcpyHostToDevice);
+    }
+    std::vector<float> forward(cudnnConvolutionFwdAlgo_t a)
+    {
+        float one = 1, zero = 0;
+        cr_assert_eq(cudnnConvolutionForward(h, &one, x, dx, w, dw, c, a, NULL, 0, &zero, y, dy), CUDNN_STATUS_SUCCESS);
+        std::vector<float> out(6 * 4 * 64);
+        cudaMemcpy(out.data(), dy, out.size() * 4, cudaMemcpyDeviceToHost);
+        return out;
+    }
+    std::vector<float> filter_grad(cudnnConvolutionBwdFilterAlgo_t a)
+    {
+        float one = 1, zero = 0;
+        cr_assert_eq(cudnnConvolutionBackwardFilter(h, &one, x, dx, y, dy, c, a, ws, 1 << 20, &zero, w, dw),
+                     CUDNN_STATUS_SUCCESS);
+        std::vector<float> out(4 * 27);
+        cudaMemcpy(out.data(), dw, out.size() * 4, cudaMemcpyDeviceToHost);
+        return out;
+    }
+    ~conv()
+    {
+        cudaFree(dx), cudaFree(dw), cudaFree(dy), cudaFree(ws);
+        cudnnDestroyTensorDescriptor(x), cudnnDestroyTensorDescriptor(y);
+        cudnnDestroyFilterDescriptor(w), cudnnDestroyConvolutionDescriptor(c);
+        cudnnDestroy(h);
+    }
+};
+
+Test(emu, cudnn_labels_fma_only_float_algorithms_default_math_and_lets_default_math_use_tf32)
+{
+    conv k(CUDNN_FMA_MATH);
+    cudnnConvolutionFwdAlgoPerf_t perf[8];
+    int n = 0;
+    cr_assert_eq(cudnnGetConvolutionForwardAlgorithm_v7(k.h, k.x, k.w, k.c, k.y, 8, &n, perf), CUDNN_STATUS_SUCCESS);
+    cr_assert(n > 0);
+    for (int i = 0; i < n; i++) cr_assert_neq(perf[i].mathType, CUDNN_FMA_MATH, "results are labelled DEFAULT_MATH");
+    std::vector<float> fma = k.forward(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
+    cudnnSetConvolutionMathType(k.c, CUDNN_DEFAULT_MATH);
+    std::vector<float> tf32 = k.forward(CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM);
+    int differ = 0;
+    for (size_t i = 0; i < fma.size(); i++) differ += fma[i] != tf32[i];
+    cr_assert(differ > 0, "DEFAULT_MATH on float data rounds the operands to TF32");
+}
+
+Test(emu, cudnn_non_deterministic_algorithms_change_their_last_bits_and_deterministic_ones_do_not)
+{
+    conv k(CUDNN_FMA_MATH);
+    std::vector<float> a = k.filter_grad(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0), b = k.filter_grad(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0);
+    std::vector<float> c = k.filter_grad(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1), d = k.filter_grad(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1);
+    cr_assert(a != b, "ALGO_0 sums its parts in an order that changes");
+    cr_assert(c == d, "ALGO_1 is deterministic");
+}
+
+Test(emu, cudnn_checks_the_workspace_and_the_output_dims)
+{
+    conv k(CUDNN_FMA_MATH);
+    float one = 1, zero = 0;
+    cudnnStatus_t s = cudnnConvolutionForward(k.h, &one, k.x, k.dx, k.w, k.dw, k.c, CUDNN_CONVOLUTION_FWD_ALGO_GEMM, NULL,
+                                              0, &zero, k.y, k.dy);
+    cr_assert_eq(s, CUDNN_STATUS_BAD_PARAM);
+    CONTAINS(std::string(cudnnGetErrorString(s)), "bytes of workspace, 0 given");
+    cudnnSetTensor4dDescriptor(k.y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 6, 4, 7, 8);
+    s = cudnnConvolutionForward(k.h, &one, k.x, k.dx, k.w, k.dw, k.c, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, NULL, 0,
+                                &zero, k.y, k.dy);
+    cr_assert_eq(s, CUDNN_STATUS_BAD_PARAM);
+    CONTAINS(std::string(cudnnGetErrorString(s)), "this convolution gives {6,4,8,8}");
+}
+
+/* ---- NCCL ---- */
+
+Test(emu, nccl_with_one_rank_keeps_the_data_and_checks_its_arguments)
+{
+    ncclUniqueId id;
+    ncclComm_t comm;
+    cr_assert_eq(ncclGetUniqueId(&id), ncclSuccess);
+    cr_assert_eq(ncclCommInitRank(&comm, 1, id, 0), ncclSuccess);
+    uint16_t h[4] = {mp_f32_to_f16(1.5f), mp_f32_to_f16(-2.0f), mp_f32_to_f16(3.25f), mp_f32_to_f16(1e-5f)}, back[4];
+    void *d = dev(sizeof h);
+    cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice);
+    for (int op = ncclSum; op <= ncclAvg; op++) cr_assert_eq(ncclAllReduce(d, d, 4, ncclFloat16, (ncclRedOp_t)op, comm, NULL), ncclSuccess);
+    cudaMemcpy(back, d, sizeof back, cudaMemcpyDeviceToHost);
+    cr_assert(memcmp(h, back, sizeof h) == 0);
+    int host[4];
+    cr_assert_eq(ncclAllReduce(host, host, 4, ncclInt32, ncclSum, comm, NULL), ncclInvalidArgument);
+    CONTAINS(std::string(ncclGetErrorString(ncclInvalidArgument)), "not inside device memory");
+    cr_assert_eq(ncclCommDestroy(comm), ncclSuccess);
+    cr_assert_eq(ncclCommDestroy(comm), ncclInvalidArgument);
+    cudaFree(d);
+}
