@@ -1,30 +1,36 @@
 #!/bin/sh
 # gpu_check.sh: the checks that need a GPU, in one run of a few minutes on the
-# lent H200 machine (../shared/GPU.md). That machine has a driver, nvcc and
-# PyTorch's CUDA libraries but no Debian packages, so everything is built here
-# (`make gpu-bundle`: build/ plus the shared libraries and Lua files the binaries
-# need, in gpu-libs/) and carried there.
+# lent H200 machine (docs/ARCHITECTURE.md, "The GPU check"). That machine has a
+# driver, nvcc and PyTorch's CUDA libraries but no Debian packages, so everything
+# is built here and carried there as one folder (`make gpu-bundle`: gpu-libs/, the
+# stripped binaries of these steps, the shared libraries and Lua files they need,
+# compressed; scripts/gpu_bundle.sh).
 #
 #   here:   make gpu-check        (builds and bundles, then says: no GPU)
 #           MP_GPU_CHECK_FORCE=1 make gpu-check
-#                                 walks every step anyway, the fake CUDA device
-#                                 (build/tests/fake_cuda.so) standing in for the
-#                                 GPU and bench-gpu in its smoke mode: the
-#                                 plumbing, the counts and the summary, tried here
+#                                 walks every step anyway, the emulated CUDA
+#                                 device (build/tests/emu_cuda.so: the .cu code on
+#                                 the host; the fake device where it is not built)
+#                                 standing in for the GPU and bench-gpu in its
+#                                 smoke mode: the plumbing, the counts and the
+#                                 summary, tried here
 #   there:  sh scripts/gpu_check.sh
-#           (the device tool's run, carrying build/mp build/tests build/mpengine
-#           build/bench gpu-libs; it writes into $OUT, which comes back)
+#           (the device tool's run, carrying gpu-libs; it writes into $OUT,
+#           which comes back)
 #
 # Steps, most informative first, each under its own timeout and all of them
 # under one budget (MP_GPU_CHECK_BUDGET, 290 s):
 #   nvidia-smi, cuda-load (the backend loads, or why not; one op round trip),
-#   parity (CUDA against the CPU, op by op), parity-memcheck (the same under
-#   compute-sanitizer where the machine has it), the C tests, lua-cuda (the Lua
-#   specs with MP_DEVICE=cuda, TAP: one line per test even when killed; the
-#   specs that only start CPU child processes are CI's), nccl-one (mp.dist's
-#   NCCL path with one rank: the collectives on every dtype, and a
-#   data-parallel f16 step without a host read; multi-GPU runs need a machine
-#   with more than one GPU), bench-gpu.
+#   parity (CUDA against the CPU, op by op), then compute-sanitizer where the
+#   machine has it: memcheck over every parity case, racecheck (shared memory
+#   hazards) and synccheck (barriers and warp operations misused) over the cases
+#   of the kernels with shared memory and barriers; lua-cuda (the Lua specs with
+#   MP_DEVICE=cuda, TAP: one line per test even when killed; the specs that only
+#   start CPU child processes are CI's), nccl-one (mp.dist's NCCL path with one
+#   rank: the collectives on every dtype, and a data-parallel f16 step without a
+#   host read; multi-GPU runs need a machine with more than one GPU), bench-gpu,
+#   bench-gpt (GPT-2 small at batch 4, 3 steps, eager PyTorch only: a size that
+#   fits what is left of the budget; `make bench-gpu` runs the whole table).
 # Each step writes $OUT/<step>.txt (default: build/gpu-results) beginning with
 # the command it ran; $OUT/summary.txt gets one line per step as it ends:
 #   step, rc, seconds, passed/failed/skipped, the first failure's text.
@@ -40,8 +46,8 @@ START=$(date +%s)
 : >"$OUT/summary.txt"
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 
-if [ ! -x build/mpengine ] || [ ! -d "$G/lib" ]; then
-  say "gpu_check: build/mpengine or gpu-libs/ missing: run \`make gpu-bundle\` here and carry build/mp build/tests build/mpengine build/bench gpu-libs"
+if [ ! -d "$G/build" ] || [ ! -d "$G/lib" ]; then
+  say "gpu_check: gpu-libs/ missing or old: run \`make gpu-bundle\` here and carry gpu-libs"
   exit 1
 fi
 
@@ -51,27 +57,32 @@ FORCE=${MP_GPU_CHECK_FORCE:-}
 [ "$FORCE" = 0 ] && FORCE=
 say "== gpu_check $(date -u '+%H:%M:%S') on $(uname -n), budget ${BUDGET}s, results in $OUT"
 if [ -z "$HAVE_GPU" ] && [ -z "$FORCE" ]; then
-  say "gpu_check: skipped: no GPU (no nvidia-smi, no /dev/nvidiactl on $(uname -n)); MP_GPU_CHECK_FORCE=1 walks the steps on the fake device"
+  say "gpu_check: skipped: no GPU (no nvidia-smi, no /dev/nvidiactl on $(uname -n)); MP_GPU_CHECK_FORCE=1 walks the steps on the emulated device"
   exit 0
 fi
 
-# ---- the environment: our libraries (unpacked), the machine's CUDA libraries ----
+# ---- the environment: the bundle unpacked, the machine's CUDA libraries ----
 PY=$(command -v python3 || true)
 ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH-}
 U=$(mktemp -d "${TMPDIR:-/tmp}/mpengine-gpu-libs.XXXXXX") || exit 1
 trap 'rm -rf "$U"' EXIT
-mkdir -p "$U/lib" "$U/fallback"
-unxz_to() {   # unxz_to FILE.xz DIR
-  dst=$2/$(basename "$1" .xz)
-  if command -v xz >/dev/null 2>&1; then xz -dc "$1" >"$dst"
-  else "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$dst"
+unxz_to() {   # unxz_to FILE.xz DEST
+  if command -v xz >/dev/null 2>&1; then xz -dc "$1" >"$2"
+  else "$PY" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$1" "$2"
   fi
 }
-for d in lib fallback; do
-  for f in "$G/$d"/*.xz; do [ -f "$f" ] && unxz_to "$f" "$U/$d"; done
+# every file of gpu-libs at the same place under $U, the compressed ones unpacked
+(cd "$G" && find . -type f) | while read -r f; do
+  mkdir -p "$U/$(dirname "$f")"
+  case "$f" in
+    *.xz) unxz_to "$G/$f" "$U/${f%.xz}" ;;
+    *) cp "$G/$f" "$U/$f" ;;
+  esac
 done
-# cuBLAS and the other CUDA libraries of the machine's PyTorch (site-packages/nvidia/*/lib;
-# `nvidia` is a namespace package: no __file__, but a __path__)
+chmod +x "$U/build/mpengine" "$U/build/tests/parity" "$U/build/bench/gpu_kernels" "$U/bin/lua5.4" "$U/bin/busted" 2>/dev/null
+B=$U/build
+# cuBLAS, cuDNN, NCCL and the other CUDA libraries of the machine's PyTorch
+# (site-packages/nvidia/*/lib; `nvidia` is a namespace package: no __file__, but a __path__)
 NV=$(timeout 60 "${PY:-false}" - 2>/dev/null <<'EOF'
 import glob, os
 dirs = []
@@ -85,21 +96,27 @@ for r in roots:
 print(":".join(d for d in sorted(set(dirs)) if glob.glob(os.path.join(d, "*.so*"))))
 EOF
 )
-LIBS="$G/lib:$U/lib${NV:+:$NV}"
+LIBS="$U/lib${NV:+:$NV}"
 # libstdc++/libgcc_s of the build machine only where the machine has none
-if LD_LIBRARY_PATH="$LIBS" ldd build/mp/cuda.so build/mpengine 2>&1 | grep -q "not found"; then
-  LIBS="$LIBS:$G/fallback:$U/fallback"
+if LD_LIBRARY_PATH="$LIBS" ldd "$B/mp/cuda.so" "$B/mpengine" 2>&1 | grep -q "not found"; then
+  LIBS="$LIBS:$U/fallback"
 fi
 export LD_LIBRARY_PATH="$LIBS${ORIG_LD_LIBRARY_PATH:+:$ORIG_LD_LIBRARY_PATH}"
 export PYTHON_LD_LIBRARY_PATH="$ORIG_LD_LIBRARY_PATH"   # python3 and PyTorch run with the machine's own libraries
-export PATH="$G/bin:$PATH"
-export LUA="$G/bin/lua5.4"
-export LUA_PATH="$ROOT/lua/?.lua;$ROOT/lua/?/init.lua;$G/share/lua/5.4/?.lua;$G/share/lua/5.4/?/init.lua;;"
-export LUA_CPATH="$ROOT/build/?.so;$G/lib/lua/5.4/?.so;;"
-export MP_TEST_BUILD="$ROOT/build"
-if [ -z "$HAVE_GPU" ]; then   # MP_GPU_CHECK_FORCE without a GPU: the fake device stands in
-  export MP_CUDA_BACKEND="$ROOT/build/tests/fake_cuda.so" MP_BENCH_SMOKE=1
-  say "gpu_check: MP_GPU_CHECK_FORCE without a GPU: build/tests/fake_cuda.so stands in for it, bench-gpu in smoke mode; nothing here measures a GPU"
+export PATH="$U/bin:$PATH"
+export LUA="$U/bin/lua5.4"
+export LUA_PATH="$ROOT/lua/?.lua;$ROOT/lua/?/init.lua;$U/share/lua/5.4/?.lua;$U/share/lua/5.4/?/init.lua;;"
+export LUA_CPATH="$B/?.so;$U/lib/lua/5.4/?.so;;"
+export MP_TEST_BUILD="$B"
+if [ -z "$HAVE_GPU" ]; then   # MP_GPU_CHECK_FORCE without a GPU: the emulated device stands in
+  export MP_BENCH_SMOKE=1
+  if [ -f "$ROOT/build/tests/emu_cuda.so" ]; then
+    export MP_CUDA_BACKEND="$ROOT/build/tests/emu_cuda.so" MP_NCCL_LIBRARY="$ROOT/build/tests/emu_cuda.so"
+    say "gpu_check: MP_GPU_CHECK_FORCE without a GPU: the emulated device (build/tests/emu_cuda.so) stands in for it, bench-gpu in smoke mode; nothing here measures a GPU"
+  else
+    export MP_CUDA_BACKEND="$ROOT/build/tests/fake_cuda.so" MP_FAKE_CUDA_COLL=1
+    say "gpu_check: MP_GPU_CHECK_FORCE without a GPU: build/tests/fake_cuda.so stands in for it, bench-gpu in smoke mode; nothing here measures a GPU"
+  fi
 fi
 SANITIZER=$(command -v compute-sanitizer 2>/dev/null)
 for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer \
@@ -114,9 +131,9 @@ done
   echo "nvidia lib dirs: ${NV:-none found}"
   echo "compute-sanitizer: ${SANITIZER:-none}"
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-  echo "carried: $(du -cb build/mp build/tests build/mpengine build/bench gpu-libs 2>/dev/null | tail -n 1 | cut -f1) bytes"
-  echo "== ldd build/mp/cuda.so"; ldd build/mp/cuda.so 2>&1
-  echo "== ldd build/mpengine"; ldd build/mpengine 2>&1
+  echo "carried: $(du -cb "$G" 2>/dev/null | tail -n 1 | cut -f1) bytes (gpu-libs), unpacked: $(du -cb "$U" | tail -n 1 | cut -f1)"
+  echo "== ldd cuda.so"; ldd "$B/mp/cuda.so" 2>&1
+  echo "== ldd mpengine"; ldd "$B/mpengine" 2>&1
 } >"$OUT/env.txt" 2>&1
 
 # ---- what each step's output says: counts and the first failure ----
@@ -129,7 +146,7 @@ counts() {
       awk '{ printf "%d passed, %d failed, 0 skipped\n", $1, $2 + $3 }' ;;
     tap) awk '/^ok [0-9]+ - # SKIP/ { s++; next } /^ok [0-9]/ { p++ } /^not ok [0-9]/ { f++ }
               END { if (p + f + s) printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$2" ;;
-    memcheck) grep -a 'ERROR SUMMARY:' "$2" | tail -n 1 | sed 's/^=* *//' ;;
+    memcheck) grep -a -E 'ERROR SUMMARY:|RACECHECK SUMMARY:' "$2" | tail -n 1 | sed 's/^=* *//' ;;
     bench) awk '/^== bench-gpu table/ { t = 1 } t && / met$/ { m++ } t && / MISSED$/ { x++ }
                 END { if (t) printf "%d targets met, %d missed\n", m, x }' "$2" ;;
     first) sed -n '2p' "$2" | cut -c1-160 ;;   # the first line it printed
@@ -187,7 +204,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
 else
   skip nvidia-smi "no nvidia-smi here" nvidia-smi
 fi
-step cuda-load first 30 build/mpengine -e '
+step cuda-load first 30 "$B/mpengine" -e '
   local ok, why = mp.cuda.is_available()
   print("cuda available:", ok, why or "")
   if not ok then os.exit(1) end
@@ -199,31 +216,37 @@ if ! grep -q "cuda available:.*true" "$OUT/cuda-load.txt"; then
   say "gpu_check: the CUDA backend did not load: $(grep -a 'cuda available' "$OUT/cuda-load.txt" | head -n 1) (see $OUT/env.txt for ldd and the library path); the device steps are left out"
   exit 1
 fi
-step parity parity 60 build/tests/parity
-if [ -n "$SANITIZER" ]; then
-  step parity-memcheck memcheck 75 "$SANITIZER" --tool memcheck --error-exitcode 3 --print-limit 20 build/tests/parity
+step parity parity 60 "$B/tests/parity"
+# the kernels with shared memory, barriers or warp operations, for racecheck and synccheck
+SHARED_CASES="reduce sum,reduce argmax,softmax,layer_norm,cross_entropy,attention,telemetry,topk,batch_norm,conv2d"
+if [ -n "$SANITIZER" ] && [ -n "$HAVE_GPU" ]; then
+  step parity-memcheck memcheck 75 "$SANITIZER" --tool memcheck --error-exitcode 3 --print-limit 20 "$B/tests/parity"
+  step parity-racecheck memcheck 45 "$SANITIZER" --tool racecheck --error-exitcode 3 --print-limit 20 \
+    "$B/tests/parity" --only "$SHARED_CASES"
+  step parity-synccheck memcheck 30 "$SANITIZER" --tool synccheck --error-exitcode 3 --print-limit 20 \
+    "$B/tests/parity" --only "$SHARED_CASES"
 else
-  skip parity-memcheck "no compute-sanitizer on this machine" compute-sanitizer --tool memcheck build/tests/parity
+  why="no compute-sanitizer on this machine"
+  [ -z "$HAVE_GPU" ] && why="no GPU (the emulated device compares thread orders and checks barriers itself)"
+  for tool in memcheck racecheck synccheck; do
+    skip parity-$tool "$why" compute-sanitizer --tool $tool "$B/tests/parity"
+  done
 fi
-for t in build/tests/test_*; do
-  [ -x "$t" ] && step "$(basename "$t")" criterion 30 "$t" --short-filename
-done
-step lua-cuda tap 120 env MP_DEVICE=cuda "$LUA" "$G/bin/busted" -o TAP -v --no-auto-insulate \
+step lua-cuda tap 120 env MP_DEVICE=cuda "$LUA" "$U/bin/busted" -o TAP -v --no-auto-insulate \
   --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec \
   --exclude-pattern=repl_spec tests/lua
 # NCCL with one rank (no mpirun there: a world of one whose device collectives
-# still go through NCCL); on the fake device, its world-of-one collectives
-FAKE_COLL=
-[ -z "$HAVE_GPU" ] && FAKE_COLL=MP_FAKE_CUDA_COLL=1
-step nccl-one first 60 env MP_DEVICE=cuda $FAKE_COLL sh -c \
-  'build/mpengine tests/lua/dist/device_one.lua && build/mpengine tests/lua/dist/nowait.lua'
+# still go through NCCL)
+step nccl-one first 60 env MP_DEVICE=cuda sh -c \
+  "\"$B/mpengine\" tests/lua/dist/device_one.lua && \"$B/mpengine\" tests/lua/dist/nowait.lua"
 if ! grep -q "steps 5 reads 0 copies 0 waits 0" "$OUT/nccl-one.txt"; then
   say "gpu_check: nccl-one: a data-parallel step read back on the host, or did not run (see $OUT/nccl-one.txt)"
   failed=1
 fi
-step bench-gpu bench 150 env BUILD=build MP_BENCH_GPT=0 sh scripts/bench/gpu/run.sh
-# the GPT-2-small rows last, in what is left of the budget (PyTorch's compile is slow)
-step bench-gpt bench 240 env BUILD=build MP_BENCH_GPT=only sh scripts/bench/gpu/run.sh
+step bench-gpu bench 150 env BUILD="$B" MP_BENCH_GPT=0 sh scripts/bench/gpu/run.sh
+# the GPT-2-small rows last, at a size that fits what is left of the budget
+step bench-gpt bench 120 env BUILD="$B" MP_BENCH_GPT=only MP_BENCH_GPT_BATCH=4 MP_BENCH_GPT_STEPS=1,3,1 \
+  MP_BENCH_GPT_COMPILED=0 sh scripts/bench/gpu/run.sh
 say "== gpu_check done in $(($(date +%s) - START))s: $([ "$failed" = 0 ] && echo "all steps passed" || echo "SOME STEPS FAILED (see the files in $OUT)")"
 echo
 sed -n '/^== bench-gpu table/,$p' "$OUT/bench-gpu.txt" "$OUT/bench-gpt.txt" 2>/dev/null

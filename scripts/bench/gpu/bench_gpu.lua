@@ -150,7 +150,9 @@ end
 
 -- ---- d. GPT-2 small (scripts/models/gpt.lua), f16 AMP, dynamic scaling, AdamW ----
 -- 12 layers, d 768, 12 heads, T 1024, vocab 50304; batch MP_BENCH_GPT_BATCH (32:
--- fits both sides on an H200's 141 GB; not searched, to spare device time).
+-- fits both sides on an H200's 141 GB; not searched, to spare device time);
+-- MP_BENCH_GPT_STEPS="warm-up,steps,trials" (3,10,3; scripts/gpu_check.sh, with
+-- its few minutes, takes a smaller batch and fewer steps, the same on both sides).
 -- MFU: the model's FLOPs per token (6 N + 6 L T d for attention's two products,
 -- forward and backward, causal half counted whole as PyTorch's bench counts it)
 -- over the H200's dense f16 peak, 989 TFLOP/s.
@@ -162,6 +164,12 @@ local function bench_gpt()
   local B = tonumber(os.getenv("MP_BENCH_GPT_BATCH") or (SMOKE and 2 or 32))
   local T = cfg.ctx
   local WARMUP, STEPS, TRIALS = SMOKE and 1 or 3, SMOKE and 2 or 10, SMOKE and 1 or 3
+  local knob = os.getenv("MP_BENCH_GPT_STEPS")
+  if knob and not SMOKE then
+    local w, s, t = knob:match("^(%d+),(%d+),(%d+)$")
+    assert(w, "MP_BENCH_GPT_STEPS must be warm-up,steps,trials (got " .. knob .. ")")
+    WARMUP, STEPS, TRIALS = tonumber(w), tonumber(s), tonumber(t)
+  end
   mp.manual_seed(0)
   local model = GPT(cfg)
   model:to(dev)

@@ -13,7 +13,8 @@ with the keys of the mpengine side (bench_gpu.lua, build/bench/gpu_kernels):
   gpt_tokens_per_s, gpt_mfu, gpt_peak_mem (eager) and gpt_compiled_tokens_per_s,
         gpt_compiled_mfu, gpt_compiled_peak_mem (torch.compile): GPT-2 small (12 layers,
         d 768, 12 heads, T 1024, vocab 50304, tied output, PyTorch's default init) at
-        batch MP_BENCH_GPT_BATCH (32), autocast float16 + GradScaler + AdamW(fused=True),
+        batch MP_BENCH_GPT_BATCH (32; MP_BENCH_GPT_STEPS="warm-up,steps,trials", 3,10,3),
+        autocast float16 + GradScaler + AdamW(fused=True),
         F.scaled_dot_product_attention (causal); each in a fresh process (`gpt`,
         `gpt_compiled`) so that the peaks are its own
   matmul_{f16,bf16}_{4096,8192}     TFLOP/s of torch.matmul(A, B), square
@@ -228,6 +229,8 @@ def bench_gpt(compiled=False):
     else:
         V, T, L, D, H, B = 50304, 1024, 12, 768, 12, int(os.environ.get("MP_BENCH_GPT_BATCH", "32"))
     warmup, steps, trials = (1, 2, 1) if SMOKE else (3, 10, 3)
+    if not SMOKE and os.environ.get("MP_BENCH_GPT_STEPS"):   # warm-up,steps,trials, as bench_gpu.lua
+        warmup, steps, trials = (int(v) for v in os.environ["MP_BENCH_GPT_STEPS"].split(","))
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     from bench_gpt_torch import GPT   # the one PyTorch definition of the project's GPT

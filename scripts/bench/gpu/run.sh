@@ -20,7 +20,9 @@
 # MP_BENCH_SMOKE=1: everything on the CPU with tiny sizes, to check that the
 # scripts run end to end (the figures mean nothing).
 # MP_BENCH_GPT=0: without the GPT rows (d); MP_BENCH_GPT=only: the GPT rows alone
-# (gpu_check.sh runs them as a step of their own, after the others).
+# (gpu_check.sh runs them as a step of their own, after the others, at a batch and
+# step count that fit its budget: MP_BENCH_GPT_BATCH, MP_BENCH_GPT_STEPS);
+# MP_BENCH_GPT_COMPILED=0: without torch.compile's row (its compile takes minutes).
 BUILD=${BUILD:-build}
 cd "$(dirname "$0")/../../.." || exit 1
 HERE=scripts/bench/gpu
@@ -94,7 +96,9 @@ if not torch.cuda.is_available() and os.environ.get("MP_BENCH_SMOKE", "") == "":
     [ "$rc" = 0 ] || echo "!! bench_gpu_torch.py exited $rc"
   fi
   # the GPT, eager then compiled, each in a process of its own (its own peak memory)
-  [ "$GPT" = 0 ] || for g in gpt gpt_compiled; do
+  gpts="gpt gpt_compiled"
+  [ "${MP_BENCH_GPT_COMPILED:-1}" = 0 ] && gpts=gpt
+  [ "$GPT" = 0 ] || for g in $gpts; do
     tmo 300 env LD_LIBRARY_PATH="${PYTHON_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" "$PY" "$HERE/bench_gpu_torch.py" $g >"$T/torch_$g.txt" 2>&1
     rc=$?
     cat "$T/torch_$g.txt"
