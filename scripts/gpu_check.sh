@@ -249,5 +249,5 @@ step bench-gpt bench 120 env BUILD="$B" MP_BENCH_GPT=only MP_BENCH_GPT_BATCH=4 M
   MP_BENCH_GPT_COMPILED=0 sh scripts/bench/gpu/run.sh
 say "== gpu_check done in $(($(date +%s) - START))s: $([ "$failed" = 0 ] && echo "all steps passed" || echo "SOME STEPS FAILED (see the files in $OUT)")"
 echo
-sed -n '/^== bench-gpu table/,$p' "$OUT/bench-gpu.txt" "$OUT/bench-gpt.txt" 2>/dev/null
+for f in "$OUT/bench-gpu.txt" "$OUT/bench-gpt.txt"; do sed -n '/^== bench-gpu table/,$p' "$f" 2>/dev/null; done
 exit "$failed"

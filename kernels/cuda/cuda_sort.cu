@@ -3,8 +3,9 @@
  * smallest) values of each row, in order, and their positions, in the order of
  * kernels/cpu/cpu_sort.c: NaN above every number, equal values by position.
  *
- * A block per row. A row of up to SORT_SHARED values is sorted in shared
- * memory by a bitonic network, padded to a power of two with entries that
+ * Keys are doubles: exact for every float dtype and for i32, whose values are
+ * copied, never converted through f32. A block per row. A row of up to
+ * SORT_SHARED values is sorted in shared memory by a bitonic network, padded to a power of two with entries that
  * come after every real one (a position past the row's end). A longer row
  * gives each value its rank by counting the values that come before it: n^2
  * comparisons a row, spread over the block's threads, which suits rows of a
@@ -14,14 +15,27 @@
  */
 #include "kernels/cuda/cuda.h"
 
-#define SORT_SHARED 2048   /* 16 KiB of shared memory: a value and a position each */
+#define SORT_SHARED 2048   /* 32 KiB of shared memory: a key and a position each */
 
 namespace {
 
 struct entry {
-    float v;
+    double v;
     int32_t i;
 };
+
+/* element i of a row of dtype dt as a key: exact for i32 too */
+__device__ __forceinline__ double key_at(mp_dtype dt, const void *x, int64_t i)
+{
+    return dt == MP_I32 ? (double)((const int32_t *)x)[i] : (double)mp_ld(dt, x, i);
+}
+
+/* the value at position j of the output, from the key (i32: exact) */
+__device__ __forceinline__ void put_value(mp_dtype dt, void *values, int64_t j, double v, mp_tally &tl)
+{
+    if (dt == MP_I32) ((int32_t *)values)[j] = (int32_t)v;
+    else mp_stc(dt, values, j, (float)v, tl);
+}
 
 /* a comes before b: the larger first when largest (NaN the largest), the
  * smaller first otherwise (NaN the last), the lower position among equals */
@@ -40,7 +54,7 @@ __global__ void k_topk_shared(mp_dtype dt, void *values, int32_t *idx, const voi
     mp_tally tl(fc);
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         for (int j = threadIdx.x; j < p2; j += blockDim.x)
-            s[j] = j < n ? entry{mp_ld(dt, x, r * n + j), j} : entry{largest ? -INFINITY : NAN, (int32_t)j};
+            s[j] = j < n ? entry{key_at(dt, x, r * n + j), j} : entry{largest ? -INFINITY : NAN, (int32_t)j};
         __syncthreads();
         for (int size = 2; size <= p2; size <<= 1)
             for (int stride = size >> 1; stride > 0; stride >>= 1) {
@@ -53,7 +67,7 @@ __global__ void k_topk_shared(mp_dtype dt, void *values, int32_t *idx, const voi
                 __syncthreads();
             }
         for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
-            mp_stc(dt, values, r * k + j, s[j].v, tl);
+            put_value(dt, values, r * k + j, s[j].v, tl);
             idx[r * k + j] = s[j].i;
         }
         __syncthreads();   /* s is read before the next row overwrites it */
@@ -67,11 +81,11 @@ __global__ void k_topk_rank(mp_dtype dt, void *values, int32_t *idx, const void 
     mp_tally tl(fc);
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x)
         for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-            entry a = {mp_ld(dt, x, r * n + i), (int32_t)i};
+            entry a = {key_at(dt, x, r * n + i), (int32_t)i};
             int64_t rank = 0;
-            for (int64_t j = 0; j < n; j++) rank += before(entry{mp_ld(dt, x, r * n + j), (int32_t)j}, a, largest);
+            for (int64_t j = 0; j < n; j++) rank += before(entry{key_at(dt, x, r * n + j), (int32_t)j}, a, largest);
             if (rank < k) {
-                mp_stc(dt, values, r * k + rank, a.v, tl);
+                put_value(dt, values, r * k + rank, a.v, tl);
                 idx[r * k + rank] = (int32_t)i;
             }
         }

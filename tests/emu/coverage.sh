@@ -15,7 +15,7 @@ for f in kernels/cuda/*.cu; do
     def && /MP_LAUNCH/ { macro[name] = 1 }
     def { if (!/\\$/) def = 0; next }
     /MP_LAUNCH(_UNORDERED)?\(/ { print "site " f ":" NR; next }
-    { for (m in macro) if (index($0, m "(")) { print "site " f ":" NR; break } }
+    { for (m in macro) if ($0 ~ ("(^|[^A-Za-z0-9_])" m "\\(")) { print "site " f ":" NR; break } }
     /__global__ void [a-z_0-9]+\(/ { k = $0; sub(/.*__global__ void /, "", k); sub(/\(.*/, "", k); print "kernel " k }
   ' "$f"
 done >"$tmp"

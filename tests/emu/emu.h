@@ -73,6 +73,8 @@ const char *detail_for(cudaError_t e);
  * waits; what it returns: false when it failed (its error set). */
 bool enqueue(cudaStream_t s, const char *what, std::function<bool()> fn);
 cudaError_t sync_stream(cudaStream_t s);
+/* s's work, and of the other streams only what s waits for */
+cudaError_t sync_stream_exact(cudaStream_t s);
 cudaError_t sync_device();
 bool stream_valid(cudaStream_t s);
 
@@ -88,6 +90,7 @@ bool run_kernel(kernel_run &k);
 /* cudaFuncAttributeMaxDynamicSharedMemorySize, and what a block of the kernel may have */
 int set_max_dynamic(const void *kernel, int bytes);
 size_t shared_limit(const void *kernel);
+size_t dynamic_limit(const void *kernel);
 size_t static_shared(const void *kernel);   /* as far as its first block showed */
 /* the kernel's name from its site's text, as written (up to the first top-level comma) */
 std::string kernel_name(const site *at);

@@ -43,7 +43,7 @@ struct cublasContext {
 
 using namespace mp_emu;
 
-static std::set<cublasContext *> handles;
+static std::set<cublasContext *> &handles = *new std::set<cublasContext *>;   /* never destroyed: see emu_runtime.cc */
 
 #define SPLIT_K 1024
 

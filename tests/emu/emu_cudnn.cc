@@ -61,8 +61,8 @@ struct cudnnConvolutionStruct {
 
 using namespace mp_emu;
 
-static std::set<void *> live;   /* handles and descriptors */
-static std::map<int, std::string> texts;
+static std::set<void *> &live = *new std::set<void *>;   /* handles and descriptors (never destroyed) */
+static std::map<int, std::string> &texts = *new std::map<int, std::string>;
 static long calls;              /* orders the parts of non-deterministic algorithms */
 
 static cudnnStatus_t bad(cudnnStatus_t s, const char *call, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

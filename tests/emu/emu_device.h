@@ -251,9 +251,12 @@ static inline double min(double a, double b) { return fmin(a, b); }
 static inline double max(double a, double b) { return fmax(a, b); }
 
 /* ---- atomics: one fiber at a time, so each is a plain read-modify-write ---- */
+/* add and sub wrap, as the hardware's do: in the unsigned type (no signed overflow) */
 #define MP_EMU_ATOMIC_INT(T)                                                         \
-    static inline T atomicAdd(T *p, T v) { T o = *p; *p = (T)(o + v); return o; }    \
-    static inline T atomicSub(T *p, T v) { T o = *p; *p = (T)(o - v); return o; }    \
+    static inline T atomicAdd(T *p, T v)                                             \
+    { T o = *p; *p = (T)((std::make_unsigned_t<T>)o + (std::make_unsigned_t<T>)v); return o; } \
+    static inline T atomicSub(T *p, T v)                                             \
+    { T o = *p; *p = (T)((std::make_unsigned_t<T>)o - (std::make_unsigned_t<T>)v); return o; } \
     static inline T atomicMin(T *p, T v) { T o = *p; if (v < o) *p = v; return o; }  \
     static inline T atomicMax(T *p, T v) { T o = *p; if (v > o) *p = v; return o; }  \
     static inline T atomicExch(T *p, T v) { T o = *p; *p = v; return o; }            \

@@ -11,20 +11,23 @@
  * writes its part, waits until every rank has written, computes its result
  * from all the parts in rank order, and marks the step read. Sums run in f32
  * in rank order and round once to the buffer's type (with two ranks that is
- * NCCL's one rounding); ncclAvg multiplies the sum by 1/nranks. A rank that
+ * NCCL's one rounding); ncclAvg, as NCCL's for floats, multiplies each part by
+ * 1/nranks before the sum (integers: the sum divided). A rank that
  * does not arrive within MP_EMU_NCCL_TIMEOUT seconds (120) ends the wait with
  * an error instead of a hang.
  *
  * When a collective runs. It is checked when called (a live communicator, a
  * live stream, buffers in device memory and inside their allocations, a type
  * and an operation NCCL has) and then runs at once, after everything its
- * stream was given before it (and, through event waits, what that depended
- * on), not later with the rest of the lazily run work: two processes each
- * waiting in their host code (an MPI call) for a collective that the other's
- * device has not run would otherwise wait forever, where real GPUs run
- * independently. So work that a collective's stream forgot to wait for is
- * still missing when the collective reads its buffer (a wrong sum shows it);
- * what the main stream forgets to wait for after a collective is not seen.
+ * stream was given before it and, through its event waits, exactly what those
+ * wait for on other streams (not the rest of their queued work), not later with
+ * the rest of the lazily run work: two processes each waiting in their host
+ * code (an MPI call) for a collective that the other's device has not run would
+ * otherwise wait forever, where real GPUs run independently. So work that a
+ * collective's stream forgot to wait for, or waited for at an event recorded
+ * too early, is still missing when the collective reads its buffer (a wrong sum
+ * shows it); what the main stream forgets to wait for after a collective is
+ * not seen.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -62,7 +65,7 @@ struct ncclComm {
     uint64_t step;
 };
 
-static std::set<ncclComm *> comms;
+static std::set<ncclComm *> &comms = *new std::set<ncclComm *>;   /* never destroyed: see emu_runtime.cc */
 static char why[600];
 
 static ncclResult_t bad(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -262,17 +265,18 @@ static bool all_reduce(ncclComm *c, const char *send, char *recv, size_t count, 
         auto reduce = [&](int parts) {
             for (size_t i = 0; i < n; i++) {
                 double v = 0;
+                const bool premul = op == ncclAvg && is_float(t);
                 for (int q = 0; q < parts; q++) {
                     /* one rank: its own buffer; several: each rank's part in its slot */
                     double x = get(t, parts == 1 ? send + i0 * es : c->area->slot[q], i);
+                    if (premul) x = t == ncclFloat64 ? x / c->size : (double)((float)x * (1.0f / (float)c->size));
                     if (q == 0) v = x;
                     else if (op == ncclMax) v = x > v || x != x ? x : v;
                     else if (op == ncclMin) v = x < v || x != x ? x : v;
                     else if (op == ncclProd) v = is_float(t) && t != ncclFloat64 ? (double)((float)v * (float)x) : v * x;
                     else v = is_float(t) && t != ncclFloat64 ? (double)((float)v + (float)x) : v + x;
                 }
-                if (op == ncclAvg) v = is_float(t) ? (t == ncclFloat64 ? v / c->size : (double)((float)v * (1.0f / (float)c->size)))
-                                                   : (double)((int64_t)v / c->size);
+                if (op == ncclAvg && !premul) v = (double)((int64_t)v / c->size);
                 put(t, res.data(), i, v);
             }
             memcpy(recv + i0 * es, res.data(), n * es);
@@ -332,7 +336,7 @@ template <class F> static ncclResult_t collective(const char *call, ncclComm_t c
     if (!comms.count(c)) return bad(ncclInvalidArgument, "%s: not a live communicator", call);
     if (!stream_valid(s)) return bad(ncclInvalidArgument, "%s: stream %p is not live", call, (void *)s);
     if (sticky_error() != cudaSuccess) return bad(ncclUnhandledCudaError, "%s: the device has failed", call);
-    sync_stream(s);
+    sync_stream_exact(s);   /* what its stream was made to wait for, and no more */
     if (!body()) return bad(ncclSystemError, "%s: %s", call, cudaGetErrorString(sticky_error()));
     return ncclSuccess;
 }

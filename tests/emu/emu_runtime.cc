@@ -105,7 +105,9 @@ stats &counters()
 /* ---- errors ---- */
 
 static cudaError_t last = cudaSuccess, stuck = cudaSuccess;
-static std::map<int, std::string> details;
+/* the containers are never destroyed: the engine's exit handlers (mp.dist's
+ * finalize) may still call the runtime after this object's destructors ran */
+static std::map<int, std::string> &details = *new std::map<int, std::string>;
 
 static void keep_detail(cudaError_t e, const char *fmt, va_list ap)
 {
@@ -177,7 +179,7 @@ static cudaError_t fail(cudaError_t e, const char *fmt, ...)
 
 /* ---- memory ---- */
 
-static std::map<uintptr_t, region> regions;   /* by base */
+static std::map<uintptr_t, region> &regions = *new std::map<uintptr_t, region>;   /* by base */
 static size_t device_bytes;
 
 bool find_region(const void *p, region *r)
@@ -233,9 +235,10 @@ static bool in_bounds(const char *call, const char *which, const void *p, size_t
 
 /* ---- streams ---- */
 
-static CUstream_st default_stream = {0, {}, 1, 0};
-static std::vector<CUstream_st *> streams = {&default_stream};   /* the live ones, in order of creation */
-static std::set<CUevent_st *> events;
+static CUstream_st &default_stream = *new CUstream_st{0, {}, 1, 0};
+/* the live streams, in order of creation, and events */
+static std::vector<CUstream_st *> &streams = *new std::vector<CUstream_st *>{&default_stream};
+static std::set<CUevent_st *> &events = *new std::set<CUevent_st *>;
 static long pending;
 
 static CUstream_st *stream_of(cudaStream_t s)
@@ -299,6 +302,26 @@ static void advance(CUstream_st *s, uint64_t seq)
     }
 }
 
+/* runs s's work up to seq and, for each wait on the way, the stream it waits
+ * for only up to the point waited for: nothing any stream was not made to
+ * wait for (what a collective reads, emu_nccl.cc) */
+static void advance_exact(CUstream_st *s, uint64_t seq)
+{
+    while (s->done < seq) {
+        if (stuck != cudaSuccess) return drop_all();
+        op &o = s->q.front();
+        if (o.wait_for && o.wait_for->done < o.wait_seq) advance_exact(o.wait_for, o.wait_seq);
+        step(s);
+    }
+}
+
+cudaError_t sync_stream_exact(cudaStream_t st)
+{
+    CUstream_st *s = stream_of(st);
+    advance_exact(s, s->next - 1);
+    return stuck;
+}
+
 bool enqueue(cudaStream_t st, const char *what, std::function<bool()> fn)
 {
     CUstream_st *s = stream_of(st);
@@ -341,6 +364,11 @@ bool launch_check(const launch_desc &d, const void *const *ptrs, const int *argi
         return false;
     }
     size_t limit = shared_limit(d.kernel);
+    if (d.shared > dynamic_limit(d.kernel)) {
+        fail(cudaErrorInvalidValue, "%s: %zu bytes of dynamic shared memory, over the %zu that "
+             "cudaFuncAttributeMaxDynamicSharedMemorySize set", site_string(d.at), d.shared, dynamic_limit(d.kernel));
+        return false;
+    }
     if (static_shared(d.kernel) + d.shared > limit) {
         fail(cudaErrorInvalidValue, "%s: %zu bytes of dynamic shared memory and %zu static: over the %zu a block may "
              "have%s", site_string(d.at), d.shared, static_shared(d.kernel), limit,

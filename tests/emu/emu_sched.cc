@@ -30,9 +30,11 @@
  * static shared memory as far as the emulator can tell (a lower bound of what
  * ptxas allots), checked with the dynamic bytes against 48 KiB or the opt-in.
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <map>
 #include <mutex>
 #include <string>
@@ -241,8 +243,8 @@ static uint64_t warp_result(thread_state *w, unsigned mask, int l, bool *bad)
     auto from = [&](int src) -> uint64_t {
         if (src == l) return t.val;
         if (!(mask >> src & 1u)) {
-            set_fault("%s at %s:%d: lane %d reads lane %d, which is not in the mask 0x%08x", op_name(t.op), t.file,
-                      t.line, l, src, mask);
+            set_fault("%s at %s:%d: lane %d reads lane %d, which is not among the lanes taking part (mask 0x%08x; "
+                      "exited or absent lanes do not)", op_name(t.op), t.file, t.line, l, src, t.mask);
             *bad = true;
             return 0;
         }
@@ -252,9 +254,9 @@ static uint64_t warp_result(thread_state *w, unsigned mask, int l, bool *bad)
     case W_SHFL: return from((l & ~(width - 1)) | (t.arg & (width - 1)));
     case W_SHFL_UP: return (l & (width - 1)) >= t.arg ? from(l - t.arg) : t.val;
     case W_SHFL_DOWN: return (l & (width - 1)) + t.arg < width ? from(l + t.arg) : t.val;
-    case W_SHFL_XOR: {
-        int src = l ^ t.arg;
-        return (src & ~(width - 1)) == (l & ~(width - 1)) ? from(src) : t.val;
+    case W_SHFL_XOR: {   /* PTX's bfly: a lane may read its own group or an earlier one */
+        int src = l ^ (t.arg & 31);
+        return src <= ((l & ~(width - 1)) | (width - 1)) ? from(src) : t.val;
     }
     default: break;
     }
@@ -285,14 +287,18 @@ static uint64_t warp_result(thread_state *w, unsigned mask, int l, bool *bad)
     return r;
 }
 
-/* 1: released some, 0: none can be, -1: a fault */
+/* 1: released some, 0: none can be, -1: a fault. The lanes that take part are
+ * those of the mask that exist and have not exited (CUDA: "all non-exited
+ * threads named in mask must execute the same intrinsic"); reading a value
+ * from any other lane is the fault (warp_result) */
 static int resolve_warps(int n)
 {
     int released = 0;
     for (int w0 = 0; w0 < n; w0 += 32) {
         thread_state *w = threads + w0;
         const int lanes = n - w0 < 32 ? n - w0 : 32;
-        const unsigned exist = lanes == 32 ? ~0u : (1u << lanes) - 1;
+        unsigned alive = 0;
+        for (int j = 0; j < lanes; j++) alive |= (unsigned)(w[j].st != DONE) << j;
         for (int l = 0; l < lanes; l++) {
             thread_state &t = w[l];
             if (t.st != AT_WARP) continue;
@@ -305,28 +311,18 @@ static int resolve_warps(int n)
                 released = 1;
                 continue;
             }
-            m = t.mask;
-            if (!(m >> l & 1u)) {
+            if (!(t.mask >> l & 1u)) {
                 set_fault("%s at %s:%d: lane %d calls it with mask 0x%08x, which leaves the lane itself out", op_name(t.op),
-                          t.file, t.line, l, m);
+                          t.file, t.line, l, t.mask);
                 return -1;
             }
-            if (m & ~exist) {
-                set_fault("%s at %s:%d: mask 0x%08x names lanes that do not exist (this warp has %d of a block of %u "
-                          "threads)", op_name(t.op), t.file, t.line, m, lanes, block_dim.x * block_dim.y * block_dim.z);
-                return -1;
-            }
+            m = t.mask & alive;   /* the lanes that take part */
             bool ready = true;
             for (int j = 0; j < lanes; j++) {
                 if (!(m >> j & 1u)) continue;
                 thread_state &o = w[j];
-                if (o.st == DONE) {
-                    set_fault("%s at %s:%d: lane %d named in the mask 0x%08x has exited", op_name(t.op), t.file, t.line,
-                              j, m);
-                    return -1;
-                }
                 bool meets = t.op == W_SYNCWARP ? o.st == AT_WARP && o.op == W_SYNCWARP : same_point(o, t);
-                if (!meets || o.mask != m) ready = false;
+                if (!meets || o.mask != t.mask) ready = false;
             }
             if (!ready) continue;
             bool bad = false;
@@ -449,7 +445,7 @@ struct kernel_info {
     size_t static_bytes = 0;   /* bytes of the shared section its first block wrote */
     int max_dynamic = -1;      /* cudaFuncAttributeMaxDynamicSharedMemorySize, -1: not set */
 };
-static std::map<const void *, kernel_info> kinfo;
+static std::map<const void *, kernel_info> &kinfo = *new std::map<const void *, kernel_info>;
 
 static size_t section_bytes() { return __start_mp_emu_shared ? (size_t)(__stop_mp_emu_shared - __start_mp_emu_shared) : 0; }
 
@@ -472,10 +468,18 @@ int set_max_dynamic(const void *kernel, int bytes)
     return 0;
 }
 
+/* what a block may have in all: 48 KiB, or 227 KiB once the kernel opted in */
 size_t shared_limit(const void *kernel)
 {
     auto it = kinfo.find(kernel);
     return it != kinfo.end() && it->second.max_dynamic >= 0 ? (size_t)227 << 10 : (size_t)48 << 10;
+}
+
+/* the dynamic shared memory a launch may ask for: what the opt-in set, else no cap of its own */
+size_t dynamic_limit(const void *kernel)
+{
+    auto it = kinfo.find(kernel);
+    return it != kinfo.end() && it->second.max_dynamic >= 0 ? (size_t)it->second.max_dynamic : SIZE_MAX;
 }
 
 size_t static_shared(const void *kernel)
@@ -598,15 +602,20 @@ static std::vector<saved> snapshot(std::vector<saved> v)
 
 /* ---- coverage: which launch sites ran, written at exit ---- */
 
-static std::map<const site *, long> ran;
+static std::map<const site *, long> &ran = *new std::map<const site *, long>;
+
+/* one write() on an O_APPEND descriptor: the lines of processes that end
+ * together (mpirun's ranks, Criterion's workers) do not interleave */
 static void write_coverage(void)
 {
     const char *path = config().coverage;
     if (!path || !*path) return;
-    FILE *f = fopen(path, "a");
-    if (!f) return;
-    for (auto &x : ran) fprintf(f, "%s %ld\n", site_string(x.first), x.second);
-    fclose(f);
+    std::string text;
+    for (auto &x : ran) text += std::string(site_string(x.first)) + " " + std::to_string(x.second) + "\n";
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT, 0644);
+    if (fd < 0) return;
+    if (write(fd, text.data(), text.size()) < 0) { /* coverage is information only */ }
+    close(fd);
 }
 
 bool run_kernel(kernel_run &k)

@@ -187,14 +187,44 @@ Test(emu, threads_at_different_barriers_are_an_error)
     cudaFree(out);
 }
 
-Test(emu, a_warp_operation_whose_mask_names_lanes_that_left_is_an_error)
+Test(emu, a_shuffle_that_reads_a_lane_that_left_is_an_error)
 {
     int *out = (int *)dev(32 * sizeof(int));
     MP_LAUNCH(1, 32, 0, NULL, k_half_warp_shfl, out);
     std::string why;
     cr_assert_eq(sync_error(&why), cudaErrorLaunchFailure);
     CONTAINS(why, "__shfl_down_sync at");
-    CONTAINS(why, "named in the mask 0xffffffff has exited");
+    CONTAINS(why, "lane 15 reads lane 16, which is not among the lanes taking part");
+    cudaFree(out);
+}
+
+/* lanes that exited, or do not exist, take no part; the rest still meet */
+__global__ void k_ballot_after_exits(int *out)
+{
+    if (threadIdx.x % 3 == 0) return;
+    out[threadIdx.x] = (int)__ballot_sync(0xffffffffu, 1);
+    __syncwarp();
+}
+
+/* __shfl_xor_sync with width 16: lane 20 xor 16 reads lane 4, in the group before */
+__global__ void k_xor_width(int *out)
+{
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 16, 16);
+}
+
+Test(emu, exited_and_absent_lanes_take_no_part_and_xor_may_read_an_earlier_group)
+{
+    int *out = (int *)dev(40 * sizeof(int));
+    MP_LAUNCH(1, 40, 0, NULL, k_ballot_after_exits, out);
+    std::vector<int> r = fetch(out, 40);
+    unsigned w0 = 0, w1 = 0;
+    for (int t = 0; t < 40; t++)
+        if (t % 3) (t < 32 ? w0 : w1) |= 1u << (t % 32);
+    for (int t = 0; t < 40; t++)
+        if (t % 3) cr_assert_eq((unsigned)r[t], t < 32 ? w0 : w1, "thread %d", t);
+    MP_LAUNCH(1, 32, 0, NULL, k_xor_width, out);
+    r = fetch(out, 32);
+    for (int t = 0; t < 32; t++) cr_assert_eq(r[t], t >= 16 ? t ^ 16 : t, "thread %d", t);
     cudaFree(out);
 }
 
@@ -321,6 +351,10 @@ Test(emu, the_launch_limits_are_errors)
     MP_LAUNCH(1, 128, 64 << 10, NULL, k_dynamic_shared, out, 16 << 10);
     cr_assert_eq(cudaGetLastError(), cudaSuccess);
     cr_assert_eq(fetch(out, 1)[0], (16 << 10) * ((16 << 10) - 1) / 2);
+    MP_LAUNCH(1, 128, 80 << 10, NULL, k_dynamic_shared, out, 20 << 10);   /* more than the opt-in set */
+    e = cudaGetLastError();
+    cr_assert_eq(e, cudaErrorInvalidValue);
+    CONTAINS(text(e), "over the 65536 that cudaFuncAttributeMaxDynamicSharedMemorySize set");
     cudaFree(out);
 }
 

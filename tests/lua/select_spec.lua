@@ -223,6 +223,11 @@ describe("topk and sort", function()
     assert.are.same({ 1, 2, 0 }, ai:totable())
     local lo = mp.tensor({ 5, 1, 4 }):topk(2, 1, { largest = false })
     assert.are.same({ 1, 4 }, lo:totable())
+    -- i32 exactly: 2^24 + 1 and 2^24 round to one f32, and -1 is no NaN
+    local iv, ii = mp.tensor({ 16777216, -1, 16777217, 0 }, { dtype = "i32" }):topk(3)
+    assert.are.same({ 16777217, 16777216, 0 }, iv:totable())
+    assert.are.same({ 2, 0, 3 }, ii:totable())
+    assert.are.same({ -1, 0 }, mp.tensor({ 3, -1, 0 }, { dtype = "i32" }):topk(2, 1, { largest = false }):totable())
   end)
 
   it("along any dim, and the indices gather the values back", function()

@@ -630,11 +630,15 @@ static void cases_nn(void)
             int64_t r = tk_shapes[si][0], n = tk_shapes[si][1], kk = tk_shapes[si][2];
             snprintf(what, sizeof what, "{%lld rows, %lld} k %lld", (long long)r, (long long)n, (long long)kk);
             if (!DUT->topk) { skipped++; continue; }
-            if (!begin(&c, "topk %s %s", dn, what)) continue;
-            int x = buf(&c, dt, r * n, 0, -3, 3), v = buf(&c, dt, r * kk, 1, 0, 0), ix = buf(&c, MP_I32, r * kk, 1, 0, 0);
-            REF->topk(REF->ctx, dt, c.ref[v], c.ref[ix], c.ref[x], r, n, kk, 1);
-            DUT->topk(DUT->ctx, dt, c.dev[v], c.dev[ix], c.dev[x], r, n, kk, 1);
-            finish(&c);
+            for (int largest = 1; largest >= 0; largest--) {
+                char name[96];
+                snprintf(name, sizeof name, "%s%s", what, largest ? "" : ", smallest");
+                if (!begin(&c, "topk %s %s", dn, name)) continue;
+                int x = buf(&c, dt, r * n, 0, -3, 3), v = buf(&c, dt, r * kk, 1, 0, 0), ix = buf(&c, MP_I32, r * kk, 1, 0, 0);
+                REF->topk(REF->ctx, dt, c.ref[v], c.ref[ix], c.ref[x], r, n, kk, largest);
+                DUT->topk(DUT->ctx, dt, c.dev[v], c.dev[ix], c.dev[x], r, n, kk, largest);
+                finish(&c);
+            }
         }
         for (size_t si = 0; si < sizeof ln_shapes / sizeof ln_shapes[0]; si++) {
             int64_t r = ln_shapes[si][0], n = ln_shapes[si][1];
@@ -774,6 +778,28 @@ static void cases_cnn(void)
                 c.bound = bound_for(dt, 1e-10, 1e-5);
                 finish(&c);
             }
+    }
+}
+
+/* topk of i32 rows, values whose f32 roundings are equal (2^24 and 2^24 + 1,
+ * -1 beside the rest): kept and ordered exactly, largest and smallest */
+static void cases_topk_i32(void)
+{
+    pcase c;
+    if (!DUT->topk) { skipped += 2; return; }
+    for (int largest = 1; largest >= 0; largest--) {
+        if (!begin(&c, "topk i32 {3 rows, 300} k 7%s%s", largest ? "" : ", smallest", "")) continue;
+        int x = buf(&c, MP_I32, 900, 0, -1000, 1000), v = buf(&c, MP_I32, 21, 1, 0, 0), ix = buf(&c, MP_I32, 21, 1, 0, 0);
+        int32_t *h = c.ref[x];
+        h[5] = 16777216, h[9] = 16777217, h[305] = -16777217, h[309] = -16777216, h[600] = -1, h[601] = 0;
+        DUT->from_host(DUT->ctx, c.dev[x], h, c.size[x]);
+        REF->topk(REF->ctx, MP_I32, c.ref[v], c.ref[ix], c.ref[x], 3, 300, 7, largest);
+        DUT->topk(DUT->ctx, MP_I32, c.dev[v], c.dev[ix], c.dev[x], 3, 300, 7, largest);
+        if (largest) {   /* the reference itself: 2^24 + 1 before 2^24 */
+            const int32_t *rv = c.ref[v], *ri = c.ref[ix];
+            if (rv[0] != 16777217 || ri[0] != 9 || rv[1] != 16777216) c.rc_fail = "the CPU's topk (its i32 keys)";
+        }
+        finish(&c);
     }
 }
 
@@ -1093,6 +1119,7 @@ int main(int argc, char **argv)
     cases_nn();
     cases_cnn();
     cases_integers_and_creation();
+    cases_topk_i32();
     cases_empty();
     cases_optim_and_scaler();   /* last: the self-check's persistent fault is in it */
     if (none) {
