@@ -76,21 +76,34 @@ settings &config_mut()
     return the_settings;
 }
 
+/* a setting the emulator does not know ends the process: a test that believes
+ * it ran in some order must not run in another */
+static void bad_setting(const char *name, const char *value, const char *expected)
+{
+    fprintf(stderr, "mp-emu: %s=%s: expected %s\n", name, value, expected);
+    exit(2);
+}
+
 const settings &config()
 {
     settings &s = the_settings;
     static std::once_flag once;
     std::call_once(once, [&s] {
         const char *o = getenv("MP_EMU_ORDER");
-        s.order = !o ? 0 : !strcmp(o, "reverse") ? 1 : !strncmp(o, "shuffle", 7) ? 2 : 0;
+        s.order = !o || !*o || !strcmp(o, "forward") ? 0 : !strcmp(o, "reverse") ? 1 : !strcmp(o, "shuffle") ? 2 : -1;
+        if (s.order < 0) bad_setting("MP_EMU_ORDER", o, "forward, reverse or shuffle");
         const char *seed = getenv("MP_EMU_SEED");
         s.seed = seed ? strtoull(seed, NULL, 0) : 0x5eedull;
         const char *rc = getenv("MP_EMU_RACECHECK");
         s.racecheck = rc && *rc && strcmp(rc, "0") != 0;
         const char *so = getenv("MP_EMU_STREAM_ORDER");
-        s.stream_order = so && !strcmp(so, "waited-first") ? 1 : 0;
+        s.stream_order = !so || !*so || !strcmp(so, "others-first") ? 0 : !strcmp(so, "waited-first") ? 1 : -1;
+        if (s.stream_order < 0) bad_setting("MP_EMU_STREAM_ORDER", so, "others-first or waited-first");
         const char *mb = getenv("MP_EMU_MEMORY_MB");
-        s.memory = (size_t)(mb ? strtoull(mb, NULL, 10) : 8192) << 20;
+        char *end = NULL;
+        unsigned long long m = mb && *mb ? strtoull(mb, &end, 10) : 8192;
+        if (mb && *mb && (*end || m == 0 || m > (1ull << 24))) bad_setting("MP_EMU_MEMORY_MB", mb, "a number of MiB, 1..2^24");
+        s.memory = (size_t)m << 20;
         s.coverage = getenv("MP_EMU_COVERAGE");
     });
     return s;

@@ -212,6 +212,10 @@ describe("mp.dist in a world of one (no launcher)", function()
     -- backend's own stream and staging events (the NCCL stream and its event used to stay)
     assert.truthy(out:find("live at exit: 1 streams, 4 events", 1, true), out)
     assert.truthy(out:find(", 0 NCCL communicators", 1, true), out)
+    -- MP_NCCL_LIBRARY naming no library: the collective's error says which, and why
+    out, code = one(H.mpengine .. " " .. DIR .. "device_one.lua", H.emu_env { MP_NCCL_LIBRARY = "/nonexistent/libnccl.so" })
+    assert.are_not.equal(0, code, out)
+    assert.truthy(out:find("mp.dist.all_reduce: cuda: NCCL cannot be loaded (/nonexistent/libnccl.so)", 1, true), out)
   end)
 end)
 
