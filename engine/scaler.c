@@ -187,16 +187,25 @@ const mp_grad_stats *mp_scaler_per_param(mp_scaler *s, int *n)
     return s->per_param;
 }
 
-int mp_scaler_set_policy(mp_scaler *s, const mp_policy *p, double init)
+int mp_scaler_set_policy(mp_scaler *s, const mp_policy *p, const double *scale)
 {
     mp_policy q = *p;
-    q.init = init;
-    if (mp_policy_check(&q) || pull(s)) return -1;
+    if (scale) q.init = *scale;
+    if (mp_policy_check(&q)) return -1;
+    if (scale && q.kind != MP_POLICY_NONE && q.min > 0 && *scale < q.min)
+        return mp_fail(MP_EINVAL, "scale %g is below the policy's min %g", *scale, q.min);
+    if (pull(s)) return -1;
     s->policy = q;
     reset_policy_state(&s->h, &q);
+    s->printed_min_warning = false;   /* a new floor: its warning may come once more */
+    /* policy.none() runs at 1 whatever was asked; a kept scale stays as it is,
+     * with any scale an earlier swap left for the next step */
+    if (q.kind == MP_POLICY_NONE || scale) {
+        float v = q.kind == MP_POLICY_NONE ? 1.0f : (float)*scale;
+        if (s->in_step) s->has_pending = true, s->pending = v;   /* this step keeps the scale it ran at */
+        else s->h.scale = v, s->has_pending = false;
+    }
     push(s);
-    s->has_pending = true;
-    s->pending = p->kind == MP_POLICY_NONE ? 1.0f : (float)init;
     return 0;
 }
 

@@ -64,8 +64,14 @@ int mp_policy_check(const mp_policy *p);
 bool mp_scale_ok(double v);
 mp_scaler *mp_scaler_new(const mp_policy *p);
 void mp_scaler_free(mp_scaler *s);
-/* replace the policy; its initial scale applies from the next step */
-int mp_scaler_set_policy(mp_scaler *s, const mp_policy *p, double init);
+/* Replace the policy. scale: the scale it starts from, or NULL to keep the
+ * current one (and a scale an earlier swap left for the next step);
+ * policy.none() always runs at 1. Outside a step the scale applies at once,
+ * inside one (between scale() and update()) from the next step. The new policy
+ * starts fresh: growth tracker 0, its full hysteresis, an empty amax history,
+ * its floor warning re-armed; steps and skipped counts go on. An explicit
+ * scale below the policy's min is refused. */
+int mp_scaler_set_policy(mp_scaler *s, const mp_policy *p, const double *scale);
 /* loss * scale as an autograd op; notes (on the device) whether the loss itself was finite */
 mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss);
 /* unscale the optimizer's gradients once per step; -1 if already done */

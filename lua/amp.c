@@ -221,14 +221,20 @@ static int s_gc(lua_State *L)
     return 0;
 }
 
+/* s:set_policy(policy, scale): scale is nil (keep the current one), a number,
+ * or "init" (the policy's own init, the engine's default where it has none);
+ * the Lua side (GradScaler:set_policy) has checked the option's type */
 static int s_set_policy(lua_State *L)
 {
     mp_scaler *s = check_scaler(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     mp_policy p = read_policy(L, 2, "GradScaler:set_policy");
-    double init = luaL_checknumber(L, 3);
+    static const char *const from_init[] = {"init", NULL};
+    double v = p.init;
+    if (lua_type(L, 3) == LUA_TNUMBER) v = lua_tonumber(L, 3);
+    else if (!lua_isnil(L, 3)) luaL_checkoption(L, 3, NULL, from_init);
     mp_clear_error();
-    if (mp_scaler_set_policy(s, &p, init)) return lt_error(L, "GradScaler:set_policy");
+    if (mp_scaler_set_policy(s, &p, lua_isnil(L, 3) ? NULL : &v)) return lt_error(L, "GradScaler:set_policy");
     return 0;
 }
 

@@ -67,17 +67,17 @@ function policy.none() return builtin(core._policy("none")) end
 -- in silence, as PyTorch's GradScaler's does (docs/ARCHITECTURE.md, "The floor").
 policy.MIN_SCALE = core._MIN_SCALE
 
-function policy.dynamic(opts) return builtin(core._policy("dynamic", opts)) end
-function policy.hysteresis(opts) return builtin(core._policy("hysteresis", opts)) end
-function policy.amax(opts) return builtin(core._policy("amax", opts)) end
-
--- the C view of a policy
-local function engine_policy(p)
-  if getmetatable(p) == Builtin then return p end
-  -- a Lua policy: its result is held to the same floor (its `min` when it sets
-  -- one, else the engine's) and warns or raises there as its on_min says
-  return {kind = "external", init = 1, min = type(p.min) == "number" and p.min > 0 and p.min or nil, on_min = p.on_min}
+-- the built-in policies made with an explicit init: they fix their own first
+-- scale at a swap (GradScaler:set_policy); the others start from the current one
+local init_given = setmetatable({}, {__mode = "k"})
+local function moving(kind, opts)
+  local p = builtin(core._policy(kind, opts))
+  if type(opts) == "table" and opts.init ~= nil then init_given[p] = true end
+  return p
 end
+function policy.dynamic(opts) return moving("dynamic", opts) end
+function policy.hysteresis(opts) return moving("hysteresis", opts) end
+function policy.amax(opts) return moving("amax", opts) end
 
 local function is_policy(p)
   return type(p) == "table" and (getmetatable(p) == Builtin or type(p.update) == "function")
@@ -91,15 +91,43 @@ local function check_scale(v, what)
   return v
 end
 
--- the first scale of a Lua policy: init(self), else 65536
-local function initial_scale(p)
-  if getmetatable(p) == Builtin then return p.init end
-  if type(p.init) == "function" then
-    local v, err = check_scale(p:init(), "policy:init()")
-    if not v then error("mp.amp.GradScaler: " .. err, 3) end
-    return v
+-- The C view of a policy and the first scale it fixes for itself (nil when it
+-- leaves that to whoever uses it: the engine's default in a new scaler, the
+-- current scale at a swap): a static policy's scale, none's 1, an init given
+-- explicitly, a Lua policy's init() or init number. A Lua policy's fields are
+-- checked here, once for every user (GradScaler, set_policy, replay); nil and
+-- the reason when one is wrong.
+local function engine_view(p)
+  if getmetatable(p) == Builtin then
+    local own = (p.kind == "static" or p.kind == "none" or init_given[p]) and p.init or nil
+    return p, own
   end
-  return type(p.init) == "number" and p.init or nil   -- nil: the engine's default
+  local own = p.init
+  if type(own) == "function" then
+    local v, err = check_scale(own(p), "policy:init()")
+    if not v then return nil, err end
+    own = v
+  elseif own ~= nil and not core._scale_ok(own) then
+    return nil, string.format("policy.init must be a function or a finite number > 0 (got %s)",
+                              type(own) == "number" and tostring(own) or type(own))
+  end
+  if p.min ~= nil and not (type(p.min) == "number" and p.min >= 0 and p.min < math.huge) then
+    return nil, string.format("policy.min must be a finite number >= 0 (got %s)",
+                              type(p.min) == "number" and tostring(p.min) or type(p.min))
+  end
+  -- its result is held to a floor (its min, else the engine's) and warns or
+  -- raises there as its on_min says (checked by the binding)
+  return {kind = "external", init = own, min = p.min ~= 0 and p.min or nil, on_min = p.on_min}, own
+end
+
+-- a policy's engine view for `fname`, raising at the caller of fname's caller
+local function checked_view(p, fname)
+  if not is_policy(p) then
+    error(fname .. ": policy must be a built-in policy or a table with update(self, info)", 3)
+  end
+  local ep, own = engine_view(p)
+  if not ep then error(fname .. ": " .. own, 3) end
+  return ep, own
 end
 
 -- ---- GradScaler ----
@@ -111,11 +139,9 @@ GradScaler.__name = "mp.amp.GradScaler"
 function amp.GradScaler(opts)
   local o = options("mp.amp.GradScaler", opts, "policy:table enabled:boolean sync:boolean")
   local p = o.policy or policy.dynamic{}
-  if not is_policy(p) then error("mp.amp.GradScaler: policy must be a built-in policy or a table with update(self, info)", 2) end
+  local ep = checked_view(p, "mp.amp.GradScaler")   -- its init: the policy's own, else the engine's default
   local enabled = o.enabled ~= false
-  if not enabled then p = policy.none() end
-  local ep = engine_policy(p)
-  ep.init = initial_scale(p)
+  if not enabled then p = policy.none(); ep = p end
   local self = setmetatable({_c = core._scaler(ep), _policy = p, enabled = enabled, on_skip = nil,
                              _telemetry = false, _names = nil, _sync = o.sync ~= false}, GradScaler)
   self._c:set_sync(self._sync)
@@ -124,9 +150,32 @@ end
 
 function GradScaler:get_scale() return self._c:_info().scale end
 
-function GradScaler:set_policy(p)
-  if not is_policy(p) then error("GradScaler:set_policy: expected a built-in policy or a table with update(self, info)", 2) end
-  self._c:set_policy(engine_policy(p), initial_scale(p))
+-- scaler:set_policy(p [, {scale = "keep" | "init" | number}]): any policy the
+-- constructor takes, from the next step (at once outside a step). The scale it
+-- starts from: by default the current one, unless the policy fixes its own (a
+-- static scale, none's 1, an init given explicitly, a Lua policy's init() or
+-- init); "init" takes the policy's first scale (the engine's default 65536
+-- where it has none), "keep" the current one, a number that number. The new
+-- policy starts fresh (growth tracker 0, full hysteresis, empty amax history,
+-- its floor warning re-armed); steps and skipped counts go on. A scaler made
+-- with enabled = false checks its arguments and stays disabled (as PyTorch's
+-- disabled GradScaler ignores its calls).
+function GradScaler:set_policy(p, opts)
+  local name = "GradScaler:set_policy"
+  local ep, own = checked_view(p, name)
+  local o = options(name, opts, "scale:any")
+  local scale = o.scale
+  if scale == nil then scale = own and "init" or nil
+  elseif scale == "keep" then scale = nil
+  elseif scale ~= "init" and not core._scale_ok(scale) then
+    error(string.format('%s: scale must be "keep", "init" or a finite number > 0 (got %s)', name,
+                        type(scale) == "number" and tostring(scale) or type(scale)), 2)
+  end
+  if getmetatable(p) == Builtin and p.kind == "none" and scale ~= "init" and scale ~= 1 then
+    error(name .. ": scale: policy.none() always runs at scale 1 (got " .. tostring(o.scale) .. ")", 2)
+  end
+  if not self.enabled then return end
+  self._c:set_policy(ep, scale)
   self._policy = p
 end
 
@@ -293,10 +342,14 @@ function GradScaler:load_state_dict(sd)
     error("GradScaler:load_state_dict: expected a table from state_dict()", 2)
   end
   local pol = sd.policy
+  if type(pol) == "table" and pol.kind == "lua" and getmetatable(self._policy) == Builtin then
+    error("GradScaler:load_state_dict: the checkpoint was taken under a Lua policy, which a checkpoint cannot hold; " ..
+          "give this scaler that policy first (GradScaler{policy = p} or scaler:set_policy(p))", 2)
+  end
   if type(pol) == "table" and pol.kind and pol.kind ~= "lua" then
     local p = builtin{}
     for k, v in pairs(pol) do p[k] = v end
-    self._c:set_policy(engine_policy(p), p.init)
+    self._c:set_policy(p, "init")
     self._policy = p
   elseif type(pol) == "table" and pol.state ~= nil and type(self._policy.load_state_dict) == "function" then
     self._policy:load_state_dict(pol.state)
@@ -540,15 +593,15 @@ function amp.replay(trace, pol)
   if type(trace) ~= "table" or type(trace.steps) ~= "table" or type(trace.header) ~= "table" then
     error("mp.amp.replay: expected a trace (mp.amp.load_trace's table, or a path)", 2)
   end
-  if not is_policy(pol) then error("mp.amp.replay: policy must be a built-in policy or a table with update(self, info)", 2) end
+  local _, own = checked_view(pol, "mp.amp.replay")
   local names, hist_lo = trace.header.params or {}, trace.header.hist_lo or -48
   local builtin = getmetatable(pol) == Builtin
   local sim, scale
   if builtin then
-    sim = core._policy_sim(pol, initial_scale(pol))
+    sim = core._policy_sim(pol, pol.init)
     scale = sim:scale()
   else
-    scale = initial_scale(pol) or 65536
+    scale = own or 65536   -- the engine's default first scale
   end
   local out, skipped = {}, 0
   for i, r in ipairs(trace.steps) do

@@ -293,25 +293,48 @@ Test(scaler, unscale_once_per_step)
     free_rig(&r);
 }
 
-Test(scaler, set_policy_applies_at_next_scale)
+/* outside a step a swap's scale applies at once; inside one (after scale())
+ * the step keeps the scale it ran at and the new one applies from the next */
+Test(scaler, set_policy_scale_outside_and_inside_a_step)
 {
     mp_policy p = dynamic(1024, 2, 0.5, 1000, 0, 0);
     rig r = make_rig(&p, 1);
     cr_assert_eq(one_step(&r, OK, false, 1.0, NULL), 0);
     mp_policy q = {.kind = MP_POLICY_STATIC};
-    cr_assert_eq(mp_scaler_set_policy(r.s, &q, 32), 0);
-    cr_assert_eq(ST(r.s)->scale, 1024.0f);
+    double v32 = 32, v8 = 8, v4 = 4;
+    cr_assert_eq(mp_scaler_set_policy(r.s, &q, &v32), 0);
+    cr_assert_eq(ST(r.s)->scale, 32.0f);
     mp_tensor *l = mp_full(MP_F32, MP_CPU, 0, NULL, 1.0);
     mp_tensor *sl = mp_scaler_scale(r.s, l);
     double v;
     cr_assert_eq(mp_read_f64(sl, 0, 1, &v), 0);
     cr_assert_eq(v, 32.0);
-    cr_assert_eq(ST(r.s)->scale, 32.0f);
     mp_release(sl);
-    mp_release(l);
+    /* inside the step: the scale stays 32 until the step ends */
+    cr_assert_eq(mp_scaler_set_policy(r.s, &q, &v8), 0);
+    cr_assert_eq(ST(r.s)->scale, 32.0f);
+    cr_assert_eq(mp_scaler_update(r.s), 0);
+    sl = mp_scaler_scale(r.s, l);
+    cr_assert_eq(mp_read_f64(sl, 0, 1, &v), 0);
+    cr_assert_eq(v, 8.0);
+    mp_release(sl);
+    cr_assert_eq(mp_scaler_update(r.s), 0);
+    /* NULL keeps the current scale; counters start fresh */
+    mp_policy d = dynamic(65536, 2, 0.5, 3, 0, 0);
+    cr_assert_eq(mp_scaler_set_policy(r.s, &d, NULL), 0);
+    cr_assert_eq(ST(r.s)->scale, 8.0f);
+    cr_assert_eq(ST(r.s)->tracker, 0);
+    /* an explicit scale below the policy's min is refused, and nothing changes */
+    mp_policy m = dynamic(65536, 2, 0.5, 3, 0, 0);
+    m.min = 16;
+    cr_assert_eq(mp_scaler_set_policy(r.s, &m, &v4), -1);
+    cr_assert(strstr(mp_error(), "min"), "%s", mp_error());
+    cr_assert_eq(r.s->policy.min, d.min);
+    cr_assert_eq(ST(r.s)->scale, 8.0f);
     mp_policy bad = dynamic(8, 1, 0.5, 10, 0, 0);
-    cr_assert_eq(mp_scaler_set_policy(r.s, &bad, 8), -1);
-    cr_assert_eq(r.s->policy.kind, MP_POLICY_STATIC);
+    cr_assert_eq(mp_scaler_set_policy(r.s, &bad, &v8), -1);
+    cr_assert_eq(r.s->policy.kind, MP_POLICY_DYNAMIC);
+    mp_release(l);
     free_rig(&r);
 }
 

@@ -487,6 +487,169 @@ describe("set_policy", function()
   end)
 end)
 
+describe("set_policy: the scale at a swap, the options, the errors", function()
+  -- a Lua policy that keeps whatever scale it is given, and one that doubles it
+  local function keeper() return {update = function(self, info) return info.scale end} end
+  local function doubler(init) return {init = init, update = function(self, info) return info.scale * 2 end} end
+
+  it("takes a Lua policy without init (as the constructor does) and keeps the current scale", function()
+    local r = rig(P.dynamic{init = 1024, interval = 1000})
+    run(r, {OK, INF})                 -- 1024, then backed off to 512
+    r.sc:set_policy(keeper())
+    assert.equal(512, r.sc:get_scale())
+    same(run(r, {OK, OK}), {512, 512})
+    -- and the constructor takes the same table
+    assert.equal(65536, amp.GradScaler{policy = keeper()}:get_scale())
+  end)
+
+  it("by default keeps the current scale unless the policy fixes its own", function()
+    local r = rig(P.dynamic{init = 1024, interval = 1000})
+    run(r, {INF, INF})                -- 256
+    r.sc:set_policy(P.dynamic{interval = 2})       -- no init given: keeps 256 (not 65536)
+    assert.equal(256, r.sc:get_scale())
+    same(run(r, {OK, OK}), {256, 512})             -- a fresh tracker: two steps to grow
+    r.sc:set_policy(P.hysteresis{init = 64})       -- an explicit init fixes its own
+    assert.equal(64, r.sc:get_scale())
+    r.sc:set_policy(P.amax{})                      -- no init: keeps 64
+    assert.equal(64, r.sc:get_scale())
+    r.sc:set_policy(P.static(8))                   -- a static policy's scale is its own
+    assert.equal(8, r.sc:get_scale())
+    r.sc:set_policy(doubler(function() return 3 end))   -- a Lua policy's init()
+    assert.equal(3, r.sc:get_scale())
+    r.sc:set_policy(doubler(12))                   -- a Lua policy's init number
+    assert.equal(12, r.sc:get_scale())
+    r.sc:set_policy(P.none())                      -- none runs at 1
+    assert.equal(1, r.sc:get_scale())
+  end)
+
+  it('scale = "init", "keep" or a number overrides the default', function()
+    local r = rig(P.static(8))
+    r.sc:set_policy(P.dynamic{interval = 1}, {scale = "init"})   -- the engine's default first scale
+    assert.equal(65536, r.sc:get_scale())
+    r.sc:set_policy(keeper(), {scale = "init"})
+    assert.equal(65536, r.sc:get_scale())
+    r.sc:set_policy(P.static(4), {scale = 32})
+    assert.equal(32, r.sc:get_scale())
+    r.sc:set_policy(P.dynamic{init = 2, interval = 1}, {scale = "keep"})
+    assert.equal(32, r.sc:get_scale())
+    same(run(r, {OK, INF}), {64, 32})
+    r.sc:set_policy(doubler(function() return 5 end), {scale = "keep"})
+    same(run(r, {OK}), {64})
+  end)
+
+  it("the state the new policy starts from: tracker 0, full hysteresis, empty amax history", function()
+    local r = rig(P.hysteresis{init = 1024, window = 100, hysteresis = 2})
+    run(r, {INF})                                  -- tolerated: counter 1
+    r.sc:set_policy(P.hysteresis{window = 100, hysteresis = 2})
+    same(run(r, {INF, INF}), {1024, 512})          -- the counter is full again: one more tolerated
+    local a = rig(P.amax{init = 1024, history = 4, margin = 0})
+    run(a, {64}, true)                             -- history {64}: 2^floor(log2(65504 / 64)) = 512
+    a.sc:set_policy(P.amax{history = 4, margin = 0})
+    same(run(a, {1}, true), {32768})               -- 64 forgotten: 2^floor(log2(65504))
+  end)
+
+  it("a swap inside a step applies from the next step", function()
+    local r = rig(P.static(16))
+    r.sc:scale(mp.tensor(1.0))
+    r.sc:set_policy(P.static(2))
+    assert.equal(16, r.sc:get_scale())
+    r.p.grad = mp.tensor({1})
+    r.sc:step(r.opt)
+    r.sc:update()
+    assert.equal(2, r.sc:scale(mp.tensor(1.0)):item())
+  end)
+
+  it("refusals name GradScaler:set_policy and the field, and change nothing", function()
+    local r = rig(P.dynamic{init = 64, interval = 1000})
+    local bad = {
+      {function() r.sc:set_policy({init = "x", update = keeper().update}) end, {"GradScaler:set_policy", "policy.init", "string"}},
+      {function() r.sc:set_policy({init = -2, update = keeper().update}) end, {"GradScaler:set_policy", "policy.init", "-2"}},
+      {function() r.sc:set_policy({init = function() return 0 / 0 end, update = keeper().update}) end, {"GradScaler:set_policy", "policy:init()"}},
+      {function() r.sc:set_policy({min = "1", update = keeper().update}) end, {"GradScaler:set_policy", "policy.min"}},
+      {function() r.sc:set_policy({update = keeper().update, on_min = "loud"}) end, {"GradScaler:set_policy", "on_min"}},
+      {function() r.sc:set_policy({}) end, {"GradScaler:set_policy", "update(self, info)"}},
+      {function() r.sc:set_policy(P.static(2), {scale = "bogus"}) end, {"GradScaler:set_policy", "scale", "string"}},
+      {function() r.sc:set_policy(P.static(2), {scale = -1}) end, {"GradScaler:set_policy", "scale", "-1"}},
+      {function() r.sc:set_policy(P.static(2), {scale = 0 / 0}) end, {"GradScaler:set_policy", "scale"}},
+      {function() r.sc:set_policy(P.static(2), {scael = 1}) end, {"GradScaler:set_policy", "scael"}},
+      {function() r.sc:set_policy(P.static(2), 5) end, {"GradScaler:set_policy", "table"}},
+      {function() r.sc:set_policy(P.dynamic{min = 16}, {scale = 4}) end, {"GradScaler:set_policy", "scale 4", "min 16"}},
+      {function() r.sc:set_policy(P.none(), {scale = "keep"}) end, {"GradScaler:set_policy", "scale", "none"}},
+    }
+    for _, b in ipairs(bad) do
+      H.raises(b[1], b[2])
+      assert.equal(64, r.sc:get_scale())
+    end
+    same(run(r, {OK, INF}), {64, 32})   -- still the dynamic policy it had
+    -- the constructor refuses the same Lua policy fields with its own name
+    H.raises(function() amp.GradScaler{policy = {init = "x", update = keeper().update}} end,
+      {"mp.amp.GradScaler", "policy.init"})
+  end)
+
+  it("a disabled scaler checks the arguments and stays disabled", function()
+    local sc = amp.GradScaler{enabled = false}
+    sc:set_policy(P.dynamic{init = 1024})
+    assert.equal(1, sc:get_scale())
+    H.raises(function() sc:set_policy(P.static(2), {scale = "bogus"}) end, {"GradScaler:set_policy", "scale"})
+  end)
+
+  -- a swap in the middle of a run, a checkpoint after it, and a resumed run
+  -- from that checkpoint: the resumed scales are the straight run's
+  local function swap_and_resume(first, second, swap_opts, make_resume, before, after, at_swap)
+    local a = rig(first())
+    run(a, before)
+    a.sc:set_policy(second(), swap_opts)
+    if not at_swap then run(a, {OK}) end
+    local path = os.tmpname()
+    mp.save(path, {scaler = a.sc:state_dict()})
+    local straight = run(a, after)
+    local b = rig(make_resume())
+    b.sc:load_state_dict(mp.load(path).scaler)
+    os.remove(path)
+    same(run(b, after), straight, "resumed after the swap")
+    return straight
+  end
+
+  -- a Lua policy with state of its own (its state_dict is in the checkpoint):
+  -- grows every second step, divides by 4 on an overflow
+  local function counting()
+    return {n = 0, update = function(self, info)
+              self.n = self.n + 1
+              if info.found_inf then return info.scale / 4 end
+              return self.n % 2 == 0 and info.scale * 2 or info.scale
+            end,
+            state_dict = function(self) return {n = self.n} end,
+            load_state_dict = function(self, st) self.n = st.n end}
+  end
+
+  it("built-in -> Lua, checkpoint, resume (the resumed scaler is given the Lua policy)", function()
+    -- dynamic: OK grows to 2048, INF backs off to 1024; the Lua policy keeps 1024
+    local s = swap_and_resume(function() return P.dynamic{init = 1024, interval = 1} end, counting, nil, counting,
+      {OK, INF}, {OK, OK, INF, OK, OK}, true)
+    same(s, {1024, 2048, 512, 1024, 1024})
+    s = swap_and_resume(function() return P.dynamic{init = 1024, interval = 1} end, counting, nil, counting,
+      {OK, INF}, {OK, OK, INF, OK, OK}, false)
+    same(s, {2048, 2048, 512, 512, 1024})
+  end)
+
+  it("Lua -> built-in with a scale given, checkpoint, resume (the built-in policy comes back from the checkpoint)", function()
+    for _, at_swap in ipairs{true, false} do
+      local s = swap_and_resume(function() return doubler(4) end, function() return P.dynamic{interval = 2} end,
+        {scale = 64}, function() return P.static(1) end, {OK, OK}, {INF, OK, OK, OK, INF}, at_swap)
+      -- at the swap: 64, backed off to 32, a fresh tracker grows after two good steps
+      if at_swap then same(s, {32, 32, 64, 64, 32}) end
+    end
+  end)
+
+  it("a checkpoint taken under a Lua policy is refused by a scaler with a built-in one", function()
+    local a = rig(counting())
+    run(a, {OK})
+    local b = rig(P.static(2))
+    H.raises(function() b.sc:load_state_dict(a.sc:state_dict()) end, {"GradScaler:load_state_dict", "Lua policy", "set_policy"})
+    assert.equal(2, b.sc:get_scale())
+  end)
+end)
+
 describe("state_dict / load_state_dict", function()
   -- run `prefix` on A, copy its state into a fresh scaler B (through a file when
   -- `file`), then the same `rest` on both: the scales must match step by step
