@@ -387,6 +387,22 @@ static char *read_header(FILE *f, const char *path, unsigned long long fsize, si
     return hdr;
 }
 
+/* the byte offset of a \u0000 escape in the JSON text, or -1: cJSON decodes
+ * it into a NUL that ends the C string, so a name "a\u0000b" would silently
+ * become "a" (and two such names could collide) */
+static long nul_escape_at(const char *hdr, size_t hlen)
+{
+    bool in_string = false;
+    for (size_t i = 0; i < hlen; i++) {
+        if (hdr[i] == '"') in_string = !in_string;
+        else if (in_string && hdr[i] == '\\') {
+            if (i + 5 < hlen && hdr[i + 1] == 'u' && memcmp(hdr + i + 2, "0000", 4) == 0) return (long)i;
+            i++;   /* the escaped character: \" does not end the string */
+        }
+    }
+    return -1;
+}
+
 static cJSON *parse_header(const char *hdr, size_t hlen, const char *path)
 {
     const char *end = NULL;
@@ -405,6 +421,12 @@ static cJSON *parse_header(const char *hdr, size_t hlen, const char *path)
     if (!mp_utf8_valid(hdr, hlen)) {
         cJSON_Delete(root);
         return fail_at(path, "the header is not valid UTF-8 text"), NULL;
+    }
+    long nul = nul_escape_at(hdr, hlen);
+    if (nul >= 0) {
+        cJSON_Delete(root);
+        return fail_at(path, "the header holds a \\u0000 escape at byte %ld (a NUL in a name or value; they cannot hold one)",
+                       nul), NULL;
     }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);

@@ -98,7 +98,7 @@ mp_tensor *mp_cat(int n, mp_tensor *const *ts, int dim);
 mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b);
 
 /* softmax(q k^T * scale [causal]) v over the last two dims, dropout p on the
- * probabilities; scale NaN: 1/sqrt(d) (ops_attention.c) */
+ * probabilities; scale NULL: 1/sqrt(d); a scale given must be finite, NaN included (ops_attention.c) */
 /* convolution and pooling over NCHW (ops_conv.c, ops_pool.c); pairs are {rows, columns} */
 mp_tensor *mp_conv2d(mp_tensor *x, mp_tensor *w, mp_tensor *b, const int64_t stride[2], const int64_t padding[2],
                      const int64_t dilation[2], int64_t groups);                        /* b may be NULL */
@@ -111,7 +111,7 @@ mp_tensor *mp_batch_norm(mp_tensor *x, mp_tensor *running_mean, mp_tensor *runni
                          bool training, double momentum, double eps);
 #define MP_BATCH_NORM_MOMENTUM 0.1   /* PyTorch's defaults, the one default of mp.batch_norm and nn.BatchNorm2d */
 #define MP_BATCH_NORM_EPS 1e-5
-mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, double scale, double dropout);
+mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, const double *scale, double dropout);
 
 /* x{.., in} @ w{out, in}^T + b{out}; b may be NULL */
 mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b);

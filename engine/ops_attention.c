@@ -65,7 +65,7 @@ static mp_tensor *attention_fwd(mp_ctx *c)
                        mp_shape_str(q->ndim, q->shape, b1, sizeof b1), mp_shape_str(k->ndim, k->shape, b2, sizeof b2),
                        mp_shape_str(v->ndim, v->shape, b3, sizeof b3)), NULL;
     double scale = c->f[0], p = c->f[1];
-    if (isnan(scale)) c->f[0] = scale = 1.0 / sqrt((double)q->shape[q->ndim - 1]);
+    if (!c->i[3]) c->f[0] = scale = 1.0 / sqrt((double)q->shape[q->ndim - 1]);   /* none given */
     if (!isfinite(scale)) return mp_fail(MP_EINVAL, "scale must be a finite number (got %g)", scale), NULL;
     if (!(p >= 0 && p < 1)) return mp_fail(MP_EINVAL, "dropout must be in [0, 1) (got %g)", p), NULL;
     if (!mp_be(q)->attention || !mp_be(q)->attention_grad)
@@ -93,9 +93,9 @@ static const mp_op attention_op = {.name = "attention", .ac = MP_AC_LOW, .nin = 
                                    .backward = attention_backward};
 MP_OP_REGISTER(attention_op)
 
-mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, double scale, double dropout)
+mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, const double *scale, double dropout)
 {
-    mp_ctx c = {.f = {scale, dropout}, .i = {causal}};
+    mp_ctx c = {.f = {scale ? *scale : 0, dropout}, .i = {causal, 0, 0, scale != NULL}};   /* i[1], i[2]: dropout's seed and offset */
     mp_tensor *in[3] = {q, k, v};
     return mp_apply(&attention_op, &c, 3, in);
 }

@@ -72,11 +72,10 @@ static mp_tensor *conv_fwd(mp_ctx *c)
             return mp_fail(MP_EINVAL, "%s must be in [%lld, 2^30] (got %lld)", pn[i / 2], (long long)lo, (long long)v),
                    NULL;
     }
-    double gd = c->f[0];
-    int64_t groups = (int64_t)gd, ch = x->shape[1], k = w->shape[0];
-    if (!(gd >= 1 && gd <= (double)ch && (double)groups == gd))
-        return mp_fail(MP_EINVAL, "groups must be a positive integer no larger than the input's %lld channels (got %g)",
-                       (long long)ch, gd), NULL;
+    int64_t groups = (int64_t)c->f[0], ch = x->shape[1], k = w->shape[0];   /* whole, in [1, 2^30]: mp_conv2d */
+    if (groups > ch)
+        return mp_fail(MP_EINVAL, "groups must be a positive integer no larger than the input's %lld channels (got %lld)",
+                       (long long)ch, (long long)groups), NULL;
     if (ch % groups || k % groups)
         return mp_fail(MP_EINVAL, "groups (%lld) must divide the input's channels (%lld) and the output's (%lld)",
                        (long long)groups, (long long)ch, (long long)k), NULL;
@@ -113,6 +112,10 @@ MP_OP_REGISTER(conv2d_op)
 mp_tensor *mp_conv2d(mp_tensor *x, mp_tensor *w, mp_tensor *b, const int64_t stride[2], const int64_t padding[2],
                      const int64_t dilation[2], int64_t groups)
 {
+    /* groups travels as a double (i[] is full): checked here, while it is an
+     * integer, so that the double holds it exactly */
+    if (groups < 1 || groups > (int64_t)1 << 30)
+        return mp_fail(MP_EINVAL, "groups must be in [1, 2^30] (got %lld)", (long long)groups), NULL;
     mp_ctx c = {.i = {stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]}, .f = {(double)groups}};
     mp_tensor *in[3] = {x, w, b};
     return mp_apply(&conv2d_op, &c, 3, in);

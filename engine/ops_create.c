@@ -11,6 +11,7 @@
 
 mp_tensor *mp_full(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape, double value)
 {
+    if (mp_check_value(dt, value)) return NULL;
     mp_tensor *t = mp_empty(dt, dev, ndim, shape);
     if (t) MP_K(t, fill, mp_data(t), dt, t->numel, value);
     return mp_checked(t);
@@ -59,7 +60,11 @@ mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shap
 {
     int64_t n;
     if (mp_check_shape(ndim, shape, &n)) return NULL;
-    /* convert on the host through f32 (floats) or saturating integers */
+    for (int64_t i = 0; i < n; i++)
+        if (!mp_value_fits(dt, v[i]))
+            return mp_fail(MP_EINVAL, "element %lld is %.17g, which does not fit a %s tensor (whole numbers only, in range)",
+                           (long long)i + 1, v[i], mp_dtype_name(dt)), NULL;
+    /* convert on the host: floats through f32, integers exactly (checked above) */
     mp_tensor *host = mp_empty(dt, MP_CPU, ndim, shape);
     if (!host) return NULL;
     void *p = mp_data(host);
@@ -67,9 +72,8 @@ mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shap
         double x = v[i];
         switch (dt) {
         case MP_F32: ((float *)p)[i] = (float)x; break;
-        case MP_I32: ((int32_t *)p)[i] = isnan(x) ? 0 : x >= 2147483647.0 ? INT32_MAX
-                                       : x <= -2147483648.0 ? INT32_MIN : (int32_t)x; break;
-        case MP_U8: ((uint8_t *)p)[i] = isnan(x) || x <= 0 ? 0 : x >= 255 ? 255 : (uint8_t)x; break;
+        case MP_I32: ((int32_t *)p)[i] = (int32_t)x; break;
+        case MP_U8: ((uint8_t *)p)[i] = (uint8_t)x; break;
         default: { float f = (float)x; mp_cpu_backend.cast(mp_cpu_backend.ctx, (char *)p + 2 * i, dt, &f, MP_F32, 1); }
         }
     }

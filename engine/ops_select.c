@@ -110,8 +110,7 @@ static mp_tensor *masked_fill_fwd(mp_ctx *c)
     for (int d = 0; d < t->ndim; d++)
         if (bc.shape[d] != t->shape[d])
             return mp_fail(MP_EINVAL, "mask does not broadcast to the tensor's shape (dim %d)", d + 1), NULL;
-    if (!mp_is_float(t->dtype) && (!isfinite(v) || v != floor(v)))
-        return mp_fail(MP_EINVAL, "value %g does not fit a %s tensor", v, mp_dtype_name(t->dtype)), NULL;
+    if (mp_check_value(t->dtype, v)) return NULL;
     mp_tensor *fill = mp_full(t->dtype, t->dev, 0, NULL, v), *r = fill ? mp_where(mask, fill, t) : NULL;
     mp_release(fill);
     return r;
@@ -133,9 +132,12 @@ mp_tensor *mp_masked_fill(mp_tensor *t, mp_tensor *mask, double value)
 mp_tensor *mp_randint(int64_t lo, int64_t hi, mp_dtype dt, mp_device dev, int ndim, const int64_t *shape)
 {
     if (hi <= lo) return mp_fail(MP_EINVAL, "high (%lld) must be greater than low (%lld)", (long long)hi, (long long)lo), NULL;
-    /* from a 24-bit uniform in [0, 1): exact and unbiased while the range fits 2^24 */
-    if (hi - lo > (int64_t)1 << 24)
-        return mp_fail(MP_EINVAL, "high - low must be at most 2^24 (got %lld)", (long long)(hi - lo)), NULL;
+    /* from a 24-bit uniform in [0, 1): exact and unbiased while the range fits
+     * 2^24; the width in unsigned arithmetic (hi - lo overflows int64 for
+     * the widest arguments) */
+    uint64_t width = (uint64_t)hi - (uint64_t)lo;
+    if (width > (uint64_t)1 << 24)
+        return mp_fail(MP_EINVAL, "high - low must be at most 2^24 (got %llu)", (unsigned long long)width), NULL;
     if (dt != MP_I32 && dt != MP_F32)
         return mp_fail(MP_EINVAL, "dtype must be i32 or f32 (got %s)", mp_dtype_name(dt)), NULL;
     if (lo < INT32_MIN || hi - 1 > INT32_MAX) return mp_fail(MP_EINVAL, "low and high must fit i32"), NULL;

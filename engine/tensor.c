@@ -4,6 +4,7 @@
 #define _GNU_SOURCE   /* dladdr */
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
@@ -23,6 +24,30 @@ static const char *device_names[MP_NDEVICES] = {"cpu", "cuda"};
 const char *mp_dtype_name(mp_dtype t) { return (unsigned)t < MP_NDTYPES ? dtype_names[t] : "?"; }
 const char *mp_device_name(mp_device d) { return (unsigned)d < MP_NDEVICES ? device_names[d] : "?"; }
 bool mp_is_float(mp_dtype t) { return t == MP_F32 || t == MP_F16 || t == MP_BF16; }
+
+/* the whole numbers an integer dtype holds */
+static void int_range(mp_dtype dt, double *lo, double *hi)
+{
+    *lo = dt == MP_U8 ? 0 : -2147483648.0;
+    *hi = dt == MP_U8 ? 255 : 2147483647.0;
+}
+
+bool mp_value_fits(mp_dtype dt, double v)
+{
+    if (mp_is_float(dt)) return true;
+    double lo, hi;
+    int_range(dt, &lo, &hi);
+    return v >= lo && v <= hi && v == floor(v);   /* NaN fails the range */
+}
+
+int mp_check_value(mp_dtype dt, double v)
+{
+    if (mp_value_fits(dt, v)) return 0;
+    double lo, hi;
+    int_range(dt, &lo, &hi);
+    return mp_fail(MP_EINVAL, "value %.17g does not fit a %s tensor (whole numbers in %.0f..%.0f)", v,
+                   mp_dtype_name(dt), lo, hi);
+}
 
 int mp_dtype_parse(const char *name, mp_dtype *out)
 {

@@ -53,6 +53,11 @@ int mp_dtype_parse(const char *name, mp_dtype *out);        /* accepts aliases; 
 const char *mp_device_name(mp_device d);
 int mp_device_parse(const char *name, mp_device *out);      /* -1 if unknown */
 bool mp_is_float(mp_dtype t);
+/* v stored in a dt tensor without changing its value: any number for a
+ * floating dtype (rounding to it is the dtype's nature), a whole number in
+ * range for i32 and u8; else -1 with an error saying so (never saturated) */
+int mp_check_value(mp_dtype dt, double v);
+bool mp_value_fits(mp_dtype dt, double v);                  /* the same test, without an error */
 
 /* NULL when the device has no usable backend on this machine */
 const mp_backend *mp_backend_of(mp_device d);

@@ -185,12 +185,35 @@ mp_tensor *lt_check(lua_State *L, int i)
     return t;
 }
 
+/* The one conversion of a Lua number to a C integer: Lua's own
+ * (lua_tointegerx), which takes a float only when it is whole and within
+ * int64's range, so no cast of an out-of-range double (undefined in C) ever
+ * happens; a float it refuses is shown as it is (2.5, 1e+300, inf, nan). */
 int64_t lb_integer(lua_State *L, int i, const char *what, const char *name)
 {
     int ok = lua_type(L, i) == LUA_TNUMBER;
     lua_Integer v = ok ? lua_tointegerx(L, i, &ok) : 0;
-    if (!ok) luaL_error(L, "%s: %s must be an integer (got %s)", name, what,
-                        lua_type(L, i) == LUA_TNUMBER ? "a fraction" : luaL_typename(L, i));
+    if (!ok) {
+        if (lua_type(L, i) == LUA_TNUMBER)
+            luaL_error(L, "%s: %s must be an integer (got %s)", name, what, lua_pushfstring(L, "%f", lua_tonumber(L, i)));
+        luaL_error(L, "%s: %s must be an integer (got %s)", name, what, luaL_typename(L, i));
+    }
+    return v;
+}
+
+int64_t lb_integer_in(lua_State *L, int i, const char *what, const char *name, int64_t lo, int64_t hi)
+{
+    int64_t v = lb_integer(L, i, what, name);
+    if (v < lo || v > hi)
+        luaL_error(L, "%s: %s must be in %I..%I (got %I)", name, what, (lua_Integer)lo, (lua_Integer)hi, (lua_Integer)v);
+    return v;
+}
+
+int64_t lb_integer_field(lua_State *L, int t, const char *k, int64_t dflt, const char *name)
+{
+    int64_t v = dflt;
+    if (lua_getfield(L, t, k) != LUA_TNIL) v = lb_integer(L, -1, k, name);
+    lua_pop(L, 1);
     return v;
 }
 
@@ -316,7 +339,11 @@ static bool opt_type_ok(lua_State *L, int v, const char *type, size_t tlen)
     int t = lua_type(L, v);
     if (IS("any")) return true;
     if (IS("number")) return t == LUA_TNUMBER;
-    if (IS("integer")) return t == LUA_TNUMBER && (lua_isinteger(L, v) || lua_tonumber(L, v) == floor(lua_tonumber(L, v)));
+    if (IS("integer")) {   /* lb_integer's test: whole and within int64 */
+        int ok = t == LUA_TNUMBER;
+        if (ok) lua_tointegerx(L, v, &ok);
+        return ok;
+    }
     if (IS("boolean")) return t == LUA_TBOOLEAN;
     if (IS("string")) return t == LUA_TSTRING;
     if (IS("table")) return t == LUA_TTABLE;
@@ -373,8 +400,8 @@ int lb_check_options(lua_State *L, int i, const char *name, const char *spec, in
         if (!opt_type_ok(L, -1, type, tlen)) {
             char tn[16];
             snprintf(tn, sizeof tn, "%.*s", (int)tlen, type);
-            const char *got = lua_type(L, -1) == LUA_TNUMBER && strcmp(tn, "integer") == 0 ? "a fraction"
-                                                                                         : luaL_typename(L, -1);
+            const char *got = lua_type(L, -1) == LUA_TNUMBER && strcmp(tn, "integer") == 0
+                                  ? lua_pushfstring(L, "%f", lua_tonumber(L, -1)) : luaL_typename(L, -1);
             return opt_error(L, level, "%s: option %s must be %s %s (got %s)", name, k, tn[0] == 'i' ? "an" : "a", tn, got);
         }
         lua_pop(L, 1);

@@ -59,7 +59,11 @@ void lt_step_done(lua_State *L);
     } while (0)
 
 /* shapes, dtypes, devices and options from Lua values */
-int64_t lb_integer(lua_State *L, int i, const char *what, const char *name);   /* 3 and 3.0, not "3" */
+/* Lua numbers to C integers, always through these (bind.c): 3 and 3.0, not
+ * "3", 2.5 or 1e300; _in adds a range; _field reads t.k (dflt when nil) */
+int64_t lb_integer(lua_State *L, int i, const char *what, const char *name);
+int64_t lb_integer_in(lua_State *L, int i, const char *what, const char *name, int64_t lo, int64_t hi);
+int64_t lb_integer_field(lua_State *L, int t, const char *k, int64_t dflt, const char *name);
 double lb_number_field(lua_State *L, int t, const char *k, double dflt, const char *name);   /* t.k or dflt */
 /* the tensors of a Lua list, kept alive on the stack until the C function returns */
 mp_tensor **lb_tensor_list(lua_State *L, int i, int max, const char *what, const char *name, int *n);

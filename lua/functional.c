@@ -190,15 +190,19 @@ static int f_attention(lua_State *L)
     const char *name = "mp.attention";
     mp_tensor *q = lt_check(L, 1), *k = lt_check(L, 2), *v = lt_check(L, 3);
     bool causal = false;
-    double scale = NAN, dropout = 0;
+    double scale = 0, dropout = 0;
+    bool has_scale = false;
     if (lb_check_options(L, 4, name, "causal:boolean scale:number dropout:number", 1)) {
         lua_getfield(L, 4, "causal");
         causal = lua_toboolean(L, -1);
         lua_pop(L, 1);
-        scale = lb_number_field(L, 4, "scale", NAN, name);
+        lua_getfield(L, 4, "scale");
+        has_scale = !lua_isnil(L, -1);
+        lua_pop(L, 1);
+        scale = lb_number_field(L, 4, "scale", 0, name);
         dropout = lb_number_field(L, 4, "dropout", 0, name);
     }
-    RETURN_TENSOR(L, name, mp_attention(q, k, v, causal, scale, dropout));
+    RETURN_TENSOR(L, name, mp_attention(q, k, v, causal, has_scale ? &scale : NULL, dropout));
 }
 
 /* ---- convolution, pooling, batch norm ---- */
@@ -245,7 +249,7 @@ static int f_conv2d(lua_State *L)
         pair_field(L, o, "stride", one, name, stride);
         pair_field(L, o, "padding", zero, name, padding);
         pair_field(L, o, "dilation", one, name, dilation);
-        groups = (int64_t)lb_number_field(L, o, "groups", 1, name);
+        groups = lb_integer_field(L, o, "groups", 1, name);
     }
     RETURN_TENSOR(L, name, mp_conv2d(x, w, b, stride, padding, dilation, groups));
 }

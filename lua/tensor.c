@@ -520,9 +520,7 @@ static int t_index(lua_State *L)
     if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;   /* a method */
     if (lua_type(L, 2) == LUA_TNUMBER) {
         mp_tensor *t = lt_check(L, 1);
-        if (!lua_isinteger(L, 2) && lua_tonumber(L, 2) != floor(lua_tonumber(L, 2)))
-            return luaL_error(L, "Tensor[]: index must be an integer (got %f)", lua_tonumber(L, 2));
-        int64_t i = (int64_t)lua_tonumber(L, 2);
+        int64_t i = lb_integer(L, 2, "index", "Tensor[]");
         TENSOR_RETURN(L, "Tensor[]", mp_select(t, 1, i));
     }
     if (lua_type(L, 2) != LUA_TSTRING)

@@ -19,7 +19,7 @@ static int u_clock(lua_State *L)
 /* mp.isatty([fd=1]) */
 static int u_isatty(lua_State *L)
 {
-    lua_pushboolean(L, isatty((int)luaL_optinteger(L, 1, 1)));
+    lua_pushboolean(L, isatty(lua_isnoneornil(L, 1) ? 1 : (int)lb_integer_in(L, 1, "fd", "mp.isatty", 0, INT32_MAX)));
     return 1;
 }
 
