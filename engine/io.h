@@ -42,10 +42,13 @@ int mp_st_save(const char *path, int n, const char *const *names, mp_tensor *con
 
 /* The temporary files that saves to path left when they were interrupted
  * (killed before their rename): `<path>.tmp-XXXXXX` files no running save holds
- * a lock on. Calls each(file) for every one and, with remove, deletes it.
- * Returns how many there were (removed, with remove), or -1 + mp_error().
- * mp_st_save runs this with remove before it writes. */
-int mp_st_stale_temps(const char *path, bool remove, void (*each)(const char *file, void *ud), void *ud);
+ * a lock on, and with before_start only those last written before the engine
+ * was loaded into this process. Calls each(file) for every one and, with
+ * remove, deletes it. Returns how many there were (removed, with remove), or
+ * -1 + mp_error(). mp_st_save runs this with remove before it writes (any
+ * age: the path is its own), mp_st_load with remove and before_start. */
+int mp_st_stale_temps(const char *path, bool remove, bool before_start, void (*each)(const char *file, void *ud),
+                      void *ud);
 
 /* Read a whole file; NULL + mp_error() (naming path) when it cannot be read or
  * is not a well-formed safetensors file of supported dtypes. */

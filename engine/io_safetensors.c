@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <dirent.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -254,7 +255,21 @@ static bool is_temp_of(const char *name, const char *base, size_t blen)
     return true;
 }
 
-int mp_st_stale_temps(const char *path, bool remove, void (*each)(const char *file, void *ud), void *ud)
+/* When the engine was loaded into this process (the program's start for
+ * build/mpengine, `require "mp"` for lua5.4), to the nanosecond: a temporary
+ * file last written before it cannot belong to a save of this process, and
+ * /proc's start time is only good to a second, as are the mtimes it would be
+ * compared with. */
+static struct timespec engine_loaded;
+__attribute__((constructor)) static void note_load_time(void) { clock_gettime(CLOCK_REALTIME, &engine_loaded); }
+
+static bool written_before_load(const struct stat *st)
+{
+    return st->st_mtim.tv_sec < engine_loaded.tv_sec ||
+           (st->st_mtim.tv_sec == engine_loaded.tv_sec && st->st_mtim.tv_nsec < engine_loaded.tv_nsec);
+}
+
+int mp_st_stale_temps(const char *path, bool remove, bool before_start, void (*each)(const char *file, void *ud), void *ud)
 {
     if (!path || !*path) return mp_fail(MP_EINVAL, "path must be a non-empty string");
     char *dcopy = strdup(path), *bcopy = strdup(path);
@@ -275,7 +290,9 @@ int mp_st_stale_temps(const char *path, bool remove, void (*each)(const char *fi
         if (!file) continue;
         sprintf(file, "%s/%s", dir, ent->d_name);
         int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-        if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0) {   /* no writer holds it: stale */
+        struct stat st;
+        bool old_enough = !before_start || (fd >= 0 && fstat(fd, &st) == 0 && written_before_load(&st));
+        if (fd >= 0 && old_enough && flock(fd, LOCK_EX | LOCK_NB) == 0) {   /* no writer holds it: stale */
             if (each) each(file, ud);
             if (!remove || unlink(file) == 0) n++;
         }
@@ -319,7 +336,7 @@ int mp_st_save(const char *path, int n, const char *const *names, mp_tensor *con
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp-XXXXXX", 12);
 
-    mp_st_stale_temps(path, true, NULL, NULL);   /* what an interrupted save to this path left */
+    mp_st_stale_temps(path, true, false, NULL, NULL);   /* what an interrupted save to this path left */
     int fd = mkstemp(tmp);
     if (fd >= 0) flock(fd, LOCK_EX);             /* ours while we write: see mp_st_stale_temps */
     if (fd < 0) {
@@ -645,6 +662,9 @@ static FILE *open_regular(const char *path, unsigned long long *size)
 
 mp_stfile *mp_st_load(const char *path)
 {
+    /* what interrupted saves to this path left, from before this process
+     * loaded the engine (a save running now holds its lock, or is younger) */
+    if (mp_st_stale_temps(path, true, true, NULL, NULL) < 0) mp_clear_error();
     unsigned long long fsize;
     FILE *f = open_regular(path, &fsize);
     if (!f) return NULL;

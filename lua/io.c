@@ -619,8 +619,10 @@ static int m_load(lua_State *L)
     return 2;
 }
 
-/* mp.stale_saves(path [, {remove = true}]) -> list of the temporary files that
- * interrupted saves to path left (removed when asked; mp.save removes them too) */
+/* mp.stale_saves(path [, {remove = true, before_start = true}]) -> list of the
+ * temporary files that interrupted saves to path left (removed when asked;
+ * before_start: only those last written before this process loaded the
+ * engine; mp.save removes them too, mp.load those from before the start) */
 typedef struct { char **v; int n, cap; } FileList;
 
 static void add_file(const char *file, void *ud)
@@ -640,15 +642,17 @@ static int m_stale_saves(lua_State *L)
     const char *name = "mp.stale_saves";
     if (lua_type(L, 1) != LUA_TSTRING) return luaL_error(L, "%s: path must be a string (got %s)", name, luaL_typename(L, 1));
     if (strlen(lua_tostring(L, 1)) != lua_rawlen(L, 1)) return luaL_error(L, "%s: path contains a NUL byte", name);
-    bool remove = false;
-    if (lb_check_options(L, 2, name, "remove:boolean", 1)) {
+    bool remove = false, before_start = false;
+    if (lb_check_options(L, 2, name, "remove:boolean before_start:boolean", 1)) {
         lua_getfield(L, 2, "remove");
         remove = lua_toboolean(L, -1);
-        lua_pop(L, 1);
+        lua_getfield(L, 2, "before_start");
+        before_start = lua_toboolean(L, -1);
+        lua_pop(L, 2);
     }
     FileList l = {0};
     mp_clear_error();
-    int n = mp_st_stale_temps(lua_tostring(L, 1), remove, add_file, &l);
+    int n = mp_st_stale_temps(lua_tostring(L, 1), remove, before_start, add_file, &l);
     lua_createtable(L, l.n, 0);   /* memory errors past here would leak l: push first, free, then check */
     for (int i = 0; i < l.n; i++) {
         lua_pushstring(L, l.v[i]);

@@ -100,6 +100,7 @@ local function save(path)
                            policy = amp_on and policy_spec or nil, seed = opts.seed},
                  scaler = scaler and scaler:state_dict() or nil})
 end
+cli.clear_stale_saves(print, opts.save, opts.resume)
 if opts.resume then
   local ck = mp.load(opts.resume)
   local c = ck.config or {}

@@ -96,4 +96,18 @@ function cli.here(level)
   return src:match("^@(.*/)") or "./"
 end
 
+-- At program start: the temporary files that saves to the checkpoint paths
+-- left when a run was killed mid-save (the engine's own `<path>.tmp-XXXXXX`
+-- names, last written before this process started and locked by no running
+-- save) are removed, and said so. mp.save and mp.load also clear their path's.
+function cli.clear_stale_saves(print_fn, ...)
+  for _, path in pairs{...} do
+    local gone = mp.stale_saves(path, {remove = true, before_start = true})
+    if #gone > 0 then
+      (print_fn or print)(string.format("removed %d temporary file%s an interrupted save to %s left",
+                                        #gone, #gone == 1 and "" or "s", path))
+    end
+  end
+end
+
 return cli

@@ -60,6 +60,8 @@ return function(spec)
   local policy_spec = opts.policy or (opts.amp == "bf16" and "none" or "dynamic")
   local policy = amp_on and cli.policy(policy_spec, usage) or nil
 
+  if rank == 0 then cli.clear_stale_saves(print, opts.save, opts.resume) end
+
   -- ---- the checkpoint to resume from: checked before anything is loaded ----
   local ck
   if opts.resume then

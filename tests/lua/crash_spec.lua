@@ -6,7 +6,8 @@
 -- times. After each kill the file must load, whole and bit-identical to one
 -- version the child wrote (never a mix, never a torn file), and any temporary
 -- file the killed save left must be listed by mp.stale_saves and removed by the
--- next save.
+-- next save, or by the next process that loads the path or starts a training
+-- script on it (only the engine's own names, only files from before it started).
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local mp = require "mp"
 
@@ -71,6 +72,57 @@ describe("a save killed at a random moment", function()
     os.execute("rm -rf " .. H.q(dir))
     print(string.format("\ncrash_spec: %d kills, %d left a temporary file, the checkpoint loaded whole every time",
                         KILLS, leftovers))
+  end)
+
+  it("a process that loads the path, or a training script saving to it, removes what a killed save left", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. H.q(dir)))
+    local path = dir .. "/big.safetensors"
+    mp.save(path, {w = mp.zeros({64})})
+    local script = dir .. "/saver.lua"
+    H.spit(script, [[
+      local mp = require "mp"
+      local w = mp.randn({64, 1024, 1024})   -- 256 MB: the save takes a while
+      io.write("ready\n"); io.stdout:flush()
+      mp.save(arg[1], {w = w})
+    ]])
+    local env = H.env{LUA_PATH = H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;;",
+                      LUA_CPATH = H.build .. "/?.so;;"}
+    -- kill -9 the saver once its temporary file exists (polled, bounded)
+    local cmd = env .. H.lua .. " " .. H.q(script) .. " " .. H.q(path) .. " >/dev/null & pid=$!; " ..
+                "for i in $(seq 1 600); do ls " .. H.q(dir) .. " | grep -q 'big.safetensors.tmp-' && break; sleep 0.05; done; " ..
+                "sleep 0.1; kill -9 $pid; wait $pid 2>/dev/null; true"
+    assert(os.execute("{ " .. cmd .. "; } 2>/dev/null"))
+    local stale = mp.stale_saves(path)
+    assert.are.equal(1, #stale, "the killed save left no temporary file")
+    -- a loader started after the kill removes it
+    local r = H.child("local t = mp.load(" .. string.format("%q", path) .. ") return t.w:numel()")
+    assert.are.equal("OK:64", r.out, r.err)
+    assert.are.same({}, mp.stale_saves(path), "mp.load in a new process left the killed save's file")
+    -- one written after the loading process started stays (it may be a save
+    -- that has not locked it yet): this process loads the path now
+    local fresh = path .. ".tmp-Fresh1"
+    H.spit(fresh, "x")
+    assert.are.equal(64, mp.load(path).w:numel())
+    assert.are.equal(1, #mp.stale_saves(path))
+    assert.are.equal(0, #mp.stale_saves(path, {before_start = true}), "a file newer than this process is not stale to it")
+    -- a training script removes its --save path's old temporary files at start, and says so
+    os.execute("touch -d '1 hour ago' " .. H.q(fresh))
+    local ck = dir .. "/mlp.safetensors"
+    H.spit(ck .. ".tmp-Abc123", "x")
+    os.execute("touch -d '1 hour ago' " .. H.q(ck .. ".tmp-Abc123"))
+    H.spit(ck .. ".tmp-toolong7", "not ours")
+    local p = io.popen(env .. H.q(H.mpengine) .. " scripts/train_mlp.lua --max-steps 1 --epochs 1 --save " .. H.q(ck) ..
+                       " 2>&1; echo \"exit=$?\"")
+    local out = p:read("a")
+    p:close()
+    assert.is_truthy(out:find("exit=0", 1, true), out)
+    assert.is_truthy(out:find("removed 1 temporary file an interrupted save to " .. ck .. " left", 1, true), out)
+    assert.are.same({}, mp.stale_saves(ck))
+    assert.are.equal("not ours", H.slurp(ck .. ".tmp-toolong7"))
+    H.raises(function() mp.stale_saves(path, {before_start = 1}) end, {"mp.stale_saves", "before_start"})
+    os.execute("rm -rf " .. H.q(dir))
   end)
 
   it("mp.stale_saves lists only an interrupted save's files, and removes them when asked", function()
