@@ -47,7 +47,7 @@ typedef struct mp_comm {
     const char *name;                 /* the library and its version, for messages */
     int rank, size;                   /* in the world (MPI_COMM_WORLD) */
     int local_rank, local_size;       /* among the processes of this machine */
-    /* in place over n elements of dt (f32, i32, or f64 given as MP_NDTYPES) */
+    /* in place over n elements of dt (f32 or i32) */
     int (*all_reduce)(void *buf, int64_t n, mp_dtype dt, mp_coll_op op);
     int (*broadcast)(void *buf, int64_t nbytes, int root);
     /* each process's nbytes of send at recv + rank * nbytes */
@@ -68,9 +68,6 @@ typedef struct mp_comm {
     void (*abort)(int code);
     const char *(*error)(void);
 } mp_comm;
-
-/* the f64 "dtype" of all_reduce: host doubles (the engine's own small vectors) */
-#define MP_COMM_F64 MP_NDTYPES
 
 /* NULL with the reason in why when MPI cannot start */
 typedef const mp_comm *(*mp_comm_init_fn)(char *why, size_t cap);

@@ -42,12 +42,11 @@ static const char *c_error(void) { return err; }
 static MPI_Datatype type_of(mp_dtype dt)
 {
     if (dt == MP_I32) return MPI_INT32_T;
-    if (dt == (mp_dtype)MP_COMM_F64) return MPI_DOUBLE;
     if (dt == MP_U8) return MPI_UINT8_T;
     return MPI_FLOAT;
 }
 
-static size_t size_of(mp_dtype dt) { return dt == (mp_dtype)MP_COMM_F64 ? 8 : mp_dtype_size(dt); }
+static size_t size_of(mp_dtype dt) { return mp_dtype_size(dt); }
 
 static MPI_Op op_of(mp_coll_op op) { return op == MP_COLL_MAX ? MPI_MAX : op == MP_COLL_MIN ? MPI_MIN : MPI_SUM; }
 
