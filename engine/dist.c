@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "engine/dist.h"
+#include "engine/dist_agree.h"
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "kernels/comm.h"
@@ -26,9 +27,17 @@ static const char *launcher_size(void)
     return v;
 }
 
+/* a script that ends (its last line, os.exit, a caught error) without
+ * mp.dist.finalize() still leaves the world the same way: a rank waiting for
+ * it in a collective learns that it left */
 static void finalize_at_exit(void)
 {
-    if (W.comm && !W.finalized) mp_dist_finalize();
+    if (!W.comm || W.finalized) return;
+    mp_clear_error();
+    if (mp_dist_finalize() == 0) return;
+    fprintf(stderr, "mp.dist.finalize at exit: %s\n", mp_error());
+    fflush(stderr);
+    if (!W.finalized) W.comm->abort(1);   /* MPI cannot finalize (a rank may never come): end the job */
 }
 
 int mp_dist_init(bool device_self)
@@ -44,6 +53,7 @@ int mp_dist_init(bool device_self)
         why[0] = 0;
         const mp_comm *c = init(why, sizeof why);
         if (!c) return mp_fail(MP_EINVAL, "MPI did not start: %s", why);
+        if (mp_dist_agree_begin(c)) return -1;
         W.comm = c;
         W.rank = c->rank, W.size = c->size, W.local_rank = c->local_rank, W.local_size = c->local_size;
         snprintf(W.name, sizeof W.name, "%s", c->name);
@@ -111,7 +121,8 @@ static const mp_backend *device_coll(mp_device dev)
     return be && be->coll_all_reduce && be->coll_id && be->coll_join ? be : NULL;
 }
 
-int mp_dist_reduce_raw(mp_device dev, void *p, int64_t n, mp_dtype dt, mp_coll_op op)
+/* n values at p reduced over the world, after the rendezvous */
+static int reduce_raw(mp_device dev, void *p, int64_t n, mp_dtype dt, mp_coll_op op)
 {
     if (!mp_dist_spans(dev) || n == 0) return 0;
     const mp_backend *be = device_coll(dev);
@@ -133,26 +144,21 @@ int mp_dist_reduce_raw(mp_device dev, void *p, int64_t n, mp_dtype dt, mp_coll_o
     return rc;
 }
 
+int mp_dist_reduce_raw(mp_device dev, void *p, int64_t n, mp_dtype dt, mp_coll_op op)
+{
+    if (!mp_dist_spans(dev) || n == 0) return 0;
+    if (mp_dist_agree(MP_DK_FINDINGS, op, dt, dev, 1, &n)) return -1;
+    return reduce_raw(dev, p, n, dt, op);
+}
+
 /* ---- the public collectives ---- */
 
-/* Every rank must call a collective with the same size and dtype (MPI and
- * NCCL read or write out of bounds otherwise). One small reduction compares
- * them first: the largest and the smallest of each value over the world. */
-static int agree(const char *what, mp_tensor *t, int64_t extra)
+/* Every rank must call the same collective with the same shape, dtype, op
+ * or root (MPI and NCCL read or write out of bounds, or wait for ever,
+ * otherwise): the rendezvous compares them first (engine/dist_agree.h). */
+static int agree(mp_dist_kind k, int64_t arg, const mp_tensor *t)
 {
-    if (!W.comm || W.size == 1) return 0;
-    double v[8] = {(double)t->numel, t->dtype, t->dev, (double)extra};
-    for (int i = 0; i < 4; i++) v[4 + i] = -v[i];
-    if (W.comm->all_reduce(v, 8, (mp_dtype)MP_COMM_F64, MP_COLL_MAX)) return comm_fail();
-    static const char *names[] = {"number of elements", "dtype", "device", NULL};
-    for (int i = 0; i < 4; i++) {
-        if (v[i] == -v[4 + i]) continue;
-        if (i == 3) return mp_fail(MP_EINVAL, "the ranks disagree on the %s (from %g to %g)", what, -v[4 + i], v[i]);
-        return mp_fail(MP_EINVAL, "the ranks disagree on the tensor's %s (rank %d has %s %s on %s)", names[i], W.rank,
-                       mp_dtype_name(t->dtype), mp_shape_str(t->ndim, t->shape, (char[128]){0}, 128),
-                       mp_device_name(t->dev));
-    }
-    return 0;
+    return mp_dist_agree(k, arg, t->dtype, t->dev, t->ndim, t->shape);
 }
 
 /* the tensor's bytes in host memory as f32 or i32 (MPI's types): t itself on
@@ -181,12 +187,12 @@ int mp_dist_all_reduce(mp_tensor *t, mp_dist_op op)
     if (t->dtype == MP_U8) return mp_fail(MP_EINVAL, "t is u8: reduce f32, f16, bf16 or i32 tensors");
     if (t->dtype == MP_I32 && op == MP_DIST_MEAN)
         return mp_fail(MP_EINVAL, "\"mean\" of an i32 tensor (reduce with \"sum\" and divide as you need)");
-    if (agree("op", t, op)) return -1;
+    if (agree(MP_DK_ALL_REDUCE, op, t)) return -1;
     if (!mp_dist_spans(t->dev)) return 0;
     mp_coll_op cop = op == MP_DIST_MAX ? MP_COLL_MAX : op == MP_DIST_MIN ? MP_COLL_MIN : MP_COLL_SUM;
     int rc;
     if (device_coll(t->dev)) {
-        rc = mp_dist_reduce_raw(t->dev, mp_data(t), t->numel, t->dtype, cop);
+        rc = reduce_raw(t->dev, mp_data(t), t->numel, t->dtype, cop);
     } else {
         mp_tensor *h = host_copy(t);
         if (!h) return -1;
@@ -208,7 +214,7 @@ int mp_dist_broadcast(mp_tensor *t, int root)
     if (ready()) return -1;
     if (root < 0 || root >= W.size)
         return mp_fail(MP_EINVAL, "root %d is not a rank (0..%d)", root, W.size - 1);
-    if (agree("root", t, root)) return -1;
+    if (agree(MP_DK_BROADCAST, root, t)) return -1;
     if (!mp_dist_spans(t->dev)) return 0;
     const mp_backend *be = device_coll(t->dev);
     int rc = 0;
@@ -230,7 +236,7 @@ mp_tensor *mp_dist_all_gather(mp_tensor *t)
 {
     if (ready()) return NULL;
     if (t->ndim == MP_MAXDIM) return mp_fail(MP_EINVAL, "t has %d dims: no room for the ranks' dim", MP_MAXDIM), NULL;
-    if (agree("size", t, 0)) return NULL;
+    if (agree(MP_DK_ALL_GATHER, 0, t)) return NULL;
     int64_t shape[MP_MAXDIM];
     shape[0] = W.size;
     memcpy(shape + 1, t->shape, sizeof *shape * (size_t)t->ndim);
@@ -255,27 +261,48 @@ mp_tensor *mp_dist_all_gather(mp_tensor *t)
     return out;
 }
 
+/* the rendezvous is a barrier: no rank's completes before every rank's part is in */
 int mp_dist_barrier(void)
 {
     if (ready()) return -1;
-    return W.comm && W.comm->barrier() ? comm_fail() : 0;
+    return mp_dist_agree(MP_DK_BARRIER, 0, MP_F32, MP_CPU, 0, NULL);
 }
 
 int mp_dist_finalize(void)
 {
     if (!W.inited || W.finalized) return 0;
+    if (mp_dist_broken())
+        return mp_fail(MP_EDEVICE, "MPI cannot finalize after a collective failed (%s): the job ends (MPI_Abort) when "
+                       "this process exits", mp_dist_broken());
+    /* the others learn that this rank leaves: one waiting in a collective gets
+     * an error naming it, not a wait without end (after a rank left, which
+     * every rank saw, there is nothing to say) */
+    char left[1100] = "";
+    if (!mp_dist_left() && W.comm && mp_dist_agree(MP_DK_FINALIZE, 0, MP_F32, MP_CPU, 0, NULL)) {
+        if (mp_dist_broken()) return -1;   /* another rank gave up meanwhile */
+        snprintf(left, sizeof left, "%s", mp_error());
+    }
     for (int d = 1; d < MP_NDEVICES; d++) {
         const mp_backend *be = W.joined[d] ? mp_backend_of((mp_device)d) : NULL;
         if (be && be->coll_leave) be->coll_leave(be->ctx);
         W.joined[d] = false;
     }
     W.finalized = true;
-    return W.comm && W.comm->finalize() ? comm_fail() : 0;
+    if (W.comm && W.comm->finalize()) return comm_fail();
+    return left[0] ? mp_fail(MP_EINVAL, "%s", left) : 0;
 }
 
 void mp_dist_abort(int code)
 {
-    if (W.comm && !W.finalized && W.size > 1) W.comm->abort(code);
+    if (!W.comm || W.finalized || W.size == 1) return;
+    /* every rank saw a rank leave, in the same rendezvous: each fails or goes
+     * on by itself, and none waits for another; MPI finalizes as usual, and
+     * each rank's own error is printed in full before the job ends */
+    if (mp_dist_left()) {
+        mp_dist_finalize();
+        return;
+    }
+    W.comm->abort(code);
 }
 
 /* ---- one bucket of a data-parallel gradient average (engine/dist_dp.c) ---- */
@@ -283,6 +310,7 @@ void mp_dist_abort(int code)
 int mp_dist_reduce_bucket(mp_device dev, float *g, int64_t n, bool side)
 {
     if (!mp_dist_spans(dev) || n == 0) return 0;
+    if (mp_dist_agree(MP_DK_GRADS, MP_DIST_MEAN, MP_F32, dev, 1, &n)) return -1;
     const mp_backend *be = device_coll(dev);
     if (be) {   /* the sum and / size in one pass (NCCL's average) */
         if (join(dev, be)) return -1;
@@ -290,7 +318,7 @@ int mp_dist_reduce_bucket(mp_device dev, float *g, int64_t n, bool side)
         be->coll_all_reduce(be->ctx, MP_F32, g, n, MP_COLL_AVG);
         return mp_device_error(dev);
     }
-    if (mp_dist_reduce_raw(dev, g, n, MP_F32, MP_COLL_SUM)) return -1;
+    if (reduce_raw(dev, g, n, MP_F32, MP_COLL_SUM)) return -1;
     const mp_backend *d = mp_backend_of(dev);   /* / size while the bucket is in cache */
     if (W.size > 1) d->unary(d->ctx, MP_MULS, MP_F32, g, g, n, 1.0 / W.size);
     return dev == MP_CPU ? 0 : mp_device_error(dev);
@@ -301,5 +329,3 @@ void mp_dist_reduce_done(mp_device dev)
     const mp_backend *be = device_coll(dev);
     if (be && be->coll_merge && W.joined[dev]) be->coll_merge(be->ctx);
 }
-
-int mp_dist_agree(const char *what, mp_tensor *t, int64_t extra) { return agree(what, t, extra); }

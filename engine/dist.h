@@ -17,6 +17,11 @@
  * scaler takes one decision for all ranks: what each rank found (inf/NaN, a
  * bad loss, the amax) is reduced with max before the skip and the update
  * (engine/scaler.c).
+ *
+ * Every collective begins with the ranks' rendezvous (engine/dist_agree.h):
+ * they agree on what they call, or each gets an error naming both sides; a
+ * rank that finalizes while others wait ends their wait with an error naming
+ * it; and no rank waits longer than the timeout for the others to arrive.
  */
 #ifndef MP_DIST_H
 #define MP_DIST_H
@@ -31,6 +36,13 @@ typedef enum { MP_DIST_SUM, MP_DIST_MEAN, MP_DIST_MAX, MP_DIST_MIN } mp_dist_op;
  * to check that path on a machine with one GPU. */
 int mp_dist_init(bool device_self);
 bool mp_dist_initialized(void);
+/* how long a rank waits in a collective for the others to arrive (seconds,
+ * > 0; INFINITY: for ever), before it names those that did not and gives up.
+ * Generous: a rank may take minutes alone between two collectives (rank 0's
+ * evaluation, a checkpoint), and PyTorch's process groups wait 30 minutes. */
+#define MP_DIST_TIMEOUT_DEFAULT 1800.0
+int mp_dist_set_timeout(double seconds);
+double mp_dist_timeout(void);
 int mp_dist_rank(void);
 int mp_dist_size(void);
 int mp_dist_local_rank(void);
@@ -41,19 +53,27 @@ const char *mp_dist_backend(void);
  * or device_self on a device) */
 bool mp_dist_spans(mp_device dev);
 
-/* in place on every rank; every rank passes the same shape and dtype (checked) */
+/* in place on every rank; every rank calls the same collective on the same
+ * shape, dtype and device, with the same op or root (checked) */
 int mp_dist_all_reduce(mp_tensor *t, mp_dist_op op);
 int mp_dist_broadcast(mp_tensor *t, int root);
 /* a new tensor {size, t's shape...}: rank r's t at index r */
 mp_tensor *mp_dist_all_gather(mp_tensor *t);
 int mp_dist_barrier(void);
+/* leave the world: the others agree on it (a rank waiting in a collective
+ * gets an error naming this one, and this one's finalize returns the same),
+ * then MPI finalizes. Called at exit when a script did not. After a timeout
+ * MPI cannot finalize (a rank may never come): an error, and the job ends at
+ * exit (MPI_Abort). */
 int mp_dist_finalize(void);
 /* end the whole job at once: a script failed on this rank, and the others
- * would wait for it forever in their next collective (no-op without MPI) */
+ * would wait for it in their next collective until the timeout (no-op
+ * without MPI). After a rank left, which every rank saw, this rank only
+ * finalizes: none is left waiting. */
 void mp_dist_abort(int code);
 
-/* n values of dt (f32) in dev's memory, reduced in place over the world
- * without the argument check: the engine's own (the scaler's findings) */
+/* n values of dt (f32) in dev's memory, reduced in place over the world:
+ * the engine's own (the loss scaler's findings) */
 int mp_dist_reduce_raw(mp_device dev, void *p, int64_t n, mp_dtype dt, mp_coll_op op);
 
 /* Data parallel (engine/dist_dp.c): broadcast o's parameters from rank 0,
@@ -82,9 +102,8 @@ void mp_dist_no_sync(int delta);
 
 /* dist.c's pieces for dist_dp.c: n f32 gradients at g averaged over the
  * world (side: on the device's second stream, when it has one); the device's
- * main stream waiting for its second; the ranks' agreement on a tensor */
+ * main stream waiting for its second */
 int mp_dist_reduce_bucket(mp_device dev, float *g, int64_t n, bool side);
 void mp_dist_reduce_done(mp_device dev);
-int mp_dist_agree(const char *what, mp_tensor *t, int64_t extra);
 
 #endif

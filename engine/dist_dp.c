@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "engine/dist.h"
+#include "engine/dist_agree.h"
 #include "engine/autograd.h"
 #include "engine/error.h"
 
@@ -70,8 +71,8 @@ int mp_dist_attach(mp_optim *o, int64_t bucket_bytes)
         for (int i = lo; i < hi; i++) d.bucket_of[i] = d.nb;
         hi = lo;
     }
-    if (mp_dist_agree("number of parameters", o->values, o->n) ||
-        mp_dist_agree("number of buckets", o->values, d.nb) ||
+    int64_t np = o->n;
+    if (mp_dist_agree(MP_DK_ATTACH, d.nb, o->values->dtype, o->values->dev, 1, &np) ||
         mp_dist_broadcast(o->values, 0)) {   /* every rank starts from rank 0's parameters */
         dp_free(&d);
         return -1;

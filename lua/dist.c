@@ -7,14 +7,20 @@
 #include "lua/bind.h"
 #include "engine/dist.h"
 
-/* mp.dist.init([{device_collectives = false}]) -> rank, size */
+/* mp.dist.init([{device_collectives = false, timeout = 1800}]) -> rank, size */
 static int d_init(lua_State *L)
 {
     bool self = false;
-    if (lb_check_options(L, 1, "mp.dist.init", "device_collectives:boolean", 1)) {
+    if (lb_check_options(L, 1, "mp.dist.init", "device_collectives:boolean timeout:number", 1)) {
         lua_getfield(L, 1, "device_collectives");
         self = lua_toboolean(L, -1);
-        lua_pop(L, 1);
+        if (lua_getfield(L, 1, "timeout") != LUA_TNIL) {
+            double s = lua_tonumber(L, -1);
+            if (!(s > 0)) return luaL_error(L, "mp.dist.init: option timeout must be a number of seconds > 0 (got %s)",
+                                            lua_tostring(L, -1));
+            mp_dist_set_timeout(s);
+        }
+        lua_pop(L, 2);
     }
     mp_clear_error();
     if (mp_dist_init(self)) return lt_error(L, "mp.dist.init");
@@ -29,6 +35,7 @@ static int d_local_rank(lua_State *L) { lua_pushinteger(L, mp_dist_local_rank())
 static int d_local_size(lua_State *L) { lua_pushinteger(L, mp_dist_local_size()); return 1; }
 static int d_backend(lua_State *L) { lua_pushstring(L, mp_dist_backend()); return 1; }
 static int d_is_initialized(lua_State *L) { lua_pushboolean(L, mp_dist_initialized()); return 1; }
+static int d_timeout(lua_State *L) { lua_pushnumber(L, mp_dist_timeout()); return 1; }
 
 /* mp.dist.all_reduce(t [, "sum"|"mean"|"max"|"min"]) -> t, reduced in place */
 static int d_all_reduce(lua_State *L)
@@ -102,7 +109,7 @@ static int d_no_sync(lua_State *L)
 
 static const luaL_Reg funcs[] = {
     {"init", d_init}, {"rank", d_rank}, {"size", d_size}, {"local_rank", d_local_rank},
-    {"local_size", d_local_size}, {"backend", d_backend}, {"is_initialized", d_is_initialized},
+    {"local_size", d_local_size}, {"backend", d_backend}, {"is_initialized", d_is_initialized}, {"timeout", d_timeout},
     {"all_reduce", d_all_reduce}, {"broadcast", d_broadcast}, {"all_gather", d_all_gather},
     {"barrier", d_barrier}, {"finalize", d_finalize}, {"no_sync", d_no_sync}, {NULL, NULL}
 };

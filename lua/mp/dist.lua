@@ -2,7 +2,9 @@
 -- lua/dist.c). Without a launcher a script is a world of one: rank 0 of 1,
 -- every collective leaves its tensor as it is, and MPI is never loaded.
 --
---   mp.dist.init([{device_collectives = false}]) -> rank, size
+--   mp.dist.init([{device_collectives = false, timeout = 1800}]) -> rank, size
+--     timeout: seconds a collective waits for every rank to arrive (math.huge: no limit)
+--   mp.dist.timeout() -> that timeout
 --   mp.dist.rank()  mp.dist.size()  mp.dist.local_rank()  mp.dist.local_size()
 --   mp.dist.backend() -> "Open MPI v4.1.4" (what carries the collectives)
 --   mp.dist.all_reduce(t [, "sum"|"mean"|"max"|"min"]) -> t (in place)
@@ -14,8 +16,12 @@
 --   mp.dist.save(path, tbl)               -- rank 0 writes; every rank waits
 --
 -- Collectives are called by every rank in the same order with the same shape
--- and dtype (checked: a mismatch is an error on every rank). CPU tensors go
--- through MPI, CUDA tensors through NCCL on the backend's stream.
+-- and dtype (checked, with the collective itself and its op or root: a
+-- mismatch is an error on every rank naming both sides). A rank that
+-- finalizes (or ends) while another waits gives it an error naming the rank;
+-- a wait past the timeout is an error naming the ranks that did not come, and
+-- the job then ends at exit (engine/dist_agree.h). CPU tensors go through
+-- MPI, CUDA tensors through NCCL on the backend's stream.
 -- Data parallel training: an optimizer made with {dist = true} (lua/mp/optim.lua).
 local core = require "mp.core"
 local D = core._dist

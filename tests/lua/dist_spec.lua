@@ -8,7 +8,12 @@
 -- with batch B against one process with batch 2B over 50 steps of the MLP, in
 -- f32 and in f16 AMP with an overflow on one rank only; a checkpoint written
 -- by rank 0 and resumed by both; train_mlp.lua --dist; a failing rank ending
--- the job. Pending where mpirun or build/mp/mpi.so is missing.
+-- the job; the ranks' rendezvous before every collective (issue 24): ranks that
+-- call different collectives or shapes, a rank that leaves while the other
+-- waits (os.exit, the script's end, a caught error, mp.dist.finalize, a
+-- training with one batch less), and a rank that does not come within the
+-- timeout, each an error on both ranks instead of a wait without end.
+-- Pending where mpirun or build/mp/mpi.so is missing.
 local mp = require "mp"
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
@@ -105,6 +110,18 @@ describe("mp.dist in a world of one (no launcher)", function()
     H.raises(function() mp.dist.broadcast(mp.zeros(2), 0.5) end, {"mp.dist.broadcast", "root"})
     H.raises(function() mp.dist.all_gather(mp.zeros({1, 1, 1, 1, 1, 1, 1, 1})) end, {"mp.dist.all_gather", "8 dims"})
     H.raises(function() mp.dist.init{devices = true} end, {"mp.dist.init", "devices"})
+    -- the collective timeout: seconds > 0 (math.huge: none); 30 minutes unless told
+    assert.are.equal(1800, mp.dist.timeout())
+    H.raises(function() mp.dist.init{timeout = 0} end, {"mp.dist.init", "option timeout must be a number of seconds > 0 (got 0"})
+    H.raises(function() mp.dist.init{timeout = -5} end, {"mp.dist.init", "timeout", "-5"})
+    H.raises(function() mp.dist.init{timeout = 0 / 0} end, {"mp.dist.init", "timeout", "nan"})
+    H.raises(function() mp.dist.init{timeout = "60"} end, {"mp.dist.init", "option timeout must be a number (got string)"})
+    assert.are.equal(1800, mp.dist.timeout())   -- nothing taken from the refused values
+    mp.dist.init{timeout = 2.5}
+    assert.are.equal(2.5, mp.dist.timeout())
+    mp.dist.init{timeout = math.huge}
+    assert.are.equal(math.huge, mp.dist.timeout())
+    mp.dist.init{timeout = 1800}
     H.raises(function() mp.dist.rank_seed(1.5) end, {"mp.dist.rank_seed", "integer"})
     assert.are.equal(7, mp.dist.rank_seed(7))   -- rank 0 keeps the run's seed
   end)
@@ -226,6 +243,10 @@ describe("mp.dist under mpirun -np 2", function()
   end
 
   it("reduces, broadcasts and gathers every dtype, and refuses what the ranks disagree on", function()
+    -- collectives.lua: besides the values, each disagreement is an error on both ranks naming
+    -- what each called (all_reduce against broadcast, barrier against all_gather, {2,4} against
+    -- {8} and {4,2}, a public all_reduce against a data-parallel backward's bucket), after which
+    -- the collectives line up again
     local out, code = mpirun(2, H.mpengine .. " " .. DIR .. "collectives.lua")
     assert.are.equal(0, code, out)
     assert.truthy(out:find("rank 0 ok", 1, true) and out:find("rank 1 ok", 1, true), out)
@@ -394,5 +415,60 @@ describe("mp.dist under mpirun -np 2", function()
     assert.falsy(out:find("passed the barrier", 1, true), out)
     assert.are_not.equal(124, code, "timed out: " .. out)
     os.remove(script)
+  end)
+
+  -- leave.lua: rank 1 leaves at once, rank 0 calls all_reduce (each wait bounded by a 60 s
+  -- timeout, and the whole run by mpirun's 240 s); before, rank 0 waited in MPI_Allreduce and
+  -- rank 1 in MPI_Finalize, for ever
+  local left = "rank 1 finalized while rank 0 waits in all_reduce (sum) of f32 {4} on cpu"
+  for _, how in ipairs{"exit", "end", "caught", "finalize"} do
+    it("gives rank 0 an error naming rank 1 when rank 1 leaves (" .. how .. ") while rank 0 waits", function()
+      local out, code = mpirun(2, H.mpengine .. " " .. DIR .. "leave.lua " .. how)
+      assert.are.equal(0, code, out)   -- rank 0 caught its error, rank 1 left as it chose
+      assert.truthy(out:find("rank 0 all_reduce: mp.dist.all_reduce: " .. left, 1, true), out)
+      -- a rank left: no collective can complete after, and each says why at once
+      assert.truthy(out:find("rank 0 barrier: mp.dist.barrier: no collective can run any more: " .. left, 1, true), out)
+      -- rank 1's own words: from its mp.dist.finalize(), or at its exit
+      local own = how == "finalize" and "rank 1 finalize: mp.dist.finalize: " or "mp.dist.finalize at exit: "
+      assert.truthy(out:find(own .. left, 1, true), out)
+      if how == "caught" then assert.truthy(out:find("rank 1 caught: a failure of its own", 1, true), out) end
+    end)
+  end
+
+  it("ends the job when rank 0 does not catch that error, with both ranks' words", function()
+    local out, code = mpirun(2, H.mpengine .. " " .. DIR .. "leave.lua end uncaught")
+    assert.are_not.equal(0, code, out)
+    assert.are_not.equal(124, code, "timed out: " .. out)
+    assert.truthy(out:find("mp.dist.all_reduce: " .. left, 1, true), out)
+    assert.truthy(out:find("mp.dist.finalize at exit: " .. left, 1, true), out)
+    assert.falsy(out:find("rank 0 all_reduce:", 1, true), out)
+  end)
+
+  it("gives rank 0's backward an error when rank 1 runs out of batches first (the buckets' rendezvous)", function()
+    local envs = {cpu = {}, cuda = H.emu and os.getenv("MP_DEVICE") ~= "cuda" and H.emu_env() or nil}
+    for dev, env in pairs(envs) do   -- on the emulated device, before the bucket's NCCL call
+      local out, code = mpirun(2, H.mpengine .. " " .. DIR .. "leave.lua uneven", env)
+      assert.are.equal(0, code, out)
+      local why = "rank 1 finalized while rank 0 waits in the gradient average (a bucket of f32 {8} on " .. dev .. ")"
+      assert.truthy(out:find("rank 0 step 3: .-Tensor:backward: " .. why:gsub("%p", "%%%0")), out)
+      assert.truthy(out:find("mp.dist.finalize at exit: " .. why, 1, true), out)
+    end
+  end)
+
+  it("turns a wait past mp.dist.init{timeout = 1} into an error naming the collective and the rank that did not come", function()
+    -- timeout.lua: rank 1 stays away until rank 0 has timed out, then calls all_reduce
+    local mark = tmp("mark")
+    local out, code = mpirun(2, H.mpengine .. " " .. DIR .. "timeout.lua " .. mark)
+    os.remove(mark .. ".0"); os.remove(mark .. ".1")
+    local said = "rank 0 timed out after 1 s waiting in all_reduce (sum) of f32 {4} on cpu: rank 1 did not arrive"
+    assert.truthy(out:find("rank 0 all_reduce: mp.dist.all_reduce: " .. said .. " (mp.dist.init{timeout = seconds})", 1, true), out)
+    assert.truthy(out:find("rank 0 barrier: mp.dist.barrier: no collective can run any more: " .. said, 1, true), out)
+    -- rank 1, late: rank 0's notice, at once (not a wait of its own, nor a match with rank 0's abandoned part)
+    assert.truthy(out:find("rank 1 all_reduce: mp.dist.all_reduce: " .. said, 1, true), out)
+    assert.truthy(out:find("rank 1 barrier: mp.dist.barrier: no collective can run any more: " .. said, 1, true), out)
+    -- a rank may never come: MPI cannot finalize, and the job ends with MPI_Abort at exit
+    assert.truthy(out:find("mp.dist.finalize at exit: MPI cannot finalize after a collective failed (" .. said, 1, true), out)
+    assert.are_not.equal(0, code, out)
+    assert.are_not.equal(124, code, "timed out: " .. out)
   end)
 end)
