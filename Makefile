@@ -175,12 +175,13 @@ $(BUILD)/bench/%: scripts/bench/%.c $(LIB)
 
 # make fuzz: libFuzzer targets built with clang, ASan and UBSan in build-fuzz/
 # (tests/fuzz): the safetensors loader, mp.load through the binding, the IDX
-# reader, and a Lua program fuzzer of the API; each runs FUZZ_S seconds from the
+# reader, a Lua program fuzzer of the API, and mp.data.text on any file (with
+# encode, decode and windows); each runs FUZZ_S seconds from the
 # committed corpus in tests/fuzz/corpus; crashes are saved in build-fuzz/crashes
 # and fail the run
 FUZZ_S       ?= 60
 FUZZ_BUILD   := build-fuzz
-FUZZ_TARGETS := safetensors load idx api
+FUZZ_TARGETS := safetensors load idx api text
 FUZZ_BIN     := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 FUZZ_LUA     := -DMP_ROOT='"$(CURDIR)"' $(LUA_INC)
 
@@ -203,6 +204,10 @@ $(BUILD)/fuzz/fuzz_load: tests/fuzz/fuzz_lua.c tests/fuzz/fuzz_input.h $(BIND_OB
 $(BUILD)/fuzz/fuzz_api: tests/fuzz/fuzz_lua.c tests/fuzz/fuzz_input.h tests/fuzz/api_driver.lua $(BIND_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(FUZZ_LUA) -DFUZZ_API -fsanitize=fuzzer -o $@ $< $(BIND_OBJ) $(WHOLE_LIB) $(LUA_LIB) $(LDLIBS)
+
+$(BUILD)/fuzz/fuzz_text: tests/fuzz/fuzz_lua.c tests/fuzz/fuzz_input.h tests/fuzz/text_driver.lua $(BIND_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(FUZZ_LUA) -DFUZZ_TEXT -fsanitize=fuzzer -o $@ $< $(BIND_OBJ) $(WHOLE_LIB) $(LUA_LIB) $(LDLIBS)
 
 # Install missing Debian packages (as root), else print the command to run.
 deps:

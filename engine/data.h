@@ -6,6 +6,10 @@
  * file fails with a message that names the path and the problem, never with
  * an out-of-bounds access or an allocation sized by the header alone.
  *
+ * mp_read_file_bytes reads a text file for mp.data.text: a regular file only,
+ * refused by its kind or size before anything is read, into a u8 tensor;
+ * mp_byte_vocab and mp_byte_ids turn bytes into character-level token ids.
+ *
  * mp_randperm gives the shuffled order of a data loader's epoch. It is a pure
  * function of (n, seed), so a seeded run is bit-reproducible on every machine.
  */
@@ -21,6 +25,21 @@
 /* An IDX file as a CPU tensor: type u8 -> u8; i8, i16, i32 -> i32 (exact);
  * f32 -> f32. f64 is rejected (narrowing it silently would lose data). */
 mp_tensor *mp_read_idx(const char *path);
+
+/* The bytes of the regular file at path as a 1-d u8 CPU tensor in *out (NULL
+ * for an empty file: tensors have no zero sizes). Never blocks in open and never
+ * reads more than max_bytes: a directory, FIFO, device or socket fails naming
+ * what it is ("path 'p' is a directory, not a regular file"), as does a file of
+ * more than max_bytes bytes, by fstat or by what reading it gives. Returns 0, or
+ * -1 with the message (data_file.c). */
+int mp_read_file_bytes(const char *path, int64_t max_bytes, mp_tensor **out);
+
+/* The distinct bytes of p[0..n) in increasing order into vocab; their count. */
+int mp_byte_vocab(const unsigned char *p, int64_t n, unsigned char vocab[256]);
+
+/* p[0..n) (n >= 1) as a 1-d i32 CPU tensor of ids: each byte's index in vocab
+ * (nvocab distinct bytes). A byte not in vocab fails, naming it and its offset. */
+mp_tensor *mp_byte_ids(const unsigned char *p, int64_t n, const unsigned char *vocab, int nvocab);
 
 /* A uniformly random permutation of 0..n-1 as a 1-d i32 CPU tensor:
  * Fisher-Yates driven by xoshiro256** seeded from `seed` through splitmix64.

@@ -5,7 +5,9 @@
 --   mp.data.loader(dataset, {batch=, shuffle=false, seed=, drop_last=false, device=, shard=})
 --       -> an iterator object: `for x, y in loader do`; `#loader` is the number of batches
 --
---   mp.data.text([path]) -> {train = i32 ids, val = i32 ids, vocab = {bytes}, encode(s), decode(ids)}
+--   mp.data.text([path] [, {max_bytes = n}])
+--       -> {train = i32 ids, val = i32 ids, vocab = {bytes}, vocab_size, bytes, encode(s), decode(ids)}
+--       path must be a regular file of at most max_bytes (M.TEXT_MAX_BYTES, 256 MiB) bytes
 --   mp.data.windows(ids, batch, ctx [, device]) -> x, y: random windows (y = x moved on by one)
 --
 -- The file reading and the shuffle are C (lua/data.c over engine/data_idx.c
@@ -65,9 +67,9 @@ end
 -- call a C building block; re-raise its error at the public function's caller,
 -- dropping the position inside this file, and with an optional hint appended
 local function call(level, hint, f, ...)
-  local ok, r = pcall(f, ...)
-  if ok then return r end
-  local msg = tostring(r):gsub("^[^\n]-:%d+: ", "", 1)
+  local r = table.pack(pcall(f, ...))
+  if r[1] then return table.unpack(r, 2, r.n) end
+  local msg = tostring(r[2]):gsub("^[^\n]-:%d+: ", "", 1)
   if hint and msg:find("cannot open", 1, true) then msg = msg .. hint end
   error(msg, level + 1)
 end
@@ -271,73 +273,93 @@ end
 -- ---- character-level text ----
 
 M.FORTUNES_DIR = "/usr/share/games/fortunes"
+-- the most bytes mp.data.text reads unless told otherwise (opts.max_bytes):
+-- 256 MiB, more than enwik8; the ids take four bytes a byte
+M.TEXT_MAX_BYTES = 256 * 1024 * 1024
 
--- every file of dir without an extension (no "."), in byte order of the names
+-- every file of dir without an extension (no "."), in byte order of the names;
+-- `ls -p` marks directories (and, with -L, links to them) with a "/": they are
+-- left out (Debian's fortunes-off puts its files in a subdirectory)
 local function fortune_files(dir)
-  local p = io.popen("ls -1 " .. dir .. " 2>/dev/null")
+  local p = io.popen("ls -1pL " .. dir .. " 2>/dev/null")
   local names = {}
   for name in p:lines() do
-    if not name:find(".", 1, true) then names[#names + 1] = name end
+    if not name:find(".", 1, true) and not name:find("/$") then names[#names + 1] = name end
   end
   p:close()
   table.sort(names)   -- Lua compares strings bytewise (the C locale's order)
   return names
 end
 
+local LT = "mp.data.text"
+
+-- the bytes of path, or of the fortunes, as one u8 tensor (nil when there are none);
+-- the C reader refuses what is not a regular file and what is over max_bytes
+local function text_bytes(path, max_bytes)
+  if path then return call(3, nil, D.read_bytes, path, max_bytes, LT) end
+  local names = fortune_files(M.FORTUNES_DIR)
+  if #names == 0 then
+    fail(2, "%s: no text in %s (apt-get install fortunes, or give a path)", LT, M.FORTUNES_DIR)
+  end
+  local parts, left = {}, max_bytes
+  for _, name in ipairs(names) do
+    if left < 1 then fail(2, "%s: the files of %s have more than max_bytes = %d bytes", LT, M.FORTUNES_DIR, max_bytes) end
+    local ok, t = pcall(D.read_bytes, M.FORTUNES_DIR .. "/" .. name, left, LT)
+    if not ok and left < max_bytes and tostring(t):find("more than max_bytes", 1, true) then
+      for _, p in ipairs(parts) do p:free() end   -- the limit is on the whole text: say so
+      fail(2, "%s: the files of %s have more than max_bytes = %d bytes", LT, M.FORTUNES_DIR, max_bytes)
+    end
+    if not ok then error(t, 3) end   -- any other failure: at M.text's caller, as the reader worded it
+    if t then parts[#parts + 1] = t; left = left - t:numel() end
+  end
+  if #parts < 2 then return parts[1] end
+  local all = core.cat(parts, 1)
+  for _, t in ipairs(parts) do t:free() end
+  return all
+end
+
 -- The bytes of a text file (default: Debian's fortunes, every file without an
 -- extension sorted by name and concatenated) as i32 ids 0..V-1 over its
--- distinct bytes in byte order; the last 10% is the validation split.
-function M.text(path)
-  local LT = "mp.data.text"
+-- distinct bytes in byte order; the last 10% is the validation split. The file
+-- is read in C (engine/data_file.c) into a u8 tensor and mapped to ids there
+-- (engine/data_vocab.c): memory is five bytes per byte of text at the peak, four
+-- after. Only regular files are read, and at most opts.max_bytes bytes
+-- (M.TEXT_MAX_BYTES by default): a directory, FIFO or device is refused by its
+-- kind before it is opened for reading, a larger file by its size.
+function M.text(path, opts)
   if path ~= nil and type(path) ~= "string" then fail(1, "%s: path must be a string (got %s)", LT, describe(path)) end
-  local parts = {}
-  if path then
-    local f, err = io.open(path, "rb")
-    if not f then fail(1, "%s: cannot read %s: %s", LT, path, tostring(err)) end
-    parts[1] = f:read("a")
-    f:close()
-  else
-    local names = fortune_files(M.FORTUNES_DIR)
-    if #names == 0 then
-      fail(1, "%s: no text in %s (apt-get install fortunes, or give a path)", LT, M.FORTUNES_DIR)
-    end
-    for i, name in ipairs(names) do
-      local f = assert(io.open(M.FORTUNES_DIR .. "/" .. name, "rb"))
-      parts[i] = f:read("a")
-      f:close()
-    end
+  if opts ~= nil and type(opts) ~= "table" then fail(1, "%s: options must be a table (got %s)", LT, describe(opts)) end
+  opts = core._options(LT, opts, "max_bytes:any", 2)
+  local max_bytes = opts.max_bytes
+  if max_bytes == nil then max_bytes = M.TEXT_MAX_BYTES
+  elseif math.type(max_bytes) ~= "integer" or max_bytes < 1 then
+    fail(1, "%s: max_bytes must be a positive integer (got %s)", LT, describe(max_bytes))
   end
-  local text = table.concat(parts)
-  if #text < 2 then fail(1, "%s: the text has %d bytes (at least 2 needed)", LT, #text) end
-  local seen, vocab, id = {}, {}, {}
-  for i = 1, #text, 4096 do
-    for _, b in ipairs { text:byte(i, math.min(i + 4095, #text)) } do seen[b] = true end
+  local bytes = text_bytes(path, max_bytes)
+  local n = bytes and bytes:numel() or 0
+  if n < 2 then
+    if bytes then bytes:free() end
+    fail(1, "%s: the text has %d bytes (at least 2 needed)", LT, n)
   end
-  for b = 0, 255 do
-    if seen[b] then vocab[#vocab + 1] = b; id[b] = #vocab - 1 end
-  end
-  local ids = {}
-  for i = 1, #text, 4096 do
-    local chunk = { text:byte(i, math.min(i + 4095, #text)) }
-    for j, b in ipairs(chunk) do ids[i + j - 1] = id[b] end
-  end
-  local all = core.tensor(ids, { dtype = "i32", device = "cpu" })
-  local nval = math.max(1, #text // 10)
-  local ntrain = #text - nval
-  local d = { bytes = #text, vocab = vocab, vocab_size = #vocab,
+  local all, vocab_s = call(2, nil, D.byte_ids, bytes, nil, LT)
+  bytes:free()
+  local vocab = { vocab_s:byte(1, -1) }
+  local nval = math.max(1, n // 10)
+  local ntrain = n - nval
+  local d = { bytes = n, vocab = vocab, vocab_size = #vocab,
               train = all:narrow(1, 1, ntrain), val = all:narrow(1, ntrain + 1, nval) }
   function d.encode(s)
-    local r = {}
-    for i = 1, #s do
-      local v = id[s:byte(i)]
-      if v == nil then fail(1, "%s: encode: byte %d is not in the vocabulary", LT, s:byte(i)) end
-      r[i] = v
-    end
-    return core.tensor(r, { dtype = "i32", device = "cpu" })
+    if type(s) ~= "string" then fail(1, "%s: encode: s must be a string (got %s)", LT, describe(s)) end
+    local ids = call(2, nil, D.byte_ids, s, vocab_s, LT .. ": encode")
+    return ids
   end
   function d.decode(t)
     local r = {}
-    for i, v in ipairs(is_tensor(t) and t:totable() or t) do r[i] = string.char(vocab[v + 1]) end
+    for i, v in ipairs(is_tensor(t) and t:reshape { -1 }:totable() or t) do
+      local b = math.type(v) == "integer" and vocab[v + 1]
+      if not b then fail(1, "%s: decode: id %s is not in 0..%d", LT, describe(v), #vocab - 1) end
+      r[i] = string.char(b)
+    end
     return table.concat(r)
   end
   return d

@@ -1,12 +1,16 @@
 /*
- * fuzz_lua.c: two libFuzzer targets through the Lua binding, in one Lua state
+ * fuzz_lua.c: three libFuzzer targets through the Lua binding, in one Lua state
  * kept across inputs (a full collection after each, so a freed tensor's
  * finalizer runs while the fuzzer still watches):
  * - FUZZ_LOAD: mp.load on any bytes (the structure description in the
  *   metadata included), then every loaded value touched;
  * - FUZZ_API: tests/fuzz/api_driver.lua turns the bytes into a program of API
  *   calls with random arguments and hostile metatables (lying __len, __index
- *   that frees tensors mid-call), each call under pcall.
+ *   that frees tensors mid-call), each call under pcall;
+ * - FUZZ_TEXT: mp.data.text on any bytes as a file, then encode, decode and
+ *   mp.data.windows on the result (tests/fuzz/text_driver.lua), which also
+ *   checks what they promise: a broken promise comes back as a string and
+ *   is a finding like a crash.
  * A Lua error is an answer; a crash, a sanitizer report or a leak is a finding.
  */
 #include <stdlib.h>
@@ -37,8 +41,11 @@ static void setup(void)
     lua_setfield(L, -2, "path");
     lua_pop(L, 1);
     fuzz_path(".st");   /* sets the memory limit */
-#ifdef FUZZ_API
+#if defined FUZZ_API
     if (luaL_dofile(L, MP_ROOT "/tests/fuzz/api_driver.lua")) fail_lua("api_driver.lua");
+    lua_setglobal(L, "FUZZ_RUN");
+#elif defined FUZZ_TEXT
+    if (luaL_dofile(L, MP_ROOT "/tests/fuzz/text_driver.lua")) fail_lua("text_driver.lua");
     lua_setglobal(L, "FUZZ_RUN");
 #else
     if (luaL_dostring(L, "local mp = require 'mp'\n"
@@ -56,15 +63,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!L) setup();
     lua_getglobal(L, "FUZZ_RUN");
-#ifdef FUZZ_API
+#if defined FUZZ_API
     lua_pushlstring(L, (const char *)data, size);
+    int nargs = 1;
+#elif defined FUZZ_TEXT
+    lua_pushstring(L, fuzz_file(data, size, ".st"));
+    lua_pushlstring(L, (const char *)data, size);
+    int nargs = 2;
 #else
     lua_pushstring(L, fuzz_file(data, size, ".st"));
+    int nargs = 1;
 #endif
-    if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+    if (lua_pcall(L, nargs, 1, 0) != LUA_OK) {
         if (lua_type(L, -1) != LUA_TSTRING) fail_lua("an error that is not a message");
-        lua_pop(L, 1);
     }
+#ifdef FUZZ_TEXT
+    else if (lua_type(L, -1) == LUA_TSTRING) fail_lua("text_driver.lua: a broken promise");
+#endif
+    lua_pop(L, 1);
     lua_gc(L, LUA_GCCOLLECT);
     return 0;
 }

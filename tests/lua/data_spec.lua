@@ -1,4 +1,4 @@
--- data_spec.lua: mp.data (IDX reading, Fashion-MNIST, the batch loader).
+-- data_spec.lua: mp.data (IDX reading, Fashion-MNIST, the batch loader, text).
 -- busted tests/lua/data_spec.lua, with LUA_PATH/LUA_CPATH as in tests/run.sh.
 --
 -- The Fashion-MNIST figures below were read from Debian's files
@@ -9,6 +9,7 @@
 -- not installed; everything else builds its own small datasets.
 local mp = require "mp"
 local data = mp.data or require "mp.data"
+local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
 local DIR = data.FASHION_MNIST_DIR
 local have_fmnist = io.open(DIR .. "/train-images-idx3-ubyte.gz", "rb")
@@ -361,5 +362,118 @@ describe("mp.data.loader", function()
       raises("mp.data.loader: dataset.images must be on the cpu (got cuda)", data.loader,
              {images = ds.images:cuda(), labels = ds.labels}, {batch = 2})
     end
+  end)
+end)
+
+describe("mp.data.text", function()
+  local dir
+  setup(function() dir = tmpdir() end)
+  teardown(function() rmdir(dir) end)
+
+  local function write(name, bytes)
+    local f = assert(io.open(dir .. "/" .. name, "wb")); f:write(bytes); f:close()
+    return dir .. "/" .. name
+  end
+
+  it("reads a file as ids over its distinct bytes in byte order, the last tenth for validation", function()
+    local s = "hello there\nthe world\n"
+    local d = data.text(write("small.txt", s))
+    assert.same({10, 32, 100, 101, 104, 108, 111, 114, 116, 119}, d.vocab)
+    assert.equal(10, d.vocab_size)
+    assert.equal(#s, d.bytes)
+    local id = {}
+    for i, b in ipairs(d.vocab) do id[b] = i - 1 end
+    local want = {}
+    for i = 1, #s do want[i] = id[s:byte(i)] end
+    assert.equal("i32", d.train.dtype)
+    assert.equal("cpu", d.train.device)
+    assert.same({table.unpack(want, 1, 20)}, d.train:totable())
+    assert.same({table.unpack(want, 21, 22)}, d.val:totable())
+    assert.same({id[116], id[104], id[101]}, d.encode("the"):totable())
+    assert.equal("the world", d.decode(d.encode("the world")))
+    assert.equal("the", d.decode({8, 4, 3}))
+    raises("mp.data.text: encode: byte 120 (at offset 1) is not in the vocabulary", d.encode, "hx")
+    raises("mp.data.text: decode: id 10 is not in 0..9", d.decode, {1, 10})
+    local x, y = data.windows(d.train, 3, 4, "cpu")
+    assert.same({3, 4}, x.shape)
+    for r = 1, 3 do   -- each row of y is its row of x moved on by one, both a window of the text
+      local xr, yr = x:totable()[r], y:totable()[r]
+      assert.same({xr[2], xr[3], xr[4]}, {yr[1], yr[2], yr[3]})
+      assert.truthy(s:find(d.decode(xr) .. d.decode({yr[4]}), 1, true))
+    end
+  end)
+
+  it("refuses what is not a regular file, saying what it is", function()
+    raises("mp.data.text: path '" .. dir .. "' is a directory, not a regular file", data.text, dir)
+    raises("mp.data.text: path '/dev/null' is a character device, not a regular file", data.text, "/dev/null")
+    raises("mp.data.text: cannot open path '" .. dir .. "/none': No such file or directory", data.text, dir .. "/none")
+    raises("mp.data.text: the text has 0 bytes (at least 2 needed)", data.text, write("empty", ""))
+    raises("mp.data.text: the text has 1 bytes (at least 2 needed)", data.text, write("one", "a"))
+    raises("mp.data.text: path must be a string (got 5)", data.text, 5)
+  end)
+
+  -- in a child process under `timeout`: a reader that opens the FIFO for reading
+  -- waits there for a writer forever
+  it("refuses a FIFO without waiting for a writer", function()
+    local fifo = dir .. "/fifo"
+    assert(os.execute("mkfifo " .. H.q(fifo)))
+    local p = io.popen("timeout 60 " .. H.lua .. " -e " .. H.q("local ok, e = pcall(require('mp').data.text, "
+      .. string.format("%q", fifo) .. "); io.write(tostring(e))") .. " 2>&1; echo \" (exit $?)\"")
+    local out = p:read("a")
+    p:close()
+    assert.truthy(out:find("mp.data.text: path '" .. fifo .. "' is a FIFO (named pipe), not a regular file (exit 0)", 1, true), out)
+  end)
+
+  it("reads at most max_bytes (TEXT_MAX_BYTES by default), naming the file and its size", function()
+    local path = write("k.txt", string.rep("abcdefghij", 100))
+    assert.equal(1000, data.text(path, {max_bytes = 1000}).bytes)
+    raises("mp.data.text: path '" .. path .. "' has 1000 bytes, more than max_bytes = 999", data.text, path, {max_bytes = 999})
+    assert.equal(256 * 1024 * 1024, data.TEXT_MAX_BYTES)
+    local old = data.TEXT_MAX_BYTES
+    data.TEXT_MAX_BYTES = 500
+    local ok, err = pcall(data.text, path)
+    data.TEXT_MAX_BYTES = old
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("has 1000 bytes, more than max_bytes = 500", 1, true), err)
+    raises("mp.data.text: max_bytes must be a positive integer (got 0)", data.text, path, {max_bytes = 0})
+    raises("mp.data.text: max_bytes must be a positive integer (got 1.5)", data.text, path, {max_bytes = 1.5})
+    raises("mp.data.text: unknown option 'maxbytes' (expected max_bytes)", data.text, path, {maxbytes = 5})
+    raises("mp.data.text: options must be a table (got 5)", data.text, path, 5)
+  end)
+
+  it("keeps the text out of Lua's heap: no table or string per byte", function()
+    local n = 2 * 1024 * 1024
+    local chunk = {}
+    for i = 1, 4096 do chunk[i] = string.char((i - 1) * 7 % 251) end
+    local path = write("big.bin", string.rep(table.concat(chunk), n // 4096))
+    chunk = nil
+    collectgarbage("collect")
+    collectgarbage("stop")   -- what the call allocates stays counted, garbage or not
+    local before = collectgarbage("count")
+    local d = data.text(path)
+    local grew = (collectgarbage("count") - before) * 1024
+    collectgarbage("restart")
+    assert.equal(n, d.bytes)
+    assert.equal(251, d.vocab_size)
+    assert.same({0, 7, 14}, d.train:narrow(1, 1, 3):totable())   -- bytes 0, 7, 14: ids 0, 7, 14
+    -- one Lua integer a byte would be 16 bytes a byte; a string of the text, 1
+    assert.is_true(grew < n / 16, string.format("Lua's heap grew by %.0f bytes for a text of %d", grew, n))
+  end)
+
+  it("concatenates the fortunes' files without an extension, leaving directories out", function()
+    local old = data.FORTUNES_DIR
+    local fdir = dir .. "/fortunes"
+    assert(os.execute("mkdir -p " .. H.q(fdir .. "/off")))
+    for name, s in pairs { b = "bbb\n", a = "aa\n", ["a.dat"] = "xx", ["off/c"] = "cc" } do
+      local f = assert(io.open(fdir .. "/" .. name, "wb")); f:write(s); f:close()
+    end
+    data.FORTUNES_DIR = fdir
+    local ok, d = pcall(data.text)
+    local ok2, err = pcall(data.text, nil, {max_bytes = 6})
+    data.FORTUNES_DIR = old
+    assert(ok, d)
+    assert.equal("aa\nbbb\n", d.decode(d.train) .. d.decode(d.val))
+    assert.is_false(ok2)
+    assert.truthy(tostring(err):find("mp.data.text: the files of " .. fdir .. " have more than max_bytes = 6 bytes", 1, true), err)
   end)
 end)

@@ -120,7 +120,8 @@ describe("train_gpt.lua", function()
       { "--dim 30 --heads 4", "multiple of --heads" },
       { "--amp f32", "--amp must be" },
       { "--steps 0", "--steps must be a positive integer" },
-      { "--data /nonexistent/text", "cannot read /nonexistent/text" },
+      { "--data /nonexistent/text", "mp.data.text: cannot open path '/nonexistent/text': No such file or directory" },
+      { "--data /dev/null", "mp.data.text: path '/dev/null' is a character device, not a regular file" },
       { "--trace t.jsonl", "--trace needs --amp f16 or bf16" },
     } do
       local out, code = run(c[1])
