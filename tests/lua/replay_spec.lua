@@ -100,7 +100,9 @@ describe("mp.amp.replay", function()
 
   it("marks a recorded gradient overflow it cannot judge below the recorded scale", function()
     local tr = record(mp.amp.policy.static(2 ^ 16), 3, {})
-    tr.steps[2].applied, tr.steps[2].reason = false, "overflow"   -- as if step 2 had overflowed at 2^16
+    local r = tr.steps[2]   -- a fresh table: put back in its place, replay reads it
+    r.applied, r.reason = false, "overflow"   -- as if step 2 had overflowed at 2^16
+    tr.steps[2] = r
     local low = mp.amp.replay(tr, mp.amp.policy.static(2 ^ 8))
     assert.is_true(low[2].skipped and low[2].unknown)
     assert.is_false(low[1].skipped)
