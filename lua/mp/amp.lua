@@ -184,7 +184,8 @@ local write_record   -- (the traces, below)
 function GradScaler:update(new_scale)
   if self._trace then
     if self._trace_lag == nil then self._trace_lag = self._c:_trace_async() end
-    write_record(self)
+    local err = write_record(self)
+    if err then error("GradScaler:update: " .. err, 2) end
   end
   if new_scale ~= nil then
     local v, err = check_scale(new_scale, "update(new_scale)")
@@ -365,11 +366,34 @@ amp._json = json_value   -- for scripts that write their own JSON lines (the pol
 
 local HIST_LO = -48
 
--- The longest lines mp.amp.load_trace reads: the header (the parameters' names and
--- the script's meta) and a step's record (a parameter takes 1.3 KB at most, every
--- bin full of 16-digit counts: 16 MiB holds 12,000 of them; GPT-2 small's 148
--- take 25 KB).
+-- The longest lines mp.amp.load_trace reads, and GradScaler:trace writes: the
+-- header (the parameters' names and the script's meta) and a step's record (a
+-- parameter takes 1.3 KB at most, every bin full of 16-digit counts: 16 MiB holds
+-- 12,000 of them; GPT-2 small's 148 take 25 KB).
 local TRACE_HEADER_MAX, TRACE_RECORD_MAX = 1 << 20, 16 << 20
+
+-- A line to the trace file. A trace is a side file: when a write fails (a full
+-- disk) or a line is longer than load_trace reads, the trace stops there with a
+-- warning naming the file and training goes on; with trace(path, {fatal = true})
+-- the message is returned, for update() to raise.
+local function trace_write(self, line)
+  local why
+  if #line > TRACE_RECORD_MAX then
+    why = string.format("a step's line of %d bytes, more than the %d that mp.amp.load_trace reads", #line,
+                        TRACE_RECORD_MAX)
+  else
+    local ok, e = pcall(self._trace.write, self._trace, line)
+    if ok then self._trace_lines = self._trace_lines + 1; return end
+    -- lua/lines.c's words, less what the message says anyway: "line file: write failed (PATH: why)"
+    why = tostring(e):gsub("^line file: write failed %((.*)%)$", "%1"):gsub("^" .. self._trace_path:gsub("%p", "%%%0") .. ": ", "")
+  end
+  local path, lines = self._trace_path, self._trace_lines
+  pcall(self._trace.close, self._trace)
+  self._trace, self._trace_loss, self._trace_lag = nil, nil, nil
+  local msg = string.format("writing the trace '%s' failed (%s); the trace stops after %d steps", path, why, lines)
+  if self._trace_fatal then return msg end
+  io.stderr:write("mpengine: warning: GradScaler: ", msg, ", and training goes on (scaler:trace(path, {fatal = true}) makes it an error)\n")
+end
 
 write_record = function(self)
   local losses = self._trace_loss or {}
@@ -384,12 +408,12 @@ write_record = function(self)
     end
     self._c:_trace_snap(l)
     local line = self._c:_trace_take(false)
-    if line then self._trace:write(line) end
+    if line then return trace_write(self, line) end
     return
   end
   local l
   for _, loss in ipairs(losses) do l = (l or 0) + loss:item() end
-  self._trace:write(self._c:_trace_record(l))   -- lua/amp.c builds the line: it runs every step
+  return trace_write(self, self._c:_trace_record(l))   -- lua/amp.c builds the line: it runs every step
 end
 
 -- the lines of the snapshots not yet written (an asynchronous device): at most two
@@ -398,35 +422,44 @@ local function drain(self)
   for _ = 1, 2 do
     local line = self._c:_trace_take(true)
     if not line then break end
-    self._trace:write(line)
+    local err = trace_write(self, line)
+    if err or not self._trace then return err end
   end
 end
 
 function GradScaler:trace(path, opts)
   if path == false or path == nil then
-    drain(self)
+    local err = drain(self)
     if self._trace then self._trace:close() end
     self._trace, self._trace_loss = nil, nil
+    if err then error("GradScaler:trace: " .. err, 2) end
     return
   end
   if type(path) ~= "string" then error("GradScaler:trace: expected a file name or false (got " .. type(path) .. ")", 2) end
-  local o = options("GradScaler:trace", opts, "names:table meta:table")
-  drain(self)
+  local o = options("GradScaler:trace", opts, "names:table meta:table fatal:boolean")
+  local err = drain(self)
   if self._trace then self._trace:close() end
-  local f, err = core._lines_open(path, "w")
-  if not f then error("GradScaler:trace: " .. err, 2) end
+  self._trace = nil
+  if err then error("GradScaler:trace: " .. err, 2) end
   if o.names then self._names = o.names end
-  self:telemetry(true)
   local pol = {}
   if getmetatable(self._policy) == Builtin then
     for k, v in pairs(self._policy) do pol[k] = v end
   else
     pol.kind = "lua"
   end
-  local ok, e = pcall(f.write, f, json_value{trace = "mpengine.scaler", version = 1, hist_lo = HIST_LO, bins = 64,
-                                             params = self._names or {}, policy = pol, meta = o.meta or {}})
+  local header = json_value{trace = "mpengine.scaler", version = 1, hist_lo = HIST_LO, bins = 64,
+                            params = self._names or {}, policy = pol, meta = o.meta or {}}
+  if #header > TRACE_HEADER_MAX then
+    error(string.format("GradScaler:trace: the header line (the parameters' names and meta) takes %d bytes, more "
+                        .. "than the %d that mp.amp.load_trace reads", #header, TRACE_HEADER_MAX), 2)
+  end
+  local f, oerr = core._lines_open(path, "w")
+  if not f then error("GradScaler:trace: " .. oerr, 2) end
+  self:telemetry(true)
+  local ok, e = pcall(f.write, f, header)
   if not ok then f:close(); error("GradScaler:trace: " .. tostring(e), 2) end
-  self._trace = f
+  self._trace, self._trace_path, self._trace_fatal, self._trace_lines = f, path, o.fatal or false, 0
   -- on an asynchronous device (CUDA) each step's line is written one step later,
   -- from a snapshot copied without a wait; decided at the first step, when the
   -- scaler's state has a device
