@@ -306,10 +306,13 @@ function GradScaler:load_state_dict(sd)
 end
 
 -- ---- traces ----
--- scaler:trace(path [, {names =, meta =}]) records every step from the next one into a
--- JSON-lines file (gzip-compressed when the name ends in .gz), one line per step,
--- each line written and flushed when the step's scale is updated, so the trace of a
--- crashed run is readable up to its last step; scaler:trace(false) closes it. On an
+-- scaler:trace(path [, {names =, meta =, fatal =}]) records every step from the next
+-- one into a JSON-lines file (gzip-compressed when the name ends in .gz), one line per
+-- step, each line written and flushed when the step's scale is updated, so the trace
+-- of a crashed run is readable up to its last step; scaler:trace(false) closes it.
+-- A trace is a side file: a write that fails later (a full disk) stops the trace
+-- with a warning on stderr naming the file, and training goes on; fatal = true
+-- makes it an error of that step's update() instead. On an
 -- asynchronous device (CUDA) a step's line is written at the next step's update, from
 -- a snapshot the device copied without a wait (a crashed run's trace then ends a step
 -- early), and the step itself waits for nothing.
@@ -331,7 +334,7 @@ end
 -- 2^(hist_lo + lo + k + 1) (bins outside the list are empty; the first and last of the
 -- 64 bins also take what lies beyond them). Non-finite numbers are written as the
 -- strings "nan", "inf", "-inf". mp.amp.load_trace expands hist to all 64 bins.
--- mp.amp.load_trace(path) reads one back. Size per step (measured): the MLP of
+-- mp.amp.load_trace(path) reads one back (and checks every line: below). Size per step (measured): the MLP of
 -- train_mlp.lua 1.1 KB (0.3 KB gzip'd), the default GPT of train_gpt.lua 4.1 KB
 -- (0.9 KB), GPT-2 small (148 parameter tensors) 25 KB (6.3 KB): a line per
 -- parameter tensor's few dozen non-empty bins, not per value.
@@ -491,7 +494,7 @@ local function header_fault(h)
 end
 
 -- mp.amp.load_trace(path) -> {header = {...}, steps = ...}: the header as written,
--- and the steps held packed (lua/trace.c: 80 bytes a step of two parameters and a
+-- and the steps held packed (lua/trace.c: 69 bytes a step of two parameters and a
 -- dozen non-empty bins, where a table per record took 3.5 KB):
 -- #steps, steps[i] and ipairs(steps) give each record as written (see above), non-
 -- finite numbers as numbers again, each parameter's histogram expanded to all 64

@@ -183,7 +183,7 @@ describe("mp.amp.load_trace", function()
     collectgarbage("collect")
     local per_step = (collectgarbage("count") * 1024 - before) / #tr.steps
     assert.are.equal(4000, #tr.steps)
-    -- the packed layout takes 88 bytes for this record (a table per record: 3.5 KB)
+    -- the packed layout takes 69 bytes for this record (a table per record: 3.5 KB)
     assert.is_true(per_step < 200, per_step .. " bytes per step")
     assert.are.equal(4000, tr.steps[4000].step)
     os.remove(path)
