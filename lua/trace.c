@@ -13,14 +13,14 @@
  *       above the parameter's n), appended; a refused line leaves s as it was
  *   core._trace_bytes(s) -> the bytes its arrays hold
  *   core._trace_fit(s): the arrays shrunk to what they hold (growth leaves slack)
- *     #s, s[i]: the i-th record as a fresh table, each histogram expanded to
- *       all MP_HIST_BINS bins (a change to it is not kept: s[i] = record keeps
- *       one, a table replay reads instead)
+ *   #s, s[i], ipairs(s), pairs(s): the i-th record as a fresh table, each
+ *     histogram expanded to all MP_HIST_BINS bins (a change to it is not kept:
+ *     s[i] = record keeps one, a table replay reads instead)
  *   core._trajectory(names) -> an empty trajectory (mp.amp.Trajectory)
- *   core._trajectory_add(t, step, scale, skipped, reason, unknown, under) appends a replayed step
- *       (under: the list of its parameters' underflow fractions)
- *     #t, t[i] -> {step =, scale =, skipped =, reason =, unknown =,
- *       underflow = {[name] = fraction}}, a fresh table each time
+ *   core._trajectory_add(t, step, scale, skipped, reason, unknown, under) appends
+ *     a replayed step (under: the list of its parameters' underflow fractions)
+ *   #t, t[i], ipairs(t), pairs(t) -> {step =, scale =, skipped =, reason =,
+ *     unknown =, underflow = {[name] = fraction}}, a fresh table each time
  *
  * The parser takes the engine's JSON only: the fields it writes, each once, no
  * others (what the store cannot hold would be lost without a word), strings
@@ -693,10 +693,26 @@ static int t_tostring(lua_State *L)
     return 1;
 }
 
+/* pairs() over either, as over the list it stands for */
+static int seq_next(lua_State *L)
+{
+    lua_Integer i = luaL_checkinteger(L, 2) + 1;
+    lua_pushinteger(L, i);
+    return lua_geti(L, 1, i) == LUA_TNIL ? 1 : 2;
+}
+
+static int seq_pairs(lua_State *L)
+{
+    lua_pushcfunction(L, seq_next);
+    lua_pushvalue(L, 1);
+    lua_pushinteger(L, 0);
+    return 3;
+}
+
 static const luaL_Reg store_meta[] = {{"__index", s_index}, {"__newindex", s_newindex}, {"__len", s_len},
-                                      {"__tostring", s_tostring}, {NULL, NULL}};
+                                      {"__pairs", seq_pairs}, {"__tostring", s_tostring}, {NULL, NULL}};
 static const luaL_Reg traj_meta[] = {{"__index", t_index}, {"__newindex", t_newindex}, {"__len", t_len},
-                                     {"__tostring", t_tostring}, {NULL, NULL}};
+                                     {"__pairs", seq_pairs}, {"__tostring", t_tostring}, {NULL, NULL}};
 static const luaL_Reg funcs[] = {{"_trace_steps", new_store}, {"_trace_add", s_add}, {"_trace_bytes", s_bytes},
                                  {"_trace_fit", s_fit},
                                  {"_trajectory", new_traj}, {"_trajectory_add", t_add}, {NULL, NULL}};

@@ -64,10 +64,18 @@ describe("mp.amp.load_trace", function()
     assert.are.equal(5, r.params[1].hist[38])
     assert.are.equal(0, r.params[1].hist[39])
     assert.are.equal(3, r.params[2].hist[32])
-    local n = 0
-    for i, s in ipairs(tr.steps) do n = n + 1; assert.are.equal(i, s.step) end
-    assert.are.equal(2, n)
+    for _, each in ipairs { ipairs, pairs } do   -- as over a list of records
+      local n = 0
+      for i, s in each(tr.steps) do n = n + 1; assert.are.equal(i, s.step) end
+      assert.are.equal(2, n)
+    end
     assert.is_nil(tr.steps[3])
+    assert.are_not.equal(tr.steps[1], tr.steps[1])   -- each read builds the record anew
+    local mine = tr.steps[1]
+    mine.scale = 2
+    tr.steps[1] = mine                                 -- and one put in its place is kept
+    assert.are.equal(mine, tr.steps[1])
+    H.raises(function() tr.steps[3] = mine end, { "step 1..2" })
     os.remove(path)
   end)
 
