@@ -127,7 +127,23 @@ typedef struct {
     const char *p, *start, *end;
     char why[200];
     char tok[64];   /* the last number read, as written: for messages */
+    char point;     /* the locale's decimal point (strtod reads it) */
+    /* the field being read, for messages (its name is formatted only for one) */
+    uint32_t param; /* params[param] (1-based), or 0: a field of the record */
+    const char *key;
+    int bin;        /* hist[bin] (1-based), or 0 */
+    char name[64];
 } Parser;
+
+/* the field being read: `what` when given, else params[i].key[bin] as set */
+static const char *field(Parser *ps, const char *what)
+{
+    if (what) return what;
+    if (!ps->param) return ps->key;
+    if (ps->bin) snprintf(ps->name, sizeof ps->name, "params[%u].%s[%d]", (unsigned)ps->param, ps->key, ps->bin);
+    else snprintf(ps->name, sizeof ps->name, "params[%u].%s", (unsigned)ps->param, ps->key);
+    return ps->name;
+}
 
 static int failf(Parser *ps, const char *fmt, ...)
 {
@@ -192,7 +208,7 @@ static int wrong(Parser *ps, const char *what, const char *expected)
 {
     const char *k = kind_at(ps);
     if (!k) return syntax(ps);
-    return failf(ps, "%s is %s (expected %s)", what, k, expected);
+    return failf(ps, "%s is %s (expected %s)", field(ps, what), k, expected);
 }
 
 /* a string without escapes: its bytes in [*s, *s + *n) */
@@ -233,14 +249,15 @@ static int take_number(Parser *ps, const char *what, const char *expected, doubl
         while (q < e && *q >= '0' && *q <= '9') q++;
     }
     char t[sizeof ps->tok];
-    if ((size_t)(q - b) >= sizeof t) return failf(ps, "%s is a number of more than 63 characters", what);
+    if ((size_t)(q - b) >= sizeof t) return failf(ps, "%s is a number of more than 63 characters", field(ps, what));
     memcpy(t, b, (size_t)(q - b));
     t[q - b] = 0;
     memcpy(ps->tok, t, sizeof t);
-    char *dot = strchr(t, '.'), point = localeconv()->decimal_point[0];
-    if (dot && point) *dot = point;   /* strtod reads the locale's decimal point */
+    char *dot = strchr(t, '.');
+    if (dot && ps->point) *dot = ps->point;   /* strtod reads the locale's decimal point */
     *v = strtod(t, NULL);
-    if (!isfinite(*v)) return failf(ps, "%s is %s, beyond a double's range (expected %s)", what, ps->tok, expected);
+    if (!isfinite(*v))
+        return failf(ps, "%s is %s, beyond a double's range (expected %s)", field(ps, what), ps->tok, expected);
     ps->p = q;
     return 1;
 }
@@ -256,18 +273,17 @@ static int take_real(Parser *ps, const char *what, double *v)
     if (n == 3 && !memcmp(s, "nan", 3)) *v = NAN;
     else if (n == 3 && !memcmp(s, "inf", 3)) *v = INFINITY;
     else if (n == 4 && !memcmp(s, "-inf", 4)) *v = -INFINITY;
-    else return failf(ps, "%s is \"%.*s\" (expected %s)", what, n > 40 ? 40 : (int)n, s, expected);
+    else return failf(ps, "%s is \"%.*s\" (expected %s)", field(ps, what), n > 40 ? 40 : (int)n, s, expected);
     return 1;
 }
 
 /* an integer count in [0, max] */
 static int take_count(Parser *ps, const char *what, double max, int64_t *out)
 {
-    char expected[64];
-    snprintf(expected, sizeof expected, "an integer from 0 to %.17g", max);
     double v;
-    if (!take_number(ps, what, expected, &v)) return 0;
-    if (!(v >= 0 && v <= max && v == floor(v))) return failf(ps, "%s is %s (expected %s)", what, ps->tok, expected);
+    if (!take_number(ps, what, max == MAX_COUNT ? "an integer from 0 to 2^53" : "an integer from 0 to 63", &v)) return 0;
+    if (!(v >= 0 && v <= max && v == floor(v)))
+        return failf(ps, "%s is %s (expected an integer from 0 to %.17g)", field(ps, what), ps->tok, max);
     *out = (int64_t)v;
     return 1;
 }
@@ -313,8 +329,9 @@ enum { K_N, K_AMAX, K_NAN, K_INF, K_ZEROS, K_UNDER, K_OVER, K_LO, K_HIST, N_PARA
 /* one parameter's object, appended to the store's bytes */
 static int parse_param(lua_State *L, Store *st, Parser *ps, uint32_t index)
 {
-    char where[48], what[64];
+    char where[48];
     snprintf(where, sizeof where, "params[%u]", (unsigned)index);
+    ps->param = index, ps->bin = 0;
     unsigned seen = 0;
     int64_t counts[N_PARAM_KEYS] = {0}, bins[MP_HIST_BINS], lo = 0;
     int nb = 0;
@@ -322,28 +339,29 @@ static int parse_param(lua_State *L, Store *st, Parser *ps, uint32_t index)
     EACH_MEMBER(ps, {
         int k = take_key(ps, PARAM_KEYS, N_PARAM_KEYS, &seen, where);
         if (k < 0) return 0;
-        snprintf(what, sizeof what, "%s.%s", where, PARAM_KEYS[k]);
+        ps->key = PARAM_KEYS[k];
         if (k == K_AMAX) {
-            if (!take_real(ps, what, &amax)) return 0;
+            if (!take_real(ps, NULL, &amax)) return 0;
             if (amax < 0 || (isfinite(amax) && amax > FLT_MAX))
-                return failf(ps, "%s is %s (expected a magnitude, >= 0, that an f32 holds)", what, ps->tok);
+                return failf(ps, "%s is %s (expected a magnitude, >= 0, that an f32 holds)", field(ps, NULL), ps->tok);
         } else if (k == K_LO) {
-            if (!take_count(ps, what, MP_HIST_BINS - 1, &lo)) return 0;
+            if (!take_count(ps, NULL, MP_HIST_BINS - 1, &lo)) return 0;
         } else if (k == K_HIST) {
-            if (peek(ps) != '[') return wrong(ps, what, "a list of counts");
+            if (peek(ps) != '[') return wrong(ps, NULL, "a list of counts");
             ps->p++;
             if (peek(ps) == ']') ps->p++;
             else
                 for (;;) {
-                    if (nb == MP_HIST_BINS) return failf(ps, "%s has more than the trace's %d bins", what, MP_HIST_BINS);
-                    char w[80];
-                    snprintf(w, sizeof w, "%s[%d]", what, nb + 1);
-                    if (!take_count(ps, w, MAX_COUNT, &bins[nb])) return 0;
+                    if (nb == MP_HIST_BINS)
+                        return failf(ps, "%s has more than the trace's %d bins", field(ps, NULL), MP_HIST_BINS);
+                    ps->bin = nb + 1;
+                    if (!take_count(ps, NULL, MAX_COUNT, &bins[nb])) return 0;
                     nb++;
                     if (peek(ps) == ']') { ps->p++; break; }
                     if (!expect(ps, ',')) return 0;
                 }
-        } else if (!take_count(ps, what, MAX_COUNT, &counts[k])) {
+            ps->bin = 0;
+        } else if (!take_count(ps, NULL, MAX_COUNT, &counts[k])) {
             return 0;
         }
     });
@@ -434,6 +452,7 @@ static int parse_step(lua_State *L, Store *st, Parser *ps)
             for (;;) {
                 if (np == UINT32_MAX) return failf(ps, "params: too many");
                 if (!parse_param(L, st, ps, np + 1)) return 0;
+                ps->param = 0;
                 np++;
                 if (peek(ps) == ']') { ps->p++; break; }
                 if (!expect(ps, ',')) return 0;
@@ -458,7 +477,7 @@ static int s_add(lua_State *L)
     Store *st = check_store(L);
     size_t n;
     const char *line = luaL_checklstring(L, 2, &n);
-    Parser ps = {line, line, line + n, {0}, {0}};
+    Parser ps = {.p = line, .start = line, .end = line + n, .point = localeconv()->decimal_point[0]};
     size_t at = st->bytes.n;
     if (!parse_step(L, st, &ps)) {
         st->bytes.n = at;   /* what the line added, taken back */
