@@ -182,6 +182,8 @@ $(BUILD)/bench/%: scripts/bench/%.c $(LIB)
 FUZZ_S       ?= 60
 FUZZ_BUILD   := build-fuzz
 FUZZ_TARGETS := safetensors load idx api text
+# mp.amp.load_trace on plain and gzip'd traces, then replay of what it accepts
+FUZZ_TARGETS += trace
 FUZZ_BIN     := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 FUZZ_LUA     := -DMP_ROOT='"$(CURDIR)"' $(LUA_INC)
 
@@ -200,6 +202,10 @@ $(BUILD)/fuzz/fuzz_safetensors $(BUILD)/fuzz/fuzz_idx: $(BUILD)/fuzz/fuzz_%: tes
 $(BUILD)/fuzz/fuzz_load: tests/fuzz/fuzz_lua.c tests/fuzz/fuzz_input.h $(BIND_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(FUZZ_LUA) -fsanitize=fuzzer -o $@ $< $(BIND_OBJ) $(WHOLE_LIB) $(LUA_LIB) $(LDLIBS)
+
+$(BUILD)/fuzz/fuzz_trace: tests/fuzz/fuzz_lua.c tests/fuzz/fuzz_input.h $(BIND_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(FUZZ_LUA) -DFUZZ_TRACE -fsanitize=fuzzer -o $@ $< $(BIND_OBJ) $(WHOLE_LIB) $(LUA_LIB) $(LDLIBS)
 
 $(BUILD)/fuzz/fuzz_api: tests/fuzz/fuzz_lua.c tests/fuzz/fuzz_input.h tests/fuzz/api_driver.lua $(BIND_OBJ) $(LIB)
 	@mkdir -p $(dir $@)

@@ -97,6 +97,7 @@ void mp_open_functional(lua_State *L);               /* functional ops and grad 
 void mp_open_optim(lua_State *L);                    /* the Optimizer type (lua/optim.c) */
 void mp_open_amp(lua_State *L);                      /* autocast and the Scaler (lua/amp.c) */
 void mp_open_lines(lua_State *L);                    /* line files and JSON for traces (lua/lines.c) */
+void mp_open_trace(lua_State *L);                    /* a trace's records and replay's trajectory, packed (lua/trace.c) */
 void mp_open_dist(lua_State *L);                     /* mp.dist's C half (lua/dist.c) */
 void mp_open_util(lua_State *L);                     /* clock, isatty, rng state (lua/util.c) */
 

@@ -5,8 +5,13 @@
  *   core._lines_open(path, "w" | "r") -> a line file (mp.LineFile), or nil and why:
  *     f:write(s)  s and a newline, flushed at once (a crashed run's file is
  *                 readable up to its last whole line)
- *     f:read()    the next line without its newline, or nil at the end (a
- *                 compressed file cut short ends where its data does)
+ *     f:read([max]) the next line without its newline and whether a newline
+ *                 ended it (false only for a last line: a write cut short), or
+ *                 nil at the end (a compressed file cut short ends where its data
+ *                 does), or nil and why: a line longer than max bytes (default
+ *                 LINES_MAX: the buffer never grows past it, whatever the file
+ *                 holds; the rest of that line is not read, so close the file),
+ *                 or compressed data that is corrupt (not merely cut short)
  *     f:close()   also on collection
  *   A name ending in ".gz" is written gzip-compressed (zlib, flushed with
  *   Z_SYNC_FLUSH so each line is decodable); reading takes either kind.
@@ -15,6 +20,7 @@
  *     arrays as lists, null as nil), or nil and cJSON's reason
  */
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -22,11 +28,19 @@
 
 #define MT "mp.LineFile"
 
+/* the longest line f:read returns unless told otherwise */
+#define LINES_MAX ((size_t)64 << 20)
+/* what one gzread takes */
+#define IN_SIZE 65536
+
 typedef struct {
     gzFile f;
     int writing;
-    char *buf;
+    char *buf;                /* the line being read */
     size_t cap;
+    unsigned char *in;        /* what gzread gave that no line has taken yet */
+    size_t in_pos, in_len;
+    int at_end;
 } LineFile;
 
 static LineFile *check_file(lua_State *L)
@@ -62,6 +76,7 @@ static int lf_write(lua_State *L)
     size_t n;
     const char *s = luaL_checklstring(L, 2, &n);
     if (!lf->writing) return luaL_error(L, "line file: opened for reading");
+    if (n >= INT_MAX) return luaL_error(L, "line file: a line of %I bytes is too long to write", (lua_Integer)n);
     int ok = (n == 0 || gzwrite(lf->f, s, (unsigned)n) == (int)n) && gzputc(lf->f, '\n') == '\n' &&
              gzflush(lf->f, Z_SYNC_FLUSH) == Z_OK;
     if (!ok) {
@@ -72,28 +87,72 @@ static int lf_write(lua_State *L)
     return 0;
 }
 
+/* the next bytes of the file into lf->in: 1, or 0 at the end of its data, or
+ * -1 with why on the stack (corrupt compressed data) */
+static int fill(lua_State *L, LineFile *lf)
+{
+    if (lf->at_end) return 0;
+    if (!lf->in && !(lf->in = malloc(IN_SIZE))) return luaL_error(L, "line file: out of memory");
+    int got = gzread(lf->f, lf->in, IN_SIZE), e = Z_OK;
+    const char *why = got <= 0 ? gzerror(lf->f, &e) : NULL;
+    if (got < 0 || (got == 0 && e != Z_OK && e != Z_BUF_ERROR)) {   /* Z_BUF_ERROR: cut short, the end */
+        lua_pushfstring(L, "cannot read it (%s)", why && *why ? why : "read error");
+        lf->at_end = 1;
+        return -1;
+    }
+    if (got == 0) lf->at_end = 1;
+    lf->in_pos = 0, lf->in_len = (size_t)got;
+    return got > 0;
+}
+
 static int lf_read(lua_State *L)
 {
     LineFile *lf = check_file(L);
     if (lf->writing) return luaL_error(L, "line file: opened for writing");
-    size_t len = 0;
+    lua_Integer mx = luaL_optinteger(L, 2, (lua_Integer)LINES_MAX);
+    luaL_argcheck(L, mx >= 0, 2, "the longest line must be >= 0");
+    size_t max = (size_t)mx, len = 0;
     for (;;) {
-        if (lf->cap - len < 2) {
+        if (lf->in_pos == lf->in_len) {
+            int r = fill(L, lf);
+            if (r < 0) {
+                lua_pushnil(L);
+                lua_insert(L, -2);
+                return 2;
+            }
+            if (r == 0) break;
+        }
+        const unsigned char *s = lf->in + lf->in_pos;
+        size_t avail = lf->in_len - lf->in_pos;
+        const unsigned char *nl = memchr(s, '\n', avail);
+        size_t take = nl ? (size_t)(nl - s) : avail;
+        if (take > max - len) {
+            lf->in_pos += take;   /* the line is not read further: the caller closes the file */
+            lua_pushnil(L);
+            lua_pushfstring(L, "a line longer than %I bytes", (lua_Integer)max);
+            return 2;
+        }
+        if (lf->cap - len < take) {
             size_t cap = lf->cap ? 2 * lf->cap : 4096;
-            char *b = realloc(lf->buf, cap);
+            if (cap < len + take) cap = len + take;
+            if (cap > max) cap = max > len + take ? max : len + take;
+            char *b = realloc(lf->buf, cap ? cap : 1);
             if (!b) return luaL_error(L, "line file: out of memory");
             lf->buf = b, lf->cap = cap;
         }
-        if (!gzgets(lf->f, lf->buf + len, (int)(lf->cap - len))) break;   /* the end, or data cut short */
-        len += strlen(lf->buf + len);
-        if (len > 0 && lf->buf[len - 1] == '\n') {
-            lua_pushlstring(L, lf->buf, len - 1);
-            return 1;
+        if (take) memcpy(lf->buf + len, s, take);
+        len += take;
+        lf->in_pos += take + (nl != NULL);
+        if (nl) {
+            lua_pushlstring(L, lf->buf, len);
+            lua_pushboolean(L, 1);
+            return 2;
         }
     }
     if (len == 0) return 0;
     lua_pushlstring(L, lf->buf, len);   /* a last line without its newline */
-    return 1;
+    lua_pushboolean(L, 0);
+    return 2;
 }
 
 static int lf_close(lua_State *L)
@@ -102,7 +161,8 @@ static int lf_close(lua_State *L)
     if (lf->f) gzclose(lf->f);
     lf->f = NULL;
     free(lf->buf);
-    lf->buf = NULL, lf->cap = 0;
+    free(lf->in);
+    lf->buf = NULL, lf->cap = 0, lf->in = NULL, lf->in_pos = lf->in_len = 0;
     return 0;
 }
 
@@ -125,7 +185,8 @@ static void push_json(lua_State *L, const cJSON *v)
 {
     if (cJSON_IsNumber(v)) {
         double d = v->valuedouble;
-        if (d == (double)(lua_Integer)d && d > -9007199254740992.0 && d < 9007199254740992.0)
+        if (d > -9007199254740992.0 && d < 9007199254740992.0 && d == (double)(lua_Integer)d)   /* range first: */
+                                                                                             /* a cast out of it is undefined */
             lua_pushinteger(L, (lua_Integer)d);
         else
             lua_pushnumber(L, d);

@@ -296,6 +296,7 @@ int luaopen_mp_core(lua_State *L)
     mp_open_optim(L);
     mp_open_util(L);
     mp_open_lines(L);
+    mp_open_trace(L);
     mp_open_amp(L);
     mp_open_dist(L);
     return 1;

@@ -233,7 +233,8 @@ local write_record   -- (the traces, below)
 function GradScaler:update(new_scale)
   if self._trace then
     if self._trace_lag == nil then self._trace_lag = self._c:_trace_async() end
-    write_record(self)
+    local err = write_record(self)
+    if err then error("GradScaler:update: " .. err, 2) end
   end
   if new_scale ~= nil then
     local v, err = check_scale(new_scale, "update(new_scale)")
@@ -358,10 +359,13 @@ function GradScaler:load_state_dict(sd)
 end
 
 -- ---- traces ----
--- scaler:trace(path [, {names =, meta =}]) records every step from the next one into a
--- JSON-lines file (gzip-compressed when the name ends in .gz), one line per step,
--- each line written and flushed when the step's scale is updated, so the trace of a
--- crashed run is readable up to its last step; scaler:trace(false) closes it. On an
+-- scaler:trace(path [, {names =, meta =, fatal =}]) records every step from the next
+-- one into a JSON-lines file (gzip-compressed when the name ends in .gz), one line per
+-- step, each line written and flushed when the step's scale is updated, so the trace
+-- of a crashed run is readable up to its last step; scaler:trace(false) closes it.
+-- A trace is a side file: a write that fails later (a full disk) stops the trace
+-- with a warning on stderr naming the file, and training goes on; fatal = true
+-- makes it an error of that step's update() instead. On an
 -- asynchronous device (CUDA) a step's line is written at the next step's update, from
 -- a snapshot the device copied without a wait (a crashed run's trace then ends a step
 -- early), and the step itself waits for nothing.
@@ -383,7 +387,7 @@ end
 -- 2^(hist_lo + lo + k + 1) (bins outside the list are empty; the first and last of the
 -- 64 bins also take what lies beyond them). Non-finite numbers are written as the
 -- strings "nan", "inf", "-inf". mp.amp.load_trace expands hist to all 64 bins.
--- mp.amp.load_trace(path) reads one back. Size per step (measured): the MLP of
+-- mp.amp.load_trace(path) reads one back (and checks every line: below). Size per step (measured): the MLP of
 -- train_mlp.lua 1.1 KB (0.3 KB gzip'd), the default GPT of train_gpt.lua 4.1 KB
 -- (0.9 KB), GPT-2 small (148 parameter tensors) 25 KB (6.3 KB): a line per
 -- parameter tensor's few dozen non-empty bins, not per value.
@@ -418,6 +422,35 @@ amp._json = json_value   -- for scripts that write their own JSON lines (the pol
 
 local HIST_LO = -48
 
+-- The longest lines mp.amp.load_trace reads, and GradScaler:trace writes: the
+-- header (the parameters' names and the script's meta) and a step's record (a
+-- parameter takes 1.3 KB at most, every bin full of 16-digit counts: 16 MiB holds
+-- 12,000 of them; GPT-2 small's 148 take 25 KB).
+local TRACE_HEADER_MAX, TRACE_RECORD_MAX = 1 << 20, 16 << 20
+
+-- A line to the trace file. A trace is a side file: when a write fails (a full
+-- disk) or a line is longer than load_trace reads, the trace stops there with a
+-- warning naming the file and training goes on; with trace(path, {fatal = true})
+-- the message is returned, for update() to raise.
+local function trace_write(self, line)
+  local why
+  if #line > TRACE_RECORD_MAX then
+    why = string.format("a step's line of %d bytes, more than the %d that mp.amp.load_trace reads", #line,
+                        TRACE_RECORD_MAX)
+  else
+    local ok, e = pcall(self._trace.write, self._trace, line)
+    if ok then self._trace_lines = self._trace_lines + 1; return end
+    -- lua/lines.c's words, less what the message says anyway: "line file: write failed (PATH: why)"
+    why = tostring(e):gsub("^line file: write failed %((.*)%)$", "%1"):gsub("^" .. self._trace_path:gsub("%p", "%%%0") .. ": ", "")
+  end
+  local path, lines = self._trace_path, self._trace_lines
+  pcall(self._trace.close, self._trace)
+  self._trace, self._trace_loss, self._trace_lag = nil, nil, nil
+  local msg = string.format("writing the trace '%s' failed (%s); the trace stops after %d steps", path, why, lines)
+  if self._trace_fatal then return msg end
+  io.stderr:write("mpengine: warning: GradScaler: ", msg, ", and training goes on (scaler:trace(path, {fatal = true}) makes it an error)\n")
+end
+
 write_record = function(self)
   local losses = self._trace_loss or {}
   self._trace_loss = nil
@@ -431,12 +464,12 @@ write_record = function(self)
     end
     self._c:_trace_snap(l)
     local line = self._c:_trace_take(false)
-    if line then self._trace:write(line) end
+    if line then return trace_write(self, line) end
     return
   end
   local l
   for _, loss in ipairs(losses) do l = (l or 0) + loss:item() end
-  self._trace:write(self._c:_trace_record(l))   -- lua/amp.c builds the line: it runs every step
+  return trace_write(self, self._c:_trace_record(l))   -- lua/amp.c builds the line: it runs every step
 end
 
 -- the lines of the snapshots not yet written (an asynchronous device): at most two
@@ -445,91 +478,128 @@ local function drain(self)
   for _ = 1, 2 do
     local line = self._c:_trace_take(true)
     if not line then break end
-    self._trace:write(line)
+    local err = trace_write(self, line)
+    if err or not self._trace then return err end
   end
 end
 
 function GradScaler:trace(path, opts)
   if path == false or path == nil then
-    drain(self)
+    local err = drain(self)
     if self._trace then self._trace:close() end
     self._trace, self._trace_loss = nil, nil
+    if err then error("GradScaler:trace: " .. err, 2) end
     return
   end
   if type(path) ~= "string" then error("GradScaler:trace: expected a file name or false (got " .. type(path) .. ")", 2) end
-  local o = options("GradScaler:trace", opts, "names:table meta:table")
-  drain(self)
+  local o = options("GradScaler:trace", opts, "names:table meta:table fatal:boolean")
+  local err = drain(self)
   if self._trace then self._trace:close() end
-  local f, err = core._lines_open(path, "w")
-  if not f then error("GradScaler:trace: " .. err, 2) end
+  self._trace = nil
+  if err then error("GradScaler:trace: " .. err, 2) end
   if o.names then self._names = o.names end
-  self:telemetry(true)
   local pol = {}
   if getmetatable(self._policy) == Builtin then
     for k, v in pairs(self._policy) do pol[k] = v end
   else
     pol.kind = "lua"
   end
-  local ok, e = pcall(f.write, f, json_value{trace = "mpengine.scaler", version = 1, hist_lo = HIST_LO, bins = 64,
-                                             params = self._names or {}, policy = pol, meta = o.meta or {}})
+  local header = json_value{trace = "mpengine.scaler", version = 1, hist_lo = HIST_LO, bins = 64,
+                            params = self._names or {}, policy = pol, meta = o.meta or {}}
+  if #header > TRACE_HEADER_MAX then
+    error(string.format("GradScaler:trace: the header line (the parameters' names and meta) takes %d bytes, more "
+                        .. "than the %d that mp.amp.load_trace reads", #header, TRACE_HEADER_MAX), 2)
+  end
+  local f, oerr = core._lines_open(path, "w")
+  if not f then error("GradScaler:trace: " .. oerr, 2) end
+  self:telemetry(true)
+  local ok, e = pcall(f.write, f, header)
   if not ok then f:close(); error("GradScaler:trace: " .. tostring(e), 2) end
-  self._trace = f
+  self._trace, self._trace_path, self._trace_fatal, self._trace_lines = f, path, o.fatal or false, 0
   -- on an asynchronous device (CUDA) each step's line is written one step later,
   -- from a snapshot copied without a wait; decided at the first step, when the
   -- scaler's state has a device
   self._trace_lag = nil
 end
 
--- the numbers a trace wrote as strings, back
-local function finite(v)
-  if v == "nan" then return 0 / 0 elseif v == "inf" then return math.huge elseif v == "-inf" then return -math.huge end
-  return v
+-- a value in a message: strings quoted and cut short
+local function shown(v)
+  if type(v) == "string" then return string.format("%q", #v > 40 and v:sub(1, 40) .. "..." or v) end
+  return tostring(v)
 end
 
--- mp.amp.load_trace(path) -> {header = {...}, steps = {record, ...}}: records as
--- written (see above), non-finite numbers as numbers again, each parameter's
--- histogram expanded to all 64 bins (hist[1..64]). A last line cut short (a run
--- that crashed while writing it) is left out.
+-- what is wrong with a trace's header (the table of its first line), or nil
+local function header_fault(h)
+  if type(h) ~= "table" or h.trace ~= "mpengine.scaler" then return "not a scaler trace (no mpengine.scaler header)" end
+  if h.version ~= 1 then return "version is " .. shown(h.version) .. " (this engine reads version 1)" end
+  -- the histogram's shape is the engine's (kernels/backend.h), not the file's to choose
+  if h.bins ~= 64 then return "bins is " .. shown(h.bins) .. " (the engine writes 64)" end
+  if h.hist_lo ~= HIST_LO then return "hist_lo is " .. shown(h.hist_lo) .. " (the engine writes " .. HIST_LO .. ")" end
+  if type(h.params) ~= "table" then return "params is " .. shown(h.params) .. " (expected a list of names)" end
+  local n = 0
+  for _ in pairs(h.params) do n = n + 1 end
+  for i = 1, n do
+    if type(h.params[i]) ~= "string" then return "params[" .. i .. "] is " .. shown(h.params[i]) .. " (expected a name)" end
+  end
+  for _, k in ipairs{"policy", "meta"} do
+    if h[k] ~= nil and type(h[k]) ~= "table" then return k .. " is " .. shown(h[k]) .. " (expected an object)" end
+  end
+end
+
+-- mp.amp.load_trace(path) -> {header = {...}, steps = ...}: the header as written,
+-- and the steps held packed (lua/trace.c: 69 bytes a step of two parameters and a
+-- dozen non-empty bins, where a table per record took 3.5 KB):
+-- #steps, steps[i] and ipairs(steps) give each record as written (see above), non-
+-- finite numbers as numbers again, each parameter's histogram expanded to all 64
+-- bins (hist[1..64]). Each steps[i] is a table built when read: a change to it is
+-- not kept; steps[i] = record puts one in its place (replay reads it then).
+-- Every line is checked: the header's shape is the engine's (version 1, 64 bins
+-- from 2^-48), each record's fields are the ones the engine writes, with their
+-- types and ranges (a finite scale > 0, counts that are integers from 0 to the
+-- parameter's n, lo from 0 to 63, at most 64 bins in all, applied as reason says);
+-- a line longer than any the engine writes (1 MiB for the header, 16 MiB for a
+-- record) is refused once that many bytes are read. A refusal names the file and
+-- the line. A last line without its newline that is not a whole record (a run
+-- that crashed while writing it) is left out; a newline-terminated one is refused.
 function amp.load_trace(path)
   if type(path) ~= "string" then error("mp.amp.load_trace: expected a file name", 2) end
   local f, err = core._lines_open(path, "r")
   if not f then error("mp.amp.load_trace: " .. err, 2) end
-  local first = f:read()
-  local header = first and core._json_decode(first)
-  if type(header) ~= "table" or header.trace ~= "mpengine.scaler" then
+  local function refuse(lineno, why)
     f:close()
-    error("mp.amp.load_trace: '" .. path .. "' is not a scaler trace (no mpengine.scaler header line)", 2)
+    error(string.format("mp.amp.load_trace: '%s' line %d: %s", path, lineno, why), 3)
   end
-  local steps, lineno, pending = {}, 1, nil
-  for line in function() return f:read() end do
+  -- why f:read stopped: a line too long for any the engine writes, or unreadable data
+  local function stopped(why, what)
+    return why:find("^a line longer") and why .. " (no " .. what .. " is)" or why
+  end
+  local first, why = f:read(TRACE_HEADER_MAX)
+  if not first then refuse(1, why and stopped(why, "header") or "not a scaler trace (the file is empty)") end
+  local header, jwhy = core._json_decode(first)
+  if header == nil and jwhy and first:find("mpengine.scaler", 1, true) then refuse(1, "the header is " .. jwhy) end
+  local fault = header_fault(header)
+  if fault then refuse(1, fault) end
+  local steps, lineno = core._trace_steps(), 1
+  while true do
+    local line, complete = f:read(TRACE_RECORD_MAX)
+    if line == nil then
+      if complete then refuse(lineno + 1, stopped(complete, "step record")) end   -- complete: why
+      break
+    end
     lineno = lineno + 1
-    if pending then
-      f:close()
-      error(string.format("mp.amp.load_trace: '%s' line %d is not a step record (%s)", path, lineno - 1, pending), 2)
-    end
-    local r, why = core._json_decode(line)
-    if type(r) ~= "table" or type(r.step) ~= "number" or type(r.params) ~= "table" then
-      pending = why or "not a step record"   -- an error unless it is the last line
-    else
-      r.scale, r.loss = finite(r.scale), finite(r.loss)
-      for _, p in ipairs(r.params) do
-        p.amax = finite(p.amax)
-        local h = {}
-        for b = 1, header.bins do h[b] = 0 end
-        for i, v in ipairs(p.hist) do h[p.lo + i] = v end   -- bin lo + i - 1 (0-based) is h[lo + i]
-        p.hist = h
-      end
-      steps[#steps + 1] = r
-    end
+    local ok, bad = core._trace_add(steps, line)
+    if not ok and complete then refuse(lineno, bad) end
   end
   f:close()
+  core._trace_fit(steps)
   return {header = header, steps = steps}
 end
 
 -- ---- replay: a policy against a recorded trace, without the model ----
 -- mp.amp.replay(trace, policy) runs `policy` (built-in, or a Lua table with
 -- update(self, info)) over the steps of `trace` (load_trace's table, or a path) and
--- returns its trajectory: one entry per recorded step,
+-- returns its trajectory: one entry per recorded step, held packed as load_trace's
+-- steps are (#traj, traj[i] and ipairs(traj) give each entry as a fresh table),
 --   {step =, scale = (the scale that step would run at), skipped = true|false,
 --    reason = nil|"overflow"|"nan"|"forward", underflow = {[name] = fraction},
 --    unknown = true (a recorded overflow at a higher scale: see below)}.
@@ -584,17 +654,48 @@ end
 
 local REASON_OF = {overflow = "overflow", nan = "nan", forward = "forward"}
 
+local function is_steps(v)
+  return type(v) == "table" or (type(v) == "userdata" and (getmetatable(v) or {}).__name == "mp.amp.TraceSteps")
+end
+
+-- a record replay reads (load_trace checked its own; one a script built or put in
+-- is checked here): what is wrong with it, or nil
+local function record_fault(r)
+  if type(r) ~= "table" then return "is " .. shown(r) .. " (expected a record)" end
+  if not math.tointeger(r.step) then return "step is " .. shown(r.step) .. " (expected an integer)" end
+  if not core._scale_ok(r.scale) then return "scale is " .. shown(r.scale) .. " (expected a finite number > 0)" end
+  if r.reason ~= nil and not REASON_OF[r.reason] then return "reason is " .. shown(r.reason) end
+  if type(r.params) ~= "table" then return "params is " .. shown(r.params) .. " (expected a list)" end
+  for k, p in ipairs(r.params) do
+    if type(p) ~= "table" then return "params[" .. k .. "] is " .. shown(p) end
+    for _, f in ipairs{"n", "zeros", "underflow", "overflow"} do
+      if type(p[f]) ~= "number" or not (p[f] >= 0) then
+        return "params[" .. k .. "]." .. f .. " is " .. shown(p[f]) .. " (expected a count)"
+      end
+    end
+    if type(p.amax) ~= "number" then return "params[" .. k .. "].amax is " .. shown(p.amax) .. " (expected a number)" end
+    if type(p.hist) ~= "table" then return "params[" .. k .. "].hist is " .. shown(p.hist) .. " (expected 64 counts)" end
+    for b = 1, 64 do
+      if type(p.hist[b]) ~= "number" then
+        return "params[" .. k .. "].hist[" .. b .. "] is " .. shown(p.hist[b]) .. " (expected 64 counts)"
+      end
+    end
+  end
+end
+
 function amp.replay(trace, pol)
   if type(trace) == "string" then   -- its errors at the caller's line, as replay's own
     local ok, t = pcall(amp.load_trace, trace)
     if not ok then error((tostring(t):gsub("^[^:]*:%d+: ", ""):gsub("^mp%.amp%.load_trace", "mp.amp.replay")), 2) end
     trace = t
   end
-  if type(trace) ~= "table" or type(trace.steps) ~= "table" or type(trace.header) ~= "table" then
+  if type(trace) ~= "table" or not is_steps(trace.steps) or type(trace.header) ~= "table" then
     error("mp.amp.replay: expected a trace (mp.amp.load_trace's table, or a path)", 2)
   end
   local _, own = checked_view(pol, "mp.amp.replay")
   local names, hist_lo = trace.header.params or {}, trace.header.hist_lo or -48
+  if type(names) ~= "table" then error("mp.amp.replay: the trace's header.params is not a list of names", 2) end
+  if math.type(hist_lo) ~= "integer" then error("mp.amp.replay: the trace's header.hist_lo is not an integer", 2) end
   local builtin = getmetatable(pol) == Builtin
   local sim, scale
   if builtin then
@@ -603,8 +704,13 @@ function amp.replay(trace, pol)
   else
     scale = own or 65536   -- the engine's default first scale
   end
-  local out, skipped = {}, 0
-  for i, r in ipairs(trace.steps) do
+  -- the trajectory, packed as the records are (lua/trace.c)
+  local out, skipped = core._trajectory(names), 0
+  local steps = trace.steps
+  for i = 1, #steps do
+    local r = steps[i]   -- a fresh table from a loaded trace: each step's is garbage after it
+    local fault = record_fault(r)
+    if fault then error("mp.amp.replay: the trace's step " .. i .. " " .. fault, 2) end
     local shift = math.log(scale / r.scale, 2)
     local exact = scale == r.scale
     local under, n_all, zeros, under_all, over_all, amax = {}, 0, 0, 0, 0, 0
@@ -612,9 +718,8 @@ function amp.replay(trace, pol)
     local total_hist = {}
     for b = 1, #(r.params[1] and r.params[1].hist or {}) do total_hist[b] = 0 end
     for k, p in ipairs(r.params) do
-      local name = names[k] or ("param " .. k)
       local u = exact and p.underflow or count_below(p, LOG2_UNDERFLOW - shift, hist_lo)
-      under[name] = p.n > 0 and u / p.n or 0
+      under[k] = p.n > 0 and u / p.n or 0
       n_all, zeros, under_all = n_all + p.n, zeros + p.zeros, under_all + u
       local o = p.overflow
       if not exact then   -- the values at or above 65520 at the candidate scale
@@ -638,7 +743,7 @@ function amp.replay(trace, pol)
     if exact then reason, unknown = REASON_OF[r.reason or ""], nil end   -- the recorded step itself
     local skip = reason ~= nil
     if skip then skipped = skipped + 1 end
-    out[i] = {step = r.step, scale = scale, skipped = skip, reason = reason, underflow = under, unknown = unknown}
+    core._trajectory_add(out, r.step, scale, skip, reason, unknown, under)
     -- the next scale, as the policy decides it from this step
     if builtin then
       scale = sim:step(reason, skip and 0 or amax)

@@ -17,8 +17,10 @@ for t in "$@"; do
   cp -n tests/fuzz/corpus/"$t"/* "$corpus"/ 2>/dev/null
   log="$BUILD/logs/$t.log"
   before=$(ls "$BUILD/crashes" | grep -c "^$t-")
-  # mp.data.text reads at most max_bytes, whatever the file: its target is held to that
-  rss=3072; [ "$t" = text ] && rss=512
+  # mp.data.text reads at most max_bytes, whatever the file, and a trace's lines
+  # are capped and its records held packed: those targets are held to 512 MB
+  rss=3072
+  case "$t" in text|trace) rss=512 ;; esac
   "$bin" -max_total_time="$FUZZ_S" -timeout=20 -rss_limit_mb="$rss" -print_final_stats=1 \
     -artifact_prefix="$BUILD/crashes/$t-" "$corpus" >"$log" 2>&1
   rc=$?

@@ -100,7 +100,9 @@ describe("mp.amp.replay", function()
 
   it("marks a recorded gradient overflow it cannot judge below the recorded scale", function()
     local tr = record(mp.amp.policy.static(2 ^ 16), 3, {})
-    tr.steps[2].applied, tr.steps[2].reason = false, "overflow"   -- as if step 2 had overflowed at 2^16
+    local r = tr.steps[2]   -- a fresh table: put back in its place, replay reads it
+    r.applied, r.reason = false, "overflow"   -- as if step 2 had overflowed at 2^16
+    tr.steps[2] = r
     local low = mp.amp.replay(tr, mp.amp.policy.static(2 ^ 8))
     assert.is_true(low[2].skipped and low[2].unknown)
     assert.is_false(low[1].skipped)
@@ -116,6 +118,14 @@ describe("mp.amp.replay", function()
                          { "mp.amp.replay", "cannot open" })
     assert.is_truthy(msg:find("replay_spec.lua", 1, true), "reported at the caller's line: " .. msg)
     H.raises(function() mp.amp.replay(tr, {}) end, { "mp.amp.replay", "policy" })
+    -- a record a script built or changed is checked as load_trace checks its own
+    local r = tr.steps[1]
+    r.params[1].n = "many"
+    tr.steps[1] = r
+    H.raises(function() mp.amp.replay(tr, mp.amp.policy.static(1)) end, { "mp.amp.replay", "step 1", "params[1].n" })
+    H.raises(function() mp.amp.replay({ header = {}, steps = { { step = 1, scale = -1, params = {} } } },
+                                      mp.amp.policy.static(1)) end, { "mp.amp.replay", "step 1", "scale is -1" })
+    tr = record(mp.amp.policy.static(2 ^ 16), 2, {})
     H.raises(function() mp.amp.replay(tr, { update = function() error("boom") end }) end, { "step 1", "boom" })
     H.raises(function() mp.amp.replay(tr, { update = function() return -1 end }) end, { "step 1", "finite number > 0" })
     H.raises(function() mp.amp.replay(tr, mp.amp.policy.dynamic { interval = 0 }) end, { "interval" })

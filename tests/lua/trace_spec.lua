@@ -119,11 +119,70 @@ describe("scaler:trace", function()
     os.remove(path)
   end)
 
+  -- A trace is a side file: a write that fails (here the file-size limit, as a full
+  -- disk would) stops the trace with a warning naming the file, and training goes
+  -- on; with fatal = true the step's update() raises instead. In a child process
+  -- whose files may not grow past 2 KB, 512 bytes gzip'd (ulimit -f: 40 steps take
+  -- 16 KB, 1.7 KB gzip'd; SIGXFSZ ignored, so a write past it fails with EFBIG
+  -- instead of killing the process).
+  for _, ext in ipairs { "jsonl", "jsonl.gz" } do
+    it("that cannot be written stops with a warning and training goes on, or with fatal = true ends it (" .. ext .. ")", function()
+      local function run(fatal)
+        local path, script, errf = tmp("full." .. ext), os.tmpname(), os.tmpname()
+        H.spit(script, string.format([[
+          local mp = require "mp"
+          local nn = mp.nn
+          mp.manual_seed(1)
+          local model = nn.Sequential(nn.Linear(4, 2))
+          local opt = mp.optim.SGD(model:parameters(), {lr = 0.1})
+          local sc = mp.amp.GradScaler{}
+          sc:trace(%q, {fatal = %s})
+          for s = 1, 40 do
+            opt:zero_grad()
+            local loss
+            do local _ <close> = mp.amp.autocast("f16"); loss = model(mp.randn{3, 4}):sum() end
+            sc:scale(loss):backward(); sc:step(opt)
+            local ok, err = pcall(sc.update, sc)
+            if not ok then io.write("update failed at step ", s, ": ", tostring(err)); os.exit(3, false) end
+          end
+          sc:trace(false)
+          io.write("trained 40 steps")
+          os.exit(0, false)
+        ]], path, tostring(fatal)))
+        local vars = { LUA_PATH = H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;;", LUA_CPATH = H.build .. "/?.so;;" }
+        local p = io.popen("{ trap '' XFSZ; ulimit -f " .. (ext == "jsonl" and 4 or 1) .. "; " .. H.env(vars) .. H.lua .. " " .. H.q(script) .. " 2>" .. H.q(errf)
+                           .. "; } 2>/dev/null; echo \"__rc=$?\"")
+        local out = p:read("a")
+        p:close()
+        local err = H.slurp(errf)
+        os.remove(script); os.remove(errf)
+        return path, out, err, tonumber(out:match("__rc=(%d+)"))
+      end
+      local path, out, err, rc = run(false)
+      assert.are.equal(0, rc, out .. err)
+      assert.is_truthy(out:find("trained 40 steps", 1, true), out)
+      assert.is_truthy(err:find("mpengine: warning: GradScaler: writing the trace '" .. path .. "' failed", 1, true), err)
+      assert.is_truthy(err:find("training goes on", 1, true), err)
+      local _, warnings = err:gsub("mpengine: warning", "")
+      assert.are.equal(1, warnings, err)   -- once: the trace is stopped, not retried every step
+      local n = #mp.amp.load_trace(path).steps   -- what was written before the limit reads back
+      assert.is_true(n >= 1 and n < 40, n .. " steps")
+      assert.is_truthy(err:find("after " .. n .. " steps", 1, true) or err:find("after " .. (n + 1) .. " steps", 1, true), err)
+      os.remove(path)
+      path, out, err, rc = run(true)
+      assert.are.equal(3, rc, out .. err)
+      assert.is_truthy(out:find("GradScaler:update: writing the trace '" .. path .. "' failed", 1, true), out)
+      assert.is_nil(err:find("warning", 1, true), err)
+      os.remove(path)
+    end)
+  end
+
   it("refuses bad use", function()
     local sc = mp.amp.GradScaler {}
     H.raises(function() sc:trace(42) end, { "GradScaler:trace", "file name" })
     H.raises(function() sc:trace("/nonexistent-dir/x.jsonl") end, { "cannot open" })
     H.raises(function() sc:trace(tmp("x"), { nmaes = {} }) end, { "nmaes" })
+    H.raises(function() sc:trace(tmp("x"), { fatal = "yes" }) end, { "GradScaler:trace", "fatal" })
     local path = tmp("t.jsonl")
     sc:trace(path)
     H.raises(function() sc:telemetry(false) end, { "trace" })
