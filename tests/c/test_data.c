@@ -25,20 +25,8 @@
 
 /* ---- writing test files ---- */
 
-static char dir[64];
-
-static void make_dir(void)
-{
-    strcpy(dir, "/tmp/mp_test_data_XXXXXX");
-    cr_assert(mkdtemp(dir), "mkdtemp");
-}
-
-static void remove_dir(void)
-{
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-}
+#define SCRATCH_PREFIX "mp_test_data"
+#include "tests/c/scratch_dir.h"
 
 TestSuite(idx, .init = make_dir, .fini = remove_dir);
 
