@@ -249,6 +249,12 @@ void mp_release_cache(mp_device d)
     if (be && be->release_cache) be->release_cache(be->ctx);
 }
 
+void mp_mark_cache(mp_device d)
+{
+    const mp_backend *be = backends[d];
+    if (be && be->mark_cache) be->mark_cache(be->ctx);
+}
+
 void mp_set_memory_limit(mp_device d, size_t bytes) { stats[d].limit = bytes; }
 void mp_reset_peak_memory(mp_device d) { stats[d].peak = stats[d].in_use; }
 

@@ -105,6 +105,11 @@ void mp_reset_peak_memory(mp_device d);   /* peak = in_use (torch.cuda.reset_pea
 void mp_set_memory_limit(mp_device d, size_t bytes);
 /* give the blocks the device's caching allocator holds back to the system */
 void mp_release_cache(mp_device d);
+/* the end of a window of the program's allocations: the device's caching
+ * allocator gives back the free blocks no request took through it and the
+ * window before (kernels/block_cache.h mp_cache_mark). The Lua binding marks one
+ * at each collection it paces, so its windows are periods of the program. */
+void mp_mark_cache(mp_device d);
 
 static inline size_t mp_nbytes(const mp_tensor *t) { return (size_t)t->numel * mp_dtype_size(t->dtype); }
 static inline void *mp_data(const mp_tensor *t)

@@ -218,11 +218,14 @@ typedef struct mp_backend {
     /* memory: alloc returns NULL on failure; bytes are device bytes. Both go
      * through the backend's caching allocator (kernels/block_cache.h): cached
      * says how many bytes it holds in free blocks, release_cache gives them all
-     * back to the system */
+     * back to the system, mark_cache ends a window of allocations and gives
+     * back the free blocks that went unused through it and the one before
+     * (mp_cache_mark; NULL: nothing to give back) */
     void *(*alloc)(mp_kctx *cx, size_t nbytes);
     void (*free)(mp_kctx *cx, void *p, size_t nbytes);
     size_t (*cached)(mp_kctx *cx);
     void (*release_cache)(mp_kctx *cx);
+    void (*mark_cache)(mp_kctx *cx);
     void (*zero)(mp_kctx *cx, void *p, size_t nbytes);
     void (*copy)(mp_kctx *cx, void *dst, const void *src, size_t nbytes);       /* same device */
     void (*to_host)(mp_kctx *cx, void *host_dst, const void *src, size_t nbytes);

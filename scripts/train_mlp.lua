@@ -16,8 +16,8 @@
 -- the loss under mp.amp.autocast (matmuls in f16/bf16 with f32 accumulation, softmax
 -- and the loss in f32); the model keeps its FP32 master weights and Adam updates
 -- them. The loss goes through a GradScaler: a step whose gradients hold inf/NaN is
--- skipped (weights and optimizer state untouched). The test set is evaluated under
--- the same autocast. --policy picks how the loss scale moves:
+-- skipped (weights and optimizer state untouched). The test set is evaluated in batches
+-- of --batch under the same autocast. --policy picks how the loss scale moves:
 --
 --   static             a fixed scale of 2^16; static:S fixes S instead (static:1024,
 --                      static:2^20)

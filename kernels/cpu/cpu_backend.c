@@ -61,6 +61,7 @@ static mp_kctx cpu_ctx = {.cache = {.sys_alloc = sys_alloc, .sys_free = sys_free
 static void *cpu_alloc(mp_kctx *cx, size_t nbytes) { return mp_cache_alloc(&cx->cache, nbytes); }
 static void cpu_free(mp_kctx *cx, void *p, size_t nbytes) { mp_cache_free(&cx->cache, p, nbytes); }
 static size_t cpu_cached(mp_kctx *cx) { return cx->cache.cached; }
+static void cpu_mark_cache(mp_kctx *cx) { mp_cache_mark(&cx->cache); }
 static void cpu_release_cache(mp_kctx *cx)
 {
     mp_cache_release(&cx->cache);
@@ -110,6 +111,7 @@ const mp_backend mp_cpu_backend = {
     .free = cpu_free,
     .cached = cpu_cached,
     .release_cache = cpu_release_cache,
+    .mark_cache = cpu_mark_cache,
     .counters = cpu_counters,
     .zero = cpu_zero,
     .copy = cpu_copy,

@@ -100,6 +100,7 @@ static void sys_free(void *p, size_t nbytes)
 static void *cuda_alloc(mp_kctx *cx, size_t nbytes) { return mp_cache_alloc(&cx->cache, nbytes); }
 static void cuda_free(mp_kctx *cx, void *p, size_t nbytes) { mp_cache_free(&cx->cache, p, nbytes); }
 static size_t cuda_cached(mp_kctx *cx) { return cx->cache.cached; }
+static void cuda_mark_cache(mp_kctx *cx) { mp_cache_mark(&cx->cache); }
 static void cuda_release_cache(mp_kctx *cx)
 {
     if (cx->scratch) mp_cache_free(&cx->cache, cx->scratch, cx->scratch_cap);   /* scratch goes back too */
@@ -352,6 +353,7 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.free = cuda_free;
     table.cached = cuda_cached;
     table.release_cache = cuda_release_cache;
+    table.mark_cache = cuda_mark_cache;
     table.zero = cuda_zero;
     table.copy = cuda_copy;
     table.to_host = cuda_to_host;

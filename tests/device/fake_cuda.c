@@ -89,6 +89,7 @@ static void f_free(mp_kctx *cx, void *p, size_t nbytes)
 }
 static size_t f_cached(mp_kctx *cx) { return cache.cached; }
 static void f_release_cache(mp_kctx *cx) { mp_cache_release(&cache); }
+static void f_mark_cache(mp_kctx *cx) { mp_cache_mark(&cache); }
 
 static void f_counters(mp_kctx *cx, int64_t c[3]) { c[0] = n_to_host, c[1] = n_waits, c[2] = cache.sys_allocs; }
 
@@ -342,6 +343,7 @@ const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table = (mp_backend){
         .name = "cuda", .ctx = CPU.ctx, .supports = f_supports,
         .alloc = f_alloc, .free = f_free, .cached = f_cached, .release_cache = f_release_cache,
+        .mark_cache = f_mark_cache,
         .zero = f_zero, .copy = f_copy, .to_host = f_to_host, .from_host = f_from_host,
         .error = f_error, .synchronize = f_synchronize, .counters = f_counters,
         .host_alloc = f_host_alloc, .host_free = f_host_free, .to_host_async = f_to_host_async, .mark = f_mark,

@@ -42,6 +42,27 @@ describe("train_cnn.lua", function()
     os.remove(straight); os.remove(half); os.remove(resumed)
   end)
 
+  -- Issue 24: the test set was evaluated in batches of 1000, which took the run's
+  -- peak from 144 MB (training at batch 128) to 760 MB and its RSS to 1.1 GB
+  it("evaluates in batches of the training batch and needs no more memory for it than training", function()
+    local r = H.child([[
+      local made, real = {}, mp.data.loader
+      mp.data.loader = function(ds, o)
+        made[#made + 1] = { batch = o.batch, peak = mp.memory("cpu").peak }
+        return real(ds, o)
+      end
+      arg = { "--max-steps", "6", "--batch", "100" }
+      dofile(]] .. H.q(H.root .. "/scripts/train_cnn.lua") .. [[)
+      local eval = made[#made]   -- the last loader made: the evaluation's, after training
+      return string.format("%d %d %d", eval.batch, eval.peak, mp.memory("cpu").peak)]])
+    local batch, trained, peak = r.out:match("OK:(%d+) (%d+) (%d+)$")
+    assert.is_truthy(batch, r.out .. r.err)
+    assert.are.equal("100", batch)
+    trained, peak = tonumber(trained), tonumber(peak)
+    assert.is_true(peak <= trained, string.format("evaluation raised the peak from %.1f MiB to %.1f MiB",
+                                                  trained / 2 ^ 20, peak / 2 ^ 20))
+  end)
+
   it("trains under f16 autocast with the loss scaler, and traces it with --trace", function()
     local trace = tmp("t.jsonl.gz")
     local out, code = run("--max-steps 6 --amp f16 --trace " .. trace)
