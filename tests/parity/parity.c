@@ -105,7 +105,8 @@ static void fill(mp_dtype dt, void *p, int64_t n, double lo, double hi)
         case MP_F16: ((uint16_t *)p)[i] = mp_f32_to_f16(v); break;
         case MP_BF16: ((uint16_t *)p)[i] = mp_f32_to_bf16(v); break;
         case MP_I32: ((int32_t *)p)[i] = (int32_t)floor(v); break;
-        default: ((uint8_t *)p)[i] = (uint8_t)fabs(floor(v)); break;
+        /* through int32: a value past 255 wraps (a direct cast would be undefined) */
+        default: ((uint8_t *)p)[i] = (uint8_t)(int32_t)fabs(floor(v)); break;
         }
     }
 }
