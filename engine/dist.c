@@ -184,10 +184,13 @@ int mp_dist_all_reduce(mp_tensor *t, mp_dist_op op)
 {
     if (ready()) return -1;
     if ((unsigned)op > MP_DIST_MIN) return mp_fail(MP_EINVAL, "unknown op %d", (int)op);
+    /* the checks of the tensor itself come after the rendezvous: a rank whose
+     * tensor differs learns it there with the others, and ranks that agree
+     * on a tensor refused here all refuse it (none is left waiting) */
+    if (agree(MP_DK_ALL_REDUCE, op, t)) return -1;
     if (t->dtype == MP_U8) return mp_fail(MP_EINVAL, "t is u8: reduce f32, f16, bf16 or i32 tensors");
     if (t->dtype == MP_I32 && op == MP_DIST_MEAN)
         return mp_fail(MP_EINVAL, "\"mean\" of an i32 tensor (reduce with \"sum\" and divide as you need)");
-    if (agree(MP_DK_ALL_REDUCE, op, t)) return -1;
     if (!mp_dist_spans(t->dev)) return 0;
     mp_coll_op cop = op == MP_DIST_MAX ? MP_COLL_MAX : op == MP_DIST_MIN ? MP_COLL_MIN : MP_COLL_SUM;
     int rc;
@@ -235,8 +238,8 @@ int mp_dist_broadcast(mp_tensor *t, int root)
 mp_tensor *mp_dist_all_gather(mp_tensor *t)
 {
     if (ready()) return NULL;
+    if (agree(MP_DK_ALL_GATHER, 0, t)) return NULL;   /* first, as in mp_dist_all_reduce */
     if (t->ndim == MP_MAXDIM) return mp_fail(MP_EINVAL, "t has %d dims: no room for the ranks' dim", MP_MAXDIM), NULL;
-    if (agree(MP_DK_ALL_GATHER, 0, t)) return NULL;
     int64_t shape[MP_MAXDIM];
     shape[0] = W.size;
     memcpy(shape + 1, t->shape, sizeof *shape * (size_t)t->ndim);

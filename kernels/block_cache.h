@@ -161,6 +161,7 @@ static inline void mp_cache_release(mp_block_cache *c)
         l->cap = l->low = l->idle = 0;
     }
     c->cached = 0;
+    if (!c->nlent) free(c->lent), c->lent = NULL, c->caplent = 0;   /* nothing lent: its table goes too */
 }
 
 /* free blocks back to the system, of the classes used least recently first,

@@ -652,8 +652,8 @@ static int t_add(lua_State *L)
     for (int i = 1; r && i <= R_FORWARD; i++)
         if (!strcmp(r, REASONS[i])) s.reason = (uint8_t)i;
     luaL_checktype(L, 7, LUA_TTABLE);
-    lua_Integer np = luaL_len(L, 7);
-    luaL_argcheck(L, np >= 0 && np < UINT32_MAX, 7, "too many parameters");
+    lua_Integer np = (lua_Integer)lua_rawlen(L, 7);   /* the entries it holds, not what a __len claims */
+    luaL_argcheck(L, np < UINT32_MAX, 7, "too many parameters");
     s.np = (uint32_t)np, s.u0 = t->under.n;
     double *u = arr_reserve(L, &t->under, 2, (size_t)np);
     for (lua_Integer k = 1; k <= np; k++) {
@@ -715,8 +715,9 @@ static int t_tostring(lua_State *L)
 /* pairs() over either, as over the list it stands for */
 static int seq_next(lua_State *L)
 {
-    lua_Integer i = luaL_checkinteger(L, 2) + 1;
-    lua_pushinteger(L, i);
+    lua_Integer i = luaL_checkinteger(L, 2);
+    if (i < 0 || i == LUA_MAXINTEGER) return 0;   /* no entry after it (and i + 1 would overflow) */
+    lua_pushinteger(L, ++i);
     return lua_geti(L, 1, i) == LUA_TNIL ? 1 : 2;
 }
 

@@ -70,6 +70,9 @@ describe("mp.amp.load_trace", function()
       assert.are.equal(2, n)
     end
     assert.is_nil(tr.steps[3])
+    local next_of = pairs(tr.steps)                    -- its iterator past the end, or from any key
+    assert.is_nil(next_of(tr.steps, math.maxinteger))
+    assert.is_nil(next_of(tr.steps, -5))
     assert.are_not.equal(tr.steps[1], tr.steps[1])   -- each read builds the record anew
     local mine = tr.steps[1]
     mine.scale = 2

@@ -79,6 +79,15 @@ lin(mp.ones({1, 3}, {device = dev})):sum():backward()   -- and then the buckets 
 eq(lin.bias.grad:sum():item(), 2.0, "the gradient average after the disagreement")
 ok, err = pcall(mp.dist.all_reduce, mp.zeros(2, {device = dev}), rank == 0 and "sum" or "max")
 assert(not ok and err:find("the ranks disagree on the op", 1, true), tostring(err))
+-- a tensor one rank alone may not reduce (u8): the rendezvous comes first, so
+-- the other rank learns of it too instead of waiting; and ranks that agree on
+-- such a tensor all refuse it
+ok, err = pcall(mp.dist.all_reduce, mp.zeros(2, {dtype = rank == 0 and "u8" or "f32", device = dev}))
+assert(not ok and err:find("the ranks disagree on the tensor's dtype", 1, true), tostring(err))
+ok, err = pcall(mp.dist.all_reduce, mp.zeros(2, {dtype = "u8", device = dev}))
+assert(not ok and err:find("is u8", 1, true), tostring(err))
+ok, err = pcall(mp.dist.all_reduce, mp.zeros(2, {dtype = "i32", device = dev}), "mean")
+assert(not ok and err:find("mean", 1, true), tostring(err))
 ok, err = pcall(mp.dist.broadcast, mp.zeros(2, {device = dev}), rank)
 assert(not ok and err:find("the ranks disagree on the root", 1, true), tostring(err))
 ok, err = pcall(mp.dist.all_reduce, mp.zeros(2, {dtype = rank == 0 and "f32" or "f16", device = dev}))
