@@ -1,5 +1,6 @@
 /*
- * autocast.c: the region stack, the op-class table and the per-region cast cache.
+ * autocast.c: the region stack, the op-class table and the per-region cast
+ * cache (the stack and the cache are this thread's: engine/state.h).
  */
 #include <stdlib.h>
 #include <stdio.h>
@@ -7,15 +8,10 @@
 #include "engine/autocast.h"
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
-#include "engine/op.h"
+#include "engine/graph.h"
+#include "engine/state.h"
 
-#define MAX_DEPTH 64
 #define MAX_OPS 128
-#define MAX_CACHE 1024
-
-static struct { bool on; mp_dtype dt; } stack[MAX_DEPTH];
-static int depth;
 
 /* The class of each op by name: seeded, on first use, from the ops' own
  * descriptions (engine/op.h), then changed and extended by mp_autocast_register. */
@@ -41,49 +37,66 @@ static void seed(void)
     }
 }
 
-/* the cast cache: (leaf, dtype) -> its cast, alive for the outermost region */
-static struct { mp_tensor *src, *cast; uint64_t version; } cache[MAX_CACHE];
-static int ncache;
-
-static void clear_cache(void)
+/* the cast cache (this thread's: engine/state.h): (leaf, dtype) -> its cast,
+ * alive for the outermost region */
+static void clear_cache(mp_state *s)
 {
-    for (int i = 0; i < ncache; i++) {
-        mp_release(cache[i].src);
-        mp_release(cache[i].cast);
+    for (int i = 0; i < s->autocast.ncache; i++) {
+        mp_release(s->autocast.cache[i].src);
+        mp_release(s->autocast.cache[i].cast);
     }
-    ncache = 0;
+    s->autocast.ncache = 0;
+}
+
+/* keep r as src's cast (retained); without room (out of memory) the cast is
+ * only not cached: the next use casts again, as correct and slower */
+static void cache_add(mp_state *s, mp_tensor *src, mp_tensor *r)
+{
+    if (s->autocast.ncache == s->autocast.cache_cap) {
+        int cap = s->autocast.cache_cap ? 2 * s->autocast.cache_cap : 64;
+        mp_cast_entry *c = realloc(s->autocast.cache, sizeof *c * (size_t)cap);
+        if (!c) return;
+        s->autocast.cache = c, s->autocast.cache_cap = cap;
+    }
+    s->autocast.cache[s->autocast.ncache++] =
+        (mp_cast_entry){.src = mp_retain(src), .cast = mp_retain(r), .version = src->st->version};
 }
 
 int mp_autocast_enter(bool enabled, mp_dtype dt)
 {
-    if (depth == MAX_DEPTH) return mp_fail(MP_EINVAL, "autocast regions nested deeper than %d", MAX_DEPTH);
+    mp_state *s = mp_state_get();
+    if (s->autocast.depth == MP_AUTOCAST_MAX_DEPTH)
+        return mp_fail(MP_EINVAL, "autocast regions nested deeper than %d", MP_AUTOCAST_MAX_DEPTH);
     if (enabled && dt != MP_F16 && dt != MP_BF16)
         return mp_fail(MP_EINVAL, "autocast dtype must be f16 or bf16 (got %s)", mp_dtype_name(dt));
-    stack[depth].on = enabled;
-    stack[depth].dt = dt;
-    return depth++;
+    mp_op_set_arg_hook(mp_autocast_arg);   /* from the first region on, mp_apply asks */
+    s->autocast.stack[s->autocast.depth].on = enabled;
+    s->autocast.stack[s->autocast.depth].dt = dt;
+    return s->autocast.depth++;
 }
 
 void mp_autocast_exit(int token)
 {
-    if (token < 0 || token >= depth) return;   /* already closed (regions close innermost first) */
-    depth = token;
-    if (depth == 0) clear_cache();
+    mp_state *s = mp_state_get();
+    if (token < 0 || token >= s->autocast.depth) return;   /* already closed (regions close innermost first) */
+    s->autocast.depth = token;
+    if (token == 0) clear_cache(s);
 }
-
-static bool suppressed;
 
 bool mp_autocast_suppress(bool on)
 {
-    bool was = suppressed;
-    suppressed = on;
+    mp_state *s = mp_state_get();
+    bool was = s->autocast.suppressed;
+    s->autocast.suppressed = on;
     return was;
 }
 
 bool mp_autocast_active(mp_dtype *dt)
 {
-    if (suppressed || depth == 0 || !stack[depth - 1].on) return false;
-    if (dt) *dt = stack[depth - 1].dt;
+    mp_state *s = mp_state_get();
+    int depth = s->autocast.depth;
+    if (s->autocast.suppressed || s->in_backward || depth == 0 || !s->autocast.stack[depth - 1].on) return false;
+    if (dt) *dt = s->autocast.stack[depth - 1].dt;
     return true;
 }
 
@@ -125,23 +138,21 @@ mp_tensor *mp_autocast_arg(const mp_op *op, mp_tensor *t)
     if (want == t->dtype) return mp_retain(t);
     /* a master weight, cast while recording: a cast made under no_grad has no
      * history and must not stand in for one that needs it */
-    bool cacheable = t->requires_grad && !t->grad_fn && mp_grad_enabled();
+    mp_state *s = mp_state_get();
+    bool cacheable = t->requires_grad && !t->grad_fn && s->grad_enabled;
+    mp_cast_entry *cache = s->autocast.cache;
     if (cacheable)
-        for (int i = 0; i < ncache; i++)
+        for (int i = 0; i < s->autocast.ncache; i++)
             if (cache[i].src == t && cache[i].cast->dtype == want) {
                 if (cache[i].version == t->st->version) return mp_retain(cache[i].cast);
                 /* the master changed since (an optimizer step inside the region): cast again */
                 mp_release(cache[i].src);
                 mp_release(cache[i].cast);
-                cache[i--] = cache[--ncache];
+                cache[i--] = cache[--s->autocast.ncache];
             }
     /* recorded: the gradient flows back in t's dtype; a master weight of an
      * optimizer comes from the working copy the optimizer step wrote */
     mp_tensor *r = cacheable ? mp_arena_cast(t, want) : mp_to(t, want, t->dev);
-    if (r && cacheable && ncache < MAX_CACHE) {
-        cache[ncache].src = mp_retain(t);
-        cache[ncache].version = t->st->version;
-        cache[ncache++].cast = mp_retain(r);
-    }
+    if (r && cacheable) cache_add(s, t, r);
     return r;
 }

@@ -12,17 +12,21 @@
  * extended by name (mp.amp.register). A leaf that requires grad (an FP32 master
  * weight) is cast at most once per region: the cast is cached, and it is an
  * autograd op whose backward accumulates the low-precision gradient into the
- * leaf's FP32 .grad.
+ * leaf's FP32 .grad. The cache grows with the weights a region casts.
+ *
+ * The regions and the cache are this thread's (engine/state.h); they are
+ * inactive while a backward pass runs (its ops run in their own dtypes).
+ * mp_apply reaches autocast through its argument hook, which the first region
+ * entered installs (engine/op.h).
  */
 #ifndef MP_AUTOCAST_H
 #define MP_AUTOCAST_H
 
-#include "engine/tensor.h"
-
-typedef enum { MP_AC_NONE, MP_AC_LOW, MP_AC_F32, MP_AC_PROMOTE } mp_ac_class;
+#include "engine/op.h"   /* mp_op, mp_ac_class */
 
 /* enter a region (dtype MP_F16/MP_BF16, or enabled=false to switch autocast off
- * inside an outer region); returns a token for mp_autocast_exit */
+ * inside an outer region); returns a token for mp_autocast_exit; -1 with an
+ * error past MP_AUTOCAST_MAX_DEPTH (engine/state.h) regions */
 int mp_autocast_enter(bool enabled, mp_dtype dt);
 void mp_autocast_exit(int token);
 bool mp_autocast_active(mp_dtype *dt);
@@ -36,8 +40,7 @@ mp_ac_class mp_autocast_class(const char *op);
 const char *mp_autocast_entry(int i, mp_ac_class *c);
 
 /* the input op should use under the current region: a new reference (t itself
- * when nothing changes); NULL with an error on failure (mp_apply calls it) */
-typedef struct mp_op mp_op;
+ * when nothing changes); NULL with an error on failure (mp_apply's argument hook) */
 mp_tensor *mp_autocast_arg(const mp_op *op, mp_tensor *t);
 
 #endif

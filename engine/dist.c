@@ -12,13 +12,14 @@
 #include "engine/error.h"
 #include "kernels/comm.h"
 
+/* this process's place in the world, and what carries its collectives */
 static struct {
     bool inited, finalized, device_self;
     int rank, size, local_rank, local_size;
     const mp_comm *comm;                 /* NULL: a world of one, MPI not loaded */
     bool joined[MP_NDEVICES];            /* a device backend's group is made */
     char name[300];
-} W = {.size = 1, .local_size = 1};
+} world = {.size = 1, .local_size = 1};
 
 static const char *launcher_size(void)
 {
@@ -32,18 +33,18 @@ static const char *launcher_size(void)
  * it in a collective learns that it left */
 static void finalize_at_exit(void)
 {
-    if (!W.comm || W.finalized) return;
+    if (!world.comm || world.finalized) return;
     mp_clear_error();
     if (mp_dist_finalize() == 0) return;
     fprintf(stderr, "mp.dist.finalize at exit: %s\n", mp_error());
     fflush(stderr);
-    if (!W.finalized) W.comm->abort(1);   /* MPI cannot finalize (a rank may never come): end the job */
+    if (!world.finalized) world.comm->abort(1);   /* MPI cannot finalize (a rank may never come): end the job */
 }
 
 int mp_dist_init(bool device_self)
 {
-    if (W.finalized) return mp_fail(MP_EINVAL, "mp.dist was finalized; MPI cannot start again in this process");
-    if (W.inited) return 0;
+    if (world.finalized) return mp_fail(MP_EINVAL, "mp.dist was finalized; MPI cannot start again in this process");
+    if (world.inited) return 0;
     if (launcher_size()) {
         char why[1024];
         void *h = mp_module_open("mpi.so", "MP_MPI_COMM", why, sizeof why);
@@ -54,63 +55,63 @@ int mp_dist_init(bool device_self)
         const mp_comm *c = init(why, sizeof why);
         if (!c) return mp_fail(MP_EINVAL, "MPI did not start: %s", why);
         if (mp_dist_agree_begin(c)) return -1;
-        W.comm = c;
-        W.rank = c->rank, W.size = c->size, W.local_rank = c->local_rank, W.local_size = c->local_size;
-        snprintf(W.name, sizeof W.name, "%s", c->name);
+        world.comm = c;
+        world.rank = c->rank, world.size = c->size, world.local_rank = c->local_rank, world.local_size = c->local_size;
+        snprintf(world.name, sizeof world.name, "%s", c->name);
         atexit(finalize_at_exit);
     } else {
-        snprintf(W.name, sizeof W.name, "a world of one (no launcher: MPI not loaded)");
+        snprintf(world.name, sizeof world.name, "a world of one (no launcher: MPI not loaded)");
     }
-    W.device_self = device_self;
-    W.inited = true;
+    world.device_self = device_self;
+    world.inited = true;
     return 0;
 }
 
-bool mp_dist_initialized(void) { return W.inited && !W.finalized; }
-int mp_dist_rank(void) { return W.rank; }
-int mp_dist_size(void) { return W.size; }
-int mp_dist_local_rank(void) { return W.local_rank; }
-int mp_dist_local_size(void) { return W.local_size; }
-const char *mp_dist_backend(void) { return W.inited ? W.name : "not started"; }
+bool mp_dist_initialized(void) { return world.inited && !world.finalized; }
+int mp_dist_rank(void) { return world.rank; }
+int mp_dist_size(void) { return world.size; }
+int mp_dist_local_rank(void) { return world.local_rank; }
+int mp_dist_local_size(void) { return world.local_size; }
+const char *mp_dist_backend(void) { return world.inited ? world.name : "not started"; }
 
 static const mp_backend *device_coll(mp_device dev);
 
 bool mp_dist_spans(mp_device dev)
 {
     if (!mp_dist_initialized()) return false;
-    return W.size > 1 || (W.device_self && device_coll(dev));
+    return world.size > 1 || (world.device_self && device_coll(dev));
 }
 
 static int ready(void)
 {
-    if (W.finalized) return mp_fail(MP_EINVAL, "mp.dist was finalized");
-    if (!W.inited) return mp_fail(MP_EINVAL, "call mp.dist.init() first");
+    if (world.finalized) return mp_fail(MP_EINVAL, "mp.dist was finalized");
+    if (!world.inited) return mp_fail(MP_EINVAL, "call mp.dist.init() first");
     return 0;
 }
 
-static int comm_fail(void) { return mp_fail(MP_EDEVICE, "%s", W.comm->error()); }
+static int comm_fail(void) { return mp_fail(MP_EDEVICE, "%s", world.comm->error()); }
 
 /* the device backend's group, made at its first collective: rank 0's bytes to everyone */
 static int join(mp_device dev, const mp_backend *be)
 {
-    if (W.joined[dev]) return 0;
+    if (world.joined[dev]) return 0;
     unsigned char id[512];
     char why[512] = "";
     int n = 0;
-    if (W.rank == 0 && (n = be->coll_id(be->ctx, id, sizeof id, why, sizeof why)) < 0) n = -1;
-    if (W.comm) {   /* the id's length (or -1: rank 0 failed) first, so every rank stops together */
+    if (world.rank == 0 && (n = be->coll_id(be->ctx, id, sizeof id, why, sizeof why)) < 0) n = -1;
+    if (world.comm) {   /* the id's length (or -1: rank 0 failed) first, so every rank stops together */
         int32_t len = n;
-        if (W.comm->broadcast(&len, sizeof len, 0)) return comm_fail();
+        if (world.comm->broadcast(&len, sizeof len, 0)) return comm_fail();
         if (len < 0) return mp_fail(MP_EDEVICE, "%s: the group could not be made on rank 0%s%s", be->name,
                                     why[0] ? ": " : "", why);
         n = len;
-        if (W.comm->broadcast(id, n, 0)) return comm_fail();
+        if (world.comm->broadcast(id, n, 0)) return comm_fail();
     } else if (n < 0) {
         return mp_fail(MP_EDEVICE, "%s: %s", be->name, why);
     }
-    if (be->coll_join(be->ctx, id, (size_t)n, W.rank, W.size, why, sizeof why))
+    if (be->coll_join(be->ctx, id, (size_t)n, world.rank, world.size, why, sizeof why))
         return mp_fail(MP_EDEVICE, "%s: %s", be->name, why);
-    W.joined[dev] = true;
+    world.joined[dev] = true;
     return 0;
 }
 
@@ -131,14 +132,14 @@ static int reduce_raw(mp_device dev, void *p, int64_t n, mp_dtype dt, mp_coll_op
         be->coll_all_reduce(be->ctx, dt, p, n, op);
         return mp_device_error(dev);
     }
-    if (!W.comm) return 0;   /* device_self without device collectives: nothing to do */
-    if (dev == MP_CPU) return W.comm->all_reduce(p, n, dt, op) ? comm_fail() : 0;
+    if (!world.comm) return 0;   /* device_self without device collectives: nothing to do */
+    if (dev == MP_CPU) return world.comm->all_reduce(p, n, dt, op) ? comm_fail() : 0;
     size_t bytes = (size_t)n * mp_dtype_size(dt);
     void *h = malloc(bytes);
     if (!h) return mp_fail(MP_EOOM, "out of memory staging %zu bytes for MPI", bytes);
     const mp_backend *d = mp_backend_of(dev);
     int rc = mp_host_read(dev, h, p, bytes);
-    if (!rc && W.comm->all_reduce(h, n, dt, op)) rc = comm_fail();
+    if (!rc && world.comm->all_reduce(h, n, dt, op)) rc = comm_fail();
     if (!rc) d->from_host(d->ctx, p, h, bytes), rc = mp_device_error(dev);
     free(h);
     return rc;
@@ -199,15 +200,15 @@ int mp_dist_all_reduce(mp_tensor *t, mp_dist_op op)
     } else {
         mp_tensor *h = host_copy(t);
         if (!h) return -1;
-        rc = W.comm && W.comm->all_reduce(mp_data(h), h->numel, h->dtype, cop) ? comm_fail() : 0;
+        rc = world.comm && world.comm->all_reduce(mp_data(h), h->numel, h->dtype, cop) ? comm_fail() : 0;
         if (!rc && op == MP_DIST_MEAN && h != t) {
-            MP_K(h, unary, MP_MULS, MP_F32, mp_data(h), mp_data(h), h->numel, 1.0 / W.size);
+            MP_K(h, unary, MP_MULS, MP_F32, mp_data(h), mp_data(h), h->numel, 1.0 / world.size);
             op = MP_DIST_SUM;   /* divided already, before the rounding to t's dtype */
         }
         if (!rc) rc = put_back(t, h);
         mp_release(h);
     }
-    if (!rc && op == MP_DIST_MEAN) MP_K(t, unary, MP_MULS, t->dtype, mp_data(t), mp_data(t), t->numel, 1.0 / W.size);
+    if (!rc && op == MP_DIST_MEAN) MP_K(t, unary, MP_MULS, t->dtype, mp_data(t), mp_data(t), t->numel, 1.0 / world.size);
     t->st->version++;
     return rc || t->dev == MP_CPU ? rc : mp_device_error(t->dev);
 }
@@ -215,8 +216,8 @@ int mp_dist_all_reduce(mp_tensor *t, mp_dist_op op)
 int mp_dist_broadcast(mp_tensor *t, int root)
 {
     if (ready()) return -1;
-    if (root < 0 || root >= W.size)
-        return mp_fail(MP_EINVAL, "root %d is not a rank (0..%d)", root, W.size - 1);
+    if (root < 0 || root >= world.size)
+        return mp_fail(MP_EINVAL, "root %d is not a rank (0..%d)", root, world.size - 1);
     if (agree(MP_DK_BROADCAST, root, t)) return -1;
     if (!mp_dist_spans(t->dev)) return 0;
     const mp_backend *be = device_coll(t->dev);
@@ -225,10 +226,10 @@ int mp_dist_broadcast(mp_tensor *t, int root)
         if (join(t->dev, be)) return -1;
         be->coll_broadcast(be->ctx, mp_data(t), mp_nbytes(t), root);
         rc = mp_device_error(t->dev);
-    } else if (W.comm) {
+    } else if (world.comm) {
         mp_tensor *h = t->dev == MP_CPU ? mp_retain(t) : mp_to_raw(t, t->dtype, MP_CPU);
         if (!h) return -1;
-        rc = W.comm->broadcast(mp_data(h), (int64_t)mp_nbytes(h), root) ? comm_fail() : put_back(t, h);
+        rc = world.comm->broadcast(mp_data(h), (int64_t)mp_nbytes(h), root) ? comm_fail() : put_back(t, h);
         mp_release(h);
     }
     t->st->version++;
@@ -241,7 +242,7 @@ mp_tensor *mp_dist_all_gather(mp_tensor *t)
     if (agree(MP_DK_ALL_GATHER, 0, t)) return NULL;   /* first, as in mp_dist_all_reduce */
     if (t->ndim == MP_MAXDIM) return mp_fail(MP_EINVAL, "t has %d dims: no room for the ranks' dim", MP_MAXDIM), NULL;
     int64_t shape[MP_MAXDIM];
-    shape[0] = W.size;
+    shape[0] = world.size;
     memcpy(shape + 1, t->shape, sizeof *shape * (size_t)t->ndim);
     mp_tensor *out = mp_empty(t->dtype, t->dev, t->ndim + 1, shape);
     if (!out) return NULL;
@@ -251,12 +252,12 @@ mp_tensor *mp_dist_all_gather(mp_tensor *t)
     if (be) {
         rc = join(t->dev, be);
         if (!rc) be->coll_all_gather(be->ctx, mp_data(t), mp_data(out), nb), rc = mp_device_error(t->dev);
-    } else if (!W.comm) {
+    } else if (!world.comm) {
         MP_K(t, copy, mp_data(out), mp_data(t), nb);
     } else {
         mp_tensor *h = t->dev == MP_CPU ? mp_retain(t) : mp_to_raw(t, t->dtype, MP_CPU);
         mp_tensor *ho = !h ? NULL : t->dev == MP_CPU ? mp_retain(out) : mp_empty(t->dtype, MP_CPU, t->ndim + 1, shape);
-        rc = !ho ? -1 : W.comm->all_gather(mp_data(h), mp_data(ho), (int64_t)nb) ? comm_fail() : put_back(out, ho);
+        rc = !ho ? -1 : world.comm->all_gather(mp_data(h), mp_data(ho), (int64_t)nb) ? comm_fail() : put_back(out, ho);
         mp_release(h);
         mp_release(ho);
     }
@@ -273,7 +274,7 @@ int mp_dist_barrier(void)
 
 int mp_dist_finalize(void)
 {
-    if (!W.inited || W.finalized) return 0;
+    if (!world.inited || world.finalized) return 0;
     if (mp_dist_broken())
         return mp_fail(MP_EDEVICE, "MPI cannot finalize after a collective failed (%s): the job ends (MPI_Abort) when "
                        "this process exits", mp_dist_broken());
@@ -281,23 +282,23 @@ int mp_dist_finalize(void)
      * an error naming it, not a wait without end (after a rank left, which
      * every rank saw, there is nothing to say) */
     char left[1100] = "";
-    if (!mp_dist_left() && W.comm && mp_dist_agree(MP_DK_FINALIZE, 0, MP_F32, MP_CPU, 0, NULL)) {
+    if (!mp_dist_left() && world.comm && mp_dist_agree(MP_DK_FINALIZE, 0, MP_F32, MP_CPU, 0, NULL)) {
         if (mp_dist_broken()) return -1;   /* another rank gave up meanwhile */
         snprintf(left, sizeof left, "%s", mp_error());
     }
     for (int d = 1; d < MP_NDEVICES; d++) {
-        const mp_backend *be = W.joined[d] ? mp_backend_of((mp_device)d) : NULL;
+        const mp_backend *be = world.joined[d] ? mp_backend_of((mp_device)d) : NULL;
         if (be && be->coll_leave) be->coll_leave(be->ctx);
-        W.joined[d] = false;
+        world.joined[d] = false;
     }
-    W.finalized = true;
-    if (W.comm && W.comm->finalize()) return comm_fail();
+    world.finalized = true;
+    if (world.comm && world.comm->finalize()) return comm_fail();
     return left[0] ? mp_fail(MP_EINVAL, "%s", left) : 0;
 }
 
 void mp_dist_abort(int code)
 {
-    if (!W.comm || W.finalized || W.size == 1) return;
+    if (!world.comm || world.finalized || world.size == 1) return;
     /* every rank saw a rank leave, in the same rendezvous: each fails or goes
      * on by itself, and none waits for another; MPI finalizes as usual, and
      * each rank's own error is printed in full before the job ends */
@@ -305,7 +306,7 @@ void mp_dist_abort(int code)
         mp_dist_finalize();
         return;
     }
-    W.comm->abort(code);
+    world.comm->abort(code);
 }
 
 /* ---- one bucket of a data-parallel gradient average (engine/dist_dp.c) ---- */
@@ -323,12 +324,12 @@ int mp_dist_reduce_bucket(mp_device dev, float *g, int64_t n, bool side)
     }
     if (reduce_raw(dev, g, n, MP_F32, MP_COLL_SUM)) return -1;
     const mp_backend *d = mp_backend_of(dev);   /* / size while the bucket is in cache */
-    if (W.size > 1) d->unary(d->ctx, MP_MULS, MP_F32, g, g, n, 1.0 / W.size);
+    if (world.size > 1) d->unary(d->ctx, MP_MULS, MP_F32, g, g, n, 1.0 / world.size);
     return dev == MP_CPU ? 0 : mp_device_error(dev);
 }
 
 void mp_dist_reduce_done(mp_device dev)
 {
     const mp_backend *be = device_coll(dev);
-    if (be && be->coll_merge && W.joined[dev]) be->coll_merge(be->ctx);
+    if (be && be->coll_merge && world.joined[dev]) be->coll_merge(be->ctx);
 }

@@ -12,8 +12,8 @@
  *
  * Data parallel training: an optimizer attached with mp_dist_attach starts
  * from rank 0's parameters, and after every backward its gradient arena is
- * averaged over the world in buckets (mp_dist_after_backward, called by
- * mp_backward), so every rank steps with the same gradients. The loss
+ * averaged over the world in buckets (engine/dist_dp.c, a listener of the
+ * backward pass), so every rank steps with the same gradients. The loss
  * scaler takes one decision for all ranks: what each rank found (inf/NaN, a
  * bad loss, the amax) is reduced with max before the skip and the update
  * (engine/scaler.c).
@@ -28,6 +28,7 @@
 
 #include "engine/tensor.h"
 #include "engine/optim.h"
+#include "engine/dist_agree.h"   /* the rendezvous, and its timeout */
 
 typedef enum { MP_DIST_SUM, MP_DIST_MEAN, MP_DIST_MAX, MP_DIST_MIN } mp_dist_op;
 
@@ -36,13 +37,7 @@ typedef enum { MP_DIST_SUM, MP_DIST_MEAN, MP_DIST_MAX, MP_DIST_MIN } mp_dist_op;
  * to check that path on a machine with one GPU. */
 int mp_dist_init(bool device_self);
 bool mp_dist_initialized(void);
-/* how long a rank waits in a collective for the others to arrive (seconds,
- * > 0; INFINITY: for ever), before it names those that did not and gives up.
- * Generous: a rank may take minutes alone between two collectives (rank 0's
- * evaluation, a checkpoint), and PyTorch's process groups wait 30 minutes. */
-#define MP_DIST_TIMEOUT_DEFAULT 1800.0
-int mp_dist_set_timeout(double seconds);
-double mp_dist_timeout(void);
+/* the timeout of a collective: mp_dist_set_timeout, mp_dist_timeout (engine/dist_agree.h) */
 int mp_dist_rank(void);
 int mp_dist_size(void);
 int mp_dist_local_rank(void);
@@ -88,16 +83,12 @@ void mp_dist_detach(mp_optim *o);
 /* the whole arena at once (what a backward that could not follow its
  * gradients does at its end; benchmarks) */
 int mp_dist_reduce_grads(mp_optim *o);
-/* mp_backward's calls: begin, with the nodes it will run in order; node,
- * after each node's turn (run or not: it adds nothing after); after_backward
- * at the end, which reduces what is left and waits for the second stream
- * (the average is done when backward returns). no_sync depth > 0 (gradient
- * accumulation's earlier micro-batches) leaves gradients local; the next
- * backward outside averages everything accumulated. */
-struct mp_node;
-void mp_dist_backward_begin(struct mp_node *const *order, size_t n);
-int mp_dist_backward_node(const struct mp_node *x);
-int mp_dist_after_backward(void);
+/* gradient accumulation: no_sync depth > 0 (the earlier micro-batches) leaves
+ * gradients local; the next backward outside averages everything accumulated.
+ * (dist_dp.c follows each backward as a listener, engine/backward.h: begin,
+ * with the nodes it will run in order; after each node's turn; and at the end,
+ * which reduces what is left and waits for the second stream, so the average
+ * is done when backward returns.) */
 void mp_dist_no_sync(int delta);
 
 /* dist.c's pieces for dist_dp.c: n f32 gradients at g averaged over the

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "engine/dist_agree.h"
-#include "engine/dist.h"
 #include "engine/error.h"
 
 /* a record: what one rank calls */

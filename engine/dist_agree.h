@@ -30,6 +30,14 @@ typedef enum {
     MP_DK_COUNT
 } mp_dist_kind;
 
+/* how long a rank waits in a collective for the others to arrive (seconds,
+ * > 0; INFINITY: for ever), before it names those that did not and gives up.
+ * Generous: a rank may take minutes alone between two collectives (rank 0's
+ * evaluation, a checkpoint), and PyTorch's process groups wait 30 minutes. */
+#define MP_DIST_TIMEOUT_DEFAULT 1800.0
+int mp_dist_set_timeout(double seconds);
+double mp_dist_timeout(void);
+
 /* under a launcher, at mp_dist_init: the world's MPI */
 int mp_dist_agree_begin(const mp_comm *c);
 /* what this rank calls: arg is the op (all_reduce, findings), the root

@@ -16,7 +16,7 @@
 #include <string.h>
 #include "engine/dist.h"
 #include "engine/dist_agree.h"
-#include "engine/autograd.h"
+#include "engine/backward.h"
 #include "engine/error.h"
 
 typedef struct {
@@ -30,11 +30,14 @@ typedef struct {
     bool following;           /* this backward's gradients are followed node by node */
 } dp_opt;
 
+/* the optimizers attached with dist = true, and mp.dist.no_sync's depth */
 static struct {
     dp_opt *v;
     int n, cap;
     int no_sync;
-} D;
+} data_parallel;
+
+static mp_backward_listener listener;   /* below: begin, node_done, end */
 
 static void dp_free(dp_opt *d)
 {
@@ -46,13 +49,13 @@ int mp_dist_attach(mp_optim *o, int64_t bucket_bytes)
 {
     if (!mp_dist_initialized()) return mp_fail(MP_EINVAL, "call mp.dist.init() first");
     if (bucket_bytes < 4) return mp_fail(MP_EINVAL, "the bucket size must be at least 4 bytes (got %lld)", (long long)bucket_bytes);
-    for (int i = 0; i < D.n; i++)
-        if (D.v[i].o == o) return mp_fail(MP_EINVAL, "the optimizer is data parallel already");
-    if (D.n == D.cap) {
-        int cap = D.cap ? 2 * D.cap : 4;
-        dp_opt *p = realloc(D.v, sizeof *p * (size_t)cap);
+    for (int i = 0; i < data_parallel.n; i++)
+        if (data_parallel.v[i].o == o) return mp_fail(MP_EINVAL, "the optimizer is data parallel already");
+    if (data_parallel.n == data_parallel.cap) {
+        int cap = data_parallel.cap ? 2 * data_parallel.cap : 4;
+        dp_opt *p = realloc(data_parallel.v, sizeof *p * (size_t)cap);
         if (!p) return mp_fail(MP_EOOM, "out of memory");
-        D.v = p, D.cap = cap;
+        data_parallel.v = p, data_parallel.cap = cap;
     }
     dp_opt d = {.o = o};
     size_t n = (size_t)o->n;
@@ -77,20 +80,21 @@ int mp_dist_attach(mp_optim *o, int64_t bucket_bytes)
         dp_free(&d);
         return -1;
     }
-    o->dist_bucket = cap;
-    D.v[D.n++] = d;
+    o->on_free = mp_dist_detach;   /* freeing the optimizer detaches it first */
+    mp_backward_listen(&listener);
+    data_parallel.v[data_parallel.n++] = d;
     return 0;
 }
 
 void mp_dist_detach(mp_optim *o)
 {
-    for (int i = 0; i < D.n; i++)
-        if (D.v[i].o == o) {
-            dp_free(&D.v[i]);
-            D.v[i] = D.v[--D.n];
+    for (int i = 0; i < data_parallel.n; i++)
+        if (data_parallel.v[i].o == o) {
+            dp_free(&data_parallel.v[i]);
+            data_parallel.v[i] = data_parallel.v[--data_parallel.n];
             break;
         }
-    o->dist_bucket = 0;
+    if (o->on_free == mp_dist_detach) o->on_free = NULL;
 }
 
 static int reduce(dp_opt *d, int k, bool side)
@@ -104,10 +108,10 @@ int mp_dist_reduce_grads(mp_optim *o)
 {
     if (!mp_dist_spans(o->grads->dev)) return 0;
     if (mp_optim_sync_grads(o)) return -1;
-    for (int i = 0; i < D.n; i++)
-        if (D.v[i].o == o) {
-            for (int k = 0; k < D.v[i].nb; k++)
-                if (reduce(&D.v[i], k, false)) return -1;
+    for (int i = 0; i < data_parallel.n; i++)
+        if (data_parallel.v[i].o == o) {
+            for (int k = 0; k < data_parallel.v[i].nb; k++)
+                if (reduce(&data_parallel.v[i], k, false)) return -1;
             return 0;
         }
     return mp_fail(MP_EINVAL, "the optimizer is not data parallel");
@@ -116,8 +120,8 @@ int mp_dist_reduce_grads(mp_optim *o)
 /* the attached optimizer whose parameter leaf is, and its index, or NULL */
 static dp_opt *owner(const mp_tensor *leaf, int *idx)
 {
-    for (int j = 0; j < D.n; j++) {
-        mp_optim *o = D.v[j].o;
+    for (int j = 0; j < data_parallel.n; j++) {
+        mp_optim *o = data_parallel.v[j].o;
         if (leaf->st != o->values->st) continue;
         int lo = 0, hi = o->n - 1;   /* offsets ascend with the parameters */
         while (lo <= hi) {
@@ -127,7 +131,7 @@ static dp_opt *owner(const mp_tensor *leaf, int *idx)
             else {
                 if (o->params[mid] != leaf) return NULL;
                 *idx = mid;
-                return &D.v[j];
+                return &data_parallel.v[j];
             }
         }
     }
@@ -142,14 +146,17 @@ static int reduce_ready(dp_opt *d)
     return 0;
 }
 
-void mp_dist_backward_begin(struct mp_node *const *order, size_t n)
+/* ---- the backward listener: buckets reduced as backward finishes them ---- */
+
+/* with the nodes backward will run in order: which gradients each node finishes */
+static void backward_begin(mp_node *const *order, size_t n)
 {
-    if (D.n == 0) return;   /* no data-parallel optimizer: nothing to follow */
-    for (int j = 0; j < D.n; j++) {
-        dp_opt *d = &D.v[j];
+    if (data_parallel.n == 0) return;   /* no data-parallel optimizer: nothing to follow */
+    for (int j = 0; j < data_parallel.n; j++) {
+        dp_opt *d = &data_parallel.v[j];
         mp_optim *o = d->o;
         d->following = false;
-        if (D.no_sync > 0 || !mp_dist_spans(o->grads->dev)) continue;
+        if (data_parallel.no_sync > 0 || !mp_dist_spans(o->grads->dev)) continue;
         /* a .grad that is not the arena's view (replaced, or set to nil) takes
          * the end's whole-arena path, which brings it back into the arena */
         bool views = true;
@@ -163,15 +170,15 @@ void mp_dist_backward_begin(struct mp_node *const *order, size_t n)
         d->following = true;
     }
     for (size_t k = 0; k < n; k++) {
-        const struct mp_node *x = order[k];
+        const mp_node *x = order[k];
         for (int i = 0; i < x->nin; i++) {
             int idx;
             dp_opt *d = x->in[i].leaf ? owner(x->in[i].leaf, &idx) : NULL;
             if (d && d->following) d->pending[idx]++;
         }
     }
-    for (int j = 0; j < D.n; j++) {
-        dp_opt *d = &D.v[j];
+    for (int j = 0; j < data_parallel.n; j++) {
+        dp_opt *d = &data_parallel.v[j];
         if (!d->following) continue;
         for (int k = 0; k < d->nb; k++) {   /* a bucket the graph does not reach is ready in its turn */
             d->left[k] = 0;
@@ -180,9 +187,10 @@ void mp_dist_backward_begin(struct mp_node *const *order, size_t n)
     }
 }
 
-int mp_dist_backward_node(const struct mp_node *x)
+/* after each node's turn (run or not: it adds nothing after) */
+static int backward_node_done(const mp_node *x)
 {
-    if (D.n == 0) return 0;
+    if (data_parallel.n == 0) return 0;
     for (int i = 0; i < x->nin; i++) {
         int idx;
         dp_opt *d = x->in[i].leaf ? owner(x->in[i].leaf, &idx) : NULL;
@@ -192,13 +200,15 @@ int mp_dist_backward_node(const struct mp_node *x)
     return 0;
 }
 
-int mp_dist_after_backward(void)
+/* at the end: what is left reduced, the second stream waited for (the average
+ * is done when backward returns), as PyTorch's DDP leaves the gradients */
+static int backward_end(int rc)
 {
-    int rc = 0;
-    for (int j = 0; j < D.n && !rc; j++) {
-        dp_opt *d = &D.v[j];
+    if (rc) return rc;
+    for (int j = 0; j < data_parallel.n && !rc; j++) {
+        dp_opt *d = &data_parallel.v[j];
         mp_optim *o = d->o;
-        if (D.no_sync > 0 || !mp_dist_spans(o->grads->dev)) continue;
+        if (data_parallel.no_sync > 0 || !mp_dist_spans(o->grads->dev)) continue;
         if (!d->following) {
             rc = mp_dist_reduce_grads(o);
         } else {   /* what the graph did not reach, in order */
@@ -210,8 +220,11 @@ int mp_dist_after_backward(void)
     return rc;
 }
 
+static mp_backward_listener listener = {.begin = backward_begin, .node_done = backward_node_done,
+                                        .end = backward_end};
+
 void mp_dist_no_sync(int delta)
 {
-    D.no_sync += delta;
-    if (D.no_sync < 0) D.no_sync = 0;
+    data_parallel.no_sync += delta;
+    if (data_parallel.no_sync < 0) data_parallel.no_sync = 0;
 }

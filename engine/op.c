@@ -4,13 +4,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include "engine/op.h"
-#include "engine/observe.h"
 #include "engine/error.h"
 
 #define MAX_OPS 256
 
 static const mp_op *registry[MAX_OPS];
 static int nregistered;
+static mp_arg_hook arg_hook;         /* autocast's, once a region was entered */
+static mp_output_hook output_hook;   /* observe's, once a record was started */
+
+void mp_op_set_arg_hook(mp_arg_hook hook) { arg_hook = hook; }
+void mp_op_set_output_hook(mp_output_hook hook) { output_hook = hook; }
 
 /* called by constructors while the library loads: too early to report an
  * error, so the capacity is checked by a test (tests/c/test_ops.c) */
@@ -60,10 +64,13 @@ int mp_keep_output(mp_ctx *c, int slot, mp_tensor *out)
 mp_tensor *mp_finish(mp_tensor *o, const mp_op *op, int nin, mp_tensor *const *ins, mp_node **node)
 {
     *node = NULL;
-    if (o && mp_record(o, op, nin, ins, node)) {
+    /* integers cut the graph */
+    if (!o || !op->backward || !mp_needs_grad(nin, ins) || !mp_is_float(o->dtype)) return o;
+    if (!(*node = mp_graph_record(o, op->name, op->backward, nin, ins))) {
         mp_release(o);
         return NULL;
     }
+    (*node)->op = op;
     return o;
 }
 
@@ -73,7 +80,7 @@ mp_tensor *mp_apply(const mp_op *op, mp_ctx *c, int nin, mp_tensor *const *in)
     if (!cast) return mp_fail(MP_EOOM, "%s: out of memory", op->name), NULL;
     int ok = 1;
     for (int k = 0; k < nin && ok; k++)
-        if (in[k] && !(cast[k] = mp_autocast_arg(op, in[k]))) ok = 0;
+        if (in[k] && !(cast[k] = arg_hook ? arg_hook(op, in[k]) : mp_retain(in[k]))) ok = 0;
     /* the backend of the first input may decline the op in that dtype */
     for (int k = 0; k < nin && ok; k++) {
         if (!cast[k]) continue;
@@ -89,7 +96,7 @@ mp_tensor *mp_apply(const mp_op *op, mp_ctx *c, int nin, mp_tensor *const *in)
         o = mp_checked(op->forward(c));
         mp_node *nd;
         o = mp_finish(o, op, nin, cast, &nd);
-        if (o && mp_observing()) mp_observe(op->name, false, 0, o);
+        if (o && output_hook) output_hook(op, o);
         if (nd) {   /* the node takes the scalars and the kept tensors */
             memcpy(nd->f, c->f, sizeof nd->f);
             memcpy(nd->i, c->i, sizeof nd->i);

@@ -6,11 +6,16 @@
  * a tensor's grad_fn and the Lua binding use), its autocast class, its number
  * of tensor inputs, its forward and its backward. The public C function of an
  * op (ops.h) puts the op's scalars in an mp_ctx and calls mp_apply, which
- *   1. casts each float input as the op's autocast class asks (autocast.h),
+ *   1. hands each input to the argument hook, which casts it as the op's
+ *      autocast class asks (engine/autocast.c installs it),
  *   2. runs the forward, which validates, allocates and calls the backend, and
  *      keeps what the backward needs (mp_keep) when a node will be recorded,
  *   3. records the autograd node (mp_finish), or releases the output when it
- *      cannot: the one place that does.
+ *      cannot: the one place that does,
+ *   4. hands the output to the output hook (engine/observe.c installs it).
+ * op.c names neither autocast nor observe: each installs its hook when first
+ * used (one slot each, for the process), and without them the inputs go in
+ * as they are and nothing watches.
  * An op built from other ops (mse_loss, dropout) has no backward: its parts
  * record themselves.
  *
@@ -21,8 +26,12 @@
 #ifndef MP_OP_H
 #define MP_OP_H
 
-#include "engine/autograd.h"
-#include "engine/autocast.h"
+#include "engine/graph.h"
+
+typedef struct mp_op mp_op;
+
+/* An op's autocast class (engine/autocast.h says what each does) */
+typedef enum { MP_AC_NONE, MP_AC_LOW, MP_AC_F32, MP_AC_PROMOTE } mp_ac_class;
 
 /* How the Lua binding exposes an op without code of its own:
  * MP_BIND_UNARY: mp.<name>(x) and x:<name>() over mp_unary with the op's kernel. */
@@ -69,6 +78,13 @@ mp_tensor *mp_finish(mp_tensor *o, const mp_op *op, int nin, mp_tensor *const *i
  * an out-of-memory error naming the op (-1; the binding collects garbage and
  * retries once, as for any allocation) */
 int mp_kernel_oom(const char *op);
+
+/* the hooks of mp_apply (see above): an input as op should take it (a new
+ * reference; NULL with an error), and an op's output (not kept) */
+typedef mp_tensor *(*mp_arg_hook)(const mp_op *op, mp_tensor *t);
+typedef void (*mp_output_hook)(const mp_op *op, mp_tensor *out);
+void mp_op_set_arg_hook(mp_arg_hook hook);
+void mp_op_set_output_hook(mp_output_hook hook);
 
 /* the registry */
 void mp_op_register(const mp_op *op);

@@ -116,4 +116,9 @@ mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, c
 /* x{.., in} @ w{out, in}^T + b{out}; b may be NULL */
 mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b);
 
+/* for backward functions (ops_math.c): g summed down to shape (broadcasting
+ * undone), and g broadcast up to shape (a copy) */
+mp_tensor *mp_sum_to(mp_tensor *g, int ndim, const int64_t *shape);
+mp_tensor *mp_expand(mp_tensor *g, int ndim, const int64_t *shape);
+
 #endif

@@ -9,7 +9,6 @@
 #include <math.h>
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
 #include "engine/op.h"
 
 typedef struct { mp_tensor *running_mean, *running_var; } running;

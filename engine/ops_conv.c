@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
 #include "engine/op.h"
 
 /* i[]: sh, sw, ph, pw, dh, dw; f[0]: groups. Saved: x, w. */

@@ -7,7 +7,6 @@
 #include <math.h>
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
 #include "engine/op.h"
 
 static int same_device(const mp_tensor *a, const mp_tensor *b)
@@ -285,4 +284,32 @@ mp_tensor *mp_reduce(mp_redop op, mp_tensor *a, int dim, int keepdim)
     if ((unsigned)op >= MP_NREDOPS) return mp_fail(MP_EINVAL, "bad reduction"), NULL;
     mp_ctx c = {.i = {dim, 0, keepdim}};
     return mp_apply(&reduce_ops[op], &c, 1, &a);
+}
+
+/* ---- broadcasting undone and done, for backward functions ---- */
+
+mp_tensor *mp_sum_to(mp_tensor *g, int ndim, const int64_t *shape)
+{
+    mp_tensor *cur = mp_retain(g);
+    int lead = g->ndim - ndim;
+    for (int d = 0; d < g->ndim && cur; d++) {
+        bool extra = d < lead, bcast = !extra && shape[d - lead] == 1 && g->shape[d] != 1;
+        if (!extra && !bcast) continue;
+        mp_tensor *r = mp_reduce(MP_SUM, cur, d + 1, 1);
+        mp_release(cur);
+        cur = r;
+    }
+    if (!cur) return NULL;
+    mp_tensor *r = mp_reshape(cur, ndim, shape);
+    mp_release(cur);
+    return r;
+}
+
+mp_tensor *mp_expand(mp_tensor *g, int ndim, const int64_t *shape)
+{
+    mp_tensor *z = mp_full(g->dtype, g->dev, ndim, shape, 0);
+    if (!z) return NULL;
+    mp_tensor *r = mp_binary(MP_ADD, z, g);
+    mp_release(z);
+    return r;
 }

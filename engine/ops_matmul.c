@@ -10,7 +10,6 @@
 #include <string.h>
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
 #include "engine/op.h"
 
 /* C{batch,m,n} = op(A) @ op(B) as a new tensor (2-D when batch is 0) */

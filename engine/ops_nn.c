@@ -7,7 +7,6 @@
 #include <string.h>
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
 #include "engine/op.h"
 
 static int need_float(const mp_tensor *t, const char *what)

@@ -6,7 +6,6 @@
  */
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
 #include "engine/op.h"
 
 enum { POOL_MAX, POOL_AVG, POOL_ADAPTIVE };

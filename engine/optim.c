@@ -9,7 +9,6 @@
 #include "engine/optim.h"
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/dist.h"
 
 mp_optim_config mp_optim_defaults(mp_optim_kind kind)
 {
@@ -141,7 +140,7 @@ mp_optim *mp_optim_new_groups(int ngroups, const mp_optim_config *cfgs, const in
 void mp_optim_free(mp_optim *o)
 {
     if (!o) return;
-    if (o->dist_bucket) mp_dist_detach(o);
+    if (o->on_free) o->on_free(o);
     for (int i = 0; i < o->n; i++) mp_release(o->params[i]);
     if (o->values) o->values->st->arena = false;
     mp_release(o->values), mp_release(o->grads), mp_release(o->counter), mp_release(o->state1), mp_release(o->state2);

@@ -35,7 +35,10 @@ typedef struct mp_optim {
     mp_tensor *state1, *state2;    /* momentum / exp_avg and exp_avg_sq, NULL until needed */
     mp_tensor *counter;            /* the step count: one int64 in the backend's memory */
     int64_t numel;
-    int64_t dist_bucket;           /* data parallel (engine/dist.h): elements per bucket; 0: not */
+    /* called first by mp_optim_free: whoever attached itself to the optimizer
+     * (data parallel, engine/dist_dp.c) lets go of it; the optimizer knows no
+     * more of it. NULL: nobody */
+    void (*on_free)(struct mp_optim *o);
 } mp_optim;
 
 /* replace o's hyperparameters after the check; o unchanged on failure: every

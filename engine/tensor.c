@@ -11,7 +11,6 @@
 #include <dlfcn.h>
 #include "engine/tensor.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
 
 static const char *dtype_names[MP_NDTYPES] = {"f32", "f16", "bf16", "i32", "u8"};
 static const struct { const char *alias; mp_dtype t; } dtype_aliases[] = {
@@ -383,7 +382,10 @@ void mp_release(mp_tensor *t)
 {
     if (!t || --t->refs > 0) return;
     mp_release(t->grad);
-    mp_node_release(t->grad_fn);
+    if (t->grad_fn) {
+        mp_node_head *node = (mp_node_head *)t->grad_fn;   /* a node begins with its head */
+        node->release(node);
+    }
     mp_storage_release(t->st);
     free(t);
 }

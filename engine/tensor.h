@@ -26,6 +26,14 @@ typedef struct mp_storage {
     uint64_t lowp_version;
 } mp_storage;
 
+/* What a tensor holds of the node that computed it: the head every graph node
+ * begins with (engine/graph.h), which says how that node is let go. Tensors are
+ * the layer below the graph, so a tensor releases its grad_fn through the head
+ * without knowing what a node is (and tensor.c includes nothing of autograd). */
+typedef struct mp_node_head {
+    void (*release)(struct mp_node_head *self);   /* drop one reference */
+} mp_node_head;
+
 typedef struct mp_tensor {
     int refs;
     mp_dtype dtype;
@@ -35,8 +43,9 @@ typedef struct mp_tensor {
     int64_t numel;
     int64_t offset;                /* in elements, into the storage */
     mp_storage *st;
-    /* autograd (engine/autograd.h): a leaf that requires grad accumulates into
-     * `grad`; a tensor computed from one has the node that made it */
+    /* autograd (engine/graph.h): a leaf that requires grad accumulates into
+     * `grad`; a tensor computed from one has the node that made it, whose
+     * first member is its mp_node_head */
     bool requires_grad;
     struct mp_tensor *grad;
     struct mp_node *grad_fn;

@@ -10,6 +10,8 @@
 #include <sys/resource.h>
 #include "engine/ops.h"
 #include "engine/op.h"
+#include "engine/autocast.h"
+#include "engine/autograd.h"
 #include "engine/error.h"
 
 Test(op_registry, every_op_is_described_once_with_one_class)

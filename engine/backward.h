@@ -1,0 +1,45 @@
+/*
+ * backward.h: the backward pass, and those that follow it.
+ *
+ * mp_backward walks the nodes reachable from a tensor (engine/graph.h) in
+ * reverse creation order, calls each backward once with the summed gradient of
+ * its output, frees its saved tensors, and accumulates leaf gradients into
+ * `.grad` in the leaf's own dtype, in place when `.grad` exists (so gradients
+ * that are views into an arena stay views). Grad mode is off during the pass,
+ * and autocast's regions are inactive (engine/state.h: in_backward).
+ *
+ * Others follow a backward without the walk naming them: a listener registers
+ * once and is called, in the order of registration, at
+ *   begin      the walk starts, with its nodes in the order they will run
+ *              (not called when backward starts at a leaf: there is no walk);
+ *   gradients  a node's backward gave its inputs' gradients (in the node's
+ *              dtypes, before they are cast back and summed);
+ *   node_done  a node's turn is over: its gradients are summed into its
+ *              inputs' (called for every node of the walk, run or not);
+ *   end        the backward is over: it gets the result so far (0, or -1
+ *              after a failure) and returns the backward's result.
+ * Data parallel training (engine/dist_dp.c: buckets reduced as they are done,
+ * the rest at the end) and mp.amp.diagnose (engine/observe.c: every node's
+ * gradients) are listeners. Any callback may be NULL.
+ */
+#ifndef MP_BACKWARD_H
+#define MP_BACKWARD_H
+
+#include "engine/graph.h"
+
+typedef struct mp_backward_listener {
+    void (*begin)(mp_node *const *order, size_t n);
+    void (*gradients)(const mp_node *x, mp_tensor *const *gin);
+    int (*node_done)(const mp_node *x);    /* -1 (with an error) stops the walk */
+    int (*end)(int rc);
+    struct mp_backward_listener *next;     /* backward.c's list */
+} mp_backward_listener;
+
+/* l (static: it stays registered for the process) follows every backward from
+ * now on; registering it again changes nothing */
+void mp_backward_listen(mp_backward_listener *l);
+
+/* backward from t; grad NULL means ones (t must then have one element) */
+int mp_backward(mp_tensor *t, mp_tensor *grad);
+
+#endif
