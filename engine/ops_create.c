@@ -187,7 +187,7 @@ mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt)
 mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev)
 {
     if (t->dtype == dt && t->dev == dev) return mp_retain(t);
-    /* casts to integers are not differentiable: they cut the graph (mp_record) */
+    /* casts to integers are not differentiable: they cut the graph (mp_finish) */
     mp_ctx c = {.i = {dt, dev}};
     return mp_apply(&to_op, &c, 1, &t);
 }
