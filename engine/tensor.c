@@ -370,6 +370,8 @@ mp_tensor *mp_view(mp_tensor *src, int ndim, const int64_t *shape, int64_t offse
     t->offset = offset;
     t->st = src->st;
     t->st->refs++;
+    t->quant = src->quant;   /* a view of quantized values is quantized alike */
+    if (t->quant.scales) mp_retain(t->quant.scales);
     return t;
 }
 
@@ -384,6 +386,7 @@ void mp_release(mp_tensor *t)
     if (!t || --t->refs > 0) return;
     mp_release(t->grad);
     mp_node_release(t->grad_fn);
+    mp_release(t->quant.scales);
     mp_storage_release(t->st);
     free(t);
 }
