@@ -34,10 +34,13 @@ int mp_kernel_oom(const char *op)
     return mp_fail(MP_EOOM, "out of memory: no working memory for the %s kernel", op);
 }
 
-_Noreturn void mp_op_args_mismatch(const mp_op *op, size_t size)
+_Noreturn void mp_op_args_mismatch(const mp_op *op, size_t size, bool given)
 {
-    fprintf(stderr, "mpengine: op %s read as arguments of %zu bytes, but its description says %zu%s\n", op->name,
-            size, op->args_size, op->args_size ? " (or none were given)" : "");
+    if (!given)
+        fprintf(stderr, "mpengine: op %s was run without its arguments (%zu bytes)\n", op->name, op->args_size);
+    else
+        fprintf(stderr, "mpengine: op %s's arguments read as %zu bytes, but its description says %zu\n", op->name,
+                size, op->args_size);
     abort();
 }
 

@@ -45,7 +45,7 @@ typedef enum { MP_BIND_NONE, MP_BIND_UNARY } mp_bind;
 
 /* an op's code read its arguments as a struct of another size: a programming
  * error, reported with the op's name, and the program stops */
-_Noreturn void mp_op_args_mismatch(const mp_op *op, size_t size);
+_Noreturn void mp_op_args_mismatch(const mp_op *op, size_t size, bool given);
 
 typedef struct mp_op_ctx {
     /* set by the caller */
@@ -77,7 +77,7 @@ struct mp_op {
 /* the op's argument struct, checked against the description's args_size */
 static inline void *mp_op_args_checked(const mp_op *op, void *args, size_t size)
 {
-    if (!args || op->args_size != size) mp_op_args_mismatch(op, size);
+    if (!args || op->args_size != size) mp_op_args_mismatch(op, size, args != NULL);
     return args;
 }
 #define MP_OP_ARGS(c, type) ((type *)mp_op_args_checked((c)->op, (c)->args, sizeof(type)))

@@ -33,7 +33,7 @@ mp_policy mp_policy_defaults(mp_policy_kind kind)
     case MP_POLICY_AMAX: p.min = 1, p.max = 16777216; break;
     case MP_POLICY_NONE: p.init = 1; break;
     case MP_POLICY_EXTERNAL: p.min = MP_MIN_SCALE; break;
-    default: break;
+    case MP_POLICY_STATIC: break;
     }
     return p;
 }
