@@ -20,7 +20,7 @@ LUA_LIB  := $(shell pkg-config --libs lua5.4 2>/dev/null || echo -llua5.4)
 BLAS_INC := -I/usr/include/x86_64-linux-gnu/openblas-pthread
 CFLAGS   ?= -O2 -g
 # -fno-math-errno: nothing reads errno after sqrtf, and it lets loops with sqrtf vectorise
-CFLAGS   += -std=gnu11 -Wall -Wextra -Wno-unused-parameter -fPIC -fopenmp -fno-math-errno -I. $(BLAS_INC)
+CFLAGS   += -std=gnu11 -Wall -Wextra -Werror=switch -Wno-unused-parameter -fPIC -fopenmp -fno-math-errno -I. $(BLAS_INC)
 CFLAGS   += $(SANFLAGS)
 LDLIBS   := $(SANFLAGS) -lopenblas -ldnnl -lsleef -lz -lcjson -lm -fopenmp -lpthread
 VERSION  := 0.1.0

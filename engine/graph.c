@@ -94,6 +94,7 @@ void mp_node_release(mp_node *n)
             stack[top++] = next;
         }
         free(n->saved);
+        free(n->args);
         free(n);
         if (!top) break;
         n = stack[--top];

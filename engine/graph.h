@@ -44,8 +44,7 @@ struct mp_node {
     mp_backward_fn backward;       /* op->backward */
     uint64_t seq, visit;
     bool released;                 /* saved tensors already freed by a backward pass */
-    double f[4];                   /* scalars of the op */
-    int64_t i[6];                  /* integers of the op */
+    void *args;                    /* a copy of the op's argument struct (engine/op.h MP_NODE_ARGS), owned */
     mp_tensor *grad;               /* gradient of the output, summed during backward */
     int nsaved;
     mp_tensor **saved;             /* what the backward needs, any number (NULL entries allowed) */

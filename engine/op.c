@@ -1,6 +1,7 @@
 /*
  * op.c: the op registry and the one path every op runs through (op.h).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "engine/op.h"
@@ -37,7 +38,17 @@ int mp_kernel_oom(const char *op)
     return mp_fail(MP_EOOM, "out of memory: no working memory for the %s kernel", op);
 }
 
-int mp_keep(mp_ctx *c, int slot, mp_tensor *t)
+_Noreturn void mp_op_args_mismatch(const mp_op *op, size_t size, bool given)
+{
+    if (!given)
+        fprintf(stderr, "mpengine: op %s was run without its arguments (%zu bytes)\n", op->name, op->args_size);
+    else
+        fprintf(stderr, "mpengine: op %s's arguments read as %zu bytes, but its description says %zu\n", op->name,
+                size, op->args_size);
+    abort();
+}
+
+int mp_keep(mp_op_ctx *c, int slot, mp_tensor *t)
 {
     if (!c->record) return 0;
     if (slot >= c->nsaved) {
@@ -51,7 +62,7 @@ int mp_keep(mp_ctx *c, int slot, mp_tensor *t)
     return 0;
 }
 
-int mp_keep_output(mp_ctx *c, int slot, mp_tensor *out)
+int mp_keep_output(mp_op_ctx *c, int slot, mp_tensor *out)
 {
     if (!c->record) return 0;
     mp_tensor *d = mp_detached(out);
@@ -74,8 +85,22 @@ mp_tensor *mp_finish(mp_tensor *o, const mp_op *op, int nin, mp_tensor *const *i
     return o;
 }
 
-mp_tensor *mp_apply(const mp_op *op, mp_ctx *c, int nin, mp_tensor *const *in)
+/* an op that does not read quantized data refuses it (tensor.h, mp_quant): the
+ * one check that keeps scaled values from being read as plain ones, before
+ * autocast, which would cast the raw values */
+static int check_quantized(const mp_op *op, int nin, mp_tensor *const *in)
 {
+    if (op->quantized) return 0;
+    for (int k = 0; k < nin; k++)
+        if (in[k] && in[k]->quant.kind != MP_QUANT_NONE)
+            return mp_fail(MP_EINVAL, "%s does not take quantized tensors (input %d is %s-quantized %s)", op->name,
+                           k + 1, mp_quant_name(in[k]->quant.kind), mp_dtype_name(in[k]->dtype));
+    return 0;
+}
+
+mp_tensor *mp_apply(const mp_op *op, mp_op_ctx *c, int nin, mp_tensor *const *in)
+{
+    if (check_quantized(op, nin, in)) return NULL;
     mp_tensor *small[8] = {0}, **cast = nin <= 8 ? small : calloc((size_t)nin, sizeof *cast), *o = NULL;
     if (!cast) return mp_fail(MP_EOOM, "%s: out of memory", op->name), NULL;
     int ok = 1;
@@ -96,13 +121,15 @@ mp_tensor *mp_apply(const mp_op *op, mp_ctx *c, int nin, mp_tensor *const *in)
         o = mp_checked(op->forward(c));
         mp_node *nd;
         o = mp_finish(o, op, nin, cast, &nd);
-        if (o && output_hook) output_hook(op, o);
-        if (nd) {   /* the node takes the scalars and the kept tensors */
-            memcpy(nd->f, c->f, sizeof nd->f);
-            memcpy(nd->i, c->i, sizeof nd->i);
+        if (nd) {   /* the node takes the kept tensors and a copy of the arguments */
             nd->saved = c->saved, nd->nsaved = c->nsaved;
             c->saved = NULL, c->nsaved = 0;
+            if (op->args_size && !(nd->args = malloc(op->args_size)))
+                mp_release(o), o = NULL, mp_fail(MP_EOOM, "out of memory recording %s", op->name);
+            else if (op->args_size)
+                memcpy(nd->args, mp_op_args_checked(op, c->args, op->args_size), op->args_size);
         }
+        if (o && output_hook) output_hook(op, o);
     }
     for (int k = 0; k < c->nsaved; k++) mp_release(c->saved[k]);
     free(c->saved);

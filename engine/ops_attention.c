@@ -10,25 +10,32 @@
 #include "engine/error.h"
 #include "engine/op.h"
 
-/* saved: q, k, v, out, lse; i[]: causal, seed, offset (bit patterns); f[]: scale, dropout */
-static void args_of(const mp_tensor *q, const mp_tensor *k, const int64_t *i, const double *f, mp_attn_args *a)
+typedef struct {
+    bool causal;
+    bool scale_given;              /* else the forward sets scale to 1 / sqrt(d) */
+    double scale, dropout;
+    uint64_t seed, offset;         /* set by the forward when dropout > 0: the draws it reserved */
+} attention_args;
+
+/* saved: q, k, v, out, lse */
+static void args_of(const mp_tensor *q, const mp_tensor *k, const attention_args *p, mp_attn_args *a)
 {
     a->d = q->shape[q->ndim - 1];
     a->tq = q->shape[q->ndim - 2];
     a->tk = k->shape[k->ndim - 2];
     a->bh = q->numel / (a->tq * a->d);
-    a->scale = (float)f[0];
-    a->dropout = (float)f[1];
-    a->causal = (int)i[0];
-    a->seed = (uint64_t)i[1];
-    a->offset = (uint64_t)i[2];
+    a->scale = (float)p->scale;
+    a->dropout = (float)p->dropout;
+    a->causal = p->causal;
+    a->seed = p->seed;
+    a->offset = p->offset;
 }
 
 static int attention_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
     mp_attn_args a;
-    args_of(q, k, n->i, n->f, &a);
+    args_of(q, k, MP_NODE_ARGS(n, attention_args), &a);
     mp_tensor *gc = mp_to_raw(g, q->dtype, q->dev);   /* the gradient in the op's dtype */
     mp_tensor *dq = gc ? mp_empty(q->dtype, q->dev, q->ndim, q->shape) : NULL;
     mp_tensor *dk = dq ? mp_empty(k->dtype, k->dev, k->ndim, k->shape) : NULL;
@@ -45,8 +52,9 @@ static int attention_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return rc;
 }
 
-static mp_tensor *attention_fwd(mp_ctx *c)
+static mp_tensor *attention_fwd(mp_op_ctx *c)
 {
+    attention_args *args = MP_OP_ARGS(c, attention_args);
     mp_tensor *q = c->in[0], *k = c->in[1], *v = c->in[2];
     char b1[128], b2[128], b3[128];
     if (!mp_is_float(q->dtype))
@@ -64,8 +72,8 @@ static mp_tensor *attention_fwd(mp_ctx *c)
                                   "with the same leading dims",
                        mp_shape_str(q->ndim, q->shape, b1, sizeof b1), mp_shape_str(k->ndim, k->shape, b2, sizeof b2),
                        mp_shape_str(v->ndim, v->shape, b3, sizeof b3)), NULL;
-    double scale = c->f[0], p = c->f[1];
-    if (!c->i[3]) c->f[0] = scale = 1.0 / sqrt((double)q->shape[q->ndim - 1]);   /* none given */
+    double scale = args->scale, p = args->dropout;
+    if (!args->scale_given) args->scale = scale = 1.0 / sqrt((double)q->shape[q->ndim - 1]);
     if (!isfinite(scale)) return mp_fail(MP_EINVAL, "scale must be a finite number (got %g)", scale), NULL;
     if (!(p >= 0 && p < 1)) return mp_fail(MP_EINVAL, "dropout must be in [0, 1) (got %g)", p), NULL;
     if (!mp_be(q)->attention || !mp_be(q)->attention_grad)
@@ -74,10 +82,10 @@ static mp_tensor *attention_fwd(mp_ctx *c)
     if (p > 0) {   /* reserve the draws of every (row, query, key) from the one random stream */
         uint64_t seed, off;
         mp_rng_get(&seed, &off);
-        c->i[1] = (int64_t)seed, c->i[2] = (int64_t)off;
+        args->seed = seed, args->offset = off;
         mp_rng_set(seed, off + (uint64_t)(q->numel / q->shape[q->ndim - 1]) * (uint64_t)k->shape[k->ndim - 2]);
     }
-    args_of(q, k, c->i, c->f, &a);
+    args_of(q, k, args, &a);
     int64_t rows = a.bh * a.tq;
     mp_tensor *o = mp_empty(q->dtype, q->dev, q->ndim, q->shape), *lse = o ? mp_empty(MP_F32, q->dev, 1, &rows) : NULL;
     if (lse && MP_K(q, attention, q->dtype, mp_data(o), mp_data(lse), mp_data(q), mp_data(k), mp_data(v), &a))
@@ -90,12 +98,13 @@ static mp_tensor *attention_fwd(mp_ctx *c)
 }
 
 static const mp_op attention_op = {.name = "attention", .ac = MP_AC_LOW, .nin = 3, .forward = attention_fwd,
-                                   .backward = attention_backward};
-MP_OP_REGISTER(attention_op)
+                                   .backward = attention_backward, .args_size = sizeof(attention_args)};
+MP_OP_REGISTER(attention_op);
 
 mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, const double *scale, double dropout)
 {
-    mp_ctx c = {.f = {scale ? *scale : 0, dropout}, .i = {causal, 0, 0, scale != NULL}};   /* i[1], i[2]: dropout's seed and offset */
+    attention_args args = {.causal = causal, .scale_given = scale != NULL, .scale = scale ? *scale : 0, .dropout = dropout};
+    mp_op_ctx c = {.args = &args};
     mp_tensor *in[3] = {q, k, v};
     return mp_apply(&attention_op, &c, 3, in);
 }

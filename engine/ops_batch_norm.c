@@ -11,6 +11,8 @@
 #include "engine/error.h"
 #include "engine/op.h"
 
+typedef struct { bool training; double momentum, eps; } batch_norm_args;
+/* the running statistics, updated in place by the forward: not kept */
 typedef struct { mp_tensor *running_mean, *running_var; } running;
 
 static void dims(const mp_tensor *x, int64_t *n, int64_t *ch, int64_t *hw)
@@ -28,7 +30,7 @@ static mp_tensor *f32_of(mp_tensor *t, int *bad)
     return r;
 }
 
-/* saved: x, w (f32 or NULL), mean, rstd; i[0]: training */
+/* saved: x, w (f32 or NULL), mean, rstd */
 static int bn_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *x = nd->saved[0], *w = nd->saved[1], *mean = nd->saved[2], *rstd = nd->saved[3];
@@ -41,7 +43,8 @@ static int bn_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     int rc = -1;
     if (gc && (!wx || gx) && (!ww || gw) && (!wb || gb)) {
         if (MP_K(x, batch_norm_grad, x->dtype, gx ? mp_data(gx) : NULL, gw ? mp_data(gw) : NULL, gb ? mp_data(gb) : NULL,
-                 mp_data(gc), mp_data(x), mp_data(mean), mp_data(rstd), w ? mp_data(w) : NULL, n, ch, hw, (int)nd->i[0])) {
+                 mp_data(gc), mp_data(x), mp_data(mean), mp_data(rstd), w ? mp_data(w) : NULL, n, ch, hw,
+                 MP_NODE_ARGS(nd, batch_norm_args)->training)) {
             mp_kernel_oom(nd->name);
         } else {
             rc = 0;
@@ -70,12 +73,13 @@ static int check_channels(const mp_tensor *t, const mp_tensor *x, int64_t ch, co
     return 0;
 }
 
-static mp_tensor *bn_fwd(mp_ctx *c)
+static mp_tensor *bn_fwd(mp_op_ctx *c)
 {
     mp_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2];
-    const running *run = c->arg;
-    bool training = c->i[0] != 0;
-    double momentum = c->f[0], eps = c->f[1];
+    const running *run = c->extra;
+    const batch_norm_args *a = MP_OP_ARGS(c, batch_norm_args);
+    bool training = a->training;
+    double momentum = a->momentum, eps = a->eps;
     char b1[128];
     if (!mp_is_float(x->dtype))
         return mp_fail(MP_EINVAL, "input must be a float tensor (got %s)", mp_dtype_name(x->dtype)), NULL;
@@ -115,14 +119,15 @@ static mp_tensor *bn_fwd(mp_ctx *c)
 }
 
 static const mp_op batch_norm_op = {.name = "batch_norm", .ac = MP_AC_F32, .nin = 3, .forward = bn_fwd,
-                                    .backward = bn_backward};
-MP_OP_REGISTER(batch_norm_op)
+                                    .backward = bn_backward, .args_size = sizeof(batch_norm_args)};
+MP_OP_REGISTER(batch_norm_op);
 
 mp_tensor *mp_batch_norm(mp_tensor *x, mp_tensor *running_mean, mp_tensor *running_var, mp_tensor *w, mp_tensor *b,
                          bool training, double momentum, double eps)
 {
     running run = {running_mean, running_var};
-    mp_ctx c = {.i = {training}, .f = {momentum, eps}, .arg = &run};
+    batch_norm_args args = {training, momentum, eps};
+    mp_op_ctx c = {.args = &args, .extra = &run};
     mp_tensor *in[3] = {x, w, b};
     return mp_apply(&batch_norm_op, &c, 3, in);
 }

@@ -74,7 +74,12 @@ mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shap
         case MP_F32: ((float *)p)[i] = (float)x; break;
         case MP_I32: ((int32_t *)p)[i] = (int32_t)x; break;
         case MP_U8: ((uint8_t *)p)[i] = (uint8_t)x; break;
-        default: { float f = (float)x; mp_cpu_backend.cast(mp_cpu_backend.ctx, (char *)p + 2 * i, dt, &f, MP_F32, 1); }
+        case MP_F16: case MP_BF16: {
+            float f = (float)x;
+            mp_cpu_backend.cast(mp_cpu_backend.ctx, (char *)p + 2 * i, dt, &f, MP_F32, 1);
+            break;
+        }
+        case MP_NDTYPES: break;   /* mp_empty refused it */
         }
     }
     if (dev == MP_CPU) return host;
@@ -103,7 +108,8 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out)
             case MP_F32: out[done + i] = ((float *)raw)[i]; break;
             case MP_I32: out[done + i] = ((int32_t *)raw)[i]; break;
             case MP_U8: out[done + i] = raw[i]; break;
-            default: out[done + i] = f[i];
+            case MP_F16: case MP_BF16: out[done + i] = f[i]; break;
+            case MP_NDTYPES: break;   /* no tensor has it */
             }
         }
     }
@@ -146,19 +152,26 @@ static int to_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return gin[0] ? 0 : -1;
 }
 
-static mp_tensor *to_fwd(mp_ctx *c) { return mp_to_raw(c->in[0], (mp_dtype)c->i[0], (mp_device)c->i[1]); }
+typedef struct { mp_dtype dtype; mp_device dev; } to_args;
 
-static mp_tensor *clone_fwd(mp_ctx *c)
+static mp_tensor *to_fwd(mp_op_ctx *c)
+{
+    const to_args *a = MP_OP_ARGS(c, to_args);
+    return mp_to_raw(c->in[0], a->dtype, a->dev);
+}
+
+static mp_tensor *clone_fwd(mp_op_ctx *c)
 {
     mp_tensor *t = c->in[0], *o = mp_empty(t->dtype, t->dev, t->ndim, t->shape);
     if (o) MP_K(o, copy, mp_data(o), mp_data(t), mp_nbytes(t));
     return o;
 }
 
-static const mp_op to_op = {.name = "to", .nin = 1, .forward = to_fwd, .backward = to_backward};
+static const mp_op to_op = {.name = "to", .nin = 1, .forward = to_fwd, .backward = to_backward,
+                            .args_size = sizeof(to_args)};
 static const mp_op clone_op = {.name = "clone", .nin = 1, .forward = clone_fwd, .backward = to_backward};
-MP_OP_REGISTER(to_op)
-MP_OP_REGISTER(clone_op)
+MP_OP_REGISTER(to_op);
+MP_OP_REGISTER(clone_op);
 
 /* A parameter of an optimizer's arena in f16/bf16: a view of the arena's working
  * copy, which the optimizer step keeps current in the same pass as the masters
@@ -188,13 +201,14 @@ mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev)
 {
     if (t->dtype == dt && t->dev == dev) return mp_retain(t);
     /* casts to integers are not differentiable: they cut the graph (mp_finish) */
-    mp_ctx c = {.i = {dt, dev}};
+    to_args args = {dt, dev};
+    mp_op_ctx c = {.args = &args};
     return mp_apply(&to_op, &c, 1, &t);
 }
 
 mp_tensor *mp_clone(mp_tensor *t)
 {
-    mp_ctx c = {0};
+    mp_op_ctx c = {0};
     return mp_apply(&clone_op, &c, 1, &t);
 }
 

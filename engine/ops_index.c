@@ -30,6 +30,11 @@ int mp_check_indices(const mp_tensor *idx, int64_t n, const char *what)
     return rc;
 }
 
+typedef struct {
+    int dim;                       /* given: 1-based, negative from the end */
+    int64_t outer, n, inner;       /* set by the forward: the {outer, n, inner} view of the input */
+} index_select_args;
+
 /* the adjoint of a gather: selected rows add back into zeros of the input's shape */
 static int index_select_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
@@ -37,15 +42,17 @@ static int index_select_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     mp_tensor *idx = n->saved[0];
     mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
     if (!r) return -1;
-    MP_K(r, scatter_add, g->dtype, mp_data(r), mp_data(g), mp_data(idx), idx->numel, n->i[0], n->i[1], n->i[2]);
+    const index_select_args *a = MP_NODE_ARGS(n, index_select_args);
+    MP_K(r, scatter_add, g->dtype, mp_data(r), mp_data(g), mp_data(idx), idx->numel, a->outer, a->n, a->inner);
     gin[0] = r;
     return 0;
 }
 
-static mp_tensor *index_select_fwd(mp_ctx *c)
+static mp_tensor *index_select_fwd(mp_op_ctx *c)
 {
     mp_tensor *t = c->in[0], *idx = c->in[1];
-    int dim = (int)c->i[3], k;
+    index_select_args *args = MP_OP_ARGS(c, index_select_args);
+    int dim = args->dim, k;
     if (mp_dim(t, dim, &k)) return NULL;
     if (idx->dev != t->dev)
         return mp_fail(MP_EINVAL, "indices are on %s, the tensor on %s", mp_device_name(idx->dev),
@@ -61,19 +68,20 @@ static mp_tensor *index_select_fwd(mp_ctx *c)
     }
     mp_tensor *o = mp_empty(t->dtype, t->dev, t->ndim, shape);
     if (o) MP_K(o, gather, t->dtype, mp_data(o), mp_data(t), mp_data(idx), idx->numel, outer, t->shape[k], inner);
-    c->i[0] = outer, c->i[1] = t->shape[k], c->i[2] = inner;
+    args->outer = outer, args->n = t->shape[k], args->inner = inner;
     if (o && mp_keep(c, 0, idx)) mp_release(o), o = NULL;
     return o;
 }
 
 /* the indices are an input without a gradient */
 static const mp_op index_select_op = {.name = "index_select", .nin = 2, .forward = index_select_fwd,
-                                      .backward = index_select_backward};
-MP_OP_REGISTER(index_select_op)
+                                      .backward = index_select_backward, .args_size = sizeof(index_select_args)};
+MP_OP_REGISTER(index_select_op);
 
 mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx)
 {
-    mp_ctx c = {.i = {[3] = dim}};
+    index_select_args args = {.dim = dim};
+    mp_op_ctx c = {.args = &args};
     mp_tensor *in[2] = {t, idx};
     return mp_apply(&index_select_op, &c, 2, in);
 }

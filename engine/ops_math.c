@@ -73,7 +73,8 @@ static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
         }
         mp_release(t);
         break;
-    default: return mp_fail(MP_EINVAL, "no gradient for comparisons");
+    case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE: case MP_NBINOPS:
+        return mp_fail(MP_EINVAL, "no gradient for comparisons");
     }
     int rc = (wa && !ga) || (wb && !gb) ? -1 : 0;
     if (rc == 0 && wa && !(gin[0] = to_input(n, 0, ga))) rc = -1;
@@ -83,7 +84,7 @@ static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return rc;
 }
 
-static mp_tensor *binary_fwd(mp_ctx *c)
+static mp_tensor *binary_fwd(mp_op_ctx *c)
 {
     mp_binop op = (mp_binop)c->op->kernel;
     mp_tensor *a = c->in[0], *b = c->in[1];
@@ -101,18 +102,18 @@ static mp_tensor *binary_fwd(mp_ctx *c)
 }
 
 #define BINOP(K, NAME, AC, BW) [K] = {.name = NAME, .ac = AC, .nin = 2, .forward = binary_fwd, .backward = BW, .kernel = K}
-static const mp_op binary_ops[MP_NBINOPS] = {
+static const mp_op binary_ops[] = {
     BINOP(MP_ADD, "add", MP_AC_PROMOTE, binary_backward), BINOP(MP_SUB, "sub", MP_AC_PROMOTE, binary_backward),
     BINOP(MP_MUL, "mul", MP_AC_PROMOTE, binary_backward), BINOP(MP_DIV, "div", MP_AC_PROMOTE, binary_backward),
     BINOP(MP_GT, "gt", MP_AC_NONE, NULL), BINOP(MP_LT, "lt", MP_AC_NONE, NULL), BINOP(MP_GE, "ge", MP_AC_NONE, NULL),
     BINOP(MP_LE, "le", MP_AC_NONE, NULL), BINOP(MP_EQ, "eq", MP_AC_NONE, NULL), BINOP(MP_NE, "ne", MP_AC_NONE, NULL),
 };
-MP_OP_REGISTER_ARRAY(binary_ops, MP_NBINOPS)
+MP_OP_REGISTER_ARRAY(binary_ops, MP_NBINOPS);
 
 mp_tensor *mp_binary(mp_binop op, mp_tensor *a, mp_tensor *b)
 {
     if ((unsigned)op >= MP_NBINOPS) return mp_fail(MP_EINVAL, "bad binary op"), NULL;
-    mp_ctx c = {0};
+    mp_op_ctx c = {0};
     mp_tensor *in[2] = {a, b};
     return mp_apply(&binary_ops[op], &c, 2, in);
 }
@@ -126,9 +127,14 @@ static mp_dtype unary_dtype(mp_unop op, mp_dtype dt, double p)
     switch (op) {
     case MP_NEG: case MP_ABS: case MP_RELU: return dt;
     case MP_MULS: case MP_ADDS: case MP_RSUBS: return is_integral(p) ? dt : MP_F32;
-    default: return MP_F32;
+    case MP_EXP: case MP_LOG: case MP_SQRT: case MP_POW: case MP_DIVS: case MP_RDIVS: case MP_TANH: case MP_SIGMOID:
+    case MP_GELU: case MP_DROPMASK: case MP_SILU: case MP_NUNOPS: break;
     }
+    return MP_F32;
 }
+
+/* the unary ops' scalar: x^p, x*p, ..., dropout's probability (kernels/backend.h) */
+typedef struct { double p; } unary_args;
 
 static int unary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
@@ -136,7 +142,7 @@ static int unary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     mp_tensor *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
     if (!r) return -1;
     MP_K(r, unary_grad, (mp_unop)n->op->kernel, g->dtype, mp_data(r), mp_data(g), x ? mp_data(x) : NULL,
-                         y ? mp_data(y) : NULL, g->numel, n->f[0]);
+                         y ? mp_data(y) : NULL, g->numel, MP_NODE_ARGS(n, unary_args)->p);
     gin[0] = r;
     return 0;
 }
@@ -152,11 +158,11 @@ static bool needs_y(mp_unop op)
     return op == MP_EXP || op == MP_SQRT || op == MP_TANH || op == MP_SIGMOID || op == MP_RDIVS;
 }
 
-static mp_tensor *unary_fwd(mp_ctx *c)
+static mp_tensor *unary_fwd(mp_op_ctx *c)
 {
     mp_unop op = (mp_unop)c->op->kernel;
     mp_tensor *a = c->in[0];
-    double p = c->f[0];
+    double p = MP_OP_ARGS(c, unary_args)->p;
     mp_dtype dt = unary_dtype(op, a->dtype, p);
     mp_tensor *x = as_dtype(a, dt), *o = x ? mp_empty(dt, a->dev, a->ndim, a->shape) : NULL;
     if (o) MP_K(o, unary, op, dt, mp_data(o), mp_data(x), a->numel, p);
@@ -166,8 +172,9 @@ static mp_tensor *unary_fwd(mp_ctx *c)
 }
 
 #define UNOP(K, NAME, AC, ...) [K] = {.name = NAME, .ac = AC, .nin = 1, .forward = unary_fwd, \
-                                      .backward = unary_backward, .kernel = K, __VA_ARGS__}
-static const mp_op unary_ops[MP_NUNOPS] = {
+                                      .backward = unary_backward, .kernel = K, \
+                                      .args_size = sizeof(unary_args), __VA_ARGS__}
+static const mp_op unary_ops[] = {
     UNOP(MP_NEG, "neg", MP_AC_NONE), UNOP(MP_ABS, "abs", MP_AC_NONE), UNOP(MP_EXP, "exp", MP_AC_F32),
     UNOP(MP_LOG, "log", MP_AC_F32), UNOP(MP_SQRT, "sqrt", MP_AC_NONE), UNOP(MP_POW, "pow", MP_AC_F32),
     UNOP(MP_MULS, "mul", MP_AC_PROMOTE), UNOP(MP_ADDS, "add", MP_AC_PROMOTE), UNOP(MP_RSUBS, "rsub", MP_AC_NONE),
@@ -175,14 +182,16 @@ static const mp_op unary_ops[MP_NUNOPS] = {
     UNOP(MP_RELU, "relu", MP_AC_NONE, .bind = MP_BIND_UNARY), UNOP(MP_TANH, "tanh", MP_AC_NONE, .bind = MP_BIND_UNARY),
     UNOP(MP_SIGMOID, "sigmoid", MP_AC_NONE, .bind = MP_BIND_UNARY), UNOP(MP_GELU, "gelu", MP_AC_NONE),
     UNOP(MP_SILU, "silu", MP_AC_NONE, .bind = MP_BIND_UNARY),
-    [MP_DROPMASK] = {.name = "dropout_mask", .nin = 1, .forward = unary_fwd, .kernel = MP_DROPMASK},
+    [MP_DROPMASK] = {.name = "dropout_mask", .nin = 1, .forward = unary_fwd, .kernel = MP_DROPMASK,
+                     .args_size = sizeof(unary_args)},
 };
-MP_OP_REGISTER_ARRAY(unary_ops, MP_NUNOPS)
+MP_OP_REGISTER_ARRAY(unary_ops, MP_NUNOPS);
 
 mp_tensor *mp_unary(mp_unop op, mp_tensor *a, double p)
 {
     if ((unsigned)op >= MP_NUNOPS || !unary_ops[op].name) return mp_fail(MP_EINVAL, "bad unary op"), NULL;
-    mp_ctx c = {.f = {p}};
+    unary_args args = {.p = p};
+    mp_op_ctx c = {.args = &args};
     return mp_apply(&unary_ops[op], &c, 1, &a);
 }
 
@@ -193,15 +202,22 @@ mp_tensor *mp_binary_scalar(mp_binop op, mp_tensor *a, double s, int scalar_firs
     case MP_MUL: return mp_unary(MP_MULS, a, s);
     case MP_SUB: return scalar_first ? mp_unary(MP_RSUBS, a, s) : mp_unary(MP_ADDS, a, -s);
     case MP_DIV: return mp_unary(scalar_first ? MP_RDIVS : MP_DIVS, a, s);
-    default: return mp_fail(MP_EINVAL, "bad binary op"), NULL;
+    case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE: case MP_NBINOPS: break;
     }
+    return mp_fail(MP_EINVAL, "bad binary op"), NULL;
 }
+
+typedef struct {
+    int dim;                       /* 1-based, negative from the end; 0: all */
+    bool keepdim;
+    int k;                         /* set by the forward: the 0-based dim, or -1 for all */
+} reduce_args;
 
 static int reduce_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     mp_edge *e = &n->in[0];
     mp_redop op = (mp_redop)n->op->kernel;
-    int k = (int)n->i[1];   /* 0-based dim, or -1 for all */
+    int k = MP_NODE_ARGS(n, reduce_args)->k;
     int64_t keep[MP_MAXDIM];
     for (int d = 0; d < e->ndim; d++) keep[d] = k < 0 || d == k ? 1 : e->shape[d];
     if (op == MP_MAX) {   /* the gradient goes to the (first) maximum */
@@ -232,11 +248,12 @@ static int reduce_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return gin[0] ? 0 : -1;
 }
 
-static mp_tensor *reduce_fwd(mp_ctx *c)
+static mp_tensor *reduce_fwd(mp_op_ctx *c)
 {
     mp_redop op = (mp_redop)c->op->kernel;
     mp_tensor *a = c->in[0];
-    int dim = (int)c->i[0], keepdim = (int)c->i[2];
+    reduce_args *args = MP_OP_ARGS(c, reduce_args);
+    int dim = args->dim, keepdim = args->keepdim;
     int k = -1;
     if (dim != 0 && mp_dim(a, dim, &k)) return NULL;
     if (dim == 0 && op == MP_ARGMAX && a->ndim > 1)
@@ -261,7 +278,7 @@ static mp_tensor *reduce_fwd(mp_ctx *c)
     mp_dtype out = op == MP_ARGMAX ? MP_I32 : in;
     mp_tensor *x = as_dtype(a, in), *o = x ? mp_empty(out, a->dev, nd, shape) : NULL;
     if (o) MP_K(o, reduce, op, in, mp_data(o), mp_data(x), outer, n, inner);
-    c->i[1] = k;
+    args->k = k;
     if (o && op == MP_MAX && c->record) {   /* where each maximum was, for the backward */
         mp_tensor *idx = mp_empty(MP_I32, a->dev, nd, shape);
         if (idx) MP_K(idx, reduce, MP_ARGMAX, in, mp_data(idx), mp_data(x), outer, n, inner);
@@ -272,17 +289,19 @@ static mp_tensor *reduce_fwd(mp_ctx *c)
     return o;
 }
 
-#define REDOP(K, NAME, AC, BW) [K] = {.name = NAME, .ac = AC, .nin = 1, .forward = reduce_fwd, .backward = BW, .kernel = K}
-static const mp_op reduce_ops[MP_NREDOPS] = {
+#define REDOP(K, NAME, AC, BW) [K] = {.name = NAME, .ac = AC, .nin = 1, .forward = reduce_fwd, .backward = BW, \
+                                      .kernel = K, .args_size = sizeof(reduce_args)}
+static const mp_op reduce_ops[] = {
     REDOP(MP_SUM, "sum", MP_AC_F32, reduce_backward), REDOP(MP_MEAN, "mean", MP_AC_F32, reduce_backward),
     REDOP(MP_MAX, "max", MP_AC_NONE, reduce_backward), REDOP(MP_ARGMAX, "argmax", MP_AC_NONE, NULL),
 };
-MP_OP_REGISTER_ARRAY(reduce_ops, MP_NREDOPS)
+MP_OP_REGISTER_ARRAY(reduce_ops, MP_NREDOPS);
 
 mp_tensor *mp_reduce(mp_redop op, mp_tensor *a, int dim, int keepdim)
 {
     if ((unsigned)op >= MP_NREDOPS) return mp_fail(MP_EINVAL, "bad reduction"), NULL;
-    mp_ctx c = {.i = {dim, 0, keepdim}};
+    reduce_args args = {.dim = dim, .keepdim = keepdim != 0};
+    mp_op_ctx c = {.args = &args};
     return mp_apply(&reduce_ops[op], &c, 1, &a);
 }
 

@@ -65,7 +65,7 @@ static int matmul_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 static int check_pair(const mp_tensor *a, const mp_tensor *b);
 
 /* the 2-d/3-d product, the op that autograd records */
-static mp_tensor *matmul_fwd(mp_ctx *c)
+static mp_tensor *matmul_fwd(mp_op_ctx *c)
 {
     mp_tensor *a = c->in[0], *b = c->in[1];
     char b1[128], b2[128];
@@ -103,11 +103,11 @@ static mp_tensor *matmul_fwd(mp_ctx *c)
 
 static const mp_op matmul_op = {.name = "matmul", .ac = MP_AC_LOW, .nin = 2, .forward = matmul_fwd,
                                 .backward = matmul_backward};
-MP_OP_REGISTER(matmul_op)
+MP_OP_REGISTER(matmul_op);
 
 static mp_tensor *matmul_core(mp_tensor *a, mp_tensor *b)
 {
-    mp_ctx c = {0};
+    mp_op_ctx c = {0};
     mp_tensor *in[2] = {a, b};
     return mp_apply(&matmul_op, &c, 2, in);
 }
@@ -237,7 +237,7 @@ static int linear_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-static mp_tensor *linear_fwd(mp_ctx *c)
+static mp_tensor *linear_fwd(mp_op_ctx *c)
 {
     mp_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2];
     char b1[128], b2[128];
@@ -289,11 +289,11 @@ static mp_tensor *linear_fwd(mp_ctx *c)
 
 static const mp_op linear_op = {.name = "linear", .ac = MP_AC_LOW, .nin = 3, .forward = linear_fwd,
                                 .backward = linear_backward};
-MP_OP_REGISTER(linear_op)
+MP_OP_REGISTER(linear_op);
 
 mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b)
 {
-    mp_ctx c = {0};
+    mp_op_ctx c = {0};
     mp_tensor *in[3] = {x, w, b};
     return mp_apply(&linear_op, &c, 3, in);
 }

@@ -27,11 +27,18 @@ static void split(const mp_tensor *t, int k, int64_t *outer, int64_t *n, int64_t
 
 /* ---- softmax / log_softmax ---- */
 
+typedef struct {
+    int dim;                       /* given: 1-based, negative from the end */
+    bool log;                      /* log_softmax */
+    int64_t outer, n, inner;       /* set by the forward: the {outer, n, inner} view */
+} softmax_args;
+
 static int softmax_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *y = nd->saved[0], *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
     if (!r) return -1;
-    if (MP_K(r, softmax_grad, g->dtype, mp_data(r), mp_data(g), mp_data(y), nd->i[0], nd->i[1], nd->i[2], (int)nd->i[3])) {
+    const softmax_args *a = MP_NODE_ARGS(nd, softmax_args);
+    if (MP_K(r, softmax_grad, g->dtype, mp_data(r), mp_data(g), mp_data(y), a->outer, a->n, a->inner, a->log)) {
         mp_release(r);
         return mp_kernel_oom(nd->name);
     }
@@ -39,14 +46,15 @@ static int softmax_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-static mp_tensor *softmax_fwd(mp_ctx *c)
+static mp_tensor *softmax_fwd(mp_op_ctx *c)
 {
     mp_tensor *x = c->in[0];
-    int k, log = (int)c->i[3];
-    if (need_float(x, "input") || mp_dim(x, (int)c->i[4], &k)) return NULL;
+    softmax_args *a = MP_OP_ARGS(c, softmax_args);
+    int k, log = a->log;
+    if (need_float(x, "input") || mp_dim(x, a->dim, &k)) return NULL;
     int64_t outer, n, inner;
     split(x, k, &outer, &n, &inner);
-    c->i[0] = outer, c->i[1] = n, c->i[2] = inner;
+    a->outer = outer, a->n = n, a->inner = inner;
     mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
     if (y && MP_K(y, softmax, x->dtype, mp_data(y), mp_data(x), outer, n, inner, log))
         mp_release(y), y = NULL, mp_kernel_oom(c->op->name);
@@ -55,25 +63,32 @@ static mp_tensor *softmax_fwd(mp_ctx *c)
 }
 
 static const mp_op softmax_op = {.name = "softmax", .ac = MP_AC_F32, .nin = 1, .forward = softmax_fwd,
-                                 .backward = softmax_backward};
+                                 .backward = softmax_backward, .args_size = sizeof(softmax_args)};
 static const mp_op log_softmax_op = {.name = "log_softmax", .ac = MP_AC_F32, .nin = 1, .forward = softmax_fwd,
-                                     .backward = softmax_backward};
-MP_OP_REGISTER(softmax_op)
-MP_OP_REGISTER(log_softmax_op)
+                                     .backward = softmax_backward, .args_size = sizeof(softmax_args)};
+MP_OP_REGISTER(softmax_op);
+MP_OP_REGISTER(log_softmax_op);
 
 mp_tensor *mp_softmax(mp_tensor *x, int dim, int log)
 {
-    mp_ctx c = {.i = {[3] = log ? 1 : 0, [4] = dim}};
+    softmax_args args = {.dim = dim, .log = log != 0};
+    mp_op_ctx c = {.args = &args};
     return mp_apply(log ? &log_softmax_op : &softmax_op, &c, 1, &x);
 }
 
 /* ---- cross_entropy ---- */
 
+typedef struct {
+    mp_reduction red;
+    int64_t rows, classes;         /* set by the forward */
+} cross_entropy_args;
+
 static int ce_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *x = nd->saved[0], *target = nd->saved[1], *lse = nd->saved[2];
-    int64_t rows = nd->i[0], classes = nd->i[1];
-    mp_reduction red = (mp_reduction)nd->i[2];
+    const cross_entropy_args *a = MP_NODE_ARGS(nd, cross_entropy_args);
+    int64_t rows = a->rows, classes = a->classes;
+    mp_reduction red = a->red;
     /* each row's factor: the incoming gradient, over rows for the mean */
     mp_tensor *g32 = mp_to_raw(g, MP_F32, g->dev), *scale;
     if (!g32) return -1;
@@ -98,10 +113,11 @@ static int ce_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return r ? 0 : -1;
 }
 
-static mp_tensor *cross_entropy_fwd(mp_ctx *c)
+static mp_tensor *cross_entropy_fwd(mp_op_ctx *c)
 {
     mp_tensor *x = c->in[0], *target = c->in[1];
-    mp_reduction red = (mp_reduction)c->i[2];
+    cross_entropy_args *args = MP_OP_ARGS(c, cross_entropy_args);
+    mp_reduction red = args->red;
     char b1[128], b2[128];
     if (need_float(x, "logits")) return NULL;
     if (target->dtype != MP_I32)
@@ -127,7 +143,7 @@ static mp_tensor *cross_entropy_fwd(mp_ctx *c)
         else o = mp_reduce(red == MP_REDUCE_MEAN ? MP_MEAN : MP_SUM, loss, 0, 0);
     }
     mp_release(loss);
-    c->i[0] = rows, c->i[1] = classes;
+    args->rows = rows, args->classes = classes;
     if (o && (mp_keep(c, 0, x) || mp_keep(c, 1, target) || mp_keep(c, 2, lse))) mp_release(o), o = NULL;
     mp_release(lse);
     return o;
@@ -135,19 +151,21 @@ static mp_tensor *cross_entropy_fwd(mp_ctx *c)
 
 /* the targets are an input without a gradient (integers cut the graph) */
 static const mp_op cross_entropy_op = {.name = "cross_entropy", .ac = MP_AC_F32, .nin = 2,
-                                       .forward = cross_entropy_fwd, .backward = ce_backward};
-MP_OP_REGISTER(cross_entropy_op)
+                                       .forward = cross_entropy_fwd, .backward = ce_backward,
+                                       .args_size = sizeof(cross_entropy_args)};
+MP_OP_REGISTER(cross_entropy_op);
 
 mp_tensor *mp_cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red)
 {
-    mp_ctx c = {.i = {[2] = red}};
+    cross_entropy_args args = {.red = red};
+    mp_op_ctx c = {.args = &args};
     mp_tensor *in[2] = {x, target};
     return mp_apply(&cross_entropy_op, &c, 2, in);
 }
 
 /* ---- mse_loss: mean((a - b)^2), composed so autograd follows ---- */
 
-static mp_tensor *mse_loss_fwd(mp_ctx *c)
+static mp_tensor *mse_loss_fwd(mp_op_ctx *c)
 {
     mp_tensor *a = c->in[0], *b = c->in[1];
     char b1[128], b2[128];
@@ -164,16 +182,18 @@ static mp_tensor *mse_loss_fwd(mp_ctx *c)
 
 /* composed of ops that record themselves: no backward of its own */
 static const mp_op mse_loss_op = {.name = "mse_loss", .ac = MP_AC_F32, .nin = 2, .forward = mse_loss_fwd};
-MP_OP_REGISTER(mse_loss_op)
+MP_OP_REGISTER(mse_loss_op);
 
 mp_tensor *mp_mse_loss(mp_tensor *a, mp_tensor *b)
 {
-    mp_ctx c = {0};
+    mp_op_ctx c = {0};
     mp_tensor *in[2] = {a, b};
     return mp_apply(&mse_loss_op, &c, 2, in);
 }
 
 /* ---- layer_norm over the last dim ---- */
+
+typedef struct { double eps; } layer_norm_args;
 
 static int ln_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
@@ -197,10 +217,10 @@ static int ln_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return rc;
 }
 
-static mp_tensor *layer_norm_fwd(mp_ctx *c)
+static mp_tensor *layer_norm_fwd(mp_op_ctx *c)
 {
     mp_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2];
-    double eps = c->f[0];
+    double eps = MP_OP_ARGS(c, layer_norm_args)->eps;
     char b1[128], b2[128];
     if (need_float(x, "input")) return NULL;
     if (x->ndim < 1) return mp_fail(MP_EINVAL, "input must have at least one dim"), NULL;
@@ -233,19 +253,20 @@ static mp_tensor *layer_norm_fwd(mp_ctx *c)
 }
 
 static const mp_op layer_norm_op = {.name = "layer_norm", .ac = MP_AC_F32, .nin = 3, .forward = layer_norm_fwd,
-                                    .backward = ln_backward};
-MP_OP_REGISTER(layer_norm_op)
+                                    .backward = ln_backward, .args_size = sizeof(layer_norm_args)};
+MP_OP_REGISTER(layer_norm_op);
 
 mp_tensor *mp_layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps)
 {
-    mp_ctx c = {.f = {eps}};
+    layer_norm_args args = {eps};
+    mp_op_ctx c = {.args = &args};
     mp_tensor *in[3] = {x, w, b};
     return mp_apply(&layer_norm_op, &c, 3, in);
 }
 
 /* ---- embedding: rows of w at i32 indices of any shape ---- */
 
-static mp_tensor *embedding_fwd(mp_ctx *c)
+static mp_tensor *embedding_fwd(mp_op_ctx *c)
 {
     mp_tensor *idx = c->in[0], *w = c->in[1];
     char b1[128];
@@ -269,22 +290,25 @@ static mp_tensor *embedding_fwd(mp_ctx *c)
 
 /* an index_select and a reshape, which record themselves */
 static const mp_op embedding_op = {.name = "embedding", .nin = 2, .forward = embedding_fwd};
-MP_OP_REGISTER(embedding_op)
+MP_OP_REGISTER(embedding_op);
 
 mp_tensor *mp_embedding(mp_tensor *idx, mp_tensor *w)
 {
-    mp_ctx c = {0};
+    mp_op_ctx c = {0};
     mp_tensor *in[2] = {idx, w};
     return mp_apply(&embedding_op, &c, 2, in);
 }
 
 /* ---- dropout: x * mask, the mask 1/(1-p) where kept and 0 where dropped ---- */
 
-static mp_tensor *dropout_fwd(mp_ctx *c)
+typedef struct { double p; bool training; } dropout_args;
+
+static mp_tensor *dropout_fwd(mp_op_ctx *c)
 {
     mp_tensor *x = c->in[0];
-    double p = c->f[0];
-    bool training = c->i[0] != 0;
+    const dropout_args *a = MP_OP_ARGS(c, dropout_args);
+    double p = a->p;
+    bool training = a->training;
     if (!(p >= 0 && p <= 1)) return mp_fail(MP_EINVAL, "p must be in [0, 1] (got %g)", p), NULL;
     if (need_float(x, "input")) return NULL;
     if (!training || p == 0) return mp_retain(x);
@@ -306,20 +330,24 @@ static mp_tensor *dropout_fwd(mp_ctx *c)
 }
 
 /* a mask and a mul, which records itself */
-static const mp_op dropout_op = {.name = "dropout", .nin = 1, .forward = dropout_fwd};
-MP_OP_REGISTER(dropout_op)
+static const mp_op dropout_op = {.name = "dropout", .nin = 1, .forward = dropout_fwd,
+                                 .args_size = sizeof(dropout_args)};
+MP_OP_REGISTER(dropout_op);
 
 mp_tensor *mp_dropout(mp_tensor *x, double p, bool training)
 {
-    mp_ctx c = {.f = {p}, .i = {training}};
+    dropout_args args = {p, training};
+    mp_op_ctx c = {.args = &args};
     return mp_apply(&dropout_op, &c, 1, &x);
 }
 
 /* ---- cat along a dim ---- */
 
+typedef struct { int dim; } cat_args;   /* 1-based and positive (mp_cat resolves it) */
+
 static int cat_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
-    int dim = (int)nd->i[0];
+    int dim = MP_NODE_ARGS(nd, cat_args)->dim;
     int64_t start = 1;
     for (int i = 0; i < nd->nin; i++) {
         int64_t len = nd->in[i].shape[dim - 1];
@@ -329,9 +357,9 @@ static int cat_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-static mp_tensor *cat_fwd(mp_ctx *c)
+static mp_tensor *cat_fwd(mp_op_ctx *c)
 {
-    int n = c->nin, dim = (int)c->i[0], k = dim - 1;
+    int n = c->nin, dim = MP_OP_ARGS(c, cat_args)->dim, k = dim - 1;
     mp_tensor *const *ts = c->in;
     mp_dtype dt = ts[0]->dtype;
     for (int i = 1; i < n; i++) dt = mp_promote(dt, ts[i]->dtype);
@@ -353,8 +381,8 @@ static mp_tensor *cat_fwd(mp_ctx *c)
 }
 
 static const mp_op cat_op = {.name = "cat", .ac = MP_AC_PROMOTE, .nin = -1, .forward = cat_fwd,
-                             .backward = cat_backward};
-MP_OP_REGISTER(cat_op)
+                             .backward = cat_backward, .args_size = sizeof(cat_args)};
+MP_OP_REGISTER(cat_op);
 
 mp_tensor *mp_cat(int n, mp_tensor *const *ts, int dim)
 {
@@ -374,7 +402,8 @@ mp_tensor *mp_cat(int n, mp_tensor *const *ts, int dim)
             return mp_fail(MP_EINVAL, "tensor %d is on %s, tensor 1 on %s", i + 1, mp_device_name(t->dev),
                            mp_device_name(ts[0]->dev)), NULL;
     }
-    mp_ctx c = {.i = {k + 1}};
+    cat_args args = {k + 1};
+    mp_op_ctx c = {.args = &args};
     return mp_apply(&cat_op, &c, n, ts);
 }
 
@@ -402,7 +431,7 @@ static int where_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 }
 
 /* the condition is an input without a gradient */
-static mp_tensor *where_fwd(mp_ctx *c)
+static mp_tensor *where_fwd(mp_op_ctx *c)
 {
     mp_tensor *cond = c->in[0], *a = c->in[1], *b = c->in[2];
     mp_bcast ab, abc;
@@ -443,11 +472,11 @@ static mp_tensor *where_fwd(mp_ctx *c)
 
 static const mp_op where_op = {.name = "where", .ac = MP_AC_PROMOTE, .nin = 3, .forward = where_fwd,
                                .backward = where_backward};
-MP_OP_REGISTER(where_op)
+MP_OP_REGISTER(where_op);
 
 mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b)
 {
-    mp_ctx c = {0};
+    mp_op_ctx c = {0};
     mp_tensor *in[3] = {cond, a, b};
     return mp_apply(&where_op, &c, 3, in);
 }

@@ -8,33 +8,37 @@
 #include "engine/error.h"
 #include "engine/op.h"
 
-enum { POOL_MAX, POOL_AVG, POOL_ADAPTIVE };
+/* Saved: the input (its shape) and, for max, the positions of the maxima. */
+typedef enum { POOL_MAX, POOL_AVG, POOL_ADAPTIVE } pool_kind;
+typedef struct {
+    pool_kind kind;
+    int64_t kernel[2], stride[2], padding[2];   /* max and avg */
+    int64_t out[2];                             /* adaptive: the output's height and width */
+} pool_args;
 
-/* i[]: kh, kw, sh, sw, ph, pw (adaptive: i[0], i[1] = oh, ow). Saved: the input
- * (its shape) and, for max, the positions of the maxima. */
-static void args_of(const mp_tensor *x, const int64_t *i, int kind, mp_pool_args *a)
+static void args_of(const mp_tensor *x, const pool_args *p, mp_pool_args *a)
 {
     a->h = x->shape[x->ndim - 2], a->w = x->shape[x->ndim - 1];
     a->planes = a->h && a->w ? x->numel / (a->h * a->w) : 0;
-    a->adaptive = kind == POOL_ADAPTIVE;
+    a->adaptive = p->kind == POOL_ADAPTIVE;
     if (a->adaptive) {
-        a->oh = i[0], a->ow = i[1];
+        a->oh = p->out[0], a->ow = p->out[1];
         a->kh = a->kw = a->sh = a->sw = a->ph = a->pw = 0;
         return;
     }
-    a->kh = i[0], a->kw = i[1], a->sh = i[2], a->sw = i[3], a->ph = i[4], a->pw = i[5];
+    a->kh = p->kernel[0], a->kw = p->kernel[1], a->sh = p->stride[0], a->sw = p->stride[1];
+    a->ph = p->padding[0], a->pw = p->padding[1];
     a->oh = (a->h + 2 * a->ph - a->kh) / a->sh + 1;
     a->ow = (a->w + 2 * a->pw - a->kw) / a->sw + 1;
 }
 
-static int kind_of(const mp_node *nd) { return (int)nd->f[0]; }
-
 static int pool_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *x = nd->saved[0], *idx = nd->saved[1];
-    int kind = kind_of(nd);
+    const pool_args *p = MP_NODE_ARGS(nd, pool_args);
+    pool_kind kind = p->kind;
     mp_pool_args a;
-    args_of(x, nd->i, kind, &a);
+    args_of(x, p, &a);
     mp_tensor *gc = mp_to_raw(g, x->dtype, x->dev);
     mp_tensor *gx = gc ? mp_empty(x->dtype, x->dev, x->ndim, x->shape) : NULL;
     int rc = -1;
@@ -48,10 +52,11 @@ static int pool_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return rc;
 }
 
-static mp_tensor *pool_fwd(mp_ctx *c)
+static mp_tensor *pool_fwd(mp_op_ctx *c)
 {
     mp_tensor *x = c->in[0];
-    int kind = (int)c->f[0];
+    const pool_args *p = MP_OP_ARGS(c, pool_args);
+    pool_kind kind = p->kind;
     char b1[128];
     if (!mp_is_float(x->dtype))
         return mp_fail(MP_EINVAL, "input must be a float tensor (got %s)", mp_dtype_name(x->dtype)), NULL;
@@ -61,33 +66,34 @@ static mp_tensor *pool_fwd(mp_ctx *c)
     int64_t h = x->shape[x->ndim - 2], w = x->shape[x->ndim - 1];
     if (kind == POOL_ADAPTIVE) {
         for (int d = 0; d < 2; d++)
-            if (c->i[d] < 1 || c->i[d] > (int64_t)1 << 30)
-                return mp_fail(MP_EINVAL, "output size must be in [1, 2^30] (got %lld)", (long long)c->i[d]), NULL;
+            if (p->out[d] < 1 || p->out[d] > (int64_t)1 << 30)
+                return mp_fail(MP_EINVAL, "output size must be in [1, 2^30] (got %lld)", (long long)p->out[d]), NULL;
         if (h < 1 || w < 1)
             return mp_fail(MP_EINVAL, "input %s has an empty plane", mp_shape_str(x->ndim, x->shape, b1, sizeof b1)), NULL;
     } else {
         const char *pn[3] = {"kernel size", "stride", "padding"};
+        const int64_t *pv[3] = {p->kernel, p->stride, p->padding};
         for (int i = 0; i < 6; i++) {
-            int64_t v = c->i[i], lo = i / 2 == 2 ? 0 : 1;
+            int64_t v = pv[i / 2][i % 2], lo = i / 2 == 2 ? 0 : 1;
             if (v < lo || v > (int64_t)1 << 30)
                 return mp_fail(MP_EINVAL, "%s must be in [%lld, 2^30] (got %lld)", pn[i / 2], (long long)lo,
                                (long long)v), NULL;
         }
         for (int d = 0; d < 2; d++) {
-            if (2 * c->i[4 + d] > c->i[d])   /* PyTorch's rule: every window holds at least one input */
+            if (2 * p->padding[d] > p->kernel[d])   /* PyTorch's rule: every window holds at least one input */
                 return mp_fail(MP_EINVAL, "padding (%lld) must be at most half the kernel size (%lld)",
-                               (long long)c->i[4 + d], (long long)c->i[d]), NULL;
-            int64_t in = (d ? w : h) + 2 * c->i[4 + d];
-            if (c->i[d] > in)
+                               (long long)p->padding[d], (long long)p->kernel[d]), NULL;
+            int64_t in = (d ? w : h) + 2 * p->padding[d];
+            if (p->kernel[d] > in)
                 return mp_fail(MP_EINVAL, "kernel size %lld is larger than the padded input (%lld) along %s",
-                               (long long)c->i[d], (long long)in, d ? "the width" : "the height"), NULL;
+                               (long long)p->kernel[d], (long long)in, d ? "the width" : "the height"), NULL;
         }
     }
     const mp_backend *be = mp_be(x);
     if (kind == POOL_MAX ? !be->max_pool2d || !be->max_pool2d_grad : !be->avg_pool2d || !be->avg_pool2d_grad)
         return mp_fail(MP_EINVAL, "%s is not available on %s", c->op->name, mp_device_name(x->dev)), NULL;
     mp_pool_args a;
-    args_of(x, c->i, kind, &a);
+    args_of(x, p, &a);
     int64_t shape[4];
     for (int d = 0; d < x->ndim - 2; d++) shape[d] = x->shape[d];
     shape[x->ndim - 2] = a.oh, shape[x->ndim - 1] = a.ow;
@@ -103,31 +109,35 @@ static mp_tensor *pool_fwd(mp_ctx *c)
     return y;
 }
 
-static const mp_op max_pool2d_op = {.name = "max_pool2d", .nin = 1, .forward = pool_fwd, .backward = pool_backward};
-static const mp_op avg_pool2d_op = {.name = "avg_pool2d", .nin = 1, .forward = pool_fwd, .backward = pool_backward};
-static const mp_op adaptive_avg_pool2d_op = {.name = "adaptive_avg_pool2d", .nin = 1, .forward = pool_fwd,
-                                             .backward = pool_backward};
-MP_OP_REGISTER(max_pool2d_op)
-MP_OP_REGISTER(avg_pool2d_op)
-MP_OP_REGISTER(adaptive_avg_pool2d_op)
+#define POOL_OP(NAME) {.name = NAME, .nin = 1, .forward = pool_fwd, .backward = pool_backward, \
+                       .args_size = sizeof(pool_args)}
+static const mp_op max_pool2d_op = POOL_OP("max_pool2d");
+static const mp_op avg_pool2d_op = POOL_OP("avg_pool2d");
+static const mp_op adaptive_avg_pool2d_op = POOL_OP("adaptive_avg_pool2d");
+MP_OP_REGISTER(max_pool2d_op);
+MP_OP_REGISTER(avg_pool2d_op);
+MP_OP_REGISTER(adaptive_avg_pool2d_op);
 
-static mp_tensor *pool(const mp_op *op, int kind, mp_tensor *x, const int64_t k[2], const int64_t s[2], const int64_t p[2])
+static mp_tensor *pool(const mp_op *op, pool_args *args, mp_tensor *x)
 {
-    mp_ctx c = {.i = {k[0], k[1], s ? s[0] : 0, s ? s[1] : 0, p ? p[0] : 0, p ? p[1] : 0}, .f = {kind}};
+    mp_op_ctx c = {.args = args};
     return mp_apply(op, &c, 1, &x);
 }
 
 mp_tensor *mp_max_pool2d(mp_tensor *x, const int64_t k[2], const int64_t stride[2], const int64_t padding[2])
 {
-    return pool(&max_pool2d_op, POOL_MAX, x, k, stride, padding);
+    pool_args a = {POOL_MAX, {k[0], k[1]}, {stride[0], stride[1]}, {padding[0], padding[1]}, {0, 0}};
+    return pool(&max_pool2d_op, &a, x);
 }
 
 mp_tensor *mp_avg_pool2d(mp_tensor *x, const int64_t k[2], const int64_t stride[2], const int64_t padding[2])
 {
-    return pool(&avg_pool2d_op, POOL_AVG, x, k, stride, padding);
+    pool_args a = {POOL_AVG, {k[0], k[1]}, {stride[0], stride[1]}, {padding[0], padding[1]}, {0, 0}};
+    return pool(&avg_pool2d_op, &a, x);
 }
 
 mp_tensor *mp_adaptive_avg_pool2d(mp_tensor *x, const int64_t out[2])
 {
-    return pool(&adaptive_avg_pool2d_op, POOL_ADAPTIVE, x, out, NULL, NULL);
+    pool_args a = {.kind = POOL_ADAPTIVE, .out = {out[0], out[1]}};
+    return pool(&adaptive_avg_pool2d_op, &a, x);
 }

@@ -13,11 +13,14 @@
 
 /* ---- select: narrow to one index, then drop the dim ---- */
 
-static mp_tensor *select_fwd(mp_ctx *c)
+typedef struct { int dim; int64_t index; } select_args;   /* both 1-based, negative from the end */
+
+static mp_tensor *select_fwd(mp_op_ctx *c)
 {
     mp_tensor *t = c->in[0];
-    int d = (int)c->i[0], k;
-    int64_t i = c->i[1];
+    const select_args *a = MP_OP_ARGS(c, select_args);
+    int d = a->dim, k;
+    int64_t i = a->index;
     if (mp_dim(t, d, &k)) return NULL;
     int64_t n = t->shape[k];
     if (i == 0 || i > n || i < -n)
@@ -36,12 +39,14 @@ static mp_tensor *select_fwd(mp_ctx *c)
     return r;
 }
 
-static const mp_op select_op = {.name = "select", .nin = 1, .forward = select_fwd};
-MP_OP_REGISTER(select_op)
+static const mp_op select_op = {.name = "select", .nin = 1, .forward = select_fwd,
+                                .args_size = sizeof(select_args)};
+MP_OP_REGISTER(select_op);
 
 mp_tensor *mp_select(mp_tensor *t, int dim, int64_t index)
 {
-    mp_ctx c = {.i = {dim, index}};
+    select_args args = {dim, index};
+    mp_op_ctx c = {.args = &args};
     return mp_apply(&select_op, &c, 1, &t);
 }
 
@@ -61,43 +66,52 @@ static mp_tensor *triangle(mp_tensor *t, int64_t k, int lower)
     return m;
 }
 
-static mp_tensor *tri_fwd(mp_ctx *c)
+typedef struct {
+    int64_t diagonal;              /* 0 the main one, > 0 above it */
+    bool lower;                    /* tril keeps on and below it, triu on and above */
+} tri_args;
+
+static mp_tensor *tri_fwd(mp_op_ctx *c)
 {
     mp_tensor *t = c->in[0];
-    int64_t k = c->i[0];
+    const tri_args *a = MP_OP_ARGS(c, tri_args);
+    int64_t k = a->diagonal;
     if (k < INT32_MIN || k > INT32_MAX) return mp_fail(MP_EINVAL, "diagonal %lld out of range", (long long)k), NULL;
     if (t->ndim < 2)
         return mp_fail(MP_EINVAL, "input must have at least 2 dims (got %d)", t->ndim), NULL;
-    mp_tensor *m = triangle(t, k, c->op->kernel), *zero = m ? mp_full(t->dtype, t->dev, 0, NULL, 0) : NULL;
+    mp_tensor *m = triangle(t, k, a->lower), *zero = m ? mp_full(t->dtype, t->dev, 0, NULL, 0) : NULL;
     mp_tensor *r = zero ? mp_where(m, t, zero) : NULL;
     mp_release(m), mp_release(zero);
     return r;
 }
 
-/* kernel: 1 lower, 0 upper */
-static const mp_op tril_op = {.name = "tril", .nin = 1, .forward = tri_fwd, .kernel = 1};
-static const mp_op triu_op = {.name = "triu", .nin = 1, .forward = tri_fwd, .kernel = 0};
-MP_OP_REGISTER(tril_op)
-MP_OP_REGISTER(triu_op)
+static const mp_op tril_op = {.name = "tril", .nin = 1, .forward = tri_fwd, .args_size = sizeof(tri_args)};
+static const mp_op triu_op = {.name = "triu", .nin = 1, .forward = tri_fwd, .args_size = sizeof(tri_args)};
+MP_OP_REGISTER(tril_op);
+MP_OP_REGISTER(triu_op);
 
 mp_tensor *mp_tril(mp_tensor *t, int64_t k)
 {
-    mp_ctx c = {.i = {k}};
+    tri_args args = {k, true};
+    mp_op_ctx c = {.args = &args};
     return mp_apply(&tril_op, &c, 1, &t);
 }
 
 mp_tensor *mp_triu(mp_tensor *t, int64_t k)
 {
-    mp_ctx c = {.i = {k}};
+    tri_args args = {k, false};
+    mp_op_ctx c = {.args = &args};
     return mp_apply(&triu_op, &c, 1, &t);
 }
 
 /* ---- masked_fill: value where mask is nonzero, t elsewhere ---- */
 
-static mp_tensor *masked_fill_fwd(mp_ctx *c)
+typedef struct { double value; } masked_fill_args;
+
+static mp_tensor *masked_fill_fwd(mp_op_ctx *c)
 {
     mp_tensor *t = c->in[0], *mask = c->in[1];
-    double v = c->f[0];
+    double v = MP_OP_ARGS(c, masked_fill_args)->value;
     if (mask->dtype != MP_U8 && mask->dtype != MP_I32)
         return mp_fail(MP_EINVAL, "mask must be u8 or i32 (got %s; a comparison such as t:gt(0) gives u8)",
                        mp_dtype_name(mask->dtype)), NULL;
@@ -117,12 +131,14 @@ static mp_tensor *masked_fill_fwd(mp_ctx *c)
 }
 
 /* the mask is an input without a gradient */
-static const mp_op masked_fill_op = {.name = "masked_fill", .nin = 2, .forward = masked_fill_fwd};
-MP_OP_REGISTER(masked_fill_op)
+static const mp_op masked_fill_op = {.name = "masked_fill", .nin = 2, .forward = masked_fill_fwd,
+                                     .args_size = sizeof(masked_fill_args)};
+MP_OP_REGISTER(masked_fill_op);
 
 mp_tensor *mp_masked_fill(mp_tensor *t, mp_tensor *mask, double value)
 {
-    mp_ctx c = {.f = {value}};
+    masked_fill_args args = {value};
+    mp_op_ctx c = {.args = &args};
     mp_tensor *in[2] = {t, mask};
     return mp_apply(&masked_fill_op, &c, 2, in);
 }
@@ -152,11 +168,18 @@ mp_tensor *mp_randint(int64_t lo, int64_t hi, mp_dtype dt, mp_device dev, int nd
 
 /* ---- topk and sort along the last dim (the public functions move any dim there) ---- */
 
+typedef struct {
+    int64_t k;                     /* values kept per row (sort: all of them) */
+    bool largest;                  /* the largest first (sort: descending) */
+    int64_t rows, n;               /* set by the forward: rows of n values */
+} topk_args;
+
 /* the gradient of each kept value goes back to where it was taken from */
 static int topk_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *idx = nd->saved[0];
-    int64_t rows = nd->i[0], n = nd->i[1], k = nd->i[2], rshape[2] = {rows, 1}, flatn = rows * k;
+    const topk_args *a = MP_NODE_ARGS(nd, topk_args);
+    int64_t rows = a->rows, n = a->n, k = a->k, rshape[2] = {rows, 1}, flatn = rows * k;
     mp_edge *e = &nd->in[0];
     mp_tensor *r = mp_arange(rows, MP_I32, g->dev), *base = r ? mp_unary(MP_MULS, r, (double)n) : NULL;
     mp_tensor *b2 = base ? mp_reshape(base, 2, rshape) : NULL, *i2 = NULL, *flat = NULL, *out = NULL, *gc = NULL;
@@ -173,10 +196,12 @@ static int topk_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-static mp_tensor *topk_fwd(mp_ctx *c)
+/* extra: where the indices go (mp_tensor **) */
+static mp_tensor *topk_fwd(mp_op_ctx *c)
 {
-    mp_tensor *x = c->in[0], **indices = (mp_tensor **)c->arg;
-    int64_t k = c->i[2];
+    mp_tensor *x = c->in[0], **indices = (mp_tensor **)c->extra;
+    topk_args *args = MP_OP_ARGS(c, topk_args);
+    int64_t k = args->k;
     if (x->ndim < 1) return mp_fail(MP_EINVAL, "input must have at least one dim"), NULL;
     if (x->dtype == MP_U8) return mp_fail(MP_EINVAL, "input must not be u8"), NULL;
     int64_t n = x->shape[x->ndim - 1], rows = x->numel / n;
@@ -187,21 +212,23 @@ static mp_tensor *topk_fwd(mp_ctx *c)
     int64_t shape[MP_MAXDIM];
     for (int d = 0; d < x->ndim; d++) shape[d] = d == x->ndim - 1 ? k : x->shape[d];
     mp_tensor *v = mp_empty(x->dtype, x->dev, x->ndim, shape), *idx = v ? mp_empty(MP_I32, x->dev, x->ndim, shape) : NULL;
-    if (idx && MP_K(x, topk, x->dtype, mp_data(v), mp_data(idx), mp_data(x), rows, n, k, (int)c->i[3]))
+    if (idx && MP_K(x, topk, x->dtype, mp_data(v), mp_data(idx), mp_data(x), rows, n, k, args->largest))
         mp_release(idx), idx = NULL, mp_kernel_oom(c->op->name);
     if (!idx || mp_keep(c, 0, idx)) {
         mp_release(v), mp_release(idx);
         return NULL;
     }
-    c->i[0] = rows, c->i[1] = n;
+    args->rows = rows, args->n = n;
     *indices = idx;
     return v;
 }
 
-static const mp_op topk_op = {.name = "topk", .nin = 1, .forward = topk_fwd, .backward = topk_backward};
-static const mp_op sort_op = {.name = "sort", .nin = 1, .forward = topk_fwd, .backward = topk_backward};
-MP_OP_REGISTER(topk_op)
-MP_OP_REGISTER(sort_op)
+static const mp_op topk_op = {.name = "topk", .nin = 1, .forward = topk_fwd, .backward = topk_backward,
+                              .args_size = sizeof(topk_args)};
+static const mp_op sort_op = {.name = "sort", .nin = 1, .forward = topk_fwd, .backward = topk_backward,
+                              .args_size = sizeof(topk_args)};
+MP_OP_REGISTER(topk_op);
+MP_OP_REGISTER(sort_op);
 
 /* along dim: move it last (a copy when it is not), run the op, move it back */
 static mp_tensor *along(const mp_op *op, mp_tensor *x, int64_t k, int dim, bool largest, mp_tensor **indices)
@@ -212,7 +239,8 @@ static mp_tensor *along(const mp_op *op, mp_tensor *x, int64_t k, int dim, bool 
     int last = x->ndim;
     if (op == &sort_op) k = x->shape[kd];
     mp_tensor *xt = kd == last - 1 ? mp_retain(x) : mp_transpose(x, kd + 1, last), *idx = NULL;
-    mp_ctx c = {.i = {[2] = k, [3] = largest}, .arg = &idx};
+    topk_args args = {.k = k, .largest = largest};
+    mp_op_ctx c = {.args = &args, .extra = &idx};
     mp_tensor *v = xt ? mp_apply(op, &c, 1, &xt) : NULL;
     mp_release(xt);
     if (v && kd != last - 1) {

@@ -24,9 +24,17 @@ static int reshape_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return gin[0] ? 0 : -1;
 }
 
+typedef struct { int d1, d2; } transpose_args;
+typedef struct {
+    int dim;                       /* given: 1-based, negative from the end */
+    int64_t start, len;            /* given: 1-based start */
+    int64_t outer, n, start0, inner;   /* set by the forward: the {outer, n, inner} view, 0-based start */
+} narrow_args;
+
 static int transpose_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
-    gin[0] = mp_transpose(g, (int)n->i[0], (int)n->i[1]);
+    const transpose_args *a = MP_NODE_ARGS(n, transpose_args);
+    gin[0] = mp_transpose(g, a->d1, a->d2);
     return gin[0] ? 0 : -1;
 }
 
@@ -36,16 +44,21 @@ static int narrow_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     mp_edge *e = &n->in[0];
     mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
     if (!r) return -1;
-    MP_K(r, narrow_put, g->dtype, mp_data(r), mp_data(g), n->i[0], n->i[1], n->i[2], n->i[3], n->i[4]);
+    const narrow_args *a = MP_NODE_ARGS(n, narrow_args);
+    MP_K(r, narrow_put, g->dtype, mp_data(r), mp_data(g), a->outer, a->n, a->start0, a->len, a->inner);
     gin[0] = r;
     return 0;
 }
 
-static mp_tensor *reshape_fwd(mp_ctx *c)
+/* the new shape is not kept (the backward reshapes to the input's) */
+typedef struct { int ndim; const int64_t *shape; } reshape_to;
+
+static mp_tensor *reshape_fwd(mp_op_ctx *c)
 {
     mp_tensor *t = c->in[0];
-    int ndim = (int)c->i[0];
-    const int64_t *shape = c->arg;
+    const reshape_to *to = c->extra;
+    int ndim = to->ndim;
+    const int64_t *shape = to->shape;
     if (ndim < 0 || ndim > MP_MAXDIM)
         return mp_fail(MP_EINVAL, "a tensor has at most %d dims (got %d)", MP_MAXDIM, ndim), NULL;
     int64_t s[MP_MAXDIM], known = 1;
@@ -81,18 +94,20 @@ static mp_tensor *reshape_fwd(mp_ctx *c)
 }
 
 static const mp_op reshape_op = {.name = "reshape", .nin = 1, .forward = reshape_fwd, .backward = reshape_backward};
-MP_OP_REGISTER(reshape_op)
+MP_OP_REGISTER(reshape_op);
 
 mp_tensor *mp_reshape(mp_tensor *t, int ndim, const int64_t *shape)
 {
-    mp_ctx c = {.i = {ndim}, .arg = shape};
+    reshape_to to = {ndim, shape};
+    mp_op_ctx c = {.extra = &to};
     return mp_apply(&reshape_op, &c, 1, &t);
 }
 
-static mp_tensor *transpose_fwd(mp_ctx *c)
+static mp_tensor *transpose_fwd(mp_op_ctx *c)
 {
     mp_tensor *t = c->in[0];
-    int d1 = (int)c->i[0], d2 = (int)c->i[1], a, b;
+    const transpose_args *args = MP_OP_ARGS(c, transpose_args);
+    int d1 = args->d1, d2 = args->d2, a, b;
     if (mp_dim(t, d1, &a) || mp_dim(t, d2, &b)) return NULL;
     int perm[MP_MAXDIM];
     int64_t shape[MP_MAXDIM];
@@ -105,20 +120,22 @@ static mp_tensor *transpose_fwd(mp_ctx *c)
 }
 
 static const mp_op transpose_op = {.name = "transpose", .nin = 1, .forward = transpose_fwd,
-                                   .backward = transpose_backward};
-MP_OP_REGISTER(transpose_op)
+                                   .backward = transpose_backward, .args_size = sizeof(transpose_args)};
+MP_OP_REGISTER(transpose_op);
 
 mp_tensor *mp_transpose(mp_tensor *t, int d1, int d2)
 {
-    mp_ctx c = {.i = {d1, d2}};
+    transpose_args args = {d1, d2};
+    mp_op_ctx c = {.args = &args};
     return mp_apply(&transpose_op, &c, 1, &t);
 }
 
-static mp_tensor *narrow_fwd(mp_ctx *c)
+static mp_tensor *narrow_fwd(mp_op_ctx *c)
 {
     mp_tensor *t = c->in[0];
-    int d = (int)c->i[5], k;
-    int64_t start = c->i[2], len = c->i[3];
+    narrow_args *args = MP_OP_ARGS(c, narrow_args);
+    int d = args->dim, k;
+    int64_t start = args->start, len = args->len;
     if (mp_dim(t, d, &k)) return NULL;
     int64_t n = t->shape[k];
     if (start < 1 || start > n)
@@ -140,15 +157,17 @@ static mp_tensor *narrow_fwd(mp_ctx *c)
         o = mp_empty(t->dtype, t->dev, t->ndim, shape);
         if (o) MP_K(o, narrow, t->dtype, mp_data(o), mp_data(t), outer, n, start - 1, len, inner);
     }
-    c->i[0] = outer, c->i[1] = n, c->i[2] = start - 1, c->i[4] = inner;
+    args->outer = outer, args->n = n, args->start0 = start - 1, args->inner = inner;
     return o;
 }
 
-static const mp_op narrow_op = {.name = "narrow", .nin = 1, .forward = narrow_fwd, .backward = narrow_backward};
-MP_OP_REGISTER(narrow_op)
+static const mp_op narrow_op = {.name = "narrow", .nin = 1, .forward = narrow_fwd, .backward = narrow_backward,
+                                .args_size = sizeof(narrow_args)};
+MP_OP_REGISTER(narrow_op);
 
 mp_tensor *mp_narrow(mp_tensor *t, int d, int64_t start, int64_t len)
 {
-    mp_ctx c = {.i = {[2] = start, [3] = len, [5] = d}};
+    narrow_args args = {.dim = d, .start = start, .len = len};
+    mp_op_ctx c = {.args = &args};
     return mp_apply(&narrow_op, &c, 1, &t);
 }

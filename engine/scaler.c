@@ -33,7 +33,7 @@ mp_policy mp_policy_defaults(mp_policy_kind kind)
     case MP_POLICY_AMAX: p.min = 1, p.max = 16777216; break;
     case MP_POLICY_NONE: p.init = 1; break;
     case MP_POLICY_EXTERNAL: p.min = MP_MIN_SCALE; break;
-    default: break;
+    case MP_POLICY_STATIC: break;
     }
     return p;
 }
@@ -233,9 +233,9 @@ static int scale_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-static mp_tensor *scale_fwd(mp_ctx *c)
+static mp_tensor *scale_fwd(mp_op_ctx *c)
 {
-    mp_scaler *s = (mp_scaler *)c->arg;
+    mp_scaler *s = (mp_scaler *)c->extra;
     mp_tensor *loss = c->in[0], *o = mp_empty(loss->dtype, loss->dev, loss->ndim, loss->shape);
     if (!o) return NULL;
     MP_K(o, scale_loss, loss->dtype, mp_data(o), mp_data(loss), loss->numel, dev_state(s), 1);
@@ -246,7 +246,7 @@ static mp_tensor *scale_fwd(mp_ctx *c)
 }
 
 static const mp_op scale_op = {.name = "scale", .nin = 1, .forward = scale_fwd, .backward = scale_backward};
-MP_OP_REGISTER(scale_op)
+MP_OP_REGISTER(scale_op);
 
 mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss)
 {
@@ -262,7 +262,7 @@ mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss)
         s->shared = false;
         return mp_retain(loss);
     }
-    mp_ctx c = {.arg = s};
+    mp_op_ctx c = {.extra = s};
     return mp_apply(&scale_op, &c, 1, &loss);
 }
 

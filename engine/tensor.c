@@ -12,17 +12,28 @@
 #include "engine/tensor.h"
 #include "engine/error.h"
 
-static const char *dtype_names[MP_NDTYPES] = {"f32", "f16", "bf16", "i32", "u8"};
+/* tables indexed by an enum are sized by their entries and checked against
+ * the enum's count: a new dtype or device without its name does not compile */
+static const char *dtype_names[] = {"f32", "f16", "bf16", "i32", "u8"};
+_Static_assert(sizeof dtype_names / sizeof *dtype_names == MP_NDTYPES, "a name for every dtype");
 static const struct { const char *alias; mp_dtype t; } dtype_aliases[] = {
     {"float32", MP_F32}, {"float", MP_F32}, {"float16", MP_F16}, {"half", MP_F16},
     {"bfloat16", MP_BF16}, {"int32", MP_I32}, {"int", MP_I32}, {"uint8", MP_U8},
     {"byte", MP_U8},
 };
-static const char *device_names[MP_NDEVICES] = {"cpu", "cuda"};
+static const char *device_names[] = {"cpu", "cuda"};
+_Static_assert(sizeof device_names / sizeof *device_names == MP_NDEVICES, "a name for every device");
 
 const char *mp_dtype_name(mp_dtype t) { return (unsigned)t < MP_NDTYPES ? dtype_names[t] : "?"; }
 const char *mp_device_name(mp_device d) { return (unsigned)d < MP_NDEVICES ? device_names[d] : "?"; }
-bool mp_is_float(mp_dtype t) { return t == MP_F32 || t == MP_F16 || t == MP_BF16; }
+bool mp_is_float(mp_dtype t)
+{
+    switch (t) {   /* no default: a new dtype must say */
+    case MP_F32: case MP_F16: case MP_BF16: return true;
+    case MP_I32: case MP_U8: case MP_NDTYPES: break;
+    }
+    return false;
+}
 
 /* the whole numbers an integer dtype holds */
 static void int_range(mp_dtype dt, double *lo, double *hi)
@@ -369,6 +380,8 @@ mp_tensor *mp_view(mp_tensor *src, int ndim, const int64_t *shape, int64_t offse
     t->offset = offset;
     t->st = src->st;
     t->st->refs++;
+    t->quant = src->quant;   /* a view of quantized values is quantized alike */
+    if (t->quant.scales) mp_retain(t->quant.scales);
     return t;
 }
 
@@ -386,6 +399,7 @@ void mp_release(mp_tensor *t)
         mp_node_head *node = (mp_node_head *)t->grad_fn;   /* a node begins with its head */
         node->release(node);
     }
+    mp_release(t->quant.scales);
     mp_storage_release(t->st);
     free(t);
 }

@@ -34,6 +34,35 @@ typedef struct mp_node_head {
     void (*release)(struct mp_node_head *self);   /* drop one reference */
 } mp_node_head;
 
+/*
+ * Quantization metadata: how a tensor's stored values scale to the values they
+ * stand for (value = stored * scale). It is where FP8 plugs in (no FP8 dtype
+ * exists yet): an e4m3 tensor is an ordinary (dtype, data) pair for every
+ * backend entry, plus its scales here, so no entry's signature changes.
+ * The scales are an f32 tensor on the tensor's device, never a host number:
+ * delayed scaling computes them there from an amax history (as the loss
+ * scaler keeps its scale on the device), so reading one must not wait.
+ * A tensor holds its scales (retained) and releases them with itself; a view
+ * (mp_view, a detached header) keeps them. An op reads quantized inputs only
+ * when its description says so (mp_op.quantized); mp_apply refuses them for
+ * every other op, so scaled values are never read as plain ones.
+ */
+typedef enum {
+    MP_QUANT_NONE,           /* plain values (scales NULL) */
+    MP_QUANT_TENSOR,         /* one scale for the whole tensor: scales {1} */
+    MP_QUANT_1X128,          /* one per 1 x 128 tile along the last dim (activations, DeepSeek-V3's
+                              * FP8 recipe): scales {rows, ceil(cols / 128)} */
+    MP_QUANT_128X128,        /* one per 128 x 128 block (weights): scales {ceil(rows / 128), ceil(cols / 128)} */
+    /* MX formats' 1 x 32 blocks with e8m0 scales would be a kind of their own */
+    MP_NQUANT
+} mp_quant_kind;   /* rows: the product of all dims but the last; cols: the last dim (1 for a scalar) */
+
+typedef struct {
+    mp_quant_kind kind;
+    struct mp_tensor *scales;      /* f32, on the tensor's device, retained; NULL for MP_QUANT_NONE */
+    int64_t block[2];              /* the rows and columns one scale covers (0 for a per-tensor scale) */
+} mp_quant;
+
 typedef struct mp_tensor {
     int refs;
     mp_dtype dtype;
@@ -49,6 +78,7 @@ typedef struct mp_tensor {
     bool requires_grad;
     struct mp_tensor *grad;
     struct mp_node *grad_fn;
+    mp_quant quant;                /* plain values unless quant.kind says otherwise (above) */
 } mp_tensor;
 
 typedef struct {
@@ -97,6 +127,15 @@ int64_t mp_host_reads(void);
  * device's error (and dst zeroed) when the device reports one */
 int mp_host_read(mp_device d, void *dst, const void *src, size_t nbytes);
 void mp_device_counters(mp_device d, int64_t c[3]);
+
+/* quantization metadata (mp_quant above): "tensor", "1x128", "128x128" ("none") */
+const char *mp_quant_name(mp_quant_kind k);
+/* the rows and columns one scale of kind k covers (0 for per-tensor and none) */
+void mp_quant_block(mp_quant_kind k, int64_t block[2]);
+/* mark t's values as quantized by kind with scales (retained; the ones before
+ * released), or plain with MP_QUANT_NONE and NULL. scales must be a plain f32
+ * tensor on t's device shaped as the kind says. -1 + error otherwise */
+int mp_set_quant(mp_tensor *t, mp_quant_kind kind, mp_tensor *scales);
 
 mp_tensor *mp_empty(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
 mp_tensor *mp_view(mp_tensor *t, int ndim, const int64_t *shape, int64_t offset);

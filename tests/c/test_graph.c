@@ -21,7 +21,7 @@
 static char names[NNAMES][16];
 static mp_op chain_ops[NNAMES];
 
-static mp_tensor *copy_forward(mp_ctx *c)
+static mp_tensor *copy_forward(mp_op_ctx *c)
 {
     mp_tensor *x = c->in[0];
     return mp_to_raw(x, x->dtype, x->dev);
@@ -47,7 +47,7 @@ Test(graph, flush_telemetry_counts_more_op_names_than_the_device_has_slots)
     cr_assert(x && w && mp_set_requires_grad(x, true) == 0);
     mp_tensor *y = mp_retain(x);
     for (int k = 0; k < NNAMES; k++) {
-        mp_ctx c = {0};
+        mp_op_ctx c = {0};
         mp_tensor *z = mp_apply(&chain_ops[k], &c, 1, &y);
         cr_assert(z, "%s", mp_error());
         mp_release(y);
@@ -91,7 +91,7 @@ Test(graph, flush_telemetry_counts_more_op_names_than_the_device_has_slots)
 
 static mp_tensor *seen_input;
 
-static mp_tensor *see_forward(mp_ctx *c)
+static mp_tensor *see_forward(mp_op_ctx *c)
 {
     seen_input = mp_retain(c->in[0]);   /* what autocast handed the op */
     return mp_to_raw(c->in[0], c->in[0]->dtype, c->in[0]->dev);
@@ -102,7 +102,7 @@ MP_OP_REGISTER(low_op)
 
 static mp_tensor *cast_of(mp_tensor *w)
 {
-    mp_ctx c = {0};
+    mp_op_ctx c = {0};
     mp_tensor *y = mp_apply(&low_op, &c, 1, &w);
     cr_assert(y, "%s", mp_error());
     mp_release(y);

@@ -70,8 +70,16 @@ Test(op_registry, cat_of_nine_is_one_node)
 /* An op of this file: y = x * 7, whose backward reads seven kept tensors (the
  * old node kept at most four), each a scalar 1. */
 #define NKEEP 7
+typedef struct {
+    double factor;                 /* given: y = x * factor */
+    mp_dtype seen;                 /* set by the forward: the input's dtype after autocast */
+} many_args;
+
 static int many_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
+    const many_args *a = MP_NODE_ARGS(n, many_args);
+    cr_assert_eq(a->seen, MP_F32, "the node keeps what the forward wrote into its arguments");
+    cr_assert_eq(a->factor, 7);
     cr_assert_eq(n->nsaved, NKEEP);
     double total = 0;
     for (int i = 0; i < NKEEP; i++) {
@@ -84,16 +92,17 @@ static int many_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return gin[0] ? 0 : -1;
 }
 
-static mp_tensor *many_forward(mp_ctx *c)
+static mp_tensor *many_forward(mp_op_ctx *c)
 {
     mp_tensor *x = c->in[0], *y = mp_to_raw(x, x->dtype, x->dev);
     /* a forward computes without recording: the op's own node is its backward
      * (an inner node on the output would be overwritten by the op's, and leak) */
     bool was = mp_set_grad_enabled(false);
-    mp_tensor *m = y ? mp_unary(MP_MULS, y, 7) : NULL;
+    many_args *a = MP_OP_ARGS(c, many_args);
+    mp_tensor *m = y ? mp_unary(MP_MULS, y, a->factor) : NULL;
     mp_set_grad_enabled(was);
     mp_release(y);
-    c->i[0] = x->dtype;   /* what the forward saw, after autocast */
+    a->seen = x->dtype;
     for (int i = NKEEP - 1; m && i >= 0; i--) {
         mp_tensor *one = mp_full(MP_F32, MP_CPU, 0, NULL, 1);
         if (!one || mp_keep(c, i, one)) mp_release(m), m = NULL;
@@ -103,8 +112,8 @@ static mp_tensor *many_forward(mp_ctx *c)
 }
 
 static const mp_op many_op = {.name = "test_many_saved", .ac = MP_AC_F32, .nin = 1, .forward = many_forward,
-                              .backward = many_backward};
-MP_OP_REGISTER(many_op)
+                              .backward = many_backward, .args_size = sizeof(many_args)};
+MP_OP_REGISTER(many_op);
 
 Test(op_registry, an_op_keeps_any_number_of_tensors_and_follows_autocast)
 {
@@ -112,7 +121,8 @@ Test(op_registry, an_op_keeps_any_number_of_tensors_and_follows_autocast)
     cr_assert_eq(mp_autocast_class("test_many_saved"), MP_AC_F32);
     mp_tensor *x = leaf(3), *h = mp_to(x, MP_F16, MP_CPU);
     int tok = mp_autocast_enter(true, MP_F16);
-    mp_ctx c = {0};
+    many_args args = {.factor = 7};
+    mp_op_ctx c = {.args = &args};
     mp_tensor *y = mp_apply(&many_op, &c, 1, &h);
     mp_autocast_exit(tok);
     cr_assert(y, "%s", mp_error());
@@ -132,7 +142,8 @@ Test(op_registry, no_node_without_a_gradient_and_nothing_kept)
 {
     int64_t two = 2;
     mp_tensor *x = mp_full(MP_F32, MP_CPU, 1, &two, 2);
-    mp_ctx c = {0};
+    many_args args = {.factor = 7};
+    mp_op_ctx c = {.args = &args};
     mp_tensor *y = mp_apply(&many_op, &c, 1, &x);
     cr_assert(y && !y->grad_fn && !y->requires_grad);
     cr_assert_eq(c.nsaved, 0);
