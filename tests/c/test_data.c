@@ -22,6 +22,7 @@
 #include "engine/data.h"
 #include "engine/error.h"
 #include "engine/ops.h"
+#include "engine/memory.h"
 
 /* ---- writing test files ---- */
 
