@@ -1,7 +1,8 @@
 /*
- * device.c: which backend serves a device (the CPU's linked in, CUDA's loaded
- * from a shared object at first use), whether a device is available and why
- * not, its errors, synchronizing, and the host's reads of its memory.
+ * device.c: the devices' names; which backend serves a device (the CPU's
+ * linked in, CUDA's loaded from a shared object at first use), whether a device
+ * is available and why not, its errors, synchronizing, and the host's reads of
+ * its memory, counted with the backend's own counters of waits.
  */
 #define _GNU_SOURCE   /* dladdr */
 #include <stdio.h>
@@ -10,9 +11,18 @@
 #include <unistd.h>
 #include <dlfcn.h>
 #include "engine/device.h"
-#include "engine/memory.h"     /* mp_note_host_read */
-#include "engine/tensor.h"     /* mp_device_name */
 #include "engine/error.h"
+
+static const char *device_names[MP_NDEVICES] = {"cpu", "cuda"};
+
+const char *mp_device_name(mp_device d) { return (unsigned)d < MP_NDEVICES ? device_names[d] : "?"; }
+
+int mp_device_parse(const char *name, mp_device *out)
+{
+    for (int i = 0; i < MP_NDEVICES; i++)
+        if (strcmp(name, device_names[i]) == 0) return *out = i, 0;
+    return mp_fail(MP_EINVAL, "unknown device '%s' (expected cpu or cuda)", name);
+}
 
 /* The CUDA backend is a shared object (build/mp/cuda.so, installed next to
  * mp/core.so) that is loaded the first time a CUDA tensor is asked for. Its init
@@ -128,6 +138,17 @@ int mp_device_synchronize(mp_device d)
     if (!be) return mp_device_check(d);
     if (be->synchronize) be->synchronize(be->ctx);
     return mp_device_error(d);
+}
+
+static int64_t host_reads;
+void mp_note_host_read(void) { host_reads++; }
+int64_t mp_host_reads(void) { return host_reads; }
+
+void mp_device_counters(mp_device d, int64_t c[3])
+{
+    const mp_backend *be = mp_backend_loaded(d);
+    c[0] = c[1] = c[2] = 0;
+    if (be && be->counters) be->counters(be->ctx, c);
 }
 
 int mp_device_check(mp_device d)

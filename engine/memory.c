@@ -1,13 +1,11 @@
 /*
- * memory.c: what the engine counts per device: the bytes its storages hold
- * against a limit (with the peak), the backend's cached blocks, and the waits
- * for the device (host reads, the backend's own counters).
+ * memory.c: the bytes the engine's storages hold per device, against a limit
+ * (with the peak), and the backend's cached blocks.
  */
 #include <stdint.h>
 #include <unistd.h>
 #include "engine/memory.h"
-#include "engine/device.h"     /* mp_backend_loaded */
-#include "engine/tensor.h"     /* mp_device_name */
+#include "engine/device.h"     /* mp_backend_loaded, mp_device_name */
 #include "engine/error.h"
 
 static mp_memstats stats[MP_NDEVICES];
@@ -70,15 +68,4 @@ void mp_memory_freed(mp_device d, size_t nbytes)
 {
     stats[d].in_use -= nbytes;
     stats[d].allocs--;
-}
-
-static int64_t host_reads;
-void mp_note_host_read(void) { host_reads++; }
-int64_t mp_host_reads(void) { return host_reads; }
-
-void mp_device_counters(mp_device d, int64_t c[3])
-{
-    const mp_backend *be = mp_backend_loaded(d);
-    c[0] = c[1] = c[2] = 0;
-    if (be && be->counters) be->counters(be->ctx, c);
 }

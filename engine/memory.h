@@ -1,11 +1,9 @@
 /*
- * memory.h: what the engine counts per device.
+ * memory.h: the bytes per device.
  *
  * The bytes the tensors alive hold (in use, peak, the limit past which an
- * allocation is refused), what the backend's caching allocator holds besides,
- * and the waits for the device: reads of a backend's memory by the host, and
- * an asynchronous backend's own counters. The binding paces Lua's garbage
- * collector by these bytes.
+ * allocation is refused) and what the backend's caching allocator holds
+ * besides. The binding paces Lua's garbage collector by these bytes.
  */
 #ifndef MP_MEMORY_H
 #define MP_MEMORY_H
@@ -38,14 +36,5 @@ void mp_mark_cache(mp_device d);
 int mp_memory_admit(mp_device d, size_t nbytes);
 void mp_memory_allocated(mp_device d, size_t nbytes);
 void mp_memory_freed(mp_device d, size_t nbytes);
-
-/* Waiting for the device, counted: the engine notes every time it reads values
- * from a backend's memory on the host (item(), a scaler or optimizer state read,
- * indices checked on the host), on any device; an asynchronous backend counts
- * its own copies to the host, waits and device allocations (c[0..2], zeros
- * where it has none). A training step on a GPU should show none of them. */
-void mp_note_host_read(void);
-int64_t mp_host_reads(void);
-void mp_device_counters(mp_device d, int64_t c[3]);
 
 #endif

@@ -1,6 +1,6 @@
 /*
- * tensor.c: the names of dtypes and devices, tensor headers and their
- * refcounted storage, shapes. Which backend serves a device is engine/device.c;
+ * tensor.c: the names of dtypes, tensor headers and their refcounted storage,
+ * shapes. Which backend serves a device is engine/device.c;
  * the bytes a storage holds are counted by engine/memory.c.
  */
 #include <stdio.h>
@@ -19,10 +19,8 @@ static const struct { const char *alias; mp_dtype t; } dtype_aliases[] = {
     {"bfloat16", MP_BF16}, {"int32", MP_I32}, {"int", MP_I32}, {"uint8", MP_U8},
     {"byte", MP_U8},
 };
-static const char *device_names[MP_NDEVICES] = {"cpu", "cuda"};
 
 const char *mp_dtype_name(mp_dtype t) { return (unsigned)t < MP_NDTYPES ? dtype_names[t] : "?"; }
-const char *mp_device_name(mp_device d) { return (unsigned)d < MP_NDEVICES ? device_names[d] : "?"; }
 bool mp_is_float(mp_dtype t) { return t == MP_F32 || t == MP_F16 || t == MP_BF16; }
 
 /* the whole numbers an integer dtype holds */
@@ -56,13 +54,6 @@ int mp_dtype_parse(const char *name, mp_dtype *out)
     for (size_t i = 0; i < sizeof dtype_aliases / sizeof *dtype_aliases; i++)
         if (strcmp(name, dtype_aliases[i].alias) == 0) return *out = dtype_aliases[i].t, 0;
     return mp_fail(MP_EINVAL, "unknown dtype '%s' (expected f32, f16, bf16, i32 or u8)", name);
-}
-
-int mp_device_parse(const char *name, mp_device *out)
-{
-    for (int i = 0; i < MP_NDEVICES; i++)
-        if (strcmp(name, device_names[i]) == 0) return *out = i, 0;
-    return mp_fail(MP_EINVAL, "unknown device '%s' (expected cpu or cuda)", name);
 }
 
 mp_tensor *mp_checked(mp_tensor *t)

@@ -46,8 +46,6 @@ typedef struct mp_tensor {
 
 const char *mp_dtype_name(mp_dtype t);
 int mp_dtype_parse(const char *name, mp_dtype *out);        /* accepts aliases; -1 if unknown */
-const char *mp_device_name(mp_device d);
-int mp_device_parse(const char *name, mp_device *out);      /* -1 if unknown */
 bool mp_is_float(mp_dtype t);
 /* v stored in a dt tensor without changing its value: any number for a
  * floating dtype (rounding to it is the dtype's nature), a whole number in
