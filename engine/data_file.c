@@ -22,7 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "engine/data.h"
+#include "engine/data_file.h"
 #include "engine/error.h"
 
 /* what a file that is not a regular file is, for the message */

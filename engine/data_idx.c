@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
-#include "engine/data.h"
+#include "engine/data_idx.h"
 #include "engine/error.h"
 
 /* the element types of the format, and what each becomes */

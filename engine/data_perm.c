@@ -11,7 +11,7 @@
  * The shuffle is sequential by nature; at 60000 examples it takes well under a
  * millisecond, nothing next to one training step.
  */
-#include "engine/data.h"
+#include "engine/data_perm.h"
 #include "engine/error.h"
 #include "engine/ops.h"
 

@@ -6,7 +6,7 @@
  * four bytes per byte, the i32 tensor mp.data.windows cuts batches from.
  */
 #include <string.h>
-#include "engine/data.h"
+#include "engine/data_vocab.h"
 #include "engine/error.h"
 
 int mp_byte_vocab(const unsigned char *p, int64_t n, unsigned char vocab[256])

@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <cjson/cJSON.h>      /* cJSON_ParseWithLengthOpts, cJSON_PrintUnformatted */
-#include "engine/io.h"
+#include "engine/io_safetensors.h"
 #include "engine/error.h"
 #include "engine/ops.h"       /* mp_to, for tensors on another device */
 

@@ -8,6 +8,15 @@
  * Dims follow the Lua face: 1-based, negative counts from the end (-1 is the
  * last). Index *values* (argmax, max's indices) are 0-based class ids, the same
  * numbering as labels and cross-entropy targets, as in PyTorch.
+ *
+ * The one header of all engine/ops_*.c, the exception to one header per .c
+ * file: callers use ops of many kinds at once, and each kind is a file of one
+ * to fifteen functions. ops_create.c: creation, the random stream, reading
+ * values, promotion, casts and copies; ops_shape.c: dims, reshape, transpose,
+ * narrow; ops_index.c: index checks, index_select; ops_select.c; ops_math.c:
+ * arithmetic, broadcasting, reductions; ops_matmul.c: matmul, linear;
+ * ops_nn.c: softmax to where; ops_attention.c; ops_conv.c; ops_pool.c;
+ * ops_batch_norm.c.
  */
 #ifndef MP_OPS_H
 #define MP_OPS_H

@@ -1,6 +1,8 @@
 /*
  * scaler.c: loss scaling: scale, unscale + check, skip, and the built-in
  * policies' rules (PyTorch GradScaler, DeepSpeed DynamicLossScaler, amax).
+ * The policy simulator is engine/scaler_sim.c, a trace's snapshots
+ * engine/scaler_trace.c.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -13,8 +15,6 @@
 #include "engine/op.h"
 #include "engine/dist.h"
 #include "kernels/step_rules.h"
-
-static void snap_free(mp_scaler *s);   /* trace snapshots, at the end of this file */
 
 const char *mp_skip_reason_name(mp_skip_reason r)
 {
@@ -61,7 +61,7 @@ int mp_policy_check(const mp_policy *p)
     return 0;
 }
 
-static void reset_policy_state(mp_scale_state *h, const mp_policy *p)
+void mp_policy_state_reset(mp_scale_state *h, const mp_policy *p)
 {
     h->tracker = 0;
     h->last_overflow = -1;
@@ -78,7 +78,7 @@ mp_scaler *mp_scaler_new(const mp_policy *p)
     if (!s) return mp_fail(MP_EOOM, "out of memory"), NULL;
     s->policy = *p;
     s->h.scale = s->h.stats_scale = p->kind == MP_POLICY_NONE ? 1.0f : (float)p->init;
-    reset_policy_state(&s->h, p);
+    mp_policy_state_reset(&s->h, p);
     s->h_fresh = true;
     s->sync = true;
     s->first_bad = -1;
@@ -88,7 +88,7 @@ mp_scaler *mp_scaler_new(const mp_policy *p)
 void mp_scaler_free(mp_scaler *s)
 {
     if (!s) return;
-    snap_free(s);
+    if (s->snap_free) s->snap_free(s);
     mp_release(s->state);
     mp_release(s->tel);
     mp_release(s->seg);
@@ -112,10 +112,9 @@ static void warn_at_min(mp_scaler *s, bool warned)
  * device error the host copy stays as it was */
 static int pull(mp_scaler *s)
 {
-    static mp_scale_state tmp;   /* large: not on the stack */
     if (!s->state || s->h_fresh) return 0;
-    if (mp_host_read(s->state->dev, &tmp, dev_state(s), sizeof tmp)) return -1;
-    s->h = tmp;
+    if (mp_host_read(s->state->dev, &s->pulled, dev_state(s), sizeof s->pulled)) return -1;
+    s->h = s->pulled;
     s->h_fresh = true;
     warn_at_min(s, s->h.warned_at_min);
     return 0;
@@ -132,7 +131,7 @@ static int place(mp_scaler *s, mp_device dev)
 {
     if (s->state && s->state->dev == dev) return 0;
     if (pull(s)) return -1;
-    snap_free(s);   /* a trace's snapshots belong to the old device's memory (their lines are lost) */
+    if (s->snap_free) s->snap_free(s);   /* a trace's snapshots belong to the old device's memory (their lines are lost) */
     int64_t bytes = (int64_t)sizeof(mp_scale_state);
     mp_tensor *t = mp_empty(MP_U8, dev, 1, &bytes);
     if (!t) return -1;
@@ -196,7 +195,7 @@ int mp_scaler_set_policy(mp_scaler *s, const mp_policy *p, const double *scale)
         return mp_fail(MP_EINVAL, "scale %g is below the policy's min %g", *scale, q.min);
     if (pull(s)) return -1;
     s->policy = q;
-    reset_policy_state(&s->h, &q);
+    mp_policy_state_reset(&s->h, &q);
     s->printed_min_warning = false;   /* a new floor: its warning may come once more */
     /* policy.none() runs at 1 whatever was asked; a kept scale stays as it is,
      * with any scale an earlier swap left for the next step */
@@ -459,131 +458,4 @@ int mp_scaler_restore(mp_scaler *s, const mp_scaler_saved *v)
     for (int i = 0; i < v->amax_count; i++) h->amax_hist[i] = (float)v->amax_hist[i];
     h->amax_pos = (int)v->amax_pos;
     return mp_scaler_write(s);
-}
-
-/* ---- the policy simulator (scaler.h) ---- */
-
-struct mp_policy_sim {
-    mp_policy p;
-    mp_scale_state h;
-};
-
-mp_policy_sim *mp_policy_sim_new(const mp_policy *p, double init)
-{
-    if (mp_policy_check(p)) return NULL;
-    if (!mp_scale_ok(init)) return mp_fail(MP_EINVAL, "init must be a finite f32 number > 0 (got %g)", init), NULL;
-    mp_policy_sim *m = calloc(1, sizeof *m);
-    if (!m) return mp_fail(MP_EOOM, "out of memory"), NULL;
-    m->p = *p;
-    m->h.scale = m->h.stats_scale = p->kind == MP_POLICY_NONE ? 1.0f : (float)init;
-    reset_policy_state(&m->h, p);
-    return m;
-}
-
-void mp_policy_sim_free(mp_policy_sim *m) { free(m); }
-
-float mp_policy_sim_scale(const mp_policy_sim *m) { return m->h.scale; }
-
-float mp_policy_sim_step(mp_policy_sim *m, mp_skip_reason found, double amax, int *at_min)
-{
-    mp_scale_state *h = &m->h;
-    mp_scale_apply(MP_SCALE_BEGIN, h, &m->p, 0, 0);
-    h->loss_bad = found == MP_SKIP_FORWARD;
-    h->slot[0].n = 1;
-    h->slot[0].nan = found == MP_SKIP_NAN;
-    h->slot[0].inf = found == MP_SKIP_OVERFLOW;
-    h->slot[0].amax = found == MP_SKIP_NONE && amax > 0 ? (float)(amax * h->scale) : 0.0f;
-    mp_scale_apply(MP_SCALE_DECIDE, h, &m->p, 0, 0);
-    mp_scale_apply(MP_SCALE_UPDATE, h, &m->p, 0, 0);
-    if (at_min) *at_min = h->at_min;
-    return h->scale;
-}
-
-/* ---- trace snapshots (scaler.h) ---- */
-
-struct mp_trace_snap {
-    bool used, has_loss;
-    void *mark;
-    mp_scale_state *h;         /* host memory from the backend's host_alloc */
-    mp_grad_stats *pp;
-    float *loss;
-    int n, cap;                /* statistics taken, and room for */
-};
-
-static const mp_backend *snap_backend(const mp_scaler *s) { return s->state ? mp_be(s->state) : NULL; }
-
-bool mp_scaler_snapshot_async(const mp_scaler *s)
-{
-    const mp_backend *be = snap_backend(s);
-    return be && be->host_alloc && be->host_free && be->to_host_async && be->mark && be->mark_wait;
-}
-
-static void snap_free(mp_scaler *s)
-{
-    const mp_backend *be = snap_backend(s);
-    if (!s->snap) return;
-    for (int i = 0; i < 2; i++) {
-        struct mp_trace_snap *sn = &s->snap[i];
-        if (be && sn->mark) be->mark_wait(be->ctx, sn->mark);
-        if (be && sn->h) be->host_free(be->ctx, sn->h, sizeof *sn->h);
-        if (be && sn->pp) be->host_free(be->ctx, sn->pp, sizeof *sn->pp * (size_t)sn->cap);
-        if (be && sn->loss) be->host_free(be->ctx, sn->loss, sizeof *sn->loss);
-    }
-    free(s->snap);
-    s->snap = NULL;
-}
-
-int mp_scaler_snapshot(mp_scaler *s, mp_tensor *loss)
-{
-    if (!mp_scaler_snapshot_async(s)) return mp_fail(MP_EINVAL, "this device reads its state at once (no snapshots)");
-    const mp_backend *be = snap_backend(s);
-    if (!s->snap && !(s->snap = calloc(2, sizeof *s->snap))) return mp_fail(MP_EOOM, "out of memory");
-    struct mp_trace_snap *sn = &s->snap[s->snap_next];
-    if (sn->used) return mp_fail(MP_EINVAL, "the snapshot before last was not taken");
-    int n = s->tel ? s->nstats : 0;
-    if (!sn->h && !(sn->h = be->host_alloc(be->ctx, sizeof *sn->h))) return mp_fail(MP_EOOM, "out of pinned memory");
-    if (!sn->loss && !(sn->loss = be->host_alloc(be->ctx, sizeof *sn->loss)))
-        return mp_fail(MP_EOOM, "out of pinned memory");
-    if (n > sn->cap) {
-        if (sn->pp) be->host_free(be->ctx, sn->pp, sizeof *sn->pp * (size_t)sn->cap);
-        sn->cap = 0;
-        if (!(sn->pp = be->host_alloc(be->ctx, sizeof *sn->pp * (size_t)n))) return mp_fail(MP_EOOM, "out of pinned memory");
-        sn->cap = n;
-    }
-    be->to_host_async(be->ctx, sn->h, dev_state(s), sizeof *sn->h);
-    if (n) be->to_host_async(be->ctx, sn->pp, mp_data(s->tel), sizeof *sn->pp * (size_t)n);
-    sn->has_loss = false;
-    if (loss) {
-        if (loss->numel != 1 || loss->dev != s->state->dev)
-            return mp_fail(MP_EINVAL, "the loss must be one value on the scaler's device");
-        mp_tensor *l = mp_to_raw(loss, MP_F32, loss->dev);
-        if (!l) return -1;
-        be->to_host_async(be->ctx, sn->loss, mp_data(l), sizeof *sn->loss);
-        mp_release(l);   /* the stream orders the copy before any reuse of its block */
-        sn->has_loss = true;
-    }
-    sn->n = n;
-    sn->mark = be->mark(be->ctx);
-    if (!sn->mark) return mp_fail(MP_EOOM, "cannot mark the stream");
-    sn->used = true;
-    s->snap_next ^= 1;
-    return 0;
-}
-
-int mp_scaler_snapshot_take(mp_scaler *s, bool latest_too, const mp_scale_state **h, const mp_grad_stats **pp,
-                            int *n, double *loss)
-{
-    if (!s->snap) return 1;
-    struct mp_trace_snap *sn = &s->snap[s->snap_next];   /* the older one, when used */
-    if (!sn->used && latest_too) sn = &s->snap[s->snap_next ^ 1];
-    if (!sn->used) return 1;
-    const mp_backend *be = snap_backend(s);
-    be->mark_wait(be->ctx, sn->mark);
-    sn->mark = NULL;
-    sn->used = false;
-    const char *e = be->error ? be->error(be->ctx) : NULL;
-    if (e) return mp_fail(MP_EDEVICE, "%s", e);
-    *h = sn->h, *pp = sn->pp, *n = sn->n;
-    *loss = sn->has_loss ? (double)*sn->loss : NAN;
-    return 0;
 }

@@ -14,6 +14,9 @@
  * (mp_scale_state): on a GPU, scale(), unscale, the skip and update with a
  * built-in policy never wait for the device. The host copy is refreshed only
  * when a script asks (stats, get_scale, a Lua policy, step() with sync).
+ *
+ * The policy simulator (mp.amp.replay) is engine/scaler_sim.h; a trace's
+ * snapshots without a wait are engine/scaler_trace.h.
  */
 #ifndef MP_SCALER_H
 #define MP_SCALER_H
@@ -49,6 +52,11 @@ typedef struct mp_scaler {
     mp_grad_stats *per_param;        /* their host copy, filled by mp_scaler_per_param */
     struct mp_trace_snap *snap;      /* a trace's snapshots on an asynchronous backend (two, in turn) */
     int snap_next;
+    /* lets the snapshots go, set with them by engine/scaler_trace.c: the scaler
+     * calls it when it is freed and when its state moves to another device,
+     * without knowing what a snapshot holds */
+    void (*snap_free)(struct mp_scaler *s);
+    mp_scale_state pulled;           /* the backend's state as read, before it becomes h (a failed read zeroes it, not h) */
 } mp_scaler;
 
 /* The built-in policies' defaults, PyTorch's GradScaler's (dynamic) and
@@ -62,6 +70,10 @@ mp_policy mp_policy_defaults(mp_policy_kind kind);
 int mp_policy_check(const mp_policy *p);
 /* a loss scale the engine accepts: finite as an f32, and > 0 */
 bool mp_scale_ok(double v);
+/* a policy's counters at its start: growth tracker 0, its full hysteresis, an
+ * empty amax history, the floor warning re-armed (a new scaler, set_policy, a
+ * simulator) */
+void mp_policy_state_reset(mp_scale_state *h, const mp_policy *p);
 mp_scaler *mp_scaler_new(const mp_policy *p);
 void mp_scaler_free(mp_scaler *s);
 /* Replace the policy. scale: the scale it starts from, or NULL to keep the
@@ -118,35 +130,5 @@ void mp_scaler_total(const mp_scale_state *h, mp_grad_stats *total);
  * NULL and *n = -1 when reading them failed) */
 const mp_grad_stats *mp_scaler_per_param(mp_scaler *s, int *n);
 const char *mp_skip_reason_name(mp_skip_reason r);
-
-/* A trace's per-step view without a wait (asynchronous backends): the state,
- * the per-parameter statistics and the loss (a one-element float tensor, or
- * NULL) copied to host memory in the stream's order, read a step later when the
- * copies have long passed. mp_scaler_snapshot_async: whether the backend can
- * (else the trace reads at once). snapshot: 0, or -1 (the older snapshot must
- * be taken first, or memory ran out). take: the snapshot before the latest
- * (with latest_too, else the latest itself when it is the only one) after its
- * copies are done (a wait only if they are not): 0, 1 when there is none, -1 on
- * a device error. The pointers stay valid until the next snapshot. */
-bool mp_scaler_snapshot_async(const mp_scaler *s);
-int mp_scaler_snapshot(mp_scaler *s, mp_tensor *loss);
-int mp_scaler_snapshot_take(mp_scaler *s, bool latest_too, const mp_scale_state **h, const mp_grad_stats **pp,
-                            int *n, double *loss);
-
-/* A built-in policy's rule on host memory, with no model and no device: what
- * mp.amp.replay runs a built-in candidate through, step by step, with the
- * findings a trace recorded. The same state and the same code
- * (kernels/step_rules.h) as a scaler's, so the candidate equal to the recorded
- * policy takes the recorded decisions. */
-typedef struct mp_policy_sim mp_policy_sim;
-/* NULL with the policy check's error */
-mp_policy_sim *mp_policy_sim_new(const mp_policy *p, double init);
-void mp_policy_sim_free(mp_policy_sim *m);
-float mp_policy_sim_scale(const mp_policy_sim *m);
-/* one step at the current scale: what it found (MP_SKIP_NONE, or why it is
- * skipped) and, when clean, the largest true gradient magnitude; runs the
- * decision and the rule, and returns the scale of the next step.
- * *at_min: the rule hit the policy's floor (1 warn, 2 on_min = "error") */
-float mp_policy_sim_step(mp_policy_sim *m, mp_skip_reason found, double amax, int *at_min);
 
 #endif

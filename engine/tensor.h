@@ -4,14 +4,16 @@
  * A tensor is a refcounted header (dtype, device, shape, offset) over a
  * refcounted storage. Tensors are always contiguous and row-major: views
  * (reshape, narrow along the first dim) share storage at an offset, every
- * other layout change makes a contiguous copy. The engine counts the bytes it
- * holds per device so that the binding can pace Lua's garbage collector.
+ * other layout change makes a contiguous copy. The engine counts the bytes
+ * storages hold per device (engine/memory.h) so that the binding can pace Lua's
+ * garbage collector.
  */
 #ifndef MP_TENSOR_H
 #define MP_TENSOR_H
 
 #include <stdbool.h>
 #include "kernels/backend.h"   /* mp_dtype, mp_device, MP_MAXDIM, mp_backend */
+#include "engine/device.h"     /* mp_backend_of, for MP_K */
 
 typedef struct mp_storage {
     int refs;
@@ -81,16 +83,8 @@ typedef struct mp_tensor {
     mp_quant quant;                /* plain values unless quant.kind says otherwise (above) */
 } mp_tensor;
 
-typedef struct {
-    size_t in_use, peak, limit;    /* bytes of the tensors alive */
-    size_t cached;                 /* bytes the backend's caching allocator holds in free blocks */
-    int64_t allocs;                /* storages alive */
-} mp_memstats;
-
 const char *mp_dtype_name(mp_dtype t);
 int mp_dtype_parse(const char *name, mp_dtype *out);        /* accepts aliases; -1 if unknown */
-const char *mp_device_name(mp_device d);
-int mp_device_parse(const char *name, mp_device *out);      /* -1 if unknown */
 bool mp_is_float(mp_dtype t);
 /* v stored in a dt tensor without changing its value: any number for a
  * floating dtype (rounding to it is the dtype's nature), a whole number in
@@ -98,35 +92,11 @@ bool mp_is_float(mp_dtype t);
 int mp_check_value(mp_dtype dt, double v);
 bool mp_value_fits(mp_dtype dt, double v);                  /* the same test, without an error */
 
-/* NULL when the device has no usable backend on this machine */
-const mp_backend *mp_backend_of(mp_device d);
-/* why not (NULL when it is available): no driver, which library failed to load, ... */
-const char *mp_device_why_not(mp_device d);
-/* dlopen a shared object of mpengine's (cuda.so, mpi.so): the path in the
- * environment variable env when set, else next to the engine's own object;
- * NULL with the reason in why */
-void *mp_module_open(const char *file, const char *env, char *why, size_t cap);
-int mp_device_check(mp_device d);                           /* -1 + error if unavailable */
-/* -1 + the backend's message when work queued on d failed (asynchronous backends) */
-int mp_device_error(mp_device d);
 /* t, after the engine queued work for it on an asynchronous device: NULL (t
  * released) with that device's error when it reported one. Every engine call
  * that queues work returns its device's errors this way (ops through mp_apply,
  * creation, copies, backward, optimizer and scaler steps): callers need not ask. */
 mp_tensor *mp_checked(mp_tensor *t);
-int mp_device_synchronize(mp_device d);
-
-/* Waiting for the device, counted: the engine notes every time it reads values
- * from a backend's memory on the host (item(), a scaler or optimizer state read,
- * indices checked on the host), on any device; an asynchronous backend counts
- * its own copies to the host, waits and device allocations (c[0..2], zeros
- * where it has none). A training step on a GPU should show none of them. */
-void mp_note_host_read(void);
-int64_t mp_host_reads(void);
-/* nbytes of device memory into host memory, counted as a host read; -1 with the
- * device's error (and dst zeroed) when the device reports one */
-int mp_host_read(mp_device d, void *dst, const void *src, size_t nbytes);
-void mp_device_counters(mp_device d, int64_t c[3]);
 
 /* quantization metadata (mp_quant above): "tensor", "1x128", "128x128" ("none") */
 const char *mp_quant_name(mp_quant_kind k);
@@ -147,17 +117,6 @@ int mp_check_shape(int ndim, const int64_t *shape, int64_t *numel);
 int mp_same_shape(const mp_tensor *a, const mp_tensor *b);
 /* "{2,3}" into buf (for error messages) */
 const char *mp_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
-
-mp_memstats mp_memory(mp_device d);
-void mp_reset_peak_memory(mp_device d);   /* peak = in_use (torch.cuda.reset_peak_memory_stats) */
-void mp_set_memory_limit(mp_device d, size_t bytes);
-/* give the blocks the device's caching allocator holds back to the system */
-void mp_release_cache(mp_device d);
-/* the end of a window of the program's allocations: the device's caching
- * allocator gives back the free blocks no request took through it and the
- * window before (kernels/block_cache.h mp_cache_mark). The Lua binding marks one
- * at each collection it paces, so its windows are periods of the program. */
-void mp_mark_cache(mp_device d);
 
 static inline size_t mp_nbytes(const mp_tensor *t) { return (size_t)t->numel * mp_dtype_size(t->dtype); }
 static inline void *mp_data(const mp_tensor *t)

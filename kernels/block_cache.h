@@ -180,7 +180,7 @@ static inline void mp_cache_trim(mp_block_cache *c, size_t keep)
 }
 
 /* The end of a window of the program's allocations (the binding marks one at
- * each of its paced collections, engine/tensor.h mp_mark_cache): the blocks
+ * each of its paced collections, engine/memory.h mp_mark_cache): the blocks
  * that no request took through this window and the one before go back. The
  * windows of a training loop are whole periods of its allocations, so what a
  * warm step takes is taken in every window and stays; two windows, not one,

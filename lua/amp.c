@@ -9,6 +9,8 @@
 #include "lua/bind.h"
 #include "engine/autocast.h"
 #include "engine/scaler.h"
+#include "engine/scaler_sim.h"
+#include "engine/scaler_trace.h"
 #include "engine/autograd.h"
 #include "engine/observe.h"
 

@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include "engine/memory.h"
 #include "lua/bind.h"
 #include "engine/autograd.h"
 

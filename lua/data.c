@@ -5,7 +5,10 @@
  * marks these as building blocks, not API. Errors carry the public name.
  */
 #include "lua/bind.h"
-#include "engine/data.h"
+#include "engine/data_idx.h"
+#include "engine/data_file.h"
+#include "engine/data_vocab.h"
+#include "engine/data_perm.h"
 
 /* _data.read_idx(path [, name]) -> tensor; errors start with `name`, by
  * default the public mp.data.read_idx (fashion_mnist passes its own) */
@@ -98,7 +101,7 @@ static int d_randperm(lua_State *L)
     return 1;
 }
 
-/* _data.draw_seed() -> integer drawn from the global stream (see engine/data.h) */
+/* _data.draw_seed() -> integer drawn from the global stream (see engine/data_perm.h) */
 static int d_draw_seed(lua_State *L)
 {
     lua_pushinteger(L, (lua_Integer)mp_draw_seed());

@@ -27,7 +27,7 @@
 #include <string.h>
 #include <cjson/cJSON.h>      /* the structure description */
 #include "lua/bind.h"
-#include "engine/io.h"
+#include "engine/io_safetensors.h"
 
 #define STRUCT_KEY "mpengine.structure"
 #define FORMAT_KEY "mpengine.format"

@@ -4,6 +4,7 @@
  * aliases of tensor methods (mp.matmul). lua/mp/init.lua builds on it.
  */
 #include <string.h>
+#include "engine/memory.h"
 #include "lua/bind.h"
 #include "lua/mp_core.h"
 #include "engine/autograd.h"

@@ -3,7 +3,7 @@
  * counts.
  *
  * This file is built into build/mp/cuda.so, which the engine loads at run time
- * (engine/tensor.c) and asks for the table through mp_cuda_backend_init. On a
+ * (engine/device.c) and asks for the table through mp_cuda_backend_init. On a
  * machine without a driver or a GPU that returns NULL and the engine runs on the
  * CPU alone, so one build serves both kinds of machine.
  *
@@ -328,7 +328,7 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
         return NULL;
     }
     /* MP_CUDA_DEVICE: which GPU (mod the count); a launcher's local rank sets it
-     * (engine/tensor.c), so the processes on one machine take one GPU each */
+     * (engine/device.c), so the processes on one machine take one GPU each */
     const char *want = getenv("MP_CUDA_DEVICE");
     if (want && *want) {
         int idx = atoi(want);

@@ -26,7 +26,7 @@
 -- mp.manual_seed(s) the sequence of epoch orders is reproducible, and every epoch
 -- differs from the last. (So a training loop should leave `seed` nil and call
 -- mp.manual_seed once; `seed = base + epoch` is the explicit alternative.)
--- The draw moves the global stream on by two counters (engine/data.h,
+-- The draw moves the global stream on by two counters (engine/data_perm.h,
 -- mp_draw_seed), so it is part of the generator state checkpoints save.
 -- Loaders that do not shuffle never touch the global stream, and ignore `seed`.
 --

@@ -19,9 +19,11 @@
 #include <string.h>
 #include <unistd.h>
 #include <zlib.h>
-#include "engine/data.h"
+#include "engine/data_idx.h"
+#include "engine/data_perm.h"
 #include "engine/error.h"
 #include "engine/ops.h"
+#include "engine/memory.h"
 
 /* ---- writing test files ---- */
 

@@ -14,7 +14,8 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
-#include "engine/data.h"
+#include "engine/data_file.h"
+#include "engine/data_vocab.h"
 #include "engine/error.h"
 #include "engine/ops.h"
 

@@ -12,6 +12,7 @@
 #include <math.h>
 #include <string.h>
 #include "engine/ops.h"
+#include "engine/memory.h"
 #include "engine/error.h"
 #include "kernels/half.h"
 

@@ -18,7 +18,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include "engine/io.h"
+#include "engine/io_safetensors.h"
 #include "engine/error.h"
 
 /* ---- a scratch directory per test ---------------------------------------- */

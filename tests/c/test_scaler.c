@@ -11,6 +11,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,6 +372,52 @@ Test(scaler, set_scale_refuses_bad_values)
     cr_assert_eq(mp_scaler_set_scale(r.s, 3), 0);
     cr_assert_eq(ST(r.s)->scale, 3.0f);
     free_rig(&r);
+}
+
+/* Two scalers read their states back in two threads at once (an engine error
+ * is per thread; a scaler is its caller's): each must get its own state.
+ * pull() once landed every read in one static buffer, so the copy to one
+ * scaler could carry the other's scale; now each scaler has its own. */
+typedef struct {
+    mp_scaler *s;
+    float want;
+    volatile int *go;
+    int wrong;
+} puller;
+
+static void *pull_loop(void *arg)
+{
+    puller *p = arg;
+    while (!*p->go) {}
+    for (int i = 0; i < 1000000; i++) {
+        p->s->h_fresh = false;   /* the next read goes to the backend's copy */
+        const mp_scale_state *h = mp_scaler_read(p->s);
+        if (!h || h->scale != p->want) p->wrong++;
+    }
+    return NULL;
+}
+
+Test(scaler, two_scalers_reading_in_two_threads_keep_their_own_state)
+{
+    mp_policy pa = mp_policy_defaults(MP_POLICY_DYNAMIC), pb = pa;
+    pa.init = 2, pb.init = 4;
+    mp_scaler *a = mp_scaler_new(&pa), *b = mp_scaler_new(&pb);
+    cr_assert(a && b, "%s", mp_error());
+    /* an update places each state in the CPU backend's memory (no growth: 1 of 2000 steps) */
+    cr_assert_eq(mp_scaler_update(a), 0, "%s", mp_error());
+    cr_assert_eq(mp_scaler_update(b), 0, "%s", mp_error());
+    volatile int go = 0;
+    puller pa_ = {.s = a, .want = 2, .go = &go}, pb_ = {.s = b, .want = 4, .go = &go};
+    pthread_t ta, tb;
+    cr_assert_eq(pthread_create(&ta, NULL, pull_loop, &pa_), 0);
+    cr_assert_eq(pthread_create(&tb, NULL, pull_loop, &pb_), 0);
+    go = 1;
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    cr_assert_eq(pa_.wrong, 0, "scaler a read another state %d times", pa_.wrong);
+    cr_assert_eq(pb_.wrong, 0, "scaler b read another state %d times", pb_.wrong);
+    mp_scaler_free(a);
+    mp_scaler_free(b);
 }
 
 /* ---- the backend's unscale pass ---- */

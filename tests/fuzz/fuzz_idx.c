@@ -1,7 +1,7 @@
 /* fuzz_idx.c: the IDX reader (engine/data_idx.c, raw or gzip) on any bytes */
 #include <stdlib.h>
 #include "tests/fuzz/fuzz_input.h"
-#include "engine/data.h"
+#include "engine/data_idx.h"
 #include "engine/error.h"
 #include "engine/ops.h"
 

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <unistd.h>
 #include "engine/tensor.h"
+#include "engine/memory.h"
 
 /* the engine's allocations, at most: large enough for every tensor the drivers
  * build on purpose, small enough that a hostile size (nn.Conv2d(65504, 4096, 3))

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "tests/fuzz/fuzz_input.h"
-#include "engine/io.h"
+#include "engine/io_safetensors.h"
 #include "engine/error.h"
 #include "engine/ops.h"
 

@@ -1,5 +1,5 @@
 /*
- * io.h: safetensors files (DESIGN.md section 8), the checkpoint format.
+ * io_safetensors.h: safetensors files (DESIGN.md section 8), the checkpoint format.
  *
  * A file is an 8-byte little-endian header length N, N bytes of JSON header
  * {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
@@ -15,8 +15,8 @@
  * The engine knows only flat lists of named tensors and string metadata; the
  * Lua binding (lua/io.c) records nested Lua tables in the metadata.
  */
-#ifndef MP_IO_H
-#define MP_IO_H
+#ifndef MP_IO_SAFETENSORS_H
+#define MP_IO_SAFETENSORS_H
 
 #include <stdbool.h>
 #include <stddef.h>
