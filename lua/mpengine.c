@@ -29,7 +29,7 @@
 #include <lua.h>
 #include <lualib.h>
 
-#include "mp_core.h"
+#include "lua/lcore.h"
 #include "engine/dist.h"
 
 #ifndef MP_VERSION
@@ -853,7 +853,7 @@ int main(int argc, char **argv) {
   }
   lua_gc(L, LUA_GCSTOP); /* no collections while the libraries load */
   /* the CLI's C functions under which scripts run hold no tensors: a t:free()
-     there releases at once (lua/bind.c) */
+     there releases at once (lua/lbind.c) */
   lb_outside_binding(pmain);
   lb_outside_binding(print_k);
   lb_outside_binding(prompt_k);

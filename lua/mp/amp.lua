@@ -28,7 +28,7 @@ function amp.classes() return core._classes() end
 local policy = {}
 amp.policy = policy
 
--- option tables: the binding's one checker (lua/bind.c)
+-- option tables: the binding's one checker (lua/lbind.c)
 local function options(name, opts, spec)
   local r = core._options(name, opts, spec, 3)   -- not a tail call: level 3 is our caller's caller
   return r
@@ -440,7 +440,7 @@ local function trace_write(self, line)
   else
     local ok, e = pcall(self._trace.write, self._trace, line)
     if ok then self._trace_lines = self._trace_lines + 1; return end
-    -- lua/lines.c's words, less what the message says anyway: "line file: write failed (PATH: why)"
+    -- lua/llines.c's words, less what the message says anyway: "line file: write failed (PATH: why)"
     why = tostring(e):gsub("^line file: write failed %((.*)%)$", "%1"):gsub("^" .. self._trace_path:gsub("%p", "%%%0") .. ": ", "")
   end
   local path, lines = self._trace_path, self._trace_lines
@@ -547,7 +547,7 @@ local function header_fault(h)
 end
 
 -- mp.amp.load_trace(path) -> {header = {...}, steps = ...}: the header as written,
--- and the steps held packed (lua/trace.c: 69 bytes a step of two parameters and a
+-- and the steps held packed (lua/ltrace.c: 69 bytes a step of two parameters and a
 -- dozen non-empty bins, where a table per record took 3.5 KB):
 -- #steps, steps[i] and ipairs(steps) give each record as written (see above), non-
 -- finite numbers as numbers again, each parameter's histogram expanded to all 64
@@ -704,7 +704,7 @@ function amp.replay(trace, pol)
   else
     scale = own or 65536   -- the engine's default first scale
   end
-  -- the trajectory, packed as the records are (lua/trace.c)
+  -- the trajectory, packed as the records are (lua/ltrace.c)
   local out, skipped = core._trajectory(names), 0
   local steps = trace.steps
   for i = 1, #steps do

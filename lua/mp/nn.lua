@@ -64,7 +64,7 @@ local function check_size(fname, what, v)
 end
 
 -- an option table with only known keys, each of its default's type (the
--- binding's one checker, lua/bind.c), defaults filled in
+-- binding's one checker, lua/lbind.c), defaults filled in
 local function check_opts(fname, opts, defaults)
   local keys = {}
   for k in pairs(defaults) do keys[#keys + 1] = k end

@@ -1,5 +1,5 @@
--- trace_load_spec.lua: what mp.amp.load_trace (lua/mp/amp.lua, lua/trace.c,
--- lua/lines.c) refuses, and what a loaded trace costs: a header whose shape is not
+-- trace_load_spec.lua: what mp.amp.load_trace (lua/mp/amp.lua, lua/ltrace.c,
+-- lua/llines.c) refuses, and what a loaded trace costs: a header whose shape is not
 -- the engine's, a line longer than any the engine writes (plain or gzip, with or
 -- without its newline: refused once the cap is read, not grown into), records whose
 -- fields have the wrong type or range, a newline-terminated last line that is not a

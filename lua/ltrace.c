@@ -1,5 +1,5 @@
 /*
- * trace.c: a loss-scaler trace's step records, and a replay's trajectory, held
+ * ltrace.c: a loss-scaler trace's step records, and a replay's trajectory, held
  * packed (lua/mp/amp.lua: mp.amp.load_trace and mp.amp.replay). A Lua table per
  * record with a 64-entry histogram table per parameter took 3.5 KB a step for
  * two parameters (7 GB for a run of 2 million steps); here such a step takes 69
@@ -35,7 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "lua/bind.h"
+#include "lua/lbind.h"
 #include "kernels/backend.h"
 
 #define STEPS_MT "mp.amp.TraceSteps"

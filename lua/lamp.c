@@ -1,12 +1,12 @@
 /*
- * amp.c: autocast regions and the Scaler userdata (engine/autocast.h,
+ * lamp.c: autocast regions and the Scaler userdata (engine/autocast.h,
  * engine/scaler.h). lua/mp/amp.lua builds mp.amp.GradScaler and the policies on
  * these: `core._scaler(policy_table)` and the methods below.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "lua/bind.h"
+#include "lua/lbind.h"
 #include "engine/autocast.h"
 #include "engine/scaler.h"
 #include "engine/autograd.h"

@@ -1,12 +1,12 @@
 /*
- * tensor.c: the Tensor userdata: its methods, properties and metamethods.
+ * ltensor.c: the Tensor userdata: its methods, properties and metamethods.
  * Methods live in `meth`, metamethods in `metameth`; __index looks up a method
  * first and then a property (shape, dtype, device). __close and free() share
- * one function, which may defer the release (bind.c); __gc releases at once.
+ * one function, which may defer the release (lbind.c); __gc releases at once.
  */
 #include <math.h>
 #include <string.h>
-#include "lua/bind.h"
+#include "lua/lbind.h"
 #include "engine/autograd.h"
 
 #define TENSOR_RETURN(L, NAME, EXPR) do { LT_PUSH(L, NAME, EXPR); return 1; } while (0)
@@ -29,7 +29,7 @@ static int t_gc(lua_State *L)
 }
 
 /* __close and free(): the userdata lets go at once; the tensor waits while a C
- * function of the binding may be using it (bind.c) */
+ * function of the binding may be using it (lbind.c) */
 static int t_close(lua_State *L)
 {
     LTensor *u = luaL_checkudata(L, 1, MP_TENSOR_MT);

@@ -1,11 +1,11 @@
 /*
- * mp_core.c: luaopen_mp_core, the C half of the `mp` module: tensor
+ * lcore.c: luaopen_mp_core, the C half of the `mp` module: tensor
  * constructors, the random seed, devices, memory figures and functional
  * aliases of tensor methods (mp.matmul). lua/mp/init.lua builds on it.
  */
 #include <string.h>
-#include "lua/bind.h"
-#include "lua/mp_core.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/autograd.h"
 
 /* ---- mp.tensor(data [, opts]) ---- */
