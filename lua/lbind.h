@@ -89,16 +89,4 @@ lb_opts lb_options_def(lua_State *L, int i, const char *name, lb_opts defaults);
 /* apply opts.requires_grad to the new tensor on top of the stack */
 void lb_apply_options(lua_State *L, const lb_opts *o, const char *name);
 
-int luaopen_mp_tensor(lua_State *L);                 /* leaves the methods table */
-int lt_tostring(lua_State *L);
-void mp_open_data(lua_State *L);                     /* adds mp.core._data (lua/ldata.c) */
-void mp_open_io(lua_State *L);                       /* adds mp.save, mp.load (lua/lio.c) */
-void mp_open_functional(lua_State *L);               /* functional ops and grad mode (lua/lfunctional.c) */
-void mp_open_optim(lua_State *L);                    /* the Optimizer type (lua/loptim.c) */
-void mp_open_amp(lua_State *L);                      /* autocast and the Scaler (lua/amp.c) */
-void mp_open_lines(lua_State *L);                    /* line files and JSON for traces (lua/llines.c) */
-void mp_open_trace(lua_State *L);                    /* a trace's records and replay's trajectory, packed (lua/ltrace.c) */
-void mp_open_dist(lua_State *L);                     /* mp.dist's C half (lua/ldist.c) */
-void mp_open_util(lua_State *L);                     /* clock, isatty, rng state (lua/lutil.c) */
-
 #endif

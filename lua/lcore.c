@@ -272,6 +272,7 @@ static const luaL_Reg funcs[] = {
     {"matmul", m_matmul}, {"memory", m_memory}, {"counters", m_counters}, {"empty_cache", m_empty_cache},
     {"reset_peak_memory", m_reset_peak_memory},
     {"set_default_device", lb_set_default_device}, {"default_device", m_default_device},
+    {"_options", lb_options_lua},   /* the one option checker, for the Lua library */
     {NULL, NULL}
 };
 
@@ -297,7 +298,10 @@ int luaopen_mp_core(lua_State *L)
     mp_open_util(L);
     mp_open_lines(L);
     mp_open_trace(L);
-    mp_open_amp(L);
+    mp_open_autocast(L);
+    mp_open_scaler(L);
+    mp_open_scaler_trace(L);
+    mp_open_lab(L);
     mp_open_dist(L);
     return 1;
 }

@@ -5,6 +5,7 @@
  * marks these as building blocks, not API. Errors carry the public name.
  */
 #include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/data.h"
 
 /* _data.read_idx(path [, name]) -> tensor; errors start with `name`, by

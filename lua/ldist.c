@@ -5,6 +5,7 @@
  */
 #include <string.h>
 #include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/dist.h"
 
 /* mp.dist.init([{device_collectives = false, timeout = 1800}]) -> rank, size */

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 #include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/autograd.h"
 #include "engine/op.h"
 

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <cjson/cJSON.h>      /* the structure description */
 #include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/io.h"
 
 #define STRUCT_KEY "mpengine.structure"

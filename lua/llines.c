@@ -25,6 +25,7 @@
 #include <string.h>
 #include <zlib.h>
 #include "lua/lbind.h"
+#include "lua/lcore.h"
 
 #define MT "mp.LineFile"
 

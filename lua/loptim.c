@@ -5,6 +5,7 @@
  */
 #include <string.h>
 #include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/optim.h"
 #include "engine/dist.h"
 

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 #include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/autograd.h"
 
 #define TENSOR_RETURN(L, NAME, EXPR) do { LT_PUSH(L, NAME, EXPR); return 1; } while (0)

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "lua/lbind.h"
+#include "lua/lcore.h"
 
 #define EDGE 3
 

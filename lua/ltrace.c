@@ -8,7 +8,7 @@
  *
  *   core._trace_steps() -> an empty store (mp.amp.TraceSteps)
  *   core._trace_add(s, line) -> true, or false and why: one step line (the format of
- *       lua/amp.c's push_record, documented in lua/mp/amp.lua) parsed and checked
+ *       lua/lscaler_trace.c's push_record, documented in lua/mp/amp.lua) parsed and checked
  *       field by field (types, ranges, and what the engine's counts obey: none
  *       above the parameter's n), appended; a refused line leaves s as it was
  *   core._trace_bytes(s) -> the bytes its arrays hold
@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "kernels/backend.h"
 
 #define STEPS_MT "mp.amp.TraceSteps"

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "lua/lbind.h"
+#include "lua/lcore.h"
 
 /* mp.clock() -> seconds from an arbitrary start, monotonic, sub-microsecond */
 static int u_clock(lua_State *L)
