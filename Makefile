@@ -288,10 +288,13 @@ gpu-check:
 
 LUADIR  := $(DESTDIR)$(PREFIX)/share/lua/5.4
 CLUADIR := $(DESTDIR)$(PREFIX)/lib/lua/5.4
+# the parts of a module kept in files of their own (lua/mp/amp/*.lua for mp.amp, ...)
+LUA_SUBDIRS := $(patsubst lua/mp/%/,%,$(wildcard lua/mp/*/))
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(LUADIR)/mp $(CLUADIR)/mp
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/mpengine
 	install -m 644 lua/mp/*.lua $(LUADIR)/mp/
+	for d in $(LUA_SUBDIRS); do install -d $(LUADIR)/mp/$$d && install -m 644 lua/mp/$$d/*.lua $(LUADIR)/mp/$$d/ || exit 1; done
 	install -m 755 $(CORE) $(CLUADIR)/mp/core.so
 	$(if $(CUDA_SO),install -m 755 $(CUDA_SO) $(CLUADIR)/mp/cuda.so)
 	$(if $(MPI_SO),install -m 755 $(MPI_SO) $(CLUADIR)/mp/mpi.so)

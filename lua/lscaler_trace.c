@@ -29,7 +29,7 @@ static void add_field(luaL_Buffer *b, const char *key, double v)
     add_num(b, v);
 }
 
-/* s:_trace_record(loss or nil) -> this step's line of a trace (lua/mp/amp.lua
+/* s:_trace_record(loss or nil) -> this step's line of a trace (lua/mp/amp/trace.lua
  * documents it), written here because it runs every step: the scale the step
  * ran at, the decision, the loss, and per parameter the counts and the
  * histogram's non-empty stretch */

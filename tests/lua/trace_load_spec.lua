@@ -1,4 +1,4 @@
--- trace_load_spec.lua: what mp.amp.load_trace (lua/mp/amp.lua, lua/ltrace.c,
+-- trace_load_spec.lua: what mp.amp.load_trace (lua/mp/amp/trace.lua, lua/ltrace.c,
 -- lua/llines.c) refuses, and what a loaded trace costs: a header whose shape is not
 -- the engine's, a line longer than any the engine writes (plain or gzip, with or
 -- without its newline: refused once the cap is read, not grown into), records whose
