@@ -31,7 +31,10 @@ DEBS := liblua5.4-dev lua5.4 libopenblas-dev zlib1g-dev libreadline-dev libcrite
 
 ENGINE_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
-BIND_SRC   := $(filter-out lua/mpengine.c,$(wildcard lua/*.c))
+# the binding: lua/*.c but the host program (mpengine.c and its REPL)
+CLI_SRC    := lua/mpengine.c lua/repl.c
+CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+BIND_SRC   := $(filter-out $(CLI_SRC),$(wildcard lua/*.c))
 BIND_OBJ   := $(BIND_SRC:%.c=$(BUILD)/obj/%.o)
 CTEST_SRC  := $(wildcard tests/c/test_*.c)
 CTEST_BIN  := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
@@ -145,8 +148,8 @@ $(CORE): $(BIND_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-z,nodelete -o $@ $(BIND_OBJ) $(WHOLE_LIB) $(LDLIBS)
 
-$(CLI): $(BUILD)/obj/lua/mpengine.o $(BIND_OBJ) $(LIB)
-	$(CC) -o $@ $(BUILD)/obj/lua/mpengine.o $(BIND_OBJ) $(WHOLE_LIB) $(LUA_LIB) -lreadline $(LDLIBS) -Wl,-E
+$(CLI): $(CLI_OBJ) $(BIND_OBJ) $(LIB)
+	$(CC) -o $@ $(CLI_OBJ) $(BIND_OBJ) $(WHOLE_LIB) $(LUA_LIB) -lreadline $(LDLIBS) -Wl,-E
 
 $(BUILD)/tests/%: tests/c/%.c $(LIB)
 	@mkdir -p $(dir $@)
