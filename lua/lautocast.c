@@ -1,7 +1,7 @@
 /*
  * lautocast.c: autocast regions (engine/autocast.h): mp.amp.autocast's guard,
  * the op classes (mp.amp.register, mp.amp.classes), and the switch that
- * mp.amp.diagnose's FP32 run turns every region off with. lua/mp/amp/autocast.lua
+ * mp.amp.diagnose's FP32 run turns every region off with. lua/mp/amp/autocast_regions.lua
  * is the Lua side.
  */
 #include <string.h>

@@ -3,7 +3,7 @@
  * the built-in policies as tables (core._policy), a new scaler from one
  * (core._scaler), its methods (scale, unscale, step, update, set_policy, _info,
  * _restore, telemetry), and the backward pass's rounding counts that telemetry
- * reports (core._count_flush, _flush_stats, _flush_reset). lua/mp/amp/scaler.lua
+ * reports (core._count_flush, _flush_stats, _flush_reset). lua/mp/amp/grad_scaler.lua
  * and lua/mp/amp/policy.lua build on these. The methods that write a trace's
  * lines are lscaler_trace.c's; the policy simulator of replay is llab.c's.
  */

@@ -11,13 +11,13 @@
 -- update(self, info) -> new scale (and optionally init(self) -> first scale); it
 -- is called from update() with what the step found.
 --
--- One file per job under lua/mp/amp/: autocast.lua (regions, op classes),
--- policy.lua (the loss scale's policies), scaler.lua (GradScaler), trace.lua
+-- One file per job under lua/mp/amp/: autocast_regions.lua (regions, op classes),
+-- policy.lua (the loss scale's policies), grad_scaler.lua (GradScaler), trace.lua
 -- (scaler:trace, load_trace), lab.lua (replay, diagnose). This file gathers
 -- them into the public module.
-local autocast = require "mp.amp.autocast"
+local autocast = require "mp.amp.autocast_regions"
 local policy = require "mp.amp.policy"
-local scaler = require "mp.amp.scaler"
+local scaler = require "mp.amp.grad_scaler"
 local trace = require "mp.amp.trace"
 local lab = require "mp.amp.lab"
 

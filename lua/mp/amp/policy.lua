@@ -2,7 +2,7 @@
 -- dynamic, hysteresis, amax) are tables the engine runs (engine/scaler.c, through
 -- lua/lscaler.c); a policy written in Lua is any table with update(self, info) ->
 -- new scale (and optionally init(self) -> first scale). This file makes the
--- built-in ones and checks a Lua one; GradScaler (scaler.lua) and replay
+-- built-in ones and checks a Lua one; GradScaler (grad_scaler.lua) and replay
 -- (lab.lua) take either through checked_view.
 local core = require "mp.core"
 
