@@ -31,7 +31,10 @@ DEBS := liblua5.4-dev lua5.4 libopenblas-dev zlib1g-dev libreadline-dev libcrite
 
 ENGINE_SRC := $(wildcard engine/*.c) $(wildcard kernels/cpu/*.c)
 ENGINE_OBJ := $(ENGINE_SRC:%.c=$(BUILD)/obj/%.o)
-BIND_SRC   := $(filter-out lua/mpengine.c,$(wildcard lua/*.c))
+# the binding: lua/*.c but the host program (mpengine.c and its REPL)
+CLI_SRC    := lua/mpengine.c lua/repl.c
+CLI_OBJ    := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+BIND_SRC   := $(filter-out $(CLI_SRC),$(wildcard lua/*.c))
 BIND_OBJ   := $(BIND_SRC:%.c=$(BUILD)/obj/%.o)
 CTEST_SRC  := $(wildcard tests/c/test_*.c)
 CTEST_BIN  := $(CTEST_SRC:tests/c/%.c=$(BUILD)/tests/%)
@@ -145,8 +148,8 @@ $(CORE): $(BIND_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,-z,nodelete -o $@ $(BIND_OBJ) $(WHOLE_LIB) $(LDLIBS)
 
-$(CLI): $(BUILD)/obj/lua/mpengine.o $(BIND_OBJ) $(LIB)
-	$(CC) -o $@ $(BUILD)/obj/lua/mpengine.o $(BIND_OBJ) $(WHOLE_LIB) $(LUA_LIB) -lreadline $(LDLIBS) -Wl,-E
+$(CLI): $(CLI_OBJ) $(BIND_OBJ) $(LIB)
+	$(CC) -o $@ $(CLI_OBJ) $(BIND_OBJ) $(WHOLE_LIB) $(LUA_LIB) -lreadline $(LDLIBS) -Wl,-E
 
 $(BUILD)/tests/%: tests/c/%.c $(LIB)
 	@mkdir -p $(dir $@)
@@ -288,10 +291,13 @@ gpu-check:
 
 LUADIR  := $(DESTDIR)$(PREFIX)/share/lua/5.4
 CLUADIR := $(DESTDIR)$(PREFIX)/lib/lua/5.4
+# the parts of a module kept in files of their own (lua/mp/amp/*.lua for mp.amp, ...)
+LUA_SUBDIRS := $(patsubst lua/mp/%/,%,$(wildcard lua/mp/*/))
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(LUADIR)/mp $(CLUADIR)/mp
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/mpengine
 	install -m 644 lua/mp/*.lua $(LUADIR)/mp/
+	for d in $(LUA_SUBDIRS); do install -d $(LUADIR)/mp/$$d && install -m 644 lua/mp/$$d/*.lua $(LUADIR)/mp/$$d/ || exit 1; done
 	install -m 755 $(CORE) $(CLUADIR)/mp/core.so
 	$(if $(CUDA_SO),install -m 755 $(CUDA_SO) $(CLUADIR)/mp/cuda.so)
 	$(if $(MPI_SO),install -m 755 $(MPI_SO) $(CLUADIR)/mp/mpi.so)

@@ -13,7 +13,7 @@
  * the path and the problem, never a crash or an out-of-bounds read.
  *
  * The engine knows only flat lists of named tensors and string metadata; the
- * Lua binding (lua/io.c) records nested Lua tables in the metadata.
+ * Lua binding (lua/lio.c) records nested Lua tables in the metadata.
  */
 #ifndef MP_IO_SAFETENSORS_H
 #define MP_IO_SAFETENSORS_H

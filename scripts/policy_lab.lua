@@ -1,6 +1,6 @@
 -- policy_lab.lua: loss-scaling policies compared on one recorded trace, without the
 -- model (mp.amp.replay: a counterfactual on the recorded gradients; the run itself
--- would differ under another policy, see lua/mp/amp.lua).
+-- would differ under another policy, see lua/mp/amp/lab.lua).
 --
 --   build/mpengine scripts/policy_lab.lua TRACE [POLICY ...] [--out TABLE.jsonl]
 --

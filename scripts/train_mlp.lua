@@ -38,7 +38,7 @@
 --                      info carries zero/underflow/overflow fractions
 --
 -- --trace FILE (with --amp) records the loss scaler's view of every step into FILE
--- (JSON lines, gzip'd when FILE ends in .gz; scaler:trace in lua/mp/amp.lua says what a
+-- (JSON lines, gzip'd when FILE ends in .gz; scaler:trace in lua/mp/amp/trace.lua says what a
 -- line holds), read back by mp.amp.load_trace. A resumed run's trace starts at the
 -- resume.
 --

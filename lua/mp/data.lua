@@ -10,7 +10,7 @@
 --       path must be a regular file of at most max_bytes (M.TEXT_MAX_BYTES, 256 MiB) bytes
 --   mp.data.windows(ids, batch, ctx [, device]) -> x, y: random windows (y = x moved on by one)
 --
--- The file reading and the shuffle are C (lua/data.c over engine/data_idx.c
+-- The file reading and the shuffle are C (lua/ldata.c over engine/data_idx.c
 -- and engine/data_perm.c); this file checks the arguments and cuts batches
 -- with index_select. The dataset stays on the cpu and batches are cut there,
 -- as with PyTorch's DataLoader; each batch then goes to `device`, by default
@@ -127,7 +127,7 @@ local function check_options(opts)
   if type(opts) ~= "table" then
     fail(2, "%s: options must be a table with batch= (got %s)", LD, describe(opts))
   end
-  -- the keys: the binding's one checker (lua/bind.c); the values below
+  -- the keys: the binding's one checker (lua/lbind.c); the values below
   core._options(LD, opts, "batch:any shuffle:any seed:any drop_last:any device:any shard:any", 4)
   -- math.tointeger would also take the string "8"; options want numbers
   local function int(v) return type(v) == "number" and math.tointeger(v) or nil end

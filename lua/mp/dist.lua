@@ -1,5 +1,5 @@
 -- mp.dist: processes that train together, started by mpirun (engine/dist.h,
--- lua/dist.c). Without a launcher a script is a world of one: rank 0 of 1,
+-- lua/ldist.c). Without a launcher a script is a world of one: rank 0 of 1,
 -- every collective leaves its tensor as it is, and MPI is never loaded.
 --
 --   mp.dist.init([{device_collectives = false, timeout = 1800}]) -> rank, size

@@ -1,5 +1,5 @@
 -- mp.optim: SGD, Adam and AdamW with PyTorch's defaults and update rules, over
--- flat parameter/gradient arenas in C (lua/optim.c, engine/optim.c), plus
+-- flat parameter/gradient arenas in C (lua/loptim.c, engine/optim.c), plus
 -- state_dict/load_state_dict and gradient clipping.
 local core = require "mp.core"
 
@@ -7,7 +7,7 @@ local optim = {}
 local methods = core._optim_methods
 local schedules = setmetatable({}, {__mode = "k"})   -- optimizer -> its lr schedule
 
--- option tables: the binding's one checker (lua/bind.c); values are the
+-- option tables: the binding's one checker (lua/lbind.c); values are the
 -- engine's to check and default (engine/optim.c, mp_optim_defaults)
 local function check_options(name, opts, spec)
   local r = core._options(name, opts, spec, 3)   -- not a tail call: level 3 is our caller's caller

@@ -26,7 +26,7 @@
 #include <lauxlib.h>
 #include <lualib.h>
 #include "tests/fuzz/fuzz_input.h"
-#include "lua/mp_core.h"
+#include "lua/lcore.h"
 
 static lua_State *L;
 

@@ -2,7 +2,7 @@
 -- integer tensor cannot hold is refused (not saturated or truncated), a NaN
 -- never stands for "the default", a NUL byte never cuts a safetensors name
 -- short, and every Lua number that becomes a C integer goes through one
--- checked conversion (lua/bind.c, lb_integer): no cast of an out-of-range
+-- checked conversion (lua/lbind.c, lb_integer): no cast of an out-of-range
 -- double (undefined behaviour in C; `make test SAN=1` halts on the ones UBSan
 -- sees) and an error that shows the value as given.
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")

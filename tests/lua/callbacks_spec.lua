@@ -1,7 +1,7 @@
 -- callbacks_spec.lua: Lua code that runs in the middle of a C function of the
 -- binding (a metamethod of an argument, a finalizer started by an allocation)
 -- and frees a tensor that function already holds. The C function must go on
--- with the tensor it was given: the release waits until it returns (lua/bind.c).
+-- with the tensor it was given: the release waits until it returns (lua/lbind.c).
 --
 -- How a use after free would show without a sanitizer: right after the free,
 -- the callback allocates a tensor of the same size filled with 777, which the

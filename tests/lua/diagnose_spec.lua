@@ -1,4 +1,4 @@
--- diagnose_spec.lua: mp.amp.diagnose (lua/mp/amp.lua over engine/observe.c and
+-- diagnose_spec.lua: mp.amp.diagnose (lua/mp/amp/lab.lua over engine/observe.c and
 -- mp_autocast_suppress): the low-precision run against FP32 op by op names the first
 -- op whose inf/NaN FP32 does not have, forward or backward; a clean step has none;
 -- underflow shows where f16 flushes what FP32 keeps; the model's gradients and the

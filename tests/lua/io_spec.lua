@@ -1,4 +1,4 @@
--- io_spec.lua: mp.save and mp.load (lua/io.c over engine/io_safetensors.c).
+-- io_spec.lua: mp.save and mp.load (lua/lio.c over engine/io_safetensors.c).
 -- Nested tables of tensors, numbers, strings and booleans come back exactly as
 -- saved; files of other tools load flat; bad arguments and bad files raise errors
 -- naming the function; and, where Python's safetensors is installed (make pydeps),

@@ -94,7 +94,7 @@ describe("a training step without waiting for the device", function()
   end)
 
   -- in a child: how soon steps are warm depends on what the process holds
-  -- (lua/bind.c paces collections by it), so a fresh process measures
+  -- (lua/lbind.c paces collections by it), so a fresh process measures
   local RIG = H.q(H.root .. "/tests/lua/train_rig.lua")
 
   it("allocates nothing new in a warm step: the MLP at batch 128 on the cpu", function()

@@ -1,4 +1,4 @@
--- replay_spec.lua: mp.amp.replay (lua/mp/amp.lua, the rules through engine/scaler.c's
+-- replay_spec.lua: mp.amp.replay (lua/mp/amp/lab.lua, the rules through engine/scaler.c's
 -- policy simulator): run against a trace of the policy that made it, replay takes
 -- every recorded decision and scale exactly, for each built-in policy and a Lua one;
 -- other candidates move as their rules say on the recorded gradients (a scale too

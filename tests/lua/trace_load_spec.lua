@@ -1,5 +1,5 @@
--- trace_load_spec.lua: what mp.amp.load_trace (lua/mp/amp.lua, lua/trace.c,
--- lua/lines.c) refuses, and what a loaded trace costs: a header whose shape is not
+-- trace_load_spec.lua: what mp.amp.load_trace (lua/mp/amp/trace.lua, lua/ltrace.c,
+-- lua/llines.c) refuses, and what a loaded trace costs: a header whose shape is not
 -- the engine's, a line longer than any the engine writes (plain or gzip, with or
 -- without its newline: refused once the cap is read, not grown into), records whose
 -- fields have the wrong type or range, a newline-terminated last line that is not a
@@ -14,7 +14,7 @@ local function tmp(name) return os.tmpname() .. "-" .. name end
 
 local HEADER = '{"bins":64,"hist_lo":-48,"meta":{},"params":["w","b"],"policy":{"kind":"dynamic"},'
   .. '"trace":"mpengine.scaler","version":1}'
--- a step as the engine writes it (lua/amp.c, push_record), with `%d` for the step
+-- a step as the engine writes it (lua/lscaler_trace.c, push_record), with `%d` for the step
 local RECORD = '{"step":%d,"scale":65536,"applied":true,"reason":null,"loss":2.30258512,"params":['
   .. '{"n":120,"amax":0.0123456789,"nan":0,"inf":0,"zeros":0,"underflow":0,"overflow":0,"lo":30,'
   .. '"hist":[1,3,9,20,40,30,12,5]},'

@@ -1,4 +1,4 @@
--- trace_spec.lua: scaler:trace and mp.amp.load_trace (lua/mp/amp.lua, lua/lines.c):
+-- trace_spec.lua: scaler:trace and mp.amp.load_trace (lua/mp/amp/trace.lua, lua/llines.c):
 -- every record holds what the scaler saw that step (scale it ran at, decision and
 -- reason, loss, each parameter's counts and histogram, as telemetry_table gives
 -- them), plain and gzip files read back alike, a crashed run's trace reads up to its

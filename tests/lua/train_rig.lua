@@ -24,7 +24,7 @@ end
 -- the MLP of train_mlp.lua at batch 128
 R.MLP128 = {784, 512, 10, 128}
 -- Warm: the binding collects the garbage of finished steps when a device has been
--- handed as many bytes as it holds (lua/bind.c); for MLP128 that is every ~30
+-- handed as many bytes as it holds (lua/lbind.c); for MLP128 that is every ~30
 -- steps. After the first such collection the caching allocator holds every
 -- block a step needs; each collection ends a window of the allocator, and two
 -- windows later (step ~91) it gives back the blocks only the first steps used

@@ -1,5 +1,5 @@
 /*
- * bind.c: helpers shared by the binding files: the tensor userdata, raising
+ * lbind.c: helpers shared by the binding files: the tensor userdata, raising
  * engine errors, pacing the garbage collector, and reading shapes, dtypes,
  * devices and option tables from Lua.
  */
@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "engine/memory.h"
-#include "lua/bind.h"
+#include "lua/lbind.h"
 #include "engine/autograd.h"
 
 LTensor *lt_new(lua_State *L)

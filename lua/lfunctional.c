@@ -1,11 +1,12 @@
 /*
- * functional.c: mp.softmax, mp.cross_entropy ... (API.md "Functional ops"), the
+ * lfunctional.c: mp.softmax, mp.cross_entropy ... (API.md "Functional ops"), the
  * functions that op descriptions ask for (mp.relu, mp.tanh, ...: bind_described),
  * and grad mode (mp.no_grad, mp.set_grad_enabled, mp.is_grad_enabled).
  */
 #include <math.h>
 #include <string.h>
-#include "lua/bind.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/autograd.h"
 #include "engine/op.h"
 

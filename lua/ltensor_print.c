@@ -1,5 +1,5 @@
 /*
- * tensor_print.c: tostring(t). Values in one shared format (integers, fixed
+ * ltensor_print.c: tostring(t). Values in one shared format (integers, fixed
  * point or exponent, chosen from what is shown), matrices as rows, higher dims
  * as "(i,j,.,.) =" slices as Torch prints them, and a summary line such as
  * `[f16 2x3 cpu]`. Tensors over 1000 elements show the first and last three
@@ -8,7 +8,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include "lua/bind.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 
 #define EDGE 3
 

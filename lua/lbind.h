@@ -1,11 +1,11 @@
 /*
- * bind.h: what the binding files share. A tensor userdata holds one reference
+ * lbind.h: what the binding files share. A tensor userdata holds one reference
  * to an engine tensor (NULL once freed). Engine failures become Lua errors
  * prefixed with the Lua name of the function; an allocation failure first runs
  * a full collection and retries once.
  */
-#ifndef MP_BIND_H
-#define MP_BIND_H
+#ifndef MP_LBIND_H
+#define MP_LBIND_H
 
 #include <lua.h>
 #include <lauxlib.h>
@@ -25,7 +25,7 @@ mp_tensor *lt_opt(lua_State *L, int i);             /* NULL when not a tensor */
 int lt_error(lua_State *L, const char *name);       /* raise the engine's error */
 /* An explicit release (t:free(), <close>, t.grad = x, opt:free()): done now, or,
  * while a C function of the binding is on the stack and may hold the object's
- * raw pointer, later (bind.c); lb_release_pending does the waiting ones once
+ * raw pointer, later (lbind.c); lb_release_pending does the waiting ones once
  * none is. Finalizers (__gc) release at once: what they collect is on no stack. */
 void lb_release(lua_State *L, void (*release)(void *), void *p);
 void lt_release(lua_State *L, mp_tensor *t);
@@ -33,7 +33,7 @@ void lb_release_pending(lua_State *L);
 /* a C function linked with the binding that holds no engine pointers while Lua
  * runs under it (the CLI's main function), so releases under it need not wait */
 void lb_outside_binding(lua_CFunction f);
-/* GC pacing (bind.c): a new tensor of nbytes on device d given to Lua; and the
+/* GC pacing (lbind.c): a new tensor of nbytes on device d given to Lua; and the
  * end of an optimizer step */
 void lt_pace_gc(lua_State *L, mp_device d, size_t nbytes);
 void lt_step_done(lua_State *L);
@@ -59,7 +59,7 @@ void lt_step_done(lua_State *L);
     } while (0)
 
 /* shapes, dtypes, devices and options from Lua values */
-/* Lua numbers to C integers, always through these (bind.c): 3 and 3.0, not
+/* Lua numbers to C integers, always through these (lbind.c): 3 and 3.0, not
  * "3", 2.5 or 1e300; _in adds a range; _field reads t.k (dflt when nil) */
 int64_t lb_integer(lua_State *L, int i, const char *what, const char *name);
 int64_t lb_integer_in(lua_State *L, int i, const char *what, const char *name, int64_t lo, int64_t hi);
@@ -88,17 +88,5 @@ lb_opts lb_options(lua_State *L, int i, const char *name);
 lb_opts lb_options_def(lua_State *L, int i, const char *name, lb_opts defaults);
 /* apply opts.requires_grad to the new tensor on top of the stack */
 void lb_apply_options(lua_State *L, const lb_opts *o, const char *name);
-
-int luaopen_mp_tensor(lua_State *L);                 /* leaves the methods table */
-int lt_tostring(lua_State *L);
-void mp_open_data(lua_State *L);                     /* adds mp.core._data (lua/data.c) */
-void mp_open_io(lua_State *L);                       /* adds mp.save, mp.load (lua/io.c) */
-void mp_open_functional(lua_State *L);               /* functional ops and grad mode (lua/functional.c) */
-void mp_open_optim(lua_State *L);                    /* the Optimizer type (lua/optim.c) */
-void mp_open_amp(lua_State *L);                      /* autocast and the Scaler (lua/amp.c) */
-void mp_open_lines(lua_State *L);                    /* line files and JSON for traces (lua/lines.c) */
-void mp_open_trace(lua_State *L);                    /* a trace's records and replay's trajectory, packed (lua/trace.c) */
-void mp_open_dist(lua_State *L);                     /* mp.dist's C half (lua/dist.c) */
-void mp_open_util(lua_State *L);                     /* clock, isatty, rng state (lua/util.c) */
 
 #endif

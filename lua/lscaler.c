@@ -1,83 +1,26 @@
 /*
- * amp.c: autocast regions and the Scaler userdata (engine/autocast.h,
- * engine/scaler.h). lua/mp/amp.lua builds mp.amp.GradScaler and the policies on
- * these: `core._scaler(policy_table)` and the methods below.
+ * lscaler.c: the Scaler userdata (engine/scaler.h) under mp.amp.GradScaler:
+ * the built-in policies as tables (core._policy), a new scaler from one
+ * (core._scaler), its methods (scale, unscale, step, update, set_policy, _info,
+ * _restore, telemetry), and the backward pass's rounding counts that telemetry
+ * reports (core._count_flush, _flush_stats, _flush_reset). lua/mp/amp/grad_scaler.lua
+ * and lua/mp/amp/policy.lua build on these. The methods that write a trace's
+ * lines are lscaler_trace.c's; the policy simulator of replay is llab.c's.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "lua/bind.h"
-#include "engine/autocast.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
+#include "lua/lscaler.h"
 #include "engine/scaler.h"
-#include "engine/scaler_sim.h"
-#include "engine/scaler_trace.h"
 #include "engine/autograd.h"
-#include "engine/observe.h"
-
-#define SCALER_MT "mp.Scaler"
-#define GUARD_MT "mp.AutocastGuard"
-
-/* ---- autocast ---- */
-
-static int guard_close(lua_State *L)
-{
-    int *tok = luaL_checkudata(L, 1, GUARD_MT);
-    if (*tok >= 0) mp_autocast_exit(*tok), *tok = -1;
-    return 0;
-}
-
-/* mp.amp.autocast("f16" | "bf16" | false) -> a to-be-closed guard */
-static int a_autocast(lua_State *L)
-{
-    bool on = true;
-    mp_dtype dt = MP_F16;
-    if (lua_isboolean(L, 1) && !lua_toboolean(L, 1)) on = false;
-    else if (lua_type(L, 1) == LUA_TSTRING) dt = lb_dtype(L, 1, "mp.amp.autocast");
-    else return luaL_error(L, "mp.amp.autocast: expected \"f16\", \"bf16\" or false (got %s)", luaL_typename(L, 1));
-    int *tok = lua_newuserdatauv(L, sizeof(int), 0);
-    *tok = -1;
-    luaL_setmetatable(L, GUARD_MT);
-    mp_clear_error();
-    if ((*tok = mp_autocast_enter(on, dt)) < 0) return lt_error(L, "mp.amp.autocast");
-    return 1;
-}
-
-static const char *class_names[] = {"none", "low", "f32", "promote", NULL};
-
-/* mp.amp.register(op, "low" | "f32" | "promote" | "none") */
-static int a_register(lua_State *L)
-{
-    const char *op = luaL_checkstring(L, 1);
-    const char *c = luaL_checkstring(L, 2);
-    int k = -1;
-    for (int i = 0; class_names[i]; i++)
-        if (strcmp(c, class_names[i]) == 0) k = i;
-    if (k < 0) return luaL_error(L, "mp.amp.register: class must be \"low\", \"f32\", \"promote\" or \"none\" (got '%s')", c);
-    mp_clear_error();
-    if (mp_autocast_register(op, (mp_ac_class)k)) return lt_error(L, "mp.amp.register");
-    return 0;
-}
-
-/* mp.amp.classes() -> {op = class} */
-static int a_classes(lua_State *L)
-{
-    lua_newtable(L);
-    mp_ac_class c;
-    const char *name;
-    for (int i = 0; (name = mp_autocast_entry(i, &c)); i++) {
-        lua_pushstring(L, class_names[c]);
-        lua_setfield(L, -2, name);
-    }
-    return 1;
-}
-
-/* ---- the scaler ---- */
 
 typedef struct { mp_scaler *s; } LScaler;
 
-static mp_scaler *check_scaler(lua_State *L, int i)
+mp_scaler *ls_check_scaler(lua_State *L, int i)
 {
-    LScaler *u = luaL_checkudata(L, i, SCALER_MT);
+    LScaler *u = luaL_checkudata(L, i, LS_SCALER_MT);
     if (!u->s) luaL_argerror(L, i, "scaler was freed");
     return u->s;
 }
@@ -99,7 +42,7 @@ static void int_field(lua_State *L, int t, const char *k, int64_t *v, const char
 /* The engine's policy from a policy table: the engine's defaults for its kind,
  * changed by the fields the table has (window is hysteresis's interval), then
  * the engine's check. The binding converts types; values are the engine's. */
-static mp_policy read_policy(lua_State *L, int t, const char *name)
+mp_policy ls_read_policy(lua_State *L, int t, const char *name)
 {
     t = lua_absindex(L, t);
     lua_getfield(L, t, "kind");
@@ -139,7 +82,6 @@ static void push_num(lua_State *L, double v)
     else lua_pushnumber(L, v);
 }
 
-/* core._scale_ok(v): the engine's test of a loss scale */
 /* core._policy(kind, opts) -> the policy table, every field the engine's: the
  * options a kind takes (checked by the one option checker), the engine's
  * defaults for the rest, the engine's check */
@@ -169,7 +111,7 @@ static int a_policy(lua_State *L)
             lua_settable(L, -4);
         }
     }
-    mp_policy p = read_policy(L, -1, name);
+    mp_policy p = ls_read_policy(L, -1, name);
     mp_clear_error();
     if (mp_policy_check(&p)) return lt_error(L, name);
     lua_pop(L, 1);
@@ -197,6 +139,7 @@ static int a_policy(lua_State *L)
     return 1;
 }
 
+/* core._scale_ok(v): the engine's test of a loss scale */
 static int a_scale_ok(lua_State *L)
 {
     lua_pushboolean(L, lua_type(L, 1) == LUA_TNUMBER && mp_scale_ok(lua_tonumber(L, 1)));
@@ -206,10 +149,10 @@ static int a_scale_ok(lua_State *L)
 static int s_new(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
-    mp_policy p = read_policy(L, 1, "mp.amp.GradScaler");
+    mp_policy p = ls_read_policy(L, 1, "mp.amp.GradScaler");
     LScaler *u = lua_newuserdatauv(L, sizeof *u, 0);
     u->s = NULL;
-    luaL_setmetatable(L, SCALER_MT);
+    luaL_setmetatable(L, LS_SCALER_MT);
     mp_clear_error();
     if (!(u->s = mp_scaler_new(&p))) return lt_error(L, "mp.amp.GradScaler");
     return 1;
@@ -217,7 +160,7 @@ static int s_new(lua_State *L)
 
 static int s_gc(lua_State *L)
 {
-    LScaler *u = luaL_checkudata(L, 1, SCALER_MT);
+    LScaler *u = luaL_checkudata(L, 1, LS_SCALER_MT);
     mp_scaler_free(u->s);
     u->s = NULL;
     return 0;
@@ -228,9 +171,9 @@ static int s_gc(lua_State *L)
  * the Lua side (GradScaler:set_policy) has checked the option's type */
 static int s_set_policy(lua_State *L)
 {
-    mp_scaler *s = check_scaler(L, 1);
+    mp_scaler *s = ls_check_scaler(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
-    mp_policy p = read_policy(L, 2, "GradScaler:set_policy");
+    mp_policy p = ls_read_policy(L, 2, "GradScaler:set_policy");
     static const char *const from_init[] = {"init", NULL};
     double v = p.init;
     if (lua_type(L, 3) == LUA_TNUMBER) v = lua_tonumber(L, 3);
@@ -242,7 +185,7 @@ static int s_set_policy(lua_State *L)
 
 static int s_scale(lua_State *L)
 {
-    mp_scaler *s = check_scaler(L, 1);
+    mp_scaler *s = ls_check_scaler(L, 1);
     mp_tensor *loss = lt_check(L, 2);
     LT_PUSH(L, "GradScaler:scale", mp_scaler_scale(s, loss));
     return 1;
@@ -257,7 +200,7 @@ static mp_optim *optim_arg(lua_State *L, int i, const char *name)
 
 static int s_unscale(lua_State *L)
 {
-    mp_scaler *s = check_scaler(L, 1);
+    mp_scaler *s = ls_check_scaler(L, 1);
     mp_optim *o = optim_arg(L, 2, "GradScaler:unscale");
     mp_clear_error();
     if (mp_scaler_unscale(s, o)) return lt_error(L, "GradScaler:unscale");
@@ -267,7 +210,7 @@ static int s_unscale(lua_State *L)
 /* true (applied), false (skipped), or nil with sync off: the decision stayed on the device */
 static int s_step(lua_State *L)
 {
-    mp_scaler *s = check_scaler(L, 1);
+    mp_scaler *s = ls_check_scaler(L, 1);
     mp_optim *o = optim_arg(L, 2, "GradScaler:step");
     int applied;
     mp_clear_error();
@@ -280,13 +223,13 @@ static int s_step(lua_State *L)
 
 static int s_set_sync(lua_State *L)
 {
-    mp_scaler_set_sync(check_scaler(L, 1), lua_toboolean(L, 2));
+    mp_scaler_set_sync(ls_check_scaler(L, 1), lua_toboolean(L, 2));
     return 0;
 }
 
 static int s_update(lua_State *L)
 {
-    mp_scaler *s = check_scaler(L, 1);
+    mp_scaler *s = ls_check_scaler(L, 1);
     mp_clear_error();
     if (lua_isnoneornil(L, 2) ? mp_scaler_update(s) : mp_scaler_set_scale(s, luaL_checknumber(L, 2)))
         return lt_error(L, "GradScaler:update");
@@ -297,7 +240,7 @@ static int s_update(lua_State *L)
  * (before a Lua policy reads them) */
 static int s_share(lua_State *L)
 {
-    mp_scaler *s = check_scaler(L, 1);
+    mp_scaler *s = ls_check_scaler(L, 1);
     mp_clear_error();
     if (mp_scaler_share(s)) return lt_error(L, "GradScaler:update");
     return 0;
@@ -331,7 +274,7 @@ static void push_stats(lua_State *L, const mp_grad_stats *st, double scale)
  * state back from the device) */
 static int s_info(lua_State *L)
 {
-    mp_scaler *s = check_scaler(L, 1);
+    mp_scaler *s = ls_check_scaler(L, 1);
     mp_clear_error();
     const mp_scale_state *h = mp_scaler_read(s);
     if (!h) return lt_error(L, "GradScaler (reading its state)");
@@ -376,125 +319,10 @@ static int s_info(lua_State *L)
     return 1;
 }
 
-/* a JSON number (non-finite ones as the strings "nan", "inf", "-inf") */
-static void add_num(luaL_Buffer *b, double v)
-{
-    char t[40];
-    if (isnan(v)) snprintf(t, sizeof t, "\"nan\"");
-    else if (isinf(v)) snprintf(t, sizeof t, v > 0 ? "\"inf\"" : "\"-inf\"");
-    else if (v == (double)(long long)v && fabs(v) < 9007199254740992.0) snprintf(t, sizeof t, "%lld", (long long)v);
-    else snprintf(t, sizeof t, "%.9g", v);
-    luaL_addstring(b, t);
-}
-
-static void add_field(luaL_Buffer *b, const char *key, double v)
-{
-    luaL_addchar(b, '"');
-    luaL_addstring(b, key);
-    luaL_addstring(b, "\":");
-    add_num(b, v);
-}
-
-/* s:_trace_record(loss or nil) -> this step's line of a trace (lua/mp/amp.lua
- * documents it), written here because it runs every step: the scale the step
- * ran at, the decision, the loss, and per parameter the counts and the
- * histogram's non-empty stretch */
-static void push_record(lua_State *L, const mp_scale_state *h, const mp_grad_stats *pp, int n, bool has_loss,
-                        double loss)
-{
-    mp_skip_reason reason = mp_scaler_reason(h);
-    float at = h->stats_scale > 0 ? h->stats_scale : h->scale;
-    luaL_Buffer b;
-    luaL_buffinit(L, &b);
-    luaL_addchar(&b, '{');
-    add_field(&b, "step", (double)h->steps);
-    luaL_addchar(&b, ',');
-    add_field(&b, "scale", h->scale);
-    luaL_addstring(&b, reason != MP_SKIP_NONE ? ",\"applied\":false,\"reason\":\"" : ",\"applied\":true,\"reason\":null");
-    if (reason != MP_SKIP_NONE) luaL_addstring(&b, mp_skip_reason_name(reason)), luaL_addchar(&b, '"');
-    luaL_addstring(&b, ",\"loss\":");
-    if (!has_loss) luaL_addstring(&b, "null");
-    else add_num(&b, loss);
-    luaL_addstring(&b, ",\"params\":[");
-    for (int i = 0; pp && i < n; i++) {
-        const mp_grad_stats *st = &pp[i];
-        int lo = -1, hi = -1;
-        for (int k = 0; k < MP_HIST_BINS; k++)
-            if (st->hist[k]) hi = k, lo = lo < 0 ? k : lo;
-        if (i) luaL_addchar(&b, ',');
-        luaL_addchar(&b, '{');
-        add_field(&b, "n", (double)st->n), luaL_addchar(&b, ',');
-        add_field(&b, "amax", st->amax / at), luaL_addchar(&b, ',');
-        add_field(&b, "nan", (double)st->nan), luaL_addchar(&b, ',');
-        add_field(&b, "inf", (double)st->inf), luaL_addchar(&b, ',');
-        add_field(&b, "zeros", (double)st->zeros), luaL_addchar(&b, ',');
-        add_field(&b, "underflow", (double)st->underflow), luaL_addchar(&b, ',');
-        add_field(&b, "overflow", (double)st->overflow), luaL_addchar(&b, ',');
-        add_field(&b, "lo", lo < 0 ? 0 : lo);   /* the first non-empty bin, 0-based */
-        luaL_addstring(&b, ",\"hist\":[");
-        for (int k = lo; lo >= 0 && k <= hi; k++) {
-            if (k > lo) luaL_addchar(&b, ',');
-            add_num(&b, (double)st->hist[k]);
-        }
-        luaL_addstring(&b, "]}");
-    }
-    luaL_addstring(&b, "]}");
-    luaL_pushresult(&b);
-}
-
-static int s_trace_record(lua_State *L)
-{
-    mp_scaler *s = check_scaler(L, 1);
-    bool has_loss = !lua_isnoneornil(L, 2);
-    double loss = has_loss ? luaL_checknumber(L, 2) : 0;
-    mp_clear_error();
-    const mp_scale_state *h = mp_scaler_read(s);
-    if (!h) return lt_error(L, "GradScaler:trace (reading the scaler's state)");
-    int n = 0;
-    const mp_grad_stats *pp = s->telemetry ? mp_scaler_per_param(s, &n) : NULL;
-    if (n < 0) return lt_error(L, "GradScaler:trace (reading its telemetry)");
-    push_record(L, h, pp, n, has_loss, loss);
-    return 1;
-}
-
-/* s:_trace_async() -> whether the device snapshots without a wait;
- * s:_trace_snap(loss tensor or nil) queues this step's snapshot;
- * s:_trace_take(latest_too) -> the line of the snapshot before the latest (or
- * the latest), or nil when there is none */
-static int s_trace_async(lua_State *L)
-{
-    lua_pushboolean(L, mp_scaler_snapshot_async(check_scaler(L, 1)));
-    return 1;
-}
-
-static int s_trace_snap(lua_State *L)
-{
-    mp_scaler *s = check_scaler(L, 1);
-    mp_tensor *loss = lua_isnoneornil(L, 2) ? NULL : lt_check(L, 2);
-    mp_clear_error();
-    if (mp_scaler_snapshot(s, loss)) return lt_error(L, "GradScaler:trace");
-    return 0;
-}
-
-static int s_trace_take(lua_State *L)
-{
-    mp_scaler *s = check_scaler(L, 1);
-    const mp_scale_state *h;
-    const mp_grad_stats *pp;
-    int n;
-    double loss;
-    mp_clear_error();
-    int rc = mp_scaler_snapshot_take(s, lua_toboolean(L, 2), &h, &pp, &n, &loss);
-    if (rc < 0) return lt_error(L, "GradScaler:trace");
-    if (rc > 0) return 0;
-    push_record(L, h, n ? pp : NULL, n, loss == loss, loss);
-    return 1;
-}
-
 /* s:_restore{scale=, tracker=, last_overflow=, hysteresis_left=, amax_history=, amax_pos=, steps=, skipped=} */
 static int s_restore(lua_State *L)
 {
-    mp_scaler *s = check_scaler(L, 1);
+    mp_scaler *s = ls_check_scaler(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     const char *name = "GradScaler:load_state_dict";
     mp_clear_error();
@@ -530,7 +358,7 @@ static int s_restore(lua_State *L)
 
 static int s_telemetry(lua_State *L)
 {
-    mp_scaler_set_telemetry(check_scaler(L, 1), lua_toboolean(L, 2));
+    mp_scaler_set_telemetry(ls_check_scaler(L, 1), lua_toboolean(L, 2));
     return 0;
 }
 
@@ -566,131 +394,24 @@ static int a_flush_stats(lua_State *L)
     return 1;
 }
 
-/* ---- core._policy_sim(policy_table, init): a built-in policy without a model
- * (engine/scaler.h), for mp.amp.replay: sim:step(reason or nil, amax) -> the
- * next step's scale, at_min; sim:scale() ---- */
-
-#define SIM_MT "mp.PolicySim"
-
-static mp_policy_sim **check_sim(lua_State *L)
-{
-    mp_policy_sim **u = luaL_checkudata(L, 1, SIM_MT);
-    if (!*u) luaL_error(L, "policy simulator: freed");
-    return u;
-}
-
-static int a_policy_sim(lua_State *L)
-{
-    luaL_checktype(L, 1, LUA_TTABLE);
-    mp_policy p = read_policy(L, 1, "mp.amp.replay");
-    double init = luaL_optnumber(L, 2, p.init);
-    mp_policy_sim **u = lua_newuserdatauv(L, sizeof *u, 0);
-    *u = NULL;
-    luaL_setmetatable(L, SIM_MT);
-    mp_clear_error();
-    if (!(*u = mp_policy_sim_new(&p, init))) return lt_error(L, "mp.amp.replay");
-    return 1;
-}
-
-static int sim_step(lua_State *L)
-{
-    mp_policy_sim **u = check_sim(L);
-    static const char *reasons[] = {"none", "overflow", "nan", "forward", NULL};
-    int r = lua_isnoneornil(L, 2) ? 0 : luaL_checkoption(L, 2, NULL, reasons);
-    int at_min = 0;
-    lua_pushnumber(L, mp_policy_sim_step(*u, (mp_skip_reason)r, luaL_checknumber(L, 3), &at_min));
-    lua_pushinteger(L, at_min);
-    return 2;
-}
-
-static int sim_scale(lua_State *L)
-{
-    lua_pushnumber(L, mp_policy_sim_scale(*check_sim(L)));
-    return 1;
-}
-
-static int sim_gc(lua_State *L)
-{
-    mp_policy_sim **u = luaL_checkudata(L, 1, SIM_MT);
-    mp_policy_sim_free(*u);
-    *u = NULL;
-    return 0;
-}
-
-/* core._observe(true): start keeping every op's output and every backward
- * gradient (engine/observe.h); core._observe(false) stops and returns them,
- * in order: {{op =, backward =, input =, tensor =}, ...} */
-static int a_observe(lua_State *L)
-{
-    if (lua_toboolean(L, 1)) {
-        if (mp_observe_start()) return luaL_error(L, "mp.amp.diagnose: already observing (diagnose inside diagnose?)");
-        return 0;
-    }
-    mp_observed *l;
-    int n;
-    mp_observe_stop(&l, &n);
-    lua_createtable(L, n, 0);
-    for (int i = 0; i < n; i++) {
-        lua_createtable(L, 0, 4);
-        lua_pushstring(L, l[i].op);
-        lua_setfield(L, -2, "op");
-        lua_pushboolean(L, l[i].backward);
-        lua_setfield(L, -2, "backward");
-        lua_pushinteger(L, l[i].input + 1);
-        lua_setfield(L, -2, "input");
-        lt_set(L, lt_new(L), l[i].t, "mp.amp.diagnose");   /* takes the list's reference */
-        lua_setfield(L, -2, "tensor");
-        lua_rawseti(L, -2, i + 1);
-    }
-    free(l);
-    return 1;
-}
-
-/* core._autocast_suppress(on) -> previous: every autocast region inactive while on */
-static int a_autocast_suppress(lua_State *L)
-{
-    lua_pushboolean(L, mp_autocast_suppress(lua_toboolean(L, 1)));
-    return 1;
-}
-
 static const luaL_Reg smeth[] = {
     {"scale", s_scale}, {"unscale", s_unscale}, {"step", s_step}, {"update", s_update}, {"_share", s_share},
-    {"set_policy", s_set_policy}, {"_info", s_info}, {"_trace_record", s_trace_record},
-    {"_trace_async", s_trace_async}, {"_trace_snap", s_trace_snap}, {"_trace_take", s_trace_take}, {"_restore", s_restore}, {"telemetry", s_telemetry},
+    {"set_policy", s_set_policy}, {"_info", s_info}, {"_restore", s_restore}, {"telemetry", s_telemetry},
     {"set_sync", s_set_sync},
     {NULL, NULL}
 };
 
-void mp_open_amp(lua_State *L)
+void mp_open_scaler(lua_State *L)
 {
-    if (luaL_newmetatable(L, GUARD_MT)) {   /* closed by a <close> scope or guard:close() */
-        lua_pushcfunction(L, guard_close);
-        lua_setfield(L, -2, "__close");
-        lua_createtable(L, 0, 1);
-        lua_pushcfunction(L, guard_close);
-        lua_setfield(L, -2, "close");
-        lua_setfield(L, -2, "__index");
-    }
-    lua_pop(L, 1);
-    luaL_newmetatable(L, SCALER_MT);
+    luaL_newmetatable(L, LS_SCALER_MT);
     luaL_newlib(L, smeth);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, s_gc);
     lua_setfield(L, -2, "__gc");
     lua_pop(L, 1);
-    if (luaL_newmetatable(L, SIM_MT)) {
-        static const luaL_Reg sm[] = {{"step", sim_step}, {"scale", sim_scale}, {NULL, NULL}};
-        luaL_newlib(L, sm);
-        lua_setfield(L, -2, "__index");
-        lua_pushcfunction(L, sim_gc);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_pop(L, 1);
     static const luaL_Reg f[] = {
-        {"_autocast", a_autocast}, {"_register", a_register}, {"_classes", a_classes}, {"_scaler", s_new},
-        {"_count_flush", a_count_flush}, {"_flush_stats", a_flush_stats}, {"_flush_reset", a_flush_reset}, {"_policy", a_policy},
-        {"_scale_ok", a_scale_ok}, {"_options", lb_options_lua}, {"_policy_sim", a_policy_sim},
-        {"_observe", a_observe}, {"_autocast_suppress", a_autocast_suppress},
+        {"_scaler", s_new}, {"_policy", a_policy}, {"_scale_ok", a_scale_ok},
+        {"_count_flush", a_count_flush}, {"_flush_stats", a_flush_stats}, {"_flush_reset", a_flush_reset},
         {NULL, NULL}
     };
     luaL_setfuncs(L, f, 0);

@@ -1,12 +1,13 @@
 /*
- * tensor.c: the Tensor userdata: its methods, properties and metamethods.
+ * ltensor.c: the Tensor userdata: its methods, properties and metamethods.
  * Methods live in `meth`, metamethods in `metameth`; __index looks up a method
  * first and then a property (shape, dtype, device). __close and free() share
- * one function, which may defer the release (bind.c); __gc releases at once.
+ * one function, which may defer the release (lbind.c); __gc releases at once.
  */
 #include <math.h>
 #include <string.h>
-#include "lua/bind.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/autograd.h"
 
 #define TENSOR_RETURN(L, NAME, EXPR) do { LT_PUSH(L, NAME, EXPR); return 1; } while (0)
@@ -29,7 +30,7 @@ static int t_gc(lua_State *L)
 }
 
 /* __close and free(): the userdata lets go at once; the tensor waits while a C
- * function of the binding may be using it (bind.c) */
+ * function of the binding may be using it (lbind.c) */
 static int t_close(lua_State *L)
 {
     LTensor *u = luaL_checkudata(L, 1, MP_TENSOR_MT);
@@ -119,17 +120,23 @@ static int t_to(lua_State *L)
     TENSOR_RETURN(L, "Tensor:to", mp_to(t, dt, dev));
 }
 
-#define CAST_METHOD(fn, DT, DEV, NAME)                                          \
-    static int fn(lua_State *L)                                                 \
-    {                                                                           \
-        mp_tensor *t = lt_check(L, 1);                                          \
-        TENSOR_RETURN(L, NAME, mp_to(t, DT, DEV));                              \
-    }
-CAST_METHOD(t_f32, MP_F32, t->dev, "Tensor:f32")
-CAST_METHOD(t_f16, MP_F16, t->dev, "Tensor:f16")
-CAST_METHOD(t_bf16, MP_BF16, t->dev, "Tensor:bf16")
-CAST_METHOD(t_cpu, t->dtype, MP_CPU, "Tensor:cpu")
-CAST_METHOD(t_cuda, t->dtype, MP_CUDA, "Tensor:cuda")
+/* t:f32(), t:f16(), t:bf16(), t:cpu(), t:cuda(): t:to with one of dtype or device
+ * fixed. One function for all, a closure over its row (upvalue 1) */
+#define KEEP (-1)   /* the tensor's own dtype or device */
+typedef struct { const char *method, *name; int dtype, dev; } cast_method;
+static const cast_method cast_methods[] = {
+    {"f32", "Tensor:f32", MP_F32, KEEP}, {"f16", "Tensor:f16", MP_F16, KEEP}, {"bf16", "Tensor:bf16", MP_BF16, KEEP},
+    {"cpu", "Tensor:cpu", KEEP, MP_CPU}, {"cuda", "Tensor:cuda", KEEP, MP_CUDA},
+};
+
+static int t_cast(lua_State *L)
+{
+    const cast_method *m = lua_touserdata(L, lua_upvalueindex(1));
+    mp_tensor *t = lt_check(L, 1);
+    mp_dtype dt = m->dtype == KEEP ? t->dtype : (mp_dtype)m->dtype;
+    mp_device dev = m->dev == KEEP ? t->dev : (mp_device)m->dev;
+    TENSOR_RETURN(L, m->name, mp_to(t, dt, dev));
+}
 
 static int t_copy_(lua_State *L)
 {
@@ -375,16 +382,19 @@ static int t_unm(lua_State *L)
     TENSOR_RETURN(L, "Tensor:__unm", mp_unary(MP_NEG, t, 0));
 }
 
-#define UNARY_METHOD(fn, OP, NAME)                                              \
-    static int fn(lua_State *L)                                                 \
-    {                                                                           \
-        mp_tensor *t = lt_check(L, 1);                                          \
-        TENSOR_RETURN(L, NAME, mp_unary(OP, t, 0));                             \
-    }
-UNARY_METHOD(t_abs, MP_ABS, "Tensor:abs")
-UNARY_METHOD(t_exp, MP_EXP, "Tensor:exp")
-UNARY_METHOD(t_log, MP_LOG, "Tensor:log")
-UNARY_METHOD(t_sqrt, MP_SQRT, "Tensor:sqrt")
+/* t:abs(), t:exp(), t:log(), t:sqrt(): one function, a closure over its row */
+typedef struct { const char *method, *name; mp_unop op; } unary_method;
+static const unary_method unary_methods[] = {
+    {"abs", "Tensor:abs", MP_ABS}, {"exp", "Tensor:exp", MP_EXP}, {"log", "Tensor:log", MP_LOG},
+    {"sqrt", "Tensor:sqrt", MP_SQRT},
+};
+
+static int t_unary(lua_State *L)
+{
+    const unary_method *m = lua_touserdata(L, lua_upvalueindex(1));
+    mp_tensor *t = lt_check(L, 1);
+    TENSOR_RETURN(L, m->name, mp_unary(m->op, t, 0));
+}
 
 static int t_pow(lua_State *L)
 {
@@ -447,26 +457,26 @@ static mp_dtype scalar_dtype(mp_dtype dt, double v)
     return fits ? dt : MP_F32;
 }
 
-#define COMPARE_METHOD(fn, OP, NAME)                                            \
-    static int fn(lua_State *L)                                                 \
-    {                                                                           \
-        mp_tensor *a = lt_check(L, 1), *b = lt_opt(L, 2);                       \
-        if (b) TENSOR_RETURN(L, NAME, mp_binary(OP, a, b));                     \
-        if (lua_type(L, 2) != LUA_TNUMBER)                                      \
-            return luaL_error(L, "%s: expected a tensor or a number (got %s)", NAME, luaL_typename(L, 2)); \
-        mp_tensor *s;                                                           \
-        LTensor *u = lt_new(L);                                                 \
-        double v_ = lua_tonumber(L, 2);                                         \
-        lt_set(L, u, LT_CALL(L, mp_full(scalar_dtype(a->dtype, v_), a->dev, 0, NULL, v_)), NAME); \
-        s = u->t;                                                               \
-        TENSOR_RETURN(L, NAME, mp_binary(OP, a, s));                            \
-    }
-COMPARE_METHOD(t_gt, MP_GT, "Tensor:gt")
-COMPARE_METHOD(t_lt, MP_LT, "Tensor:lt")
-COMPARE_METHOD(t_ge, MP_GE, "Tensor:ge")
-COMPARE_METHOD(t_le, MP_LE, "Tensor:le")
-COMPARE_METHOD(t_eq_, MP_EQ, "Tensor:eq")
-COMPARE_METHOD(t_ne, MP_NE, "Tensor:ne")
+/* t:gt(u), lt, ge, le, eq, ne, against a tensor or a number: one function, a
+ * closure over its row */
+typedef struct { const char *method, *name; mp_binop op; } compare_method;
+static const compare_method compare_methods[] = {
+    {"gt", "Tensor:gt", MP_GT}, {"lt", "Tensor:lt", MP_LT}, {"ge", "Tensor:ge", MP_GE},
+    {"le", "Tensor:le", MP_LE}, {"eq", "Tensor:eq", MP_EQ}, {"ne", "Tensor:ne", MP_NE},
+};
+
+static int t_compare(lua_State *L)
+{
+    const compare_method *m = lua_touserdata(L, lua_upvalueindex(1));
+    mp_tensor *a = lt_check(L, 1), *b = lt_opt(L, 2);
+    if (b) TENSOR_RETURN(L, m->name, mp_binary(m->op, a, b));
+    if (lua_type(L, 2) != LUA_TNUMBER)
+        return luaL_error(L, "%s: expected a tensor or a number (got %s)", m->name, luaL_typename(L, 2));
+    LTensor *u = lt_new(L);   /* the number as a 0-d tensor, kept on the stack until the result is made */
+    double v = lua_tonumber(L, 2);
+    lt_set(L, u, LT_CALL(L, mp_full(scalar_dtype(a->dtype, v), a->dev, 0, NULL, v)), m->name);
+    TENSOR_RETURN(L, m->name, mp_binary(m->op, a, u->t));
+}
 
 /* t:requires_grad() -> boolean; t:requires_grad(flag) sets it and returns t */
 static int t_requires_grad(lua_State *L)
@@ -551,13 +561,11 @@ static int t_eq(lua_State *L)
 
 static const luaL_Reg meth[] = {
     {"size", t_size}, {"dim", t_dim}, {"numel", t_numel}, {"item", t_item}, {"totable", t_totable},
-    {"free", t_free}, {"to", t_to}, {"f32", t_f32}, {"f16", t_f16}, {"bf16", t_bf16},
-    {"cpu", t_cpu}, {"cuda", t_cuda}, {"clone", t_clone}, {"copy_", t_copy_}, {"detach", t_detach},
+    {"free", t_free}, {"to", t_to}, {"clone", t_clone}, {"copy_", t_copy_}, {"detach", t_detach},
     {"reshape", t_reshape}, {"view", t_view}, {"transpose", t_transpose}, {"narrow", t_narrow},
     {"index_select", t_index_select}, {"matmul", t_matmul}, {"sum", t_sum}, {"mean", t_mean}, {"max", t_max}, {"argmax", t_argmax},
-    {"gt", t_gt}, {"lt", t_lt}, {"ge", t_ge}, {"le", t_le}, {"eq", t_eq_}, {"ne", t_ne},
     {"requires_grad", t_requires_grad}, {"backward", t_backward},
-    {"abs", t_abs}, {"exp", t_exp}, {"log", t_log}, {"sqrt", t_sqrt}, {"pow", t_pow},
+    {"pow", t_pow},
     {"select", t_select}, {"tril", t_tril}, {"triu", t_triu}, {"masked_fill", t_masked_fill},
     {"split", t_split}, {"chunk", t_chunk}, {"topk", t_topk}, {"sort", t_sort},
     {NULL, NULL}
@@ -569,11 +577,26 @@ static const luaL_Reg metameth[] = {
     {"__eq", t_eq}, {"__newindex", t_newindex}, {"__index", NULL}, {NULL, NULL}
 };
 
+/* the methods of a table of rows: each a closure of f over its row */
+#define ADD_ROWS(L, rows, f) add_rows((L), (rows), sizeof (rows)[0], sizeof (rows) / sizeof (rows)[0], (f))
+static void add_rows(lua_State *L, const void *rows, size_t size, size_t n, lua_CFunction f)
+{
+    for (size_t i = 0; i < n; i++) {
+        const void *row = (const char *)rows + i * size;
+        lua_pushlightuserdata(L, (void *)row);
+        lua_pushcclosure(L, f, 1);
+        lua_setfield(L, -2, *(const char *const *)row);   /* each row starts with its method's name */
+    }
+}
+
 int luaopen_mp_tensor(lua_State *L)
 {
     luaL_newmetatable(L, MP_TENSOR_MT);
     luaL_setfuncs(L, metameth, 0);
     luaL_newlib(L, meth);
+    ADD_ROWS(L, cast_methods, t_cast);
+    ADD_ROWS(L, unary_methods, t_unary);
+    ADD_ROWS(L, compare_methods, t_compare);
     lua_pushvalue(L, -1);
     lua_pushcclosure(L, t_index, 1);
     lua_setfield(L, -3, "__index");

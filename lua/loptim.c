@@ -1,10 +1,11 @@
 /*
- * optim.c: the Optimizer userdata (engine/optim.h) behind mp.optim.SGD/Adam/AdamW
+ * loptim.c: the Optimizer userdata (engine/optim.h) behind mp.optim.SGD/Adam/AdamW
  * (lua/mp/optim.lua adds defaults, state_dict and friends). Hyperparameters are
  * fields: opt.lr reads and writes the engine's copy.
  */
 #include <string.h>
-#include "lua/bind.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/optim.h"
 #include "engine/dist.h"
 
@@ -126,7 +127,7 @@ static int o_gc(lua_State *L)
     return 0;
 }
 
-/* opt:free(): the optimizer waits while a C function of the binding may be using it (bind.c) */
+/* opt:free(): the optimizer waits while a C function of the binding may be using it (lbind.c) */
 static void release_optim(void *o) { mp_optim_free(o); }
 static int o_free(lua_State *L)
 {

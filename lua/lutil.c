@@ -1,11 +1,12 @@
 /*
- * util.c: small host services for scripts: a monotonic clock for timing,
+ * lutil.c: small host services for scripts: a monotonic clock for timing,
  * whether stdout is a terminal (progress bars), and the random generator's
  * state for checkpoints.
  */
 #include <time.h>
 #include <unistd.h>
-#include "lua/bind.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 
 /* mp.clock() -> seconds from an arbitrary start, monotonic, sub-microsecond */
 static int u_clock(lua_State *L)

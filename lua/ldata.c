@@ -1,10 +1,11 @@
 /*
- * data.c: the C half of mp.data, registered by mp_open_data as the table
+ * ldata.c: the C half of mp.data, registered by mp_open_data as the table
  * `_data` inside mp.core. lua/mp/data.lua wraps it into the public functions
  * (mp.data.read_idx, mp.data.fashion_mnist, mp.data.loader, mp.data.text); the underscore
  * marks these as building blocks, not API. Errors carry the public name.
  */
-#include "lua/bind.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/data_idx.h"
 #include "engine/data_file.h"
 #include "engine/data_vocab.h"

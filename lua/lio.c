@@ -1,5 +1,5 @@
 /*
- * io.c: mp.save(path, tbl) and mp.load(path) -> tbl, metadata: nested Lua tables
+ * lio.c: mp.save(path, tbl) and mp.load(path) -> tbl, metadata: nested Lua tables
  * of tensors, numbers, strings and booleans in a safetensors file (engine/io.h).
  *
  * Each tensor is stored under the dotted path of its keys ("model.0.weight" for
@@ -26,7 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cjson/cJSON.h>      /* the structure description */
-#include "lua/bind.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/io_safetensors.h"
 
 #define STRUCT_KEY "mpengine.structure"

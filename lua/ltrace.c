@@ -1,6 +1,6 @@
 /*
- * trace.c: a loss-scaler trace's step records, and a replay's trajectory, held
- * packed (lua/mp/amp.lua: mp.amp.load_trace and mp.amp.replay). A Lua table per
+ * ltrace.c: a loss-scaler trace's step records, and a replay's trajectory, held
+ * packed (mp.amp.load_trace in lua/mp/amp/trace.lua, mp.amp.replay in lab.lua). A Lua table per
  * record with a 64-entry histogram table per parameter took 3.5 KB a step for
  * two parameters (7 GB for a run of 2 million steps); here such a step takes 69
  * bytes (the layout is below), in arrays that are Lua userdata (the collector
@@ -8,7 +8,7 @@
  *
  *   core._trace_steps() -> an empty store (mp.amp.TraceSteps)
  *   core._trace_add(s, line) -> true, or false and why: one step line (the format of
- *       lua/amp.c's push_record, documented in lua/mp/amp.lua) parsed and checked
+ *       lua/lscaler_trace.c's push_record, documented in lua/mp/amp/trace.lua) parsed and checked
  *       field by field (types, ranges, and what the engine's counts obey: none
  *       above the parameter's n), appended; a refused line leaves s as it was
  *   core._trace_bytes(s) -> the bytes its arrays hold
@@ -35,7 +35,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "lua/bind.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "kernels/backend.h"
 
 #define STEPS_MT "mp.amp.TraceSteps"

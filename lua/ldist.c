@@ -1,10 +1,11 @@
 /*
- * dist.c: mp.dist, processes that train together (engine/dist.h): the world,
+ * ldist.c: mp.dist, processes that train together (engine/dist.h): the world,
  * its collectives on tensors, and the guard that keeps gradients local
  * (gradient accumulation). lua/mp/dist.lua adds what is plain Lua.
  */
 #include <string.h>
-#include "lua/bind.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/dist.h"
 
 /* mp.dist.init([{device_collectives = false, timeout = 1800}]) -> rank, size */

@@ -1,5 +1,5 @@
 /*
- * lines.c: line files for the loss scaler's traces (lua/mp/amp.lua), and JSON
+ * llines.c: line files for the loss scaler's traces (lua/mp/amp/trace.lua), and JSON
  * text to Lua values.
  *
  *   core._lines_open(path, "w" | "r") -> a line file (mp.LineFile), or nil and why:
@@ -24,7 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
-#include "lua/bind.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 
 #define MT "mp.LineFile"
 

@@ -1,12 +1,12 @@
 /*
- * mp_core.c: luaopen_mp_core, the C half of the `mp` module: tensor
+ * lcore.c: luaopen_mp_core, the C half of the `mp` module: tensor
  * constructors, the random seed, devices, memory figures and functional
  * aliases of tensor methods (mp.matmul). lua/mp/init.lua builds on it.
  */
 #include <string.h>
 #include "engine/memory.h"
-#include "lua/bind.h"
-#include "lua/mp_core.h"
+#include "lua/lbind.h"
+#include "lua/lcore.h"
 #include "engine/autograd.h"
 
 /* ---- mp.tensor(data [, opts]) ---- */
@@ -273,6 +273,7 @@ static const luaL_Reg funcs[] = {
     {"matmul", m_matmul}, {"memory", m_memory}, {"counters", m_counters}, {"empty_cache", m_empty_cache},
     {"reset_peak_memory", m_reset_peak_memory},
     {"set_default_device", lb_set_default_device}, {"default_device", m_default_device},
+    {"_options", lb_options_lua},   /* the one option checker, for the Lua library */
     {NULL, NULL}
 };
 
@@ -298,7 +299,10 @@ int luaopen_mp_core(lua_State *L)
     mp_open_util(L);
     mp_open_lines(L);
     mp_open_trace(L);
-    mp_open_amp(L);
+    mp_open_autocast(L);
+    mp_open_scaler(L);
+    mp_open_scaler_trace(L);
+    mp_open_lab(L);
     mp_open_dist(L);
     return 1;
 }

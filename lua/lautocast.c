@@ -1,0 +1,90 @@
+/*
+ * lautocast.c: autocast regions (engine/autocast.h): mp.amp.autocast's guard,
+ * the op classes (mp.amp.register, mp.amp.classes), and the switch that
+ * mp.amp.diagnose's FP32 run turns every region off with. lua/mp/amp/autocast_regions.lua
+ * is the Lua side.
+ */
+#include <string.h>
+#include "lua/lbind.h"
+#include "lua/lcore.h"
+#include "engine/autocast.h"
+
+#define GUARD_MT "mp.AutocastGuard"
+
+static int guard_close(lua_State *L)
+{
+    int *tok = luaL_checkudata(L, 1, GUARD_MT);
+    if (*tok >= 0) mp_autocast_exit(*tok), *tok = -1;
+    return 0;
+}
+
+/* mp.amp.autocast("f16" | "bf16" | false) -> a to-be-closed guard */
+static int a_autocast(lua_State *L)
+{
+    bool on = true;
+    mp_dtype dt = MP_F16;
+    if (lua_isboolean(L, 1) && !lua_toboolean(L, 1)) on = false;
+    else if (lua_type(L, 1) == LUA_TSTRING) dt = lb_dtype(L, 1, "mp.amp.autocast");
+    else return luaL_error(L, "mp.amp.autocast: expected \"f16\", \"bf16\" or false (got %s)", luaL_typename(L, 1));
+    int *tok = lua_newuserdatauv(L, sizeof(int), 0);
+    *tok = -1;
+    luaL_setmetatable(L, GUARD_MT);
+    mp_clear_error();
+    if ((*tok = mp_autocast_enter(on, dt)) < 0) return lt_error(L, "mp.amp.autocast");
+    return 1;
+}
+
+static const char *class_names[] = {"none", "low", "f32", "promote", NULL};
+
+/* mp.amp.register(op, "low" | "f32" | "promote" | "none") */
+static int a_register(lua_State *L)
+{
+    const char *op = luaL_checkstring(L, 1);
+    const char *c = luaL_checkstring(L, 2);
+    int k = -1;
+    for (int i = 0; class_names[i]; i++)
+        if (strcmp(c, class_names[i]) == 0) k = i;
+    if (k < 0) return luaL_error(L, "mp.amp.register: class must be \"low\", \"f32\", \"promote\" or \"none\" (got '%s')", c);
+    mp_clear_error();
+    if (mp_autocast_register(op, (mp_ac_class)k)) return lt_error(L, "mp.amp.register");
+    return 0;
+}
+
+/* mp.amp.classes() -> {op = class} */
+static int a_classes(lua_State *L)
+{
+    lua_newtable(L);
+    mp_ac_class c;
+    const char *name;
+    for (int i = 0; (name = mp_autocast_entry(i, &c)); i++) {
+        lua_pushstring(L, class_names[c]);
+        lua_setfield(L, -2, name);
+    }
+    return 1;
+}
+
+/* core._autocast_suppress(on) -> previous: every autocast region inactive while on */
+static int a_autocast_suppress(lua_State *L)
+{
+    lua_pushboolean(L, mp_autocast_suppress(lua_toboolean(L, 1)));
+    return 1;
+}
+
+void mp_open_autocast(lua_State *L)
+{
+    if (luaL_newmetatable(L, GUARD_MT)) {   /* closed by a <close> scope or guard:close() */
+        lua_pushcfunction(L, guard_close);
+        lua_setfield(L, -2, "__close");
+        lua_createtable(L, 0, 1);
+        lua_pushcfunction(L, guard_close);
+        lua_setfield(L, -2, "close");
+        lua_setfield(L, -2, "__index");
+    }
+    lua_pop(L, 1);
+    static const luaL_Reg f[] = {
+        {"_autocast", a_autocast}, {"_register", a_register}, {"_classes", a_classes},
+        {"_autocast_suppress", a_autocast_suppress},
+        {NULL, NULL}
+    };
+    luaL_setfuncs(L, f, 0);
+}
