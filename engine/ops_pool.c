@@ -84,9 +84,6 @@ static mp_tensor *pool_fwd(mp_ctx *c)
                                (long long)c->i[d], (long long)in, d ? "the width" : "the height"), NULL;
         }
     }
-    const mp_backend *be = mp_be(x);
-    if (kind == POOL_MAX ? !be->max_pool2d || !be->max_pool2d_grad : !be->avg_pool2d || !be->avg_pool2d_grad)
-        return mp_fail(MP_EINVAL, "%s is not available on %s", c->op->name, mp_device_name(x->dev)), NULL;
     mp_pool_args a;
     args_of(x, c->i, kind, &a);
     int64_t shape[4];
@@ -104,10 +101,14 @@ static mp_tensor *pool_fwd(mp_ctx *c)
     return y;
 }
 
-static const mp_op max_pool2d_op = {.name = "max_pool2d", .nin = 1, .forward = pool_fwd, .backward = pool_backward};
-static const mp_op avg_pool2d_op = {.name = "avg_pool2d", .nin = 1, .forward = pool_fwd, .backward = pool_backward};
+#define MAX_NEEDS {MP_BE_ENTRY(max_pool2d), MP_BE_ENTRY(max_pool2d_grad)}
+#define AVG_NEEDS {MP_BE_ENTRY(avg_pool2d), MP_BE_ENTRY(avg_pool2d_grad)}
+static const mp_op max_pool2d_op = {.name = "max_pool2d", .nin = 1, .forward = pool_fwd, .backward = pool_backward,
+                                    .needs = MAX_NEEDS};
+static const mp_op avg_pool2d_op = {.name = "avg_pool2d", .nin = 1, .forward = pool_fwd, .backward = pool_backward,
+                                    .needs = AVG_NEEDS};
 static const mp_op adaptive_avg_pool2d_op = {.name = "adaptive_avg_pool2d", .nin = 1, .forward = pool_fwd,
-                                             .backward = pool_backward};
+                                             .backward = pool_backward, .needs = AVG_NEEDS};
 MP_OP_REGISTER(max_pool2d_op)
 MP_OP_REGISTER(avg_pool2d_op)
 MP_OP_REGISTER(adaptive_avg_pool2d_op)
