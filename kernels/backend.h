@@ -97,6 +97,11 @@ static inline int mp_bcast_coalesce(const mp_bcast *in, mp_bcast *bc)
  * corrections that depend on it are computed by the kernel from the doubles
  * below, as PyTorch computes them in Python (kernels/step_rules.h). */
 typedef enum { MP_SGD, MP_ADAM, MP_ADAMW } mp_optim_kind;
+/* the number of kinds: a new kind goes last and this names it. The engine's
+ * descriptor of each kind (engine/optim.h: mp_optim_kinds) is checked against
+ * it, and the kernels' switches over the kind have no default: a new kind is
+ * a compile error (-Wswitch) at each step rule that must learn it */
+#define MP_NOPTIM_KINDS (MP_ADAMW + 1)
 typedef struct {
     float lr, momentum, weight_decay, beta1, beta2, eps;
     /* 1 - x factors, computed in double and rounded once as PyTorch does in Python */
