@@ -9,13 +9,16 @@
 #include "kernels/backend.h"
 #include "kernels/block_cache.h"
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/cpu_flush.h"
 
 /* The CPU backend's context (backend.h): its caching allocator, and scratch
  * space that kernels take their working memory from (grown on demand, kept
  * between calls, given back by release_cache). Slots 0-2: the GEMM's widening
  * buffers (slot 2 also the chunk sums of cpu_reduce's column sums); slot 3:
  * the row buffers of the row-wise kernels and the planes of pooling, one per
- * thread; slots 4-12: convolution's columns and f32 operands (cpu_conv.c). */
+ * thread; slots 4-12: convolution's columns and f32 operands (cpu_conv.c).
+ * flush: flush counting's switch and counts (cpu_flush.h), which cpu_store
+ * adds to at every rounding to f16/bf16 while counting is on. */
 #define CPU_SCRATCH_SLOTS 13
 struct mp_kctx {
     mp_block_cache cache;
@@ -26,6 +29,7 @@ struct mp_kctx {
      * the rounded output and the f32 slope, made on first use */
     uint16_t *gelu_out[2][2];
     float *gelu_slope[2][2];
+    cpu_flush flush;
 };
 
 /* Hot loops are compiled for AVX-512, AVX2 and plain x86-64, and the loader
@@ -44,35 +48,42 @@ struct mp_kctx {
  * and MLP steps no faster than 2^18.) */
 #define MP_PAR_MIN ((int64_t)1 << 18)
 
-/* n elements of float dtype dt at src+i into f32 */
+/* The switches over mp_dtype here and in the kernel files have no default: a
+ * new dtype is a compile error (-Wswitch) at each place that must learn it. */
+
+/* n elements of float dtype dt at src+i into f32 (the integer dtypes are
+ * widened by their callers, cpu_get_f64; here they would move as f32 words) */
 static inline void cpu_load(mp_dtype dt, const void *src, int64_t i, float *dst, int64_t n)
 {
     switch (dt) {
     case MP_F16: mp_cpu_f16_to_f32(dst, (const uint16_t *)src + i, n); break;
     case MP_BF16: mp_cpu_bf16_to_f32(dst, (const uint16_t *)src + i, n); break;
-    default: {
+    case MP_F32:
+    case MP_I32:
+    case MP_U8: {
         const float *s = (const float *)src + i;
         for (int64_t j = 0; j < n; j++) dst[j] = s[j];
     }
     }
 }
 
-/* counting what rounding to f16/bf16 loses (telemetry of the backward pass) */
-extern int cpu_flush_counting;
-void cpu_count_flush(mp_dtype dt, const float *src, const uint16_t *dst, int64_t n);
-
-static inline void cpu_store(mp_dtype dt, void *dst, int64_t i, const float *src, int64_t n)
+/* n f32 values rounded into float dtype dt at dst+i; while the context counts
+ * flushes (cx->flush, cpu_flush.h), each rounding to f16/bf16 is counted (cx
+ * may be NULL: a kernel called outside a backend, in tests, counts nothing) */
+static inline void cpu_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t i, const float *src, int64_t n)
 {
     switch (dt) {
     case MP_F16:
         mp_cpu_f32_to_f16((uint16_t *)dst + i, src, n);
-        if (cpu_flush_counting) cpu_count_flush(dt, src, (uint16_t *)dst + i, n);
+        if (cx && cx->flush.on) cpu_flush_count(&cx->flush, dt, src, (uint16_t *)dst + i, n);
         break;
     case MP_BF16:
         mp_cpu_f32_to_bf16((uint16_t *)dst + i, src, n);
-        if (cpu_flush_counting) cpu_count_flush(dt, src, (uint16_t *)dst + i, n);
+        if (cx && cx->flush.on) cpu_flush_count(&cx->flush, dt, src, (uint16_t *)dst + i, n);
         break;
-    default: {
+    case MP_F32:
+    case MP_I32:
+    case MP_U8: {
         float *d = (float *)dst + i;
         for (int64_t j = 0; j < n; j++) d[j] = src[j];
     }
@@ -87,8 +98,10 @@ static inline double cpu_get_f64(mp_dtype dt, const void *p, int64_t i)
     case MP_F32: return ((const float *)p)[i];
     case MP_I32: return ((const int32_t *)p)[i];
     case MP_U8: return ((const uint8_t *)p)[i];
-    default: cpu_load(dt, p, i, &f, 1); return f;
+    case MP_F16:
+    case MP_BF16: cpu_load(dt, p, i, &f, 1); return f;
     }
+    return 0;   /* not reached: every dtype returns above */
 }
 
 /* nbytes of the context's scratch slot (64-byte aligned), or NULL */
@@ -145,8 +158,6 @@ mp_be_topk_fn cpu_topk;
 mp_be_optim_count_fn cpu_optim_count;
 mp_be_optim_step_fn cpu_optim_step;
 
-mp_be_flush_slot_fn cpu_flush_slot;
-mp_be_flush_read_fn cpu_flush_read;
 mp_be_unscale_fn cpu_unscale;
 mp_be_scale_loss_fn cpu_scale_loss;
 mp_be_scale_rule_fn cpu_scale_rule;
