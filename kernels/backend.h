@@ -27,12 +27,26 @@
 
 #define MP_MAXDIM 8
 
-typedef enum { MP_F32, MP_F16, MP_BF16, MP_I32, MP_U8, MP_NDTYPES } mp_dtype;
-typedef enum { MP_CPU, MP_CUDA, MP_NDEVICES } mp_device;
+/* a compile-time check, in C (the engine, the CPU kernels) and C++ (the CUDA kernels) */
+#ifdef __cplusplus
+#define MP_STATIC_ASSERT(cond, why) static_assert(cond, why)
+#else
+#define MP_STATIC_ASSERT(cond, why) _Static_assert(cond, why)
+#endif
+
+/* The counts are not enumerators, so that a switch over a dtype or device
+ * lists the real ones and needs no default (-Wswitch then flags every switch a
+ * new one must reach): a new dtype goes last and MP_NDTYPES names it; every
+ * table sized by a count asserts that it has one entry per value. */
+typedef enum { MP_F32, MP_F16, MP_BF16, MP_I32, MP_U8 } mp_dtype;
+#define MP_NDTYPES (MP_U8 + 1)
+typedef enum { MP_CPU, MP_CUDA } mp_device;
+#define MP_NDEVICES (MP_CUDA + 1)
 
 static inline size_t mp_dtype_size(mp_dtype t)
 {
-    static const size_t sz[MP_NDTYPES] = {4, 2, 2, 4, 1};
+    static const size_t sz[] = {4, 2, 2, 4, 1};   /* f32, f16, bf16, i32, u8 */
+    MP_STATIC_ASSERT(sizeof sz / sizeof sz[0] == MP_NDTYPES, "a size for every dtype");
     return sz[t];
 }
 

@@ -145,8 +145,9 @@ __device__ __forceinline__ float mp_ld(mp_dtype dt, const void *p, int64_t i)
     case MP_F16: return __half2float(((const __half *)p)[i]);
     case MP_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
     case MP_I32: return (float)((const int32_t *)p)[i];
-    default: return (float)((const uint8_t *)p)[i];
+    case MP_U8: return (float)((const uint8_t *)p)[i];
     }
+    return 0.0f;   /* not a dtype */
 }
 
 /* f32 -> dtype: round to nearest even for f16/bf16; integers saturate, NaN -> 0 */
@@ -157,7 +158,7 @@ __device__ __forceinline__ void mp_st(mp_dtype dt, void *p, int64_t i, float v)
     case MP_F16: ((__half *)p)[i] = __float2half_rn(v); break;
     case MP_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
     case MP_I32: ((int32_t *)p)[i] = mp_f2i32(v); break;
-    default: ((uint8_t *)p)[i] = mp_f2u8(v); break;
+    case MP_U8: ((uint8_t *)p)[i] = mp_f2u8(v); break;
     }
 }
 
@@ -220,21 +221,23 @@ template <> struct mp_word<2> { typedef uint16_t W; };
 template <> struct mp_word<1> { typedef uint8_t W; };
 
 /* runs the statements with NAME the element type of dt (MP_BY_FLOAT: f32, f16
- * and bf16 only; other dtypes run nothing) */
+ * and bf16 only; other dtypes run nothing). Like every switch over a dtype in
+ * the kernels, no default: a new dtype is a compile error (-Wswitch) here. */
 #define MP_BY_DTYPE(dt, NAME, ...)                                                  \
     switch (dt) {                                                                   \
     case MP_F32: { typedef float NAME; __VA_ARGS__; } break;                        \
     case MP_F16: { typedef __half NAME; __VA_ARGS__; } break;                       \
     case MP_BF16: { typedef __nv_bfloat16 NAME; __VA_ARGS__; } break;               \
     case MP_I32: { typedef int32_t NAME; __VA_ARGS__; } break;                      \
-    default: { typedef uint8_t NAME; __VA_ARGS__; } break;                          \
+    case MP_U8: { typedef uint8_t NAME; __VA_ARGS__; } break;                       \
     }
 #define MP_BY_FLOAT(dt, NAME, ...)                                                  \
     switch (dt) {                                                                   \
     case MP_F32: { typedef float NAME; __VA_ARGS__; } break;                        \
     case MP_F16: { typedef __half NAME; __VA_ARGS__; } break;                       \
     case MP_BF16: { typedef __nv_bfloat16 NAME; __VA_ARGS__; } break;               \
-    default: break;                                                                 \
+    case MP_I32:                                                                    \
+    case MP_U8: break;                                                              \
     }
 
 /* ---- flush counting (backend.h: flush_slot, flush_read) ----
