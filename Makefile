@@ -55,7 +55,9 @@ CUDA_OBJ := $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
 # softmax, cross-entropy and layer norm rows), and the two backends would differ
 # in the last bit, which an f16/bf16 rounding can turn into a whole ulp. The
 # math library's own FMAs (expf, erff, ...) are explicit and stay.
-NVFLAGS  := -std=c++17 -O3 -I. -Xcompiler -fPIC -fmad=false -gencode arch=compute_90,code=sm_90 \
+# -Werror=switch: a switch over a dtype or an optimizer kind has no default in
+# the kernels, so a new one is an error at every switch that must learn it
+NVFLAGS  := -std=c++17 -O3 -I. -Xcompiler -fPIC -Xcompiler -Werror=switch -fmad=false -gencode arch=compute_90,code=sm_90 \
             -gencode arch=compute_80,code=compute_80
 CUDA_SO  := $(if $(SAN),,$(if $(NVCC),$(if $(CUDA_SRC),$(BUILD)/mp/cuda.so)))
 
@@ -72,7 +74,7 @@ EMU_SO   := $(if $(CUDA_INC),$(if $(wildcard $(CUDA_INC)/cudnn.h),$(if $(wildcar
 EMU_CU   := $(CUDA_SRC:%.cu=$(BUILD)/obj/emu/%.o)
 EMU_OBJ  := $(patsubst %.cc,$(BUILD)/obj/emu/%.o,$(wildcard tests/emu/*.cc))
 # -ffp-contract=off: every multiply and add rounds on its own, as nvcc's -fmad=false
-EMUFLAGS := -std=c++17 -O2 -g -fPIC -ffp-contract=off -I. -I$(CUDA_INC) -DMP_EMU -Wall -Wextra -Wno-unused-parameter \
+EMUFLAGS := -std=c++17 -O2 -g -fPIC -ffp-contract=off -I. -I$(CUDA_INC) -DMP_EMU -Wall -Wextra -Werror=switch -Wno-unused-parameter \
             -Wno-unknown-pragmas -Wno-deprecated-declarations $(SANFLAGS)
 
 $(BUILD)/obj/emu/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h kernels/*.h tests/emu/*.h) Makefile

@@ -106,11 +106,13 @@ mp_tensor *mp_apply(const mp_op *op, mp_op_ctx *c, int nin, mp_tensor *const *in
     int ok = 1;
     for (int k = 0; k < nin && ok; k++)
         if (in[k] && !(cast[k] = arg_hook ? arg_hook(op, in[k]) : mp_retain(in[k]))) ok = 0;
-    /* the backend of the first input may decline the op in that dtype */
+    /* the backend of the first input may decline the op in that dtype, or lack
+     * an entry it needs */
     for (int k = 0; k < nin && ok; k++) {
         if (!cast[k]) continue;
         const mp_backend *be = mp_be(cast[k]);
-        if (be->supports && !be->supports(be->ctx, op->name, cast[k]->dtype))
+        if (!mp_backend_has_all(be, op->needs, (int)(sizeof op->needs / sizeof *op->needs)) ||
+            (be->supports && !be->supports(be->ctx, op->name, cast[k]->dtype)))
             ok = 0, mp_fail(MP_EINVAL, "%s is not available for %s tensors on %s (the backend declines it)",
                             op->name, mp_dtype_name(cast[k]->dtype), mp_device_name(cast[k]->dev));
         break;

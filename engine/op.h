@@ -77,6 +77,10 @@ struct mp_op {
     mp_tensor *(*forward)(mp_op_ctx *c);
     mp_backward_fn backward;       /* NULL: composed of ops that record themselves */
     int kernel;                    /* the op's code in its backend family (an mp_unop, ...) */
+    /* the backend entries the op calls that a backend may leave NULL
+     * (MP_BE_ENTRY(conv2d), ...; 0 ends the list): mp_apply declines the op on
+     * a backend without one of them, as when its supports says no */
+    unsigned short needs[4];
     mp_bind bind;
     size_t args_size;              /* sizeof the op's argument struct; 0: it has none */
     bool quantized;                /* the forward reads quantized inputs (t->quant) itself;

@@ -76,8 +76,6 @@ static mp_tensor *attention_fwd(mp_op_ctx *c)
     if (!args->scale_given) args->scale = scale = 1.0 / sqrt((double)q->shape[q->ndim - 1]);
     if (!isfinite(scale)) return mp_fail(MP_EINVAL, "scale must be a finite number (got %g)", scale), NULL;
     if (!(p >= 0 && p < 1)) return mp_fail(MP_EINVAL, "dropout must be in [0, 1) (got %g)", p), NULL;
-    if (!mp_be(q)->attention || !mp_be(q)->attention_grad)
-        return mp_fail(MP_EINVAL, "attention is not available on %s", mp_device_name(q->dev)), NULL;
     mp_attn_args a;
     if (p > 0) {   /* reserve the draws of every (row, query, key) from the one random stream */
         uint64_t seed, off;
@@ -98,7 +96,8 @@ static mp_tensor *attention_fwd(mp_op_ctx *c)
 }
 
 static const mp_op attention_op = {.name = "attention", .ac = MP_AC_LOW, .nin = 3, .forward = attention_fwd,
-                                   .backward = attention_backward, .args_size = sizeof(attention_args)};
+                                   .backward = attention_backward, .args_size = sizeof(attention_args),
+                                   .needs = {MP_BE_ENTRY(attention), MP_BE_ENTRY(attention_grad)}};
 MP_OP_REGISTER(attention_op);
 
 mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, const double *scale, double dropout)

@@ -101,8 +101,6 @@ static mp_tensor *bn_fwd(mp_op_ctx *c)
                        mp_shape_str(x->ndim, x->shape, b1, sizeof b1)), NULL;
     if (!(momentum >= 0 && momentum <= 1)) return mp_fail(MP_EINVAL, "momentum must be in [0, 1] (got %g)", momentum), NULL;
     if (!(eps > 0) || !isfinite(eps)) return mp_fail(MP_EINVAL, "eps must be positive (got %g)", eps), NULL;
-    if (!mp_be(x)->batch_norm || !mp_be(x)->batch_norm_grad)
-        return mp_fail(MP_EINVAL, "batch_norm is not available on %s", mp_device_name(x->dev)), NULL;
     int bad = 0;
     mp_tensor *wf = f32_of(w, &bad), *bf = f32_of(b, &bad), *y = NULL;
     mp_tensor *mean = bad ? NULL : mp_empty(MP_F32, x->dev, 1, &ch), *rstd = mean ? mp_empty(MP_F32, x->dev, 1, &ch) : NULL;
@@ -119,7 +117,8 @@ static mp_tensor *bn_fwd(mp_op_ctx *c)
 }
 
 static const mp_op batch_norm_op = {.name = "batch_norm", .ac = MP_AC_F32, .nin = 3, .forward = bn_fwd,
-                                    .backward = bn_backward, .args_size = sizeof(batch_norm_args)};
+                                    .backward = bn_backward, .args_size = sizeof(batch_norm_args),
+                                    .needs = {MP_BE_ENTRY(batch_norm), MP_BE_ENTRY(batch_norm_grad)}};
 MP_OP_REGISTER(batch_norm_op);
 
 mp_tensor *mp_batch_norm(mp_tensor *x, mp_tensor *running_mean, mp_tensor *running_var, mp_tensor *w, mp_tensor *b,

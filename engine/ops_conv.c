@@ -97,8 +97,6 @@ static mp_tensor *conv_fwd(mp_op_ctx *c)
                            mp_shape_str(2, w->shape + 2, b1, sizeof b1), (long long)span, (long long)in,
                            d ? "the width" : "the height"), NULL;
     }
-    if (!mp_be(x)->conv2d || !mp_be(x)->conv2d_grad)
-        return mp_fail(MP_EINVAL, "conv2d is not available on %s", mp_device_name(x->dev)), NULL;
     mp_conv_args a;
     args_of(x, w, p, &a);
     int64_t shape[4] = {a.n, a.k, a.oh, a.ow};
@@ -110,7 +108,8 @@ static mp_tensor *conv_fwd(mp_op_ctx *c)
 }
 
 static const mp_op conv2d_op = {.name = "conv2d", .ac = MP_AC_LOW, .nin = 3, .forward = conv_fwd,
-                                .backward = conv_backward, .args_size = sizeof(conv2d_args)};
+                                .backward = conv_backward, .args_size = sizeof(conv2d_args),
+                                .needs = {MP_BE_ENTRY(conv2d), MP_BE_ENTRY(conv2d_grad)}};
 MP_OP_REGISTER(conv2d_op);
 
 mp_tensor *mp_conv2d(mp_tensor *x, mp_tensor *w, mp_tensor *b, const int64_t stride[2], const int64_t padding[2],

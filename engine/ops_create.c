@@ -79,7 +79,6 @@ mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shap
             mp_cpu_backend.cast(mp_cpu_backend.ctx, (char *)p + 2 * i, dt, &f, MP_F32, 1);
             break;
         }
-        case MP_NDTYPES: break;   /* mp_empty refused it */
         }
     }
     if (dev == MP_CPU) return host;
@@ -109,7 +108,6 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out)
             case MP_I32: out[done + i] = ((int32_t *)raw)[i]; break;
             case MP_U8: out[done + i] = raw[i]; break;
             case MP_F16: case MP_BF16: out[done + i] = f[i]; break;
-            case MP_NDTYPES: break;   /* no tensor has it */
             }
         }
     }

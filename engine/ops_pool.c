@@ -89,9 +89,6 @@ static mp_tensor *pool_fwd(mp_op_ctx *c)
                                (long long)p->kernel[d], (long long)in, d ? "the width" : "the height"), NULL;
         }
     }
-    const mp_backend *be = mp_be(x);
-    if (kind == POOL_MAX ? !be->max_pool2d || !be->max_pool2d_grad : !be->avg_pool2d || !be->avg_pool2d_grad)
-        return mp_fail(MP_EINVAL, "%s is not available on %s", c->op->name, mp_device_name(x->dev)), NULL;
     mp_pool_args a;
     args_of(x, p, &a);
     int64_t shape[4];
@@ -109,11 +106,13 @@ static mp_tensor *pool_fwd(mp_op_ctx *c)
     return y;
 }
 
-#define POOL_OP(NAME) {.name = NAME, .nin = 1, .forward = pool_fwd, .backward = pool_backward, \
-                       .args_size = sizeof(pool_args)}
-static const mp_op max_pool2d_op = POOL_OP("max_pool2d");
-static const mp_op avg_pool2d_op = POOL_OP("avg_pool2d");
-static const mp_op adaptive_avg_pool2d_op = POOL_OP("adaptive_avg_pool2d");
+#define MAX_NEEDS {MP_BE_ENTRY(max_pool2d), MP_BE_ENTRY(max_pool2d_grad)}
+#define AVG_NEEDS {MP_BE_ENTRY(avg_pool2d), MP_BE_ENTRY(avg_pool2d_grad)}
+#define POOL_OP(NAME, NEEDS) {.name = NAME, .nin = 1, .forward = pool_fwd, .backward = pool_backward, \
+                              .args_size = sizeof(pool_args), .needs = NEEDS}
+static const mp_op max_pool2d_op = POOL_OP("max_pool2d", MAX_NEEDS);
+static const mp_op avg_pool2d_op = POOL_OP("avg_pool2d", AVG_NEEDS);
+static const mp_op adaptive_avg_pool2d_op = POOL_OP("adaptive_avg_pool2d", AVG_NEEDS);
 MP_OP_REGISTER(max_pool2d_op);
 MP_OP_REGISTER(avg_pool2d_op);
 MP_OP_REGISTER(adaptive_avg_pool2d_op);

@@ -208,7 +208,6 @@ static mp_tensor *topk_fwd(mp_op_ctx *c)
     if (k < 1 || k > n)
         return mp_fail(MP_EINVAL, "k must be in 1..%lld (the size of the dim; got %lld)", (long long)n, (long long)k), NULL;
     if (n > INT32_MAX || rows * n > INT32_MAX) return mp_fail(MP_EINVAL, "input too large for i32 indices"), NULL;
-    if (!mp_be(x)->topk) return mp_fail(MP_EINVAL, "%s is not available on %s", c->op->name, mp_device_name(x->dev)), NULL;
     int64_t shape[MP_MAXDIM];
     for (int d = 0; d < x->ndim; d++) shape[d] = d == x->ndim - 1 ? k : x->shape[d];
     mp_tensor *v = mp_empty(x->dtype, x->dev, x->ndim, shape), *idx = v ? mp_empty(MP_I32, x->dev, x->ndim, shape) : NULL;
@@ -224,9 +223,9 @@ static mp_tensor *topk_fwd(mp_op_ctx *c)
 }
 
 static const mp_op topk_op = {.name = "topk", .nin = 1, .forward = topk_fwd, .backward = topk_backward,
-                              .args_size = sizeof(topk_args)};
+                              .args_size = sizeof(topk_args), .needs = {MP_BE_ENTRY(topk)}};
 static const mp_op sort_op = {.name = "sort", .nin = 1, .forward = topk_fwd, .backward = topk_backward,
-                              .args_size = sizeof(topk_args)};
+                              .args_size = sizeof(topk_args), .needs = {MP_BE_ENTRY(topk)}};
 MP_OP_REGISTER(topk_op);
 MP_OP_REGISTER(sort_op);
 

@@ -10,29 +10,27 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 
-mp_optim_config mp_optim_defaults(mp_optim_kind kind)
-{
-    mp_optim_config c = {.kind = kind, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
-    if (kind == MP_SGD) c.lr = NAN;
-    if (kind == MP_ADAMW) c.weight_decay = 0.01;
-    return c;
-}
+mp_optim_config mp_optim_defaults(mp_optim_kind kind) { return mp_optim_kinds[kind].defaults; }
 
 int mp_optim_check_config(const mp_optim_config *c)
 {
-    if (isnan(c->lr) && c->kind == MP_SGD) return mp_fail(MP_EINVAL, "lr is required");
+    const mp_optim_desc *d = &mp_optim_kinds[c->kind];
+    if (isnan(c->lr) && d->lr_required) return mp_fail(MP_EINVAL, "lr is required");
     if (!(c->lr >= 0) || !isfinite(c->lr)) return mp_fail(MP_EINVAL, "lr must be a finite number >= 0 (got %g)", c->lr);
     if (!(c->weight_decay >= 0)) return mp_fail(MP_EINVAL, "weight_decay must be >= 0 (got %g)", c->weight_decay);
-    if (c->kind == MP_SGD) {
+    switch (d->rule) {
+    case MP_RULE_SGD:
         if (!(c->momentum >= 0)) return mp_fail(MP_EINVAL, "momentum must be >= 0 (got %g)", c->momentum);
         if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
             return mp_fail(MP_EINVAL, "nesterov needs a momentum > 0 and dampening 0");
         return 0;
+    case MP_RULE_ADAM:
+        if (!(c->beta1 >= 0 && c->beta1 < 1)) return mp_fail(MP_EINVAL, "betas[1] must be in [0, 1) (got %g)", c->beta1);
+        if (!(c->beta2 >= 0 && c->beta2 < 1)) return mp_fail(MP_EINVAL, "betas[2] must be in [0, 1) (got %g)", c->beta2);
+        if (!(c->eps >= 0)) return mp_fail(MP_EINVAL, "eps must be >= 0 (got %g)", c->eps);
+        return 0;
     }
-    if (!(c->beta1 >= 0 && c->beta1 < 1)) return mp_fail(MP_EINVAL, "betas[1] must be in [0, 1) (got %g)", c->beta1);
-    if (!(c->beta2 >= 0 && c->beta2 < 1)) return mp_fail(MP_EINVAL, "betas[2] must be in [0, 1) (got %g)", c->beta2);
-    if (!(c->eps >= 0)) return mp_fail(MP_EINVAL, "eps must be >= 0 (got %g)", c->eps);
-    return 0;
+    return mp_fail(MP_EINVAL, "unknown optimizer rule %d", (int)d->rule);
 }
 
 static int check_params(int n, mp_tensor *const *ps)
@@ -153,8 +151,10 @@ void mp_optim_free(mp_optim *o)
 
 int mp_optim_ensure_state(mp_optim *o)
 {
-    bool two = o->cfg.kind != MP_SGD, one = two;
-    for (int g = 0; g < o->ngroups; g++) one = one || o->group[g].momentum != 0;
+    const mp_optim_desc *d = &mp_optim_kinds[o->cfg.kind];
+    bool want = !d->states_need_momentum;
+    for (int g = 0; g < o->ngroups; g++) want = want || o->group[g].momentum != 0;
+    bool one = want && d->nstates >= 1, two = want && d->nstates >= 2;
     if (one && !o->state1 && !(o->state1 = mp_full(MP_F32, o->values->dev, 1, &o->numel, 0))) return -1;
     if (two && !o->state2 && !(o->state2 = mp_full(MP_F32, o->values->dev, 1, &o->numel, 0))) return -1;
     return 0;

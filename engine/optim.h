@@ -19,6 +19,24 @@ typedef struct {
     bool nesterov;
 } mp_optim_config;
 
+/* An optimizer kind, described once (engine/optim_kinds.c), as mp_op describes
+ * an op: the engine asks the description, never compares kinds, so a new kind
+ * is one more entry there and one case in each backend's optim_step. */
+typedef enum {
+    MP_RULE_SGD,    /* momentum, dampening, nesterov: the hyperparameters checked */
+    MP_RULE_ADAM    /* betas and eps */
+} mp_optim_rule;
+typedef struct {
+    const char *name;              /* the binding's name ("adam") */
+    const char *title;             /* in messages ("mp.optim.Adam") */
+    mp_optim_rule rule;
+    int nstates;                   /* f32 state arenas the step keeps (state1, state2) */
+    bool states_need_momentum;     /* made only when a group has momentum != 0 (SGD's buffer) */
+    bool lr_required;              /* no default lr: defaults.lr is NaN, refused as "lr is required" */
+    mp_optim_config defaults;      /* PyTorch's */
+} mp_optim_desc;
+extern const mp_optim_desc mp_optim_kinds[MP_NOPTIM_KINDS];
+
 /* Parameter groups (PyTorch's param_groups): the parameters are packed group by
  * group, so group g is the arena range of parameters first[g] .. first[g+1]-1,
  * stepped with its own hyperparameters (one kernel pass per group). One group
@@ -51,9 +69,10 @@ mp_optim *mp_optim_new(const mp_optim_config *cfg, int n, mp_tensor *const *para
 mp_optim *mp_optim_new_groups(int ngroups, const mp_optim_config *cfgs, const int *counts, int n,
                               mp_tensor *const *params);
 void mp_optim_free(mp_optim *o);
-/* PyTorch's defaults for each kind (Adam/AdamW: lr 1e-3, betas (0.9, 0.999), eps
- * 1e-8, weight_decay 0 and 0.01); SGD has no default lr: NaN, which the check
- * refuses as "lr is required". The binding starts from these. */
+/* PyTorch's defaults for each kind (mp_optim_kinds[kind].defaults): Adam/AdamW:
+ * lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight_decay 0 and 0.01; SGD has no
+ * default lr: NaN, which the check refuses as "lr is required". The binding
+ * starts from these. */
 mp_optim_config mp_optim_defaults(mp_optim_kind kind);
 int mp_optim_check_config(const mp_optim_config *cfg);
 /* one update of every parameter from the gradient arena */

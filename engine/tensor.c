@@ -27,7 +27,7 @@ bool mp_is_float(mp_dtype t)
 {
     switch (t) {   /* no default: a new dtype must say */
     case MP_F32: case MP_F16: case MP_BF16: return true;
-    case MP_I32: case MP_U8: case MP_NDTYPES: break;
+    case MP_I32: case MP_U8: break;
     }
     return false;
 }

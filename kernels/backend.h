@@ -23,15 +23,30 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define MP_MAXDIM 8
 
-typedef enum { MP_F32, MP_F16, MP_BF16, MP_I32, MP_U8, MP_NDTYPES } mp_dtype;
-typedef enum { MP_CPU, MP_CUDA, MP_NDEVICES } mp_device;
+/* a compile-time check, in C (the engine, the CPU kernels) and C++ (the CUDA kernels) */
+#ifdef __cplusplus
+#define MP_STATIC_ASSERT(cond, why) static_assert(cond, why)
+#else
+#define MP_STATIC_ASSERT(cond, why) _Static_assert(cond, why)
+#endif
+
+/* The counts are not enumerators, so that a switch over a dtype or device
+ * lists the real ones and needs no default (-Wswitch then flags every switch a
+ * new one must reach): a new dtype goes last and MP_NDTYPES names it; every
+ * table sized by a count asserts that it has one entry per value. */
+typedef enum { MP_F32, MP_F16, MP_BF16, MP_I32, MP_U8 } mp_dtype;
+#define MP_NDTYPES (MP_U8 + 1)
+typedef enum { MP_CPU, MP_CUDA } mp_device;
+#define MP_NDEVICES (MP_CUDA + 1)
 
 static inline size_t mp_dtype_size(mp_dtype t)
 {
-    static const size_t sz[MP_NDTYPES] = {4, 2, 2, 4, 1};
+    static const size_t sz[] = {4, 2, 2, 4, 1};   /* f32, f16, bf16, i32, u8 */
+    MP_STATIC_ASSERT(sizeof sz / sizeof sz[0] == MP_NDTYPES, "a size for every dtype");
     return sz[t];
 }
 
@@ -96,6 +111,11 @@ static inline int mp_bcast_coalesce(const mp_bcast *in, mp_bcast *bc)
  * corrections that depend on it are computed by the kernel from the doubles
  * below, as PyTorch computes them in Python (kernels/step_rules.h). */
 typedef enum { MP_SGD, MP_ADAM, MP_ADAMW } mp_optim_kind;
+/* the number of kinds: a new kind goes last and this names it. The engine's
+ * descriptor of each kind (engine/optim.h: mp_optim_kinds) is checked against
+ * it, and the kernels' switches over the kind have no default: a new kind is
+ * a compile error (-Wswitch) at each step rule that must learn it */
+#define MP_NOPTIM_KINDS (MP_ADAMW + 1)
 typedef struct {
     float lr, momentum, weight_decay, beta1, beta2, eps;
     /* 1 - x factors, computed in double and rounded once as PyTorch does in Python */
@@ -207,242 +227,321 @@ typedef struct {
 /* a backend's context: each backend defines struct mp_kctx for itself */
 typedef struct mp_kctx mp_kctx;
 
+/* ---- the entries ----
+ * Each entry of the contract is written here once, as
+ *   X(return type, name, (parameters), (the parameters' names))
+ * and everything else is generated from this list: the function type of each
+ * entry (mp_be_<name>_fn, with which a backend declares its kernels:
+ * `mp_be_gemm_fn cpu_gemm;`, so the compiler checks each against the
+ * contract), the table's fields, and any generic wrapper of a whole table
+ * (tests/device/fake_cuda.c forwards every entry through the names). Every
+ * entry takes the backend's context first. An entry a backend leaves NULL it
+ * does not have; the engine declines an op whose entry is NULL (engine/op.h:
+ * mp_op's needs) with the same error as a no from supports.
+ *
+ * The entries are typed, one per kind of kernel, rather than one entry that
+ * dispatches on an op description (ggml's graph_compute): a kernel's arguments
+ * are raw pointers, sizes and small argument structs, so kernels stay free of
+ * the engine's tensors, and the compiler checks every call and every kernel
+ * against its signature. */
+#define MP_BACKEND_ENTRIES(X)                                                                                           \
+    /* whether this backend runs the op of that name (engine/op.h) on inputs of                                         \
+     * dtype dt; the engine asks before each op and turns a no into an error                                            \
+     * naming op, dtype and device. NULL: every op in every dtype */                                                    \
+    X(bool, supports, (mp_kctx *cx, const char *op, mp_dtype dt), (cx, op, dt))                                         \
+    /* memory: alloc returns NULL on failure; bytes are device bytes. Both go                                           \
+     * through the backend's caching allocator (kernels/block_cache.h): cached                                          \
+     * says how many bytes it holds in free blocks, release_cache gives them all                                        \
+     * back to the system, mark_cache ends a window of allocations and gives                                            \
+     * back the free blocks that went unused through it and the one before                                              \
+     * (mp_cache_mark; NULL: nothing to give back) */                                                                   \
+    X(void *, alloc, (mp_kctx *cx, size_t nbytes), (cx, nbytes))                                                        \
+    X(void, free, (mp_kctx *cx, void *p, size_t nbytes), (cx, p, nbytes))                                               \
+    X(size_t, cached, (mp_kctx *cx), (cx))                                                                              \
+    X(void, release_cache, (mp_kctx *cx), (cx))                                                                         \
+    X(void, mark_cache, (mp_kctx *cx), (cx))                                                                            \
+    X(void, zero, (mp_kctx *cx, void *p, size_t nbytes), (cx, p, nbytes))                                               \
+    X(void, copy, (mp_kctx *cx, void *dst, const void *src, size_t nbytes), (cx, dst, src, nbytes))   /* same device */ \
+    X(void, to_host, (mp_kctx *cx, void *host_dst, const void *src, size_t nbytes), (cx, host_dst, src, nbytes))        \
+    X(void, from_host, (mp_kctx *cx, void *dst, const void *host_src, size_t nbytes),                                   \
+      (cx, dst, host_src, nbytes))                                                                                      \
+    /* asynchronous backends: the first error since the last call, or NULL; and a                                       \
+     * wait for all queued work (NULL entries: nothing to report or wait for) */                                        \
+    X(const char *, error, (mp_kctx *cx), (cx))                                                                         \
+    X(void, synchronize, (mp_kctx *cx), (cx))                                                                           \
+    /* Asynchronous reads (asynchronous backends; NULL: to_host is the only way).                                       \
+     * host_alloc gives host memory that to_host_async may copy into (pinned);                                          \
+     * to_host_async queues the copy on the stream and returns at once; mark                                            \
+     * records a point after everything queued so far (NULL on failure) and                                             \
+     * mark_wait waits for it (a wait only if it has not passed: the counters                                           \
+     * count that) and frees it. A trace's per-step snapshot uses them. */                                              \
+    X(void *, host_alloc, (mp_kctx *cx, size_t nbytes), (cx, nbytes))                                                   \
+    X(void, host_free, (mp_kctx *cx, void *p, size_t nbytes), (cx, p, nbytes))                                          \
+    X(void, to_host_async, (mp_kctx *cx, void *host_dst, const void *src, size_t nbytes),                               \
+      (cx, host_dst, src, nbytes))                                                                                      \
+    X(void *, mark, (mp_kctx *cx), (cx))                                                                                \
+    X(void, mark_wait, (mp_kctx *cx, void *mark), (cx, mark))                                                           \
+    /* Collectives across processes on this device's memory, queued on the                                              \
+     * backend's stream (CUDA: NCCL, loaded when first used). NULL entries: the                                         \
+     * engine stages the bytes through host memory and MPI (kernels/comm.h).                                            \
+     * coll_id writes the bytes that name a new group (NCCL's unique id, at most                                        \
+     * cap) and returns their count, or -1 with the reason in why; every process                                        \
+     * then calls coll_join with the same bytes, its rank and the world's size                                          \
+     * (0, or -1 with the reason). The collectives report their failures through                                        \
+     * error(), as kernels do: all_reduce works in place on n elements of dt;                                           \
+     * broadcast sends root's nbytes to every process; all_gather puts each                                             \
+     * process's nbytes of send at recv + rank * nbytes. coll_leave ends the                                            \
+     * group (at finalize). */                                                                                          \
+    X(int, coll_id, (mp_kctx *cx, void *id, size_t cap, char *why, size_t why_cap), (cx, id, cap, why, why_cap))        \
+    X(int, coll_join, (mp_kctx *cx, const void *id, size_t nbytes, int rank, int size, char *why,                       \
+      size_t why_cap),                                                                                                  \
+      (cx, id, nbytes, rank, size, why, why_cap))                                                                       \
+    X(void, coll_all_reduce, (mp_kctx *cx, mp_dtype dt, void *buf, int64_t n, mp_coll_op op),                           \
+      (cx, dt, buf, n, op))                                                                                             \
+    X(void, coll_broadcast, (mp_kctx *cx, void *buf, size_t nbytes, int root), (cx, buf, nbytes, root))                 \
+    X(void, coll_all_gather, (mp_kctx *cx, const void *send, void *recv, size_t nbytes),                                \
+      (cx, send, recv, nbytes))                                                                                         \
+    X(void, coll_leave, (mp_kctx *cx), (cx))                                                                            \
+    /* Overlap (NULL: collectives stay on the main stream): after coll_fork the                                         \
+     * collectives run on a second stream, each after what was queued on the                                            \
+     * main stream up to its own coll_fork (a data-parallel bucket, reduced                                             \
+     * while backward goes on); coll_merge makes the main stream wait for them                                          \
+     * and brings the collectives back to it. */                                                                        \
+    X(void, coll_fork, (mp_kctx *cx), (cx))                                                                             \
+    X(void, coll_merge, (mp_kctx *cx), (cx))                                                                            \
+    /* n elements of src (dtype sd) converted into dst (dtype dd) */                                                    \
+    X(void, cast, (mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n),                       \
+      (cx, dst, dd, src, sd, n))                                                                                        \
+    X(void, fill, (mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value), (cx, dst, dt, n, value))              \
+    X(void, arange, (mp_kctx *cx, void *dst, mp_dtype dt, int64_t n), (cx, dst, dt, n))                                 \
+    /* counter-based random numbers: element i depends only on (seed, offset + i),                                      \
+     * so every backend draws the same stream */                                                                        \
+    X(void, rand_uniform, (mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset),             \
+      (cx, dst, dt, n, seed, offset))                                                                                   \
+    X(void, rand_normal, (mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset),              \
+      (cx, dst, dt, n, seed, offset))                                                                                   \
+    X(void, binary, (mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,                    \
+      const mp_bcast *bc),                                                                                              \
+      (cx, op, dt, out, a, b, bc))                                                                                      \
+    X(void, unary, (mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p),               \
+      (cx, op, dt, out, a, n, p))                                                                                       \
+    /* gin = gout * d op(x)/dx, given the input x and the output y of the forward */                                    \
+    X(void, unary_grad, (mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,              \
+      const void *y, int64_t n, double p),                                                                              \
+      (cx, op, dt, gin, gout, x, y, n, p))                                                                              \
+    X(void, reduce, (mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n,         \
+      int64_t inner),                                                                                                   \
+      (cx, op, dt, out, a, outer, n, inner))                                                                            \
+    /* out[o, idx[o,i], i] = src[o, i] on a zeroed {outer, n, inner} out (max's backward) */                            \
+    X(void, put_along, (mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx,                       \
+      int64_t outer, int64_t n, int64_t inner),                                                                         \
+      (cx, dt, out, src, idx, outer, n, inner))                                                                         \
+    /* The loss scaler, all on state in this backend's memory:                                                          \
+     * scale_loss: out = in * st->scale (out may be NULL) and, when check, loss_bad                                     \
+     *   = 1 if any input value is inf/NaN;                                                                             \
+     * unscale: g *= 1/st->scale over n values (an optimizer's gradient arena),                                         \
+     *   adding what it sees (n, inf, NaN, amax of the scaled values) to                                                \
+     *   st->slot[slot]; with telemetry (tel not NULL) also the zeros, f16                                              \
+     *   under/overflow and histogram, into the slot and per parameter: seg                                             \
+     *   (backend memory) holds nseg + 1 offsets, 0 = seg[0] < ... < seg[nseg] = n,                                     \
+     *   and tel[i] (nseg records, backend memory) gets the statistics of                                               \
+     *   g[seg[i] .. seg[i+1]);                                                                                         \
+     * scale_rule: one of the state operations above (arg: DECIDE's slot). */                                           \
+    X(void, scale_loss, (mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st,            \
+      int check),                                                                                                       \
+      (cx, dt, out, in, n, st, check))                                                                                  \
+    X(void, unscale, (mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel,               \
+      const int64_t *seg, int nseg),                                                                                    \
+      (cx, g, n, st, slot, tel, seg, nseg))                                                                             \
+    X(void, scale_rule, (mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg,                  \
+      float value),                                                                                                     \
+      (cx, op, st, p, arg, value))                                                                                      \
+    /* Counting, at every rounding of f32 results to f16/bf16, the values rounded,                                      \
+     * those that were nonzero and became zero and those that were finite and                                           \
+     * became inf, per backward op: after flush_slot(cx, i) the roundings count                                         \
+     * into slot i (0 <= i < MP_FLUSH_SLOTS), after flush_slot(cx, -1) into none.                                       \
+     * The counts stay in the backend's memory (on a GPU, device memory that the                                        \
+     * kernels add to: nothing is read per op). flush_read copies every slot's                                          \
+     * totals into counts (when not NULL: one read, a wait on an asynchronous                                           \
+     * device) and then zeroes them when clear (queued, no wait). */                                                    \
+    X(void, flush_slot, (mp_kctx *cx, int slot), (cx, slot))                                                            \
+    X(void, flush_read, (mp_kctx *cx, int64_t (*counts)[3], int clear), (cx, counts, clear))                            \
+    /* an optimizer's step: optim_count adds 1 to *step (an int64 in this backend's                                     \
+     * memory) unless skip (backend memory, NULL: never) is set; optim_step then                                        \
+     * updates n parameters p with gradients g and state s1, s2 at that step count,                                     \
+     * and writes the new values rounded to lowp_dt into lowp (the parameters'                                          \
+     * low-precision working copy for autocast; NULL: none), or leaves everything                                       \
+     * as it is when skip is set */                                                                                     \
+    X(void, optim_count, (mp_kctx *cx, int64_t *step, const int32_t *skip), (cx, step, skip))                           \
+    X(void, optim_step, (mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2,               \
+      int64_t n, const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,                          \
+      mp_dtype lowp_dt),                                                                                                \
+      (cx, kind, p, g, s1, s2, n, a, step, skip, lowp, lowp_dt))                                                        \
+    /* since the backend loaded: the copies to the host and the waits for the                                           \
+     * device (asynchronous backends; 0 on the CPU), and the allocations its                                            \
+     * caching allocator asked the system for (cudaMalloc, posix_memalign) */                                           \
+    X(void, counters, (mp_kctx *cx, int64_t c[3]), (cx, c))                                                             \
+    /* out = cond ? a : b elementwise, all contiguous of n elements; cond is u8 */                                      \
+    X(void, where, (mp_kctx *cx, mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b,             \
+      int64_t n),                                                                                                       \
+      (cx, dt, out, cond, a, b, n))                                                                                     \
+    /* The row-wise kernels below return 0, or -1 when they could not get their                                         \
+     * working memory from the context (nothing was written then). */                                                   \
+    /* softmax (or log-softmax when log) over the middle axis of {outer, n, inner} */                                   \
+    X(int, softmax, (mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner,         \
+      int log),                                                                                                         \
+      (cx, dt, y, x, outer, n, inner, log))                                                                             \
+    X(int, softmax_grad, (mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const void *y, int64_t outer,             \
+      int64_t n, int64_t inner, int log),                                                                               \
+      (cx, dt, gx, gy, y, outer, n, inner, log))                                                                        \
+    /* cross-entropy of rows x {rows, classes} against 0-based targets: loss[r] and                                     \
+     * the row's log-sum-exp (both f32); the gradient gx = (softmax(x) - onehot) * scale[r] */                          \
+    X(int, cross_entropy, (mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const void *x,                            \
+      const int32_t *target, int64_t rows, int64_t classes),                                                            \
+      (cx, dt, loss, lse, x, target, rows, classes))                                                                    \
+    X(int, cross_entropy_grad, (mp_kctx *cx, mp_dtype dt, void *gx, const void *x, const float *lse,                    \
+      const int32_t *target, const float *scale, int64_t rows, int64_t classes),                                        \
+      (cx, dt, gx, x, lse, target, scale, rows, classes))                                                               \
+    /* layer norm over the last dim of {rows, n}: y = (x - mean) * rstd * w + b, with                                   \
+     * mean and rstd (f32, one per row) kept for the backward; w or b may be NULL */                                    \
+    X(int, layer_norm, (mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x,                     \
+      const void *w, const void *b, int64_t rows, int64_t n, float eps),                                                \
+      (cx, dt, y, mean, rstd, x, w, b, rows, n, eps))                                                                   \
+    /* gx, and gw/gb (f32 sums over rows, may be NULL) */                                                               \
+    X(int, layer_norm_grad, (mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy,                  \
+      const void *x, const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n),                     \
+      (cx, dt, gx, gw, gb, gy, x, mean, rstd, w, rows, n))                                                              \
+    /* Attention: out{bh,tq,d} = softmax(q k^T * scale [causal]) v, and each row's                                      \
+     * log-sum-exp (f32, -inf for a row that sees no key) for the backward, which                                       \
+     * writes dq, dk, dv from dout; no tq x tk scores are stored. q, k, v, out of                                       \
+     * dtype dt, contiguous {bh, t, d}. NULL: the backend has none (supports says no). */                               \
+    X(int, attention, (mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k,                   \
+      const void *v, const mp_attn_args *a),                                                                            \
+      (cx, dt, out, lse, q, k, v, a))                                                                                   \
+    X(int, attention_grad, (mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout,                   \
+      const void *q, const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a),           \
+      (cx, dt, dq, dk, dv, dout, q, k, v, out, lse, a))                                                                 \
+    /* Convolution (mp_conv_args): y = conv(x, w) + b (b may be NULL), summed in                                        \
+     * f32 and rounded once. The backward writes any of gx, gw (x's dtype) and gb                                       \
+     * (f32 sums over n, oh, ow) that is not NULL. NULL entries: no convolution. */                                     \
+    X(int, conv2d, (mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, const void *b,                     \
+      const mp_conv_args *a),                                                                                           \
+      (cx, dt, y, x, w, b, a))                                                                                          \
+    X(int, conv2d_grad, (mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, const void *gy,                       \
+      const void *x, const void *w, const mp_conv_args *a),                                                             \
+      (cx, dt, gx, gw, gb, gy, x, w, a))                                                                                \
+    /* Pooling (mp_pool_args). Max: y and the 0-based position in its plane                                             \
+     * (h * w) of each window's maximum (the first of equals; a NaN wins, the                                           \
+     * last one, as in PyTorch); a window with no input gives -inf and position                                         \
+     * -1. Its backward adds gy at those positions into gx (zeroed by the                                               \
+     * kernel). Average: the mean of each window (f32 sums); its backward                                               \
+     * spreads gy evenly. */                                                                                            \
+    X(int, max_pool2d, (mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *x, const mp_pool_args *a),         \
+      (cx, dt, y, idx, x, a))                                                                                           \
+    X(int, max_pool2d_grad, (mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const int32_t *idx,                    \
+      const mp_pool_args *a),                                                                                           \
+      (cx, dt, gx, gy, idx, a))                                                                                         \
+    X(int, avg_pool2d, (mp_kctx *cx, mp_dtype dt, void *y, const void *x, const mp_pool_args *a),                       \
+      (cx, dt, y, x, a))                                                                                                \
+    X(int, avg_pool2d_grad, (mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const mp_pool_args *a),                \
+      (cx, dt, gx, gy, a))                                                                                              \
+    /* Batch norm over channels of {n, c, hw}: training: each channel's batch mean                                      \
+     * and biased variance (f32) normalise x, are written to mean and rstd                                              \
+     * (1 / sqrt(var + eps)) for the backward, and move running_mean and                                                \
+     * running_var (unbiased variance) by momentum, when those are not NULL;                                            \
+     * otherwise the running statistics normalise x and mean/rstd get them.                                             \
+     * w and b (f32, may be NULL) scale and shift. The backward writes gx and                                           \
+     * gw/gb (f32, may be NULL); training says whether the statistics were the                                          \
+     * batch's (their gradient flows into gx) or fixed. */                                                              \
+    X(int, batch_norm, (mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,               \
+      float *running_var, const void *x, const float *w, const float *b, int64_t n, int64_t c, int64_t hw,              \
+      int training, float momentum, float eps),                                                                         \
+      (cx, dt, y, mean, rstd, running_mean, running_var, x, w, b, n, c, hw, training, momentum, eps))                   \
+    X(int, batch_norm_grad, (mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy,                  \
+      const void *x, const float *mean, const float *rstd, const float *w, int64_t n, int64_t c, int64_t hw,            \
+      int training),                                                                                                    \
+      (cx, dt, gx, gw, gb, gy, x, mean, rstd, w, n, c, hw, training))                                                   \
+    /* the k largest (largest) or smallest values of each of rows rows of n, in                                         \
+     * order, into values {rows, k} (dtype dt) and their 0-based positions into                                         \
+     * idx {rows, k}; ties in index order, NaN above every number (PyTorch's                                            \
+     * order). NULL: the backend has none (supports says no). */                                                        \
+    X(int, topk, (mp_kctx *cx, mp_dtype dt, void *values, int32_t *idx, const void *x, int64_t rows, int64_t n,         \
+      int64_t k, int largest),                                                                                          \
+      (cx, dt, values, idx, x, rows, n, k, largest))                                                                    \
+    /* Batched C = alpha * op(A) @ op(B) + beta * C, row-major, all of dtype dt;                                        \
+     * A is {m,k} (or {k,m} when ta), B is {k,n} (or {n,k} when tb), C is {m,n};                                        \
+     * sA, sB, sC are the element strides between batch items (0 broadcasts).                                           \
+     * Returns 0, or -1 when the kernel could not get its working memory. */                                            \
+    X(int, gemm, (mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,             \
+      float alpha, const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc),              \
+      (cx, dt, ta, tb, batch, m, n, k, alpha, a, sa, b, sb, beta, c, sc))                                               \
+    /* A linear layer's product with its bias in the GEMM's epilogue:                                                   \
+     * C{m,n} = A{m,k} @ B^T + bias{n} on every row (B is {n,k}), summed in f32                                         \
+     * and rounded once, in one pass over C. Returns 0; 1 when declined (the                                            \
+     * engine then fills C with the bias and accumulates a gemm onto it); -1 for                                        \
+     * want of working memory. NULL: the backend has none. */                                                           \
+    X(int, gemm_bias, (mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,         \
+      const void *bias, void *c),                                                                                       \
+      (cx, dt, m, n, k, a, b, bias, c))                                                                                 \
+    /* asynchronous backends: check n indices (i32, this device) against [0, limit)                                     \
+     * on the device, without waiting: a bad one is reported by error() later, as                                       \
+     * "<what>: <value> at position <i> out of range [0, limit)", and the gather,                                       \
+     * scatter_add, put_along and cross-entropy kernels leave it out meanwhile                                          \
+     * (what must be a string that outlives the process, a literal). NULL: the                                          \
+     * engine reads the indices and checks them itself, before the op. */                                               \
+    X(void, check_indices, (mp_kctx *cx, const int32_t *idx, int64_t n, int64_t limit, const char *what),               \
+      (cx, idx, n, limit, what))                                                                                        \
+    /* out = in with dims permuted: out dim d is in dim perm[d] (contiguous copy) */                                    \
+    X(void, permute, (mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape,              \
+      const int *perm),                                                                                                 \
+      (cx, dt, out, in, ndim, shape, perm))                                                                             \
+    /* out[o, j, i] = in[o, idx[j], i] for an {outer, n, inner} input and nidx indices                                  \
+     * (0-based, already checked to lie in [0, n)); idx is an i32 array on this device */                               \
+    X(void, gather, (mp_kctx *cx, mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx,             \
+      int64_t outer, int64_t n, int64_t inner),                                                                         \
+      (cx, dt, out, in, idx, nidx, outer, n, inner))                                                                    \
+    /* out[o, idx[j], i] += src[o, j, i]: the adjoint of gather, in index order */                                      \
+    X(void, scatter_add, (mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx,                     \
+      int64_t nidx, int64_t outer, int64_t n, int64_t inner),                                                           \
+      (cx, dt, out, src, idx, nidx, outer, n, inner))                                                                   \
+    /* copy a {outer, len, inner} block starting at `start` of an {outer, n, inner} source */                           \
+    X(void, narrow, (mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,                     \
+      int64_t start, int64_t len, int64_t inner),                                                                       \
+      (cx, dt, out, in, outer, n, start, len, inner))                                                                   \
+    /* the reverse: write a {outer, len, inner} source into an {outer, n, inner} out at `start` */                      \
+    X(void, narrow_put, (mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,                 \
+      int64_t start, int64_t len, int64_t inner),                                                                       \
+      (cx, dt, out, in, outer, n, start, len, inner))
+
+#define MP_BE_FN_TYPE(ret, name, params, args) typedef ret mp_be_##name##_fn params;
+MP_BACKEND_ENTRIES(MP_BE_FN_TYPE)
+#undef MP_BE_FN_TYPE
+
 typedef struct mp_backend {
     const char *name;
     mp_kctx *ctx;
-    /* whether this backend runs the op of that name (engine/op.h) on inputs of
-     * dtype dt; the engine asks before each op and turns a no into an error
-     * naming op, dtype and device. NULL: every op in every dtype */
-    bool (*supports)(mp_kctx *cx, const char *op, mp_dtype dt);
-
-    /* memory: alloc returns NULL on failure; bytes are device bytes. Both go
-     * through the backend's caching allocator (kernels/block_cache.h): cached
-     * says how many bytes it holds in free blocks, release_cache gives them all
-     * back to the system, mark_cache ends a window of allocations and gives
-     * back the free blocks that went unused through it and the one before
-     * (mp_cache_mark; NULL: nothing to give back) */
-    void *(*alloc)(mp_kctx *cx, size_t nbytes);
-    void (*free)(mp_kctx *cx, void *p, size_t nbytes);
-    size_t (*cached)(mp_kctx *cx);
-    void (*release_cache)(mp_kctx *cx);
-    void (*mark_cache)(mp_kctx *cx);
-    void (*zero)(mp_kctx *cx, void *p, size_t nbytes);
-    void (*copy)(mp_kctx *cx, void *dst, const void *src, size_t nbytes);       /* same device */
-    void (*to_host)(mp_kctx *cx, void *host_dst, const void *src, size_t nbytes);
-    void (*from_host)(mp_kctx *cx, void *dst, const void *host_src, size_t nbytes);
-    /* asynchronous backends: the first error since the last call, or NULL; and a
-     * wait for all queued work (NULL entries: nothing to report or wait for) */
-    const char *(*error)(mp_kctx *cx);
-    void (*synchronize)(mp_kctx *cx);
-    /* Asynchronous reads (asynchronous backends; NULL: to_host is the only way).
-     * host_alloc gives host memory that to_host_async may copy into (pinned);
-     * to_host_async queues the copy on the stream and returns at once; mark
-     * records a point after everything queued so far (NULL on failure) and
-     * mark_wait waits for it (a wait only if it has not passed: the counters
-     * count that) and frees it. A trace's per-step snapshot uses them. */
-    void *(*host_alloc)(mp_kctx *cx, size_t nbytes);
-    void (*host_free)(mp_kctx *cx, void *p, size_t nbytes);
-    void (*to_host_async)(mp_kctx *cx, void *host_dst, const void *src, size_t nbytes);
-    void *(*mark)(mp_kctx *cx);
-    void (*mark_wait)(mp_kctx *cx, void *mark);
-
-    /* Collectives across processes on this device's memory, queued on the
-     * backend's stream (CUDA: NCCL, loaded when first used). NULL entries: the
-     * engine stages the bytes through host memory and MPI (kernels/comm.h).
-     * coll_id writes the bytes that name a new group (NCCL's unique id, at most
-     * cap) and returns their count, or -1 with the reason in why; every process
-     * then calls coll_join with the same bytes, its rank and the world's size
-     * (0, or -1 with the reason). The collectives report their failures through
-     * error(), as kernels do: all_reduce works in place on n elements of dt;
-     * broadcast sends root's nbytes to every process; all_gather puts each
-     * process's nbytes of send at recv + rank * nbytes. coll_leave ends the
-     * group (at finalize). */
-    int (*coll_id)(mp_kctx *cx, void *id, size_t cap, char *why, size_t why_cap);
-    int (*coll_join)(mp_kctx *cx, const void *id, size_t nbytes, int rank, int size, char *why, size_t why_cap);
-    void (*coll_all_reduce)(mp_kctx *cx, mp_dtype dt, void *buf, int64_t n, mp_coll_op op);
-    void (*coll_broadcast)(mp_kctx *cx, void *buf, size_t nbytes, int root);
-    void (*coll_all_gather)(mp_kctx *cx, const void *send, void *recv, size_t nbytes);
-    void (*coll_leave)(mp_kctx *cx);
-    /* Overlap (NULL: collectives stay on the main stream): after coll_fork the
-     * collectives run on a second stream, each after what was queued on the
-     * main stream up to its own coll_fork (a data-parallel bucket, reduced
-     * while backward goes on); coll_merge makes the main stream wait for them
-     * and brings the collectives back to it. */
-    void (*coll_fork)(mp_kctx *cx);
-    void (*coll_merge)(mp_kctx *cx);
-
-    /* n elements of src (dtype sd) converted into dst (dtype dd) */
-    void (*cast)(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);
-    void (*fill)(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value);
-    void (*arange)(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n);
-    /* counter-based random numbers: element i depends only on (seed, offset + i),
-     * so every backend draws the same stream */
-    void (*rand_uniform)(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
-    void (*rand_normal)(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
-
-    void (*binary)(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
-                   const mp_bcast *bc);
-    void (*unary)(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
-    /* gin = gout * d op(x)/dx, given the input x and the output y of the forward */
-    void (*unary_grad)(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,
-                       const void *y, int64_t n, double p);
-    void (*reduce)(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a,
-                   int64_t outer, int64_t n, int64_t inner);
-    /* out[o, idx[o,i], i] = src[o, i] on a zeroed {outer, n, inner} out (max's backward) */
-    void (*put_along)(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx,
-                      int64_t outer, int64_t n, int64_t inner);
-    /* The loss scaler, all on state in this backend's memory:
-     * scale_loss: out = in * st->scale (out may be NULL) and, when check, loss_bad
-     *   = 1 if any input value is inf/NaN;
-     * unscale: g *= 1/st->scale over n values (an optimizer's gradient arena),
-     *   adding what it sees (n, inf, NaN, amax of the scaled values) to
-     *   st->slot[slot]; with telemetry (tel not NULL) also the zeros, f16
-     *   under/overflow and histogram, into the slot and per parameter: seg
-     *   (backend memory) holds nseg + 1 offsets, 0 = seg[0] < ... < seg[nseg] = n,
-     *   and tel[i] (nseg records, backend memory) gets the statistics of
-     *   g[seg[i] .. seg[i+1]);
-     * scale_rule: one of the state operations above (arg: DECIDE's slot). */
-    void (*scale_loss)(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
-    void (*unscale)(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
-                    int nseg);
-    void (*scale_rule)(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
-    /* Counting, at every rounding of f32 results to f16/bf16, the values rounded,
-     * those that were nonzero and became zero and those that were finite and
-     * became inf, per backward op: after flush_slot(cx, i) the roundings count
-     * into slot i (0 <= i < MP_FLUSH_SLOTS), after flush_slot(cx, -1) into none.
-     * The counts stay in the backend's memory (on a GPU, device memory that the
-     * kernels add to: nothing is read per op). flush_read copies every slot's
-     * totals into counts (when not NULL: one read, a wait on an asynchronous
-     * device) and then zeroes them when clear (queued, no wait). */
-    void (*flush_slot)(mp_kctx *cx, int slot);
-    void (*flush_read)(mp_kctx *cx, int64_t (*counts)[3], int clear);
-    /* an optimizer's step: optim_count adds 1 to *step (an int64 in this backend's
-     * memory) unless skip (backend memory, NULL: never) is set; optim_step then
-     * updates n parameters p with gradients g and state s1, s2 at that step count,
-     * and writes the new values rounded to lowp_dt into lowp (the parameters'
-     * low-precision working copy for autocast; NULL: none), or leaves everything
-     * as it is when skip is set */
-    void (*optim_count)(mp_kctx *cx, int64_t *step, const int32_t *skip);
-    void (*optim_step)(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
-                       const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
-                       mp_dtype lowp_dt);
-    /* since the backend loaded: the copies to the host and the waits for the
-     * device (asynchronous backends; 0 on the CPU), and the allocations its
-     * caching allocator asked the system for (cudaMalloc, posix_memalign) */
-    void (*counters)(mp_kctx *cx, int64_t c[3]);
-    /* out = cond ? a : b elementwise, all contiguous of n elements; cond is u8 */
-    void (*where)(mp_kctx *cx, mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
-
-    /* The row-wise kernels below return 0, or -1 when they could not get their
-     * working memory from the context (nothing was written then). */
-    /* softmax (or log-softmax when log) over the middle axis of {outer, n, inner} */
-    int (*softmax)(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log);
-    int (*softmax_grad)(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const void *y,
-                         int64_t outer, int64_t n, int64_t inner, int log);
-    /* cross-entropy of rows x {rows, classes} against 0-based targets: loss[r] and
-     * the row's log-sum-exp (both f32); the gradient gx = (softmax(x) - onehot) * scale[r] */
-    int (*cross_entropy)(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
-                          int64_t rows, int64_t classes);
-    int (*cross_entropy_grad)(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, const float *lse,
-                               const int32_t *target, const float *scale, int64_t rows, int64_t classes);
-    /* layer norm over the last dim of {rows, n}: y = (x - mean) * rstd * w + b, with
-     * mean and rstd (f32, one per row) kept for the backward; w or b may be NULL */
-    int (*layer_norm)(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
-                       const void *b, int64_t rows, int64_t n, float eps);
-    /* gx, and gw/gb (f32 sums over rows, may be NULL) */
-    int (*layer_norm_grad)(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
-                            const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
-
-    /* Attention: out{bh,tq,d} = softmax(q k^T * scale [causal]) v, and each row's
-     * log-sum-exp (f32, -inf for a row that sees no key) for the backward, which
-     * writes dq, dk, dv from dout; no tq x tk scores are stored. q, k, v, out of
-     * dtype dt, contiguous {bh, t, d}. NULL: the backend has none (supports says no). */
-    int (*attention)(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
-                     const mp_attn_args *a);
-    int (*attention_grad)(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
-                          const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a);
-
-    /* Convolution (mp_conv_args): y = conv(x, w) + b (b may be NULL), summed in
-     * f32 and rounded once. The backward writes any of gx, gw (x's dtype) and gb
-     * (f32 sums over n, oh, ow) that is not NULL. NULL entries: no convolution. */
-    int (*conv2d)(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, const void *b,
-                  const mp_conv_args *a);
-    int (*conv2d_grad)(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, const void *gy, const void *x,
-                       const void *w, const mp_conv_args *a);
-    /* Pooling (mp_pool_args). Max: y and the 0-based position in its plane
-     * (h * w) of each window's maximum (the first of equals; a NaN wins, the
-     * last one, as in PyTorch); a window with no input gives -inf and position
-     * -1. Its backward adds gy at those positions into gx (zeroed by the
-     * kernel). Average: the mean of each window (f32 sums); its backward
-     * spreads gy evenly. */
-    int (*max_pool2d)(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *x, const mp_pool_args *a);
-    int (*max_pool2d_grad)(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const int32_t *idx,
-                           const mp_pool_args *a);
-    int (*avg_pool2d)(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const mp_pool_args *a);
-    int (*avg_pool2d_grad)(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const mp_pool_args *a);
-    /* Batch norm over channels of {n, c, hw}: training: each channel's batch mean
-     * and biased variance (f32) normalise x, are written to mean and rstd
-     * (1 / sqrt(var + eps)) for the backward, and move running_mean and
-     * running_var (unbiased variance) by momentum, when those are not NULL;
-     * otherwise the running statistics normalise x and mean/rstd get them.
-     * w and b (f32, may be NULL) scale and shift. The backward writes gx and
-     * gw/gb (f32, may be NULL); training says whether the statistics were the
-     * batch's (their gradient flows into gx) or fixed. */
-    int (*batch_norm)(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,
-                      float *running_var, const void *x, const float *w, const float *b, int64_t n, int64_t c,
-                      int64_t hw, int training, float momentum, float eps);
-    int (*batch_norm_grad)(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
-                           const float *mean, const float *rstd, const float *w, int64_t n, int64_t c, int64_t hw,
-                           int training);
-
-    /* the k largest (largest) or smallest values of each of rows rows of n, in
-     * order, into values {rows, k} (dtype dt) and their 0-based positions into
-     * idx {rows, k}; ties in index order, NaN above every number (PyTorch's
-     * order). NULL: the backend has none (supports says no). */
-    int (*topk)(mp_kctx *cx, mp_dtype dt, void *values, int32_t *idx, const void *x, int64_t rows, int64_t n,
-                int64_t k, int largest);
-
-    /* Batched C = alpha * op(A) @ op(B) + beta * C, row-major, all of dtype dt;
-     * A is {m,k} (or {k,m} when ta), B is {k,n} (or {n,k} when tb), C is {m,n};
-     * sA, sB, sC are the element strides between batch items (0 broadcasts).
-     * Returns 0, or -1 when the kernel could not get its working memory. */
-    int (*gemm)(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
-                 float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
-                 float beta, void *c, int64_t sc);
-
-    /* A linear layer's product with its bias in the GEMM's epilogue:
-     * C{m,n} = A{m,k} @ B^T + bias{n} on every row (B is {n,k}), summed in f32
-     * and rounded once, in one pass over C. Returns 0; 1 when declined (the
-     * engine then fills C with the bias and accumulates a gemm onto it); -1 for
-     * want of working memory. NULL: the backend has none. */
-    int (*gemm_bias)(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
-                     const void *bias, void *c);
-
-    /* asynchronous backends: check n indices (i32, this device) against [0, limit)
-     * on the device, without waiting: a bad one is reported by error() later, as
-     * "<what>: <value> at position <i> out of range [0, limit)", and the gather,
-     * scatter_add, put_along and cross-entropy kernels leave it out meanwhile
-     * (what must be a string that outlives the process, a literal). NULL: the
-     * engine reads the indices and checks them itself, before the op. */
-    void (*check_indices)(mp_kctx *cx, const int32_t *idx, int64_t n, int64_t limit, const char *what);
-
-    /* out = in with dims permuted: out dim d is in dim perm[d] (contiguous copy) */
-    void (*permute)(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape,
-                    const int *perm);
-    /* out[o, j, i] = in[o, idx[j], i] for an {outer, n, inner} input and nidx indices
-     * (0-based, already checked to lie in [0, n)); idx is an i32 array on this device */
-    void (*gather)(mp_kctx *cx, mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx,
-                   int64_t outer, int64_t n, int64_t inner);
-    /* out[o, idx[j], i] += src[o, j, i]: the adjoint of gather, in index order */
-    void (*scatter_add)(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
-                        int64_t outer, int64_t n, int64_t inner);
-    /* copy a {outer, len, inner} block starting at `start` of an {outer, n, inner} source */
-    void (*narrow)(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
-                   int64_t start, int64_t len, int64_t inner);
-    /* the reverse: write a {outer, len, inner} source into an {outer, n, inner} out at `start` */
-    void (*narrow_put)(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,
-                       int64_t start, int64_t len, int64_t inner);
+#define MP_BE_FIELD(ret, name, params, args) mp_be_##name##_fn *name;
+    MP_BACKEND_ENTRIES(MP_BE_FIELD)
+#undef MP_BE_FIELD
 } mp_backend;
+
+/* An entry named by its place in the table, so that a description can list the
+ * entries it calls (engine/op.h: mp_op's needs): MP_BE_ENTRY(conv2d). 0 is no
+ * entry (the table's name). mp_backend_has says whether be fills the entry. */
+#define MP_BE_ENTRY(entry) ((unsigned short)offsetof(mp_backend, entry))
+static inline bool mp_backend_has(const mp_backend *be, unsigned short entry)
+{
+    void (*fn)(void);   /* every entry is a function pointer: read it as one */
+    memcpy(&fn, (const char *)be + entry, sizeof fn);
+    return fn != NULL;
+}
+/* whether be fills every entry of a list of n (ended early by a 0) */
+static inline bool mp_backend_has_all(const mp_backend *be, const unsigned short *entries, int n)
+{
+    for (int i = 0; i < n && entries[i]; i++)
+        if (!mp_backend_has(be, entries[i])) return false;
+    return true;
+}
 
 extern const mp_backend mp_cpu_backend;
 

@@ -41,10 +41,11 @@ static mp_optim_config read_config(lua_State *L, int t, mp_optim_config c, const
  * those, params then unused. The engine checks them all. */
 static int o_new(lua_State *L)
 {
-    static const char *kinds[] = {"sgd", "adam", "adamw", NULL};
-    static const char *names[] = {"mp.optim.SGD", "mp.optim.Adam", "mp.optim.AdamW"};
-    int kind = luaL_checkoption(L, 1, NULL, kinds);
-    const char *name = names[kind];
+    const char *want = luaL_checkstring(L, 1);
+    int kind = 0;   /* the kinds' names and titles: their descriptions (engine/optim.h) */
+    while (kind < MP_NOPTIM_KINDS && strcmp(mp_optim_kinds[kind].name, want) != 0) kind++;
+    if (kind == MP_NOPTIM_KINDS) return luaL_argerror(L, 1, lua_pushfstring(L, "invalid option '%s'", want));
+    const char *name = mp_optim_kinds[kind].title;
     luaL_checktype(L, 3, LUA_TTABLE);
     mp_optim_config base = read_config(L, 3, mp_optim_defaults((mp_optim_kind)kind), name);
     int ng = 1, n = 0;

@@ -148,7 +148,7 @@ int cpu_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q
                 scale_row(acc + i * d, d, l[i] > 0 ? 1.0f / l[i] : 0.0f);
                 lse[r * tq + i0 + i] = l[i] > 0 ? m[i] + logf(l[i]) : -INFINITY;
             }
-            cpu_store(dt, out, (r * tq + i0) * d, acc, ni * d);
+            cpu_store(cx, dt, out, (r * tq + i0) * d, acc, ni * d);
         }
     }
     return 0;
@@ -207,9 +207,9 @@ int cpu_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, c
                 cpu_block_gemm(1, nj, d, ni, a->scale, dp, BK, qf + i0 * d, d, 1.0f, dkf + j0 * d, d);  /* dK += dS^T Q s */
             }
         }
-        cpu_store(dt, dq, r * tq * d, dqf, tq * d);
-        cpu_store(dt, dk, r * tk * d, dkf, tk * d);
-        cpu_store(dt, dv, r * tk * d, dvf, tk * d);
+        cpu_store(cx, dt, dq, r * tq * d, dqf, tq * d);
+        cpu_store(cx, dt, dk, r * tk * d, dkf, tk * d);
+        cpu_store(cx, dt, dv, r * tk * d, dvf, tk * d);
     }
     return 0;
 }

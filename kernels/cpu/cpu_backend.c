@@ -76,6 +76,10 @@ static void cpu_release_cache(mp_kctx *cx)
     }
 }
 
+/* flush counting: the counts are the context's (cpu_flush.h) */
+static void cpu_flush_slot(mp_kctx *cx, int slot) { cpu_flush_select(&cx->flush, slot); }
+static void cpu_flush_read(mp_kctx *cx, int64_t (*counts)[3], int clear) { cpu_flush_take(&cx->flush, counts, clear); }
+
 /* the CPU copies nothing to a host and never waits; it counts its system allocations */
 static void cpu_counters(mp_kctx *cx, int64_t c[3])
 {

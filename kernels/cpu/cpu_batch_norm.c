@@ -66,7 +66,7 @@ int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
         FOR_PIECES(dt, n, c, hw, ch, off, len) {
             const float *xp = piece(dt, x, off, len, buf);
             if (dt == MP_F32) affine((float *)y + off, xp, len, scale, shift);
-            else affine(out, xp, len, scale, shift), cpu_store(dt, y, off, out, len);
+            else affine(out, xp, len, scale, shift), cpu_store(cx, dt, y, off, out, len);
         }
     }
     return 0;
@@ -97,7 +97,7 @@ int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
             const float *g = piece(dt, gy, off, len, gbuf), *xp = piece(dt, x, off, len, xbuf);
             float *o = dt == MP_F32 ? (float *)gx + off : out;
             grad_piece(o, g, xp, len, k, -k * mg, -k * r * mgx, m);
-            if (dt != MP_F32) cpu_store(dt, gx, off, out, len);
+            if (dt != MP_F32) cpu_store(cx, dt, gx, off, out, len);
         }
     }
     return 0;

@@ -104,10 +104,10 @@ static const float *as_f32(mp_kctx *cx, int slot, mp_dtype dt, const void *src, 
     return f;
 }
 
-static void store_f32(mp_dtype dt, void *dst, const float *src, int64_t n)
+static void store_f32(mp_kctx *cx, mp_dtype dt, void *dst, const float *src, int64_t n)
 {
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i += MP_BLOCK) cpu_store(dt, dst, i, src + i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
+    for (int64_t i = 0; i < n; i += MP_BLOCK) cpu_store(cx, dt, dst, i, src + i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
 }
 
 /* images per chunk: their columns (one group) fit in COL_FLOATS */
@@ -169,7 +169,7 @@ int cpu_conv2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, 
                 int64_t i = q / kg, ch = gi * kg + q % kg;
                 float *row = out + i * so + (q % kg) * ohw;
                 if (b) for (int64_t e = 0; e < ohw; e++) row[e] += bv[ch];
-                if (!direct) cpu_store(dt, y, ((n0 + i) * a->k + ch) * ohw, row, ohw);
+                if (!direct) cpu_store(cx, dt, y, ((n0 + i) * a->k + ch) * ohw, row, ohw);
             }
         }
     }
@@ -230,8 +230,8 @@ int cpu_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, con
                         return -1;
             }
         }
-        if (gx && dt != MP_F32) store_f32(dt, (char *)gx + (size_t)(n0 * chw) * es, gxf, ni * chw);
+        if (gx && dt != MP_F32) store_f32(cx, dt, (char *)gx + (size_t)(n0 * chw) * es, gxf, ni * chw);
     }
-    if (gw && dt != MP_F32) store_f32(dt, gw, gwf, a->k * crs);
+    if (gw && dt != MP_F32) store_f32(cx, dt, gw, gwf, a->k * crs);
     return 0;
 }

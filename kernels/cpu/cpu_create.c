@@ -20,7 +20,7 @@ static int64_t to_int(float f, int64_t lo, int64_t hi)
     return (int64_t)f;
 }
 
-static void cast_block(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t i, int64_t n)
+static void cast_block(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t i, int64_t n)
 {
     float f[MP_BLOCK];
     if (sd == MP_I32) for (int64_t j = 0; j < n; j++) f[j] = (float)((const int32_t *)src)[i + j];
@@ -35,7 +35,7 @@ static void cast_block(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int
         }
     else if (dd == MP_I32) for (int64_t j = 0; j < n; j++) ((int32_t *)dst)[i + j] = (int32_t)to_int(f[j], INT32_MIN, INT32_MAX);
     else if (dd == MP_U8) for (int64_t j = 0; j < n; j++) ((uint8_t *)dst)[i + j] = (uint8_t)to_int(f[j], 0, 255);
-    else cpu_store(dd, dst, i, f, n);
+    else cpu_store(cx, dd, dst, i, f, n);
 }
 
 void cpu_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
@@ -44,18 +44,18 @@ void cpu_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd,
     if (dd == MP_F32 && sd == MP_F16) { mp_cpu_f16_to_f32(dst, src, n); return; }
     if (dd == MP_F16 && sd == MP_F32) {
         mp_cpu_f32_to_f16(dst, src, n);
-        if (cpu_flush_counting) cpu_count_flush(dd, src, dst, n);
+        if (cx && cx->flush.on) cpu_flush_count(&cx->flush, dd, src, dst, n);
         return;
     }
     if (dd == MP_F32 && sd == MP_BF16) { mp_cpu_bf16_to_f32(dst, src, n); return; }
     if (dd == MP_BF16 && sd == MP_F32) {
         mp_cpu_f32_to_bf16(dst, src, n);
-        if (cpu_flush_counting) cpu_count_flush(dd, src, dst, n);
+        if (cx && cx->flush.on) cpu_flush_count(&cx->flush, dd, src, dst, n);
         return;
     }
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += MP_BLOCK)
-        cast_block(dst, dd, src, sd, i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
+        cast_block(cx, dst, dd, src, sd, i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
 }
 
 void cpu_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value)
@@ -69,7 +69,7 @@ void cpu_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value)
         one[0] = isnan(value) || value <= 0 ? 0 : value >= 255 ? 255 : (uint8_t)value;
     } else {
         float f = (float)value;
-        cpu_store(dt, one, 0, &f, 1);
+        cpu_store(cx, dt, one, 0, &f, 1);
     }
     size_t es = mp_dtype_size(dt);
     if (memcmp(one, "\0\0\0\0", es) == 0) { memset(dst, 0, (size_t)n * es); return; }
@@ -94,11 +94,11 @@ void cpu_arange(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n)
         if (dt == MP_U8) { for (int64_t j = 0; j < len; j++) ((uint8_t *)dst)[i + j] = (uint8_t)(i + j); continue; }
         float f[MP_BLOCK];
         for (int64_t j = 0; j < len; j++) f[j] = (float)(i + j);
-        cpu_store(dt, dst, i, f, len);
+        cpu_store(cx, dt, dst, i, f, len);
     }
 }
 
-static void random_fill(int normal, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
+static void random_fill(mp_kctx *cx, int normal, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += MP_BLOCK) {
@@ -108,16 +108,16 @@ static void random_fill(int normal, void *dst, mp_dtype dt, int64_t n, uint64_t 
         for (int64_t j = 0; j < len; j++)
             f[j] = normal ? mp_philox_normal(seed, offset + (uint64_t)(i + j))
                           : mp_philox_uniform(seed, offset + (uint64_t)(i + j), bits);
-        cpu_store(dt, dst, i, f, len);
+        cpu_store(cx, dt, dst, i, f, len);
     }
 }
 
 void cpu_rand_uniform(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
-    random_fill(0, dst, dt, n, seed, offset);
+    random_fill(cx, 0, dst, dt, n, seed, offset);
 }
 
 void cpu_rand_normal(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
-    random_fill(1, dst, dt, n, seed, offset);
+    random_fill(cx, 1, dst, dt, n, seed, offset);
 }

@@ -96,7 +96,7 @@ void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a,
             gather(dt, a, oa, ia, x, n);
             gather(dt, b, ob, ib, y, n);
             bin_f32(op, z, x, 1, y, 1, n);
-            cpu_store(dt, out, oo, z, n);
+            cpu_store(cx, dt, out, oo, z, n);
         } else if (dt == MP_I32) {
             const int32_t *pa = (const int32_t *)a + oa, *pb = (const int32_t *)b + ob;
             int32_t *po = (int32_t *)out + oo;
@@ -258,7 +258,7 @@ void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, i
     const uint16_t *table;
     const float *slope;
     /* the flush count of telemetry is taken by cpu_store: that path keeps it */
-    if (op == MP_GELU && (dt == MP_F16 || dt == MP_BF16) && cx && !cpu_flush_counting &&
+    if (op == MP_GELU && (dt == MP_F16 || dt == MP_BF16) && cx && !cx->flush.on &&
         gelu_tables(cx, dt, p, &table, &slope) == 0) {
         const uint16_t *in = a;
         uint16_t *o = out;
@@ -275,7 +275,7 @@ void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, i
             float x[MP_BLOCK];
             cpu_load(dt, a, i, x, len);
             un_f32(op, x, x, len, p);
-            cpu_store(dt, out, i, x, len);
+            cpu_store(cx, dt, out, i, x, len);
         } else if (dt == MP_I32) {
             for (int64_t j = i; j < i + len; j++)
                 ((int32_t *)out)[j] = (int32_t)(uint32_t)mp_un_int(op, ((const int32_t *)a)[j], (int64_t)p);
@@ -299,7 +299,7 @@ void cpu_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void 
             float g[MP_BLOCK];
             cpu_load(dt, gout, i, g, len);
             for (int64_t j = 0; j < len; j++) g[j] *= slope[xb[i + j]];
-            cpu_store(dt, gin, i, g, len);
+            cpu_store(cx, dt, gin, i, g, len);
         }
         return;
     }
@@ -311,7 +311,7 @@ void cpu_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void 
         if (x) cpu_load(dt, x, i, xs, len);
         if (y) cpu_load(dt, y, i, ys, len);
         grad_f32(op, r, g, xs, ys, len, p);
-        cpu_store(dt, gin, i, r, len);
+        cpu_store(cx, dt, gin, i, r, len);
     }
 }
 

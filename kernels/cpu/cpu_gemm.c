@@ -23,12 +23,12 @@ static void widen(mp_dtype dt, const void *src, float *dst, int64_t n)
     }
 }
 
-static void narrow_to(mp_dtype dt, const float *src, void *dst, int64_t n)
+static void narrow_to(mp_kctx *cx, mp_dtype dt, const float *src, void *dst, int64_t n)
 {
     #pragma omp parallel for if (n > 4 * MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += 16 * MP_BLOCK) {
         int64_t len = n - i < 16 * MP_BLOCK ? n - i : 16 * MP_BLOCK;
-        cpu_store(dt, dst, i, src + i, len);
+        cpu_store(cx, dt, dst, i, src + i, len);
     }
 }
 
@@ -60,7 +60,7 @@ int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m,
         const float *ai = fa + (sa ? i * m * k : 0), *bi = fb + (sb ? i * k * n : 0);
         if (cpu_gemm_dnnl(cx, MP_F32, ta, tb, 1, m, n, k, alpha, ai, 0, bi, 0, beta, fc, m * n) != 0)
             sgemm(ta, tb, m, n, k, alpha, ai, bi, beta, fc);
-        narrow_to(dt, fc, ci, nc);
+        narrow_to(cx, dt, fc, ci, nc);
     }
     return 0;
 }

@@ -80,7 +80,7 @@ void cpu_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const
                 cpu_load(dt, out, dst + i, a, len);
                 cpu_load(dt, src, s + i, b, len);
                 for (int64_t k = 0; k < len; k++) a[k] += b[k];
-                cpu_store(dt, out, dst + i, a, len);
+                cpu_store(cx, dt, out, dst + i, a, len);
             }
         }
 }

@@ -42,10 +42,10 @@ static void load_row(mp_dtype dt, const void *x, int64_t o, int64_t i, int64_t n
     for (int64_t j = 0; j < n; j++) cpu_load(dt, x, (o * n + j) * inner + i, r + j, 1);
 }
 
-static void store_row(mp_dtype dt, void *y, int64_t o, int64_t i, int64_t n, int64_t inner, const float *r)
+static void store_row(mp_kctx *cx, mp_dtype dt, void *y, int64_t o, int64_t i, int64_t n, int64_t inner, const float *r)
 {
-    if (inner == 1) { cpu_store(dt, y, o * n, r, n); return; }
-    for (int64_t j = 0; j < n; j++) cpu_store(dt, y, (o * n + j) * inner + i, r + j, 1);
+    if (inner == 1) { cpu_store(cx, dt, y, o * n, r, n); return; }
+    for (int64_t j = 0; j < n; j++) cpu_store(cx, dt, y, (o * n + j) * inner + i, r + j, 1);
 }
 
 /* max and log(sum(exp(x - max))) + max of a row */
@@ -80,7 +80,7 @@ int cpu_softmax(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer,
             float lse = logsumexp(r, n);
             if (log) for (int64_t j = 0; j < n; j++) r[j] -= lse;
             else exp_shift(r, n, lse, 1.0f);
-            store_row(dt, y, o, i, n, inner, r);
+            store_row(cx, dt, y, o, i, n, inner, r);
         }
     }
     return 0;
@@ -109,7 +109,7 @@ int cpu_softmax_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const v
                 for (int64_t j = 0; j < n; j++) s += (double)g[j] * p[j];
                 for (int64_t j = 0; j < n; j++) g[j] = p[j] * (g[j] - (float)s);
             }
-            store_row(dt, gx, o, i, n, inner, g);
+            store_row(cx, dt, gx, o, i, n, inner, g);
         }
     }
     return 0;
@@ -148,7 +148,7 @@ int cpu_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, co
             cpu_load(dt, x, q * classes, r, classes);
             exp_shift(r, classes, lse[q], scale[q]);
             r[target[q]] -= scale[q];
-            cpu_store(dt, gx, q * classes, r, classes);
+            cpu_store(cx, dt, gx, q * classes, r, classes);
         }
     }
     return 0;
@@ -205,7 +205,7 @@ int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
             float m = (float)(lane_sum(r, n) / n);
             float rs = 1.0f / sqrtf((float)(lane_sumsq_dev(r, n, m) / n) + eps);
             ln_row(r, wf, bf, m, rs, n);
-            cpu_store(dt, y, q * n, r, n);
+            cpu_store(cx, dt, y, q * n, r, n);
             mean[q] = m, rstd[q] = rs;
         }
     }
@@ -238,7 +238,7 @@ int cpu_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
             cpu_load(dt, gy, q * n, g, n);
             cpu_load(dt, x, q * n, xh, n);
             ln_grad_row(g, xh, wf, mean[q], rstd[q], n, pw, pb);
-            cpu_store(dt, gx, q * n, g, n);
+            cpu_store(cx, dt, gx, q * n, g, n);
         }
     }
     for (int64_t j = 0; j < n; j++) {

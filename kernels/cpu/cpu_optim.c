@@ -62,12 +62,14 @@ void cpu_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, f
                     mp_dtype lowp_dt)
 {
     if (skip && *skip) return;
-    if (kind == MP_SGD) {
-        sgd(p, g, s1, n, a, *step == 1);   /* the first step fills the momentum buffer */
-    } else {
-        float step_size, bc2;
+    float step_size, bc2;
+    switch (kind) {   /* no default: a new kind must say its rule here */
+    case MP_SGD: sgd(p, g, s1, n, a, *step == 1); break;   /* the first step fills the momentum buffer */
+    case MP_ADAM:
+    case MP_ADAMW:
         mp_adam_bias(a, *step, &step_size, &bc2);
         adam(kind == MP_ADAMW, p, g, s1, s2, n, a, step_size, bc2);
+        break;
     }
     /* the working copy: a second pass here (the arrays are small on the CPU);
      * the CUDA kernel writes it in the same pass */

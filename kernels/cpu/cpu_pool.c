@@ -88,7 +88,7 @@ int cpu_max_pool2d(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *
                 idx[p * ohw + i * a->ow + j] = at;
             }
         }
-        cpu_store(dt, y, p * ohw, yf, ohw);
+        cpu_store(cx, dt, y, p * ohw, yf, ohw);
     }
     return 0;
 }
@@ -108,7 +108,7 @@ int cpu_max_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, cons
             int32_t at = idx[p * ohw + o];
             if (at >= 0) gxf[at] += gyf[o];
         }
-        cpu_store(dt, gx, p * hw, gxf, hw);
+        cpu_store(cx, dt, gx, p * hw, gxf, hw);
     }
     return 0;
 }
@@ -134,7 +134,7 @@ int cpu_avg_pool2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const mp_po
                 yf[i * a->ow + j] = s / divisor(a, r0, r1, c0, c1);
             }
         }
-        cpu_store(dt, y, p * ohw, yf, ohw);
+        cpu_store(cx, dt, y, p * ohw, yf, ohw);
     }
     return 0;
 }
@@ -160,7 +160,7 @@ int cpu_avg_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, cons
                     for (int64_t c = c0; c < c1; c++) gxf[r * a->w + c] += g;
             }
         }
-        cpu_store(dt, gx, p * hw, gxf, hw);
+        cpu_store(cx, dt, gx, p * hw, gxf, hw);
     }
     return 0;
 }

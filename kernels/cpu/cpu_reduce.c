@@ -11,14 +11,15 @@
 
 #define get cpu_get_f64
 
-static void put(mp_dtype dt, void *p, int64_t i, double v)
+static void put(mp_kctx *cx, mp_dtype dt, void *p, int64_t i, double v)
 {
     float f = (float)v;
     switch (dt) {
     case MP_F32: ((float *)p)[i] = f; break;
     case MP_I32: ((int32_t *)p)[i] = (int32_t)(uint32_t)(int64_t)v; break;
     case MP_U8: ((uint8_t *)p)[i] = (uint8_t)(int64_t)v; break;
-    default: cpu_store(dt, p, i, &f, 1);
+    case MP_F16:
+    case MP_BF16: cpu_store(cx, dt, p, i, &f, 1); break;
     }
 }
 
@@ -45,7 +46,7 @@ static double sum_run(mp_dtype dt, const void *a, int64_t off, int64_t n)
 }
 
 /* one output element: the reduction of a[o*n*inner + j*inner + i] over j */
-static void reduce_one(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t o, int64_t n,
+static void reduce_one(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t o, int64_t n,
                        int64_t inner, int64_t i)
 {
     int64_t base = o * n * inner + i;
@@ -53,7 +54,7 @@ static void reduce_one(mp_redop op, mp_dtype dt, void *out, const void *a, int64
         double s = 0;
         if (inner == 1) s = sum_run(dt, a, base, n);
         else for (int64_t j = 0; j < n; j++) s += get(dt, a, base + j * inner);
-        put(dt, out, o * inner + i, op == MP_MEAN ? s / (double)n : s);
+        put(cx, dt, out, o * inner + i, op == MP_MEAN ? s / (double)n : s);
         return;
     }
     double best = get(dt, a, base);
@@ -62,13 +63,13 @@ static void reduce_one(mp_redop op, mp_dtype dt, void *out, const void *a, int64
         double v = get(dt, a, base + j * inner);
         if (v > best || isnan(v)) best = v, at = j;
     }
-    if (op == MP_MAX) put(dt, out, o * inner + i, best);
+    if (op == MP_MAX) put(cx, dt, out, o * inner + i, best);
     else ((int32_t *)out)[o * inner + i] = (int32_t)at;
 }
 
 /* sums over the middle axis when it is not the last: whole rows of `inner`
  * values add into a double accumulator, so the loads stay contiguous */
-static void sum_rows(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t o, int64_t n,
+static void sum_rows(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t o, int64_t n,
                      int64_t inner, int64_t i0, int64_t len)
 {
     double acc[MP_BLOCK] = {0};
@@ -85,7 +86,7 @@ static void sum_rows(mp_redop op, mp_dtype dt, void *out, const void *a, int64_t
             for (int64_t q = 0; q < len; q++) acc[q] += get(dt, a, base + q);
         }
     }
-    for (int64_t q = 0; q < len; q++) put(dt, out, o * inner + i0 + q, op == MP_MEAN ? acc[q] / (double)n : acc[q]);
+    for (int64_t q = 0; q < len; q++) put(cx, dt, out, o * inner + i0 + q, op == MP_MEAN ? acc[q] / (double)n : acc[q]);
 }
 
 /* Column sums with few columns and many rows (a bias's gradient: {2048, 384}
@@ -114,7 +115,7 @@ static int sum_rows_chunked(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, co
     for (int64_t q = 0; q < inner; q++) {
         double s = 0;
         for (int64_t c = 0; c < ROW_CHUNKS; c++) s += part[c * inner + q];
-        put(dt, out, q, op == MP_MEAN ? s / (double)n : s);
+        put(cx, dt, out, q, op == MP_MEAN ? s / (double)n : s);
     }
     return 0;
 }
@@ -129,7 +130,7 @@ void cpu_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a,
         #pragma omp parallel for if (outer * n * inner >= MP_PAR_MIN) schedule(static)
         for (int64_t it = 0; it < outer * blocks; it++) {
             int64_t o = it / blocks, i0 = (it % blocks) * MP_BLOCK;
-            sum_rows(op, dt, out, a, o, n, inner, i0, inner - i0 < MP_BLOCK ? inner - i0 : MP_BLOCK);
+            sum_rows(cx, op, dt, out, a, o, n, inner, i0, inner - i0 < MP_BLOCK ? inner - i0 : MP_BLOCK);
         }
         return;
     }
@@ -145,10 +146,10 @@ void cpu_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a,
         }
         double s = 0;
         for (int c = 0; c < 64; c++) s += part[c];
-        put(dt, out, 0, op == MP_MEAN ? s / (double)n : s);
+        put(cx, dt, out, 0, op == MP_MEAN ? s / (double)n : s);
         return;
     }
     #pragma omp parallel for if (items * n >= MP_PAR_MIN) schedule(static)
     for (int64_t it = 0; it < items; it++)
-        reduce_one(op, dt, out, a, it / inner, n, inner, it % inner);
+        reduce_one(cx, op, dt, out, a, it / inner, n, inner, it % inner);
 }

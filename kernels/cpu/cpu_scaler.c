@@ -161,7 +161,7 @@ void cpu_scale_loss(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t
             if (check && !isfinite(buf[j])) st->loss_bad = 1;
             buf[j] = buf[j] * scale;
         }
-        if (out) cpu_store(dt, out, i, buf, m);
+        if (out) cpu_store(cx, dt, out, i, buf, m);
     }
 }
 
@@ -170,38 +170,3 @@ void cpu_scale_rule(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_po
     mp_scale_apply(op, st, p, arg, value);
 }
 
-/* ---- counting flushes at the f16/bf16 rounding points ---- */
-
-int cpu_flush_counting;
-static int flush_at;                                /* the slot counting now */
-static int64_t flush_counts[MP_FLUSH_SLOTS][3];
-
-void cpu_count_flush(mp_dtype dt, const float *src, const uint16_t *dst, int64_t n)
-{
-    int64_t zero = 0, inf = 0;
-    for (int64_t j = 0; j < n; j++) {
-        uint16_t mag = dst[j] & 0x7fff;
-        uint16_t inf_bits = dt == MP_F16 ? 0x7c00 : 0x7f80;
-        zero += mag == 0 && src[j] != 0.0f;
-        inf += mag == inf_bits && isfinite(src[j]);
-    }
-    int64_t *c = flush_counts[flush_at];
-    #pragma omp atomic
-    c[0] += n;
-    #pragma omp atomic
-    c[1] += zero;
-    #pragma omp atomic
-    c[2] += inf;
-}
-
-void cpu_flush_slot(mp_kctx *cx, int slot)
-{
-    cpu_flush_counting = slot >= 0 && slot < MP_FLUSH_SLOTS;
-    if (cpu_flush_counting) flush_at = slot;
-}
-
-void cpu_flush_read(mp_kctx *cx, int64_t (*counts)[3], int clear)
-{
-    if (counts) memcpy(counts, flush_counts, sizeof flush_counts);
-    if (clear) memset(flush_counts, 0, sizeof flush_counts);
-}

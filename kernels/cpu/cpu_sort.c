@@ -51,7 +51,7 @@ int cpu_topk(mp_kctx *cx, mp_dtype dt, void *values, int32_t *idx, const void *x
             for (int64_t j = 0; j < k; j++) ((int32_t *)values)[r * k + j] = (int32_t)e[j].v;
         } else {
             for (int64_t j = 0; j < k; j++) out[j] = (float)e[j].v;
-            cpu_store(dt, values, r * k, out, k);
+            cpu_store(cx, dt, values, r * k, out, k);
         }
     }
     return 0;

@@ -145,8 +145,9 @@ __device__ __forceinline__ float mp_ld(mp_dtype dt, const void *p, int64_t i)
     case MP_F16: return __half2float(((const __half *)p)[i]);
     case MP_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
     case MP_I32: return (float)((const int32_t *)p)[i];
-    default: return (float)((const uint8_t *)p)[i];
+    case MP_U8: return (float)((const uint8_t *)p)[i];
     }
+    return 0.0f;   /* not a dtype */
 }
 
 /* f32 -> dtype: round to nearest even for f16/bf16; integers saturate, NaN -> 0 */
@@ -157,7 +158,7 @@ __device__ __forceinline__ void mp_st(mp_dtype dt, void *p, int64_t i, float v)
     case MP_F16: ((__half *)p)[i] = __float2half_rn(v); break;
     case MP_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
     case MP_I32: ((int32_t *)p)[i] = mp_f2i32(v); break;
-    default: ((uint8_t *)p)[i] = mp_f2u8(v); break;
+    case MP_U8: ((uint8_t *)p)[i] = mp_f2u8(v); break;
     }
 }
 
@@ -220,21 +221,23 @@ template <> struct mp_word<2> { typedef uint16_t W; };
 template <> struct mp_word<1> { typedef uint8_t W; };
 
 /* runs the statements with NAME the element type of dt (MP_BY_FLOAT: f32, f16
- * and bf16 only; other dtypes run nothing) */
+ * and bf16 only; other dtypes run nothing). Like every switch over a dtype in
+ * the kernels, no default: a new dtype is a compile error (-Wswitch) here. */
 #define MP_BY_DTYPE(dt, NAME, ...)                                                  \
     switch (dt) {                                                                   \
     case MP_F32: { typedef float NAME; __VA_ARGS__; } break;                        \
     case MP_F16: { typedef __half NAME; __VA_ARGS__; } break;                       \
     case MP_BF16: { typedef __nv_bfloat16 NAME; __VA_ARGS__; } break;               \
     case MP_I32: { typedef int32_t NAME; __VA_ARGS__; } break;                      \
-    default: { typedef uint8_t NAME; __VA_ARGS__; } break;                          \
+    case MP_U8: { typedef uint8_t NAME; __VA_ARGS__; } break;                       \
     }
 #define MP_BY_FLOAT(dt, NAME, ...)                                                  \
     switch (dt) {                                                                   \
     case MP_F32: { typedef float NAME; __VA_ARGS__; } break;                        \
     case MP_F16: { typedef __half NAME; __VA_ARGS__; } break;                       \
     case MP_BF16: { typedef __nv_bfloat16 NAME; __VA_ARGS__; } break;               \
-    default: break;                                                                 \
+    case MP_I32:                                                                    \
+    case MP_U8: break;                                                              \
     }
 
 /* ---- flush counting (backend.h: flush_slot, flush_read) ----
@@ -393,90 +396,67 @@ template <class T, int G> __device__ __forceinline__ void mp_stv(void *p, const 
     mp_stbits<mp_ty<T>::S, G>(p, b);
 }
 
-/* the entries each .cu file provides (same signatures as the backend table) */
-void mp_cuda_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n);
-void mp_cuda_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value);
-void mp_cuda_arange(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n);
-void mp_cuda_rand_uniform(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
-void mp_cuda_rand_normal(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset);
-void mp_cuda_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc);
-void mp_cuda_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
-void mp_cuda_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
-                        int64_t n, double p);
-void mp_cuda_where(mp_kctx *cx, mp_dtype dt, void *out, const uint8_t *cond, const void *a, const void *b, int64_t n);
-void mp_cuda_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner);
-void mp_cuda_put_along(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t outer, int64_t n,
-                       int64_t inner);
-void mp_cuda_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm);
-void mp_cuda_narrow(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start, int64_t len,
-                    int64_t inner);
-void mp_cuda_narrow_put(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
-                        int64_t len, int64_t inner);
-void mp_cuda_gather(mp_kctx *cx, mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx, int64_t outer,
-                    int64_t n, int64_t inner);
-void mp_cuda_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx, int64_t nidx,
-                         int64_t outer, int64_t n, int64_t inner);
-int mp_cuda_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
-                 const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc);
-int mp_cuda_softmax(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log);
-int mp_cuda_softmax_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const void *y, int64_t outer, int64_t n,
-                          int64_t inner, int log);
-int mp_cuda_cross_entropy(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
-                           int64_t rows, int64_t classes);
-int mp_cuda_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, const float *lse, const int32_t *target,
-                                const float *scale, int64_t rows, int64_t classes);
-int mp_cuda_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
-                        const void *b, int64_t rows, int64_t n, float eps);
-int mp_cuda_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
-                             const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n);
+/* the entries each .cu file provides, declared by their types (mp_be_<entry>_fn):
+ * the signatures are written once, in kernels/backend.h */
+mp_be_cast_fn mp_cuda_cast;
+mp_be_fill_fn mp_cuda_fill;
+mp_be_arange_fn mp_cuda_arange;
+mp_be_rand_uniform_fn mp_cuda_rand_uniform;
+mp_be_rand_normal_fn mp_cuda_rand_normal;
+mp_be_binary_fn mp_cuda_binary;
+mp_be_unary_fn mp_cuda_unary;
+mp_be_unary_grad_fn mp_cuda_unary_grad;
+mp_be_where_fn mp_cuda_where;
+mp_be_reduce_fn mp_cuda_reduce;
+mp_be_put_along_fn mp_cuda_put_along;
+mp_be_permute_fn mp_cuda_permute;
+mp_be_narrow_fn mp_cuda_narrow;
+mp_be_narrow_put_fn mp_cuda_narrow_put;
+mp_be_gather_fn mp_cuda_gather;
+mp_be_scatter_add_fn mp_cuda_scatter_add;
+mp_be_gemm_fn mp_cuda_gemm;
+mp_be_softmax_fn mp_cuda_softmax;
+mp_be_softmax_grad_fn mp_cuda_softmax_grad;
+mp_be_cross_entropy_fn mp_cuda_cross_entropy;
+mp_be_cross_entropy_grad_fn mp_cuda_cross_entropy_grad;
+mp_be_layer_norm_fn mp_cuda_layer_norm;
+mp_be_layer_norm_grad_fn mp_cuda_layer_norm_grad;
 /* cuda_conv.cu: convolution through cuDNN; cuda_pool.cu, cuda_batch_norm.cu: own kernels */
-int mp_cuda_conv2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, const void *b, const mp_conv_args *a);
-int mp_cuda_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, const void *gy, const void *x,
-                        const void *w, const mp_conv_args *a);
-int mp_cuda_max_pool2d(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *x, const mp_pool_args *a);
-int mp_cuda_max_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const int32_t *idx,
-                            const mp_pool_args *a);
-int mp_cuda_avg_pool2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const mp_pool_args *a);
-int mp_cuda_avg_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const mp_pool_args *a);
-int mp_cuda_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,
-                       float *running_var, const void *x, const float *w, const float *b, int64_t n, int64_t c,
-                       int64_t hw, int training, float momentum, float eps);
-int mp_cuda_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
-                            const float *mean, const float *rstd, const float *w, int64_t n, int64_t c, int64_t hw,
-                            int training);
+mp_be_conv2d_fn mp_cuda_conv2d;
+mp_be_conv2d_grad_fn mp_cuda_conv2d_grad;
+mp_be_max_pool2d_fn mp_cuda_max_pool2d;
+mp_be_max_pool2d_grad_fn mp_cuda_max_pool2d_grad;
+mp_be_avg_pool2d_fn mp_cuda_avg_pool2d;
+mp_be_avg_pool2d_grad_fn mp_cuda_avg_pool2d_grad;
+mp_be_batch_norm_fn mp_cuda_batch_norm;
+mp_be_batch_norm_grad_fn mp_cuda_batch_norm_grad;
 
 /* cuda_sort.cu: topk and sort */
-int mp_cuda_topk(mp_kctx *cx, mp_dtype dt, void *values, int32_t *idx, const void *x, int64_t rows, int64_t n,
-                 int64_t k, int largest);
+mp_be_topk_fn mp_cuda_topk;
 
 /* cuda_nccl.cu: collectives across processes over NCCL (loaded when first used) */
-int mp_cuda_coll_id(mp_kctx *cx, void *id, size_t cap, char *why, size_t why_cap);
-int mp_cuda_coll_join(mp_kctx *cx, const void *id, size_t nbytes, int rank, int size, char *why, size_t why_cap);
-void mp_cuda_coll_all_reduce(mp_kctx *cx, mp_dtype dt, void *buf, int64_t n, mp_coll_op op);
-void mp_cuda_coll_broadcast(mp_kctx *cx, void *buf, size_t nbytes, int root);
-void mp_cuda_coll_all_gather(mp_kctx *cx, const void *send, void *recv, size_t nbytes);
-void mp_cuda_coll_leave(mp_kctx *cx);
-void mp_cuda_coll_fork(mp_kctx *cx);
-void mp_cuda_coll_merge(mp_kctx *cx);
+mp_be_coll_id_fn mp_cuda_coll_id;
+mp_be_coll_join_fn mp_cuda_coll_join;
+mp_be_coll_all_reduce_fn mp_cuda_coll_all_reduce;
+mp_be_coll_broadcast_fn mp_cuda_coll_broadcast;
+mp_be_coll_all_gather_fn mp_cuda_coll_all_gather;
+mp_be_coll_leave_fn mp_cuda_coll_leave;
+mp_be_coll_fork_fn mp_cuda_coll_fork;
+mp_be_coll_merge_fn mp_cuda_coll_merge;
 
 /* cuda_attention.cu: fused attention (no t x t scores in memory) */
-int mp_cuda_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
-                      const mp_attn_args *a);
-int mp_cuda_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout, const void *q,
-                           const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a);
+mp_be_attention_fn mp_cuda_attention;
+mp_be_attention_grad_fn mp_cuda_attention_grad;
 /* cuda_check.cu: device-side index checks; the fault they record, taken once
  * (formatted into msg) by the backend's error entry */
-void mp_cuda_check_indices(mp_kctx *cx, const int32_t *idx, int64_t n, int64_t limit, const char *what);
+mp_be_check_indices_fn mp_cuda_check_indices;
 bool mp_cuda_check_init(mp_kctx *cx);
 bool mp_cuda_fault_take(mp_kctx *cx, char *msg, size_t cap);
 /* cuda_optim.cu: the loss scaler and the optimizers, on state in device memory */
-void mp_cuda_scale_loss(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t n, mp_scale_state *st, int check);
-void mp_cuda_unscale(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg,
-                     int nseg);
-void mp_cuda_scale_rule(mp_kctx *cx, mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float value);
-void mp_cuda_optim_count(mp_kctx *cx, int64_t *step, const int32_t *skip);
-void mp_cuda_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
-                        const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
-                        mp_dtype lowp_dt);
+mp_be_scale_loss_fn mp_cuda_scale_loss;
+mp_be_unscale_fn mp_cuda_unscale;
+mp_be_scale_rule_fn mp_cuda_scale_rule;
+mp_be_optim_count_fn mp_cuda_optim_count;
+mp_be_optim_step_fn mp_cuda_optim_step;
 
 #endif

@@ -67,7 +67,8 @@ __device__ void red_store(mp_redop op, mp_dtype dt, void *out, int64_t q, Acc r,
     case MP_F32: ((float *)out)[q] = (float)v; break;
     case MP_I32: ((int32_t *)out)[q] = (int32_t)(uint32_t)(int64_t)v; break;
     case MP_U8: ((uint8_t *)out)[q] = (uint8_t)(int64_t)v; break;
-    default: mp_stc(dt, out, q, (float)v, t);
+    case MP_F16:
+    case MP_BF16: mp_stc(dt, out, q, (float)v, t); break;
     }
 }
 
@@ -339,9 +340,10 @@ void mp_cuda_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, c
     case MP_F16: SCATTER(__half); break;
     case MP_BF16: SCATTER(__nv_bfloat16); break;
     case MP_I32: SCATTER(int); break;
-    default:
+    case MP_U8:
         MP_LAUNCH(mp_blocks(outer * inner), MP_THREADS, 0, s, k_scatter_u8, (uint8_t *)out, (const uint8_t *)src, idx,
                   nidx, outer, n, inner);
+        break;
     }
 #undef SCATTER
     MP_LAUNCHED("scatter_add");

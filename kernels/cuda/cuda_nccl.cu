@@ -77,8 +77,9 @@ static ncclDataType_t nccl_type(mp_dtype dt)
     case MP_BF16: return ncclBfloat16;
     case MP_I32: return ncclInt32;
     case MP_U8: return ncclUint8;
-    default: return ncclFloat32;
+    case MP_F32: return ncclFloat32;
     }
+    return ncclFloat32;   /* not a dtype */
 }
 
 int mp_cuda_coll_id(mp_kctx *cx, void *id, size_t cap, char *why, size_t why_cap)

@@ -63,6 +63,9 @@ static __device__ __forceinline__ void adam_one(const optim_consts &k, float &p,
 template <int KIND>   /* MP_SGD, MP_ADAM, MP_ADAMW */
 static __device__ __forceinline__ void update_one(const optim_consts &k, float &p, float g, float *s1, float *s2)
 {
+    /* the kinds these kernels know: any other is a compile error where it is
+     * instantiated (mp_cuda_optim_step's switch has no default either) */
+    static_assert(KIND == MP_SGD || KIND == MP_ADAM || KIND == MP_ADAMW, "a new optimizer kind needs its update here");
     if (KIND == MP_SGD) sgd_one(k, p, g, s1);
     else adam_one<KIND == MP_ADAMW>(k, p, g, *s1, *s2);
 }

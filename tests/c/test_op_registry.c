@@ -194,3 +194,21 @@ Test(op_registry, a_kernel_without_working_memory_is_an_error)
     cr_assert_float_eq(v, 1.0 / (1 << 24), 1e-12);
     mp_release(x), mp_release(y);
 }
+
+/* an op's needs (engine/op.h) name entries of the table: offsets of function
+ * pointers past the name and context, which the CPU backend fills (it runs
+ * every op) */
+Test(op_registry, needs_name_entries_of_the_table)
+{
+    const mp_op *op;
+    int named = 0;
+    for (int i = 0; (op = mp_op_at(i)); i++)
+        for (size_t e = 0; e < sizeof op->needs / sizeof op->needs[0] && op->needs[e]; e++, named++) {
+            unsigned short off = op->needs[e];
+            cr_assert(off >= offsetof(mp_backend, ctx) + sizeof(mp_kctx *) && off < sizeof(mp_backend) &&
+                          off % sizeof(void (*)(void)) == 0,
+                      "%s needs %u: not an entry of mp_backend", op->name, off);
+            cr_assert(mp_backend_has(&mp_cpu_backend, off), "%s needs entry %u, which the CPU lacks", op->name, off);
+        }
+    cr_assert_geq(named, 8, "conv2d, attention, pooling, batch_norm and topk name their entries");
+}

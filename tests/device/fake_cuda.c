@@ -184,145 +184,55 @@ static int64_t unmerged;
 static void f_coll_fork(mp_kctx *cx) { n_fork++, unmerged++; if (unmerged > n_unmerged_max) n_unmerged_max = unmerged; }
 static void f_coll_merge(mp_kctx *cx) { unmerged = 0; }
 
-/* every other entry: the CPU kernel, with the arena open while it runs (IDX:
- * an entry that takes indices, left out while a bad index is pending) */
+/* Every other entry: the CPU's, with the arena open while it runs. The
+ * wrappers are generated from the contract's one list (kernels/backend.h), so
+ * a new entry needs no line here. held_open opens the arena and, as the
+ * variable goes out of scope after the CPU entry has returned, closes it
+ * (GCC's cleanup attribute); `return CPU.name args` forwards a void result
+ * too (GNU C). The gated variant leaves an entry that takes indices out while
+ * a bad index is pending, as the real backend's kernels do (the CPU kernels
+ * would read out of bounds). */
 #define CPU mp_cpu_backend
-#define UNPAREN(...) __VA_ARGS__
-#define WRAP_IF(cond, name, params, args)             \
-    static void f_##name(mp_kctx *cx, UNPAREN params) \
-    {                                                 \
-        if (!(cond)) return;                          \
-        open_mem();                                   \
-        CPU.name(CPU.ctx, UNPAREN args);              \
-        close_mem();                                  \
+static int open_scope(void) { open_mem(); return 0; }
+static void close_scope(int *unused) { (void)unused, close_mem(); }
+#define HELD_OPEN __attribute__((cleanup(close_scope))) int held_open = open_scope(); (void)held_open
+#define WRAP(ret, name, params, args) \
+    __attribute__((unused)) static ret w_##name params { HELD_OPEN; return CPU.name args; }
+#define WRAP_GATED(ret, name, params, args)                    \
+    __attribute__((unused)) static ret g_##name params         \
+    {                                                          \
+        if (index_fault[0]) return (ret)0;                     \
+        HELD_OPEN;                                             \
+        return CPU.name args;                                  \
     }
-#define WRAP(name, params, args) WRAP_IF(1, name, params, args)
-#define WRAP_IDX(name, params, args) WRAP_IF(!index_fault[0], name, params, args)
-/* the entries that can fail for want of working memory */
-#define WRAP_RC_IF(cond, name, params, args)         \
-    static int f_##name(mp_kctx *cx, UNPAREN params) \
-    {                                                \
-        if (!(cond)) return 0;                       \
-        open_mem();                                  \
-        int rc = CPU.name(CPU.ctx, UNPAREN args);    \
-        close_mem();                                 \
-        return rc;                                   \
-    }
-#define WRAP_RC(name, params, args) WRAP_RC_IF(1, name, params, args)
-#define WRAP_RC_IDX(name, params, args) WRAP_RC_IF(!index_fault[0], name, params, args)
-
-WRAP(zero, (void *p, size_t n), (p, n))
-WRAP(copy, (void *d, const void *s, size_t n), (d, s, n))
-WRAP(from_host, (void *d, const void *s, size_t n), (d, s, n))
-WRAP(cast, (void *d, mp_dtype dd, const void *s, mp_dtype sd, int64_t n), (d, dd, s, sd, n))
-WRAP(fill, (void *d, mp_dtype dt, int64_t n, double v), (d, dt, n, v))
-WRAP(arange, (void *d, mp_dtype dt, int64_t n), (d, dt, n))
-WRAP(rand_uniform, (void *d, mp_dtype dt, int64_t n, uint64_t s, uint64_t o), (d, dt, n, s, o))
-WRAP(rand_normal, (void *d, mp_dtype dt, int64_t n, uint64_t s, uint64_t o), (d, dt, n, s, o))
-WRAP(binary, (mp_binop op, mp_dtype dt, void *o, const void *a, const void *b, const mp_bcast *bc),
-     (op, dt, o, a, b, bc))
-WRAP(unary, (mp_unop op, mp_dtype dt, void *o, const void *a, int64_t n, double p), (op, dt, o, a, n, p))
-WRAP(unary_grad, (mp_unop op, mp_dtype dt, void *gi, const void *go, const void *x, const void *y, int64_t n, double p),
-     (op, dt, gi, go, x, y, n, p))
-WRAP(reduce, (mp_redop op, mp_dtype dt, void *o, const void *a, int64_t ou, int64_t n, int64_t in),
-     (op, dt, o, a, ou, n, in))
-WRAP_IDX(put_along, (mp_dtype dt, void *o, const void *s, const int32_t *idx, int64_t ou, int64_t n, int64_t in),
-     (dt, o, s, idx, ou, n, in))
-WRAP(scale_loss, (mp_dtype dt, void *o, const void *in, int64_t n, mp_scale_state *st, int check),
-     (dt, o, in, n, st, check))
-WRAP(unscale, (float *g, int64_t n, mp_scale_state *st, int slot, mp_grad_stats *tel, const int64_t *seg, int nseg),
-     (g, n, st, slot, tel, seg, nseg))
-WRAP(scale_rule, (mp_scale_op op, mp_scale_state *st, const mp_policy *p, int arg, float v), (op, st, p, arg, v))
-WRAP(optim_count, (int64_t *step, const int32_t *skip), (step, skip))
-WRAP(optim_step, (mp_optim_kind k, float *p, const float *g, float *s1, float *s2, int64_t n, const mp_optim_args *a,
-                  const int64_t *step, const int32_t *skip, void *lowp, mp_dtype ldt),
-     (k, p, g, s1, s2, n, a, step, skip, lowp, ldt))
-WRAP(where, (mp_dtype dt, void *o, const uint8_t *c, const void *a, const void *b, int64_t n), (dt, o, c, a, b, n))
-WRAP_RC(softmax, (mp_dtype dt, void *y, const void *x, int64_t ou, int64_t n, int64_t in, int lg), (dt, y, x, ou, n, in, lg))
-WRAP_RC(softmax_grad, (mp_dtype dt, void *gx, const void *gy, const void *y, int64_t ou, int64_t n, int64_t in, int lg),
-     (dt, gx, gy, y, ou, n, in, lg))
-WRAP_RC_IDX(cross_entropy, (mp_dtype dt, float *l, float *lse, const void *x, const int32_t *t, int64_t r, int64_t c),
-     (dt, l, lse, x, t, r, c))
-WRAP_RC_IDX(cross_entropy_grad, (mp_dtype dt, void *gx, const void *x, const float *lse, const int32_t *t, const float *s,
-                          int64_t r, int64_t c),
-     (dt, gx, x, lse, t, s, r, c))
-WRAP_RC(layer_norm, (mp_dtype dt, void *y, float *m, float *rs, const void *x, const void *w, const void *b, int64_t r,
-                  int64_t n, float eps),
-     (dt, y, m, rs, x, w, b, r, n, eps))
-WRAP_RC(layer_norm_grad, (mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x, const float *m,
-                       const float *rs, const void *w, int64_t r, int64_t n),
-     (dt, gx, gw, gb, gy, x, m, rs, w, r, n))
-WRAP(permute, (mp_dtype dt, void *o, const void *in, int nd, const int64_t *sh, const int *perm), (dt, o, in, nd, sh, perm))
-WRAP_IDX(gather, (mp_dtype dt, void *o, const void *in, const int32_t *idx, int64_t ni, int64_t ou, int64_t n, int64_t in_),
-     (dt, o, in, idx, ni, ou, n, in_))
-WRAP_IDX(scatter_add, (mp_dtype dt, void *o, const void *s, const int32_t *idx, int64_t ni, int64_t ou, int64_t n, int64_t in),
-     (dt, o, s, idx, ni, ou, n, in))
-WRAP(narrow, (mp_dtype dt, void *o, const void *in, int64_t ou, int64_t n, int64_t st, int64_t len, int64_t in_),
-     (dt, o, in, ou, n, st, len, in_))
-WRAP(narrow_put, (mp_dtype dt, void *o, const void *in, int64_t ou, int64_t n, int64_t st, int64_t len, int64_t in_),
-     (dt, o, in, ou, n, st, len, in_))
-
-WRAP_RC(attention, (mp_dtype dt, void *o, float *lse, const void *q, const void *k, const void *v, const mp_attn_args *a),
-        (dt, o, lse, q, k, v, a))
-WRAP_RC(attention_grad, (mp_dtype dt, void *dq, void *dk, void *dv, const void *g, const void *q, const void *k,
-                         const void *v, const void *o, const float *lse, const mp_attn_args *a),
-        (dt, dq, dk, dv, g, q, k, v, o, lse, a))
-
-WRAP_RC(conv2d, (mp_dtype dt, void *y, const void *x, const void *w, const void *b, const mp_conv_args *a),
-        (dt, y, x, w, b, a))
-WRAP_RC(conv2d_grad, (mp_dtype dt, void *gx, void *gw, float *gb, const void *gy, const void *x, const void *w,
-                      const mp_conv_args *a), (dt, gx, gw, gb, gy, x, w, a))
-WRAP_RC(max_pool2d, (mp_dtype dt, void *y, int32_t *idx, const void *x, const mp_pool_args *a), (dt, y, idx, x, a))
-WRAP_RC(max_pool2d_grad, (mp_dtype dt, void *gx, const void *gy, const int32_t *idx, const mp_pool_args *a),
-        (dt, gx, gy, idx, a))
-WRAP_RC(avg_pool2d, (mp_dtype dt, void *y, const void *x, const mp_pool_args *a), (dt, y, x, a))
-WRAP_RC(avg_pool2d_grad, (mp_dtype dt, void *gx, const void *gy, const mp_pool_args *a), (dt, gx, gy, a))
-WRAP_RC(batch_norm, (mp_dtype dt, void *y, float *m, float *rs, float *rm, float *rv, const void *x, const float *w,
-                     const float *b, int64_t n, int64_t c, int64_t hw, int tr, float mo, float eps),
-        (dt, y, m, rs, rm, rv, x, w, b, n, c, hw, tr, mo, eps))
-WRAP_RC(batch_norm_grad, (mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x, const float *m,
-                          const float *rs, const float *w, int64_t n, int64_t c, int64_t hw, int tr),
-        (dt, gx, gw, gb, gy, x, m, rs, w, n, c, hw, tr))
-WRAP_RC(topk, (mp_dtype dt, void *vals, int32_t *idx, const void *x, int64_t rows, int64_t n, int64_t k, int largest),
-        (dt, vals, idx, x, rows, n, k, largest))
-
-static int f_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
-                  const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc)
-{
-    open_mem();
-    int rc = CPU.gemm(CPU.ctx, dt, ta, tb, batch, m, n, k, alpha, a, sa, b, sb, beta, c, sc);
-    close_mem();
-    return rc;
-}
-
-static int f_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
-                       const void *bias, void *c)
-{
-    open_mem();
-    int rc = CPU.gemm_bias(CPU.ctx, dt, m, n, k, a, b, bias, c);
-    close_mem();
-    return rc;
-}
-
-/* the flush counts live on the host here; the CPU's entry keeps them */
-static void f_flush_slot(mp_kctx *cx, int slot) { CPU.flush_slot(CPU.ctx, slot); }
-static void f_flush_read(mp_kctx *cx, int64_t (*counts)[3], int clear) { CPU.flush_read(CPU.ctx, counts, clear); }
+MP_BACKEND_ENTRIES(WRAP)
+MP_BACKEND_ENTRIES(WRAP_GATED)
 
 /* MP_FAKE_CUDA_DECLINE="op:dtype,...": this device declines those ops in those
  * dtypes (as a backend without a kernel for them would), for the tests of the
  * engine's error */
 static const char *decline;
+/* MP_FAKE_CUDA_WITHOUT="entry,...": this device leaves those entries of its
+ * table NULL (as a backend without those kernels), for the tests of the
+ * engine's refusal of an op whose entry is missing (engine/op.h: needs) */
+static const char *without;
+
+/* whether the comma-separated list has the item want */
+static bool listed(const char *list, const char *want)
+{
+    size_t n = strlen(want);
+    for (const char *p = list; p && (p = strstr(p, want)); p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return true;
+    return false;
+}
 
 static bool f_supports(mp_kctx *cx, const char *op, mp_dtype dt)
 {
-    static const char *names[MP_NDTYPES] = {"f32", "f16", "bf16", "i32", "u8"};
-    if (!decline) return true;
+    static const char *names[] = {"f32", "f16", "bf16", "i32", "u8"};
+    MP_STATIC_ASSERT(sizeof names / sizeof names[0] == MP_NDTYPES, "a name for every dtype");
     char want[64];
     snprintf(want, sizeof want, "%s:%s", op, (unsigned)dt < MP_NDTYPES ? names[dt] : "?");
-    size_t n = strlen(want);
-    for (const char *p = decline; (p = strstr(p, want)); p += n)
-        if ((p == decline || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return false;
-    return true;
+    return !listed(decline, want);
 }
 
 static mp_backend table;
@@ -340,34 +250,29 @@ const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     const char *f = getenv("MP_FAKE_CUDA_FAULT");
     fault_at = f ? atol(f) : 0;
     decline = getenv("MP_FAKE_CUDA_DECLINE");
-    table = (mp_backend){
-        .name = "cuda", .ctx = CPU.ctx, .supports = f_supports,
-        .alloc = f_alloc, .free = f_free, .cached = f_cached, .release_cache = f_release_cache,
-        .mark_cache = f_mark_cache,
-        .zero = f_zero, .copy = f_copy, .to_host = f_to_host, .from_host = f_from_host,
-        .error = f_error, .synchronize = f_synchronize, .counters = f_counters,
-        .host_alloc = f_host_alloc, .host_free = f_host_free, .to_host_async = f_to_host_async, .mark = f_mark,
-        .mark_wait = f_mark_wait,
-        .cast = f_cast, .fill = f_fill, .arange = f_arange, .rand_uniform = f_rand_uniform,
-        .rand_normal = f_rand_normal, .binary = f_binary, .unary = f_unary, .unary_grad = f_unary_grad,
-        .reduce = f_reduce, .put_along = f_put_along, .scale_loss = f_scale_loss, .unscale = f_unscale,
-        .scale_rule = f_scale_rule, .flush_slot = f_flush_slot, .flush_read = f_flush_read, .optim_count = f_optim_count,
-        .optim_step = f_optim_step, .where = f_where, .softmax = f_softmax, .softmax_grad = f_softmax_grad,
-        .cross_entropy = f_cross_entropy, .cross_entropy_grad = f_cross_entropy_grad,
-        .layer_norm = f_layer_norm, .layer_norm_grad = f_layer_norm_grad, .gemm = f_gemm, .gemm_bias = f_gemm_bias,
-        .attention = f_attention, .attention_grad = f_attention_grad, .topk = f_topk,
-        .conv2d = f_conv2d, .conv2d_grad = f_conv2d_grad, .max_pool2d = f_max_pool2d,
-        .max_pool2d_grad = f_max_pool2d_grad, .avg_pool2d = f_avg_pool2d, .avg_pool2d_grad = f_avg_pool2d_grad,
-        .batch_norm = f_batch_norm, .batch_norm_grad = f_batch_norm_grad,
-        .permute = f_permute, .gather = f_gather, .scatter_add = f_scatter_add, .narrow = f_narrow,
-        .narrow_put = f_narrow_put, .check_indices = f_check_indices,
-    };
+    without = getenv("MP_FAKE_CUDA_WITHOUT");
+    /* the CPU's entries, wrapped; then what this device does its own way */
+    table = (mp_backend){.name = "cuda", .ctx = CPU.ctx};
+#define INSTALL(ret, name, params, args) table.name = CPU.name ? w_##name : NULL;
+    MP_BACKEND_ENTRIES(INSTALL)
+#undef INSTALL
+    table.put_along = g_put_along, table.gather = g_gather, table.scatter_add = g_scatter_add;
+    table.cross_entropy = g_cross_entropy, table.cross_entropy_grad = g_cross_entropy_grad;
+    table.supports = f_supports;
+    table.alloc = f_alloc, table.free = f_free, table.cached = f_cached, table.release_cache = f_release_cache;
+    table.mark_cache = f_mark_cache, table.counters = f_counters;
+    table.to_host = f_to_host, table.error = f_error, table.synchronize = f_synchronize;
+    table.host_alloc = f_host_alloc, table.host_free = f_host_free, table.to_host_async = f_to_host_async;
+    table.mark = f_mark, table.mark_wait = f_mark_wait, table.check_indices = f_check_indices;
     const char *coll = getenv("MP_FAKE_CUDA_COLL");
     if (coll && strcmp(coll, "1") == 0) {
         table.coll_id = f_coll_id, table.coll_join = f_coll_join, table.coll_all_reduce = f_coll_all_reduce;
         table.coll_broadcast = f_coll_broadcast, table.coll_all_gather = f_coll_all_gather, table.coll_leave = f_coll_leave;
         table.coll_fork = f_coll_fork, table.coll_merge = f_coll_merge;
     }
+#define DROP(ret, name, params, args) if (listed(without, #name)) table.name = NULL;
+    MP_BACKEND_ENTRIES(DROP)
+#undef DROP
     return &table;
 }
 __attribute__((destructor)) static void fake_stats(void)

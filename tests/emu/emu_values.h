@@ -20,8 +20,11 @@ inline float load_f32(mp_dtype dt, const void *p, size_t i)
     switch (dt) {
     case MP_F16: return mp_f16_to_f32(((const uint16_t *)p)[i]);
     case MP_BF16: return mp_bf16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
+    case MP_F32:
+    case MP_I32:   /* (never asked: moved as f32 words, as the CPU's cpu_load does) */
+    case MP_U8: return ((const float *)p)[i];
     }
+    return 0.0f;   /* not a dtype */
 }
 
 inline void store_f32(mp_dtype dt, void *p, size_t i, float v)
@@ -29,7 +32,9 @@ inline void store_f32(mp_dtype dt, void *p, size_t i, float v)
     switch (dt) {
     case MP_F16: ((uint16_t *)p)[i] = mp_f32_to_f16(v); break;
     case MP_BF16: ((uint16_t *)p)[i] = mp_f32_to_bf16(v); break;
-    default: ((float *)p)[i] = v;
+    case MP_F32:
+    case MP_I32:
+    case MP_U8: ((float *)p)[i] = v; break;
     }
 }
 

@@ -156,4 +156,37 @@ describe("an op the backend declines", function()
     assert.truthy(err:find("mp.silu: silu is not available for f16 tensors on cuda", 1, true), err)
     assert.are.same({ "f32", "f16", "cuda" }, { y, z, w })
   end)
+
+  -- an op's description names the entries it calls (engine/op.h: needs); a
+  -- backend without one of them declines the op with the same error, before
+  -- any work (MP_FAKE_CUDA_WITHOUT leaves those entries of the table NULL)
+  it("is an error when the backend lacks an entry the op needs", function()
+    if not exists(FAKE) then return pending("no fake device built") end
+    local r = on_fake([[
+      local x = mp.randn({ 1, 2, 5, 5 }, { device = "cuda" })
+      local errs = {}
+      for _, f in ipairs({
+        function() return mp.conv2d(x, mp.randn({ 3, 2, 3, 3 }, { device = "cuda" })) end,
+        function() return mp.max_pool2d(x, 2) end,
+        function() return x:sort(4) end,
+        function() return x:topk(2) end,
+      }) do
+        local ok, err = pcall(f)
+        errs[#errs + 1] = ok and "ran" or err
+      end
+      local y = mp.avg_pool2d(x, 2)              -- its entries are there: runs
+      local z = mp.conv2d(x:to("cpu"), mp.randn({ 3, 2, 3, 3 }, { device = "cpu" }))   -- the CPU has conv2d
+      return table.concat(errs, "|") .. "|" .. y.device .. "|" .. z.device
+    ]], { MP_FAKE_CUDA_WITHOUT = "conv2d,max_pool2d_grad,topk" })
+    assert.are.equal(0, r.rc, r.out .. r.err)
+    local got = r.out:match("^OK:(.*)$")
+    assert.truthy(got, r.out .. r.err)
+    local parts = {}
+    for p in (got .. "|"):gmatch("([^|]*)|") do parts[#parts + 1] = p end
+    for i, op in ipairs({ "conv2d", "max_pool2d", "sort", "topk" }) do
+      assert.truthy(parts[i]:find(op .. " is not available for f32 tensors on cuda (the backend declines it)", 1, true),
+        parts[i])
+    end
+    assert.are.same({ "cuda", "cpu" }, { parts[5], parts[6] })
+  end)
 end)
