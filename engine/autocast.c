@@ -11,12 +11,23 @@
 #include "engine/graph.h"
 #include "engine/state.h"
 
-#define MAX_OPS 128
-
 /* The class of each op by name: seeded, on first use, from the ops' own
- * descriptions (engine/op.h), then changed and extended by mp_autocast_register. */
-static struct { char name[32]; mp_ac_class c; } ops[MAX_OPS];
-static int nops = -1;
+ * descriptions (engine/op.h), then changed and extended by mp_autocast_register.
+ * It grows as names come: no op is left out for want of room. */
+typedef struct { char name[32]; mp_ac_class c; } op_class;
+static op_class *ops;
+static int nops = -1, ops_cap;
+
+/* room for one more entry: 0, or -1 when memory runs out */
+static int grow(void)
+{
+    if (nops < ops_cap) return 0;
+    int cap = ops_cap ? 2 * ops_cap : 128;
+    op_class *o = realloc(ops, sizeof *o * (size_t)cap);
+    if (!o) return -1;
+    ops = o, ops_cap = cap;
+    return 0;
+}
 
 static int find(const char *name)
 {
@@ -25,16 +36,19 @@ static int find(const char *name)
     return -1;
 }
 
-static void seed(void)
+/* 0, or -1 out of memory (the table stays unseeded, to be tried again) */
+static int seed(void)
 {
-    if (nops >= 0) return;
+    if (nops >= 0) return 0;
     nops = 0;
     const mp_op *op;
     for (int i = 0; (op = mp_op_at(i)); i++) {
-        if (op->ac == MP_AC_NONE || find(op->name) >= 0 || nops == MAX_OPS) continue;
+        if (op->ac == MP_AC_NONE || find(op->name) >= 0) continue;
+        if (grow()) return nops = -1, mp_fail(MP_EOOM, "autocast: out of memory for the op classes");
         snprintf(ops[nops].name, sizeof ops[nops].name, "%s", op->name);
         ops[nops++].c = op->ac;
     }
+    return 0;
 }
 
 /* the cast cache (this thread's: engine/state.h): (leaf, dtype) -> its cast,
@@ -102,12 +116,12 @@ bool mp_autocast_active(mp_dtype *dt)
 
 int mp_autocast_register(const char *op, mp_ac_class c)
 {
-    seed();
+    if (seed()) return -1;
     if (!op || !*op || strlen(op) >= sizeof ops[0].name)
         return mp_fail(MP_EINVAL, "op name must be 1 to %zu characters", sizeof ops[0].name - 1);
     for (int i = 0; i < nops; i++)
         if (strcmp(ops[i].name, op) == 0) return ops[i].c = c, 0;
-    if (nops == MAX_OPS) return mp_fail(MP_EINVAL, "too many registered ops (%d)", MAX_OPS);
+    if (grow()) return mp_fail(MP_EOOM, "mp_autocast_register: out of memory");
     strcpy(ops[nops].name, op);
     ops[nops++].c = c;
     return 0;
@@ -133,6 +147,7 @@ mp_tensor *mp_autocast_arg(const mp_op *op, mp_tensor *t)
 {
     mp_dtype low;
     if (!t || !mp_autocast_active(&low) || !mp_is_float(t->dtype)) return t ? mp_retain(t) : NULL;
+    if (seed()) return NULL;
     mp_ac_class c = mp_autocast_class(op->name);
     mp_dtype want = c == MP_AC_LOW ? low : c == MP_AC_F32 ? MP_F32 : t->dtype;
     if (want == t->dtype) return mp_retain(t);

@@ -7,10 +7,8 @@
 #include "engine/op.h"
 #include "engine/error.h"
 
-#define MAX_OPS 256
-
-static const mp_op *registry[MAX_OPS];
-static int nregistered;
+static const mp_op **registry;     /* grows as ops register: none is ever left out */
+static int nregistered, registry_cap;
 static mp_arg_hook arg_hook;         /* autocast's, once a region was entered */
 static mp_output_hook output_hook;   /* observe's, once a record was started */
 
@@ -18,10 +16,20 @@ void mp_op_set_arg_hook(mp_arg_hook hook) { arg_hook = hook; }
 void mp_op_set_output_hook(mp_output_hook hook) { output_hook = hook; }
 
 /* called by constructors while the library loads: too early to report an
- * error, so the capacity is checked by a test (tests/c/test_ops.c) */
+ * error, and a library missing an op would fail later in ways that hide why,
+ * so running out of memory for a few pointers here ends the process */
 void mp_op_register(const mp_op *op)
 {
-    if (nregistered < MAX_OPS) registry[nregistered++] = op;
+    if (nregistered == registry_cap) {
+        int cap = registry_cap ? 2 * registry_cap : 64;
+        const mp_op **r = realloc(registry, sizeof *r * (size_t)cap);
+        if (!r) {
+            fprintf(stderr, "mpengine: out of memory registering op %s\n", op->name);
+            abort();
+        }
+        registry = r, registry_cap = cap;
+    }
+    registry[nregistered++] = op;
 }
 
 const mp_op *mp_op_at(int i) { return i >= 0 && i < nregistered ? registry[i] : NULL; }

@@ -11,7 +11,6 @@
 #include "engine/scaler.h"
 #include "engine/ops.h"
 #include "engine/error.h"
-#include "engine/autograd.h"
 #include "engine/op.h"
 #include "engine/dist.h"
 #include "kernels/step_rules.h"

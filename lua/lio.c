@@ -1,6 +1,6 @@
 /*
  * lio.c: mp.save(path, tbl) and mp.load(path) -> tbl, metadata: nested Lua tables
- * of tensors, numbers, strings and booleans in a safetensors file (engine/io.h).
+ * of tensors, numbers, strings and booleans in a safetensors file (engine/io_safetensors.h).
  *
  * Each tensor is stored under the dotted path of its keys ("model.0.weight" for
  * tbl.model["0.weight"]), which is what other tools see. Since dotted paths are

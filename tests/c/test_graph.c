@@ -2,8 +2,9 @@
  * test_graph.c: the autograd layers without caps: the backward's flush
  * telemetry counts any number of op names (the backends have MP_FLUSH_SLOTS
  * slots; the host folds them into its own table when they run out), the
- * autocast cast cache keeps any number of master weights, and a backward
- * listener sees the walk in order.
+ * autocast cast cache keeps any number of master weights, autocast's op
+ * classes take any number of names, and a backward listener sees the walk in
+ * order.
  */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -98,7 +99,7 @@ static mp_tensor *see_forward(mp_op_ctx *c)
 }
 
 static const mp_op low_op = {.name = "t_low", .ac = MP_AC_LOW, .nin = 1, .forward = see_forward};
-MP_OP_REGISTER(low_op)
+MP_OP_REGISTER(low_op);
 
 static mp_tensor *cast_of(mp_tensor *w)
 {
@@ -151,6 +152,24 @@ static int on_node(const mp_node *x) { done++; return 0; }
 static int on_end(int rc) { ended++; return rc; }
 
 static mp_backward_listener counter = {.begin = on_begin, .node_done = on_node, .end = on_end};
+
+/* ---- autocast's op classes take any number of names ---- */
+
+Test(graph, autocast_classes_keep_every_registered_name)
+{
+    /* 300 names: more than the registry's ops and twice what the table once
+     * held (128, past which registrations failed) */
+    char name[32];
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "t_class_%d", i);
+        cr_assert_eq(mp_autocast_register(name, i % 2 ? MP_AC_LOW : MP_AC_F32), 0, "%s: %s", name, mp_error());
+    }
+    for (int i = 0; i < 300; i++) {
+        snprintf(name, sizeof name, "t_class_%d", i);
+        cr_assert_eq(mp_autocast_class(name), i % 2 ? MP_AC_LOW : MP_AC_F32, "%s lost its class", name);
+    }
+    cr_assert_eq(mp_autocast_class("matmul"), MP_AC_LOW, "the ops' own classes stay");
+}
 
 Test(graph, a_listener_follows_the_walk)
 {

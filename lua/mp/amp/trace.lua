@@ -117,7 +117,7 @@ function trace.write_step(self)
   end
   local l
   for _, loss in ipairs(losses) do l = (l or 0) + loss:item() end
-  return trace_write(self, self._c:_trace_record(l))   -- lua/amp.c builds the line: it runs every step
+  return trace_write(self, self._c:_trace_record(l))   -- lua/lscaler_trace.c builds the line: it runs every step
 end
 
 -- the lines of the snapshots not yet written (an asynchronous device): at most two
