@@ -37,3 +37,50 @@ describe("the import graph", function()
     assert.truthy(out:find("engine/tensor -> engine/graph: mp_node_release", 1, true), out)
   end)
 end)
+
+-- One name, one file (docs/ARCHITECTURE.md, "The arrows"): no two files in
+-- different layers share a name, so that neither a reader nor a structure tool
+-- pairs engine/io.h with a binding file called io.c; and each header of engine/
+-- and lua/ belongs to the .c file of its name, but for the two umbrella headers.
+local function files(dir, pattern)
+  local p = io.popen("cd " .. root .. " && find " .. dir .. " -type f -name '" .. pattern .. "' | sort")
+  local out = {}
+  for f in p:lines() do out[#out + 1] = f end
+  p:close()
+  return out
+end
+
+describe("file names", function()
+  it("no two files in different layers share a name", function()
+    -- the public Lua modules (lua/mp/*.lua, require "mp.optim") are named by the API
+    local layers = {
+      engine = files("engine", "*.[ch]"), kernels = files("kernels", "*.[ch]*"),
+      ["lua (C)"] = files("lua", "*.[ch]"), ["lua/mp"] = files("lua/mp", "*.lua"),
+    }
+    local owner, clashes = {}, {}
+    for layer, list in pairs(layers) do
+      for _, f in ipairs(list) do
+        local stem = f:match("([^/]+)%.[^./]+$")
+        local public = layer == "lua/mp" and f:match("^lua/mp/[^/]+%.lua$")
+        if not public then
+          local o = owner[stem]
+          if o and o.layer ~= layer then clashes[#clashes + 1] = o.file .. " and " .. f end
+          owner[stem] = owner[stem] or { layer = layer, file = f }
+        end
+      end
+    end
+    assert.are.same({}, clashes)
+  end)
+
+  it("every header of engine/ and lua/ has its .c file (engine/ops.h and engine/autograd.h gather several)", function()
+    local umbrella = { ["engine/ops.h"] = true, ["engine/autograd.h"] = true }
+    local orphans = {}
+    for _, dir in ipairs { "engine", "lua" } do
+      for _, h in ipairs(files(dir, "*.h")) do
+        local c = io.open(root .. "/" .. h:gsub("%.h$", ".c"))
+        if c then c:close() elseif not umbrella[h] then orphans[#orphans + 1] = h end
+      end
+    end
+    assert.are.same({}, orphans)
+  end)
+end)
