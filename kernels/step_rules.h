@@ -150,7 +150,9 @@ MP_HD void mp_scale_apply(mp_scale_op op, mp_scale_state *s, const mp_policy *p,
             break;
         case MP_POLICY_HYSTERESIS: mp_rule_hysteresis(s, p, found); break;
         case MP_POLICY_AMAX: mp_rule_amax(s, p, found); break;
-        default: break;   /* static, none: the scale stays; external: the host sets it */
+        case MP_POLICY_STATIC:
+        case MP_POLICY_NONE: break;       /* the scale stays */
+        case MP_POLICY_EXTERNAL: break;   /* the host sets it */
         }
         break;
     }
