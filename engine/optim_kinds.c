@@ -1,9 +1,9 @@
 /*
- * optim_kinds.c: the description of each optimizer kind (engine/optim.h:
+ * optim_kinds.c: the description of each optimizer kind (engine/optim_kinds.h:
  * mp_optim_desc), one table indexed by mp_optim_kind.
  */
 #include <math.h>
-#include "engine/optim.h"
+#include "engine/optim_kinds.h"
 
 /* PyTorch's defaults; SGD's configs carry Adam's betas and eps too (unused there) */
 #define BETAS_EPS .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8
