@@ -10,6 +10,8 @@
 #include <string.h>
 #include "engine/ops.h"
 #include "engine/op.h"
+#include "engine/memory.h"
+#include "engine/autocast.h"
 #include "engine/error.h"
 
 static mp_tensor *full(mp_dtype dt, int64_t r, int64_t c, double v)
