@@ -42,7 +42,7 @@ static mp_optim_config read_config(lua_State *L, int t, mp_optim_config c, const
 static int o_new(lua_State *L)
 {
     const char *want = luaL_checkstring(L, 1);
-    int kind = 0;   /* the kinds' names and titles: their descriptions (engine/optim.h) */
+    int kind = 0;   /* the kinds' names and titles: their descriptions (engine/optim_kinds.h) */
     while (kind < MP_NOPTIM_KINDS && strcmp(mp_optim_kinds[kind].name, want) != 0) kind++;
     if (kind == MP_NOPTIM_KINDS) return luaL_argerror(L, 1, lua_pushfstring(L, "invalid option '%s'", want));
     const char *name = mp_optim_kinds[kind].title;
