@@ -195,14 +195,16 @@ describe("mp.nn", function()
     it("mp.rms_norm's errors name it and the argument", function()
       local x = mp.randn { 2, 3 }
       for _, c in ipairs {
-        { function() return mp.rms_norm(x, mp.ones { 2 }) end, "mp.rms_norm: weight {2} does not match input {2,3} (expected {3})" },
+        { function() return mp.rms_norm(x, mp.ones { 2 }) end,
+          "mp.rms_norm: weight {2} does not match input {2,3} (expected {3})" },
         { function() return mp.rms_norm(x, mp.ones { 3 }, 0) end, "mp.rms_norm: eps must be positive (got 0)" },
         { function() return mp.rms_norm(x, mp.ones { 3 }, -1e-6) end, "mp.rms_norm: eps must be positive (got -1e-06)" },
         { function() return mp.rms_norm(x, nil, 0 / 0) end, "mp.rms_norm: eps must be positive" },
         { function() return mp.rms_norm(x, mp.ones { 3 }, "big") end, "rms_norm' (number expected, got string)" },
         { function() return mp.rms_norm(mp.tensor({ 1, 2 }, { dtype = "i32" }), nil) end,
           "mp.rms_norm: input must be a float tensor (got i32)" },
-        { function() return mp.rms_norm(x, mp.ones({ 3 }, { dtype = "f16" })) end, "mp.rms_norm: weight is f16 on cpu, input f32 on cpu" },
+        { function() return mp.rms_norm(x, mp.ones({ 3 }, { dtype = "f16" })) end,
+          ("mp.rms_norm: weight is f16 on %s, input f32 on %s"):format(x.device, x.device) },
       } do
         local msg = H.raises(c[1], {})
         assert.is_truthy(msg:find(c[2], 1, true), "error is " .. msg .. "; expected it to contain " .. c[2])
