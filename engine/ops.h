@@ -101,6 +101,10 @@ mp_tensor *mp_cross_entropy(mp_tensor *logits, mp_tensor *target, mp_reduction r
 mp_tensor *mp_mse_loss(mp_tensor *a, mp_tensor *b);
 mp_tensor *mp_layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps);   /* w, b may be NULL */
 #define MP_LAYER_NORM_EPS 1e-5   /* PyTorch's default eps, the one default of mp.layer_norm and nn.LayerNorm */
+mp_tensor *mp_rms_norm(mp_tensor *x, mp_tensor *w, double eps);   /* x / sqrt(mean(x^2) + eps) * w; w may be NULL */
+/* PyTorch's eps None: the epsilon of x's dtype; rms_norm computes in f32 (autocast
+ * class f32), so f32's: the one default of mp.rms_norm and nn.RMSNorm */
+#define MP_RMS_NORM_EPS 1.1920928955078125e-07
 mp_tensor *mp_embedding(mp_tensor *idx, mp_tensor *w);
 mp_tensor *mp_dropout(mp_tensor *x, double p, bool training);
 mp_tensor *mp_cat(int n, mp_tensor *const *ts, int dim);

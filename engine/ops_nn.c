@@ -1,7 +1,7 @@
 /*
  * ops_nn.c: the functional ops of neural networks, each with its backward:
  * softmax, log_softmax, cross_entropy (fused with log-softmax), mse_loss,
- * layer_norm, embedding, dropout, cat and where.
+ * layer_norm, rms_norm, embedding, dropout, cat and where.
  */
 #include <math.h>
 #include <string.h>
@@ -191,9 +191,12 @@ mp_tensor *mp_mse_loss(mp_tensor *a, mp_tensor *b)
     return mp_apply(&mse_loss_op, &c, 2, in);
 }
 
-/* ---- layer_norm over the last dim ---- */
+/* ---- layer_norm and rms_norm over the last dim ---- */
 
+/* rms_norm is layer norm without centring: the same kernels with mean NULL
+ * (kernels/backend.h), the same backward, no bias input */
 typedef struct { double eps; } layer_norm_args;
+typedef layer_norm_args rms_norm_args;
 
 static int ln_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
@@ -205,7 +208,7 @@ static int ln_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     int rc = -1;
     if (gx && (!ww || gw) && (!wb || gb) &&
         MP_K(x, layer_norm_grad, x->dtype, mp_data(gx), gw ? mp_data(gw) : NULL, gb ? mp_data(gb) : NULL,
-             mp_data(g), mp_data(x), mp_data(mean), mp_data(rstd), w ? mp_data(w) : NULL, rows, n)) {
+             mp_data(g), mp_data(x), mean ? mp_data(mean) : NULL, mp_data(rstd), w ? mp_data(w) : NULL, rows, n)) {
         mp_kernel_oom(nd->name);
     } else if (gx && (!ww || gw) && (!wb || gb)) {
         gin[0] = mp_retain(gx);
@@ -217,9 +220,10 @@ static int ln_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return rc;
 }
 
-static mp_tensor *layer_norm_fwd(mp_op_ctx *c)
+/* layer norm, or RMS norm when not centred (no bias, no mean) */
+static mp_tensor *norm_fwd(mp_op_ctx *c, bool centred)
 {
-    mp_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2];
+    mp_tensor *x = c->in[0], *w = c->in[1], *b = centred ? c->in[2] : NULL;
     double eps = MP_OP_ARGS(c, layer_norm_args)->eps;
     char b1[128], b2[128];
     if (need_float(x, "input")) return NULL;
@@ -240,11 +244,11 @@ static mp_tensor *layer_norm_fwd(mp_op_ctx *c)
     }
     if (!(eps > 0) || !isfinite(eps)) return mp_fail(MP_EINVAL, "eps must be positive (got %g)", eps), NULL;
     mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
-    mp_tensor *mean = mp_empty(MP_F32, x->dev, 1, &rows), *rstd = mp_empty(MP_F32, x->dev, 1, &rows);
-    if (!y || !mean || !rstd)
+    mp_tensor *mean = centred ? mp_empty(MP_F32, x->dev, 1, &rows) : NULL, *rstd = mp_empty(MP_F32, x->dev, 1, &rows);
+    if (!y || (centred && !mean) || !rstd)
         mp_release(y), y = NULL;
-    else if (MP_K(x, layer_norm, x->dtype, mp_data(y), mp_data(mean), mp_data(rstd), mp_data(x), w ? mp_data(w) : NULL,
-                  b ? mp_data(b) : NULL, rows, n, (float)eps))
+    else if (MP_K(x, layer_norm, x->dtype, mp_data(y), mean ? mp_data(mean) : NULL, mp_data(rstd), mp_data(x),
+                  w ? mp_data(w) : NULL, b ? mp_data(b) : NULL, rows, n, (float)eps))
         mp_release(y), y = NULL, mp_kernel_oom(c->op->name);
     if (y && (mp_keep(c, 0, x) || mp_keep(c, 1, w) || mp_keep(c, 2, mean) || mp_keep(c, 3, rstd)))
         mp_release(y), y = NULL;
@@ -252,9 +256,15 @@ static mp_tensor *layer_norm_fwd(mp_op_ctx *c)
     return y;
 }
 
+static mp_tensor *layer_norm_fwd(mp_op_ctx *c) { return norm_fwd(c, true); }
+static mp_tensor *rms_norm_fwd(mp_op_ctx *c) { return norm_fwd(c, false); }
+
 static const mp_op layer_norm_op = {.name = "layer_norm", .ac = MP_AC_F32, .nin = 3, .forward = layer_norm_fwd,
                                     .backward = ln_backward, .args_size = sizeof(layer_norm_args)};
 MP_OP_REGISTER(layer_norm_op);
+static const mp_op rms_norm_op = {.name = "rms_norm", .ac = MP_AC_F32, .nin = 2, .forward = rms_norm_fwd,
+                                  .backward = ln_backward, .args_size = sizeof(rms_norm_args)};
+MP_OP_REGISTER(rms_norm_op);
 
 mp_tensor *mp_layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps)
 {
@@ -262,6 +272,14 @@ mp_tensor *mp_layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps)
     mp_op_ctx c = {.args = &args};
     mp_tensor *in[3] = {x, w, b};
     return mp_apply(&layer_norm_op, &c, 3, in);
+}
+
+mp_tensor *mp_rms_norm(mp_tensor *x, mp_tensor *w, double eps)
+{
+    rms_norm_args args = {eps};
+    mp_op_ctx c = {.args = &args};
+    mp_tensor *in[2] = {x, w};
+    return mp_apply(&rms_norm_op, &c, 2, in);
 }
 
 /* ---- embedding: rows of w at i32 indices of any shape ---- */

@@ -403,11 +403,14 @@ typedef struct mp_kctx mp_kctx;
       const int32_t *target, const float *scale, int64_t rows, int64_t classes),                                        \
       (cx, dt, gx, x, lse, target, scale, rows, classes))                                                               \
     /* layer norm over the last dim of {rows, n}: y = (x - mean) * rstd * w + b, with                                   \
-     * mean and rstd (f32, one per row) kept for the backward; w or b may be NULL */                                    \
+     * mean and rstd (f32, one per row) kept for the backward; w or b may be NULL.                                      \
+     * mean NULL: RMS norm, no centring (rstd = 1/sqrt(mean(x^2) + eps), y = x * rstd * w;                              \
+     * the engine passes b NULL); f32 sums and one rounding, as layer norm */                                           \
     X(int, layer_norm, (mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x,                     \
       const void *w, const void *b, int64_t rows, int64_t n, float eps),                                                \
       (cx, dt, y, mean, rstd, x, w, b, rows, n, eps))                                                                   \
-    /* gx, and gw/gb (f32 sums over rows, may be NULL) */                                                               \
+    /* gx, and gw/gb (f32 sums over rows, may be NULL). mean NULL: RMS norm's, with                                     \
+     * xhat = x * rstd: gx = rstd * (gy*w - xhat * mean(gy*w*xhat)), gw = sum gy*xhat */                                \
     X(int, layer_norm_grad, (mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy,                  \
       const void *x, const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n),                     \
       (cx, dt, gx, gw, gb, gy, x, mean, rstd, w, rows, n))                                                              \

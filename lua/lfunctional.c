@@ -81,6 +81,14 @@ static int f_layer_norm(lua_State *L)
     RETURN_TENSOR(L, "mp.layer_norm", mp_layer_norm(x, w, b, eps));
 }
 
+/* mp.rms_norm(x, weight [, eps]): weight may be nil; eps nil is MP_RMS_NORM_EPS */
+static int f_rms_norm(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1), *w = lua_isnoneornil(L, 2) ? NULL : lt_check(L, 2);
+    double eps = luaL_optnumber(L, 3, MP_RMS_NORM_EPS);   /* before RETURN_TENSOR pushes its result's slot */
+    RETURN_TENSOR(L, "mp.rms_norm", mp_rms_norm(x, w, eps));
+}
+
 static int f_embedding(lua_State *L)
 {
     mp_tensor *idx = lt_check(L, 1), *w = lt_check(L, 2);
@@ -351,7 +359,7 @@ static int f_is_grad_enabled(lua_State *L)
 static const luaL_Reg funcs[] = {
     {"gelu", f_gelu},
     {"softmax", f_softmax}, {"log_softmax", f_log_softmax}, {"linear", f_linear},
-    {"layer_norm", f_layer_norm}, {"embedding", f_embedding}, {"dropout", f_dropout},
+    {"layer_norm", f_layer_norm}, {"rms_norm", f_rms_norm}, {"embedding", f_embedding}, {"dropout", f_dropout},
     {"cross_entropy", f_cross_entropy}, {"mse_loss", f_mse_loss}, {"cat", f_cat}, {"where", f_where},
     {"attention", f_attention}, {"conv2d", f_conv2d}, {"max_pool2d", f_max_pool2d}, {"avg_pool2d", f_avg_pool2d},
     {"adaptive_avg_pool2d", f_adaptive_avg_pool2d}, {"batch_norm", f_batch_norm}, {"multinomial", f_multinomial}, {"tril", f_tril}, {"triu", f_triu}, {"masked_fill", f_masked_fill}, {"select", f_select},
@@ -363,6 +371,8 @@ void mp_open_functional(lua_State *L)
 {
     lua_pushnumber(L, MP_LAYER_NORM_EPS);
     lua_setfield(L, -2, "_LAYER_NORM_EPS");
+    lua_pushnumber(L, MP_RMS_NORM_EPS);
+    lua_setfield(L, -2, "_RMS_NORM_EPS");
     lua_pushnumber(L, MP_BATCH_NORM_EPS);
     lua_setfield(L, -2, "_BATCH_NORM_EPS");
     lua_pushnumber(L, MP_BATCH_NORM_MOMENTUM);

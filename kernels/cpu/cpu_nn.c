@@ -1,7 +1,8 @@
 /*
  * cpu_nn.c: the row-wise kernels of neural networks: softmax and log-softmax,
  * cross-entropy fused with log-softmax (the probabilities are never stored),
- * and layer norm. All compute in f32 (double for the row sums) and round once.
+ * and layer norm (RMS norm too: layer norm without centring). All compute in
+ * f32 (double for the row sums) and round once.
  * Each thread's row buffers come from the context's scratch (slot 3), taken
  * before the parallel region: a kernel that cannot have them returns -1 and
  * writes nothing.
@@ -157,9 +158,10 @@ int cpu_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, co
 #define LANES MP_LANES
 
 /* one row of the layer norm backward: xh becomes x-hat, g becomes gx (f32),
- * and g * x-hat, g add into the chunk's weight and bias sums pw, pb */
+ * and g * x-hat, g add into the chunk's weight and bias sums pw, pb; without
+ * centring (RMS norm: m is 0) gx has no mean(g*w) term */
 MP_SIMD static void ln_grad_row(float *g, float *xh, const float *wf, float m, float rs, int64_t n, float *pw,
-                                float *pb)
+                                float *pb, bool centred)
 {
     double a8[LANES] = {0}, c8[LANES] = {0}, a = 0, c = 0;
     for (int64_t j = 0; j < n; j++) {
@@ -178,7 +180,7 @@ MP_SIMD static void ln_grad_row(float *g, float *xh, const float *wf, float m, f
         a8[j % LANES] += gw, c8[j % LANES] += (double)gw * xh[j];
     }
     for (int l = 0; l < LANES; l++) a += a8[l], c += c8[l];
-    float ma = (float)(a / n), mc = (float)(c / n);
+    float ma = centred ? (float)(a / n) : 0.0f, mc = (float)(c / n);
     for (int64_t k = 0; k < n; k++) g[k] = rs * (g[k] * wf[k] - ma - xh[k] * mc);
 }
 
@@ -202,11 +204,12 @@ int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
         #pragma omp for schedule(static)
         for (int64_t q = 0; q < rows; q++) {
             cpu_load(dt, x, q * n, r, n);
-            float m = (float)(lane_sum(r, n) / n);
+            float m = mean ? (float)(lane_sum(r, n) / n) : 0.0f;   /* no mean: RMS norm, no centring */
             float rs = 1.0f / sqrtf((float)(lane_sumsq_dev(r, n, m) / n) + eps);
             ln_row(r, wf, bf, m, rs, n);
             cpu_store(cx, dt, y, q * n, r, n);
-            mean[q] = m, rstd[q] = rs;
+            if (mean) mean[q] = m;
+            rstd[q] = rs;
         }
     }
     return 0;
@@ -217,7 +220,8 @@ int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
  * number of threads. */
 #define LN_CHUNKS 16
 
-/* gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)); gw = sum g*xhat; gb = sum g */
+/* gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)); gw = sum g*xhat; gb = sum g.
+ * No mean (RMS norm): xhat = x * rstd and gx = rstd * (g*w - xhat * mean(g*w * xhat)). */
 int cpu_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                          const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n)
 {
@@ -237,7 +241,7 @@ int cpu_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
         for (int64_t q = rows * ch / chunks; q < rows * (ch + 1) / chunks; q++) {
             cpu_load(dt, gy, q * n, g, n);
             cpu_load(dt, x, q * n, xh, n);
-            ln_grad_row(g, xh, wf, mean[q], rstd[q], n, pw, pb);
+            ln_grad_row(g, xh, wf, mean ? mean[q] : 0.0f, rstd[q], n, pw, pb, mean != NULL);
             cpu_store(cx, dt, gx, q * n, g, n);
         }
     }

@@ -2,7 +2,7 @@
  * cuda_nn.cu: the row-wise kernels of neural networks: softmax and log-softmax
  * over the middle axis of {outer, n, inner} and their gradient, cross-entropy
  * fused with log-softmax (the probabilities are never stored) and its gradient,
- * and layer norm and its gradient.
+ * and layer norm and its gradient (RMS norm too: with mean NULL, no centring).
  *
  * Call each of the rows a column (for softmax one per (outer, inner) pair, with
  * stride inner). A block owns a tile of columns, and the threads of a column
@@ -257,8 +257,11 @@ __global__ void k_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, con
     for (int64_t b = blockIdx.x; b < (rows + t.txn - 1) / t.txn; b += gridDim.x) {
         Col c = col_at(t, b, rows, n, 1);
         double s = 0, ss = 0;
-        COL_FOR(j, c, t, n) s += mp_ld(dt, x, c.base + j);
-        float m = (float)(tile_reduce(t, c.tx, c.ty, s, sh, Sum{}) / (double)n);
+        float m = 0.0f;   /* no mean: RMS norm, no centring */
+        if (mean) {
+            COL_FOR(j, c, t, n) s += mp_ld(dt, x, c.base + j);
+            m = (float)(tile_reduce(t, c.tx, c.ty, s, sh, Sum{}) / (double)n);
+        }
         COL_FOR(j, c, t, n) {
             float d = mp_ld(dt, x, c.base + j) - m;
             ss = __dadd_rn(ss, (double)d * d);
@@ -268,12 +271,16 @@ __global__ void k_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, con
             float wj = w ? mp_ld(dt, w, j) : 1.0f, bj = bias ? mp_ld(dt, bias, j) : 0.0f;
             mp_stc(dt, y, c.base + j, __fadd_rn((mp_ld(dt, x, c.base + j) - m) * rs * wj, bj), tl);
         }
-        if (c.live && c.ty == 0) mean[c.q] = m, rstd[c.q] = rs;
+        if (c.live && c.ty == 0) {
+            if (mean) mean[c.q] = m;
+            rstd[c.q] = rs;
+        }
     }
     tl.commit();
 }
 
-/* gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)) */
+/* gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)); no mean (RMS norm):
+ * xhat = x * rstd and no mean(g*w) term */
 __global__ void k_layer_norm_gx(mp_dtype dt, void *gx, const void *gy, const void *x, const float *mean,
                                 const float *rstd, const void *w, int64_t rows, int64_t n, Tile t,
                                 unsigned long long *fc)
@@ -282,7 +289,7 @@ __global__ void k_layer_norm_gx(mp_dtype dt, void *gx, const void *gy, const voi
     mp_tally tl(fc);
     for (int64_t b = blockIdx.x; b < (rows + t.txn - 1) / t.txn; b += gridDim.x) {
         Col c = col_at(t, b, rows, n, 1);
-        float mq = c.live ? mean[c.q] : 0.0f, rq = c.live ? rstd[c.q] : 0.0f;
+        float mq = c.live && mean ? mean[c.q] : 0.0f, rq = c.live ? rstd[c.q] : 0.0f;
         double a = 0, cc = 0;
         COL_FOR(j, c, t, n) {
             float gw = __fmul_rn(mp_ld(dt, gy, c.base + j), w ? mp_ld(dt, w, j) : 1.0f);
@@ -290,6 +297,7 @@ __global__ void k_layer_norm_gx(mp_dtype dt, void *gx, const void *gy, const voi
             a += gw, cc = __dadd_rn(cc, (double)gw * xh);
         }
         float ma = (float)(tile_reduce(t, c.tx, c.ty, a, sh, Sum{}) / (double)n);
+        if (!mean) ma = 0.0f;
         float mc = (float)(tile_reduce(t, c.tx, c.ty, cc, sh, Sum{}) / (double)n);
         COL_FOR(j, c, t, n) {
             float gw = __fmul_rn(mp_ld(dt, gy, c.base + j), w ? mp_ld(dt, w, j) : 1.0f);
@@ -316,7 +324,8 @@ __global__ void k_layer_norm_wb(mp_dtype dt, float *gw, float *gb, double *parts
         int64_t j = b / chunks * 32 + tx, c = b % chunks, hi = (c + 1) * len < rows ? (c + 1) * len : rows;
         double sw = 0, sb = 0;
         for (int64_t r = c * len + ty; j < n && r < hi; r += t.tyn) {
-            float g = mp_ld(dt, gy, r * n + j), xh = (mp_ld(dt, x, r * n + j) - mean[r]) * rstd[r];
+            float m = mean ? mean[r] : 0.0f;   /* no mean: RMS norm */
+            float g = mp_ld(dt, gy, r * n + j), xh = (mp_ld(dt, x, r * n + j) - m) * rstd[r];
             sw += g * xh, sb += g;
         }
         sw = tile_reduce(t, tx, ty, sw, sh, Sum{});

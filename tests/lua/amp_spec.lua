@@ -83,6 +83,7 @@ describe("mp.amp.autocast op classes", function()
     assert.equal("f32", mp.cross_entropy(h, mp.tensor({2}, {dtype = "i32"})).dtype)
     assert.equal("f32", mp.mse_loss(h, h).dtype)
     assert.equal("f32", mp.layer_norm(h, mp.tensor({1, 1, 1}), mp.tensor({0, 0, 0})).dtype)
+    assert.equal("f32", mp.rms_norm(h, mp.tensor({1, 1, 1}):f16()).dtype)
     assert.equal("f32", h:sum().dtype)
     assert.equal("f32", h:sum(2).dtype)
     assert.equal("f32", h:mean().dtype)
@@ -120,7 +121,7 @@ describe("mp.amp.autocast op classes", function()
     local c = amp.classes()
     assert.equal("low", c.matmul)
     assert.equal("low", c.linear)
-    for _, k in ipairs{"softmax", "log_softmax", "cross_entropy", "mse_loss", "layer_norm", "sum", "mean", "exp", "log", "pow"} do
+    for _, k in ipairs{"softmax", "log_softmax", "cross_entropy", "mse_loss", "layer_norm", "rms_norm", "sum", "mean", "exp", "log", "pow"} do
       assert.equal("f32", c[k], k)
     end
     for _, k in ipairs{"add", "sub", "mul", "div", "cat", "where"} do

@@ -492,6 +492,13 @@ describe("autograd: backward against finite differences", function()
       gradcheck(function(x, b) return mp.layer_norm(x, nil, b) end, { X { 3, 5 }, X { 5 } }, LOOSE, "ln bias only")
     end)
 
+    -- LOOSE, as layer_norm: the mean square and rsqrt round in f32
+    it("rms_norm with and without weight (2-d and 3-d)", function()
+      gradcheck(function(x, w) return mp.rms_norm(x, w) end, { X { 3, 5 }, X { 5 } }, LOOSE, "rms 2-d")
+      gradcheck(function(x, w) return mp.rms_norm(x, w, 1e-3) end, { X { 2, 2, 4 }, X { 4 } }, LOOSE, "rms 3-d")
+      gradcheck(function(x) return mp.rms_norm(x, nil) end, { X { 3, 5 } }, LOOSE, "rms plain")
+    end)
+
     -- EXACT: conv is linear in x and in w (bilinear), pooling by averages linear
     it("conv2d: stride, padding, dilation, groups, with and without bias", function()
       for _, c in ipairs {

@@ -164,6 +164,53 @@ describe("mp.nn", function()
       assert.are.same({ 3, 6 }, plain(x).shape)
     end)
 
+    it("RMSNorm(d): weight ones, no bias, eps f32's epsilon (PyTorch's None for f32)", function()
+      local rms = nn.RMSNorm(6)
+      assert.are.same({ 1, 1, 1, 1, 1, 1 }, rms.weight:totable())
+      assert.is_nil(rms.bias)
+      assert.are.equal(2 ^ -23, rms.eps)
+      local keys = {}
+      for k in pairs(rms:state_dict()) do keys[#keys + 1] = k end
+      assert.are.same({ "weight" }, keys)   -- torch.nn.RMSNorm's, so checkpoints load with strict=True
+      local x = mp.randn { 3, 6 }
+      H.assert_close(rms(x):totable(), mp.rms_norm(x, rms.weight):totable(), 0, 0, "forward")
+      H.assert_close(rms(x):totable(), mp.rms_norm(x, rms.weight, 2 ^ -23):totable(), 0, 0, "default eps")
+      -- y = x / sqrt(mean(x^2) + eps) * w, by hand in double
+      local w = mp.tensor({ 0.5, 1, 1.5, 2, 2.5, 3 })
+      local xs, ys = x:totable(), mp.rms_norm(x, w, 1e-2):totable()
+      for r = 1, 3 do
+        local ss = 0
+        for j = 1, 6 do ss = ss + xs[r][j] ^ 2 end
+        for j = 1, 6 do
+          local want = xs[r][j] / math.sqrt(ss / 6 + 1e-2) * (0.5 * j)
+          assert.is_true(math.abs(ys[r][j] - want) <= 1e-5 * (1 + math.abs(want)), ("row %d col %d"):format(r, j))
+        end
+      end
+      local plain = nn.RMSNorm({ 6 }, { eps = 1e-6, elementwise_affine = false })
+      assert.are.equal(0, #plain:parameters())
+      H.assert_close(plain(x):totable(), mp.rms_norm(x, nil, 1e-6):totable(), 0, 0, "no weight")
+      assert.are.equal("RMSNorm((6,), eps=1e-06, elementwise_affine=false)", tostring(plain))
+    end)
+
+    it("mp.rms_norm's errors name it and the argument", function()
+      local x = mp.randn { 2, 3 }
+      for _, c in ipairs {
+        { function() return mp.rms_norm(x, mp.ones { 2 }) end,
+          "mp.rms_norm: weight {2} does not match input {2,3} (expected {3})" },
+        { function() return mp.rms_norm(x, mp.ones { 3 }, 0) end, "mp.rms_norm: eps must be positive (got 0)" },
+        { function() return mp.rms_norm(x, mp.ones { 3 }, -1e-6) end, "mp.rms_norm: eps must be positive (got -1e-06)" },
+        { function() return mp.rms_norm(x, nil, 0 / 0) end, "mp.rms_norm: eps must be positive" },
+        { function() return mp.rms_norm(x, mp.ones { 3 }, "big") end, "rms_norm' (number expected, got string)" },
+        { function() return mp.rms_norm(mp.tensor({ 1, 2 }, { dtype = "i32" }), nil) end,
+          "mp.rms_norm: input must be a float tensor (got i32)" },
+        { function() return mp.rms_norm(x, mp.ones({ 3 }, { dtype = "f16" })) end,
+          ("mp.rms_norm: weight is f16 on %s, input f32 on %s"):format(x.device, x.device) },
+      } do
+        local msg = H.raises(c[1], {})
+        assert.is_truthy(msg:find(c[2], 1, true), "error is " .. msg .. "; expected it to contain " .. c[2])
+      end
+    end)
+
     it("Embedding(n, d): weight {n,d}; indices of any shape give {..., d}", function()
       local e = nn.Embedding(10, 4)
       assert.are.same({ 10, 4 }, e.weight.shape)
@@ -514,6 +561,9 @@ describe("mp.nn", function()
       { "Dropout p string", function() return nn.Dropout("x") end, "p must be a number in [0, 1]" },
       { "LayerNorm 0", function() return nn.LayerNorm(0) end, "mp.nn.LayerNorm: normalized_shape must be a positive integer (got 0)" },
       { "LayerNorm eps 0", function() return nn.LayerNorm(3, { eps = 0 }) end, "eps must be positive" },
+      { "RMSNorm 0", function() return nn.RMSNorm(0) end, "mp.nn.RMSNorm: normalized_shape must be a positive integer (got 0)" },
+      { "RMSNorm eps -1", function() return nn.RMSNorm(3, { eps = -1 }) end, "mp.nn.RMSNorm: eps must be positive (got -1)" },
+      { "RMSNorm bias option", function() return nn.RMSNorm(3, { bias = true }) end, "mp.nn.RMSNorm: unknown option 'bias'" },
       { "Embedding n 0", function() return nn.Embedding(0, 3) end, "mp.nn.Embedding: num_embeddings must be a positive integer (got 0)" },
       { "Embedding d -2", function() return nn.Embedding(3, -2) end, "embedding_dim must be a positive integer (got -2)" },
       { "GELU bad form", function() return nn.GELU("fast") end, 'mp.nn.GELU: approximate must be "none" or "tanh" (got "fast")' },

@@ -197,7 +197,7 @@ describe("composite networks against PyTorch fixtures", function()
 
   it("the fixtures are there and small", function()
     local total = 0
-    for _, name in ipairs { "mlp", "ln_gelu", "ln_gelu_tanh_3d", "embed_bag", "attention", "misc" } do
+    for _, name in ipairs { "mlp", "ln_gelu", "ln_gelu_tanh_3d", "embed_bag", "attention", "misc", "rms_norm" } do
       local f = assert(io.open(DIR .. name .. ".safetensors", "rb"), "missing fixture " .. name)
       total = total + f:seek("end")
       f:close()
@@ -261,6 +261,33 @@ describe("composite networks against PyTorch fixtures", function()
     local h = mp.layer_norm(v.x, v["0.weight"], v["0.bias"], eps)
     h = mp.gelu(h, { approximate = "tanh" })
     local loss = mp.mse_loss(mp.linear(h, v["2.weight"], v["2.bias"]), v.y)
+    loss:backward()
+    check_all(fx, loss, v)
+  end)
+
+  it("RMSNorm(eps 1e-6) -> Linear on 3-d input -> mse_loss (nn modules, PyTorch's state_dict names)", function()
+    local fx, meta = load_fixture("rms_norm")
+    local eps = assert(tonumber(meta.eps))
+    local model = nn.Sequential(nn.RMSNorm(6, { eps = eps }), nn.Linear(6, 3))
+    local sd = {}
+    for k, t in pairs(fx) do
+      local name = k:match("^param%.(.*)$")
+      if name then sd[name] = t end
+    end
+    model:load_state_dict(sd)   -- "0.weight", as torch.nn.RMSNorm's
+    local v = leaves(fx)
+    local loss = mp.mse_loss(model(v.x), v.y)
+    loss:backward()
+    local named = model:named_parameters()
+    named.x, named.y = v.x, v.y
+    check_all(fx, loss, v, named)
+  end)
+
+  it("rms_norm(eps 1e-6) -> Linear on 3-d input -> mse_loss (functional)", function()
+    local fx, meta = load_fixture("rms_norm")
+    local v = leaves(fx)
+    local h = mp.rms_norm(v.x, v["0.weight"], assert(tonumber(meta.eps)))
+    local loss = mp.mse_loss(mp.linear(h, v["1.weight"], v["1.bias"]), v.y)
     loss:backward()
     check_all(fx, loss, v)
   end)

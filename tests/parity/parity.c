@@ -658,6 +658,23 @@ static void cases_nn(void)
             c.bound = bound_for(dt, 1e-10, 1e-5);
             finish(&c);
         }
+        /* RMS norm: the same entries with mean NULL (no centring) and no bias */
+        for (size_t si = 0; si < sizeof ln_shapes / sizeof ln_shapes[0]; si++) {
+            int64_t r = ln_shapes[si][0], n = ln_shapes[si][1];
+            snprintf(what, sizeof what, "{%lld rows, %lld}", (long long)r, (long long)n);
+            if (!begin(&c, "rms_norm (layer_norm, mean NULL) and its grad %s %s", dn, what)) continue;
+            int x = buf(&c, dt, r * n, 0, -2, 3), w = buf(&c, dt, n, 0, 0.5, 1.5);
+            int y = buf(&c, dt, r * n, 1, 0, 0), rstd = buf(&c, MP_F32, r, 1, 0, 0);
+            int g = buf(&c, dt, r * n, 0, -1, 1), gx = buf(&c, dt, r * n, 1, 0, 0), gw = buf(&c, MP_F32, n, 1, 0, 0);
+            REF->layer_norm(REF->ctx, dt, c.ref[y], NULL, c.ref[rstd], c.ref[x], c.ref[w], NULL, r, n, 1e-6f);
+            DUT->layer_norm(DUT->ctx, dt, c.dev[y], NULL, c.dev[rstd], c.dev[x], c.dev[w], NULL, r, n, 1e-6f);
+            REF->layer_norm_grad(REF->ctx, dt, c.ref[gx], c.ref[gw], NULL, c.ref[g], c.ref[x], NULL, c.ref[rstd],
+                                 c.ref[w], r, n);
+            DUT->layer_norm_grad(DUT->ctx, dt, c.dev[gx], c.dev[gw], NULL, c.dev[g], c.dev[x], NULL, c.dev[rstd],
+                                 c.dev[w], r, n);
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+        }
     }
 }
 

@@ -237,12 +237,33 @@ def misc(gen):
                    "cross_entropy(3-d, sum)", inputs, params, forward, {"threshold": "0.25"})
 
 
+def rms_norm(gen):
+    # RMSNorm(6) -> Linear(6,3) -> mse_loss on a 3-d input {2,3,6}: y = x / sqrt(mean(x^2) + eps) * w,
+    # the definition of torch.nn.RMSNorm (PyTorch 2.4; written out here, this torch predates it), with
+    # eps = 1e-6 and a weight away from its default of ones
+    inputs = {"x": f32(2, 3, 6, gen=gen, scale=1.5), "y": f32(2, 3, 3, gen=gen)}
+    params = {
+        "0.weight": f32(6, gen=gen, lo=0.5, hi=1.5),
+        "1.weight": f32(3, 6, gen=gen, lo=-0.4, hi=0.4),
+        "1.bias": f32(3, gen=gen, lo=-0.4, hi=0.4),
+    }
+
+    def forward(v):
+        x = v["x"]
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * v["0.weight"]
+        out = F.linear(h, v["1.weight"], v["1.bias"])
+        return F.mse_loss(out, v["y"])
+
+    return fixture("rms_norm", "RMSNorm(6, eps=1e-6) -> Linear(6,3) on {2,3,6}; mse_loss",
+                   inputs, params, forward, {"eps": "1e-06"})
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     total = 0
-    for i, make in enumerate([mlp, ln_gelu, ln_gelu_tanh_3d, embed_bag, attention, misc]):
+    for i, make in enumerate([mlp, ln_gelu, ln_gelu_tanh_3d, embed_bag, attention, misc, rms_norm]):
         gen = torch.Generator().manual_seed(1000 + i)
         total += make(gen)
     print("%-28s %8d bytes" % ("total", total))

@@ -1,4 +1,4 @@
--- mp.nn's layers: Linear, the activations, GELU, Dropout, LayerNorm, Embedding.
+-- mp.nn's layers: Linear, the activations, GELU, Dropout, LayerNorm, RMSNorm, Embedding.
 -- A layer is a class here and a line `layers.Name = Name`: nn.lua takes every
 -- class of this table (and of conv.lua's) into mp.nn, so a new layer is written
 -- in one place.
@@ -113,6 +113,30 @@ end
 function LayerNorm:forward(x) return core.layer_norm(x, self.weight, self.bias, self.eps) end
 
 function LayerNorm:extra_repr()
+  return string.format("(%d,), eps=%g, elementwise_affine=%s", self.normalized_shape, self.eps,
+                       tostring(self.elementwise_affine))
+end
+
+-- RMSNorm(d [, {eps=f32's epsilon, elementwise_affine=true}]): x / sqrt(mean(x^2) + eps)
+-- * weight over the last dim, of size d; weight ones, no bias, as PyTorch's (whose eps
+-- None is the dtype's epsilon: rms_norm computes in f32, so f32's, 1.1920929e-07)
+local RMSNorm = Module:extend("RMSNorm")
+layers.RMSNorm = RMSNorm
+
+function RMSNorm:init(d, opts)
+  if type(d) == "table" and #d == 1 then d = d[1] end
+  d = check_size("mp.nn.RMSNorm", "normalized_shape", d)
+  opts = check_opts("mp.nn.RMSNorm", opts, { eps = core._RMS_NORM_EPS, elementwise_affine = true })
+  if not (opts.eps > 0) then
+    raise("mp.nn.RMSNorm: eps must be positive (got " .. show(opts.eps) .. ")")
+  end
+  self.normalized_shape, self.eps, self.elementwise_affine = d, opts.eps, opts.elementwise_affine
+  if opts.elementwise_affine then self:add_parameter("weight", core.ones({ d }, { dtype = "f32" })) end
+end
+
+function RMSNorm:forward(x) return core.rms_norm(x, self.weight, self.eps) end
+
+function RMSNorm:extra_repr()
   return string.format("(%d,), eps=%g, elementwise_affine=%s", self.normalized_shape, self.eps,
                        tostring(self.elementwise_affine))
 end
