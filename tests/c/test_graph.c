@@ -22,10 +22,18 @@
 static char names[NNAMES][16];
 static mp_op chain_ops[NNAMES];
 
+/* a new tensor with x's values (mp_to_raw would hand back x itself, and the
+ * node recorded on it would then hold x, its own input: a cycle never freed) */
+static mp_tensor *fresh_copy(mp_tensor *x)
+{
+    mp_tensor *o = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
+    if (o) MP_K(x, copy, mp_data(o), mp_data(x), mp_nbytes(x));
+    return o;
+}
+
 static mp_tensor *copy_forward(mp_op_ctx *c)
 {
-    mp_tensor *x = c->in[0];
-    return mp_to_raw(x, x->dtype, x->dev);
+    return fresh_copy(c->in[0]);
 }
 
 /* the gradient rounded to f16: the CPU backend counts that rounding into the
@@ -95,7 +103,7 @@ static mp_tensor *seen_input;
 static mp_tensor *see_forward(mp_op_ctx *c)
 {
     seen_input = mp_retain(c->in[0]);   /* what autocast handed the op */
-    return mp_to_raw(c->in[0], c->in[0]->dtype, c->in[0]->dev);
+    return fresh_copy(c->in[0]);
 }
 
 static const mp_op low_op = {.name = "t_low", .ac = MP_AC_LOW, .nin = 1, .forward = see_forward};
