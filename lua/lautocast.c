@@ -72,15 +72,7 @@ static int a_autocast_suppress(lua_State *L)
 
 void mp_open_autocast(lua_State *L)
 {
-    if (luaL_newmetatable(L, GUARD_MT)) {   /* closed by a <close> scope or guard:close() */
-        lua_pushcfunction(L, guard_close);
-        lua_setfield(L, -2, "__close");
-        lua_createtable(L, 0, 1);
-        lua_pushcfunction(L, guard_close);
-        lua_setfield(L, -2, "close");
-        lua_setfield(L, -2, "__index");
-    }
-    lua_pop(L, 1);
+    lb_guard_metatable(L, GUARD_MT, guard_close);
     static const luaL_Reg f[] = {
         {"_autocast", a_autocast}, {"_register", a_register}, {"_classes", a_classes},
         {"_autocast_suppress", a_autocast_suppress},

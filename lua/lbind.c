@@ -478,3 +478,16 @@ void lb_apply_options(lua_State *L, const lb_opts *o, const char *name)
     mp_clear_error();
     if (mp_set_requires_grad(u->t, true)) lt_error(L, name);
 }
+
+void lb_guard_metatable(lua_State *L, const char *tname, lua_CFunction close)
+{
+    if (luaL_newmetatable(L, tname)) {
+        lua_pushcfunction(L, close);
+        lua_setfield(L, -2, "__close");
+        lua_createtable(L, 0, 1);
+        lua_pushcfunction(L, close);
+        lua_setfield(L, -2, "close");
+        lua_setfield(L, -2, "__index");
+    }
+    lua_pop(L, 1);
+}

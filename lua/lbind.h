@@ -37,6 +37,9 @@ void lb_outside_binding(lua_CFunction f);
  * end of an optimizer step */
 void lt_pace_gc(lua_State *L, mp_device d, size_t nbytes);
 void lt_step_done(lua_State *L);
+/* a scope guard's metatable (autocast, no_grad, no_sync): close runs at the end
+ * of a <close> scope and as guard:close(); no __gc, so only those end it */
+void lb_guard_metatable(lua_State *L, const char *tname, lua_CFunction close);
 
 /* Run an engine call that returns a new tensor; on out-of-memory collect
  * garbage and try once more. Evaluates EXPR up to twice. */

@@ -117,15 +117,7 @@ static const luaL_Reg funcs[] = {
 
 void mp_open_dist(lua_State *L)
 {
-    if (luaL_newmetatable(L, "mp.NoSyncGuard")) {
-        lua_pushcfunction(L, guard_close);   /* the scope's end (or guard:close()) */
-        lua_setfield(L, -2, "__close");
-        lua_createtable(L, 0, 1);
-        lua_pushcfunction(L, guard_close);
-        lua_setfield(L, -2, "close");
-        lua_setfield(L, -2, "__index");
-    }
-    lua_pop(L, 1);
+    lb_guard_metatable(L, "mp.NoSyncGuard", guard_close);
     luaL_newlib(L, funcs);
     lua_setfield(L, -2, "_dist");
 }

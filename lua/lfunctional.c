@@ -377,15 +377,7 @@ void mp_open_functional(lua_State *L)
     lua_setfield(L, -2, "_BATCH_NORM_EPS");
     lua_pushnumber(L, MP_BATCH_NORM_MOMENTUM);
     lua_setfield(L, -2, "_BATCH_NORM_MOMENTUM");
-    if (luaL_newmetatable(L, "mp.GradGuard")) {
-        lua_pushcfunction(L, guard_close);   /* no __gc: only the scope's end (or guard:close()) restores the mode */
-        lua_setfield(L, -2, "__close");
-        lua_createtable(L, 0, 1);
-        lua_pushcfunction(L, guard_close);
-        lua_setfield(L, -2, "close");
-        lua_setfield(L, -2, "__index");
-    }
-    lua_pop(L, 1);
+    lb_guard_metatable(L, "mp.GradGuard", guard_close);
     luaL_setfuncs(L, funcs, 0);
     bind_described(L);
 }
