@@ -73,7 +73,7 @@ static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
         }
         mp_release(t);
         break;
-    case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE: case MP_NBINOPS:
+    case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE:
         return mp_fail(MP_EINVAL, "no gradient for comparisons");
     }
     int rc = (wa && !ga) || (wb && !gb) ? -1 : 0;
@@ -128,7 +128,7 @@ static mp_dtype unary_dtype(mp_unop op, mp_dtype dt, double p)
     case MP_NEG: case MP_ABS: case MP_RELU: return dt;
     case MP_MULS: case MP_ADDS: case MP_RSUBS: return is_integral(p) ? dt : MP_F32;
     case MP_EXP: case MP_LOG: case MP_SQRT: case MP_POW: case MP_DIVS: case MP_RDIVS: case MP_TANH: case MP_SIGMOID:
-    case MP_GELU: case MP_DROPMASK: case MP_SILU: case MP_NUNOPS: break;
+    case MP_GELU: case MP_DROPMASK: case MP_SILU: break;
     }
     return MP_F32;
 }
@@ -202,7 +202,7 @@ mp_tensor *mp_binary_scalar(mp_binop op, mp_tensor *a, double s, int scalar_firs
     case MP_MUL: return mp_unary(MP_MULS, a, s);
     case MP_SUB: return scalar_first ? mp_unary(MP_RSUBS, a, s) : mp_unary(MP_ADDS, a, -s);
     case MP_DIV: return mp_unary(scalar_first ? MP_RDIVS : MP_DIVS, a, s);
-    case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE: case MP_NBINOPS: break;
+    case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE: break;
     }
     return mp_fail(MP_EINVAL, "bad binary op"), NULL;
 }

@@ -53,8 +53,9 @@ static inline size_t mp_dtype_size(mp_dtype t)
 /* Elementwise binary ops; `out = a OP b` with broadcasting described by mp_bcast.
  * The comparisons write u8 0/1 whatever the input dtype. */
 typedef enum {
-    MP_ADD, MP_SUB, MP_MUL, MP_DIV, MP_GT, MP_LT, MP_GE, MP_LE, MP_EQ, MP_NE, MP_NBINOPS
+    MP_ADD, MP_SUB, MP_MUL, MP_DIV, MP_GT, MP_LT, MP_GE, MP_LE, MP_EQ, MP_NE
 } mp_binop;
+#define MP_NBINOPS (MP_NE + 1)   /* a count, not a code: switches over mp_binop need no default */
 #define MP_IS_CMP(op) ((op) >= MP_GT)
 
 /* Elementwise unary ops; `p` is the op's scalar: x^p (MP_POW), x*p (MP_MULS),
@@ -64,12 +65,14 @@ typedef enum {
  * x * sigmoid(x). */
 typedef enum {
     MP_NEG, MP_ABS, MP_EXP, MP_LOG, MP_SQRT, MP_POW, MP_MULS, MP_ADDS, MP_RSUBS, MP_DIVS,
-    MP_RDIVS, MP_RELU, MP_TANH, MP_SIGMOID, MP_GELU, MP_DROPMASK, MP_SILU, MP_NUNOPS
+    MP_RDIVS, MP_RELU, MP_TANH, MP_SIGMOID, MP_GELU, MP_DROPMASK, MP_SILU
 } mp_unop;
+#define MP_NUNOPS (MP_SILU + 1)   /* a count, as MP_NBINOPS */
 
 /* Reductions over the middle axis of a {outer, n, inner} view. MP_ARGMAX writes
  * i32 indices (0-based, the first maximum); the others write the input dtype. */
-typedef enum { MP_SUM, MP_MEAN, MP_MAX, MP_ARGMAX, MP_NREDOPS } mp_redop;
+typedef enum { MP_SUM, MP_MEAN, MP_MAX, MP_ARGMAX } mp_redop;
+#define MP_NREDOPS (MP_ARGMAX + 1)   /* a count, as MP_NBINOPS */
 
 /* The reductions of a collective across processes (kernels/comm.h, and the
  * backends' coll_* entries): mp.dist.all_reduce's "mean" is a sum the engine

@@ -24,8 +24,10 @@ MP_INT_FN int64_t mp_bin_int(mp_binop op, int64_t x, int64_t y)
     case MP_ADD: return x + y;
     case MP_SUB: return x - y;
     case MP_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
-    default: return 0;
+    case MP_DIV: case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE:
+        break;   /* not integer arithmetic: division and comparisons take other paths */
     }
+    return 0;
 }
 
 /* neg, abs, relu and the integral scalars (p) of mul, add and rsub */
@@ -38,8 +40,11 @@ MP_INT_FN int64_t mp_un_int(mp_unop op, int64_t x, int64_t p)
     case MP_MULS: return (int64_t)((uint64_t)x * (uint64_t)p);
     case MP_ADDS: return x + p;
     case MP_RSUBS: return p - x;
-    default: return 0;
+    case MP_EXP: case MP_LOG: case MP_SQRT: case MP_POW: case MP_DIVS: case MP_RDIVS: case MP_TANH:
+    case MP_SIGMOID: case MP_GELU: case MP_DROPMASK: case MP_SILU:
+        break;   /* float maths: the engine runs none of them on integers */
     }
+    return 0;
 }
 
 #endif

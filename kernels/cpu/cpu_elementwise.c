@@ -29,7 +29,7 @@ MP_SIMD static void bin_f32(mp_binop op, float *o, const float *a, int64_t ia, c
     case MP_SUB: BIN_LOOP(x - y); break;
     case MP_MUL: BIN_LOOP(x * y); break;
     case MP_DIV: BIN_LOOP(x / y); break;
-    default: break;
+    case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE: break;   /* comparisons: cmp() */
     }
 }
 
@@ -67,8 +67,10 @@ static uint8_t cmp(mp_binop op, double x, double y)
     case MP_GE: return x >= y;
     case MP_LE: return x <= y;
     case MP_EQ: return x == y;
-    default: return x != y;
+    case MP_NE: return x != y;
+    case MP_ADD: case MP_SUB: case MP_MUL: case MP_DIV: break;   /* arithmetic: bin_f32() */
     }
+    return 0;
 }
 
 void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
@@ -166,7 +168,6 @@ MP_SIMD static void un_f32(mp_unop op, float *o, const float *x, int64_t n, doub
         for (int64_t j = 0; j < n; j++) o[j] = x[j] >= p ? keep : 0.0f;
         break;
     }
-    default: break;
     }
 }
 
@@ -219,7 +220,7 @@ MP_SIMD static void grad_f32(mp_unop op, float *gi, const float *go, const float
             gi[j] = go[j] * s * (1.0f + x[j] * (1.0f - s));
         }
         break;
-    default: for (int64_t j = 0; j < n; j++) gi[j] = 0.0f; break;
+    case MP_DROPMASK: for (int64_t j = 0; j < n; j++) gi[j] = 0.0f; break;   /* a mask: constant in x */
     }
 }
 

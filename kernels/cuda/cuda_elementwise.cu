@@ -51,8 +51,9 @@ static __device__ __forceinline__ float bin_f(mp_binop op, float x, float y)
     case MP_SUB: return x - y;
     case MP_MUL: return x * y;
     case MP_DIV: return x / y;
-    default: return 0.0f;
+    case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE: break;   /* comparisons: cmp() */
     }
+    return 0.0f;
 }
 
 template <typename T>
@@ -64,8 +65,10 @@ static __device__ __forceinline__ uint8_t cmp(mp_binop op, T x, T y)
     case MP_GE: return x >= y;
     case MP_LE: return x <= y;
     case MP_EQ: return x == y;
-    default: return x != y;
+    case MP_NE: return x != y;
+    case MP_ADD: case MP_SUB: case MP_MUL: case MP_DIV: break;   /* arithmetic: bin_f() */
     }
+    return 0;
 }
 
 /* an integer element, exactly (the CPU compares in double, also exact) */
@@ -203,8 +206,8 @@ static __device__ float un_f(mp_unop op, float x, float p, int erf_form)
         float t = expf(-fabsf(x));
         return x * (x < 0.0f ? t : 1.0f) / (1.0f + t);
     }
-    default: return 0.0f;
     }
+    return 0.0f;   /* every code returned above: for compilers that do not see it */
 }
 
 static __global__ void unary_float_k(mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, float p,
@@ -304,8 +307,9 @@ static __device__ float grad_f(mp_unop op, float go, float x, float y, float p, 
         float s = stable_sigmoid(x);
         return go * s * (1.0f + x * (1.0f - s));
     }
-    default: return 0.0f;
+    case MP_DROPMASK: return 0.0f;   /* a mask: constant in x */
     }
+    return 0.0f;   /* every code returned above: for compilers that do not see it */
 }
 
 /* x or y may be NULL when the op does not need it */
