@@ -1,9 +1,11 @@
 /*
  * backward.c: the backward walk over the graph (engine/backward.h).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "engine/backward.h"
+#include "engine/op.h"
 #include "engine/state.h"
 #include "engine/flush_count.h"
 #include "engine/ops.h"
@@ -57,15 +59,15 @@ static int by_seq_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* every node reachable from root, in reverse creation order */
-static mp_node **collect(mp_node *root, size_t *count)
+/* every node reachable from the roots, in reverse creation order */
+static mp_node **collect(mp_node *const *roots, int nroots, size_t *count)
 {
-    size_t cap = 64, n = 0, top = 0;
+    size_t cap = 64 + (size_t)nroots, n = 0, top = 0;
     mp_node **all = malloc(cap * sizeof *all), **stack = malloc(cap * sizeof *stack);
     uint64_t visit = mp_state_get()->next_visit++;
     if (!all || !stack) goto oom;
-    stack[top++] = root;
-    root->visit = visit;
+    for (int r = 0; r < nroots; r++)
+        if (roots[r]->visit != visit) roots[r]->visit = visit, stack[top++] = roots[r];
     while (top) {
         mp_node *x = stack[--top];
         if (n == cap || top + (size_t)x->nin >= cap) {
@@ -93,6 +95,24 @@ oom:
     return NULL;
 }
 
+/* What one walk does beyond the plain backward: keep the graph, build a new
+ * one, or hand the gradients of chosen inputs back instead of filling .grad */
+typedef struct {
+    bool retain, create;
+    int nin;                       /* mp_autograd_grad: its inputs, and where their gradients go */
+    mp_tensor *const *ins;
+    mp_tensor **res;
+} walk_ctx;
+
+enum { WALK_RUN = 1, WALK_USED = 2 };   /* mp_node.walk's bits during mp_autograd_grad */
+
+static int input_index(const walk_ctx *w, const mp_tensor *t, int from)
+{
+    for (int j = from; j < w->nin; j++)
+        if (w->ins[j] == t) return j;
+    return -1;
+}
+
 /* x's backward, its flushes counted under its name when flush counting is on */
 static int backward_counted(mp_node *x, mp_tensor **gin)
 {
@@ -103,97 +123,323 @@ static int backward_counted(mp_node *x, mp_tensor **gin)
     return rc;
 }
 
-static int run_node(mp_node *x)
+/* the backward of a gradient whose op has no second derivative */
+static int no_second_derivative(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    (void)g, (void)gin;
+    const char *name = n->args;    /* "<op>_backward" */
+    return mp_fail(MP_EINVAL, "%.*s has no second derivative: its backward is not built from differentiable "
+                              "ops (asked by a backward through a gradient made with create_graph)",
+                   (int)(strlen(name) - strlen("_backward")), name);
+}
+
+/* create_graph and an op whose backward recorded nothing differentiable: *g
+ * becomes a header whose node, on x's inputs and x's gradient, raises when a
+ * backward reaches it (and only then) */
+static int mark_not_twice(mp_node *x, mp_tensor **g)
+{
+    mp_tensor *gout = x->grad, *d = mp_detached(*g);
+    mp_edge small[9], *e = x->nin < 9 ? small : malloc(sizeof *e * (size_t)(x->nin + 1));
+    size_t len = strlen(x->name) + sizeof "_backward";
+    char *name = malloc(len);
+    if (!d || !e || !name) {
+        mp_release(d);
+        if (e != small) free(e);
+        free(name);
+        return mp_fail(MP_EOOM, "out of memory in the backward of %s", x->name);
+    }
+    snprintf(name, len, "%s_backward", x->name);
+    memcpy(e, x->in, sizeof *e * (size_t)x->nin);
+    mp_edge *ge = &e[x->nin];
+    memset(ge, 0, sizeof *ge);
+    ge->dtype = gout->dtype, ge->dev = gout->dev, ge->ndim = gout->ndim;
+    memcpy(ge->shape, gout->shape, sizeof ge->shape);
+    if (gout->requires_grad) {
+        if (gout->grad_fn) ge->node = gout->grad_fn;
+        else ge->leaf = gout;
+    }
+    mp_node *n = mp_graph_record_edges(d, name, no_second_derivative, x->nin + 1, e);
+    if (e != small) free(e);
+    if (!n) {
+        free(name);
+        mp_release(d);
+        return -1;
+    }
+    n->args = name;                /* the node owns its name */
+    n->name = name;
+    mp_release(*g);
+    *g = d;
+    return 0;
+}
+
+/* create_graph: x's saved outputs attached to x for its backward (att[k],
+ * swapped into x->saved and back by the caller) */
+static int attach_outputs(mp_node *x, mp_tensor **att)
+{
+    for (int k = 0; k < x->nsaved && k < 64; k++) {
+        att[k] = NULL;
+        if (!(x->saved_outputs >> k & 1) || !x->saved[k]) continue;
+        if (!(att[k] = mp_detached(x->saved[k]))) return -1;
+        att[k]->requires_grad = true;
+        att[k]->grad_fn = x;
+        x->refs++;
+        mp_tensor *t = x->saved[k];
+        x->saved[k] = att[k];
+        att[k] = t;                /* att now holds the detached original, to put back */
+    }
+    return 0;
+}
+
+static void detach_outputs(mp_node *x, mp_tensor **att)
+{
+    for (int k = 0; k < x->nsaved && k < 64; k++) {
+        if (!att[k]) continue;
+        mp_tensor *t = x->saved[k];
+        x->saved[k] = att[k];
+        mp_release(t);             /* drops its reference to x */
+    }
+}
+
+static int call_backward(const walk_ctx *w, mp_node *x, mp_tensor **gin)
+{
+    if (!w->create) return backward_counted(x, gin);
+    mp_tensor *att[64] = {0};
+    bool twice = x->op && x->op->double_backward;
+    int rc = twice && x->saved_outputs ? attach_outputs(x, att) : 0;
+    if (rc == 0) rc = backward_counted(x, gin);
+    if (twice && x->saved_outputs) detach_outputs(x, att);
+    for (int i = 0; i < x->nin && rc == 0 && !twice; i++)
+        if (gin[i]) rc = mark_not_twice(x, &gin[i]);
+    return rc;
+}
+
+/* the gradient g for edge e (taken): a leaf's .grad, a node's sum, or an
+ * input's result in mp_autograd_grad */
+static int route(const walk_ctx *w, mp_edge *e, mp_tensor *g)
+{
+    if (e->node) return accumulate(&e->node->grad, g);
+    if (!e->leaf) return 0;
+    if (!w->ins) return accumulate_leaf(e->leaf, g);
+    int rc = 0;
+    for (int j = input_index(w, e->leaf, 0); j >= 0 && rc == 0; j = input_index(w, e->leaf, j + 1))
+        rc = accumulate(&w->res[j], g);
+    return rc;
+}
+
+static int run_node(const walk_ctx *w, mp_node *x)
 {
     if (x->released)
         return mp_fail(MP_EINVAL, "backward through %s a second time: its saved tensors were freed "
-                                  "by the first backward", x->name);
+                                  "by the first backward (pass retain_graph = true to the first)", x->name);
     mp_tensor *small[8] = {0}, **gin = x->nin <= 8 ? small : calloc((size_t)x->nin, sizeof *gin);
     if (!gin) return mp_fail(MP_EOOM, "out of memory in the backward of %s", x->name);
-    int rc = backward_counted(x, gin);
-    if (rc == 0)
+    int rc = call_backward(w, x, gin);
+    if (rc == 0 && !w->ins)
         for (mp_backward_listener *l = listeners; l; l = l->next)
             if (l->gradients) l->gradients(x, gin);
     mp_release(x->grad);
     x->grad = NULL;
-    mp_node_release_saved(x);
+    if (!w->retain) mp_node_release_saved(x);
     for (int i = 0; i < x->nin && rc == 0; i++) {
         if (!gin[i]) continue;
         mp_edge *e = &x->in[i];
         if (gin[i]->dtype != e->dtype || gin[i]->dev != e->dev) {   /* each input gets its own dtype back */
-            mp_tensor *c = mp_to_raw(gin[i], e->dtype, e->dev);
+            mp_tensor *c = w->create ? mp_to(gin[i], e->dtype, e->dev) : mp_to_raw(gin[i], e->dtype, e->dev);
             mp_release(gin[i]);
             if (!(gin[i] = c)) { rc = -1; break; }
         }
-        if (e->node) rc = accumulate(&e->node->grad, gin[i]);
-        else if (e->leaf) rc = accumulate_leaf(e->leaf, gin[i]);
+        rc = route(w, e, gin[i]);
     }
     for (int i = 0; i < x->nin; i++) mp_release(gin[i]);
     if (gin != small) free(gin);
     return rc;
 }
 
-/* the nodes from t's, with t's gradient g (taken) */
-static int walk(mp_tensor *t, mp_tensor *g)
+/* mp_autograd_grad: which nodes lead to an input (run them) and which inputs
+ * the graph holds; order is in decreasing sequence, edges point to earlier
+ * nodes, so one pass from the end sees a node's inputs before the node */
+static void mark_paths(const walk_ctx *w, mp_node **order, size_t n, bool *used)
 {
-    size_t n = 0;
+    for (size_t i = n; i-- > 0;) {
+        mp_node *x = order[i];
+        x->walk = 0;
+        for (int k = 0; k < x->nin; k++) {
+            mp_edge *e = &x->in[k];
+            if (e->leaf)
+                for (int j = input_index(w, e->leaf, 0); j >= 0; j = input_index(w, e->leaf, j + 1))
+                    used[j] = true, x->walk |= WALK_RUN;
+            if (e->node && (e->node->walk & (WALK_RUN | WALK_USED))) x->walk |= WALK_RUN;
+        }
+        for (int j = 0; j < w->nin; j++)
+            if (w->ins[j]->grad_fn == x) used[j] = true, x->walk |= WALK_USED;
+    }
+}
+
+/* the walk over order (n nodes), whose roots' gradients are set */
+static int walk(const walk_ctx *w, mp_node **order, size_t n)
+{
     int rc = 0;
-    mp_node **order = collect(t->grad_fn, &n);
-    if (!order) rc = -1;
-    else
+    if (!w->ins)
         for (mp_backward_listener *l = listeners; l; l = l->next)
             if (l->begin) l->begin(order, n);
-    mp_tensor *prev = t->grad_fn->grad;
-    t->grad_fn->grad = g;
-    mp_release(prev);
     for (size_t i = 0; i < n && rc == 0; i++) {
-        if (order[i]->grad) rc = run_node(order[i]);
-        for (mp_backward_listener *l = listeners; l && rc == 0; l = l->next)
-            if (l->node_done) rc = l->node_done(order[i]);
+        mp_node *x = order[i];
+        if (w->ins) {   /* an input computed here: its gradient is this node's sum */
+            for (int j = 0; j < w->nin && x->grad; j++)
+                if (w->ins[j]->grad_fn == x) rc = accumulate(&w->res[j], x->grad);
+            if (!(x->walk & WALK_RUN)) {
+                mp_release(x->grad);
+                x->grad = NULL;
+                continue;
+            }
+        }
+        if (rc == 0 && x->grad) rc = run_node(w, x);
+        for (mp_backward_listener *l = listeners; l && rc == 0 && !w->ins; l = l->next)
+            if (l->node_done) rc = l->node_done(x);
     }
     for (size_t i = 0; i < n; i++) {   /* after a failure, drop partial sums */
         mp_release(order[i]->grad);
         order[i]->grad = NULL;
     }
-    free(order);
     return rc;
 }
 
-int mp_backward(mp_tensor *t, mp_tensor *grad)
+/* grad mode and autocast as a walk wants them, restored by walk_leave */
+typedef struct { bool grad, in_backward; } walk_saved;
+
+static walk_saved walk_enter(const walk_ctx *w)
 {
-    if (!t->requires_grad)
-        return mp_fail(MP_EINVAL, "tensor does not require grad and has no grad_fn");
-    mp_tensor *g;
+    mp_state *s = mp_state_get();
+    walk_saved was = {s->grad_enabled, s->in_backward};
+    s->grad_enabled = w->create;   /* create_graph: the backward's ops record */
+    s->in_backward = true;         /* backward ops run in their own dtypes, unobserved */
+    return was;
+}
+
+static void walk_leave(walk_saved was)
+{
+    mp_state *s = mp_state_get();
+    s->in_backward = was.in_backward;
+    s->grad_enabled = was.grad;
+}
+
+/* the gradient to start from for t: grad (cast to t's dtype), or ones */
+static mp_tensor *seed(mp_tensor *t, mp_tensor *grad, bool create, const char *what, int index)
+{
     if (grad) {
         if (!mp_same_shape(grad, t)) {
             char b1[128], b2[128];
-            return mp_fail(MP_EINVAL, "grad shape %s does not match the tensor's %s",
-                           mp_shape_str(grad->ndim, grad->shape, b1, sizeof b1),
-                           mp_shape_str(t->ndim, t->shape, b2, sizeof b2));
+            mp_fail(MP_EINVAL, "grad shape %s does not match the %s's %s",
+                    mp_shape_str(grad->ndim, grad->shape, b1, sizeof b1), what,
+                    mp_shape_str(t->ndim, t->shape, b2, sizeof b2));
+            return NULL;
         }
-        g = mp_to_raw(grad, t->dtype, t->dev);
-    } else {
-        if (t->numel != 1)
-            return mp_fail(MP_EINVAL, "backward() without a gradient needs a tensor with one element "
-                                      "(this one has %lld); pass a gradient", (long long)t->numel);
-        g = mp_full(t->dtype, t->dev, t->ndim, t->shape, 1);
+        return create ? mp_to(grad, t->dtype, t->dev) : mp_to_raw(grad, t->dtype, t->dev);
     }
+    if (t->numel != 1) {
+        if (index > 0)
+            mp_fail(MP_EINVAL, "output %d has %lld elements: give its gradient in grad_outputs", index,
+                    (long long)t->numel);
+        else
+            mp_fail(MP_EINVAL, "backward() without a gradient needs a tensor with one element "
+                               "(this one has %lld); pass a gradient", (long long)t->numel);
+        return NULL;
+    }
+    return mp_full(t->dtype, t->dev, t->ndim, t->shape, 1);
+}
+
+int mp_backward_ex(mp_tensor *t, mp_tensor *grad, const mp_backward_opts *opts)
+{
+    walk_ctx w = {.retain = opts && (opts->retain_graph || opts->create_graph)};
+    if (opts && opts->create_graph)
+        return mp_fail(MP_EINVAL, "create_graph is not supported by backward: the leaves' .grad would hold a "
+                                  "graph that holds the leaves; use mp.autograd.grad(..., {create_graph = true})");
+    if (!t->requires_grad)
+        return mp_fail(MP_EINVAL, "tensor does not require grad and has no grad_fn");
+    mp_tensor *g = seed(t, grad, false, "tensor", 0);
     if (!g) return -1;
-    mp_state *s = mp_state_get();
-    bool was = s->grad_enabled, was_in = s->in_backward;
-    s->grad_enabled = false;
-    s->in_backward = true;   /* backward ops run in their own dtypes, unobserved */
+    walk_saved was = walk_enter(&w);
     int rc;
     if (!t->grad_fn) {
         rc = accumulate_leaf(t, g);
         mp_release(g);
     } else {
-        rc = walk(t, g);
+        size_t n = 0;
+        mp_node **order = collect(&t->grad_fn, 1, &n);
+        mp_tensor *prev = t->grad_fn->grad;
+        t->grad_fn->grad = g;
+        mp_release(prev);
+        rc = order ? walk(&w, order, n) : -1;
+        if (!order) {
+            mp_release(t->grad_fn->grad);
+            t->grad_fn->grad = NULL;
+        }
+        free(order);
     }
-    s->in_backward = was_in;
-    s->grad_enabled = was;
+    walk_leave(was);
     if (rc == 0 && t->dev != MP_CPU) rc = mp_device_error(t->dev);   /* mp_checked */
     for (mp_backward_listener *l = listeners; l; l = l->next)
         if (l->end) rc = l->end(rc);
+    return rc;
+}
+
+int mp_backward(mp_tensor *t, mp_tensor *grad) { return mp_backward_ex(t, grad, NULL); }
+
+int mp_autograd_grad(int nout, mp_tensor *const *outs, mp_tensor *const *gouts, int nin, mp_tensor *const *ins,
+                     const mp_backward_opts *opts, bool allow_unused, mp_tensor **res)
+{
+    walk_ctx w = {.retain = opts && (opts->retain_graph || opts->create_graph),
+                  .create = opts && opts->create_graph, .nin = nin, .ins = ins, .res = res};
+    for (int j = 0; j < nin; j++) res[j] = NULL;
+    if (nout < 1) return mp_fail(MP_EINVAL, "outputs: give at least one tensor");
+    if (nin < 1) return mp_fail(MP_EINVAL, "inputs: give at least one tensor");
+    for (int k = 0; k < nout; k++)
+        if (!outs[k]->requires_grad)
+            return mp_fail(MP_EINVAL, "output %d does not require grad and has no grad_fn", k + 1);
+    for (int j = 0; j < nin; j++)
+        if (!ins[j]->requires_grad)
+            return mp_fail(MP_EINVAL, "input %d does not require grad: no gradient can reach it", j + 1);
+    bool small_used[16] = {0}, *used = nin <= 16 ? small_used : calloc((size_t)nin, sizeof *used);
+    mp_node **roots = malloc(sizeof *roots * (size_t)nout), **order = NULL;
+    if (!used || !roots) {
+        if (used != small_used) free(used);
+        free(roots);
+        return mp_fail(MP_EOOM, "out of memory starting a backward");
+    }
+    walk_saved was = walk_enter(&w);
+    int rc = 0, nroots = 0;
+    size_t n = 0;
+    for (int k = 0; k < nout; k++)
+        if (outs[k]->grad_fn) roots[nroots++] = outs[k]->grad_fn;
+    if (nroots && !(order = collect(roots, nroots, &n))) rc = -1;
+    if (rc == 0) mark_paths(&w, order, n, used);
+    for (int k = 0; k < nout && rc == 0; k++) {   /* the outputs' gradients, in their dtypes */
+        mp_tensor *g = seed(outs[k], gouts ? gouts[k] : NULL, w.create, "output", k + 1);
+        if (!g) rc = -1;
+        else if (outs[k]->grad_fn) rc = accumulate(&outs[k]->grad_fn->grad, g);
+        else   /* a leaf output: its gradient is the seed, when it is an input */
+            for (int j = input_index(&w, outs[k], 0); j >= 0 && rc == 0; j = input_index(&w, outs[k], j + 1))
+                used[j] = true, rc = accumulate(&res[j], g);
+        mp_release(g);
+    }
+    if (rc == 0) rc = walk(&w, order, n);
+    for (size_t i = 0; i < n; i++) order[i]->walk = 0, mp_release(order[i]->grad), order[i]->grad = NULL;
+    walk_leave(was);
+    for (int j = 0; j < nin && rc == 0; j++) {
+        if (res[j]) continue;
+        if (!used[j] && !allow_unused)
+            rc = mp_fail(MP_EINVAL, "input %d is not used by the outputs' graph (pass allow_unused = true to "
+                                    "get nil for it)", j + 1);
+        else if (used[j] && !(res[j] = mp_full(ins[j]->dtype, ins[j]->dev, ins[j]->ndim, ins[j]->shape, 0)))
+            rc = -1;
+    }
+    if (rc == 0)
+        for (int k = 0; k < nout && rc == 0; k++)
+            if (outs[k]->dev != MP_CPU) rc = mp_device_error(outs[k]->dev);
+    if (rc)
+        for (int j = 0; j < nin; j++) mp_release(res[j]), res[j] = NULL;
+    free(order);
+    free(roots);
+    if (used != small_used) free(used);
     return rc;
 }

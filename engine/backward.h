@@ -42,4 +42,34 @@ void mp_backward_listen(mp_backward_listener *l);
 /* backward from t; grad NULL means ones (t must then have one element) */
 int mp_backward(mp_tensor *t, mp_tensor *grad);
 
+/*
+ * What a walk keeps and builds:
+ *   retain_graph  the nodes keep their saved tensors, so the graph can be
+ *                 walked again (gradients then add up in the leaves' .grad);
+ *   create_graph  the walk records what it computes: each node's backward runs
+ *                 with grad mode on, so the gradients it returns are tensors
+ *                 of a new graph and can be differentiated again. An op's
+ *                 saved output is attached to its node for that (engine/op.h
+ *                 mp_keep_output). An op whose backward is not built from
+ *                 recording ops (mp_op.double_backward false) gives gradients
+ *                 whose node raises "<op> has no second derivative" when a
+ *                 backward reaches it, and only then. create_graph implies
+ *                 retain_graph, as in PyTorch.
+ */
+typedef struct { bool retain_graph, create_graph; } mp_backward_opts;
+
+/* mp_backward with opts (NULL: neither). create_graph is refused here: a
+ * leaf's .grad would hold a graph that holds the leaf (use mp_autograd_grad) */
+int mp_backward_ex(mp_tensor *t, mp_tensor *grad, const mp_backward_opts *opts);
+
+/* The gradients of outs (nout of them, with the gradients gouts: NULL entries
+ * mean ones for a one-element output) with respect to ins (nin tensors that
+ * require grad), into res[0..nin-1] (new references), leaving every leaf's
+ * .grad as it was and running only the nodes between the two. An input the
+ * outputs do not depend on is an error unless allow_unused (then res[i] is
+ * NULL); one they depend on but that receives no gradient gets zeros.
+ * The listeners are not called: this is not a training step's backward. */
+int mp_autograd_grad(int nout, mp_tensor *const *outs, mp_tensor *const *gouts, int nin, mp_tensor *const *ins,
+                     const mp_backward_opts *opts, bool allow_unused, mp_tensor **res);
+
 #endif

@@ -56,6 +56,27 @@ mp_node *mp_graph_record(mp_tensor *out, const char *name, mp_backward_fn backwa
     return n;
 }
 
+mp_node *mp_graph_record_edges(mp_tensor *out, const char *name, mp_backward_fn backward, int nin,
+                               const mp_edge *edges)
+{
+    mp_node *n = calloc(1, sizeof *n + (size_t)nin * sizeof(mp_edge));
+    if (!n) return mp_fail(MP_EOOM, "out of memory recording %s", name), NULL;
+    n->head.release = release_head;
+    n->refs = 1;
+    n->name = name;
+    n->backward = backward;
+    n->seq = mp_state_get()->next_seq++;
+    n->nin = nin;
+    for (int i = 0; i < nin; i++) {
+        n->in[i] = edges[i];
+        if (edges[i].node) edges[i].node->refs++;
+        if (edges[i].leaf) mp_retain(edges[i].leaf);
+    }
+    out->requires_grad = true;
+    out->grad_fn = n;
+    return n;
+}
+
 mp_tensor *mp_detached(mp_tensor *t)
 {
     return mp_view(t, t->ndim, t->shape, t->offset);

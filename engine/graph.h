@@ -48,6 +48,9 @@ struct mp_node {
     mp_tensor *grad;               /* gradient of the output, summed during backward */
     int nsaved;
     mp_tensor **saved;             /* what the backward needs, any number (NULL entries allowed) */
+    uint64_t saved_outputs;        /* bit k: saved[k] is the node's own output, detached (engine/op.h
+                                    * mp_keep_output); create_graph attaches it again for the backward */
+    unsigned char walk;            /* scratch of the walk that holds the node (engine/backward.c) */
     int nin;
     mp_edge in[];                  /* one per input, as many as the op has */
 };
@@ -63,6 +66,11 @@ bool mp_needs_grad(int n, mp_tensor *const *ins);
  * grad_fn is the node. NULL with an error only when out of memory. */
 mp_node *mp_graph_record(mp_tensor *out, const char *name, mp_backward_fn backward, int nin,
                          mp_tensor *const *ins);
+/* Record a node for out whose inputs are given as edges (copied, their nodes
+ * and leaves retained): what a backward that builds a graph records when a
+ * node stands for work done on gradients rather than on tensors */
+mp_node *mp_graph_record_edges(mp_tensor *out, const char *name, mp_backward_fn backward, int nin,
+                               const mp_edge *edges);
 mp_tensor *mp_detached(mp_tensor *t);            /* new header, same storage, no grad_fn */
 /* true when input i of n wants a gradient */
 static inline bool mp_edge_wants(const mp_node *n, int i) { return n->in[i].node || n->in[i].leaf; }

@@ -73,6 +73,8 @@ int mp_keep(mp_op_ctx *c, int slot, mp_tensor *t)
 int mp_keep_output(mp_op_ctx *c, int slot, mp_tensor *out)
 {
     if (!c->record) return 0;
+    if (slot < 0 || slot >= 64) return mp_fail(MP_EINVAL, "%s keeps its output in slot %d (0-63 allowed)", c->op->name, slot);
+    c->saved_outputs |= (uint64_t)1 << slot;
     mp_tensor *d = mp_detached(out);
     if (!d) return -1;
     int rc = mp_keep(c, slot, d);
@@ -132,7 +134,7 @@ mp_tensor *mp_apply(const mp_op *op, mp_op_ctx *c, int nin, mp_tensor *const *in
         mp_node *nd;
         o = mp_finish(o, op, nin, cast, &nd);
         if (nd) {   /* the node takes the kept tensors and a copy of the arguments */
-            nd->saved = c->saved, nd->nsaved = c->nsaved;
+            nd->saved = c->saved, nd->nsaved = c->nsaved, nd->saved_outputs = c->saved_outputs;
             c->saved = NULL, c->nsaved = 0;
             if (op->args_size && !(nd->args = malloc(op->args_size)))
                 mp_release(o), o = NULL, mp_fail(MP_EOOM, "out of memory recording %s", op->name);

@@ -68,6 +68,7 @@ typedef struct mp_op_ctx {
     bool record;                   /* a node will be recorded: keep what backward needs */
     int nsaved;
     mp_tensor **saved;             /* mp_keep's tensors, moved into the node */
+    uint64_t saved_outputs;        /* the slots mp_keep_output filled (bit k: slot k) */
 } mp_op_ctx;
 
 struct mp_op {
@@ -85,6 +86,8 @@ struct mp_op {
     size_t args_size;              /* sizeof the op's argument struct; 0: it has none */
     bool quantized;                /* the forward reads quantized inputs (t->quant) itself;
                                     * false: mp_apply refuses them */
+    bool double_backward;          /* its backward is built from recording ops, so create_graph can
+                                    * differentiate it again (engine/backward.c) */
 };
 
 /* the op's argument struct, checked against the description's args_size */
@@ -102,7 +105,9 @@ mp_tensor *mp_apply(const mp_op *op, mp_op_ctx *c, int nin, mp_tensor *const *in
 /* keep t (retained; NULL allowed) in backward's slot (node->saved[slot]); only
  * when c->record. -1 out of memory */
 int mp_keep(mp_op_ctx *c, int slot, mp_tensor *t);
-/* keep the op's own output: a detached header, so the graph has no cycle */
+/* keep the op's own output: a detached header, so the graph has no cycle.
+ * The slot (< 64) is marked as the output's: a backward that builds a graph
+ * (create_graph) sees it attached to the node again (engine/backward.c) */
 int mp_keep_output(mp_op_ctx *c, int slot, mp_tensor *out);
 
 /* Record op's node for o (computed from ins) when a gradient is wanted, or

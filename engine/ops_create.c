@@ -146,7 +146,7 @@ mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev)
 /* the gradient of a cast or a copy: back to the input's dtype and device */
 static int to_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
-    gin[0] = mp_to_raw(g, n->in[0].dtype, n->in[0].dev);
+    gin[0] = mp_to(g, n->in[0].dtype, n->in[0].dev);   /* recorded under create_graph */
     return gin[0] ? 0 : -1;
 }
 
@@ -166,8 +166,9 @@ static mp_tensor *clone_fwd(mp_op_ctx *c)
 }
 
 static const mp_op to_op = {.name = "to", .nin = 1, .forward = to_fwd, .backward = to_backward,
-                            .args_size = sizeof(to_args)};
-static const mp_op clone_op = {.name = "clone", .nin = 1, .forward = clone_fwd, .backward = to_backward};
+                            .args_size = sizeof(to_args), .double_backward = true};
+static const mp_op clone_op = {.name = "clone", .nin = 1, .forward = clone_fwd, .backward = to_backward,
+                               .double_backward = true};
 MP_OP_REGISTER(to_op);
 MP_OP_REGISTER(clone_op);
 

@@ -49,7 +49,7 @@ static mp_tensor *to_input(mp_node *n, int i, mp_tensor *g)
     mp_edge *e = &n->in[i];
     mp_tensor *s = mp_sum_to(g, e->ndim, e->shape);
     if (!s || s->dtype == e->dtype) return s;
-    mp_tensor *c = mp_to_raw(s, e->dtype, e->dev);
+    mp_tensor *c = mp_to(s, e->dtype, e->dev);   /* recorded under create_graph */
     mp_release(s);
     return c;
 }
@@ -101,7 +101,8 @@ static mp_tensor *binary_fwd(mp_op_ctx *c)
     return o;
 }
 
-#define BINOP(K, NAME, AC, BW) [K] = {.name = NAME, .ac = AC, .nin = 2, .forward = binary_fwd, .backward = BW, .kernel = K}
+#define BINOP(K, NAME, AC, BW) [K] = {.name = NAME, .ac = AC, .nin = 2, .forward = binary_fwd, .backward = BW, \
+                                      .kernel = K, .double_backward = true}
 static const mp_op binary_ops[] = {
     BINOP(MP_ADD, "add", MP_AC_PROMOTE, binary_backward), BINOP(MP_SUB, "sub", MP_AC_PROMOTE, binary_backward),
     BINOP(MP_MUL, "mul", MP_AC_PROMOTE, binary_backward), BINOP(MP_DIV, "div", MP_AC_PROMOTE, binary_backward),
@@ -290,7 +291,8 @@ static mp_tensor *reduce_fwd(mp_op_ctx *c)
 }
 
 #define REDOP(K, NAME, AC, BW) [K] = {.name = NAME, .ac = AC, .nin = 1, .forward = reduce_fwd, .backward = BW, \
-                                      .kernel = K, .args_size = sizeof(reduce_args)}
+                                      .kernel = K, .args_size = sizeof(reduce_args), \
+                                      .double_backward = K == MP_SUM || K == MP_MEAN}
 static const mp_op reduce_ops[] = {
     REDOP(MP_SUM, "sum", MP_AC_F32, reduce_backward), REDOP(MP_MEAN, "mean", MP_AC_F32, reduce_backward),
     REDOP(MP_MAX, "max", MP_AC_NONE, reduce_backward), REDOP(MP_ARGMAX, "argmax", MP_AC_NONE, NULL),

@@ -93,7 +93,8 @@ static mp_tensor *reshape_fwd(mp_op_ctx *c)
     return mp_view(t, ndim, s, t->offset);
 }
 
-static const mp_op reshape_op = {.name = "reshape", .nin = 1, .forward = reshape_fwd, .backward = reshape_backward};
+static const mp_op reshape_op = {.name = "reshape", .nin = 1, .forward = reshape_fwd, .backward = reshape_backward,
+                                  .double_backward = true};
 MP_OP_REGISTER(reshape_op);
 
 mp_tensor *mp_reshape(mp_tensor *t, int ndim, const int64_t *shape)
@@ -120,7 +121,8 @@ static mp_tensor *transpose_fwd(mp_op_ctx *c)
 }
 
 static const mp_op transpose_op = {.name = "transpose", .nin = 1, .forward = transpose_fwd,
-                                   .backward = transpose_backward, .args_size = sizeof(transpose_args)};
+                                   .backward = transpose_backward, .args_size = sizeof(transpose_args),
+                                   .double_backward = true};
 MP_OP_REGISTER(transpose_op);
 
 mp_tensor *mp_transpose(mp_tensor *t, int d1, int d2)

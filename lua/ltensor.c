@@ -489,15 +489,6 @@ static int t_requires_grad(lua_State *L)
     return 1;
 }
 
-static int t_backward(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1), *g = lua_isnoneornil(L, 2) ? NULL : lt_check(L, 2);
-    mp_clear_error();
-    /* no retry after out of memory: the first attempt has already consumed part of the graph */
-    if (mp_backward(t, g)) return lt_error(L, "Tensor:backward");
-    return 0;
-}
-
 /* a new userdata for an engine tensor the caller holds a reference to already */
 static void push_ref(lua_State *L, mp_tensor *t)
 {
@@ -564,7 +555,7 @@ static const luaL_Reg meth[] = {
     {"free", t_free}, {"to", t_to}, {"clone", t_clone}, {"copy_", t_copy_}, {"detach", t_detach},
     {"reshape", t_reshape}, {"view", t_view}, {"transpose", t_transpose}, {"narrow", t_narrow},
     {"index_select", t_index_select}, {"matmul", t_matmul}, {"sum", t_sum}, {"mean", t_mean}, {"max", t_max}, {"argmax", t_argmax},
-    {"requires_grad", t_requires_grad}, {"backward", t_backward},
+    {"requires_grad", t_requires_grad}, {"backward", la_backward},
     {"pow", t_pow},
     {"select", t_select}, {"tril", t_tril}, {"triu", t_triu}, {"masked_fill", t_masked_fill},
     {"split", t_split}, {"chunk", t_chunk}, {"topk", t_topk}, {"sort", t_sort},
