@@ -344,6 +344,7 @@ void mp_cuda_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, c
         MP_LAUNCH(mp_blocks(outer * inner), MP_THREADS, 0, s, k_scatter_u8, (uint8_t *)out, (const uint8_t *)src, idx,
                   nidx, outer, n, inner);
         break;
+    case MP_F64: break;   /* no f64 tensors on CUDA (mp_cuda_supports) */
     }
 #undef SCATTER
     MP_LAUNCHED("scatter_add");
