@@ -146,7 +146,10 @@ const char *mp_autocast_entry(int i, mp_ac_class *c)
 mp_tensor *mp_autocast_arg(const mp_op *op, mp_tensor *t)
 {
     mp_dtype low;
-    if (!t || !mp_autocast_active(&low) || !mp_is_float(t->dtype)) return t ? mp_retain(t) : NULL;
+    /* f64 is left alone, as PyTorch's autocast casts only f32/f16/bf16 inputs:
+     * a script that asked for f64 keeps it, for low-precision and f32 ops both */
+    if (!t || !mp_autocast_active(&low) || !mp_is_float(t->dtype) || t->dtype == MP_F64)
+        return t ? mp_retain(t) : NULL;
     if (seed()) return NULL;
     mp_ac_class c = mp_autocast_class(op->name);
     mp_dtype want = c == MP_AC_LOW ? low : c == MP_AC_F32 ? MP_F32 : t->dtype;

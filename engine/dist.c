@@ -162,11 +162,11 @@ static int agree(mp_dist_kind k, int64_t arg, const mp_tensor *t)
     return mp_dist_agree(k, arg, t->dtype, t->dev, t->ndim, t->shape);
 }
 
-/* the tensor's bytes in host memory as f32 or i32 (MPI's types): t itself on
- * the CPU, else a copy; written back by put_back */
+/* the tensor's bytes in host memory as f32, f64 or i32 (MPI's types): t itself
+ * on the CPU, else a copy; written back by put_back */
 static mp_tensor *host_copy(mp_tensor *t)
 {
-    mp_dtype wide = t->dtype == MP_I32 ? MP_I32 : MP_F32;
+    mp_dtype wide = t->dtype == MP_I32 || t->dtype == MP_F64 ? t->dtype : MP_F32;
     if (t->dev == MP_CPU && t->dtype == wide) return mp_retain(t);
     return mp_to_raw(t, wide, MP_CPU);
 }
@@ -202,7 +202,7 @@ int mp_dist_all_reduce(mp_tensor *t, mp_dist_op op)
         if (!h) return -1;
         rc = world.comm && world.comm->all_reduce(mp_data(h), h->numel, h->dtype, cop) ? comm_fail() : 0;
         if (!rc && op == MP_DIST_MEAN && h != t) {
-            MP_K(h, unary, MP_MULS, MP_F32, mp_data(h), mp_data(h), h->numel, 1.0 / world.size);
+            MP_K(h, unary, MP_MULS, h->dtype, mp_data(h), mp_data(h), h->numel, 1.0 / world.size);
             op = MP_DIST_SUM;   /* divided already, before the rounding to t's dtype */
         }
         if (!rc) rc = put_back(t, h);

@@ -64,7 +64,7 @@ mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shap
         if (!mp_value_fits(dt, v[i]))
             return mp_fail(MP_EINVAL, "element %lld is %.17g, which does not fit a %s tensor (whole numbers only, in range)",
                            (long long)i + 1, v[i], mp_dtype_name(dt)), NULL;
-    /* convert on the host: floats through f32, integers exactly (checked above) */
+    /* convert on the host: f64 exactly, other floats through f32, integers exactly (checked above) */
     mp_tensor *host = mp_empty(dt, MP_CPU, ndim, shape);
     if (!host) return NULL;
     void *p = mp_data(host);
@@ -72,6 +72,7 @@ mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shap
         double x = v[i];
         switch (dt) {
         case MP_F32: ((float *)p)[i] = (float)x; break;
+        case MP_F64: ((double *)p)[i] = x; break;
         case MP_I32: ((int32_t *)p)[i] = (int32_t)x; break;
         case MP_U8: ((uint8_t *)p)[i] = (uint8_t)x; break;
         case MP_F16: case MP_BF16: {
@@ -94,7 +95,7 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out)
                        (long long)start, (long long)(start + count), (long long)t->numel);
     size_t es = mp_dtype_size(t->dtype);
     enum { CHUNK = 4096 };
-    unsigned char raw[CHUNK * 4];
+    unsigned char raw[CHUNK * 8];   /* the widest dtype: f64 */
     float f[CHUNK];
     for (int64_t done = 0; done < count; done += CHUNK) {
         int64_t m = count - done < CHUNK ? count - done : CHUNK;
@@ -105,6 +106,7 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out)
         for (int64_t i = 0; i < m; i++) {
             switch (t->dtype) {
             case MP_F32: out[done + i] = ((float *)raw)[i]; break;
+            case MP_F64: out[done + i] = ((double *)raw)[i]; break;
             case MP_I32: out[done + i] = ((int32_t *)raw)[i]; break;
             case MP_U8: out[done + i] = raw[i]; break;
             case MP_F16: case MP_BF16: out[done + i] = f[i]; break;
@@ -117,6 +119,8 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out)
 mp_dtype mp_promote(mp_dtype a, mp_dtype b)
 {
     if (a == b) return a;
+    if (a == MP_F64 && mp_is_float(b)) return a;           /* f64 with any float: f64, as PyTorch */
+    if (b == MP_F64 && mp_is_float(a)) return b;
     if (mp_is_float(a) && mp_is_float(b)) return MP_F32;   /* f16+bf16, or either with f32 */
     if (mp_is_float(a)) return a;
     if (mp_is_float(b)) return b;

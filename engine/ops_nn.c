@@ -15,6 +15,11 @@ static int need_float(const mp_tensor *t, const char *what)
     return mp_fail(MP_EINVAL, "%s must be a float tensor (got %s)", what, mp_dtype_name(t->dtype));
 }
 
+/* the dtype of the row statistics the kernels keep (log-sum-exp, loss, mean,
+ * rstd, the weight's sums): f32, or f64 for f64 inputs, whose kernels compute
+ * them in double (kernels/cpu/cpu_f64.h) and whose gradients must not round */
+static mp_dtype stats_dtype(const mp_tensor *x) { return x->dtype == MP_F64 ? MP_F64 : MP_F32; }
+
 static void split(const mp_tensor *t, int k, int64_t *outer, int64_t *n, int64_t *inner)
 {
     *outer = *inner = 1;
@@ -90,7 +95,7 @@ static int ce_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     int64_t rows = a->rows, classes = a->classes;
     mp_reduction red = a->red;
     /* each row's factor: the incoming gradient, over rows for the mean */
-    mp_tensor *g32 = mp_to_raw(g, MP_F32, g->dev), *scale;
+    mp_tensor *g32 = mp_to_raw(g, stats_dtype(x), g->dev), *scale;
     if (!g32) return -1;
     if (red == MP_REDUCE_NONE) {
         scale = mp_retain(g32);
@@ -134,7 +139,8 @@ static mp_tensor *cross_entropy_fwd(mp_op_ctx *c)
                        mp_shape_str(target->ndim, target->shape, b2, sizeof b2)), NULL;
     int64_t classes = x->shape[x->ndim - 1], rows = x->numel / classes;
     if (mp_check_indices(target, classes, "target")) return NULL;
-    mp_tensor *loss = mp_empty(MP_F32, x->dev, 1, &rows), *lse = mp_empty(MP_F32, x->dev, 1, &rows), *o = NULL;
+    mp_dtype sd = stats_dtype(x);
+    mp_tensor *loss = mp_empty(sd, x->dev, 1, &rows), *lse = mp_empty(sd, x->dev, 1, &rows), *o = NULL;
     if (loss && lse && MP_K(x, cross_entropy, x->dtype, mp_data(loss), mp_data(lse), mp_data(x), mp_data(target),
                             rows, classes)) {
         mp_kernel_oom(c->op->name);
@@ -204,7 +210,8 @@ static int ln_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     int64_t n = x->shape[x->ndim - 1], rows = x->numel / n;
     bool ww = nd->nin > 1 && mp_edge_wants(nd, 1), wb = nd->nin > 2 && mp_edge_wants(nd, 2);
     mp_tensor *gx = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
-    mp_tensor *gw = ww ? mp_empty(MP_F32, x->dev, 1, &n) : NULL, *gb = wb ? mp_empty(MP_F32, x->dev, 1, &n) : NULL;
+    mp_dtype sd = stats_dtype(x);
+    mp_tensor *gw = ww ? mp_empty(sd, x->dev, 1, &n) : NULL, *gb = wb ? mp_empty(sd, x->dev, 1, &n) : NULL;
     int rc = -1;
     if (gx && (!ww || gw) && (!wb || gb) &&
         MP_K(x, layer_norm_grad, x->dtype, mp_data(gx), gw ? mp_data(gw) : NULL, gb ? mp_data(gb) : NULL,
@@ -244,7 +251,8 @@ static mp_tensor *norm_fwd(mp_op_ctx *c, bool centred)
     }
     if (!(eps > 0) || !isfinite(eps)) return mp_fail(MP_EINVAL, "eps must be positive (got %g)", eps), NULL;
     mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, x->shape);
-    mp_tensor *mean = centred ? mp_empty(MP_F32, x->dev, 1, &rows) : NULL, *rstd = mp_empty(MP_F32, x->dev, 1, &rows);
+    mp_dtype sd = stats_dtype(x);
+    mp_tensor *mean = centred ? mp_empty(sd, x->dev, 1, &rows) : NULL, *rstd = mp_empty(sd, x->dev, 1, &rows);
     if (!y || (centred && !mean) || !rstd)
         mp_release(y), y = NULL;
     else if (MP_K(x, layer_norm, x->dtype, mp_data(y), mean ? mp_data(mean) : NULL, mp_data(rstd), mp_data(x),

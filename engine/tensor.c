@@ -14,19 +14,19 @@
 
 /* tables indexed by an enum are sized by their entries and checked against
  * the enum's count: a new dtype or device without its name does not compile */
-static const char *dtype_names[] = {"f32", "f16", "bf16", "i32", "u8"};
+static const char *dtype_names[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
 _Static_assert(sizeof dtype_names / sizeof *dtype_names == MP_NDTYPES, "a name for every dtype");
 static const struct { const char *alias; mp_dtype t; } dtype_aliases[] = {
     {"float32", MP_F32}, {"float", MP_F32}, {"float16", MP_F16}, {"half", MP_F16},
     {"bfloat16", MP_BF16}, {"int32", MP_I32}, {"int", MP_I32}, {"uint8", MP_U8},
-    {"byte", MP_U8},
+    {"byte", MP_U8}, {"float64", MP_F64}, {"double", MP_F64},
 };
 
 const char *mp_dtype_name(mp_dtype t) { return (unsigned)t < MP_NDTYPES ? dtype_names[t] : "?"; }
 bool mp_is_float(mp_dtype t)
 {
     switch (t) {   /* no default: a new dtype must say */
-    case MP_F32: case MP_F16: case MP_BF16: return true;
+    case MP_F32: case MP_F16: case MP_BF16: case MP_F64: return true;
     case MP_I32: case MP_U8: break;
     }
     return false;
@@ -62,7 +62,7 @@ int mp_dtype_parse(const char *name, mp_dtype *out)
         if (strcmp(name, dtype_names[i]) == 0) return *out = i, 0;
     for (size_t i = 0; i < sizeof dtype_aliases / sizeof *dtype_aliases; i++)
         if (strcmp(name, dtype_aliases[i].alias) == 0) return *out = dtype_aliases[i].t, 0;
-    return mp_fail(MP_EINVAL, "unknown dtype '%s' (expected f32, f16, bf16, i32 or u8)", name);
+    return mp_fail(MP_EINVAL, "unknown dtype '%s' (expected f32, f16, bf16, f64, i32 or u8)", name);
 }
 
 mp_tensor *mp_checked(mp_tensor *t)
@@ -158,6 +158,12 @@ mp_tensor *mp_empty(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape)
     int64_t n;
     if ((unsigned)dt >= MP_NDTYPES) return mp_fail(MP_EINVAL, "bad dtype"), NULL;
     if (mp_check_shape(ndim, shape, &n) || mp_device_check(dev)) return NULL;
+    /* a backend may hold no tensors of a dtype at all (CUDA and f64): asked for
+     * "tensor", so that no kernel of its is ever handed one (backend.h: supports) */
+    const mp_backend *be = mp_backend_of(dev);
+    if (be && be->supports && !be->supports(be->ctx, "tensor", dt))
+        return mp_fail(MP_EINVAL, "%s tensors are not available on %s (the backend declines them)", mp_dtype_name(dt),
+                       mp_device_name(dev)), NULL;
     mp_storage *st = storage_new(dev, (size_t)n * mp_dtype_size(dt));
     if (!st) return NULL;
     mp_tensor *t = header(dt, dev, ndim, shape, n);

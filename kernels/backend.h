@@ -15,7 +15,8 @@
  * autograd or Lua.
  *
  * Numerics (DESIGN.md section 3): an op on f16/bf16 data widens its inputs to f32,
- * computes in f32 and rounds its output once.
+ * computes in f32 and rounds its output once. An op on f64 data computes and
+ * accumulates in f64 (the CPU's; other backends decline f64 in supports).
  */
 #ifndef MP_BACKEND_H
 #define MP_BACKEND_H
@@ -38,14 +39,14 @@
  * lists the real ones and needs no default (-Wswitch then flags every switch a
  * new one must reach): a new dtype goes last and MP_NDTYPES names it; every
  * table sized by a count asserts that it has one entry per value. */
-typedef enum { MP_F32, MP_F16, MP_BF16, MP_I32, MP_U8 } mp_dtype;
-#define MP_NDTYPES (MP_U8 + 1)
+typedef enum { MP_F32, MP_F16, MP_BF16, MP_I32, MP_U8, MP_F64 } mp_dtype;
+#define MP_NDTYPES (MP_F64 + 1)
 typedef enum { MP_CPU, MP_CUDA } mp_device;
 #define MP_NDEVICES (MP_CUDA + 1)
 
 static inline size_t mp_dtype_size(mp_dtype t)
 {
-    static const size_t sz[] = {4, 2, 2, 4, 1};   /* f32, f16, bf16, i32, u8 */
+    static const size_t sz[] = {4, 2, 2, 4, 1, 8};   /* f32, f16, bf16, i32, u8, f64 */
     MP_STATIC_ASSERT(sizeof sz / sizeof sz[0] == MP_NDTYPES, "a size for every dtype");
     return sz[t];
 }
@@ -250,7 +251,9 @@ typedef struct mp_kctx mp_kctx;
 #define MP_BACKEND_ENTRIES(X)                                                                                           \
     /* whether this backend runs the op of that name (engine/op.h) on inputs of                                         \
      * dtype dt; the engine asks before each op and turns a no into an error                                            \
-     * naming op, dtype and device. NULL: every op in every dtype */                                                    \
+     * naming op, dtype and device. NULL: every op in every dtype. Asked for the                                        \
+     * op "tensor" before a tensor of dtype dt is made on the backend: a no                                             \
+     * means no tensor of that dtype at all (CUDA and f64) */                                                           \
     X(bool, supports, (mp_kctx *cx, const char *op, mp_dtype dt), (cx, op, dt))                                         \
     /* memory: alloc returns NULL on failure; bytes are device bytes. Both go                                           \
      * through the backend's caching allocator (kernels/block_cache.h): cached                                          \

@@ -126,6 +126,7 @@ static int t_to(lua_State *L)
 typedef struct { const char *method, *name; int dtype, dev; } cast_method;
 static const cast_method cast_methods[] = {
     {"f32", "Tensor:f32", MP_F32, KEEP}, {"f16", "Tensor:f16", MP_F16, KEEP}, {"bf16", "Tensor:bf16", MP_BF16, KEEP},
+    {"f64", "Tensor:f64", MP_F64, KEEP},
     {"cpu", "Tensor:cpu", KEEP, MP_CPU}, {"cuda", "Tensor:cuda", KEEP, MP_CUDA},
 };
 

@@ -7,6 +7,7 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "lua/lbind.h"
 #include "lua/lcore.h"
@@ -99,6 +100,31 @@ static int walk(printer *p, int d, int64_t base, int64_t *idx)
     return 0;
 }
 
+/* whether every finite value shown reads back from fmt as the same double */
+static bool round_trips(const printer *p, const char *fmt)
+{
+    for (int64_t i = 0; i < p->nvals; i++) {
+        char s[64];
+        double v = p->vals[i];
+        if (!isfinite(v)) continue;
+        snprintf(s, sizeof s, fmt, 0, v);
+        if (strtod(s, NULL) != v) return false;
+    }
+    return true;
+}
+
+/* f64 is the dtype of exact checks: its values show as many digits as they
+ * need to read back exactly (4 at least, as the other dtypes; at most 20
+ * decimals in fixed point, 16 in the exponent form, which always suffice) */
+static void widen_f64_format(printer *p)
+{
+    bool expo = strchr(p->fmt, 'e') != NULL;
+    for (int d = 4; d <= (expo ? 16 : 20); d++) {
+        snprintf(p->fmt, sizeof p->fmt, expo ? "%%*.%de" : "%%*.%df", d);
+        if (round_trips(p, p->fmt)) return;
+    }
+}
+
 /* one format for every finite value shown, and the width of the widest */
 static void choose_format(printer *p)
 {
@@ -114,6 +140,7 @@ static void choose_format(printer *p)
     if (integral && mx < 1e8) strcpy(p->fmt, "%*.0f");
     else if (mx >= 1e5 || mn < 1e-4) strcpy(p->fmt, "%*.4e");
     else strcpy(p->fmt, "%*.4f");
+    if (p->t->dtype == MP_F64 && !(integral && mx < 1e8)) widen_f64_format(p);
     p->width = 3;   /* room for nan/inf */
     for (int64_t i = 0; i < p->nvals; i++) {
         char s[64];

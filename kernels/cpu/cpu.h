@@ -52,12 +52,19 @@ struct mp_kctx {
  * new dtype is a compile error (-Wswitch) at each place that must learn it. */
 
 /* n elements of float dtype dt at src+i into f32 (the integer dtypes are
- * widened by their callers, cpu_get_f64; here they would move as f32 words) */
+ * widened by their callers, cpu_get_f64; here they would move as f32 words).
+ * f64 narrows here only for kernels that cpu_supports declines in f64 (the
+ * f64 kernels compute in double on their own paths, cpu_f64.h). */
 static inline void cpu_load(mp_dtype dt, const void *src, int64_t i, float *dst, int64_t n)
 {
     switch (dt) {
     case MP_F16: mp_cpu_f16_to_f32(dst, (const uint16_t *)src + i, n); break;
     case MP_BF16: mp_cpu_bf16_to_f32(dst, (const uint16_t *)src + i, n); break;
+    case MP_F64: {
+        const double *s = (const double *)src + i;
+        for (int64_t j = 0; j < n; j++) dst[j] = (float)s[j];
+        break;
+    }
     case MP_F32:
     case MP_I32:
     case MP_U8: {
@@ -81,6 +88,11 @@ static inline void cpu_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t i, con
         mp_cpu_f32_to_bf16((uint16_t *)dst + i, src, n);
         if (cx && cx->flush.on) cpu_flush_count(&cx->flush, dt, src, (uint16_t *)dst + i, n);
         break;
+    case MP_F64: {
+        double *d = (double *)dst + i;
+        for (int64_t j = 0; j < n; j++) d[j] = src[j];
+        break;
+    }
     case MP_F32:
     case MP_I32:
     case MP_U8: {
@@ -96,6 +108,7 @@ static inline double cpu_get_f64(mp_dtype dt, const void *p, int64_t i)
     float f;
     switch (dt) {
     case MP_F32: return ((const float *)p)[i];
+    case MP_F64: return ((const double *)p)[i];
     case MP_I32: return ((const int32_t *)p)[i];
     case MP_U8: return ((const uint8_t *)p)[i];
     case MP_F16:

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <cblas.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_f64.h"
 #include "kernels/block_cache.h"
 
 /* One pool of threads: OpenMP's. The GEMMs run on oneDNN (cpu_gemm_dnnl.c),
@@ -111,6 +112,7 @@ size_t cpu_scratch_bytes(mp_kctx *cx)
 const mp_backend mp_cpu_backend = {
     .name = "cpu",
     .ctx = &cpu_ctx,
+    .supports = cpu_supports,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .cached = cpu_cached,

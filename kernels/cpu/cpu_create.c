@@ -11,8 +11,10 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/philox.h"
 
-/* float -> integer without undefined behaviour: NaN to 0, saturate at the ends */
-static int64_t to_int(float f, int64_t lo, int64_t hi)
+/* float -> integer without undefined behaviour: NaN to 0, saturate at the ends
+ * (a double, so that f64 values are not rounded to f32 first; an f32 value
+ * widens exactly and meets the same bounds) */
+static int64_t to_int(double f, int64_t lo, int64_t hi)
 {
     if (isnan(f)) return 0;
     if (f <= (float)lo) return lo;
@@ -20,9 +22,35 @@ static int64_t to_int(float f, int64_t lo, int64_t hi)
     return (int64_t)f;
 }
 
+/* casts from or to f64: widening is exact; narrowing to f32 rounds to nearest
+ * even, to f16/bf16 through f32 (each step to nearest even), as PyTorch casts
+ * a double and as Lua numbers become f16; to integers truncates and saturates */
+static void cast_f64_block(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t i, int64_t n)
+{
+    float f[MP_BLOCK];
+    if (dd == MP_F64) {
+        double *d = (double *)dst + i;
+        if (sd == MP_I32) for (int64_t j = 0; j < n; j++) d[j] = ((const int32_t *)src)[i + j];
+        else if (sd == MP_U8) for (int64_t j = 0; j < n; j++) d[j] = ((const uint8_t *)src)[i + j];
+        else {
+            cpu_load(sd, src, i, f, n);
+            for (int64_t j = 0; j < n; j++) d[j] = f[j];
+        }
+        return;
+    }
+    const double *s = (const double *)src + i;
+    if (dd == MP_I32) for (int64_t j = 0; j < n; j++) ((int32_t *)dst)[i + j] = (int32_t)to_int(s[j], INT32_MIN, INT32_MAX);
+    else if (dd == MP_U8) for (int64_t j = 0; j < n; j++) ((uint8_t *)dst)[i + j] = (uint8_t)to_int(s[j], 0, 255);
+    else {
+        for (int64_t j = 0; j < n; j++) f[j] = (float)s[j];
+        cpu_store(cx, dd, dst, i, f, n);
+    }
+}
+
 static void cast_block(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t i, int64_t n)
 {
     float f[MP_BLOCK];
+    if (dd == MP_F64 || sd == MP_F64) { cast_f64_block(cx, dst, dd, src, sd, i, n); return; }
     if (sd == MP_I32) for (int64_t j = 0; j < n; j++) f[j] = (float)((const int32_t *)src)[i + j];
     else if (sd == MP_U8) for (int64_t j = 0; j < n; j++) f[j] = ((const uint8_t *)src)[i + j];
     else cpu_load(sd, src, i, f, n);
@@ -60,8 +88,10 @@ void cpu_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd,
 
 void cpu_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value)
 {
-    unsigned char one[4];
-    if (dt == MP_I32) {   /* exact, not through f32 */
+    unsigned char one[8];
+    if (dt == MP_F64) {   /* exact, not through f32 */
+        memcpy(one, &value, 8);
+    } else if (dt == MP_I32) {   /* exact, not through f32 */
         int32_t v = isnan(value) ? 0 : value >= INT32_MAX ? INT32_MAX
                   : value <= INT32_MIN ? INT32_MIN : (int32_t)value;
         memcpy(one, &v, 4);
@@ -72,8 +102,12 @@ void cpu_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value)
         cpu_store(cx, dt, one, 0, &f, 1);
     }
     size_t es = mp_dtype_size(dt);
-    if (memcmp(one, "\0\0\0\0", es) == 0) { memset(dst, 0, (size_t)n * es); return; }
-    if (es == 4) {
+    if (memcmp(one, "\0\0\0\0\0\0\0\0", es) == 0) { memset(dst, 0, (size_t)n * es); return; }
+    if (es == 8) {
+        uint64_t v;
+        memcpy(&v, one, 8);
+        for (int64_t i = 0; i < n; i++) ((uint64_t *)dst)[i] = v;
+    } else if (es == 4) {
         uint32_t v;
         memcpy(&v, one, 4);
         for (int64_t i = 0; i < n; i++) ((uint32_t *)dst)[i] = v;
@@ -92,12 +126,15 @@ void cpu_arange(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n)
         int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
         if (dt == MP_I32) { for (int64_t j = 0; j < len; j++) ((int32_t *)dst)[i + j] = (int32_t)(i + j); continue; }
         if (dt == MP_U8) { for (int64_t j = 0; j < len; j++) ((uint8_t *)dst)[i + j] = (uint8_t)(i + j); continue; }
+        if (dt == MP_F64) { for (int64_t j = 0; j < len; j++) ((double *)dst)[i + j] = (double)(i + j); continue; }
         float f[MP_BLOCK];
         for (int64_t j = 0; j < len; j++) f[j] = (float)(i + j);
         cpu_store(cx, dt, dst, i, f, len);
     }
 }
 
+/* f64 draws are f32's draws widened (24-bit uniforms, the f32 normal): the
+ * same seed gives an f64 tensor equal to the f32 one cast up */
 static void random_fill(mp_kctx *cx, int normal, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_f64.h"
 #include "kernels/int_rules.h"
 #include "kernels/cpu/vmath.h"
 
@@ -91,6 +92,8 @@ void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a,
         if (MP_IS_CMP(op)) {
             for (int64_t j = 0; j < n; j++)
                 ((uint8_t *)out)[oo + j] = cmp(op, cpu_get_f64(dt, a, oa + j * ia), cpu_get_f64(dt, b, ob + j * ib));
+        } else if (dt == MP_F64) {
+            cpu_bin_f64(op, (double *)out + oo, (const double *)a + oa, ia, (const double *)b + ob, ib, n);
         } else if (dt == MP_F32) {
             bin_f32(op, (float *)out + oo, (const float *)a + oa, ia, (const float *)b + ob, ib, n);
         } else if (dt == MP_F16 || dt == MP_BF16) {
@@ -267,6 +270,7 @@ void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, i
         for (int64_t i = 0; i < n; i++) o[i] = table[in[i]];
         return;
     }
+    if (dt == MP_F64) { cpu_unary_f64(op, out, a, n, p); return; }
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += MP_BLOCK) {
         int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
@@ -304,6 +308,7 @@ void cpu_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void 
         }
         return;
     }
+    if (dt == MP_F64) { cpu_unary_grad_f64(op, gin, gout, x, y, n, p); return; }
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += MP_BLOCK) {
         int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;

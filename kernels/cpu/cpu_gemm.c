@@ -1,7 +1,8 @@
 /*
  * cpu_gemm.c: matrix products through OpenBLAS sgemm. f16/bf16 operands are
  * widened to f32 scratch, multiplied with f32 accumulation and rounded once into
- * the output: the numerics of a GPU GEMM with CUBLAS_COMPUTE_32F.
+ * the output: the numerics of a GPU GEMM with CUBLAS_COMPUTE_32F. f64 goes
+ * through dgemm as it is.
  */
 #include <cblas.h>
 #include "kernels/cpu/cpu.h"
@@ -10,6 +11,14 @@ static void sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                   const float *a, const float *b, float beta, float *c)
 {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (blasint)m, (blasint)n, (blasint)k, alpha, a, ta ? (blasint)m : (blasint)k,
+                b, tb ? (blasint)k : (blasint)n, beta, c, (blasint)n);
+}
+
+static void dgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
+                  const double *a, const double *b, double beta, double *c)
+{
+    cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (blasint)m, (blasint)n, (blasint)k, alpha, a, ta ? (blasint)m : (blasint)k,
                 b, tb ? (blasint)k : (blasint)n, beta, c, (blasint)n);
 }
@@ -36,6 +45,12 @@ int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m,
              float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
              float beta, void *c, int64_t sc)
 {
+    if (dt == MP_F64) {   /* BLAS's own f64 product: no widening, no rounding */
+        for (int64_t i = 0; i < batch; i++)
+            dgemm(ta, tb, m, n, k, alpha, (const double *)a + i * sa, (const double *)b + i * sb,
+                  beta, (double *)c + i * sc);
+        return 0;
+    }
     /* f32 and bf16: oneDNN's kernels where it has them (cpu_gemm_dnnl.c) */
     if ((dt == MP_F32 || dt == MP_BF16) && k > 0 &&
         cpu_gemm_dnnl(cx, dt, ta, tb, batch, m, n, k, alpha, a, sa, b, sb, beta, c, sc) == 0)

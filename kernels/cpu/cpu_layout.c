@@ -73,6 +73,10 @@ void cpu_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const
                     for (int64_t k = 0; k < len; k++) d[k] += ((const uint32_t *)src)[s + i + k];
                     continue;
                 }
+                if (dt == MP_F64) {
+                    for (int64_t k = 0; k < len; k++) ((double *)out)[dst + i + k] += ((const double *)src)[s + i + k];
+                    continue;
+                }
                 if (dt == MP_U8) {
                     for (int64_t k = 0; k < len; k++) ((uint8_t *)out)[dst + i + k] += ((const uint8_t *)src)[s + i + k];
                     continue;

@@ -2,7 +2,7 @@
  * cpu_nn.c: the row-wise kernels of neural networks: softmax and log-softmax,
  * cross-entropy fused with log-softmax (the probabilities are never stored),
  * and layer norm (RMS norm too: layer norm without centring). All compute in
- * f32 (double for the row sums) and round once.
+ * f32 (double for the row sums) and round once; f64 goes to cpu_f64.c, in double.
  * Each thread's row buffers come from the context's scratch (slot 3), taken
  * before the parallel region: a kernel that cannot have them returns -1 and
  * writes nothing.
@@ -10,6 +10,7 @@
 #include <math.h>
 #include <omp.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_f64.h"
 #include "kernels/cpu/lane_sums.h"
 #include "kernels/cpu/vmath.h"
 
@@ -68,6 +69,7 @@ static float logsumexp(const float *r, int64_t n)
 
 int cpu_softmax(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer, int64_t n, int64_t inner, int log)
 {
+    if (dt == MP_F64) return cpu_softmax_f64(y, x, outer, n, inner, log);
     int64_t stride, work = outer * n * inner;
     float *base = rows_for(cx, work, n, &stride);
     if (!base) return -1;
@@ -90,6 +92,7 @@ int cpu_softmax(mp_kctx *cx, mp_dtype dt, void *y, const void *x, int64_t outer,
 int cpu_softmax_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const void *y,
                       int64_t outer, int64_t n, int64_t inner, int log)
 {
+    if (dt == MP_F64) return cpu_softmax_grad_f64(gx, gy, y, outer, n, inner, log);
     int64_t stride, work = outer * n * inner;
     float *base = rows_for(cx, work, 2 * n, &stride);
     if (!base) return -1;
@@ -119,6 +122,7 @@ int cpu_softmax_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, const v
 int cpu_cross_entropy(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const void *x, const int32_t *target,
                        int64_t rows, int64_t classes)
 {
+    if (dt == MP_F64) return cpu_cross_entropy_f64((double *)loss, (double *)lse, x, target, rows, classes);
     int64_t stride, work = rows * classes * 8;   /* an exp and a log-sum per element: worth threads sooner */
     float *base = rows_for(cx, work, classes, &stride);
     if (!base) return -1;
@@ -138,6 +142,8 @@ int cpu_cross_entropy(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, const v
 int cpu_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, const float *lse,
                             const int32_t *target, const float *scale, int64_t rows, int64_t classes)
 {
+    if (dt == MP_F64)
+        return cpu_cross_entropy_grad_f64(gx, x, (const double *)lse, target, (const double *)scale, rows, classes);
     int64_t stride, work = rows * classes * 8;   /* an exp and a log-sum per element: worth threads sooner */
     float *base = rows_for(cx, work, classes, &stride);
     if (!base) return -1;
@@ -192,6 +198,7 @@ MP_SIMD static void ln_row(float *r, const float *wf, const float *bf, float m, 
 int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
                     const void *b, int64_t rows, int64_t n, float eps)
 {
+    if (dt == MP_F64) return cpu_layer_norm_f64(y, (double *)mean, (double *)rstd, x, w, b, rows, n, eps);
     int64_t stride, work = rows * n;
     float *base = rows_for(cx, work, 3 * n, &stride);
     if (!base) return -1;
@@ -225,6 +232,9 @@ int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
 int cpu_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,
                          const float *mean, const float *rstd, const void *w, int64_t rows, int64_t n)
 {
+    if (dt == MP_F64)
+        return cpu_layer_norm_grad_f64(gx, (double *)gw, (double *)gb, gy, x, (const double *)mean,
+                                       (const double *)rstd, w, rows, n);
     int64_t chunks = rows < LN_CHUNKS ? (rows > 0 ? rows : 1) : LN_CHUNKS, work = rows * n;
     int threads = work >= MP_PAR_MIN ? omp_get_max_threads() : 1;
     int64_t nn = (n + 15) & ~(int64_t)15;   /* rows of floats, cache-line apart */

@@ -1,7 +1,8 @@
 /*
  * cpu_reduce.c: sum, mean, max and argmax over the middle axis of an
  * {outer, n, inner} view. Sums accumulate in double on the CPU (the reference
- * backend errs on the accurate side) and round once into the output dtype.
+ * backend errs on the accurate side) and round once into the output dtype
+ * (f64 sums are plain double sums: nothing wider to accumulate in).
  * max propagates NaN and argmax takes the first maximum, NaN counting as the
  * largest value, as PyTorch does.
  */
@@ -16,6 +17,7 @@ static void put(mp_kctx *cx, mp_dtype dt, void *p, int64_t i, double v)
     float f = (float)v;
     switch (dt) {
     case MP_F32: ((float *)p)[i] = f; break;
+    case MP_F64: ((double *)p)[i] = v; break;
     case MP_I32: ((int32_t *)p)[i] = (int32_t)(uint32_t)(int64_t)v; break;
     case MP_U8: ((uint8_t *)p)[i] = (uint8_t)(int64_t)v; break;
     case MP_F16:
@@ -29,6 +31,9 @@ static double sum_run(mp_dtype dt, const void *a, int64_t off, int64_t n)
     double s = 0;
     if (dt == MP_F32) {
         const float *x = (const float *)a + off;
+        for (int64_t j = 0; j < n; j++) s += x[j];
+    } else if (dt == MP_F64) {
+        const double *x = (const double *)a + off;
         for (int64_t j = 0; j < n; j++) s += x[j];
     } else if (dt == MP_F16 || dt == MP_BF16) {
         float buf[MP_BLOCK];

@@ -154,6 +154,14 @@ void cpu_scale_loss(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t
 {
     float buf[MP_BLOCK];
     const float scale = st->scale;
+    if (dt == MP_F64) {   /* in double: an f64 loss keeps its bits through the scale */
+        for (int64_t i = 0; i < n; i++) {
+            double v = ((const double *)in)[i];
+            if (check && !isfinite(v)) st->loss_bad = 1;
+            if (out) ((double *)out)[i] = v * scale;
+        }
+        return;
+    }
     for (int64_t i = 0; i < n; i += MP_BLOCK) {
         int64_t m = n - i < MP_BLOCK ? n - i : MP_BLOCK;
         cpu_load(dt, in, i, buf, m);

@@ -41,6 +41,8 @@ int cpu_topk(mp_kctx *cx, mp_dtype dt, void *values, int32_t *idx, const void *x
     for (int64_t r = 0; r < rows; r++) {
         if (dt == MP_I32)
             for (int64_t j = 0; j < n; j++) e[j].v = xi[r * n + j], e[j].i = (int32_t)j;
+        else if (dt == MP_F64)
+            for (int64_t j = 0; j < n; j++) e[j].v = ((const double *)x)[r * n + j], e[j].i = (int32_t)j;
         else {
             cpu_load(dt, x, r * n, row, n);
             for (int64_t j = 0; j < n; j++) e[j].v = row[j], e[j].i = (int32_t)j;
@@ -49,6 +51,8 @@ int cpu_topk(mp_kctx *cx, mp_dtype dt, void *values, int32_t *idx, const void *x
         for (int64_t j = 0; j < k; j++) idx[r * k + j] = e[j].i;
         if (dt == MP_I32) {
             for (int64_t j = 0; j < k; j++) ((int32_t *)values)[r * k + j] = (int32_t)e[j].v;
+        } else if (dt == MP_F64) {
+            for (int64_t j = 0; j < k; j++) ((double *)values)[r * k + j] = e[j].v;
         } else {
             for (int64_t j = 0; j < k; j++) out[j] = (float)e[j].v;
             cpu_store(cx, dt, values, r * k, out, k);

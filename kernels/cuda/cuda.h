@@ -146,6 +146,7 @@ __device__ __forceinline__ float mp_ld(mp_dtype dt, const void *p, int64_t i)
     case MP_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
     case MP_I32: return (float)((const int32_t *)p)[i];
     case MP_U8: return (float)((const uint8_t *)p)[i];
+    case MP_F64: return (float)((const double *)p)[i];   /* not reached: no f64 on CUDA (cuda_supports) */
     }
     return 0.0f;   /* not a dtype */
 }
@@ -159,6 +160,7 @@ __device__ __forceinline__ void mp_st(mp_dtype dt, void *p, int64_t i, float v)
     case MP_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v); break;
     case MP_I32: ((int32_t *)p)[i] = mp_f2i32(v); break;
     case MP_U8: ((uint8_t *)p)[i] = mp_f2u8(v); break;
+    case MP_F64: ((double *)p)[i] = v; break;   /* not reached: no f64 on CUDA (cuda_supports) */
     }
 }
 
@@ -230,6 +232,7 @@ template <> struct mp_word<1> { typedef uint8_t W; };
     case MP_BF16: { typedef __nv_bfloat16 NAME; __VA_ARGS__; } break;               \
     case MP_I32: { typedef int32_t NAME; __VA_ARGS__; } break;                      \
     case MP_U8: { typedef uint8_t NAME; __VA_ARGS__; } break;                       \
+    case MP_F64: break;   /* no f64 tensors on CUDA (cuda_supports) */              \
     }
 #define MP_BY_FLOAT(dt, NAME, ...)                                                  \
     switch (dt) {                                                                   \
@@ -237,7 +240,8 @@ template <> struct mp_word<1> { typedef uint8_t W; };
     case MP_F16: { typedef __half NAME; __VA_ARGS__; } break;                       \
     case MP_BF16: { typedef __nv_bfloat16 NAME; __VA_ARGS__; } break;               \
     case MP_I32:                                                                    \
-    case MP_U8: break;                                                              \
+    case MP_U8:                                                                     \
+    case MP_F64: break;   /* no f64 tensors on CUDA (cuda_supports) */              \
     }
 
 /* ---- flush counting (backend.h: flush_slot, flush_read) ----

@@ -316,6 +316,13 @@ static void cuda_flush_read(mp_kctx *cx, int64_t (*counts)[3], int clear)
 /* the device's backend object (its entries and &ctx), filled once by init */
 static mp_backend table;
 
+/* every op in every dtype but f64: its kernels are f32 arithmetic with f16/bf16
+ * storage, and f64 is the CPU's dtype of checking. Asked for "tensor" (engine/
+ * tensor.c, before any f64 tensor is made on CUDA), so an f64 tensor never
+ * reaches these kernels: mp.zeros(n, "f64") on cuda and t:to("cuda") of an f64
+ * tensor are refused, naming the dtype and the device */
+static bool cuda_supports(mp_kctx *cx, const char *op, mp_dtype dt) { return dt != MP_F64; }
+
 /* the table, or NULL with the reason in why (for mp.cuda.is_available()) */
 extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
 {
@@ -348,7 +355,7 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     }
     table.name = "cuda";
     table.ctx = &ctx;
-    table.supports = NULL;   /* every op, every dtype */
+    table.supports = cuda_supports;
     table.alloc = cuda_alloc;
     table.free = cuda_free;
     table.cached = cuda_cached;

@@ -69,6 +69,7 @@ __device__ void red_store(mp_redop op, mp_dtype dt, void *out, int64_t q, Acc r,
     case MP_U8: ((uint8_t *)out)[q] = (uint8_t)(int64_t)v; break;
     case MP_F16:
     case MP_BF16: mp_stc(dt, out, q, (float)v, t); break;
+    case MP_F64: ((double *)out)[q] = v; break;   /* not reached: no f64 on CUDA (cuda_supports) */
     }
 }
 
@@ -344,6 +345,7 @@ void mp_cuda_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, c
         MP_LAUNCH(mp_blocks(outer * inner), MP_THREADS, 0, s, k_scatter_u8, (uint8_t *)out, (const uint8_t *)src, idx,
                   nidx, outer, n, inner);
         break;
+    case MP_F64: break;   /* no f64 tensors on CUDA (cuda_supports) */
     }
 #undef SCATTER
     MP_LAUNCHED("scatter_add");

@@ -78,6 +78,7 @@ static ncclDataType_t nccl_type(mp_dtype dt)
     case MP_I32: return ncclInt32;
     case MP_U8: return ncclUint8;
     case MP_F32: return ncclFloat32;
+    case MP_F64: return ncclFloat64;
     }
     return ncclFloat32;   /* not a dtype */
 }

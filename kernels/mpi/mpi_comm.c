@@ -43,6 +43,7 @@ static MPI_Datatype type_of(mp_dtype dt)
 {
     if (dt == MP_I32) return MPI_INT32_T;
     if (dt == MP_U8) return MPI_UINT8_T;
+    if (dt == MP_F64) return MPI_DOUBLE;
     return MPI_FLOAT;
 }
 

@@ -157,11 +157,12 @@ static void check_gemm(mp_dtype dt, int64_t batch, int64_t m, int64_t n, int64_t
                 double want = 0;
                 for (int64_t l = 0; l < k; l++)
                     want += at(a, (q * m + i) * k + l) * at(b, (batch_b ? q * k * n : 0) + l * n + j);
-                /* f32 accumulation, then one rounding to dt */
+                /* f32 accumulation, then one rounding to dt; f64: dgemm, no rounding */
                 float wf = (float)want;
-                double expect = dt == MP_F16 ? mp_f16_to_f32(mp_f32_to_f16(wf))
+                double expect = dt == MP_F64 ? want : dt == MP_F16 ? mp_f16_to_f32(mp_f32_to_f16(wf))
                               : dt == MP_BF16 ? mp_bf16_to_f32(mp_f32_to_bf16(wf)) : wf;
-                double got = at(c, (q * m + i) * n + j), ulp = dt == MP_F32 ? 1e-5 : dt == MP_F16 ? 1e-3 : 8e-3;
+                double got = at(c, (q * m + i) * n + j);
+                double ulp = dt == MP_F64 ? 1e-13 : dt == MP_F32 ? 1e-5 : dt == MP_F16 ? 1e-3 : 8e-3;
                 cr_assert(fabs(got - expect) <= ulp * (fabs(expect) + 1) , "%s [%ld,%ld,%ld] got %g want %g",
                           mp_dtype_name(dt), (long)q, (long)i, (long)j, got, expect);
             }
@@ -176,6 +177,41 @@ Test(ops, gemm_every_float_dtype)
         check_gemm(dt, 3, 4, 6, 17, 1);
         check_gemm(dt, 2, 3, 5, 8, 0);
     }
+    check_gemm(MP_F64, 1, 5, 7, 3, 1);
+    check_gemm(MP_F64, 3, 4, 6, 17, 1);
+    check_gemm(MP_F64, 2, 3, 5, 8, 0);
+}
+
+/* f64: promotion, exact values, casts rounding to nearest even at known bits,
+ * and the CPU's refusal of the ops it has no f64 kernel for */
+Test(ops, f64_promotes_keeps_and_rounds)
+{
+    int64_t s[1] = {4};
+    double v[4] = {0.1, 1 + 0x1p-24, 1 + 3 * 0x1p-24, 1 + 0x1p-11 + 0x1p-40};
+    mp_tensor *d = make(MP_F64, 1, s, v), *f = make(MP_F32, 1, s, v), *h = make(MP_F16, 1, s, v);
+    mp_tensor *df = mp_binary(MP_ADD, d, f), *dh = mp_binary(MP_ADD, d, h), *f32 = mp_to(d, MP_F32, MP_CPU);
+    mp_tensor *f16 = mp_to(d, MP_F16, MP_CPU), *bf = mp_to(d, MP_BF16, MP_CPU);
+    cr_assert(df && dh && f32 && f16 && bf, "%s", mp_error());
+    cr_assert_eq(df->dtype, MP_F64);
+    cr_assert_eq(dh->dtype, MP_F64);
+    for (int i = 0; i < 4; i++) cr_assert_eq(at(d, i), v[i]);
+    uint32_t b0;
+    float x0 = (float)at(f32, 0);
+    memcpy(&b0, &x0, 4);
+    cr_assert_eq(b0, 0x3dcccccdu);
+    cr_assert_eq(at(f32, 1), 1.0);                 /* a tie: to the even neighbour */
+    cr_assert_eq(at(f32, 2), 1 + 0x1p-22);
+    const uint16_t *hb = mp_data(f16), *bb = mp_data(bf);
+    cr_assert_eq(hb[0], 0x2e66);
+    cr_assert_eq(hb[3], 0x3c00);                   /* through f32, as PyTorch: the 2^-40 is gone, then a tie */
+    cr_assert_eq(bb[0], 0x3dcd);
+    int64_t s4[4] = {1, 1, 4, 4}, sw[4] = {1, 1, 3, 3};
+    mp_tensor *x = mp_full(MP_F64, MP_CPU, 4, s4, 0), *w = mp_full(MP_F64, MP_CPU, 4, sw, 0);
+    const int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+    cr_assert_null(mp_conv2d(x, w, NULL, one, zero, one, 1));
+    cr_assert_str_eq(mp_error(), "conv2d is not available for f64 tensors on cpu (the backend declines it)");
+    mp_release(d), mp_release(f), mp_release(h), mp_release(df), mp_release(dh), mp_release(f32);
+    mp_release(f16), mp_release(bf), mp_release(x), mp_release(w);
 }
 
 Test(ops, matmul_vectors)

@@ -23,6 +23,7 @@ inline float load_f32(mp_dtype dt, const void *p, size_t i)
     case MP_F32:
     case MP_I32:   /* (never asked: moved as f32 words, as the CPU's cpu_load does) */
     case MP_U8: return ((const float *)p)[i];
+    case MP_F64: return (float)((const double *)p)[i];   /* (never asked: CUDA declines f64) */
     }
     return 0.0f;   /* not a dtype */
 }
@@ -35,6 +36,7 @@ inline void store_f32(mp_dtype dt, void *p, size_t i, float v)
     case MP_F32:
     case MP_I32:
     case MP_U8: ((float *)p)[i] = v; break;
+    case MP_F64: ((double *)p)[i] = v; break;   /* (never asked: CUDA declines f64) */
     }
 }
 

@@ -25,7 +25,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-BITS = {np.float32: np.uint32, np.float16: np.uint16, ml_dtypes.bfloat16: np.uint16,
+BITS = {np.float64: np.uint64, np.float32: np.uint32, np.float16: np.uint16, ml_dtypes.bfloat16: np.uint16,
         np.int32: np.int32, np.uint8: np.uint8}
 
 # name -> (dtype, shape, bit patterns); names with dots as in a state_dict
@@ -42,18 +42,23 @@ REFERENCE = {
     "i32": (np.int32, (6,), [0, 1, -1, 2147483647, -2147483648, -42]),
     "u8": (np.uint8, (2, 2, 2), [0, 1, 127, 128, 200, 254, 255, 7]),
     "scalar": (np.float32, (), [0x40490fdb]),                          # pi, shape []
+    "f64": (np.float64, (2, 5), [
+        0x0000000000000000, 0x8000000000000000, 0x3ff0000000000000,   # 0, -0, 1
+        0x3fb999999999999a, 0x3fd5555555555555, 0x7fefffffffffffff,   # 0.1, 1/3, max
+        0x0000000000000001, 0x7ff0000000000000, 0xfff0000000000000,   # min subnormal, inf, -inf
+        0x7ff8000000000000]),                                          # nan
     # NaN payloads and signalling NaNs: only a file round trip keeps these
     "nan.f32": (np.float32, (3,), [0x7f800001, 0xffc00001, 0x7fc12345]),
     "nan.f16": (np.float16, (3,), [0x7c01, 0x7e01, 0xfe00]),
     "nan.bf16": (ml_dtypes.bfloat16, (3,), [0x7f81, 0xffc1, 0x7fc0]),
 }
 PAYLOAD_ONLY = {"nan.f32", "nan.f16", "nan.bf16"}
-LUA_DTYPE = {np.float32: "f32", np.float16: "f16", ml_dtypes.bfloat16: "bf16", np.int32: "i32", np.uint8: "u8"}
+LUA_DTYPE = {np.float64: "f64", np.float32: "f32", np.float16: "f16", ml_dtypes.bfloat16: "bf16", np.int32: "i32", np.uint8: "u8"}
 
 
 def reference_array(name):
     dtype, shape, bits = REFERENCE[name]
-    raw = np.array(bits, dtype=np.int64).astype(BITS[dtype])
+    raw = np.array(bits, dtype=np.uint64 if BITS[dtype] == np.uint64 else np.int64).astype(BITS[dtype])
     return raw.view(dtype).reshape(shape)
 
 
@@ -99,7 +104,7 @@ def compare(name, got, mode):
         if mode == "values" and dtype not in (np.int32, np.uint8) and np.isnan(got.reshape(-1)[i].astype(np.float32)) \
                 and np.isnan(want.reshape(-1)[i].astype(np.float32)):
             continue
-        out.append("%s[%d]: bits 0x%x, expected 0x%x" % (name, i, g & 0xffffffff, w & 0xffffffff))
+        out.append("%s[%d]: bits 0x%x, expected 0x%x" % (name, i, g & 0xffffffffffffffff, w & 0xffffffffffffffff))
     return out
 
 
