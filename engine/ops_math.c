@@ -61,48 +61,40 @@ static mp_tensor *to_input(mp_node *n, int i, mp_tensor *g)
     return c;
 }
 
-/* a 0-d tensor holding v, in t's dtype and on its device */
-static mp_tensor *scalar_like(const mp_tensor *t, double v) { return mp_full(t->dtype, t->dev, 0, NULL, v); }
-
-/* v where cond is false, 0 where it is true (cond: u8, broadcast to v; NULL: v) */
-static mp_tensor *zero_where(mp_tensor *cond, mp_tensor *v)
-{
-    if (!cond || !v) return NULL;
-    mp_tensor *z = scalar_like(v, 0), *r = z ? mp_where(cond, z, v) : NULL;
-    mp_release(z);
-    return r;
-}
-
-/* t OP v for a number v, as a u8 mask */
+/* t OP v for a number v, as a u8 mask (v a 0-d tensor of t's dtype) */
 static mp_tensor *compare_number(mp_binop op, mp_tensor *t, double v)
 {
-    mp_tensor *s = scalar_like(t, v), *r = s ? mp_binary(op, t, s) : NULL;
+    mp_tensor *s = mp_full(t->dtype, t->dev, 0, NULL, v), *r = s ? mp_binary(op, t, s) : NULL;
     mp_release(s);
     return r;
 }
 
-/* y = a^b (saved: a, b as the op got them, y its output):
+/* y = a^b (saved: a, b as the op got them, y its output). PyTorch's
+ * pow_backward_self and pow_backward_exponent, in their order of operations (so
+ * f16/bf16 round where PyTorch's do), with their masks:
  *   d/da = g * (b * a^(b-1)), 0 where b == 0 (x^0 is 1 everywhere, 0^0 too);
- *   d/db = g * (y * log(a)), 0 where a == 0 and b >= 0 (0 * -inf would be NaN).
- * PyTorch's pow_backward_self and pow_backward_exponent, in the same order of
- * operations, so f16/bf16 round where PyTorch's do. */
+ *   d/db = g * (y * log(a)), 0 where a == 0 and b >= 0 (not 0 * -inf).
+ * PyTorch masks with where; where lives above this file (ops_nn.c), so the
+ * masked elements are steered instead: the exponent b - 1 becomes 0 where b == 0
+ * (b * a^0 = 0), and log's argument 1 where a == 0 and b >= 0 (y * log(1) = 0,
+ * y being 0 or 1 there). Every other element computes PyTorch's formula as it is. */
 static int pow_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *a = n->saved[0], *b = n->saved[1], *y = n->saved[2], *ga = NULL, *gb = NULL;
     bool wa = mp_edge_wants(n, 0), wb = mp_edge_wants(n, 1);
     if (wa) {
-        mp_tensor *bm1 = mp_unary(MP_ADDS, b, -1), *pw = bm1 ? mp_binary(MP_POWT, a, bm1) : NULL;
-        mp_tensor *d = pw ? mp_binary(MP_MUL, b, pw) : NULL, *t = d ? mp_binary(MP_MUL, g, d) : NULL;
-        mp_tensor *b0 = t ? compare_number(MP_EQ, b, 0) : NULL;
-        ga = zero_where(b0, t);
-        mp_release(bm1), mp_release(pw), mp_release(d), mp_release(t), mp_release(b0);
+        mp_tensor *b0 = compare_number(MP_EQ, b, 0), *bm1 = b0 ? mp_unary(MP_ADDS, b, -1) : NULL;
+        mp_tensor *e = bm1 ? mp_binary(MP_ADD, bm1, b0) : NULL, *pw = e ? mp_binary(MP_POWT, a, e) : NULL;
+        mp_tensor *d = pw ? mp_binary(MP_MUL, b, pw) : NULL;
+        ga = d ? mp_binary(MP_MUL, g, d) : NULL;
+        mp_release(b0), mp_release(bm1), mp_release(e), mp_release(pw), mp_release(d);
     }
     if (wb && (!wa || ga)) {
-        mp_tensor *la = mp_unary(MP_LOG, a, 0), *t = la ? mp_binary(MP_MUL, y, la) : NULL;
-        mp_tensor *a0 = t ? compare_number(MP_EQ, a, 0) : NULL, *bp = a0 ? compare_number(MP_GE, b, 0) : NULL;
-        mp_tensor *m = bp ? mp_binary(MP_MUL, a0, bp) : NULL, *w = zero_where(m, t);
-        gb = w ? mp_binary(MP_MUL, g, w) : NULL;
-        mp_release(la), mp_release(t), mp_release(a0), mp_release(bp), mp_release(m), mp_release(w);
+        mp_tensor *a0 = compare_number(MP_EQ, a, 0), *bp = a0 ? compare_number(MP_GE, b, 0) : NULL;
+        mp_tensor *m = bp ? mp_binary(MP_MUL, a0, bp) : NULL, *am = m ? mp_binary(MP_ADD, a, m) : NULL;
+        mp_tensor *la = am ? mp_unary(MP_LOG, am, 0) : NULL, *t = la ? mp_binary(MP_MUL, y, la) : NULL;
+        gb = t ? mp_binary(MP_MUL, g, t) : NULL;
+        mp_release(a0), mp_release(bp), mp_release(m), mp_release(am), mp_release(la), mp_release(t);
     }
     int rc = (wa && !ga) || (wb && !gb) ? -1 : 0;
     if (rc == 0 && wa && !(gin[0] = to_input(n, 0, ga))) rc = -1;
