@@ -2,7 +2,14 @@
  * ops_math.c: elementwise arithmetic with numpy broadcasting, unary maths and
  * reductions. Mixed dtypes promote (f16 with bf16 gives f32, any float beats
  * an integer); integer division and the transcendental functions of integers
- * give f32, as in PyTorch.
+ * give f32, as in PyTorch. Powers of integers to integers stay integers, as in
+ * PyTorch (kernels/int_rules.h, mp_ipow).
+ *
+ * pow has three forms: tensor ^ number is the unary MP_POW, tensor ^ tensor the
+ * binary MP_POWT, and number ^ tensor MP_POWT with the number as a 0-d tensor.
+ * Their backwards follow PyTorch's formulas (pow_backward, pow_backward_self,
+ * pow_backward_exponent in torch 1.13), edge cases included, and are built from
+ * recording ops, so a gradient taken with create_graph differentiates again.
  */
 #include <math.h>
 #include "engine/ops.h"
@@ -54,6 +61,49 @@ static mp_tensor *to_input(mp_node *n, int i, mp_tensor *g)
     return c;
 }
 
+/* t OP v for a number v, as a u8 mask (v a 0-d tensor of t's dtype) */
+static mp_tensor *compare_number(mp_binop op, mp_tensor *t, double v)
+{
+    mp_tensor *s = mp_full(t->dtype, t->dev, 0, NULL, v), *r = s ? mp_binary(op, t, s) : NULL;
+    mp_release(s);
+    return r;
+}
+
+/* y = a^b (saved: a, b as the op got them, y its output). PyTorch's
+ * pow_backward_self and pow_backward_exponent, in their order of operations (so
+ * f16/bf16 round where PyTorch's do), with their masks:
+ *   d/da = g * (b * a^(b-1)), 0 where b == 0 (x^0 is 1 everywhere, 0^0 too);
+ *   d/db = g * (y * log(a)), 0 where a == 0 and b >= 0 (not 0 * -inf).
+ * PyTorch masks with where; where lives above this file (ops_nn.c), so the
+ * masked elements are steered instead: the exponent b - 1 becomes 0 where b == 0
+ * (b * a^0 = 0), and log's argument 1 where a == 0 and b >= 0 (y * log(1) = 0,
+ * y being 0 or 1 there). Every other element computes PyTorch's formula as it is. */
+static int pow_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *a = n->saved[0], *b = n->saved[1], *y = n->saved[2], *ga = NULL, *gb = NULL;
+    bool wa = mp_edge_wants(n, 0), wb = mp_edge_wants(n, 1);
+    if (wa) {
+        mp_tensor *b0 = compare_number(MP_EQ, b, 0), *bm1 = b0 ? mp_unary(MP_ADDS, b, -1) : NULL;
+        mp_tensor *e = bm1 ? mp_binary(MP_ADD, bm1, b0) : NULL, *pw = e ? mp_binary(MP_POWT, a, e) : NULL;
+        mp_tensor *d = pw ? mp_binary(MP_MUL, b, pw) : NULL;
+        ga = d ? mp_binary(MP_MUL, g, d) : NULL;
+        mp_release(b0), mp_release(bm1), mp_release(e), mp_release(pw), mp_release(d);
+    }
+    if (wb && (!wa || ga)) {
+        mp_tensor *a0 = compare_number(MP_EQ, a, 0), *bp = a0 ? compare_number(MP_GE, b, 0) : NULL;
+        mp_tensor *m = bp ? mp_binary(MP_MUL, a0, bp) : NULL, *am = m ? mp_binary(MP_ADD, a, m) : NULL;
+        mp_tensor *la = am ? mp_unary(MP_LOG, am, 0) : NULL, *t = la ? mp_binary(MP_MUL, y, la) : NULL;
+        gb = t ? mp_binary(MP_MUL, g, t) : NULL;
+        mp_release(a0), mp_release(bp), mp_release(m), mp_release(am), mp_release(la), mp_release(t);
+    }
+    int rc = (wa && !ga) || (wb && !gb) ? -1 : 0;
+    if (rc == 0 && wa && !(gin[0] = to_input(n, 0, ga))) rc = -1;
+    if (rc == 0 && wb && !(gin[1] = to_input(n, 1, gb))) rc = -1;
+    mp_release(ga);
+    mp_release(gb);
+    return rc;
+}
+
 static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     mp_binop op = (mp_binop)n->op->kernel;
@@ -73,6 +123,7 @@ static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
         }
         mp_release(t);
         break;
+    case MP_POWT: return pow_backward(n, g, gin);
     case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE:
         return mp_fail(MP_EINVAL, "no gradient for comparisons");
     }
@@ -96,16 +147,24 @@ static mp_tensor *binary_fwd(mp_op_ctx *c)
     if (y) o = mp_empty(MP_IS_CMP(op) ? MP_U8 : dt, a->dev, bc.ndim, bc.shape);
     if (o) MP_K(o, binary, op, dt, mp_data(o), mp_data(x), mp_data(y), &bc);
     if (o && (op == MP_MUL || op == MP_DIV) && (mp_keep(c, 0, x) || mp_keep(c, 1, y))) mp_release(o), o = NULL;
+    /* pow keeps its inputs as they came (their own dtypes: its backward's ops
+     * promote them again, and they stay attached to the graph for create_graph)
+     * and its output */
+    if (o && op == MP_POWT && (mp_keep(c, 0, a) || mp_keep(c, 1, b) || mp_keep_output(c, 2, o)))
+        mp_release(o), o = NULL;
     mp_release(x);
     mp_release(y);
     return o;
 }
 
-#define BINOP(K, NAME, AC, BW) [K] = {.name = NAME, .ac = AC, .nin = 2, .forward = binary_fwd, .backward = BW, \
-                                      .kernel = K, .double_backward = true}
+#define BINOP(K, NAME, AC, BW, ...) [K] = {.name = NAME, .ac = AC, .nin = 2, .forward = binary_fwd, .backward = BW, \
+                                           .kernel = K, __VA_ARGS__}
 static const mp_op binary_ops[] = {
-    BINOP(MP_ADD, "add", MP_AC_PROMOTE, binary_backward), BINOP(MP_SUB, "sub", MP_AC_PROMOTE, binary_backward),
-    BINOP(MP_MUL, "mul", MP_AC_PROMOTE, binary_backward), BINOP(MP_DIV, "div", MP_AC_PROMOTE, binary_backward),
+    BINOP(MP_ADD, "add", MP_AC_PROMOTE, binary_backward, .double_backward = true),
+    BINOP(MP_SUB, "sub", MP_AC_PROMOTE, binary_backward, .double_backward = true),
+    BINOP(MP_MUL, "mul", MP_AC_PROMOTE, binary_backward, .double_backward = true),
+    BINOP(MP_DIV, "div", MP_AC_PROMOTE, binary_backward, .double_backward = true),
+    BINOP(MP_POWT, "pow", MP_AC_F32, binary_backward, .double_backward = true),   /* f32 as PyTorch's autocast */
     BINOP(MP_GT, "gt", MP_AC_NONE, NULL), BINOP(MP_LT, "lt", MP_AC_NONE, NULL), BINOP(MP_GE, "ge", MP_AC_NONE, NULL),
     BINOP(MP_LE, "le", MP_AC_NONE, NULL), BINOP(MP_EQ, "eq", MP_AC_NONE, NULL), BINOP(MP_NE, "ne", MP_AC_NONE, NULL),
 };
@@ -128,7 +187,8 @@ static mp_dtype unary_dtype(mp_unop op, mp_dtype dt, double p)
     switch (op) {
     case MP_NEG: case MP_ABS: case MP_RELU: return dt;
     case MP_MULS: case MP_ADDS: case MP_RSUBS: return is_integral(p) ? dt : MP_F32;
-    case MP_EXP: case MP_LOG: case MP_SQRT: case MP_POW: case MP_DIVS: case MP_RDIVS: case MP_TANH: case MP_SIGMOID:
+    case MP_POW: return is_integral(p) && p >= 0 ? dt : MP_F32;   /* a negative one: refused by unary_fwd */
+    case MP_EXP: case MP_LOG: case MP_SQRT: case MP_DIVS: case MP_RDIVS: case MP_TANH: case MP_SIGMOID:
     case MP_GELU: case MP_DROPMASK: case MP_SILU: break;
     }
     return MP_F32;
@@ -137,8 +197,29 @@ static mp_dtype unary_dtype(mp_unop op, mp_dtype dt, double p)
 /* the unary ops' scalar: x^p, x*p, ..., dropout's probability (kernels/backend.h) */
 typedef struct { double p; } unary_args;
 
+/* d(x^p)/dx = g * (p * x^(p-1)), 0 for p = 0 (x^0 is 1 everywhere, 0^0 too):
+ * PyTorch's pow_backward, in its order of operations, from recording ops */
+static int pow_scalar_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    double p = MP_NODE_ARGS(n, unary_args)->p;
+    mp_tensor *x = n->saved[0], *d = NULL;
+    if (p == 0) {
+        gin[0] = mp_full(g->dtype, g->dev, g->ndim, g->shape, 0);
+    } else if (p == 1) {   /* p * x^0 is 1 for every x, NaN included */
+        gin[0] = mp_retain(g);
+    } else {
+        mp_tensor *pw = p == 2 ? mp_retain(x) : mp_unary(MP_POW, x, p - 1);   /* x^1 is x */
+        d = pw ? mp_unary(MP_MULS, pw, p) : NULL;
+        gin[0] = d ? mp_binary(MP_MUL, g, d) : NULL;
+        mp_release(pw);
+        mp_release(d);
+    }
+    return gin[0] ? 0 : -1;
+}
+
 static int unary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
+    if (n->op->kernel == MP_POW) return pow_scalar_backward(n, g, gin);
     mp_tensor *x = n->nsaved > 0 ? n->saved[0] : NULL, *y = n->nsaved > 1 ? n->saved[1] : NULL;
     mp_tensor *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
     if (!r) return -1;
@@ -164,6 +245,9 @@ static mp_tensor *unary_fwd(mp_op_ctx *c)
     mp_unop op = (mp_unop)c->op->kernel;
     mp_tensor *a = c->in[0];
     double p = MP_OP_ARGS(c, unary_args)->p;
+    if (op == MP_POW && !mp_is_float(a->dtype) && is_integral(p) && p < 0)   /* as PyTorch */
+        return mp_fail(MP_EINVAL, "an integer tensor to a negative integer power (%g) is not allowed: "
+                       "convert the tensor to a float dtype", p), NULL;
     mp_dtype dt = unary_dtype(op, a->dtype, p);
     mp_tensor *x = as_dtype(a, dt), *o = x ? mp_empty(dt, a->dev, a->ndim, a->shape) : NULL;
     if (o) MP_K(o, unary, op, dt, mp_data(o), mp_data(x), a->numel, p);
@@ -177,7 +261,8 @@ static mp_tensor *unary_fwd(mp_op_ctx *c)
                                       .args_size = sizeof(unary_args), __VA_ARGS__}
 static const mp_op unary_ops[] = {
     UNOP(MP_NEG, "neg", MP_AC_NONE), UNOP(MP_ABS, "abs", MP_AC_NONE), UNOP(MP_EXP, "exp", MP_AC_F32),
-    UNOP(MP_LOG, "log", MP_AC_F32), UNOP(MP_SQRT, "sqrt", MP_AC_NONE), UNOP(MP_POW, "pow", MP_AC_F32),
+    UNOP(MP_LOG, "log", MP_AC_F32), UNOP(MP_SQRT, "sqrt", MP_AC_NONE),
+    UNOP(MP_POW, "pow", MP_AC_F32, .double_backward = true),
     UNOP(MP_MULS, "mul", MP_AC_PROMOTE), UNOP(MP_ADDS, "add", MP_AC_PROMOTE), UNOP(MP_RSUBS, "rsub", MP_AC_NONE),
     UNOP(MP_DIVS, "div", MP_AC_PROMOTE), UNOP(MP_RDIVS, "rdiv", MP_AC_NONE),
     UNOP(MP_RELU, "relu", MP_AC_NONE, .bind = MP_BIND_UNARY), UNOP(MP_TANH, "tanh", MP_AC_NONE, .bind = MP_BIND_UNARY),
@@ -196,9 +281,23 @@ mp_tensor *mp_unary(mp_unop op, mp_tensor *a, double p)
     return mp_apply(&unary_ops[op], &c, 1, &a);
 }
 
+/* s ^ x: s as a 0-d tensor in x's dtype, as PyTorch's wrapped scalar (a float
+ * x keeps its dtype, so 1e6 ^ an f16 x overflows as there), unless x is an
+ * integer tensor and s not an integer of its range: then f32 */
+static mp_tensor *scalar_pow(double s, mp_tensor *x)
+{
+    bool fits = mp_is_float(x->dtype) ||
+                (is_integral(s) && (x->dtype == MP_U8 ? s >= 0 && s <= 255 : s >= INT32_MIN && s <= INT32_MAX));
+    mp_tensor *base = mp_full(fits ? x->dtype : MP_F32, x->dev, 0, NULL, s);
+    mp_tensor *r = base ? mp_binary(MP_POWT, base, x) : NULL;
+    mp_release(base);
+    return r;
+}
+
 mp_tensor *mp_binary_scalar(mp_binop op, mp_tensor *a, double s, int scalar_first)
 {
     switch (op) {
+    case MP_POWT: return scalar_first ? scalar_pow(s, a) : mp_unary(MP_POW, a, s);
     case MP_ADD: return mp_unary(MP_ADDS, a, s);
     case MP_MUL: return mp_unary(MP_MULS, a, s);
     case MP_SUB: return scalar_first ? mp_unary(MP_RSUBS, a, s) : mp_unary(MP_ADDS, a, -s);

@@ -52,9 +52,11 @@ static inline size_t mp_dtype_size(mp_dtype t)
 }
 
 /* Elementwise binary ops; `out = a OP b` with broadcasting described by mp_bcast.
- * The comparisons write u8 0/1 whatever the input dtype. */
+ * MP_POWT is a^b (a tensor exponent; the unary MP_POW takes a number): floats
+ * by powf in f32, integers as PyTorch's (kernels/int_rules.h). The comparisons
+ * write u8 0/1 whatever the input dtype, and come last (MP_IS_CMP). */
 typedef enum {
-    MP_ADD, MP_SUB, MP_MUL, MP_DIV, MP_GT, MP_LT, MP_GE, MP_LE, MP_EQ, MP_NE
+    MP_ADD, MP_SUB, MP_MUL, MP_DIV, MP_POWT, MP_GT, MP_LT, MP_GE, MP_LE, MP_EQ, MP_NE
 } mp_binop;
 #define MP_NBINOPS (MP_NE + 1)   /* a count, not a code: switches over mp_binop need no default */
 #define MP_IS_CMP(op) ((op) >= MP_GT)

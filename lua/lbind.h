@@ -23,6 +23,7 @@ void lt_set(lua_State *L, LTensor *u, mp_tensor *t, const char *name);
 mp_tensor *lt_check(lua_State *L, int i);
 mp_tensor *lt_opt(lua_State *L, int i);             /* NULL when not a tensor */
 int lt_error(lua_State *L, const char *name);       /* raise the engine's error */
+int lt_pow(lua_State *L, const char *name);         /* base ^ exponent, tensors or numbers (ltensor.c) */
 /* An explicit release (t:free(), <close>, t.grad = x, opt:free()): done now, or,
  * while a C function of the binding is on the stack and may hold the object's
  * raw pointer, later (lbind.c); lb_release_pending does the waiting ones once

@@ -140,6 +140,9 @@ static int f_cat(lua_State *L)
     RETURN_TENSOR(L, "mp.cat", mp_cat(n, ts, d));
 }
 
+/* mp.pow(base, exponent): either may be a number, as Tensor:pow and ^ */
+static int f_pow(lua_State *L) { return lt_pow(L, "mp.pow"); }
+
 /* mp.where(cond, a, b): a and b may be numbers */
 static int f_where(lua_State *L)
 {
@@ -360,7 +363,7 @@ static const luaL_Reg funcs[] = {
     {"gelu", f_gelu},
     {"softmax", f_softmax}, {"log_softmax", f_log_softmax}, {"linear", f_linear},
     {"layer_norm", f_layer_norm}, {"rms_norm", f_rms_norm}, {"embedding", f_embedding}, {"dropout", f_dropout},
-    {"cross_entropy", f_cross_entropy}, {"mse_loss", f_mse_loss}, {"cat", f_cat}, {"where", f_where},
+    {"cross_entropy", f_cross_entropy}, {"mse_loss", f_mse_loss}, {"cat", f_cat}, {"where", f_where}, {"pow", f_pow},
     {"attention", f_attention}, {"conv2d", f_conv2d}, {"max_pool2d", f_max_pool2d}, {"avg_pool2d", f_avg_pool2d},
     {"adaptive_avg_pool2d", f_adaptive_avg_pool2d}, {"batch_norm", f_batch_norm}, {"multinomial", f_multinomial}, {"tril", f_tril}, {"triu", f_triu}, {"masked_fill", f_masked_fill}, {"select", f_select},
     {"no_grad", f_no_grad}, {"set_grad_enabled", f_set_grad_enabled}, {"is_grad_enabled", f_is_grad_enabled},

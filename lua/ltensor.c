@@ -397,12 +397,28 @@ static int t_unary(lua_State *L)
     TENSOR_RETURN(L, m->name, mp_unary(m->op, t, 0));
 }
 
-static int t_pow(lua_State *L)
+/* base ^ exponent (arguments 1 and 2) where either may be a number: tensor ^
+ * number is the unary pow, number ^ tensor and tensor ^ tensor the binary one
+ * (engine/ops_math.c); name is the caller's Lua name. A numeric string is
+ * refused, not converted: Lua's string arithmetic would hand `"2" ^ t` here. */
+int lt_pow(lua_State *L, const char *name)
 {
-    mp_tensor *t = lt_check(L, 1);
-    double p = luaL_checknumber(L, 2);
-    TENSOR_RETURN(L, "Tensor:pow", mp_unary(MP_POW, t, p));
+    mp_tensor *a = lt_opt(L, 1), *b = lt_opt(L, 2);
+    bool na = lua_type(L, 1) == LUA_TNUMBER, nb = lua_type(L, 2) == LUA_TNUMBER;
+    if (!a && !na) return luaL_error(L, "%s: base must be a Tensor or a number (got %s)", name, luaL_typename(L, 1));
+    if (!b && !nb)
+        return luaL_error(L, "%s: exponent must be a Tensor or a number (got %s)", name, luaL_typename(L, 2));
+    if (na && nb) return luaL_error(L, "%s: base or exponent must be a Tensor (got two numbers)", name);
+    if (a && b && a->dev != b->dev)
+        return luaL_error(L, "%s: base is on %s and exponent on %s (one device for both)", name,
+                          mp_device_name(a->dev), mp_device_name(b->dev));
+    if (a && b) TENSOR_RETURN(L, name, mp_binary(MP_POWT, a, b));
+    if (a) TENSOR_RETURN(L, name, mp_binary_scalar(MP_POWT, a, lua_tonumber(L, 2), 0));
+    TENSOR_RETURN(L, name, mp_binary_scalar(MP_POWT, b, lua_tonumber(L, 1), 1));
 }
+
+static int t_pow(lua_State *L) { return lt_pow(L, "Tensor:pow"); }
+static int t_pow_mm(lua_State *L) { return lt_pow(L, "Tensor:__pow"); }
 
 /* optional dim argument: 0 (all dims) when absent */
 static int opt_dim(lua_State *L, int i, const char *name)
@@ -565,7 +581,7 @@ static const luaL_Reg meth[] = {
 
 static const luaL_Reg metameth[] = {
     {"__gc", t_gc}, {"__close", t_close}, {"__tostring", lt_tostring},
-    {"__add", t_add}, {"__sub", t_sub}, {"__mul", t_mul}, {"__div", t_div}, {"__unm", t_unm},
+    {"__add", t_add}, {"__sub", t_sub}, {"__mul", t_mul}, {"__div", t_div}, {"__pow", t_pow_mm}, {"__unm", t_unm},
     {"__eq", t_eq}, {"__newindex", t_newindex}, {"__index", NULL}, {NULL, NULL}
 };
 

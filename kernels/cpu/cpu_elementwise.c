@@ -30,6 +30,7 @@ MP_SIMD static void bin_f32(mp_binop op, float *o, const float *a, int64_t ia, c
     case MP_SUB: BIN_LOOP(x - y); break;
     case MP_MUL: BIN_LOOP(x * y); break;
     case MP_DIV: BIN_LOOP(x / y); break;
+    case MP_POWT: BIN_LOOP(powf(x, y)); break;
     case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE: break;   /* comparisons: cmp() */
     }
 }
@@ -69,7 +70,7 @@ static uint8_t cmp(mp_binop op, double x, double y)
     case MP_LE: return x <= y;
     case MP_EQ: return x == y;
     case MP_NE: return x != y;
-    case MP_ADD: case MP_SUB: case MP_MUL: case MP_DIV: break;   /* arithmetic: bin_f32() */
+    case MP_ADD: case MP_SUB: case MP_MUL: case MP_DIV: case MP_POWT: break;   /* arithmetic: bin_f32() */
     }
     return 0;
 }

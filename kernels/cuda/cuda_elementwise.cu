@@ -51,6 +51,7 @@ static __device__ __forceinline__ float bin_f(mp_binop op, float x, float y)
     case MP_SUB: return x - y;
     case MP_MUL: return x * y;
     case MP_DIV: return x / y;
+    case MP_POWT: return powf(x, y);
     case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE: break;   /* comparisons: cmp() */
     }
     return 0.0f;
@@ -66,7 +67,7 @@ static __device__ __forceinline__ uint8_t cmp(mp_binop op, T x, T y)
     case MP_LE: return x <= y;
     case MP_EQ: return x == y;
     case MP_NE: return x != y;
-    case MP_ADD: case MP_SUB: case MP_MUL: case MP_DIV: break;   /* arithmetic: bin_f() */
+    case MP_ADD: case MP_SUB: case MP_MUL: case MP_DIV: case MP_POWT: break;   /* arithmetic: bin_f() */
     }
     return 0;
 }
