@@ -48,6 +48,8 @@ struct mp_node {
     mp_tensor *grad;               /* gradient of the output, summed during backward */
     int nsaved;
     mp_tensor **saved;             /* what the backward needs, any number (NULL entries allowed) */
+    void *payload;                 /* a custom node's own data (engine/custom.h), freed with the node by */
+    void (*payload_release)(void *payload);   /* this (NULL: nothing to free) */
     int nin;
     mp_edge in[];                  /* one per input, as many as the op has */
 };
@@ -63,6 +65,11 @@ bool mp_needs_grad(int n, mp_tensor *const *ins);
  * grad_fn is the node. NULL with an error only when out of memory. */
 mp_node *mp_graph_record(mp_tensor *out, const char *name, mp_backward_fn backward, int nin,
                          mp_tensor *const *ins);
+/* the same node made for no output yet (engine/custom.c: a node with several
+ * outputs): its one reference is the caller's, until mp_graph_attach gives it
+ * to an output (which must have no grad_fn) */
+mp_node *mp_graph_node(const char *name, mp_backward_fn backward, int nin, mp_tensor *const *ins);
+void mp_graph_attach(mp_tensor *out, mp_node *n);
 mp_tensor *mp_detached(mp_tensor *t);            /* new header, same storage, no grad_fn */
 /* true when input i of n wants a gradient */
 static inline bool mp_edge_wants(const mp_node *n, int i) { return n->in[i].node || n->in[i].leaf; }

@@ -85,6 +85,7 @@ struct mp_op {
     size_t args_size;              /* sizeof the op's argument struct; 0: it has none */
     bool quantized;                /* the forward reads quantized inputs (t->quant) itself;
                                     * false: mp_apply refuses them */
+    bool double_backward;          /* its backward is built from recording ops, so create_graph can differentiate it again (engine/backward.c) */
 };
 
 /* the op's argument struct, checked against the description's args_size */

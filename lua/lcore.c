@@ -304,5 +304,6 @@ int luaopen_mp_core(lua_State *L)
     mp_open_scaler_trace(L);
     mp_open_lab(L);
     mp_open_dist(L);
+    mp_open_function(L);
     return 1;
 }

@@ -29,4 +29,5 @@ void mp_open_scaler(lua_State *L);                   /* the Scaler and the built
 void mp_open_scaler_trace(lua_State *L);             /* the Scaler's trace lines (lscaler_trace.c; after mp_open_scaler) */
 void mp_open_lab(lua_State *L);                      /* replay's policy simulator, diagnose's observer (llab.c) */
 void mp_open_dist(lua_State *L);                     /* mp.dist's C half (ldist.c) */
+void mp_open_function(lua_State *L);                 /* mp.autograd.Function's C half (lfunction.c) */
 #endif

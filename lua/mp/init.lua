@@ -16,6 +16,7 @@ mp.nn = require "mp.nn"
 mp.amp = require "mp.amp"
 mp.pretty = require "mp.pretty"
 mp.dist = require "mp.dist"
+mp.autograd = require "mp.autograd"
 
 -- default device: MP_DEVICE, else cuda when present, else cpu
 local env = os.getenv("MP_DEVICE")
