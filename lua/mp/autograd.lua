@@ -196,7 +196,7 @@ local function apply(F, ...)
       record_it = record_it or needs[i]
     else
       needs[i] = false
-      kinds[i] = show(a)
+      kinds[i] = a == nil and "nil" or "a " .. type(a)
     end
   end
   local ctx = setmetatable({ needs_input_grad = needs }, CtxMT)
