@@ -3,7 +3,7 @@
 -- registries per instance with their names in definition order (nn.lua says
 -- how they are named and declared). Here: classes (Module:extend), registration,
 -- walking (parameters, children), modes and devices (train, eval, to),
--- state dicts, printing.
+-- state dicts, hooks, printing.
 local core = require "mp.core"
 local common = require "mp.nn.common"
 common.own_file()
@@ -114,7 +114,7 @@ local function make_class(name, parent)
     return cls[k]
   end
   cls.__newindex = module_newindex
-  cls.__call = function(self, ...) return self:forward(...) end
+  cls.__call = function(self, ...) return M.call(self, ...) end
   cls.__tostring = function(self) return self:repr() end
   if parent then
     for _, mm in ipairs { "__len" } do cls[mm] = rawget(parent, mm) end
@@ -455,6 +455,163 @@ function Module:load_state_dict(sd, opts)
     if v ~= nil then copy_into(s[1][s[2]], v) end
   end
   return { missing_keys = missing, unexpected_keys = unexpected }
+end
+
+---------------------------------------------------------------- hooks
+
+-- A module's hooks, as PyTorch's: each kind a list in registration order, kept
+-- in the instance (rawset: not a parameter, child or buffer), absent until the
+-- first one is registered, so that a call without hooks is one rawget more.
+local HOOK_KINDS = { pre = "register_forward_pre_hook", fwd = "register_forward_hook",
+                     bwd = "register_full_backward_hook" }
+
+local Handle = {}
+Handle.__index = Handle
+Handle.__name = "mp.nn.HookHandle"
+-- handle:remove(): the hook runs no more (removing it again does nothing)
+function Handle:remove()
+  local list = self._list
+  if not list then return end
+  for i = #list, 1, -1 do
+    if list[i] == self._fn then table.remove(list, i) break end
+  end
+  self._list = nil
+end
+
+local function add_hook(self, kind, fn)
+  if type(fn) ~= "function" then
+    raise(string.format("mp.nn.Module:%s: hook must be a function (got %s)", HOOK_KINDS[kind], show(fn)))
+  end
+  local hooks = rawget(self, "_hooks")
+  if not hooks then
+    hooks = { pre = {}, fwd = {}, bwd = {} }
+    rawset(self, "_hooks", hooks)
+  end
+  -- a fresh closure per registration: the same function registered twice is two hooks
+  local entry = function(...) return fn(...) end
+  table.insert(hooks[kind], entry)
+  return setmetatable({ _list = hooks[kind], _fn = entry }, Handle)
+end
+
+-- fn(module, input...) before each forward; what it returns (anything but
+-- nothing or nil) replaces the inputs
+function Module:register_forward_pre_hook(fn) return add_hook(self, "pre", fn) end
+-- fn(module, inputs, output...) after each forward (inputs: a table of the
+-- arguments, with n); what it returns (anything but nothing or nil) replaces the output
+function Module:register_forward_hook(fn) return add_hook(self, "fwd", fn) end
+-- fn(module, grad_input, grad_output) when the gradients of the module's inputs
+-- are computed: grad_input[i] for argument i (nil for one that is not a tensor
+-- requiring grad), grad_output[j] for tensor output j; a table it returns
+-- replaces grad_input
+function Module:register_full_backward_hook(fn) return add_hook(self, "bwd", fn) end
+
+-- The full backward hook wraps the module's inputs and outputs in identity
+-- Functions, as PyTorch's BackwardHook does: the outputs' node runs first in the
+-- backward (it was recorded last) and keeps grad_output; the inputs' node then
+-- has grad_input, calls the hooks and passes on what they return. With no input
+-- requiring grad the outputs' node calls them, with an empty grad_input.
+local hook_fns
+local function backward_hook_functions()
+  if hook_fns then return hook_fns end
+  local Function = require("mp.autograd").Function
+  local function run_hooks(st, grad_input)
+    for _, h in ipairs(st.hooks) do
+      local r = h(st.module, grad_input, st.grad_output)
+      if r ~= nil then
+        if type(r) ~= "table" then
+          error("mp.nn.Module: a full backward hook returned " .. show(r) .. " (expected a table of gradients or nil)")
+        end
+        grad_input = r
+      end
+    end
+    local g = st.grad_output
+    st.grad_output = nil
+    for i = 1, g.n do g[i]:free() end
+    return grad_input
+  end
+  hook_fns = {
+    outputs = Function {
+      name = "BackwardHookOutputs",
+      forward = function(ctx, st, ...) ctx.st = st; return ... end,
+      backward = function(ctx, ...)
+        local st = ctx.st
+        -- the gradients a backward gets are freed when it returns: the inputs'
+        -- node sees grad_output through headers of its own, freed after the hooks
+        local g = table.pack(...)
+        for i = 1, g.n do g[i] = g[i]:detach() end
+        st.grad_output = g
+        if not st.has_inputs then run_hooks(st, {}) end
+        return nil, ...
+      end,
+    },
+    inputs = Function {
+      name = "BackwardHookInputs",
+      forward = function(ctx, st, ...) ctx.st = st; return ... end,
+      backward = function(ctx, ...)
+        local st = ctx.st
+        local grad_input = {}
+        for j, pos in ipairs(st.inpos) do grad_input[pos] = (select(j, ...)) end
+        grad_input = run_hooks(st, grad_input)
+        local r = { n = #st.inpos + 1 }
+        for j, pos in ipairs(st.inpos) do r[j + 1] = grad_input[pos] end
+        return table.unpack(r, 1, r.n)
+      end,
+    },
+  }
+  return hook_fns
+end
+
+local function copy(list)
+  local r = {}
+  for i, v in ipairs(list) do r[i] = v end
+  return r
+end
+
+-- module(...): the pre hooks, the backward hook's input wrapper, forward, the
+-- forward hooks, the backward hook's output wrapper (PyTorch's order)
+function M.call(self, ...)
+  local hooks = rawget(self, "_hooks")
+  if not hooks or (#hooks.pre == 0 and #hooks.fwd == 0 and #hooks.bwd == 0) then return self:forward(...) end
+  local args = table.pack(...)
+  for _, h in ipairs(copy(hooks.pre)) do
+    local r = table.pack(h(self, table.unpack(args, 1, args.n)))
+    if r.n > 0 and not (r.n == 1 and r[1] == nil) then args = r end
+  end
+  local st
+  if #hooks.bwd > 0 and core.is_grad_enabled() then
+    st = { module = self, hooks = copy(hooks.bwd), inpos = {} }
+    local wrap = {}
+    for i = 1, args.n do
+      if is_tensor(args[i]) and args[i]:requires_grad() then
+        st.inpos[#st.inpos + 1] = i
+        wrap[#wrap + 1] = args[i]
+      end
+    end
+    st.has_inputs = #wrap > 0
+    if st.has_inputs then
+      local wrapped = table.pack(backward_hook_functions().inputs(st, table.unpack(wrap)))
+      for j, pos in ipairs(st.inpos) do args[pos] = wrapped[j] end
+    end
+  end
+  local out = table.pack(self:forward(table.unpack(args, 1, args.n)))
+  for _, h in ipairs(copy(hooks.fwd)) do
+    local r = table.pack(h(self, args, table.unpack(out, 1, out.n)))
+    if r.n > 0 and not (r.n == 1 and r[1] == nil) then out = r end
+  end
+  if st then
+    local outpos, wrap = {}, {}
+    for i = 1, out.n do
+      if is_tensor(out[i]) and out[i]:requires_grad() then
+        outpos[#outpos + 1] = i
+        wrap[#wrap + 1] = out[i]
+      end
+    end
+    if #wrap > 0 then
+      local wrapped = table.pack(backward_hook_functions().outputs(st, table.unpack(wrap)))
+      for j, pos in ipairs(outpos) do out[pos] = wrapped[j] end
+    end
+  end
+  return table.unpack(out, 1, out.n)
 end
 
 ---------------------------------------------------------------- printing
