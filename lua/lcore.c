@@ -305,5 +305,7 @@ int luaopen_mp_core(lua_State *L)
     mp_open_lab(L);
     mp_open_dist(L);
     mp_open_autograd(L);
+    mp_open_hooks(L);
+    mp_open_anomaly(L);
     return 1;
 }

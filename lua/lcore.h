@@ -31,4 +31,6 @@ void mp_open_lab(lua_State *L);                      /* replay's policy simulato
 void mp_open_dist(lua_State *L);                     /* mp.dist's C half (ldist.c) */
 void mp_open_autograd(lua_State *L);                 /* mp.autograd.grad's C half (lautograd.c) */
 int la_backward(lua_State *L);                       /* Tensor:backward (lautograd.c) */
+void mp_open_hooks(lua_State *L);                    /* Tensor:register_hook (lhooks.c; after luaopen_mp_tensor) */
+void mp_open_anomaly(lua_State *L);                  /* mp.autograd's anomaly mode (lanomaly.c) */
 #endif
