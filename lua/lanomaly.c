@@ -112,8 +112,22 @@ static const luaL_Reg funcs[] = {
     {NULL, NULL}
 };
 
+/* the state closes: the engine must not read its stacks any more */
+static int forget_state(lua_State *L)
+{
+    (void)L;
+    if (thread) mp_anomaly_where(NULL, NULL), thread = NULL;
+    return 0;
+}
+
 void mp_open_anomaly(lua_State *L)
 {
+    lua_newuserdatauv(L, 0, 0);   /* anchored in the registry: collected at lua_close only */
+    lua_createtable(L, 0, 1);
+    lua_pushcfunction(L, forget_state);
+    lua_setfield(L, -2, "__gc");
+    lua_setmetatable(L, -2);
+    lua_setfield(L, LUA_REGISTRYINDEX, "mp.anomaly_state");
     lb_guard_metatable(L, GUARD_MT, guard_close);
     luaL_setfuncs(L, funcs, 0);
 }

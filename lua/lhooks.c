@@ -121,7 +121,10 @@ static int run_hook(void *payload, void *caller, mp_tensor **g)
     lua_pushlightuserdata(L, &c);
     int rc = 0;
     if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
-        const char *msg = luaL_tolstring(L, -1, NULL);
+        /* no __tostring: it could raise, and nothing here may jump over the engine's walk */
+        char obj[64];
+        const char *msg = lua_tostring(L, -1);
+        if (!msg) snprintf(obj, sizeof obj, "(an error object: %s)", luaL_typename(L, -1)), msg = obj;
         char where[256];
         rc = mp_fail(MP_EINVAL, "gradient hook (the function at %s): %s", hook_where(L, h->ref, where, sizeof where),
                      msg);

@@ -158,6 +158,16 @@ describe("Tensor:register_hook", function()
     H.assert_close(x.grad:totable(), { 4 }, 0, 0, "the second hook ran both times")
   end)
 
+  it("runs on the coroutine that called backward", function()
+    local x = leaf({ 1 })
+    local ran_on
+    x:register_hook(function(g) ran_on = coroutine.running(); return g * 4 end)
+    local co = coroutine.create(function() back(x * 1) end)
+    assert(coroutine.resume(co))
+    assert.are.equal(co, ran_on)
+    H.assert_close(x.grad:totable(), { 4 }, 0, 0)
+  end)
+
   it("keeps running on a computed tensor freed from Lua while its graph lives", function()
     local x = leaf({ 1, 2 })
     local y = x * 2
@@ -181,6 +191,9 @@ describe("Tensor:register_hook", function()
     h:remove()
     h = x:register_hook(function(g) return mp.tensor({ 1, 2, 3 }) end)
     H.raises(function() (x * 2):sum():backward() end, { "Tensor:backward", "gradient hook", "{3}", "{2}" })
+    h:remove()
+    h = x:register_hook(function(g) error({}) end)   -- an error that is no string
+    H.raises(function() (x * 2):sum():backward() end, { "gradient hook", "an error object: table" })
     h:remove()
     h = x:register_hook(function(g) return "x" end)
     H.raises(function() (x * 2):sum():backward() end, { "gradient hook", "returned string" })
