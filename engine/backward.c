@@ -350,7 +350,7 @@ static int walk(const walk_ctx *w, mp_node **order, size_t n)
         /* the hooks of x's output see its whole gradient first, when x runs or
          * its gradient is a result */
         if (x->hooks && x->grad && (!w->ins || (x->walk & (WALK_RUN | WALK_USED))))
-            rc = mp_grad_hooks_run(x->hooks, w->caller, &x->grad);
+            rc = mp_grad_hooks_run(mp_node_grad_hooks(x), w->caller, &x->grad);
         if (rc == 0 && w->ins) {   /* an input computed here: its gradient is this node's sum */
             for (int j = 0; j < w->nin && x->grad; j++)
                 if (w->ins[j]->grad_fn == x) rc = accumulate(&w->res[j], x->grad);

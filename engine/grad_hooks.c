@@ -1,6 +1,7 @@
 /*
  * grad_hooks.c: the hooks of a tensor's gradient (engine/grad_hooks.h).
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include "engine/grad_hooks.h"
 #include "engine/graph.h"
@@ -19,8 +20,8 @@ struct mp_grad_hook {
     mp_grad_hook *next;
 };
 
-/* A list. A leaf's is released with the tensor through its head (tensor.c
- * knows nothing of hooks); a node's with the node (graph.c). */
+/* A list. A leaf's is released with the tensor, a node's with the node, both
+ * through its head (tensor.c and graph.c know nothing of hooks). */
 struct mp_grad_hooks {
     mp_node_head head;             /* first */
     int running;                   /* mp_grad_hooks_run calls under way on it */
@@ -28,6 +29,8 @@ struct mp_grad_hooks {
     bool doomed;                   /* its owner went while running: free it after */
     mp_grad_hook *first, *last;
 };
+
+_Static_assert(offsetof(mp_grad_hooks, head) == 0, "a list is released through its first member");
 
 static void unref(mp_grad_hook *h)
 {
@@ -56,7 +59,7 @@ static void sweep(mp_grad_hooks *hs)   /* unlink the removed hooks (none running
     hs->dirty = false;
 }
 
-void mp_grad_hooks_free(mp_grad_hooks *hs)
+static void free_hooks(mp_grad_hooks *hs)
 {
     if (!hs) return;
     if (hs->running) { hs->doomed = true; return; }
@@ -69,29 +72,33 @@ void mp_grad_hooks_free(mp_grad_hooks *hs)
     free(hs);
 }
 
-static void release_head(mp_node_head *head) { mp_grad_hooks_free((mp_grad_hooks *)head); }
+static void release_head(mp_node_head *head) { free_hooks((mp_grad_hooks *)head); }
+
+/* the head is the list's first member */
+mp_grad_hooks *mp_node_grad_hooks(const mp_node *n) { return (mp_grad_hooks *)n->hooks; }
 
 mp_grad_hooks *mp_grad_hooks_of(const mp_tensor *t)
 {
-    if (t->grad_fn) return t->grad_fn->hooks;
-    return (mp_grad_hooks *)t->hooks;   /* the head is the list's first member */
+    return t->grad_fn ? mp_node_grad_hooks(t->grad_fn) : (mp_grad_hooks *)t->hooks;
 }
 
 mp_grad_hook *mp_grad_hook_add(mp_tensor *t, mp_grad_hook_fn fn, void (*release)(void *payload), void *payload)
 {
     if (!t->requires_grad)
         return mp_fail(MP_EINVAL, "cannot register a hook on a tensor that does not require grad"), NULL;
-    mp_grad_hooks **slot = t->grad_fn ? &t->grad_fn->hooks : (mp_grad_hooks **)&t->hooks;
+    mp_node_head **slot = t->grad_fn ? &t->grad_fn->hooks : &t->hooks;
     mp_grad_hook *h = calloc(1, sizeof *h);
     if (!h) return mp_fail(MP_EOOM, "out of memory adding a gradient hook"), NULL;
     if (!*slot) {
-        if (!(*slot = calloc(1, sizeof **slot))) {
+        mp_grad_hooks *hs = calloc(1, sizeof *hs);
+        if (!hs) {
             free(h);
             return mp_fail(MP_EOOM, "out of memory adding a gradient hook"), NULL;
         }
-        (*slot)->head.release = release_head;
+        hs->head.release = release_head;
+        *slot = &hs->head;
     }
-    mp_grad_hooks *hs = *slot;
+    mp_grad_hooks *hs = (mp_grad_hooks *)*slot;
     h->fn = fn, h->release = release, h->payload = payload;
     h->refs = 2;                   /* the list's and the handle's */
     h->owner = hs;
@@ -135,7 +142,7 @@ int mp_grad_hooks_run(mp_grad_hooks *hs, void *caller, mp_tensor **g)
     }
     s->hooks_running--;
     if (--hs->running == 0) {
-        if (hs->doomed) mp_grad_hooks_free(hs);
+        if (hs->doomed) free_hooks(hs);
         else if (hs->dirty) sweep(hs);
     }
     return rc;

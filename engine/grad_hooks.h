@@ -43,13 +43,14 @@ void mp_grad_hook_remove(mp_grad_hook *h);
  * does not remove its hook) */
 void mp_grad_hook_drop(mp_grad_hook *h);
 
-/* the hooks of t's gradient: its node's for a computed tensor, its own for a leaf (NULL: none) */
+/* the hooks of t's gradient: its node's for a computed tensor, its own for a
+ * leaf; those of node n's output (NULL: none) */
 mp_grad_hooks *mp_grad_hooks_of(const mp_tensor *t);
+struct mp_node;
+mp_grad_hooks *mp_node_grad_hooks(const struct mp_node *n);
 /* run hs on *g (engine/backward.c); NULL hs runs nothing */
 int mp_grad_hooks_run(mp_grad_hooks *hs, void *caller, mp_tensor **g);
 /* true while any hook runs on this thread: a backward may not start then */
 bool mp_grad_hooks_running(void);
-/* let a node's list go with the node (engine/graph.c) */
-void mp_grad_hooks_free(mp_grad_hooks *hs);
 
 #endif

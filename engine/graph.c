@@ -7,7 +7,6 @@
 #include "engine/graph.h"
 #include "engine/state.h"
 #include "engine/error.h"
-#include "engine/grad_hooks.h"
 
 _Static_assert(offsetof(mp_node, head) == 0, "a tensor releases its grad_fn through the node's first member");
 
@@ -122,7 +121,7 @@ void mp_node_release(mp_node *n)
         }
         free(n->saved);
         free(n->args);
-        mp_grad_hooks_free(n->hooks);
+        if (n->hooks) n->hooks->release(n->hooks);
         free(n->where);
         free(n);
         if (!top) break;

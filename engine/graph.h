@@ -51,7 +51,8 @@ struct mp_node {
     uint64_t saved_outputs;        /* bit k: saved[k] is the node's own output, detached (engine/op.h
                                     * mp_keep_output); create_graph attaches it again for the backward */
     unsigned char walk;            /* scratch of the walk that holds the node (engine/backward.c) */
-    struct mp_grad_hooks *hooks;   /* hooks on its output's gradient (engine/grad_hooks.h), owned */
+    mp_node_head *hooks;           /* hooks on its output's gradient (engine/grad_hooks.h), owned and
+                                    * released through their head: the graph knows nothing of them */
     char *where;                   /* anomaly mode: where its forward ran ("train.lua:12"), owned */
     int nin;
     mp_edge in[];                  /* one per input, as many as the op has */
