@@ -10,6 +10,8 @@
 #include "engine/flush_count.h"
 #include "engine/ops.h"
 #include "engine/error.h"
+#include "engine/grad_hooks.h"
+#include "engine/anomaly.h"
 
 static mp_backward_listener *listeners;
 
@@ -95,6 +97,14 @@ oom:
     return NULL;
 }
 
+/* a leaf with hooks, in a walk that fills .grad: its hooks run once, on the
+ * sum of what its edges bring, when the last node with an edge to it is done */
+typedef struct {
+    mp_tensor *leaf;
+    int left;                      /* edges to it in nodes whose turn has not come */
+    mp_tensor *sum;
+} leaf_wait;
+
 /* What one walk does beyond the plain backward: keep the graph, build a new
  * one, or hand the gradients of chosen inputs back instead of filling .grad */
 typedef struct {
@@ -102,6 +112,9 @@ typedef struct {
     int nin;                       /* mp_autograd_grad: its inputs, and where their gradients go */
     mp_tensor *const *ins;
     mp_tensor **res;
+    void *caller;                  /* for the gradient hooks (mp_backward_opts.caller) */
+    int nwait;                     /* the leaves with hooks (mp_backward_ex) */
+    leaf_wait *wait;
 } walk_ctx;
 
 enum { WALK_RUN = 1, WALK_USED = 2 };   /* mp_node.walk's bits during mp_autograd_grad */
@@ -213,13 +226,62 @@ static int call_backward(const walk_ctx *w, mp_node *x, mp_tensor **gin)
     return rc;
 }
 
-/* the gradient g for edge e (taken): a leaf's .grad, a node's sum, or an
- * input's result in mp_autograd_grad */
+static leaf_wait *wait_of(const walk_ctx *w, const mp_tensor *leaf)
+{
+    for (int k = 0; k < w->nwait; k++)
+        if (w->wait[k].leaf == leaf) return &w->wait[k];
+    return NULL;
+}
+
+/* the leaves of order's edges that have hooks, into w->wait (none: no allocation) */
+static int wait_for_hooked_leaves(walk_ctx *w, mp_node *const *order, size_t n)
+{
+    int cap = 0;
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < order[i]->nin; k++) {
+            mp_tensor *leaf = order[i]->in[k].leaf;
+            if (!leaf || !leaf->hooks) continue;
+            leaf_wait *lw = wait_of(w, leaf);
+            if (!lw) {
+                if (w->nwait == cap) {
+                    leaf_wait *v = realloc(w->wait, sizeof *v * (size_t)(cap = cap ? 2 * cap : 4));
+                    if (!v) return mp_fail(MP_EOOM, "out of memory starting a backward");
+                    w->wait = v;
+                }
+                lw = &w->wait[w->nwait++];
+                *lw = (leaf_wait){leaf, 0, NULL};
+            }
+            lw->left++;
+        }
+    return 0;
+}
+
+/* x's turn is over: a hooked leaf that x was the last to feed gets its hooks
+ * run on its sum, which then goes into its .grad */
+static int leaves_done(const walk_ctx *w, const mp_node *x)
+{
+    int rc = 0;
+    for (int k = 0; k < x->nin; k++) {
+        leaf_wait *lw = x->in[k].leaf ? wait_of(w, x->in[k].leaf) : NULL;
+        if (!lw || --lw->left > 0 || !lw->sum) continue;
+        if (rc == 0) rc = mp_grad_hooks_run(mp_grad_hooks_of(lw->leaf), w->caller, &lw->sum);
+        if (rc == 0) rc = accumulate_leaf(lw->leaf, lw->sum);
+        mp_release(lw->sum);
+        lw->sum = NULL;
+    }
+    return rc;
+}
+
+/* the gradient g for edge e (taken): a leaf's .grad (or its sum, when it has
+ * hooks), a node's sum, or an input's result in mp_autograd_grad */
 static int route(const walk_ctx *w, mp_edge *e, mp_tensor *g)
 {
     if (e->node) return accumulate(&e->node->grad, g);
     if (!e->leaf) return 0;
-    if (!w->ins) return accumulate_leaf(e->leaf, g);
+    if (!w->ins) {
+        leaf_wait *lw = w->nwait ? wait_of(w, e->leaf) : NULL;
+        return lw ? accumulate(&lw->sum, g) : accumulate_leaf(e->leaf, g);
+    }
     int rc = 0;
     for (int j = input_index(w, e->leaf, 0); j >= 0 && rc == 0; j = input_index(w, e->leaf, j + 1))
         rc = accumulate(&w->res[j], g);
@@ -234,6 +296,7 @@ static int run_node(const walk_ctx *w, mp_node *x)
     mp_tensor *small[8] = {0}, **gin = x->nin <= 8 ? small : calloc((size_t)x->nin, sizeof *gin);
     if (!gin) return mp_fail(MP_EOOM, "out of memory in the backward of %s", x->name);
     int rc = call_backward(w, x, gin);
+    if (rc == 0 && mp_state_get()->anomaly.on) rc = mp_anomaly_check(x, x->grad, gin);
     if (rc == 0 && !w->ins)
         for (mp_backward_listener *l = listeners; l; l = l->next)
             if (l->gradients) l->gradients(x, gin);
@@ -284,7 +347,11 @@ static int walk(const walk_ctx *w, mp_node **order, size_t n)
             if (l->begin) l->begin(order, n);
     for (size_t i = 0; i < n && rc == 0; i++) {
         mp_node *x = order[i];
-        if (w->ins) {   /* an input computed here: its gradient is this node's sum */
+        /* the hooks of x's output see its whole gradient first, when x runs or
+         * its gradient is a result */
+        if (x->hooks && x->grad && (!w->ins || (x->walk & (WALK_RUN | WALK_USED))))
+            rc = mp_grad_hooks_run(mp_node_grad_hooks(x), w->caller, &x->grad);
+        if (rc == 0 && w->ins) {   /* an input computed here: its gradient is this node's sum */
             for (int j = 0; j < w->nin && x->grad; j++)
                 if (w->ins[j]->grad_fn == x) rc = accumulate(&w->res[j], x->grad);
             if (!(x->walk & WALK_RUN)) {
@@ -294,6 +361,7 @@ static int walk(const walk_ctx *w, mp_node **order, size_t n)
             }
         }
         if (rc == 0 && x->grad) rc = run_node(w, x);
+        if (rc == 0 && w->nwait) rc = leaves_done(w, x);
         for (mp_backward_listener *l = listeners; l && rc == 0 && !w->ins; l = l->next)
             if (l->node_done) rc = l->node_done(x);
     }
@@ -301,6 +369,7 @@ static int walk(const walk_ctx *w, mp_node **order, size_t n)
         mp_release(order[i]->grad);
         order[i]->grad = NULL;
     }
+    for (int k = 0; k < w->nwait; k++) mp_release(w->wait[k].sum), w->wait[k].sum = NULL;
     return rc;
 }
 
@@ -348,9 +417,18 @@ static mp_tensor *seed(mp_tensor *t, mp_tensor *grad, bool create, const char *w
     return mp_full(t->dtype, t->dev, t->ndim, t->shape, 1);
 }
 
+/* a walk started from a gradient hook would use the sums of the walk that runs it */
+static int refuse_in_hook(const char *what)
+{
+    if (!mp_grad_hooks_running()) return 0;
+    return mp_fail(MP_EINVAL, "%s cannot start inside a gradient hook (the backward that runs the hook holds "
+                              "the graph's partial gradients)", what);
+}
+
 int mp_backward_ex(mp_tensor *t, mp_tensor *grad, const mp_backward_opts *opts)
 {
-    walk_ctx w = {.retain = opts && (opts->retain_graph || opts->create_graph)};
+    walk_ctx w = {.retain = opts && (opts->retain_graph || opts->create_graph), .caller = opts ? opts->caller : NULL};
+    if (refuse_in_hook("backward")) return -1;
     if (opts && opts->create_graph)
         return mp_fail(MP_EINVAL, "create_graph is not supported by backward: the leaves' .grad would hold a "
                                   "graph that holds the leaves; use mp.autograd.grad(..., {create_graph = true})");
@@ -361,7 +439,8 @@ int mp_backward_ex(mp_tensor *t, mp_tensor *grad, const mp_backward_opts *opts)
     walk_saved was = walk_enter(&w);
     int rc;
     if (!t->grad_fn) {
-        rc = accumulate_leaf(t, g);
+        rc = mp_grad_hooks_run(mp_grad_hooks_of(t), w.caller, &g);
+        if (rc == 0) rc = accumulate_leaf(t, g);
         mp_release(g);
     } else {
         size_t n = 0;
@@ -369,8 +448,11 @@ int mp_backward_ex(mp_tensor *t, mp_tensor *grad, const mp_backward_opts *opts)
         mp_tensor *prev = t->grad_fn->grad;
         t->grad_fn->grad = g;
         mp_release(prev);
-        rc = order ? walk(&w, order, n) : -1;
-        if (!order) {
+        bool walked = false;
+        rc = order ? wait_for_hooked_leaves(&w, order, n) : -1;
+        if (rc == 0) rc = walk(&w, order, n), walked = true;
+        free(w.wait);
+        if (!walked) {   /* the walk drops its sums itself */
             mp_release(t->grad_fn->grad);
             t->grad_fn->grad = NULL;
         }
@@ -389,8 +471,10 @@ int mp_autograd_grad(int nout, mp_tensor *const *outs, mp_tensor *const *gouts, 
                      const mp_backward_opts *opts, bool allow_unused, mp_tensor **res)
 {
     walk_ctx w = {.retain = opts && (opts->retain_graph || opts->create_graph),
-                  .create = opts && opts->create_graph, .nin = nin, .ins = ins, .res = res};
+                  .create = opts && opts->create_graph, .nin = nin, .ins = ins, .res = res,
+                  .caller = opts ? opts->caller : NULL};
     for (int j = 0; j < nin; j++) res[j] = NULL;
+    if (refuse_in_hook("mp_autograd_grad")) return -1;
     if (nout < 1) return mp_fail(MP_EINVAL, "outputs: give at least one tensor");
     if (nin < 1) return mp_fail(MP_EINVAL, "inputs: give at least one tensor");
     for (int k = 0; k < nout; k++)
@@ -424,6 +508,16 @@ int mp_autograd_grad(int nout, mp_tensor *const *outs, mp_tensor *const *gouts, 
     }
     if (rc == 0) rc = walk(&w, order, n);
     for (size_t i = 0; i < n; i++) order[i]->walk = 0, mp_release(order[i]->grad), order[i]->grad = NULL;
+    for (int j = 0; j < nin && rc == 0; j++) {   /* a leaf input's hooks, on its whole gradient */
+        if (!res[j] || ins[j]->grad_fn || !ins[j]->hooks) continue;
+        int first = input_index(&w, ins[j], 0);
+        if (first == j) {
+            rc = mp_grad_hooks_run(mp_grad_hooks_of(ins[j]), w.caller, &res[j]);
+        } else {                                 /* the same input again: the same result */
+            mp_release(res[j]);
+            res[j] = mp_retain(res[first]);
+        }
+    }
     walk_leave(was);
     for (int j = 0; j < nin && rc == 0; j++) {
         if (res[j]) continue;

@@ -56,7 +56,10 @@ int mp_backward(mp_tensor *t, mp_tensor *grad);
  *                 backward reaches it, and only then. create_graph implies
  *                 retain_graph, as in PyTorch.
  */
-typedef struct { bool retain_graph, create_graph; } mp_backward_opts;
+typedef struct {
+    bool retain_graph, create_graph;
+    void *caller;                  /* handed to every gradient hook the walk runs (engine/grad_hooks.h) */
+} mp_backward_opts;
 
 /* mp_backward with opts (NULL: neither). create_graph is refused here: a
  * leaf's .grad would hold a graph that holds the leaf (use mp_autograd_grad) */

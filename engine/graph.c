@@ -30,8 +30,9 @@ bool mp_needs_grad(int n, mp_tensor *const *ins)
 
 static void release_head(mp_node_head *head) { mp_node_release((mp_node *)head); }
 
-mp_node *mp_graph_record(mp_tensor *out, const char *name, mp_backward_fn backward, int nin,
-                         mp_tensor *const *ins)
+/* a node with nin empty edges, numbered; in anomaly mode it knows where its
+ * forward ran (the binding's provider: engine/anomaly.h) */
+static mp_node *new_node(const char *name, mp_backward_fn backward, int nin)
 {
     mp_node *n = mp_graph_node(name, backward, nin, ins);
     if (n) mp_graph_attach(out, n);
@@ -48,12 +49,22 @@ mp_node *mp_graph_node(const char *name, mp_backward_fn backward, int nin, mp_te
 {
     mp_node *n = calloc(1, sizeof *n + (size_t)nin * sizeof(mp_edge));
     if (!n) return mp_fail(MP_EOOM, "out of memory recording %s", name), NULL;
+    mp_state *s = mp_state_get();
     n->head.release = release_head;
     n->refs = 1;
     n->name = name;
     n->backward = backward;
-    n->seq = mp_state_get()->next_seq++;
+    n->seq = s->next_seq++;
     n->nin = nin;
+    if (s->anomaly.on && s->anomaly.where) n->where = s->anomaly.where(s->anomaly.ctx);   /* NULL: unknown */
+    return n;
+}
+
+mp_node *mp_graph_record(mp_tensor *out, const char *name, mp_backward_fn backward, int nin,
+                         mp_tensor *const *ins)
+{
+    mp_node *n = new_node(name, backward, nin);
+    if (!n) return NULL;
     for (int i = 0; i < nin; i++) {
         mp_tensor *t = ins[i];
         mp_edge *e = &n->in[i];
@@ -70,14 +81,8 @@ mp_node *mp_graph_node(const char *name, mp_backward_fn backward, int nin, mp_te
 mp_node *mp_graph_record_edges(mp_tensor *out, const char *name, mp_backward_fn backward, int nin,
                                const mp_edge *edges)
 {
-    mp_node *n = calloc(1, sizeof *n + (size_t)nin * sizeof(mp_edge));
-    if (!n) return mp_fail(MP_EOOM, "out of memory recording %s", name), NULL;
-    n->head.release = release_head;
-    n->refs = 1;
-    n->name = name;
-    n->backward = backward;
-    n->seq = mp_state_get()->next_seq++;
-    n->nin = nin;
+    mp_node *n = new_node(name, backward, nin);
+    if (!n) return NULL;
     for (int i = 0; i < nin; i++) {
         n->in[i] = edges[i];
         if (edges[i].node) edges[i].node->refs++;
@@ -128,6 +133,8 @@ void mp_node_release(mp_node *n)
         }
         free(n->saved);
         free(n->args);
+        if (n->hooks) n->hooks->release(n->hooks);
+        free(n->where);
         free(n);
         if (!top) break;
         n = stack[--top];

@@ -46,6 +46,16 @@ typedef struct {
      * functions run are its machinery, so autocast's regions are inactive and
      * the op-by-op record keeps only the gradients the nodes give */
     bool in_backward;
+    /* gradient hooks running (engine/grad_hooks.c): a backward started from
+     * one would walk nodes whose sums the running walk holds, so it is refused */
+    int hooks_running;
+    /* anomaly mode (engine/anomaly.h): nodes get the line of their forward
+     * from where(ctx), and the backward checks what each node gives */
+    struct {
+        bool on;
+        char *(*where)(void *ctx);
+        void *ctx;
+    } anomaly;
     struct {
         int depth;                 /* regions open */
         /* backward: the region is in force inside a backward pass too (a custom

@@ -202,6 +202,7 @@ void mp_release(mp_tensor *t)
         mp_node_head *node = (mp_node_head *)t->grad_fn;   /* a node begins with its head */
         node->release(node);
     }
+    if (t->hooks) t->hooks->release(t->hooks);
     mp_release(t->quant.scales);
     mp_storage_release(t->st);
     free(t);

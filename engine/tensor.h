@@ -80,6 +80,9 @@ typedef struct mp_tensor {
     bool requires_grad;
     struct mp_tensor *grad;
     struct mp_node *grad_fn;
+    /* a leaf's gradient hooks (engine/grad_hooks.h), NULL when none: released
+     * with the tensor through their head, as grad_fn is */
+    mp_node_head *hooks;
     mp_quant quant;                /* plain values unless quant.kind says otherwise (above) */
 } mp_tensor;
 

@@ -23,7 +23,7 @@ static mp_tensor **tensors_at(lua_State *L, int i, const char *what, const char 
 /* the walk's options from the table at i (retain_graph defaults to create_graph, as in PyTorch) */
 static mp_backward_opts walk_options(lua_State *L, int i)
 {
-    mp_backward_opts o = {0};
+    mp_backward_opts o = {.caller = L};   /* the thread the gradient hooks run on (lua/lhooks.c) */
     lua_getfield(L, i, "create_graph");
     o.create_graph = lua_toboolean(L, -1);
     lua_getfield(L, i, "retain_graph");
@@ -43,7 +43,7 @@ static int a_grad(lua_State *L)
     mp_tensor **outs = tensors_at(L, 1, "outputs", name, &nout);
     mp_tensor **ins = tensors_at(L, 2, "inputs", name, &nin);
     bool single = lt_opt(L, 2) != NULL, allow_unused = false;
-    mp_backward_opts o = {0};
+    mp_backward_opts o = {.caller = L};
     mp_tensor **gouts = NULL;
     if (lb_check_options(L, 3, name, "grad_outputs:any retain_graph:boolean create_graph:boolean "
                                      "allow_unused:boolean", 1)) {
@@ -100,7 +100,7 @@ int la_backward(lua_State *L)
     else if (lua_isnil(L, 2)) oi = 3;
     else if (!lua_isnoneornil(L, 2) && !lua_istable(L, 2))
         return luaL_error(L, "%s: grad must be a tensor (got %s)", name, luaL_typename(L, 2));
-    mp_backward_opts o = {0};
+    mp_backward_opts o = {.caller = L};
     if (lb_check_options(L, oi, name, "retain_graph:boolean create_graph:boolean", 1)) o = walk_options(L, oi);
     mp_clear_error();
     /* no retry after out of memory: the first attempt has already consumed part of the graph */
