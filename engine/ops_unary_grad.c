@@ -14,7 +14,6 @@
  * threshold_backward keeps x as an input with a zero derivative. Their
  * backward is the same op again for g, and g * op''(x) for x.
  */
-#include <math.h>
 #include "engine/ops_unary_grad.h"
 #include "engine/ops.h"
 #include "engine/error.h"
