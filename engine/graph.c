@@ -34,19 +34,6 @@ static void release_head(mp_node_head *head) { mp_node_release((mp_node *)head);
  * forward ran (the binding's provider: engine/anomaly.h) */
 static mp_node *new_node(const char *name, mp_backward_fn backward, int nin)
 {
-    mp_node *n = mp_graph_node(name, backward, nin, ins);
-    if (n) mp_graph_attach(out, n);
-    return n;
-}
-
-void mp_graph_attach(mp_tensor *out, mp_node *n)
-{
-    out->requires_grad = true;
-    out->grad_fn = n;
-}
-
-mp_node *mp_graph_node(const char *name, mp_backward_fn backward, int nin, mp_tensor *const *ins)
-{
     mp_node *n = calloc(1, sizeof *n + (size_t)nin * sizeof(mp_edge));
     if (!n) return mp_fail(MP_EOOM, "out of memory recording %s", name), NULL;
     mp_state *s = mp_state_get();
@@ -62,6 +49,19 @@ mp_node *mp_graph_node(const char *name, mp_backward_fn backward, int nin, mp_te
 
 mp_node *mp_graph_record(mp_tensor *out, const char *name, mp_backward_fn backward, int nin,
                          mp_tensor *const *ins)
+{
+    mp_node *n = mp_graph_node(name, backward, nin, ins);
+    if (n) mp_graph_attach(out, n);
+    return n;
+}
+
+void mp_graph_attach(mp_tensor *out, mp_node *n)
+{
+    out->requires_grad = true;
+    out->grad_fn = n;
+}
+
+mp_node *mp_graph_node(const char *name, mp_backward_fn backward, int nin, mp_tensor *const *ins)
 {
     mp_node *n = new_node(name, backward, nin);
     if (!n) return NULL;
@@ -88,8 +88,7 @@ mp_node *mp_graph_record_edges(mp_tensor *out, const char *name, mp_backward_fn 
         if (edges[i].node) edges[i].node->refs++;
         if (edges[i].leaf) mp_retain(edges[i].leaf);
     }
-    out->requires_grad = true;
-    out->grad_fn = n;
+    mp_graph_attach(out, n);
     return n;
 }
 

@@ -445,7 +445,7 @@ static int where_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
         mp_tensor *sel = mp_where(cond, i == 1 ? g : zero, i == 1 ? zero : g), *s = NULL;
         if (sel) s = mp_sum_to(sel, nd->in[i].ndim, nd->in[i].shape);
         if (s && s->dtype != nd->in[i].dtype) {
-            mp_tensor *c = mp_to_raw(s, nd->in[i].dtype, s->dev);
+            mp_tensor *c = mp_to(s, nd->in[i].dtype, s->dev);   /* recorded under create_graph */
             mp_release(s);
             s = c;
         }
@@ -497,7 +497,7 @@ static mp_tensor *where_fwd(mp_op_ctx *c)
 }
 
 static const mp_op where_op = {.name = "where", .ac = MP_AC_PROMOTE, .nin = 3, .forward = where_fwd,
-                               .backward = where_backward};
+                               .backward = where_backward, .double_backward = true};
 MP_OP_REGISTER(where_op);
 
 mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b)

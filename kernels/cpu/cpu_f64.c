@@ -16,6 +16,7 @@ static double bin(mp_binop op, double x, double y)
     case MP_SUB: return x - y;
     case MP_MUL: return x * y;
     case MP_DIV: return x / y;
+    case MP_POWT: return pow(x, y);
     case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE: break;   /* cpu_binary's cmp() */
     }
     return 0;
