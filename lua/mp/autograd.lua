@@ -6,4 +6,6 @@ for k, v in pairs(core) do
   local name = type(k) == "string" and k:match("^_autograd_(.+)$")
   if name then autograd[name] = v end
 end
+local check = require "mp.autograd.gradcheck"
+autograd.gradcheck, autograd.gradgradcheck = check.gradcheck, check.gradgradcheck
 return autograd
