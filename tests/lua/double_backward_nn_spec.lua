@@ -251,6 +251,37 @@ describe("create_graph through cat, where and dropout", function()
   end)
 end)
 
+describe("mp.autograd.gradgradcheck", function()
+  -- PyTorch's check, entry by entry of the Jacobians (grad_outputs' included),
+  -- in f32: one-hot steps of eps = 3e-3. Truncation eps^2/6 times the third
+  -- derivative, under ~1.5e-3 (up to ~1e3 for the norms, far less for the
+  -- rest); rounding ~50 u |G| / eps ~ 5e-3 for |G| <~ 5; hence atol = rtol =
+  -- 2e-2. The extrapolated checks above are the tight ones.
+  local GG = { eps = 3e-3, atol = 2e-2, rtol = 2e-2 }
+  local t = mp.tensor({ 2, 0, 1 }, { dtype = "i32" })
+  local cond = mp.tensor({ { 1, 0, 1, 0 }, { 0, 1, 1, 0 }, { 1, 1, 0, 0 } }, { dtype = "u8" })
+  local cases = {
+    { "softmax", function(x) return mp.softmax(x, -1) end, { { 3, 4 } } },
+    { "log_softmax", function(x) return mp.log_softmax(x, 1) end, { { 3, 4 } } },
+    { "cross_entropy mean", function(x) return mp.cross_entropy(x, t) end, { { 3, 4 } } },
+    { "cross_entropy sum", function(x) return mp.cross_entropy(x, t, { reduction = "sum" }) end, { { 3, 4 } } },
+    { "cross_entropy none", function(x) return mp.cross_entropy(x, t, { reduction = "none" }) end, { { 3, 4 } } },
+    { "layer_norm", function(x, w, b) return mp.layer_norm(x, w, b) end, { { 3, 4 }, { 4 }, { 4 } } },
+    { "rms_norm", function(x, w) return mp.rms_norm(x, w) end, { { 3, 4 }, { 4 } } },
+    { "cat", function(a, b) return mp.cat({ a * b, b * b }, 1) end, { { 3, 4 }, { 3, 4 } } },
+    { "where", function(a, b) return mp.where(cond, a * a, a * b) end, { { 3, 4 }, { 4 } } },
+  }
+  for k, case in ipairs(cases) do
+    it(case[1], function()
+      math.randomseed(100 + k)
+      mp.manual_seed(100 + k)
+      local xs = {}
+      for i, shape in ipairs(case[3]) do xs[i] = X(shape) end
+      assert.is_true(mp.autograd.gradgradcheck(case[2], xs, GG))
+    end)
+  end
+end)
+
 describe("create_graph in half precision", function()
   -- the HALF tolerance of the header: one ulp of the half type, relative
   local ulp = { f16 = 2 ^ -10, bf16 = 2 ^ -7 }
