@@ -341,6 +341,48 @@ describe("gradient penalties end to end", function()
         which == 1 and "d/dw" or "d/db")
     end
   end)
+
+  it("mse_loss (sub, pow, mean): a penalty on its gradient, and gradgradcheck over both inputs", function()
+    -- mse_loss has no backward of its own: it is twice differentiable when its
+    -- parts are. pow's second derivative comes with the unary ops' (another
+    -- branch of issue 26); until it is merged this case is pending, named so
+    local probe = mp.tensor({ 1, 2 }):requires_grad(true)
+    local ok, err = pcall(function()
+      local g = mp.autograd.grad(mp.mse_loss(probe, mp.zeros { 2 }), probe, { create_graph = true })
+      return mp.autograd.grad(g:sum(), probe)
+    end)
+    if not ok and tostring(err):find("pow has no second derivative", 1, true) then
+      pending("pow has no second derivative yet (the unary ops' branch of issue 26)")
+      return
+    end
+    assert(ok, err)
+    math.randomseed(13)
+    local x = mp.tensor(H.nest(randn_list(12), { 4, 3 }))
+    local target = mp.tensor(H.nest(randn_list(12), { 4, 3 }))
+    local function penalised(w, create)
+      local loss = mp.mse_loss(x * w, target)
+      local gw = mp.autograd.grad(loss, w, { create_graph = create })
+      return loss + (gw * gw):sum()
+    end
+    local wv = randn_list(3)
+    local w = leaf_from(wv, { 3 })
+    penalised(w, true):backward()
+    local function at_w(t, j)
+      local v = table.move(wv, 1, 3, 1, {})
+      v[j] = v[j] + t
+      return penalised(leaf_from(v, { 3 }), false):item()
+    end
+    local num, h = {}, SECOND.h
+    for j = 1, 3 do
+      local d1 = (at_w(h, j) - at_w(-h, j)) / (2 * h)
+      local d2 = (at_w(h / 2, j) - at_w(-h / 2, j)) / h
+      num[j] = (4 * d2 - d1) / 3
+    end
+    check_list(flat_of(w.grad), num, SECOND.atol, SECOND.rtol, "mse_loss penalty d/dw")
+    mp.manual_seed(5)
+    assert.is_true(mp.autograd.gradgradcheck(function(a, b) return mp.mse_loss(a, b) end, { X { 2, 3 }, X { 2, 3 } },
+      { eps = 3e-3, atol = 2e-2, rtol = 2e-2 }))
+  end)
 end)
 
 describe("create_graph's memory", function()
