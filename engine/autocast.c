@@ -76,7 +76,7 @@ static void cache_add(mp_state *s, mp_tensor *src, mp_tensor *r)
         (mp_cast_entry){.src = mp_retain(src), .cast = mp_retain(r), .version = src->st->version};
 }
 
-int mp_autocast_enter(bool enabled, mp_dtype dt)
+static int enter(bool enabled, mp_dtype dt, bool backward)
 {
     mp_state *s = mp_state_get();
     if (s->autocast.depth == MP_AUTOCAST_MAX_DEPTH)
@@ -86,7 +86,20 @@ int mp_autocast_enter(bool enabled, mp_dtype dt)
     mp_op_set_arg_hook(mp_autocast_arg);   /* from the first region on, mp_apply asks */
     s->autocast.stack[s->autocast.depth].on = enabled;
     s->autocast.stack[s->autocast.depth].dt = dt;
+    s->autocast.stack[s->autocast.depth].backward =
+        backward || (s->autocast.depth > 0 && s->autocast.stack[s->autocast.depth - 1].backward);
     return s->autocast.depth++;
+}
+
+int mp_autocast_enter(bool enabled, mp_dtype dt) { return enter(enabled, dt, false); }
+
+int mp_autocast_enter_state(mp_autocast_state st) { return enter(st.on, st.dt, true); }
+
+mp_autocast_state mp_autocast_now(void)
+{
+    mp_autocast_state st = {.on = false, .dt = MP_F16};
+    st.on = mp_autocast_active(&st.dt);
+    return st;
 }
 
 void mp_autocast_exit(int token)
@@ -109,7 +122,8 @@ bool mp_autocast_active(mp_dtype *dt)
 {
     mp_state *s = mp_state_get();
     int depth = s->autocast.depth;
-    if (s->autocast.suppressed || s->in_backward || depth == 0 || !s->autocast.stack[depth - 1].on) return false;
+    if (s->autocast.suppressed || depth == 0 || !s->autocast.stack[depth - 1].on) return false;
+    if (s->in_backward && !s->autocast.stack[depth - 1].backward) return false;
     if (dt) *dt = s->autocast.stack[depth - 1].dt;
     return true;
 }

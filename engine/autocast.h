@@ -15,7 +15,8 @@
  * leaf's FP32 .grad. The cache grows with the weights a region casts.
  *
  * The regions and the cache are this thread's (engine/state.h); they are
- * inactive while a backward pass runs (its ops run in their own dtypes).
+ * inactive while a backward pass runs (its ops run in their own dtypes), but
+ * for those a custom Function's backward enters (mp_autocast_enter_state).
  * mp_apply reaches autocast through its argument hook, which the first region
  * entered installs (engine/op.h).
  */
@@ -30,6 +31,14 @@
 int mp_autocast_enter(bool enabled, mp_dtype dt);
 void mp_autocast_exit(int token);
 bool mp_autocast_active(mp_dtype *dt);
+
+/* The state ops see now, and a region that brings it back later even inside a
+ * backward pass: a custom Function's backward runs with the autocast state its
+ * forward had (PyTorch's custom_fwd/custom_bwd; lua/lfunction.c). Regions
+ * entered inside such a region are in force in the backward too. */
+typedef struct { bool on; mp_dtype dt; } mp_autocast_state;
+mp_autocast_state mp_autocast_now(void);
+int mp_autocast_enter_state(mp_autocast_state st);   /* a token for mp_autocast_exit, or -1 */
 /* while suppressed, every region is inactive whatever a script enters (the FP32
  * rerun of mp.amp.diagnose); returns the previous setting */
 bool mp_autocast_suppress(bool on);

@@ -33,6 +33,19 @@ static void release_head(mp_node_head *head) { mp_node_release((mp_node *)head);
 mp_node *mp_graph_record(mp_tensor *out, const char *name, mp_backward_fn backward, int nin,
                          mp_tensor *const *ins)
 {
+    mp_node *n = mp_graph_node(name, backward, nin, ins);
+    if (n) mp_graph_attach(out, n);
+    return n;
+}
+
+void mp_graph_attach(mp_tensor *out, mp_node *n)
+{
+    out->requires_grad = true;
+    out->grad_fn = n;
+}
+
+mp_node *mp_graph_node(const char *name, mp_backward_fn backward, int nin, mp_tensor *const *ins)
+{
     mp_node *n = calloc(1, sizeof *n + (size_t)nin * sizeof(mp_edge));
     if (!n) return mp_fail(MP_EOOM, "out of memory recording %s", name), NULL;
     n->head.release = release_head;
@@ -51,8 +64,6 @@ mp_node *mp_graph_record(mp_tensor *out, const char *name, mp_backward_fn backwa
         if (t->grad_fn) (e->node = t->grad_fn)->refs++;
         else e->leaf = mp_retain(t);
     }
-    out->requires_grad = true;
-    out->grad_fn = n;
     return n;
 }
 
@@ -102,6 +113,7 @@ void mp_node_release(mp_node *n)
     mp_node **stack = NULL;
     for (;;) {
         mp_node_release_saved(n);
+        if (n->payload_release) n->payload_release(n->payload);   /* before the edges: it may read them */
         mp_release(n->grad);
         for (int i = 0; i < n->nin; i++) {
             mp_release(n->in[i].leaf);

@@ -51,6 +51,8 @@ struct mp_node {
     uint64_t saved_outputs;        /* bit k: saved[k] is the node's own output, detached (engine/op.h
                                     * mp_keep_output); create_graph attaches it again for the backward */
     unsigned char walk;            /* scratch of the walk that holds the node (engine/backward.c) */
+    void *payload;                 /* a custom node's own data (engine/custom.h), freed with the node by */
+    void (*payload_release)(void *payload);   /* this (NULL: nothing to free) */
     int nin;
     mp_edge in[];                  /* one per input, as many as the op has */
 };
@@ -71,6 +73,11 @@ mp_node *mp_graph_record(mp_tensor *out, const char *name, mp_backward_fn backwa
  * node stands for work done on gradients rather than on tensors */
 mp_node *mp_graph_record_edges(mp_tensor *out, const char *name, mp_backward_fn backward, int nin,
                                const mp_edge *edges);
+/* the same node made for no output yet (engine/custom.c: a node with several
+ * outputs): its one reference is the caller's, until mp_graph_attach gives it
+ * to an output (which must have no grad_fn) */
+mp_node *mp_graph_node(const char *name, mp_backward_fn backward, int nin, mp_tensor *const *ins);
+void mp_graph_attach(mp_tensor *out, mp_node *n);
 mp_tensor *mp_detached(mp_tensor *t);            /* new header, same storage, no grad_fn */
 /* true when input i of n wants a gradient */
 static inline bool mp_edge_wants(const mp_node *n, int i) { return n->in[i].node || n->in[i].leaf; }

@@ -48,7 +48,9 @@ typedef struct {
     bool in_backward;
     struct {
         int depth;                 /* regions open */
-        struct { bool on; mp_dtype dt; } stack[MP_AUTOCAST_MAX_DEPTH];
+        /* backward: the region is in force inside a backward pass too (a custom
+         * Function's backward, run in its forward's state: engine/autocast.h) */
+        struct { bool on, backward; mp_dtype dt; } stack[MP_AUTOCAST_MAX_DEPTH];
         bool suppressed;           /* every region inactive (the FP32 rerun of mp.amp.diagnose) */
         mp_cast_entry *cache;      /* alive for the outermost region; grows */
         int ncache, cache_cap;

@@ -305,5 +305,6 @@ int luaopen_mp_core(lua_State *L)
     mp_open_lab(L);
     mp_open_dist(L);
     mp_open_autograd(L);
+    mp_open_function(L);
     return 1;
 }

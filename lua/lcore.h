@@ -31,4 +31,5 @@ void mp_open_lab(lua_State *L);                      /* replay's policy simulato
 void mp_open_dist(lua_State *L);                     /* mp.dist's C half (ldist.c) */
 void mp_open_autograd(lua_State *L);                 /* mp.autograd.grad's C half (lautograd.c) */
 int la_backward(lua_State *L);                       /* Tensor:backward (lautograd.c) */
+void mp_open_function(lua_State *L);                 /* mp.autograd.Function's C half (lfunction.c) */
 #endif
