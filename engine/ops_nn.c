@@ -2,12 +2,65 @@
  * ops_nn.c: the functional ops of neural networks, each with its backward:
  * softmax, log_softmax, cross_entropy (fused with log-softmax), mse_loss,
  * layer_norm, rms_norm, embedding, dropout, cat and where.
+ *
+ * Second derivatives (create_graph, engine/backward.h): a plain backward runs
+ * with grad mode off and calls the fused kernels (softmax_grad,
+ * cross_entropy_grad, layer_norm_grad), untouched. When a backward runs with
+ * grad mode on (create_graph), softmax, log_softmax, cross_entropy,
+ * layer_norm and rms_norm write the same first derivative with ops that
+ * record instead (the "*_backward_ops" functions), so the gradient can be
+ * differentiated again with respect to the inputs and to the incoming
+ * gradient. They use the first-derivative formula rather than a recomputed
+ * forward differentiated by mp_autograd_grad: a handful of elementwise ops
+ * and row sums, no second walk. cat's and where's backwards are made of
+ * recording ops already; mse_loss, embedding and dropout are composites.
  */
 #include <math.h>
 #include <string.h>
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/op.h"
+#include "engine/graph.h"
+
+/* ---- the temporaries of a gradient written with recording ops ----
+ * Each op's result is held in the scratch and released at the end; an op
+ * given a NULL (an earlier step failed, its error set) gives NULL, so a
+ * formula is written as one expression and checked once. */
+
+#define SCRATCH_CAP 32
+typedef struct { mp_tensor *t[SCRATCH_CAP]; int n; } scratch;
+
+static mp_tensor *hold(scratch *s, mp_tensor *t)
+{
+    if (!t) return NULL;
+    if (s->n == SCRATCH_CAP) {   /* a formula with more steps than the scratch: a programming error */
+        mp_release(t);
+        return mp_fail(MP_EINVAL, "a gradient formula of ops_nn.c holds more than %d temporaries", SCRATCH_CAP), NULL;
+    }
+    return s->t[s->n++] = t;
+}
+static mp_tensor *bin(scratch *s, mp_binop op, mp_tensor *a, mp_tensor *b)
+{
+    return a && b ? hold(s, mp_binary(op, a, b)) : NULL;
+}
+static mp_tensor *un(scratch *s, mp_unop op, mp_tensor *a, double p) { return a ? hold(s, mp_unary(op, a, p)) : NULL; }
+/* op along dim (user numbering), the dim kept for broadcasting */
+static mp_tensor *along(scratch *s, mp_redop op, mp_tensor *a, int dim)
+{
+    return a ? hold(s, mp_reduce(op, a, dim, 1)) : NULL;
+}
+static mp_tensor *cast(scratch *s, mp_tensor *a, mp_dtype dt) { return a ? hold(s, mp_to(a, dt, a->dev)) : NULL; }
+/* r (held by s, or NULL) as a new reference, everything else released */
+static mp_tensor *scratch_end(scratch *s, mp_tensor *r)
+{
+    if (r) mp_retain(r);
+    while (s->n) mp_release(s->t[--s->n]);
+    return r;
+}
+
+/* the dtype the fused kernels compute in: f32 for the half types (they load
+ * rows into f32 and round once), the input's own when it is wider */
+static mp_dtype wide(mp_dtype dt) { return dt == MP_F16 || dt == MP_BF16 ? MP_F32 : dt; }
 
 static int need_float(const mp_tensor *t, const char *what)
 {
@@ -33,8 +86,24 @@ typedef struct {
     int64_t outer, n, inner;       /* set by the forward: the {outer, n, inner} view */
 } softmax_args;
 
+/* create_graph: the kernel's formulas with recording ops on the output y
+ * (attached to this node again, so they differentiate through softmax):
+ * softmax: y * (g - sum(g * y)); log_softmax: g - exp(y) * sum(g) */
+static int softmax_backward_ops(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    const softmax_args *a = MP_NODE_ARGS(nd, softmax_args);
+    scratch s = {0};
+    mp_dtype dt = wide(g->dtype);
+    mp_tensor *y = cast(&s, nd->saved[0], dt), *gw = cast(&s, g, dt), *r;
+    if (a->log) r = bin(&s, MP_SUB, gw, bin(&s, MP_MUL, un(&s, MP_EXP, y, 0), along(&s, MP_SUM, gw, a->dim)));
+    else r = bin(&s, MP_MUL, y, bin(&s, MP_SUB, gw, along(&s, MP_SUM, bin(&s, MP_MUL, gw, y), a->dim)));
+    gin[0] = scratch_end(&s, cast(&s, r, g->dtype));
+    return gin[0] ? 0 : -1;
+}
+
 static int softmax_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
+    if (mp_grad_enabled()) return softmax_backward_ops(nd, g, gin);
     mp_tensor *y = nd->saved[0], *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
     if (!r) return -1;
     const softmax_args *a = MP_NODE_ARGS(nd, softmax_args);
@@ -63,9 +132,11 @@ static mp_tensor *softmax_fwd(mp_op_ctx *c)
 }
 
 static const mp_op softmax_op = {.name = "softmax", .ac = MP_AC_F32, .nin = 1, .forward = softmax_fwd,
-                                 .backward = softmax_backward, .args_size = sizeof(softmax_args)};
+                                 .backward = softmax_backward, .args_size = sizeof(softmax_args),
+                                 .double_backward = true};
 static const mp_op log_softmax_op = {.name = "log_softmax", .ac = MP_AC_F32, .nin = 1, .forward = softmax_fwd,
-                                     .backward = softmax_backward, .args_size = sizeof(softmax_args)};
+                                     .backward = softmax_backward, .args_size = sizeof(softmax_args),
+                                     .double_backward = true};
 MP_OP_REGISTER(softmax_op);
 MP_OP_REGISTER(log_softmax_op);
 
@@ -83,8 +154,35 @@ typedef struct {
     int64_t rows, classes;         /* set by the forward */
 } cross_entropy_args;
 
+/* create_graph: (softmax(x) - onehot(target)) * g, over the rows for the
+ * mean, with recording ops: softmax recomputed from the saved logits (the
+ * saved log-sum-exp is not differentiable), the one-hot rows a comparison of
+ * the targets with 0..classes-1 (a constant: targets have no gradient) */
+static int ce_backward_ops(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *x = nd->saved[0], *target = nd->saved[1];
+    const cross_entropy_args *a = MP_NODE_ARGS(nd, cross_entropy_args);
+    scratch s = {0};
+    mp_dtype dt = wide(x->dtype);
+    int64_t shape[MP_MAXDIM];   /* the targets' shape and a 1: one column per row */
+    memcpy(shape, target->shape, sizeof(int64_t) * (size_t)target->ndim);
+    shape[target->ndim] = 1;
+    mp_tensor *column = hold(&s, mp_reshape(target, target->ndim + 1, shape));
+    mp_tensor *classes = hold(&s, mp_arange(a->classes, MP_I32, x->dev));
+    mp_tensor *hit = bin(&s, MP_EQ, column, classes), *onehot = hit ? hold(&s, mp_to_raw(hit, dt, x->dev)) : NULL;
+    mp_tensor *p = cast(&s, x, dt);
+    p = p ? hold(&s, mp_softmax(p, -1, 0)) : NULL;
+    mp_tensor *scale = cast(&s, g, dt);   /* each row's factor */
+    if (scale && a->red == MP_REDUCE_NONE) scale = hold(&s, mp_reshape(scale, target->ndim + 1, shape));
+    else if (a->red == MP_REDUCE_MEAN) scale = un(&s, MP_DIVS, scale, (double)a->rows);
+    mp_tensor *r = bin(&s, MP_MUL, bin(&s, MP_SUB, p, onehot), scale);
+    gin[0] = scratch_end(&s, cast(&s, r, x->dtype));
+    return gin[0] ? 0 : -1;
+}
+
 static int ce_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
+    if (mp_grad_enabled()) return ce_backward_ops(nd, g, gin);
     mp_tensor *x = nd->saved[0], *target = nd->saved[1], *lse = nd->saved[2];
     const cross_entropy_args *a = MP_NODE_ARGS(nd, cross_entropy_args);
     int64_t rows = a->rows, classes = a->classes;
@@ -152,7 +250,7 @@ static mp_tensor *cross_entropy_fwd(mp_op_ctx *c)
 /* the targets are an input without a gradient (integers cut the graph) */
 static const mp_op cross_entropy_op = {.name = "cross_entropy", .ac = MP_AC_F32, .nin = 2,
                                        .forward = cross_entropy_fwd, .backward = ce_backward,
-                                       .args_size = sizeof(cross_entropy_args)};
+                                       .args_size = sizeof(cross_entropy_args), .double_backward = true};
 MP_OP_REGISTER(cross_entropy_op);
 
 mp_tensor *mp_cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red)
@@ -198,8 +296,46 @@ mp_tensor *mp_mse_loss(mp_tensor *a, mp_tensor *b)
 typedef struct { double eps; } layer_norm_args;
 typedef layer_norm_args rms_norm_args;
 
+/* create_graph: the kernel's formulas (kernels/cpu/cpu_nn.c) with recording
+ * ops, the statistics recomputed from x (the saved ones are not
+ * differentiable) in the kernel's dtype:
+ *   xhat = (x - mean) * rstd, rstd = 1 / sqrt(mean((x - mean)^2) + eps)
+ *   gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)),
+ *   gw = sum g * xhat, gb = sum g   (rows summed);
+ * RMS norm: no centring (mean 0) and no mean(g*w) term */
+static int ln_backward_ops(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *x = nd->saved[0], *w = nd->saved[1];
+    bool centred = nd->saved[2] != NULL;   /* the mean is kept by layer_norm, not by rms_norm */
+    double eps = MP_NODE_ARGS(nd, layer_norm_args)->eps;
+    int64_t n = x->shape[x->ndim - 1];
+    scratch s = {0};
+    mp_dtype dt = wide(x->dtype);
+    mp_tensor *xf = cast(&s, x, dt), *xc = xf;
+    if (centred) xc = bin(&s, MP_SUB, xf, along(&s, MP_MEAN, xf, -1));
+    mp_tensor *var = along(&s, MP_MEAN, bin(&s, MP_MUL, xc, xc), -1);
+    mp_tensor *rstd = un(&s, MP_RDIVS, un(&s, MP_SQRT, un(&s, MP_ADDS, var, eps), 0), 1);
+    mp_tensor *xhat = bin(&s, MP_MUL, xc, rstd), *gf = cast(&s, g, dt);
+    mp_tensor *gw = w ? bin(&s, MP_MUL, gf, cast(&s, w, dt)) : gf;
+    mp_tensor *t = bin(&s, MP_SUB, gw, bin(&s, MP_MUL, xhat, along(&s, MP_MEAN, bin(&s, MP_MUL, gw, xhat), -1)));
+    if (centred) t = bin(&s, MP_SUB, t, along(&s, MP_MEAN, gw, -1));
+    mp_tensor *gx = cast(&s, bin(&s, MP_MUL, rstd, t), x->dtype);
+    int rc = gx ? 0 : -1;
+    for (int i = 1; i < nd->nin && rc == 0; i++) {   /* weight: sum g * xhat; bias: sum g */
+        if (!mp_edge_wants(nd, i)) continue;
+        mp_tensor *rows = i == 1 ? bin(&s, MP_MUL, gf, xhat) : gf;
+        mp_tensor *sum = rows ? cast(&s, hold(&s, mp_sum_to(rows, 1, &n)), nd->in[i].dtype) : NULL;
+        if (!sum) rc = -1;
+        else gin[i] = mp_retain(sum);
+    }
+    gin[0] = rc == 0 ? mp_retain(gx) : NULL;
+    scratch_end(&s, NULL);
+    return rc;
+}
+
 static int ln_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
+    if (mp_grad_enabled()) return ln_backward_ops(nd, g, gin);
     mp_tensor *x = nd->saved[0], *w = nd->saved[1], *mean = nd->saved[2], *rstd = nd->saved[3];
     int64_t n = x->shape[x->ndim - 1], rows = x->numel / n;
     bool ww = nd->nin > 1 && mp_edge_wants(nd, 1), wb = nd->nin > 2 && mp_edge_wants(nd, 2);
@@ -260,10 +396,12 @@ static mp_tensor *layer_norm_fwd(mp_op_ctx *c) { return norm_fwd(c, true); }
 static mp_tensor *rms_norm_fwd(mp_op_ctx *c) { return norm_fwd(c, false); }
 
 static const mp_op layer_norm_op = {.name = "layer_norm", .ac = MP_AC_F32, .nin = 3, .forward = layer_norm_fwd,
-                                    .backward = ln_backward, .args_size = sizeof(layer_norm_args)};
+                                    .backward = ln_backward, .args_size = sizeof(layer_norm_args),
+                                    .double_backward = true};
 MP_OP_REGISTER(layer_norm_op);
 static const mp_op rms_norm_op = {.name = "rms_norm", .ac = MP_AC_F32, .nin = 2, .forward = rms_norm_fwd,
-                                  .backward = ln_backward, .args_size = sizeof(rms_norm_args)};
+                                  .backward = ln_backward, .args_size = sizeof(rms_norm_args),
+                                  .double_backward = true};
 MP_OP_REGISTER(rms_norm_op);
 
 mp_tensor *mp_layer_norm(mp_tensor *x, mp_tensor *w, mp_tensor *b, double eps)
@@ -398,8 +536,9 @@ static mp_tensor *cat_fwd(mp_op_ctx *c)
     return o;
 }
 
+/* its backward is narrow, which records under create_graph */
 static const mp_op cat_op = {.name = "cat", .ac = MP_AC_PROMOTE, .nin = -1, .forward = cat_fwd,
-                             .backward = cat_backward, .args_size = sizeof(cat_args)};
+                             .backward = cat_backward, .args_size = sizeof(cat_args), .double_backward = true};
 MP_OP_REGISTER(cat_op);
 
 mp_tensor *mp_cat(int n, mp_tensor *const *ts, int dim)
@@ -437,7 +576,7 @@ static int where_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
         mp_tensor *sel = mp_where(cond, i == 1 ? g : zero, i == 1 ? zero : g), *s = NULL;
         if (sel) s = mp_sum_to(sel, nd->in[i].ndim, nd->in[i].shape);
         if (s && s->dtype != nd->in[i].dtype) {
-            mp_tensor *c = mp_to_raw(s, nd->in[i].dtype, s->dev);
+            mp_tensor *c = mp_to(s, nd->in[i].dtype, s->dev);   /* recorded under create_graph */
             mp_release(s);
             s = c;
         }
@@ -488,8 +627,9 @@ static mp_tensor *where_fwd(mp_op_ctx *c)
     return o;
 }
 
+/* its backward is where, sum_to and a cast, which record under create_graph */
 static const mp_op where_op = {.name = "where", .ac = MP_AC_PROMOTE, .nin = 3, .forward = where_fwd,
-                               .backward = where_backward};
+                               .backward = where_backward, .double_backward = true};
 MP_OP_REGISTER(where_op);
 
 mp_tensor *mp_where(mp_tensor *cond, mp_tensor *a, mp_tensor *b)
