@@ -35,17 +35,46 @@ typedef struct {
     int64_t outer, n, inner;       /* set by the forward: the {outer, n, inner} view of the input */
 } index_select_args;
 
-/* the adjoint of a gather: selected rows add back into zeros of the input's shape */
+/* the adjoint of a gather: selected rows of g add back into zeros of the
+ * input's shape (e's) */
+static mp_tensor *scatter_rows(mp_tensor *g, mp_tensor *idx, const mp_edge *e, const index_select_args *a)
+{
+    mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
+    if (r) MP_K(r, scatter_add, g->dtype, mp_data(r), mp_data(g), mp_data(idx), idx->numel, a->outer, a->n, a->inner);
+    return r;
+}
+
+/* scatter_rows as an op on (g, idx), for a backward that builds a graph
+ * (create_graph): it is linear in g, and its backward is the gather again */
+static mp_tensor *scatter_rows_fwd(mp_op_ctx *c)
+{
+    mp_tensor *o = scatter_rows(c->in[0], c->in[1], c->extra, MP_OP_ARGS(c, index_select_args));
+    if (o && mp_keep(c, 0, c->in[1])) mp_release(o), o = NULL;
+    return o;
+}
+
+static int scatter_rows_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    gin[0] = mp_index_select(g, MP_NODE_ARGS(n, index_select_args)->dim, n->saved[0]);
+    return gin[0] ? 0 : -1;
+}
+
+static const mp_op scatter_rows_op = {.name = "index_select_backward", .nin = 2, .forward = scatter_rows_fwd,
+                                      .backward = scatter_rows_backward, .args_size = sizeof(index_select_args),
+                                      .double_backward = true};
+MP_OP_REGISTER(scatter_rows_op);
+
 static int index_select_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
-    mp_edge *e = &n->in[0];
-    mp_tensor *idx = n->saved[0];
-    mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
-    if (!r) return -1;
-    const index_select_args *a = MP_NODE_ARGS(n, index_select_args);
-    MP_K(r, scatter_add, g->dtype, mp_data(r), mp_data(g), mp_data(idx), idx->numel, a->outer, a->n, a->inner);
-    gin[0] = r;
-    return 0;
+    index_select_args a = *MP_NODE_ARGS(n, index_select_args);
+    if (mp_grad_enabled()) {
+        mp_op_ctx c = {.args = &a, .extra = &n->in[0]};
+        mp_tensor *in[2] = {g, n->saved[0]};
+        gin[0] = mp_apply(&scatter_rows_op, &c, 2, in);
+    } else {
+        gin[0] = scatter_rows(g, n->saved[0], &n->in[0], &a);
+    }
+    return gin[0] ? 0 : -1;
 }
 
 static mp_tensor *index_select_fwd(mp_op_ctx *c)
@@ -75,7 +104,8 @@ static mp_tensor *index_select_fwd(mp_op_ctx *c)
 
 /* the indices are an input without a gradient */
 static const mp_op index_select_op = {.name = "index_select", .nin = 2, .forward = index_select_fwd,
-                                      .backward = index_select_backward, .args_size = sizeof(index_select_args)};
+                                      .backward = index_select_backward, .args_size = sizeof(index_select_args),
+                                      .double_backward = true};
 MP_OP_REGISTER(index_select_op);
 
 mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx)

@@ -8,6 +8,7 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/op.h"
+#include "engine/ops_unary_grad.h"
 
 static int same_device(const mp_tensor *a, const mp_tensor *b)
 {
@@ -57,7 +58,11 @@ static mp_tensor *to_input(mp_node *n, int i, mp_tensor *g)
 static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     mp_binop op = (mp_binop)n->op->kernel;
-    mp_tensor *x = n->nsaved > 1 ? n->saved[0] : NULL, *y = n->nsaved > 1 ? n->saved[1] : NULL, *ga = NULL, *gb = NULL, *t = NULL;
+    /* the inputs as the forward computed with them: cast by mp_to, so the cast
+     * records under create_graph (binary_fwd keeps the inputs themselves) */
+    mp_tensor *x = n->nsaved > 1 ? mp_to(n->saved[0], g->dtype, g->dev) : NULL;
+    mp_tensor *y = x ? mp_to(n->saved[1], g->dtype, g->dev) : NULL, *ga = NULL, *gb = NULL, *t = NULL;
+    if (n->nsaved > 1 && !y) return mp_release(x), -1;
     bool wa = mp_edge_wants(n, 0), wb = mp_edge_wants(n, 1);
     switch (op) {
     case MP_ADD: ga = wa ? mp_retain(g) : NULL; gb = wb ? mp_retain(g) : NULL; break;
@@ -74,6 +79,7 @@ static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
         mp_release(t);
         break;
     case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE:
+        mp_release(x), mp_release(y);
         return mp_fail(MP_EINVAL, "no gradient for comparisons");
     }
     int rc = (wa && !ga) || (wb && !gb) ? -1 : 0;
@@ -81,6 +87,8 @@ static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     if (rc == 0 && wb && !(gin[1] = to_input(n, 1, gb))) rc = -1;
     mp_release(ga);
     mp_release(gb);
+    mp_release(x);
+    mp_release(y);
     return rc;
 }
 
@@ -95,7 +103,10 @@ static mp_tensor *binary_fwd(mp_op_ctx *c)
     mp_tensor *x = as_dtype(a, dt), *y = x ? as_dtype(b, dt) : NULL, *o = NULL;
     if (y) o = mp_empty(MP_IS_CMP(op) ? MP_U8 : dt, a->dev, bc.ndim, bc.shape);
     if (o) MP_K(o, binary, op, dt, mp_data(o), mp_data(x), mp_data(y), &bc);
-    if (o && (op == MP_MUL || op == MP_DIV) && (mp_keep(c, 0, x) || mp_keep(c, 1, y))) mp_release(o), o = NULL;
+    /* the inputs, not their casts: a cast kept here would be a tensor without
+     * a graph, and create_graph would lose the gradient through it; the same
+     * tensors when no cast was needed, and less memory when one was */
+    if (o && (op == MP_MUL || op == MP_DIV) && (mp_keep(c, 0, a) || mp_keep(c, 1, b))) mp_release(o), o = NULL;
     mp_release(x);
     mp_release(y);
     return o;
@@ -137,13 +148,21 @@ static mp_dtype unary_dtype(mp_unop op, mp_dtype dt, double p)
 /* the unary ops' scalar: x^p, x*p, ..., dropout's probability (kernels/backend.h) */
 typedef struct { double p; } unary_args;
 
+/* the fused unary_grad kernel; with grad mode on (a backward that builds a
+ * graph: create_graph) the same formula from recording ops instead, so the
+ * gradient can be differentiated again (engine/ops_unary_grad.c) */
 static int unary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *x = n->nsaved > 0 ? n->saved[0] : NULL, *y = n->nsaved > 1 ? n->saved[1] : NULL;
+    double p = MP_NODE_ARGS(n, unary_args)->p;
+    if (mp_grad_enabled()) {
+        gin[0] = mp_unary_grad_graph((mp_unop)n->op->kernel, g, x, y, p);
+        return gin[0] ? 0 : -1;
+    }
     mp_tensor *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
     if (!r) return -1;
     MP_K(r, unary_grad, (mp_unop)n->op->kernel, g->dtype, mp_data(r), mp_data(g), x ? mp_data(x) : NULL,
-                         y ? mp_data(y) : NULL, g->numel, MP_NODE_ARGS(n, unary_args)->p);
+                         y ? mp_data(y) : NULL, g->numel, p);
     gin[0] = r;
     return 0;
 }
@@ -174,7 +193,7 @@ static mp_tensor *unary_fwd(mp_op_ctx *c)
 
 #define UNOP(K, NAME, AC, ...) [K] = {.name = NAME, .ac = AC, .nin = 1, .forward = unary_fwd, \
                                       .backward = unary_backward, .kernel = K, \
-                                      .args_size = sizeof(unary_args), __VA_ARGS__}
+                                      .args_size = sizeof(unary_args), .double_backward = true, __VA_ARGS__}
 static const mp_op unary_ops[] = {
     UNOP(MP_NEG, "neg", MP_AC_NONE), UNOP(MP_ABS, "abs", MP_AC_NONE), UNOP(MP_EXP, "exp", MP_AC_F32),
     UNOP(MP_LOG, "log", MP_AC_F32), UNOP(MP_SQRT, "sqrt", MP_AC_NONE), UNOP(MP_POW, "pow", MP_AC_F32),

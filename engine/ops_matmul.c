@@ -27,9 +27,49 @@ static mp_tensor *gemm_new(mp_dtype dt, mp_device dev, int ta, int tb, int64_t b
     return c;
 }
 
+/* a^T of the last two dims (a copy), or NULL; a NULL a gives NULL */
+static mp_tensor *last_t(mp_tensor *a) { return a ? mp_transpose(a, -2, -1) : NULL; }
+/* a @ b, then a and b released; NULL when either is */
+static mp_tensor *matmul_take(mp_tensor *a, mp_tensor *b)
+{
+    mp_tensor *r = a && b ? mp_matmul(a, b) : NULL;
+    mp_release(a), mp_release(b);
+    return r;
+}
+
+/* matmul_backward from recording ops (create_graph): dA = dC @ B^T, summed
+ * over the batch when A was one matrix for all of it; dB = A^T @ dC, over all
+ * rows as one product when B was */
+static int matmul_backward_graph(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *a = nd->saved[0], *b = nd->saved[1];
+    if (mp_edge_wants(nd, 0)) {
+        mp_tensor *d = matmul_take(mp_retain(g), last_t(b));
+        if (d && a->ndim == 2 && d->ndim == 3) {
+            mp_tensor *s = mp_reduce(MP_SUM, d, 1, 0);
+            mp_release(d);
+            d = s;
+        }
+        if (!(gin[0] = d)) return -1;
+    }
+    if (mp_edge_wants(nd, 1)) {
+        if (a->ndim == 3 && b->ndim == 2) {
+            int64_t ak[2] = {-1, a->shape[2]}, gn[2] = {-1, g->shape[2]};
+            mp_tensor *a2 = mp_reshape(a, 2, ak), *g2 = a2 ? mp_reshape(g, 2, gn) : NULL;
+            gin[1] = matmul_take(last_t(g2 ? a2 : NULL), g2);
+            mp_release(a2);
+        } else {
+            gin[1] = matmul_take(last_t(a), mp_retain(g));
+        }
+        if (!gin[1]) return -1;
+    }
+    return 0;
+}
+
 /* gradients of C = A @ B for the 2-D/3-D cases of mp_matmul */
 static int matmul_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
+    if (mp_grad_enabled()) return matmul_backward_graph(nd, g, gin);
     mp_tensor *a = nd->saved[0], *b = nd->saved[1];
     mp_dtype dt = g->dtype;
     int64_t m = a->shape[a->ndim - 2], k = a->shape[a->ndim - 1], n = b->shape[b->ndim - 1];
@@ -102,7 +142,7 @@ static mp_tensor *matmul_fwd(mp_op_ctx *c)
 }
 
 static const mp_op matmul_op = {.name = "matmul", .ac = MP_AC_LOW, .nin = 2, .forward = matmul_fwd,
-                                .backward = matmul_backward};
+                                .backward = matmul_backward, .double_backward = true};
 MP_OP_REGISTER(matmul_op);
 
 static mp_tensor *matmul_core(mp_tensor *a, mp_tensor *b)
@@ -215,8 +255,30 @@ mp_tensor *mp_matmul(mp_tensor *a, mp_tensor *b)
 
 /* ---- linear: x{.., in} @ w{out, in}^T + b{out} ---- */
 
+/* linear_backward from recording ops (create_graph), on g as {rows, out} */
+static int linear_backward_graph(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *x = nd->saved[0], *w = nd->saved[1];
+    int64_t out = w->shape[0], in = w->shape[1], flat[2] = {-1, out}, xflat[2] = {-1, in};
+    mp_tensor *g2 = mp_reshape(g, 2, flat);
+    if (!g2) return -1;
+    int rc = 0;
+    if (mp_edge_wants(nd, 0)) {   /* dx = g @ w */
+        mp_tensor *d = mp_matmul(g2, w);
+        gin[0] = d ? mp_reshape(d, x->ndim, x->shape) : NULL;
+        mp_release(d);
+        if (!gin[0]) rc = -1;
+    }
+    if (rc == 0 && mp_edge_wants(nd, 1) && !(gin[1] = matmul_take(last_t(g2), mp_reshape(x, 2, xflat))))
+        rc = -1;   /* dw = g^T @ x */
+    if (rc == 0 && nd->nin > 2 && mp_edge_wants(nd, 2) && !(gin[2] = mp_reduce(MP_SUM, g2, 1, 0))) rc = -1;
+    mp_release(g2);
+    return rc;
+}
+
 static int linear_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
+    if (mp_grad_enabled()) return linear_backward_graph(nd, g, gin);
     mp_tensor *x = nd->saved[0], *w = nd->saved[1];
     int64_t out = w->shape[0], in = w->shape[1], rows = x->numel / in;
     if (mp_edge_wants(nd, 0)) {   /* dx{rows,in} = g{rows,out} @ w{out,in} */
@@ -288,7 +350,7 @@ static mp_tensor *linear_fwd(mp_op_ctx *c)
 }
 
 static const mp_op linear_op = {.name = "linear", .ac = MP_AC_LOW, .nin = 3, .forward = linear_fwd,
-                                .backward = linear_backward};
+                                .backward = linear_backward, .double_backward = true};
 MP_OP_REGISTER(linear_op);
 
 mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b)

@@ -38,16 +38,40 @@ static int transpose_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return gin[0] ? 0 : -1;
 }
 
-/* the slice's gradient written into zeros of the input's shape */
+/* the slice's gradient g written into zeros of the input's shape (e's) */
+static mp_tensor *narrow_pad(mp_tensor *g, const mp_edge *e, const narrow_args *a)
+{
+    mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
+    if (r) MP_K(r, narrow_put, g->dtype, mp_data(r), mp_data(g), a->outer, a->n, a->start0, a->len, a->inner);
+    return r;
+}
+
+/* narrow_pad as an op, for a backward that builds a graph (create_graph): it
+ * is linear, and its backward is the narrow it undoes */
+static mp_tensor *narrow_pad_fwd(mp_op_ctx *c) { return narrow_pad(c->in[0], c->extra, MP_OP_ARGS(c, narrow_args)); }
+
+static int narrow_pad_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
+{
+    const narrow_args *a = MP_NODE_ARGS(n, narrow_args);
+    gin[0] = mp_narrow(g, a->dim, a->start, a->len);
+    return gin[0] ? 0 : -1;
+}
+
+static const mp_op narrow_pad_op = {.name = "narrow_backward", .nin = 1, .forward = narrow_pad_fwd,
+                                    .backward = narrow_pad_backward, .args_size = sizeof(narrow_args),
+                                    .double_backward = true};
+MP_OP_REGISTER(narrow_pad_op);
+
 static int narrow_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
-    mp_edge *e = &n->in[0];
-    mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
-    if (!r) return -1;
-    const narrow_args *a = MP_NODE_ARGS(n, narrow_args);
-    MP_K(r, narrow_put, g->dtype, mp_data(r), mp_data(g), a->outer, a->n, a->start0, a->len, a->inner);
-    gin[0] = r;
-    return 0;
+    narrow_args a = *MP_NODE_ARGS(n, narrow_args);
+    if (mp_grad_enabled()) {
+        mp_op_ctx c = {.args = &a, .extra = &n->in[0]};
+        gin[0] = mp_apply(&narrow_pad_op, &c, 1, &g);
+    } else {
+        gin[0] = narrow_pad(g, &n->in[0], &a);
+    }
+    return gin[0] ? 0 : -1;
 }
 
 /* the new shape is not kept (the backward reshapes to the input's) */
@@ -164,7 +188,7 @@ static mp_tensor *narrow_fwd(mp_op_ctx *c)
 }
 
 static const mp_op narrow_op = {.name = "narrow", .nin = 1, .forward = narrow_fwd, .backward = narrow_backward,
-                                .args_size = sizeof(narrow_args)};
+                                .args_size = sizeof(narrow_args), .double_backward = true};
 MP_OP_REGISTER(narrow_op);
 
 mp_tensor *mp_narrow(mp_tensor *t, int d, int64_t start, int64_t len)

@@ -221,14 +221,36 @@ static int begin_step(mp_scaler *s, mp_device dev)
     return 0;
 }
 
-/* out = loss * scale, the scale read by the kernel from the state */
+/* g * scale, the scale read by the kernel from the state st (on the device:
+ * no wait for it) */
+static mp_tensor *times_scale(mp_tensor *g, mp_tensor *st)
+{
+    mp_tensor *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
+    if (r) MP_K(r, scale_loss, g->dtype, mp_data(r), mp_data(g), g->numel, mp_data(st), 0);
+    return r;
+}
+
+/* times_scale as an op on g, for a backward that builds a graph (create_graph:
+ * the gradient penalty differentiates scale(loss)'s gradient): linear, its
+ * own backward. extra: the state. */
+static mp_tensor *scale_grad_fwd(mp_op_ctx *c)
+{
+    mp_tensor *st = (mp_tensor *)c->extra, *o = times_scale(c->in[0], st);
+    if (o && mp_keep(c, 0, st)) mp_release(o), o = NULL;
+    return o;
+}
+
+static int scale_backward(mp_node *n, mp_tensor *g, mp_tensor **gin);
+static const mp_op scale_grad_op = {.name = "scale_backward", .nin = 1, .forward = scale_grad_fwd,
+                                    .backward = scale_backward, .double_backward = true};
+MP_OP_REGISTER(scale_grad_op);
+
+/* out = loss * scale: the gradient is g * scale, recorded when grad mode is on */
 static int scale_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
-    mp_tensor *st = n->saved[0], *r = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
-    if (!r) return -1;
-    MP_K(r, scale_loss, g->dtype, mp_data(r), mp_data(g), g->numel, mp_data(st), 0);
-    gin[0] = r;
-    return 0;
+    mp_op_ctx c = {.extra = n->saved[0]};
+    gin[0] = mp_grad_enabled() ? mp_apply(&scale_grad_op, &c, 1, &g) : times_scale(g, n->saved[0]);
+    return gin[0] ? 0 : -1;
 }
 
 static mp_tensor *scale_fwd(mp_op_ctx *c)
@@ -243,7 +265,8 @@ static mp_tensor *scale_fwd(mp_op_ctx *c)
     return o;
 }
 
-static const mp_op scale_op = {.name = "scale", .nin = 1, .forward = scale_fwd, .backward = scale_backward};
+static const mp_op scale_op = {.name = "scale", .nin = 1, .forward = scale_fwd, .backward = scale_backward,
+                               .double_backward = true};
 MP_OP_REGISTER(scale_op);
 
 mp_tensor *mp_scaler_scale(mp_scaler *s, mp_tensor *loss)
