@@ -278,13 +278,17 @@ end)
 describe("the recipes as scripts", function()
   for _, name in ipairs{"plain", "clip_scaled", "clip_unscaled", "accumulate", "gradient_penalty", "two_models",
                         "custom_function"} do
-    it("scripts/examples/amp_" .. name .. ".lua trains under f16 autocast", function()
+    it("scripts/examples/amp_" .. name .. ".lua trains under f16 autocast: its loss falls", function()
       local out, code = H.script(H.root .. "/scripts/examples/amp_" .. name .. ".lua")("")
       assert.are.equal(0, code, out)
       local first, last = out:match("([%d.]+) %-> ([%d.]+)")
       assert.is_not_nil(first, out)
       assert.is_true(tonumber(last) < tonumber(first), out)
-      assert.is_truthy(out:find("skipped 0 of 40 steps", 1, true), out)
+      -- at most a skip or two while the scale finds its level (the penalty's first
+      -- gradients, f16 and scaled by 65536, overflow at the start)
+      local skipped = tonumber(out:match("skipped (%d+) of 40 steps"))
+      assert.is_not_nil(skipped, out)
+      assert.is_true(skipped <= 2, out)
     end)
   end
 end)
