@@ -53,7 +53,6 @@ struct mp_node {
     unsigned char walk;            /* scratch of the walk that holds the node (engine/backward.c) */
     void *payload;                 /* a custom node's own data (engine/custom.h), freed with the node by */
     void (*payload_release)(void *payload);   /* this (NULL: nothing to free) */
-
     mp_node_head *hooks;           /* hooks on its output's gradient (engine/grad_hooks.h), owned and
                                     * released through their head: the graph knows nothing of them */
     char *where;                   /* anomaly mode: where its forward ran ("train.lua:12"), owned */

@@ -306,7 +306,6 @@ int luaopen_mp_core(lua_State *L)
     mp_open_dist(L);
     mp_open_autograd(L);
     mp_open_function(L);
-
     mp_open_hooks(L);
     mp_open_anomaly(L);
     return 1;

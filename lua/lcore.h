@@ -32,7 +32,6 @@ void mp_open_dist(lua_State *L);                     /* mp.dist's C half (ldist.
 void mp_open_autograd(lua_State *L);                 /* mp.autograd.grad's C half (lautograd.c) */
 int la_backward(lua_State *L);                       /* Tensor:backward (lautograd.c) */
 void mp_open_function(lua_State *L);                 /* mp.autograd.Function's C half (lfunction.c) */
-
 void mp_open_hooks(lua_State *L);                    /* Tensor:register_hook (lhooks.c; after luaopen_mp_tensor) */
 void mp_open_anomaly(lua_State *L);                  /* mp.autograd's anomaly mode (lanomaly.c) */
 #endif

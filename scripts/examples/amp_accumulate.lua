@@ -1,0 +1,53 @@
+-- AMP recipe: gradient accumulation (PyTorch's amp_examples.html, "Gradient
+-- accumulation"; test_grad_scaling_accumulation).
+--
+--   build/mpengine scripts/examples/amp_accumulate.lua
+--
+-- One optimizer step per `every` micro-batches: each micro-batch's loss is divided
+-- by `every` (the step sees the mean gradient) and backwarded scaled; the scaled
+-- gradients add up in .grad. The scale must stay the same over the micro-batches
+-- of one step, so scaler:step and scaler:update come only at the step, and the
+-- gradients are zeroed after it. An inf/NaN in any micro-batch's gradient stays in
+-- the sum and skips the whole step.
+--
+-- Differences from PyTorch: none in the calls (unscale is spelled without `_`).
+local mp = mp or require "mp"
+
+local recipe = {}
+
+-- batches: #batches must be a multiple of `every`; returns the micro-batches' losses
+function recipe.train(model, opt, scaler, batches, every, dtype)
+  assert(#batches % every == 0, "amp_accumulate: #batches must be a multiple of every")
+  local losses = {}
+  opt:zero_grad()
+  for i, b in ipairs(batches) do
+    local loss
+    do
+      local _ <close> = mp.amp.autocast(dtype or false)
+      loss = mp.mse_loss(model(b[1]), b[2]) / every
+    end
+    scaler:scale(loss):backward()   -- adds to the gradients of the earlier micro-batches
+    if i % every == 0 then
+      scaler:step(opt)
+      scaler:update()                -- a new scale only between steps
+      opt:zero_grad()
+    end
+    losses[i] = loss:item()
+  end
+  return losses
+end
+
+if arg and arg[0] and arg[0]:match("amp_accumulate%.lua$") then
+  mp.manual_seed(0)
+  local model = mp.nn.Sequential(mp.nn.Linear(8, 16), mp.nn.ReLU(), mp.nn.Linear(16, 8))
+  local opt = mp.optim.SGD(model:parameters(), {lr = 0.1})
+  local scaler = mp.amp.GradScaler()
+  local teacher = mp.randn{8, 8}   -- the targets: a linear map of the inputs, to be learned
+  local batches = {}
+  for i = 1, 80 do local x = mp.randn{4, 8}; batches[i] = {x, mp.matmul(x, teacher)} end
+  local losses = recipe.train(model, opt, scaler, batches, 2, "f16")
+  print(string.format("micro-batch loss %.4f -> %.4f, scale %g, skipped %d of %d steps",
+    losses[1] * 2, losses[#losses] * 2, scaler:get_scale(), scaler.stats.skipped, #losses // 2))
+end
+
+return recipe
