@@ -108,6 +108,7 @@ static int pow_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     mp_binop op = (mp_binop)n->op->kernel;
+    if (op == MP_POWT) return pow_backward(n, g, gin);   /* reads its saved inputs itself */
     /* the inputs as the forward computed with them: cast by mp_to, so the cast
      * records under create_graph (binary_fwd keeps the inputs themselves) */
     mp_tensor *x = n->nsaved > 1 ? mp_to(n->saved[0], g->dtype, g->dev) : NULL;
@@ -128,7 +129,7 @@ static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
         }
         mp_release(t);
         break;
-    case MP_POWT: return pow_backward(n, g, gin);
+    case MP_POWT: break;   /* pow_backward, above */
     case MP_GT: case MP_LT: case MP_GE: case MP_LE: case MP_EQ: case MP_NE:
         mp_release(x), mp_release(y);
         return mp_fail(MP_EINVAL, "no gradient for comparisons");
