@@ -59,8 +59,11 @@ describe("train_cnn.lua", function()
     assert.is_truthy(batch, r.out .. r.err)
     assert.are.equal("100", batch)
     trained, peak = tonumber(trained), tonumber(peak)
-    assert.is_true(peak <= trained, string.format("evaluation raised the peak from %.1f MiB to %.1f MiB",
-                                                  trained / 2 ^ 20, peak / 2 ^ 20))
+    -- within 1 MiB: where the collector runs depends on the Lua heap's size
+    -- (lua/lbind.c paces it at 64 x the heap), so a few KB more Lua code moves
+    -- the peak by some KB either way; the batches of 1000 added 600 MB
+    assert.is_true(peak <= trained + 2 ^ 20, string.format("evaluation raised the peak from %.1f MiB to %.1f MiB",
+                                                           trained / 2 ^ 20, peak / 2 ^ 20))
   end)
 
   it("trains under f16 autocast with the loss scaler, and traces it with --trace", function()
