@@ -635,7 +635,6 @@ static mp_tensor *where_fwd(mp_op_ctx *c)
     return o;
 }
 
-/* its backward is where, sum_to and a cast, which record under create_graph */
 static const mp_op where_op = {.name = "where", .ac = MP_AC_PROMOTE, .nin = 3, .forward = where_fwd,
                                .backward = where_backward, .double_backward = true};
 MP_OP_REGISTER(where_op);
