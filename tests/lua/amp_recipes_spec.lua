@@ -69,8 +69,8 @@ end
 -- PyTorch's _run_scaling_case. spec.scaled(c, scaler): the recipe on c.scaled;
 -- spec.control(c, skip, enabled): the unscaled run on c.control, where skip(i) says
 -- whether the scaled run's step i is skipped; spec.models (1), spec.batches (4),
--- spec.victim (2: the gradient planted with inf is models[victim]'s last
--- weight, stepped by sopt[victim]; 1 when there is one model), spec.mid (the
+-- spec.victim (1: the gradient planted with inf is that model's last weight's,
+-- and applied[] follows that model's optimizer), spec.mid (a constructor of the
 -- layer between the two Linears: ReLU), spec.atol (1e-7).
 local function run_scaling_case(spec)
   for _, enabled in ipairs{true, false} do
