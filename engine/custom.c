@@ -18,6 +18,7 @@ typedef struct {
     mp_edge *out;                  /* each output's dtype, device and shape (its node/leaf unused) */
     mp_tensor **slot;              /* with several: each output's gradient, from its own node */
     uint64_t slot_visit;           /* the walk that filled the slots (a failed walk may leave some behind) */
+    bool saves_output;             /* with several: a saved tensor is a differentiable output (see below) */
 } custom_node;
 
 /* an output's node: which output of which custom node (its one input edge) */
@@ -64,6 +65,14 @@ static int custom_backward(mp_node *n, mp_tensor *gout, mp_tensor **gin)
         for (int k = 0; k < c->nout; k++) g[k] = c->slot[k], c->slot[k] = NULL;
     clear_slots(c);
     int rc = 0;
+    /* create_graph (grad mode on in the backward): with one differentiable output
+     * a saved output is attached to this node again by the walk (saved_outputs);
+     * with several, each output has a node of its own, which the saved tensor
+     * cannot be given back here: refuse, rather than differentiate it as a constant */
+    if (c->saves_output && mp_grad_enabled())
+        rc = mp_fail(MP_EINVAL, "Function %s saved one of its outputs, which cannot be differentiated again when the "
+                                "Function has several differentiable outputs: save the inputs and recompute it",
+                     n->name);
     for (int k = 0; k < c->nout && rc == 0; k++)   /* zeros for outputs no gradient reached */
         if (!g[k] && !(g[k] = mp_full(c->out[k].dtype, c->out[k].dev, c->out[k].ndim, c->out[k].shape, 0))) rc = -1;
     if (rc == 0) rc = c->fn.backward(c->fn.payload, n, c->nout, g, gin);
@@ -86,6 +95,13 @@ static int output_backward(mp_node *n, mp_tensor *gout, mp_tensor **gin)
     if (add_into(&c->slot[o->k], gout)) return -1;
     gin[0] = mp_full(n->in[0].dtype, n->in[0].dev, 0, NULL, 0);
     return gin[0] ? 0 : -1;
+}
+
+/* a and b are the same values: one storage, offset, dtype and shape (an
+ * output is handed out as a new header over the forward's result) */
+static bool same_view(const mp_tensor *a, const mp_tensor *b)
+{
+    return a->st == b->st && a->offset == b->offset && a->dtype == b->dtype && mp_same_shape(a, b);
 }
 
 /* undo what was attached to outs[0..k) (a failure partway) */
@@ -130,7 +146,14 @@ int mp_custom_record(const mp_custom_fn *fn, int nin, mp_tensor *const *ins, int
     n->payload = c, n->payload_release = custom_release;
     if (nsaved && !(n->saved = calloc((size_t)nsaved, sizeof *n->saved))) goto oom;
     n->nsaved = nsaved;
-    for (int i = 0; i < nsaved; i++) n->saved[i] = saved[i] ? mp_retain(saved[i]) : NULL;
+    for (int i = 0; i < nsaved; i++) {
+        n->saved[i] = saved[i] ? mp_retain(saved[i]) : NULL;
+        for (int k = 0; k < nout && saved[i]; k++)   /* a saved output: the same values as outs[k] */
+            if (diff[k] && same_view(saved[i], outs[k])) {
+                if (k == c->direct && i < 64) n->saved_outputs |= (uint64_t)1 << i;
+                else c->saves_output = true;
+            }
+    }
     if (c->direct >= 0) {
         mp_graph_attach(outs[c->direct], n);
         return 0;

@@ -422,3 +422,37 @@ describe("mp.autograd.Function", function()
     assert.is_function(A.Function)
   end)
 end)
+
+describe("mp.autograd.Function under create_graph", function()
+  local function fn_tanh(name, second)
+    return mp.autograd.Function { name = name,
+      forward = function(ctx, x)
+        local y = mp.tanh(x)
+        ctx:save_for_backward(y)
+        if second then return y, x * 2 end
+        return y
+      end,
+      backward = function(ctx, g, h)
+        local y = ctx.saved_tensors[1]
+        local gx = g * (1 - y * y)
+        if h then gx = gx + h * 2 end
+        return gx
+      end }
+  end
+
+  it("a saved output is attached to the graph again: second derivatives are right (f64 gradgradcheck)", function()
+    local T = fn_tanh("mytanh")
+    local x = mp.tensor({ 0.3, -0.5, 1.2 }, { dtype = "f64", requires_grad = true })
+    assert.is_true(mp.autograd.gradcheck(function(a) return T(a) end, { x }))
+    assert.is_true(mp.autograd.gradgradcheck(function(a) return T(a) end, { x }))
+  end)
+
+  it("with several differentiable outputs a saved output is refused, naming the Function, only when asked", function()
+    local T = fn_tanh("two_out", true)
+    local x = mp.tensor({ 0.3, -0.5, 1.2 }, { dtype = "f64", requires_grad = true })
+    assert.is_true(mp.autograd.gradcheck(function(a) return { T(a) } end, { x }))
+    local ok, err = pcall(mp.autograd.gradgradcheck, function(a) return { T(a) } end, { x })
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("Function two_out saved one of its outputs", 1, true), tostring(err))
+  end)
+end)

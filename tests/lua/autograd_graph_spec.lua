@@ -8,7 +8,7 @@ local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "hel
 local mp = require "mp"
 
 local function leaf(values) return mp.tensor(values, { requires_grad = true }) end
-local function in_use() collectgarbage(); collectgarbage(); return mp.memory("cpu").in_use end
+local function in_use() collectgarbage(); collectgarbage(); return mp.memory().in_use end
 
 describe("retain_graph", function()
   it("a graph walked twice gives twice the gradient; without it the second walk raises", function()
