@@ -442,14 +442,14 @@ describe("mp.autograd.Function under create_graph", function()
 
   it("a saved output is attached to the graph again: second derivatives are right (f64 gradgradcheck)", function()
     local T = fn_tanh("mytanh")
-    local x = mp.tensor({ 0.3, -0.5, 1.2 }, { dtype = "f64", requires_grad = true })
+    local x = mp.tensor({ 0.3, -0.5, 1.2 }, { dtype = "f64", device = "cpu", requires_grad = true })   -- f64 lives on the CPU
     assert.is_true(mp.autograd.gradcheck(function(a) return T(a) end, { x }))
     assert.is_true(mp.autograd.gradgradcheck(function(a) return T(a) end, { x }))
   end)
 
   it("with several differentiable outputs a saved output is refused, naming the Function, only when asked", function()
     local T = fn_tanh("two_out", true)
-    local x = mp.tensor({ 0.3, -0.5, 1.2 }, { dtype = "f64", requires_grad = true })
+    local x = mp.tensor({ 0.3, -0.5, 1.2 }, { dtype = "f64", device = "cpu", requires_grad = true })   -- f64 lives on the CPU
     assert.is_true(mp.autograd.gradcheck(function(a) return { T(a) } end, { x }))
     local ok, err = pcall(mp.autograd.gradgradcheck, function(a) return { T(a) } end, { x })
     assert.is_false(ok)
