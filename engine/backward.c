@@ -6,6 +6,7 @@
 #include <string.h>
 #include "engine/backward.h"
 #include "engine/op.h"
+#include "engine/intern.h"
 #include "engine/state.h"
 #include "engine/flush_count.h"
 #include "engine/ops.h"
@@ -140,7 +141,7 @@ static int backward_counted(mp_node *x, mp_tensor **gin)
 static int no_second_derivative(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     (void)g, (void)gin;
-    const char *name = n->args;    /* "<op>_backward" */
+    const char *name = n->name;    /* "<op>_backward" */
     return mp_fail(MP_EINVAL, "%.*s has no second derivative: its backward is not built from differentiable "
                               "ops (asked by a backward through a gradient made with create_graph)",
                    (int)(strlen(name) - strlen("_backward")), name);
@@ -153,15 +154,14 @@ static int mark_not_twice(mp_node *x, mp_tensor **g)
 {
     mp_tensor *gout = x->grad, *d = mp_detached(*g);
     mp_edge small[9], *e = x->nin < 9 ? small : malloc(sizeof *e * (size_t)(x->nin + 1));
-    size_t len = strlen(x->name) + sizeof "_backward";
-    char *name = malloc(len);
-    if (!d || !e || !name) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s_backward", x->name);
+    const char *name = d && e ? mp_intern(buf) : NULL;   /* read after the node is gone (engine/intern.h) */
+    if (!name) {
         mp_release(d);
         if (e != small) free(e);
-        free(name);
         return mp_fail(MP_EOOM, "out of memory in the backward of %s", x->name);
     }
-    snprintf(name, len, "%s_backward", x->name);
     memcpy(e, x->in, sizeof *e * (size_t)x->nin);
     mp_edge *ge = &e[x->nin];
     memset(ge, 0, sizeof *ge);
@@ -174,12 +174,9 @@ static int mark_not_twice(mp_node *x, mp_tensor **g)
     mp_node *n = mp_graph_record_edges(d, name, no_second_derivative, x->nin + 1, e);
     if (e != small) free(e);
     if (!n) {
-        free(name);
         mp_release(d);
         return -1;
     }
-    n->args = name;                /* the node owns its name */
-    n->name = name;
     mp_release(*g);
     *g = d;
     return 0;

@@ -25,6 +25,7 @@
 #include "lua/lbind.h"
 #include "lua/lcore.h"
 #include "engine/custom.h"
+#include "engine/intern.h"
 #include "engine/autocast.h"
 
 #define WORLD_MT "mp.FunctionWorld"
@@ -38,7 +39,7 @@ typedef struct {
 typedef struct {
     world *w;
     int ref;                       /* the record in the registry */
-    char *name;                    /* the Function's name: the nodes' */
+    const char *name;              /* the Function's name: the nodes' (interned: engine/intern.h) */
     mp_autocast_state ac;          /* the state its backward runs in */
 } payload;
 
@@ -61,7 +62,6 @@ static void payload_release(void *pp)
     payload *p = pp;
     if (!p->w->closed && lua_checkstack(p->w->L, 2)) luaL_unref(p->w->L, LUA_REGISTRYINDEX, p->ref);
     world_drop(p->w);
-    free(p->name);
     free(p);
 }
 
@@ -207,7 +207,8 @@ static int f_record(lua_State *L)
     world *w = *(world **)luaL_checkudata(L, -1, WORLD_MT);
     lua_pop(L, 1);
     payload *p = calloc(1, sizeof *p);
-    char *pname = p ? strdup(name) : NULL;
+    /* interned: flush counts and diagnose's record read a node's name after the node is gone */
+    const char *pname = p ? mp_intern(name) : NULL;
     if (!pname) {
         free(p);
         return luaL_error(L, "%s: out of memory", fname);

@@ -456,3 +456,26 @@ describe("mp.autograd.Function under create_graph", function()
     assert.is_truthy(tostring(err):find("Function two_out saved one of its outputs", 1, true), tostring(err))
   end)
 end)
+
+describe("mp.autograd.Function's name", function()
+  -- flush counts (mp.amp's telemetry) and mp.amp.diagnose's record keep a node's
+  -- name past the node: a Function's name must outlive its nodes (under the
+  -- sanitizers a freed name read here was a heap-use-after-free)
+  it("outlives its nodes: the backward's flush counts name each Function after its nodes are freed", function()
+    local core = require "mp.core"
+    core._count_flush(true)
+    core._flush_reset()
+    for i = 1, 3 do
+      local F = mp.autograd.Function { name = "named_" .. i,
+        forward = function(ctx, x) return x * 2 end, backward = function(ctx, g) return g * 2 end }
+      local x = mp.randn({ 4 }, { requires_grad = true })
+      F(x):sum():backward()
+      F, x = nil, nil
+      collectgarbage()
+      collectgarbage()
+    end
+    local stats = core._flush_stats(true)
+    core._count_flush(false)
+    for i = 1, 3 do assert.is_table(stats["named_" .. i], "named_" .. i) end
+  end)
+end)
