@@ -14,7 +14,11 @@
 --
 -- gradgradcheck differentiates (inputs, grad_outputs) -> grad(fn, inputs,
 -- {grad_outputs, create_graph = true}): every gradient formula must itself be
--- recorded in f64. gradcheck checks the first derivatives on their own.
+-- recorded in f64. gradcheck checks the first derivatives on their own. The
+-- other ops whose backward is built for create_graph are checked the same way
+-- (narrow, select, index_select, cat, tril/triu, masked_fill, where, abs,
+-- clone, dropout, the GradScaler's scale); max, topk and sort have first
+-- derivatives only, and a second one raises naming the op.
 --
 -- The casts autocast inserts (f32 <-> f16/bf16, and f64 -> f32 -> f64 here):
 -- a round trip through a narrower type is not differentiable at eps 1e-6 (the
@@ -215,6 +219,49 @@ describe("second derivatives in f64 against finite differences (gradgradcheck at
     end)
   end)
 
+  describe("the other ops with second derivatives (beyond the issue's list)", function()
+    it("narrow, select, index_select, split and chunk, cat", function()
+      check(function(a) return a:narrow(2, 2, 2) * a:narrow(2, 1, 2) end, { X { 2, 3 } }, "narrow")
+      check(function(a) return a[2] * a:select(2, 1) end, { X { 3, 3 } }, "select")
+      check(function(a) return a:index_select(1, I32 { 2, 0, 2 }) ^ 2 end, { X { 3, 2 } }, "index_select")
+      check(function(a) return a:chunk(2)[1] * a:split(2, 1)[2] end, { X { 4, 3 } }, "chunk and split")
+      check(function(a, b) return mp.cat({ a * a, b }, 1) * mp.cat({ b, a }, 1) end, { X { 1, 3 }, X { 1, 3 } }, "cat")
+    end)
+
+    it("tril, triu, masked_fill, where (a given condition and one from the input)", function()
+      local cond = mp.randn({ 2, 3 }, CPU):gt(0)
+      local mask = mp.tensor({ { 1, 0, 0 } }, { dtype = "u8", device = "cpu" })
+      check(function(a) return a:tril() * a:triu(1) + a:tril(-1) end, { X { 3, 3 } }, "tril and triu")
+      check(function(a) return a:masked_fill(mask, -3) * a end, { X { 2, 3 } }, "masked_fill")
+      check(function(a, b) return mp.where(cond, a * b, b) end, { X { 2, 3 }, X { 2, 3 } }, "where")
+      check(function(a) return mp.where(a:gt(0), a, a * 0.1) * a end, { X({ 3, 3 }, "away", 0.1) }, "leaky relu")
+    end)
+
+    it("abs, clone, dropout (its seed fixed) and the GradScaler's scale", function()
+      check(function(a) return a:abs() * a end, { X({ 2, 3 }, "away", 0.1) }, "abs")
+      check(function(a) return a:clone() * a end, { X { 2, 3 } }, "clone")
+      check(function(a)
+        mp.manual_seed(77)
+        return mp.dropout(a, 0.4, true) * a
+      end, { X { 2, 3 } }, "dropout")
+      local scaler = mp.amp.GradScaler { policy = mp.amp.policy.static(4) }
+      check(function(a) return scaler:scale(a * a * a) end, { X { 2, 3 } }, "scale")
+    end)
+
+    -- max, topk and sort have first derivatives only: a second one raises, naming the op
+    it("max, topk and sort: gradcheck passes, gradgradcheck raises naming the op", function()
+      for _, c in ipairs {
+        { "max", function(a) return a:max(2) * a:sum(2) end },
+        { "topk", function(a) return (a:topk(2)) ^ 2 end },
+        { "sort", function(a) return (a:sort(2)) ^ 2 end },
+      } do
+        local x = X { 2, 3 }
+        assert.is_true(gradcheck(c[2], { x }, DEFAULT), c[1])
+        H.raises(function() gradgradcheck(c[2], { x }, DEFAULT) end, { c[1] .. " has no second derivative" })
+      end
+    end)
+  end)
+
   describe("the casts autocast inserts, where they are exact (see the header)", function()
     local VALUES = { 0.5, 0.75, 1, 1.25, 1.5 }   -- at most 3 significant bits
     local EXACT_CAST = { eps = 2 ^ -4, atol = DEFAULT.atol, rtol = DEFAULT.rtol }
@@ -251,6 +298,20 @@ describe("second derivatives in f64 against finite differences (gradgradcheck at
       for _, dt in ipairs { "f16", "bf16" } do
         both(function(a, b) return a:f32():to(dt):f32():f64() * b end, { G { 3 }, G { 3 } }, G { 3 }, dt .. " chain")
       end
+    end)
+
+    -- autocast's own casts around an f16 linear: every value here is a multiple
+    -- of 2^-4 (x +- eps, grad_outputs +- eps) or 2^-2 (VALUES), so every
+    -- product is a multiple of 2^-6, and the sums of two or three of them are
+    -- under 2^3: at most 9 significant bits, exact in f16's 11 (not in bf16's
+    -- 8: bf16 has the casts alone, above)
+    it("a linear under f16 autocast, from f32 views of f64 leaves", function()
+      both(function(x, w)
+        local _ <close> = mp.amp.autocast("f16")
+        local y = mp.linear(x:f32(), w:f32())
+        assert.are.equal("f16", y.dtype)
+        return y:f64()
+      end, { G { 2, 2 }, G { 3, 2 } }, G { 2, 3 }, "linear under f16 autocast")
     end)
   end)
 end)
