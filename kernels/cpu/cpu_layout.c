@@ -27,10 +27,11 @@ void cpu_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, 
         }
         char *o = (char *)out + (size_t)(r * last) * es;
         const char *i = (const char *)in;
-        switch (es) {
+        switch (es) {   /* every element size the dtypes have (f64's 8 was once copied a byte at a time) */
+        case 8: for (int64_t j = 0; j < last; j++) ((uint64_t *)o)[j] = ((const uint64_t *)i)[src + j * ls]; break;
         case 4: for (int64_t j = 0; j < last; j++) ((uint32_t *)o)[j] = ((const uint32_t *)i)[src + j * ls]; break;
         case 2: for (int64_t j = 0; j < last; j++) ((uint16_t *)o)[j] = ((const uint16_t *)i)[src + j * ls]; break;
-        default: for (int64_t j = 0; j < last; j++) ((uint8_t *)o)[j] = ((const uint8_t *)i)[src + j * ls];
+        default: for (int64_t j = 0; j < last; j++) memcpy(o + (size_t)j * es, i + (size_t)(src + j * ls) * es, es);
         }
     }
 }

@@ -1,9 +1,28 @@
 -- autograd_spec.lua: every differentiable op's backward against central finite
--- differences in f32, and the semantics of the tape (accumulation, no_grad,
--- detach, errors, long chains).
+-- differences, and the semantics of the tape (accumulation, no_grad, detach,
+-- errors, long chains).
 -- LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" busted tests/lua/autograd_spec.lua
 --
--- The check (gradcheck below): out = f(x1, ..., xn) for leaves xi in f32;
+-- Two checks, one per precision; each case's inputs are drawn in f32 (below):
+--
+-- In f64, where the default device holds f64 tensors (the CPU): the inputs as
+-- f64 leaves, mp.autograd.gradcheck at PyTorch's defaults (eps 1e-6, atol 1e-5,
+-- rtol 1e-3, every entry of the Jacobian), plus the gradients' shapes and
+-- dtypes. Its truncation (eps^2 |f'''| / 6 ~ 1e-13) and rounding (~1e-16 / eps
+-- ~ 1e-10) are far under atol on these O(1) values, for every op, so the
+-- tolerance classes below do not apply to it. The inputs keep away from kinks
+-- as for f32 (steps of 1e-6 never cross them).
+--
+-- In f32 (gradcheck32) where the default device declines f64 (MP_DEVICE=cuda:
+-- the fake device's f32 kernels are the CPU's, the emulated device's are
+-- CUDA's, so every f32 backward kernel is still checked by make test), and
+-- always for what f64 cannot check:
+--   * the round trips through f16 and bf16: their rounding is what is tested,
+--     and at f64's eps of 1e-6 the step is lost to it;
+--   * conv2d, avg_pool2d, adaptive_avg_pool2d, max_pool2d and batch_norm,
+--     which the CPU has no f64 kernels for (f64_spec checks that it declines).
+--
+-- The f32 check (gradcheck32 below): out = f(x1, ..., xn) for leaves xi in f32;
 -- L = sum(out * R) for a fixed random R of out's shape, so every output element
 -- counts. The analytic gradient is xi.grad after out:backward(R). The numeric
 -- one, for each element v of each input: (L(v+) - L(v-)) / (v+ - v-), where
@@ -96,9 +115,9 @@ local function project(out, Rv)
   return s
 end
 
--- checks f's backward for every input against central differences; returns the
--- largest |numeric - analytic| seen (for the curious)
-local function gradcheck(f, xs, tol, what)
+-- checks f's backward for every input against central differences in f32 (the
+-- header's check); returns the largest |numeric - analytic| seen
+local function gradcheck32(f, xs, tol, what)
   tol = tol or SMOOTH
   what = what or "gradcheck"
   for _, x in ipairs(xs) do x.grad = nil end
@@ -139,6 +158,33 @@ local function gradcheck(f, xs, tol, what)
     args[i] = x:detach()
   end
   return worst
+end
+
+-- the f64 check: xs as f64 leaves, mp.autograd.gradcheck at PyTorch's
+-- defaults (eps 1e-6, atol 1e-5, rtol 1e-3: see the header), and one backward
+-- for the gradients' shapes and dtypes, which it does not look at
+local DEFAULTS = { eps = 1e-6, atol = 1e-5, rtol = 1e-3 }
+local function gradcheck64(f, xs, what)
+  local ys = {}
+  for i, x in ipairs(xs) do ys[i] = x:detach():f64():requires_grad(true) end
+  local ok, err = pcall(mp.autograd.gradcheck, f, ys, DEFAULTS)
+  if not ok then error(what .. " (f64): " .. tostring(err), 3) end
+  local out = f(table.unpack(ys))
+  out:backward(mp.ones(out.shape, { dtype = "f64" }))
+  for i, y in ipairs(ys) do
+    assert(y.grad, string.format("%s: no gradient reached input %d", what, i))
+    assert.are.same(y.shape, y.grad.shape, what .. ": gradient shape of input " .. i)
+    assert.are.equal("f64", y.grad.dtype, what .. ": gradient dtype of input " .. i)
+  end
+end
+
+-- the check each case below asks for: in f64 where the default device holds
+-- f64 tensors (the CPU), in f32 where it does not (MP_DEVICE=cuda: the fake
+-- device's f32 kernels are the CPU's, the emulated device's the CUDA ones)
+local F64 = pcall(mp.zeros, { 1 }, { dtype = "f64" })
+local function gradcheck(f, xs, tol, what)
+  if F64 then return gradcheck64(f, xs, what or "gradcheck") end
+  return gradcheck32(f, xs, tol, what)
 end
 
 ---------------------------------------------------------------- op by op
@@ -282,17 +328,17 @@ describe("autograd: backward against finite differences", function()
   end)
 
   describe("casts", function()
-    -- an f32 -> f32 copy is exact: EXACT
-    it("clone and to(f32) on f32 pass the gradient through", function()
+    -- a copy to the same dtype is exact: EXACT
+    it("clone and a cast to the tensor's own dtype pass the gradient through", function()
       gradcheck(function(a) return a:clone() * 2 end, { X { 2, 3 } }, EXACT, "clone")
-      gradcheck(function(a) return a:to("f32") * a end, { X { 2, 3 } }, EXACT, "to f32")
+      gradcheck(function(a) return a:to(a.dtype) * a end, { X { 2, 3 } }, EXACT, "to its own dtype")
     end)
 
     -- The f16 round trip rounds to 11 bits: with h = 0.25 on inputs in [0.5, 1.5]
     -- the rounding of x +- h (<= 2^-11 * 2) over 2h stays under 2e-3, hence rtol 1e-2.
     it("f32 -> f16 -> f32: the gradient comes back as f32", function()
       local x = X({ 2, 3 }, { lo = 0.5, hi = 1.5 })
-      gradcheck(function(a) return a:f16():f32() * 3 end, { x }, { h = 0.25, rtol = 1e-2, atol = 1e-3 }, "f16 trip")
+      gradcheck32(function(a) return a:f16():f32() * 3 end, { x }, { h = 0.25, rtol = 1e-2, atol = 1e-3 }, "f16 trip")
       assert.are.equal("f32", x.grad.dtype)
       x.grad = nil
       local y = x:f16()
@@ -304,7 +350,7 @@ describe("autograd: backward against finite differences", function()
 
     it("f32 -> bf16 -> f32 likewise (8 bits: h = 0.25, rtol 2e-2)", function()
       local x = X({ 2, 3 }, { lo = 0.5, hi = 1.5 })
-      gradcheck(function(a) return a:bf16():f32() * 3 end, { x }, { h = 0.25, rtol = 2e-2, atol = 2e-3 }, "bf16 trip")
+      gradcheck32(function(a) return a:bf16():f32() * 3 end, { x }, { h = 0.25, rtol = 2e-2, atol = 2e-3 }, "bf16 trip")
       assert.are.equal("f32", x.grad.dtype)
     end)
 
@@ -508,33 +554,33 @@ describe("autograd: backward against finite differences", function()
       } do
         local what = "conv2d " .. table.concat(c.x, "x") .. " * " .. table.concat(c.w, "x")
         if c.nobias then
-          gradcheck(function(x, w) return mp.conv2d(x, w, nil, c.o) end, { X(c.x), X(c.w) }, EXACT, what)
+          gradcheck32(function(x, w) return mp.conv2d(x, w, nil, c.o) end, { X(c.x), X(c.w) }, EXACT, what)
         else
-          gradcheck(function(x, w, b) return mp.conv2d(x, w, b, c.o) end, { X(c.x), X(c.w), X { c.w[1] } }, EXACT, what)
+          gradcheck32(function(x, w, b) return mp.conv2d(x, w, b, c.o) end, { X(c.x), X(c.w), X { c.w[1] } }, EXACT, what)
         end
       end
     end)
 
     it("avg_pool2d (padding counted) and adaptive_avg_pool2d (uneven windows)", function()   -- EXACT
-      gradcheck(function(x) return mp.avg_pool2d(x, 3, { stride = 2, padding = 1 }) end, { X { 2, 2, 5, 6 } }, EXACT,
+      gradcheck32(function(x) return mp.avg_pool2d(x, 3, { stride = 2, padding = 1 }) end, { X { 2, 2, 5, 6 } }, EXACT,
                 "avg_pool2d")
-      gradcheck(function(x) return mp.adaptive_avg_pool2d(x, { 3, 2 }) end, { X { 2, 7, 5 } }, EXACT, "adaptive")
+      gradcheck32(function(x) return mp.adaptive_avg_pool2d(x, { 3, 2 }) end, { X { 2, 7, 5 } }, EXACT, "adaptive")
     end)
 
     it("max_pool2d: each window's largest element, overlapping windows add", function()   -- KINK, no ties
-      gradcheck(function(x) return mp.max_pool2d(x, 2) end, { X({ 2, 2, 4, 6 }, { distinct = 0.3 }) }, KINK, "max 2")
-      gradcheck(function(x) return mp.max_pool2d(x, { 3, 2 }, { stride = 1, padding = 1 }) end,
+      gradcheck32(function(x) return mp.max_pool2d(x, 2) end, { X({ 2, 2, 4, 6 }, { distinct = 0.3 }) }, KINK, "max 2")
+      gradcheck32(function(x) return mp.max_pool2d(x, { 3, 2 }, { stride = 1, padding = 1 }) end,
                 { X({ 1, 2, 5, 4 }, { distinct = 0.3 }) }, KINK, "max overlapping")
     end)
 
     -- LOOSE, as layer_norm: the batch statistics round in f32
     it("batch_norm in training (batch statistics) and evaluation (running statistics)", function()
-      gradcheck(function(x, w, b) return mp.batch_norm(x, nil, nil, w, b, { training = true }) end,
+      gradcheck32(function(x, w, b) return mp.batch_norm(x, nil, nil, w, b, { training = true }) end,
                 { X { 3, 2, 2, 3 }, X { 2 }, X { 2 } }, LOOSE, "bn training")
-      gradcheck(function(x) return mp.batch_norm(x, nil, nil, nil, nil, { training = true }) end, { X { 4, 3 } }, LOOSE,
+      gradcheck32(function(x) return mp.batch_norm(x, nil, nil, nil, nil, { training = true }) end, { X { 4, 3 } }, LOOSE,
                 "bn 2-d, no affine")
       local rm, rv = mp.tensor { 0.5, -1 }, mp.tensor { 2, 0.5 }
-      gradcheck(function(x, w, b) return mp.batch_norm(x, rm, rv, w, b) end, { X { 2, 2, 3 }, X { 2 }, X { 2 } }, EXACT,
+      gradcheck32(function(x, w, b) return mp.batch_norm(x, rm, rv, w, b) end, { X { 2, 2, 3 }, X { 2 }, X { 2 } }, EXACT,
                 "bn evaluation")
     end)
 

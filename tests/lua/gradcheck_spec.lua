@@ -1,7 +1,7 @@
 -- gradcheck_spec.lua: mp.autograd.gradcheck and gradgradcheck pass on right
 -- gradients and catch wrong ones, naming the output, input and entry.
 -- (f32 here, with steps and tolerances loose enough for f32 rounding: the
--- checks of second derivatives in f64 are in double_backward_spec.lua)
+-- checks of second derivatives in f64 are in gradgradcheck_f64_spec.lua)
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local mp = require "mp"
 

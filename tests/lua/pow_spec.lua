@@ -1,7 +1,8 @@
 -- pow_spec.lua: `^` on tensors, Tensor:pow and mp.pow in their three forms
 -- (tensor ^ number, number ^ tensor, tensor ^ tensor): values against Lua's
 -- maths, f16/bf16 rounded once, integer powers, broadcasting, gradients against
--- central differences and at the edge cases as PyTorch gives them, memory, errors.
+-- central differences (in f64 where the device has it, with mp.autograd.gradcheck)
+-- and at the edge cases as PyTorch gives them, memory, errors.
 -- LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" busted tests/lua/pow_spec.lua
 
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
@@ -21,8 +22,9 @@ end
 -- The gradients of f (inputs: leaves of the given shapes, f32) against central
 -- differences: L = sum(f(...) * R) for a fixed R; h = 1e-2 and |num - ana| <=
 -- 1e-3 + 1e-2 |ana| (f32 forward: L's rounding over 2h is ~1e-4 here; h^2 f'''
--- is ~1e-4 for these O(1) powers). The lead's f64 gradcheck replaces this later.
-local function gradcheck(f, inputs, what)
+-- is ~1e-4 for these O(1) powers). Used where the default device declines f64
+-- (MP_DEVICE=cuda: the f32 kernels of the fake and the emulated device).
+local function gradcheck32(f, inputs, what)
   local xs = {}
   for i, x in ipairs(inputs) do xs[i] = mp.tensor(H.nest(x.v, x.shape)):requires_grad(true) end
   local out = f(table.unpack(xs))
@@ -56,6 +58,25 @@ local function gradcheck(f, inputs, what)
         error(string.format("%s: input %d element %d: analytic %.7g, numeric %.7g", what, i, j, ana[j], num), 2)
       end
     end
+  end
+end
+
+-- Where the default device holds f64 (the CPU): mp.autograd.gradcheck on the
+-- same values as f64 leaves, at PyTorch's defaults (eps 1e-6, atol 1e-5, rtol
+-- 1e-3, every entry of the Jacobian: truncation ~1e-13 and rounding ~1e-10
+-- there, for these O(1) powers on bases >= 0.5), and the gradients' shapes.
+local F64 = pcall(mp.zeros, { 1 }, { dtype = "f64" })
+local function gradcheck(f, inputs, what)
+  if not F64 then return gradcheck32(f, inputs, what) end
+  local xs = {}
+  for i, x in ipairs(inputs) do xs[i] = mp.tensor(H.nest(x.v, x.shape), { dtype = "f64" }):requires_grad(true) end
+  local ok, err = pcall(mp.autograd.gradcheck, f, xs, { eps = 1e-6, atol = 1e-5, rtol = 1e-3 })
+  if not ok then error(what .. " (f64): " .. tostring(err), 2) end
+  local out = f(table.unpack(xs))
+  out:backward(mp.ones(out.shape, { dtype = "f64" }))
+  for i, x in ipairs(xs) do
+    assert.are.same(inputs[i].shape, x.grad.shape, what .. ": gradient shape of input " .. i)
+    assert.are.equal("f64", x.grad.dtype, what .. ": gradient dtype of input " .. i)
   end
 end
 
