@@ -37,17 +37,13 @@ function recipe.train(model, opt, scaler, batches, every, dtype)
   return losses
 end
 
+-- run as a script: the demo of demo.lua
 if arg and arg[0] and arg[0]:match("amp_accumulate%.lua$") then
-  mp.manual_seed(0)
-  local model = mp.nn.Sequential(mp.nn.Linear(8, 16), mp.nn.ReLU(), mp.nn.Linear(16, 8))
-  local opt = mp.optim.SGD(model:parameters(), {lr = 0.1})
-  local scaler = mp.amp.GradScaler()
-  local teacher = mp.randn{8, 8}   -- the targets: a linear map of the inputs, to be learned
-  local batches = {}
-  for i = 1, 80 do local x = mp.randn{4, 8}; batches[i] = {x, mp.matmul(x, teacher)} end
-  local losses = recipe.train(model, opt, scaler, batches, 2, "f16")
-  print(string.format("micro-batch loss %.4f -> %.4f, scale %g, skipped %d of %d steps",
-    losses[1] * 2, losses[#losses] * 2, scaler:get_scale(), scaler.stats.skipped, #losses // 2))
+  local demo = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "demo.lua")
+  local d = demo.setup{batches = 80, rows = 4}   -- 40 steps of two micro-batches
+  local losses = recipe.train(d.model, d.opt, d.scaler, d.batches, 2, "f16")
+  for i, l in ipairs(losses) do losses[i] = l * 2 end   -- each micro-batch's own loss, undivided
+  demo.report(d.scaler, #d.batches // 2, "micro-batch loss", losses)
 end
 
 return recipe

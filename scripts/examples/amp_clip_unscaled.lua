@@ -36,17 +36,11 @@ function recipe.train(model, opt, scaler, batches, max_norm, dtype)
   return losses
 end
 
+-- run as a script: the demo of demo.lua
 if arg and arg[0] and arg[0]:match("amp_clip_unscaled%.lua$") then
-  mp.manual_seed(0)
-  local model = mp.nn.Sequential(mp.nn.Linear(8, 16), mp.nn.ReLU(), mp.nn.Linear(16, 8))
-  local opt = mp.optim.SGD(model:parameters(), {lr = 0.1})
-  local scaler = mp.amp.GradScaler()
-  local teacher = mp.randn{8, 8}   -- the targets: a linear map of the inputs, to be learned
-  local batches = {}
-  for i = 1, 40 do local x = mp.randn{8, 8}; batches[i] = {x, mp.matmul(x, teacher)} end
-  local losses = recipe.train(model, opt, scaler, batches, 1.0, "f16")
-  print(string.format("loss %.4f -> %.4f, scale %g, skipped %d of %d steps",
-    losses[1], losses[#losses], scaler:get_scale(), scaler.stats.skipped, #losses))
+  local demo = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "demo.lua")
+  local d = demo.setup()
+  demo.report(d.scaler, #d.batches, "loss", recipe.train(d.model, d.opt, d.scaler, d.batches, 1.0, "f16"))
 end
 
 return recipe

@@ -43,20 +43,16 @@ function recipe.train(models, opts, scaler, batches, dtype)
   return losses
 end
 
+-- run as a script: the demo of demo.lua
 if arg and arg[0] and arg[0]:match("amp_two_models%.lua$") then
-  mp.manual_seed(0)
-  local nn = mp.nn
-  local models = {nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8)),
-                  nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))}
-  local opts = {mp.optim.SGD(models[1]:parameters(), {lr = 0.1}), mp.optim.Adam(models[2]:parameters(), {lr = 1e-2})}
-  local scaler = mp.amp.GradScaler()
-  local teacher = mp.randn{8, 8}   -- the targets: a linear map of the inputs, to be learned
-  local batches = {}
-  for i = 1, 40 do local x = mp.randn{8, 8}; batches[i] = {x, mp.matmul(x, teacher)} end
-  local losses = recipe.train(models, opts, scaler, batches, "f16")
-  local first, last = losses[1], losses[#losses]
-  print(string.format("loss0 %.4f -> %.4f, loss1 %.4f -> %.4f, scale %g, skipped %d of %d steps",
-    first[1], last[1], first[2], last[2], scaler:get_scale(), scaler.stats.skipped, #losses))
+  local demo = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "demo.lua")
+  local d = demo.setup()   -- the first model, with SGD; the second gets Adam
+  local models = {d.model, demo.model()}
+  local opts = {d.opt, mp.optim.Adam(models[2]:parameters(), {lr = 1e-2})}
+  local losses = recipe.train(models, opts, d.scaler, d.batches, "f16")
+  local loss0, loss1 = {}, {}
+  for i, l in ipairs(losses) do loss0[i], loss1[i] = l[1], l[2] end
+  demo.report(d.scaler, #d.batches, "loss0", loss0, "loss1", loss1)
 end
 
 return recipe

@@ -55,25 +55,7 @@ local LOOSE = { h = 1e-2, rtol = 2e-2, atol = 2e-3 }
 
 ---------------------------------------------------------------- inputs
 
-local function numel(shape)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return n
-end
-
-local nest = H.nest
-
-local function flat_of(t)
-  local v = t:totable()
-  if type(v) == "number" then return { v } end
-  return H.flat(v)
-end
-
--- a standard normal from Lua's own generator (seeded per test below)
-local function gauss()
-  local u1, u2 = 1 - math.random(), math.random()
-  return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
-end
+local nest, numel, flat_of, gauss = H.nest, H.numel, H.values, H.gauss
 
 -- An f32 leaf that requires grad, with values drawn in Lua:
 --   X(shape)                    N(0, 1)

@@ -40,22 +40,7 @@ local mp = require "mp"
 local FIRST = 1e-6
 local SECOND = { h = 1e-2, atol = 5e-4, rtol = 1e-3 }
 
-local function numel(shape)
-  local n = 1
-  for _, s in ipairs(shape) do n = n * s end
-  return n
-end
-
-local function flat_of(t)
-  local v = t:f32():totable()
-  if type(v) == "number" then return { v } end
-  return H.flat(v)
-end
-
-local function gauss()
-  local u1, u2 = 1 - math.random(), math.random()
-  return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
-end
+local numel, flat_of, gauss = H.numel, H.values, H.gauss
 
 local function randn_list(n, scale)
   local v = {}

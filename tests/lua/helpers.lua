@@ -167,6 +167,27 @@ function H.nest(flat, shape)
   return go(1)
 end
 
+-- the number of elements of a tensor of `shape`
+function H.numel(shape)
+  local n = 1
+  for _, s in ipairs(shape) do n = n * s end
+  return n
+end
+
+-- a tensor's values as a flat Lua list, row-major, in any dtype (one value for a 0-d tensor)
+function H.values(t)
+  local v = t:totable()
+  if type(v) == "number" then return { v } end
+  return H.flat(v)
+end
+
+-- a standard normal from Lua's own generator (Box-Muller), so that a spec that
+-- seeds math.randomseed draws the same inputs on every device and build
+function H.gauss()
+  local u1, u2 = 1 - math.random(), math.random()
+  return math.sqrt(-2 * math.log(u1)) * math.cos(2 * math.pi * u2)
+end
+
 -- Runs a Lua chunk in a child lua5.4 with `mp` loaded. Returns a table:
 --   rc      exit status as the shell reports it (128 + n: killed by signal n)
 --   signal  the signal number, or nil when the child exited normally
