@@ -58,12 +58,17 @@ static int a_grad(lua_State *L)
                 if (nout != 1) return luaL_error(L, "%s: grad_outputs is one tensor but there are %d outputs", name, nout);
                 gouts[0] = lt_opt(L, gi);
             } else if (lua_istable(L, gi)) {
+                /* each tensor kept alive in an anchor table that stays on the stack (a
+                 * proxy's __index may hand out one nothing else holds): one slot, not
+                 * one per output, which could run past the C function's stack */
+                lua_createtable(L, nout, 0);
                 for (int k = 0; k < nout; k++) {
-                    lua_geti(L, gi, k + 1);   /* stays on the stack: it keeps the tensor alive */
+                    lua_geti(L, gi, k + 1);
                     if (!lua_isnil(L, -1) && !(gouts[k] = lt_opt(L, -1)))
                         return luaL_error(L, "%s: grad_outputs[%d] is %s (expected a tensor or nil)", name, k + 1,
                                           luaL_typename(L, -1));
                     if (lua_isnil(L, -1)) gouts[k] = NULL;
+                    lua_rawseti(L, -2, k + 1);
                 }
             } else {
                 return luaL_error(L, "%s: grad_outputs must be a tensor or a list of tensors (got %s)", name,

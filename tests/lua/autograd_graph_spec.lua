@@ -62,6 +62,14 @@ describe("mp.autograd.grad", function()
     H.assert_close(gx:totable(), { 2 * 4 + 1, 4 * 8 + 4 }, 0, 0, "d/dx")
   end)
 
+  it("takes many outputs with a list of grad_outputs", function()
+    local x = leaf({ 1, 2 })
+    local outs, gos = {}, {}
+    for k = 1, 300 do outs[k], gos[k] = x * k, mp.tensor({ 1, 1 }) end
+    local g = mp.autograd.grad(outs, x, { grad_outputs = gos })
+    H.assert_close(g:totable(), { 300 * 301 / 2, 300 * 301 / 2 }, 0, 0)
+  end)
+
   it("allow_unused gives nil for an input the outputs do not use; otherwise it is an error", function()
     local x, u = leaf({ 1, 2 }), leaf({ 5 })
     H.raises(function() mp.autograd.grad((x * x):sum(), { x, u }) end,

@@ -174,6 +174,16 @@ local function leaves(fx)
   return v
 end
 
+-- the fixture's param.<name> tensors into model, by PyTorch's state_dict names
+local function load_params(model, fx)
+  local sd = {}
+  for k, t in pairs(fx) do
+    local name = k:match("^param%.(.*)$")
+    if name then sd[name] = t end
+  end
+  model:load_state_dict(sd)
+end
+
 -- loss and every grad.<name> of the fixture against ours (grads from `v`, or `named`)
 local function check_all(fx, loss, v, named)
   match("loss", loss, fx.loss)
@@ -223,12 +233,7 @@ describe("composite networks against PyTorch fixtures", function()
   it("MLP 784 -> 32 -> 10 with ReLU, batch 8, cross_entropy (nn.Sequential + load_state_dict)", function()
     local fx = load_fixture("mlp")
     local model = nn.Sequential(nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
-    local sd = {}
-    for k, t in pairs(fx) do
-      local name = k:match("^param%.(.*)$")
-      if name then sd[name] = t end
-    end
-    model:load_state_dict(sd)   -- PyTorch's state_dict names map one to one
+    load_params(model, fx)   -- PyTorch's state_dict names map one to one
     local x = fx["input.x"]:clone():requires_grad(true)
     local loss = mp.cross_entropy(model(x), fx["input.target"])
     loss:backward()
@@ -240,12 +245,7 @@ describe("composite networks against PyTorch fixtures", function()
   it("LayerNorm -> GELU -> Linear -> mse_loss (nn modules)", function()
     local fx = load_fixture("ln_gelu")
     local model = nn.Sequential(nn.LayerNorm(6), nn.GELU(), nn.Linear(6, 3))
-    local sd = {}
-    for k, t in pairs(fx) do
-      local name = k:match("^param%.(.*)$")
-      if name then sd[name] = t end
-    end
-    model:load_state_dict(sd)
+    load_params(model, fx)
     local v = leaves(fx)
     local loss = mp.mse_loss(model(v.x), v.y)
     loss:backward()
@@ -269,12 +269,7 @@ describe("composite networks against PyTorch fixtures", function()
     local fx, meta = load_fixture("rms_norm")
     local eps = assert(tonumber(meta.eps))
     local model = nn.Sequential(nn.RMSNorm(6, { eps = eps }), nn.Linear(6, 3))
-    local sd = {}
-    for k, t in pairs(fx) do
-      local name = k:match("^param%.(.*)$")
-      if name then sd[name] = t end
-    end
-    model:load_state_dict(sd)   -- "0.weight", as torch.nn.RMSNorm's
+    load_params(model, fx)   -- "0.weight", as torch.nn.RMSNorm's
     local v = leaves(fx)
     local loss = mp.mse_loss(model(v.x), v.y)
     loss:backward()
