@@ -7,6 +7,7 @@
  * create_graph differentiates again. The kernel (the backends' scan entry)
  * accumulates in double and rounds each output once. Integer tensors give f32,
  * as sum does here (there is no 64-bit integer dtype; PyTorch gives int64).
+ * Autocast runs it in f32, as PyTorch's autocast does (cumsum is on its f32 list).
  */
 #include "engine/ops.h"
 #include "engine/error.h"
@@ -44,7 +45,7 @@ static mp_tensor *scan_fwd(mp_op_ctx *c)
     return o;
 }
 
-static const mp_op cumsum_op = {.name = "cumsum", .ac = MP_AC_NONE, .nin = 1, .forward = scan_fwd,
+static const mp_op cumsum_op = {.name = "cumsum", .ac = MP_AC_F32, .nin = 1, .forward = scan_fwd,
                                 .backward = scan_backward, .needs = {MP_BE_ENTRY(scan)},
                                 .args_size = sizeof(scan_args), .double_backward = true};
 MP_OP_REGISTER(cumsum_op);

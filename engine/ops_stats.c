@@ -122,7 +122,7 @@ static mp_tensor *norm2_fwd(mp_op_ctx *c)
     return o;
 }
 
-static const mp_op norm2_op = {.name = "norm", .ac = MP_AC_NONE, .nin = 1, .forward = norm2_fwd,
+static const mp_op norm2_op = {.name = "norm", .ac = MP_AC_F32, .nin = 1, .forward = norm2_fwd,
                                .backward = norm2_backward, .args_size = sizeof(norm_args),
                                .double_backward = true};
 MP_OP_REGISTER(norm2_op);

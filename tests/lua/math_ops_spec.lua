@@ -108,6 +108,27 @@ describe("math and reduction ops", function()
     assert.are.equal("u8", mp.le(x, 0).dtype)
   end)
 
+  it("every name is documented in docs/API.md, in both forms", function()
+    local root = (debug.getinfo(1, "S").source:match("^@(.*/)tests/lua/") or "./")
+    local f = assert(io.open(root .. "docs/API.md"))
+    local documented = {}
+    for line in f:lines() do
+      if line:match("^### ") then
+        for sig in line:gmatch("`([^`]+)`") do documented[sig:match("^[^%(%s%[{]+")] = true end
+      end
+    end
+    f:close()
+    -- the functional ops' mp. forms are documented with the functional ops (lfunctional.c)
+    local elsewhere = { tanh = true, relu = true, sigmoid = true, silu = true, gelu = true, softmax = true,
+                        log_softmax = true }
+    for _, name in ipairs(BOTH) do
+      assert.is_true(documented["t:" .. name] or false, "t:" .. name .. " is not documented")
+      if not elsewhere[name] then
+        assert.is_true(documented["mp." .. name] or false, "mp." .. name .. " is not documented")
+      end
+    end
+  end)
+
   describe("values", function()
     it("sin and cos match Lua's maths (f32), f16/bf16 rounded once from f32", function()
       local v = uniform(300, -10, 10)
@@ -221,6 +242,22 @@ describe("math and reduction ops", function()
       H.assert_same(vals(f:cumsum(1)), vals(T(want):to("f16")), "f16 cumsum")
     end)
 
+    it("f64 (where the device has it) computes in double", function()
+      if not F64 then return end
+      local v = { 0.1, 1.7, -2.3 }
+      local x = mp.tensor(v, { dtype = "f64" })
+      local ws, wc, cs = {}, {}, {}
+      local s = 0
+      for i = 1, 3 do ws[i], wc[i] = math.sin(v[i]), math.cos(v[i]); s = s + v[i]; cs[i] = s end
+      H.assert_close(x:sin():totable(), ws, 1e-15, 0, "f64 sin")
+      H.assert_close(mp.cos(x):totable(), wc, 1e-15, 0, "f64 cos")
+      assert.are.same(cs, x:cumsum(1):totable())
+      assert.are.equal("f64", x:var().dtype)
+      assert.are.equal("f64", x:norm().dtype)
+      local mv, mi = x:min(1)
+      assert.are.same({ -2.3, 2 }, { mv:item(), mi:item() })
+    end)
+
     it("any and all: u8, over dims, any dtype, NaN is true", function()
       local x = T { { 0, 1, 0 }, { 0, 0, 0 } }
       assert.are.equal("u8", x:any().dtype)
@@ -272,6 +309,34 @@ describe("math and reduction ops", function()
       local q = T({ 0, -1, 2 }):requires_grad(true)
       mp.norm(q, 1):backward()
       assert.are.same({ 0, -1, 1 }, vals(q.grad))
+    end)
+
+    it("second derivatives (gradgradcheck in f64, where the device has it)", function()
+      if not F64 then return end
+      local function X(v, shape) return mp.tensor(H.nest(v, shape), { dtype = "f64" }):requires_grad(true) end
+      local cases = {
+        { "sin", mp.sin }, { "cos", function(x) return x:cos() end },
+        { "cumsum", function(x) return x:cumsum(2) end }, { "2-norm", function(x) return x:norm(2, 2) end },
+        { "var", function(x) return x:var(2) end }, { "std", function(x) return mp.std(x) end },
+      }
+      for _, c in ipairs(cases) do
+        local ok, err = pcall(mp.autograd.gradgradcheck, c[2], { X(uniform(6, -2, 2), { 2, 3 }) },
+                              { eps = 1e-6, atol = 1e-5, rtol = 1e-3 })
+        assert(ok, c[1] .. ": " .. tostring(err))
+      end
+    end)
+
+    it("cumsum runs in f32 under autocast, as PyTorch's; the gradient comes back in f16", function()
+      local x = T({ 1, 2, 3 }):to("f16"):requires_grad(true)
+      local y
+      do
+        local _ <close> = mp.amp.autocast("f16")
+        y = x:cumsum(1)
+      end
+      assert.are.equal("f32", y.dtype)
+      y:sum():backward()
+      assert.are.equal("f16", x.grad.dtype)
+      assert.are.same({ 3, 2, 1 }, vals(x.grad))
     end)
 
     it("f16 inputs get f16 gradients through var, norm and cumsum", function()
