@@ -7,9 +7,8 @@
  * function with the name of the form the user called (`mp.exp` or
  * `Tensor:exp`), which every error carries. Where another file already gives
  * one form (ltensor.c: t:exp, t:gt, ...; lfunctional.c: mp.tanh, mp.softmax,
- * ...), the row adds only the missing one, so nothing is defined twice; sum,
- * mean, max and argmax take a keepdim here, so this file gives both of their
- * forms (registered after ltensor.c's, which they replace).
+ * ...), the row adds only the missing one, so nothing is defined twice; the
+ * reductions (sum, mean, max, argmax, ...) live here in both forms.
  *
  * Reductions: `dim` is 1-based (negative from the end); without it the whole
  * tensor is reduced to a 0-d tensor. `keepdim` (default false, as PyTorch's)
