@@ -16,7 +16,7 @@
  * narrow; ops_index.c: index checks, index_select; ops_select.c; ops_math.c:
  * arithmetic, broadcasting, reductions; ops_matmul.c: matmul, linear;
  * ops_nn.c: softmax to where; ops_attention.c; ops_conv.c; ops_pool.c;
- * ops_batch_norm.c.
+ * ops_batch_norm.c; ops_stats.c: var, std, norm, any, all; ops_scan.c: cumsum.
  */
 #ifndef MP_OPS_H
 #define MP_OPS_H
@@ -89,6 +89,19 @@ int mp_broadcast(const mp_tensor *a, const mp_tensor *b, mp_bcast *bc);
 
 /* reductions; dim 0 means all dims (a scalar result) */
 mp_tensor *mp_reduce(mp_redop op, mp_tensor *a, int dim, int keepdim);
+
+/* ops_stats.c: statistics of x over dim (0: all dims), composed of the ops
+ * above; f16/bf16 computed in f32 and rounded once. var divides by the count
+ * minus correction (1: PyTorch's unbiased default); std is its square root;
+ * norm takes p > 0, inf or -inf (x / ||x|| has gradient 0 at 0 for p = 2).
+ * any and all: u8, whether any / every element is nonzero (NaN counts). */
+mp_tensor *mp_var(mp_tensor *x, int dim, double correction, bool keepdim);
+mp_tensor *mp_std(mp_tensor *x, int dim, double correction, bool keepdim);
+mp_tensor *mp_norm(mp_tensor *x, double p, int dim, bool keepdim);
+mp_tensor *mp_any(mp_tensor *x, int dim, bool keepdim);
+mp_tensor *mp_all(mp_tensor *x, int dim, bool keepdim);
+/* ops_scan.c: the inclusive prefix sum along dim (integers give f32, as sum) */
+mp_tensor *mp_cumsum(mp_tensor *x, int dim);
 
 /* matmul: {m,k}@{k,n}, batched {b,m,k}@{b,k,n}, {b,m,k}@{k,n}, 1-D as in numpy */
 mp_tensor *mp_matmul(mp_tensor *a, mp_tensor *b);

@@ -199,7 +199,7 @@ static mp_dtype unary_dtype(mp_unop op, mp_dtype dt, double p)
     case MP_MULS: case MP_ADDS: case MP_RSUBS: return is_integral(p) ? dt : MP_F32;
     case MP_POW: return is_integral(p) && p >= 0 ? dt : MP_F32;   /* a negative one: refused by unary_fwd */
     case MP_EXP: case MP_LOG: case MP_SQRT: case MP_DIVS: case MP_RDIVS: case MP_TANH: case MP_SIGMOID:
-    case MP_GELU: case MP_DROPMASK: case MP_SILU: break;
+    case MP_GELU: case MP_DROPMASK: case MP_SILU: case MP_SIN: case MP_COS: break;
     }
     return MP_F32;
 }
@@ -387,6 +387,8 @@ static mp_tensor *unary_grad_graph(mp_unop op, mp_tensor *g, mp_tensor *x, mp_te
         r = mul(&s, mul(&s, g, sg), un(&s, MP_ADDS, mul(&s, x, un(&s, MP_RSUBS, sg, 1)), 1));
         break;
     }
+    case MP_SIN: r = mul(&s, g, un(&s, MP_COS, x, 0)); break;
+    case MP_COS: r = un(&s, MP_NEG, mul(&s, g, un(&s, MP_SIN, x, 0)), 0); break;
     case MP_DROPMASK: return mp_fail(MP_EINVAL, "dropout_mask has no gradient"), NULL;
     }
     return done(&s, r);
@@ -416,7 +418,7 @@ static int unary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 static bool needs_x(mp_unop op)
 {
     return op == MP_ABS || op == MP_LOG || op == MP_POW || op == MP_RDIVS || op == MP_RELU || op == MP_GELU ||
-           op == MP_SILU;
+           op == MP_SILU || op == MP_SIN || op == MP_COS;
 }
 static bool needs_y(mp_unop op)
 {
@@ -451,6 +453,7 @@ static const mp_op unary_ops[] = {
     UNOP(MP_RELU, "relu", MP_AC_NONE, .bind = MP_BIND_UNARY), UNOP(MP_TANH, "tanh", MP_AC_NONE, .bind = MP_BIND_UNARY),
     UNOP(MP_SIGMOID, "sigmoid", MP_AC_NONE, .bind = MP_BIND_UNARY), UNOP(MP_GELU, "gelu", MP_AC_NONE),
     UNOP(MP_SILU, "silu", MP_AC_NONE, .bind = MP_BIND_UNARY),
+    UNOP(MP_SIN, "sin", MP_AC_NONE), UNOP(MP_COS, "cos", MP_AC_NONE),   /* bound by lua/lmath.c */
     [MP_DROPMASK] = {.name = "dropout_mask", .nin = 1, .forward = unary_fwd, .kernel = MP_DROPMASK,
                      .args_size = sizeof(unary_args)},
 };
@@ -503,7 +506,7 @@ static int reduce_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     int k = MP_NODE_ARGS(n, reduce_args)->k;
     int64_t keep[MP_MAXDIM];
     for (int d = 0; d < e->ndim; d++) keep[d] = k < 0 || d == k ? 1 : e->shape[d];
-    if (op == MP_MAX) {   /* the gradient goes to the (first) maximum */
+    if (op == MP_MAX || op == MP_MIN) {   /* the gradient goes to the (first) maximum or minimum */
         mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
         if (!r) return -1;
         int64_t outer = 1, len = r->numel, inner = 1;
@@ -539,8 +542,12 @@ static mp_tensor *reduce_fwd(mp_op_ctx *c)
     int dim = args->dim, keepdim = args->keepdim;
     int k = -1;
     if (dim != 0 && mp_dim(a, dim, &k)) return NULL;
-    if (dim == 0 && op == MP_ARGMAX && a->ndim > 1)
-        return mp_fail(MP_EINVAL, "argmax needs a dim for a %d-d tensor", a->ndim), NULL;
+    bool arg = op == MP_ARGMAX || op == MP_ARGMIN;
+    if (dim == 0 && arg && a->ndim > 1)
+        return mp_fail(MP_EINVAL, "%s needs a dim for a %d-d tensor", c->op->name, a->ndim), NULL;
+    if ((op == MP_MAX || op == MP_MIN || arg) && (k >= 0 ? a->shape[k] : a->numel) == 0)
+        return mp_fail(MP_EINVAL, "%s of an empty %s (no identity to return)", c->op->name,
+                       k >= 0 ? "dim" : "tensor"), NULL;
     int64_t outer = 1, n = a->numel, inner = 1, shape[MP_MAXDIM];
     int nd = 0;
     if (k >= 0) {
@@ -558,13 +565,13 @@ static mp_tensor *reduce_fwd(mp_op_ctx *c)
      * Fashion-MNIST add up to 3.4e9) */
     mp_dtype in = a->dtype;
     if ((op == MP_MEAN || op == MP_SUM) && !mp_is_float(in)) in = MP_F32;
-    mp_dtype out = op == MP_ARGMAX ? MP_I32 : in;
+    mp_dtype out = arg ? MP_I32 : in;
     mp_tensor *x = as_dtype(a, in), *o = x ? mp_empty(out, a->dev, nd, shape) : NULL;
     if (o) MP_K(o, reduce, op, in, mp_data(o), mp_data(x), outer, n, inner);
     args->k = k;
-    if (o && op == MP_MAX && c->record) {   /* where each maximum was, for the backward */
+    if (o && (op == MP_MAX || op == MP_MIN) && c->record) {   /* where each extreme was, for the backward */
         mp_tensor *idx = mp_empty(MP_I32, a->dev, nd, shape);
-        if (idx) MP_K(idx, reduce, MP_ARGMAX, in, mp_data(idx), mp_data(x), outer, n, inner);
+        if (idx) MP_K(idx, reduce, op == MP_MAX ? MP_ARGMAX : MP_ARGMIN, in, mp_data(idx), mp_data(x), outer, n, inner);
         if (!idx || mp_keep(c, 0, idx)) mp_release(o), o = NULL;
         mp_release(idx);
     }
@@ -578,6 +585,7 @@ static mp_tensor *reduce_fwd(mp_op_ctx *c)
 static const mp_op reduce_ops[] = {
     REDOP(MP_SUM, "sum", MP_AC_F32, reduce_backward), REDOP(MP_MEAN, "mean", MP_AC_F32, reduce_backward),
     REDOP(MP_MAX, "max", MP_AC_NONE, reduce_backward), REDOP(MP_ARGMAX, "argmax", MP_AC_NONE, NULL),
+    REDOP(MP_MIN, "min", MP_AC_NONE, reduce_backward), REDOP(MP_ARGMIN, "argmin", MP_AC_NONE, NULL),
 };
 MP_OP_REGISTER_ARRAY(reduce_ops, MP_NREDOPS);
 

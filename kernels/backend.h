@@ -65,17 +65,19 @@ typedef enum {
  * x+p (MP_ADDS), p-x (MP_RSUBS), x/p (MP_DIVS), p/x (MP_RDIVS); MP_GELU uses the
  * erf form when p == 0 and the tanh approximation otherwise; MP_DROPMASK maps a
  * uniform x to 1/(1-p) when x >= p, else 0 (a dropout mask); MP_SILU is
- * x * sigmoid(x). */
+ * x * sigmoid(x). MP_SIN and MP_COS take radians. */
 typedef enum {
     MP_NEG, MP_ABS, MP_EXP, MP_LOG, MP_SQRT, MP_POW, MP_MULS, MP_ADDS, MP_RSUBS, MP_DIVS,
-    MP_RDIVS, MP_RELU, MP_TANH, MP_SIGMOID, MP_GELU, MP_DROPMASK, MP_SILU
+    MP_RDIVS, MP_RELU, MP_TANH, MP_SIGMOID, MP_GELU, MP_DROPMASK, MP_SILU, MP_SIN, MP_COS
 } mp_unop;
-#define MP_NUNOPS (MP_SILU + 1)   /* a count, as MP_NBINOPS */
+#define MP_NUNOPS (MP_COS + 1)   /* a count, as MP_NBINOPS */
 
-/* Reductions over the middle axis of a {outer, n, inner} view. MP_ARGMAX writes
- * i32 indices (0-based, the first maximum); the others write the input dtype. */
-typedef enum { MP_SUM, MP_MEAN, MP_MAX, MP_ARGMAX } mp_redop;
-#define MP_NREDOPS (MP_ARGMAX + 1)   /* a count, as MP_NBINOPS */
+/* Reductions over the middle axis of a {outer, n, inner} view. MP_ARGMAX and
+ * MP_ARGMIN write i32 indices (0-based, the first maximum or minimum); the
+ * others write the input dtype. NaN wins both max and min (it propagates, and
+ * arg* point at the first NaN), as in PyTorch. n >= 1. */
+typedef enum { MP_SUM, MP_MEAN, MP_MAX, MP_ARGMAX, MP_MIN, MP_ARGMIN } mp_redop;
+#define MP_NREDOPS (MP_ARGMIN + 1)   /* a count, as MP_NBINOPS */
 
 /* The reductions of a collective across processes (kernels/comm.h, and the
  * backends' coll_* entries): mp.dist.all_reduce's "mean" is a sum the engine
@@ -344,6 +346,12 @@ typedef struct mp_kctx mp_kctx;
     X(void, put_along, (mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx,                       \
       int64_t outer, int64_t n, int64_t inner),                                                                         \
       (cx, dt, out, src, idx, outer, n, inner))                                                                         \
+    /* inclusive prefix sums along the middle axis of {outer, n, inner} (reverse:                                       \
+     * from the end: cumsum's backward), accumulated in double, each output                                             \
+     * rounded to dt (a float dtype). NULL: the backend has none. */                                                    \
+    X(void, scan, (mp_kctx *cx, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner,         \
+      int reverse),                                                                                                     \
+      (cx, dt, out, a, outer, n, inner, reverse))                                                                       \
     /* The loss scaler, all on state in this backend's memory:                                                          \
      * scale_loss: out = in * st->scale (out may be NULL) and, when check, loss_bad                                     \
      *   = 1 if any input value is inf/NaN;                                                                             \

@@ -55,7 +55,7 @@ MP_INT_FN int64_t mp_un_int(mp_unop op, int64_t x, int64_t p)
     case MP_RSUBS: return p - x;
     case MP_POW: return mp_ipow(x, p);
     case MP_EXP: case MP_LOG: case MP_SQRT: case MP_DIVS: case MP_RDIVS: case MP_TANH:
-    case MP_SIGMOID: case MP_GELU: case MP_DROPMASK: case MP_SILU:
+    case MP_SIGMOID: case MP_GELU: case MP_DROPMASK: case MP_SILU: case MP_SIN: case MP_COS:
         break;   /* float maths: the engine runs none of them on integers */
     }
     return 0;

@@ -295,6 +295,7 @@ int luaopen_mp_core(lua_State *L)
     mp_open_data(L);
     mp_open_io(L);
     mp_open_functional(L);
+    mp_open_math(L);
     mp_open_optim(L);
     mp_open_util(L);
     mp_open_lines(L);

@@ -20,6 +20,7 @@ int lt_tostring(lua_State *L);                       /* tostring(t), ltensor_pri
 void mp_open_data(lua_State *L);                     /* adds mp.core._data (ldata.c) */
 void mp_open_io(lua_State *L);                       /* mp.save, mp.load (lio.c) */
 void mp_open_functional(lua_State *L);               /* functional ops and grad mode (lfunctional.c) */
+void mp_open_math(lua_State *L);                     /* math and reductions, mp.op and t:op (lmath.c) */
 void mp_open_optim(lua_State *L);                    /* the Optimizer type (loptim.c) */
 void mp_open_util(lua_State *L);                     /* clock, isatty, rng state (lutil.c) */
 void mp_open_lines(lua_State *L);                    /* line files and JSON for traces (llines.c) */

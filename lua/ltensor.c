@@ -420,36 +420,7 @@ int lt_pow(lua_State *L, const char *name)
 static int t_pow(lua_State *L) { return lt_pow(L, "Tensor:pow"); }
 static int t_pow_mm(lua_State *L) { return lt_pow(L, "Tensor:__pow"); }
 
-/* optional dim argument: 0 (all dims) when absent */
-static int opt_dim(lua_State *L, int i, const char *name)
-{
-    if (lua_isnoneornil(L, i)) return 0;
-    int d = lb_dim(L, i, name);
-    if (d == 0) luaL_error(L, "%s: dim 0 is not a dim (dims are 1-based; -1 is the last)", name);
-    return d;
-}
-
-static int reduce(lua_State *L, mp_redop op, const char *name)
-{
-    mp_tensor *t = lt_check(L, 1);
-    int d = opt_dim(L, 2, name);
-    TENSOR_RETURN(L, name, mp_reduce(op, t, d, 0));
-}
-
-static int t_sum(lua_State *L) { return reduce(L, MP_SUM, "Tensor:sum"); }
-static int t_mean(lua_State *L) { return reduce(L, MP_MEAN, "Tensor:mean"); }
-static int t_argmax(lua_State *L) { return reduce(L, MP_ARGMAX, "Tensor:argmax"); }
-
-/* t:max() -> the largest value as a 0-d tensor; t:max(d) -> values, indices (0-based) */
-static int t_max(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    int d = opt_dim(L, 2, "Tensor:max");
-    LT_PUSH(L, "Tensor:max", mp_reduce(MP_MAX, t, d, 0));
-    if (d == 0) return 1;
-    LT_PUSH(L, "Tensor:max", mp_reduce(MP_ARGMAX, t, d, 0));
-    return 2;
-}
+/* sum, mean, max, argmax (and min, argmin, ...) with their keepdim: lua/lmath.c */
 
 static int t_index_select(lua_State *L)
 {
@@ -571,7 +542,7 @@ static const luaL_Reg meth[] = {
     {"size", t_size}, {"dim", t_dim}, {"numel", t_numel}, {"item", t_item}, {"totable", t_totable},
     {"free", t_free}, {"to", t_to}, {"clone", t_clone}, {"copy_", t_copy_}, {"detach", t_detach},
     {"reshape", t_reshape}, {"view", t_view}, {"transpose", t_transpose}, {"narrow", t_narrow},
-    {"index_select", t_index_select}, {"matmul", t_matmul}, {"sum", t_sum}, {"mean", t_mean}, {"max", t_max}, {"argmax", t_argmax},
+    {"index_select", t_index_select}, {"matmul", t_matmul},
     {"requires_grad", t_requires_grad}, {"backward", la_backward},
     {"pow", t_pow},
     {"select", t_select}, {"tril", t_tril}, {"triu", t_triu}, {"masked_fill", t_masked_fill},

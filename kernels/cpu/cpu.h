@@ -147,6 +147,7 @@ mp_be_unary_grad_fn cpu_unary_grad;
 mp_be_where_fn cpu_where;
 mp_be_narrow_put_fn cpu_narrow_put;
 mp_be_put_along_fn cpu_put_along;
+mp_be_scan_fn cpu_scan;
 mp_be_softmax_fn cpu_softmax;
 mp_be_softmax_grad_fn cpu_softmax_grad;
 mp_be_cross_entropy_fn cpu_cross_entropy;

@@ -133,6 +133,7 @@ const mp_backend mp_cpu_backend = {
     .unary_grad = cpu_unary_grad,
     .reduce = cpu_reduce,
     .put_along = cpu_put_along,
+    .scan = cpu_scan,
     .where = cpu_where,
     .optim_count = cpu_optim_count,
     .optim_step = cpu_optim_step,

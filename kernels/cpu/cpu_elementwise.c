@@ -167,6 +167,8 @@ MP_SIMD static void un_f32(mp_unop op, float *o, const float *x, int64_t n, doub
         cpu_vexp(t, t, n);
         for (int64_t j = 0; j < n; j++) o[j] = x[j] * (x[j] < 0.0f ? t[j] : 1.0f) / (1.0f + t[j]);
         break;
+    case MP_SIN: cpu_vsin(o, x, n); break;
+    case MP_COS: cpu_vcos(o, x, n); break;
     case MP_DROPMASK: {
         float keep = 1.0f / (1.0f - p);
         for (int64_t j = 0; j < n; j++) o[j] = x[j] >= p ? keep : 0.0f;
@@ -223,6 +225,14 @@ MP_SIMD static void grad_f32(mp_unop op, float *gi, const float *go, const float
             float s = (x[j] < 0.0f ? t[j] : 1.0f) / (1.0f + t[j]);
             gi[j] = go[j] * s * (1.0f + x[j] * (1.0f - s));
         }
+        break;
+    case MP_SIN:
+        cpu_vcos(t, x, n);
+        for (int64_t j = 0; j < n; j++) gi[j] = go[j] * t[j];
+        break;
+    case MP_COS:
+        cpu_vsin(t, x, n);
+        for (int64_t j = 0; j < n; j++) gi[j] = -go[j] * t[j];
         break;
     case MP_DROPMASK: for (int64_t j = 0; j < n; j++) gi[j] = 0.0f; break;   /* a mask: constant in x */
     }

@@ -58,6 +58,8 @@ static double un(mp_unop op, double x, double p)
         return 0.5 * x * (1.0 + tanh(GELU_K * (x + 0.044715 * x * x * x)));
     case MP_SILU: return x * sigmoid(x);
     case MP_DROPMASK: return x >= p ? 1.0 / (1.0 - p) : 0.0;
+    case MP_SIN: return sin(x);
+    case MP_COS: return cos(x);
     }
     return 0;
 }
@@ -99,6 +101,8 @@ static double grad(mp_unop op, double g, double x, double y, double p)
         return g * s * (1.0 + x * (1.0 - s));
     }
     case MP_DROPMASK: return 0.0;   /* a mask: constant in x */
+    case MP_SIN: return g * cos(x);
+    case MP_COS: return -g * sin(x);
     }
     return 0;
 }

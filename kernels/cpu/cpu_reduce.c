@@ -1,12 +1,13 @@
 /*
- * cpu_reduce.c: sum, mean, max and argmax over the middle axis of an
+ * cpu_reduce.c: sum, mean, max, argmax, min and argmin over the middle axis of an
  * {outer, n, inner} view. Sums accumulate in double on the CPU (the reference
  * backend errs on the accurate side) and round once into the output dtype
  * (f64 sums are plain double sums: nothing wider to accumulate in).
- * max propagates NaN and argmax takes the first maximum, NaN counting as the
- * largest value, as PyTorch does.
+ * max and min propagate NaN, and argmax/argmin take the first maximum/minimum,
+ * NaN winning either way (the first NaN), as PyTorch does.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include "kernels/cpu/cpu.h"
 
@@ -64,11 +65,12 @@ static void reduce_one(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const v
     }
     double best = get(dt, a, base);
     int64_t at = 0;
+    bool lo = op == MP_MIN || op == MP_ARGMIN;
     for (int64_t j = 1; j < n && !isnan(best); j++) {
         double v = get(dt, a, base + j * inner);
-        if (v > best || isnan(v)) best = v, at = j;
+        if ((lo ? v < best : v > best) || isnan(v)) best = v, at = j;
     }
-    if (op == MP_MAX) put(cx, dt, out, o * inner + i, best);
+    if (op == MP_MAX || op == MP_MIN) put(cx, dt, out, o * inner + i, best);
     else ((int32_t *)out)[o * inner + i] = (int32_t)at;
 }
 

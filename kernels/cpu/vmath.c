@@ -7,7 +7,7 @@
 #include "kernels/cpu/vmath.h"
 
 typedef void (*vm_fn)(float *, const float *, int64_t);
-typedef struct { const char *isa; vm_fn exp, log, tanh, erf; } vm_path;
+typedef struct { const char *isa; vm_fn exp, log, tanh, erf, sin, cos; } vm_path;
 
 #define VM_LIBM(name, f)                                                       \
     static void name##_libm(float *y, const float *x, int64_t n)                \
@@ -18,19 +18,23 @@ VM_LIBM(exp, expf)
 VM_LIBM(log, logf)
 VM_LIBM(tanh, tanhf)
 VM_LIBM(erf, erff)
+VM_LIBM(sin, sinf)
+VM_LIBM(cos, cosf)
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define VM_DECLARE(isa)                                                        \
     void cpu_vexp_##isa(float *, const float *, int64_t);                      \
     void cpu_vlog_##isa(float *, const float *, int64_t);                      \
     void cpu_vtanh_##isa(float *, const float *, int64_t);                     \
-    void cpu_verf_##isa(float *, const float *, int64_t);
+    void cpu_verf_##isa(float *, const float *, int64_t);                      \
+    void cpu_vsin_##isa(float *, const float *, int64_t);                      \
+    void cpu_vcos_##isa(float *, const float *, int64_t);
 VM_DECLARE(avx512f)
 VM_DECLARE(avx2)
 VM_DECLARE(sse2)
-#define VM_PATH(isa) { #isa, cpu_vexp_##isa, cpu_vlog_##isa, cpu_vtanh_##isa, cpu_verf_##isa }
+#define VM_PATH(isa) { #isa, cpu_vexp_##isa, cpu_vlog_##isa, cpu_vtanh_##isa, cpu_verf_##isa, cpu_vsin_##isa, cpu_vcos_##isa }
 static const vm_path paths[] = { VM_PATH(avx512f), VM_PATH(avx2), VM_PATH(sse2),
-                                 { "libm", exp_libm, log_libm, tanh_libm, erf_libm } };
+                                 { "libm", exp_libm, log_libm, tanh_libm, erf_libm, sin_libm, cos_libm } };
 
 static int has(const char *isa)
 {
@@ -40,7 +44,7 @@ static int has(const char *isa)
     return 1;
 }
 #else
-static const vm_path paths[] = { { "libm", exp_libm, log_libm, tanh_libm, erf_libm } };
+static const vm_path paths[] = { { "libm", exp_libm, log_libm, tanh_libm, erf_libm, sin_libm, cos_libm } };
 static int has(const char *isa) { return 1; }
 #endif
 
@@ -63,6 +67,8 @@ void cpu_vexp(float *y, const float *x, int64_t n) { path()->exp(y, x, n); }
 void cpu_vlog(float *y, const float *x, int64_t n) { path()->log(y, x, n); }
 void cpu_vtanh(float *y, const float *x, int64_t n) { path()->tanh(y, x, n); }
 void cpu_verf(float *y, const float *x, int64_t n) { path()->erf(y, x, n); }
+void cpu_vsin(float *y, const float *x, int64_t n) { path()->sin(y, x, n); }
+void cpu_vcos(float *y, const float *x, int64_t n) { path()->cos(y, x, n); }
 const char *cpu_vmath_isa(void) { return path()->isa; }
 
 int cpu_vmath_use(const char *isa)

@@ -1,5 +1,5 @@
 /*
- * vmath.h: f32 exp, log, tanh and erf over arrays, vectorised.
+ * vmath.h: f32 exp, log, tanh, erf, sin and cos over arrays, vectorised.
  *
  * The elementwise and row kernels call these instead of libm's scalar expf,
  * tanhf and erff (which were most of a GELU or softmax pass). The vector
@@ -21,6 +21,8 @@ void cpu_vexp(float *y, const float *x, int64_t n);
 void cpu_vlog(float *y, const float *x, int64_t n);
 void cpu_vtanh(float *y, const float *x, int64_t n);
 void cpu_verf(float *y, const float *x, int64_t n);
+void cpu_vsin(float *y, const float *x, int64_t n);
+void cpu_vcos(float *y, const float *x, int64_t n);
 
 /* the path in use: "avx512f", "avx2", "sse2" or "libm" */
 const char *cpu_vmath_isa(void);

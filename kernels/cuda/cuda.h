@@ -413,6 +413,7 @@ mp_be_unary_grad_fn mp_cuda_unary_grad;
 mp_be_where_fn mp_cuda_where;
 mp_be_reduce_fn mp_cuda_reduce;
 mp_be_put_along_fn mp_cuda_put_along;
+mp_be_scan_fn mp_cuda_scan;   /* cuda_scan.cu */
 mp_be_permute_fn mp_cuda_permute;
 mp_be_narrow_fn mp_cuda_narrow;
 mp_be_narrow_put_fn mp_cuda_narrow_put;

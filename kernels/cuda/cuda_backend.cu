@@ -382,6 +382,7 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.unary_grad = mp_cuda_unary_grad;
     table.reduce = mp_cuda_reduce;
     table.put_along = mp_cuda_put_along;
+    table.scan = mp_cuda_scan;
     table.scale_loss = mp_cuda_scale_loss;
     table.unscale = mp_cuda_unscale;
     table.scale_rule = mp_cuda_scale_rule;

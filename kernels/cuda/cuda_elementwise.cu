@@ -207,6 +207,8 @@ static __device__ float un_f(mp_unop op, float x, float p, int erf_form)
         float t = expf(-fabsf(x));
         return x * (x < 0.0f ? t : 1.0f) / (1.0f + t);
     }
+    case MP_SIN: return sinf(x);
+    case MP_COS: return cosf(x);
     }
     return 0.0f;   /* every code returned above: for compilers that do not see it */
 }
@@ -309,6 +311,8 @@ static __device__ float grad_f(mp_unop op, float go, float x, float y, float p, 
         return go * s * (1.0f + x * (1.0f - s));
     }
     case MP_DROPMASK: return 0.0f;   /* a mask: constant in x */
+    case MP_SIN: return go * cosf(x);
+    case MP_COS: return -go * sinf(x);
     }
     return 0.0f;   /* every code returned above: for compilers that do not see it */
 }

@@ -1,6 +1,6 @@
 /*
  * cuda_layout.cu: reductions over the middle axis of an {outer, n, inner} view
- * (sum, mean, max, argmax), max's backward (put_along), and the copies that
+ * (sum, mean, max, argmax, min, argmin), max's backward (put_along), and the copies that
  * change layout: permute, narrow, narrow_put, gather and scatter_add.
  *
  * Reductions: call each of the outer*inner outputs a column. A block owns a tile
@@ -8,7 +8,8 @@
  * results meet in a shared-memory tree, always in the same order, so results are
  * reproducible. Values are widened to double (exact for every dtype, i32
  * included) and sums accumulate in double and round once, as on the CPU. max
- * propagates NaN; argmax takes the first maximum, NaN counting as the largest.
+ * and min propagate NaN; argmax and argmin take the first maximum or minimum,
+ * NaN winning either way.
  * When there are few columns and long ones, each column is split over several
  * blocks and a second kernel combines their partials, which wait in a fixed
  * buffer: safe because this backend runs every kernel on the one stream.
@@ -41,27 +42,36 @@ __device__ __forceinline__ double ld_d(mp_dtype dt, const void *p, int64_t i)
     return dt == MP_I32 ? (double)((const int32_t *)p)[i] : (double)mp_ld(dt, p, i);
 }
 
-/* NaN is the largest value; equal values go to the first index */
-__device__ __forceinline__ bool beats(Acc a, Acc b)
+/* NaN beats every value (the largest for max, the smallest for min); equal
+ * values go to the first index */
+__device__ __forceinline__ bool beats(Acc a, Acc b, bool lo)
 {
     if (isnan(a.v) || isnan(b.v)) return isnan(a.v) && (!isnan(b.v) || a.at < b.at);
-    return a.v > b.v || (a.v == b.v && a.at < b.at);
+    return (lo ? a.v < b.v : a.v > b.v) || (a.v == b.v && a.at < b.at);
 }
 
 struct Combine {
-    bool sum;
+    bool sum, lo;   /* lo: min and argmin */
     __device__ Acc operator()(Acc a, Acc b) const
     {
         if (sum) return Acc{a.v + b.v, 0};
-        return beats(b, a) ? b : a;
+        return beats(b, a, lo) ? b : a;
     }
-    __device__ Acc identity() const { return sum ? Acc{0.0, 0} : Acc{-INFINITY, INT64_MAX}; }
+    __device__ Acc identity() const
+    {
+        return sum ? Acc{0.0, 0} : Acc{lo ? INFINITY : -INFINITY, INT64_MAX};
+    }
 };
+
+__device__ __forceinline__ Combine combine_for(mp_redop op)
+{
+    return Combine{op == MP_SUM || op == MP_MEAN, op == MP_MIN || op == MP_ARGMIN};
+}
 
 /* one output, rounded as the CPU's reduction rounds it */
 __device__ void red_store(mp_redop op, mp_dtype dt, void *out, int64_t q, Acc r, int64_t n, mp_tally &t)
 {
-    if (op == MP_ARGMAX) { ((int32_t *)out)[q] = (int32_t)r.at; return; }
+    if (op == MP_ARGMAX || op == MP_ARGMIN) { ((int32_t *)out)[q] = (int32_t)r.at; return; }
     double v = op == MP_MEAN ? r.v / (double)n : r.v;
     switch (dt) {
     case MP_F32: ((float *)out)[q] = (float)v; break;
@@ -83,7 +93,7 @@ __global__ void k_reduce(mp_redop op, mp_dtype dt, void *out, const void *a, int
     mp_tally tl(fc);
     int tx, ty;
     tile_pos(t, tx, ty);
-    Combine f{op == MP_SUM || op == MP_MEAN};
+    Combine f = combine_for(op);
     int64_t tiles = (cols + t.txn - 1) / t.txn, len = (n + chunks - 1) / chunks;
     for (int64_t b = blockIdx.x; b < tiles * chunks; b += gridDim.x) {
         int64_t q = b / chunks * t.txn + tx, c = b % chunks;
@@ -110,7 +120,7 @@ __global__ void k_reduce_parts(mp_redop op, mp_dtype dt, void *out, const Acc *p
     mp_tally tl(fc);
     int tx, ty;
     tile_pos(t, tx, ty);
-    Combine f{op == MP_SUM || op == MP_MEAN};
+    Combine f = combine_for(op);
     int64_t tiles = (cols + t.txn - 1) / t.txn;
     for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
         int64_t q = b * t.txn + tx;

@@ -64,7 +64,7 @@ static double ulps(float y, double exact)
 
 typedef struct { const char *name; void (*f)(float *, const float *, int64_t); double (*ref)(double); } vfn;
 static const vfn fns[] = { { "exp", cpu_vexp, exp }, { "log", cpu_vlog, log }, { "tanh", cpu_vtanh, tanh },
-                           { "erf", cpu_verf, erf } };
+                           { "erf", cpu_verf, erf }, { "sin", cpu_vsin, sin }, { "cos", cpu_vcos, cos } };
 
 Test(vmath, every_path_within_one_ulp_of_double_libm)
 {
@@ -154,6 +154,8 @@ Test(vmath, tails_and_aliasing)
 static float rnd(double v) { return (float)v; }
 static float exp_f(float v) { return rnd(exp(v)); }
 static float tanh_f(float v) { return rnd(tanh(v)); }
+static float sin_f(float v) { return rnd(sin(v)); }
+static float cos_f(float v) { return rnd(cos(v)); }
 static float sigmoid_f(float v) { return rnd(1 / (1 + exp(-(double)v))); }
 static float silu_f(float v) { return rnd(v / (1 + exp(-(double)v))); }
 static float gelu_f(float v) { return 0.5f * v * (1.0f + rnd(erf(v * 0.70710678118654752f))); }
@@ -169,6 +171,7 @@ Test(vmath, kernels_within_their_bounds)
         { "exp", MP_EXP, 0, exp_f, -20, 1.01 }, { "tanh", MP_TANH, 0, tanh_f, -20, 1.01 },
         { "sigmoid", MP_SIGMOID, 0, sigmoid_f, -20, 2.0 }, { "silu", MP_SILU, 0, silu_f, -20, 3.0 },
         { "gelu", MP_GELU, 0, gelu_f, -1, 2.0 }, { "gelu tanh", MP_GELU, 1, gelut_f, -1, 2.0 },
+        { "sin", MP_SIN, 0, sin_f, -20, 1.01 }, { "cos", MP_COS, 0, cos_f, -20, 1.01 },
     };
     int64_t n = 1 << 20;
     float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);

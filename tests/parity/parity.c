@@ -268,11 +268,40 @@ static const mp_dtype FLOATS[3] = {MP_F32, MP_F16, MP_BF16};
 
 /* ---- the cases ---- */
 
+/* one unary op and its gradient on 1003 values */
+static void unary_case(int op, mp_dtype dt, const char *name, const char *dn)
+{
+    pcase c;
+    if (!begin(&c, "unary %s %s n=1003", name, dn)) return;
+    double lo = op == MP_LOG || op == MP_SQRT || op == MP_RDIVS || op == MP_POW ? 0.1 : -3;
+    int a = buf(&c, dt, 1003, 0, lo, op == MP_DROPMASK ? 1 : 3), o = buf(&c, dt, 1003, 1, 0, 0);
+    double p = op == MP_POW ? 1.5 : op == MP_DROPMASK ? 0.3 : op == MP_GELU ? 0 : 0.75;
+    REF->unary(REF->ctx, op, dt, c.ref[o], c.ref[a], 1003, p);
+    DUT->unary(DUT->ctx, op, dt, c.dev[o], c.dev[a], 1003, p);
+    /* exp, tanh, erf: the CPU's vector maths (kernels/cpu/vmath.h, <= 1.5 ulp)
+     * against CUDA's (expf 2, tanhf 2, erff 2 ulp in the CUDA manual): a few
+     * ulps apart at most, an nmse near 1e-13, under this bound by 1000x */
+    c.bound = bound_for(dt, 1e-10, 1e-5);
+    finish(&c);
+    if (op == MP_DROPMASK) return;
+    if (!begin(&c, "unary_grad %s %s n=1003", name, dn)) return;
+    int x = buf(&c, dt, 1003, 0, lo, 3), g = buf(&c, dt, 1003, 0, -1, 1), y = buf(&c, dt, 1003, 0, lo, 3);
+    int r = buf(&c, dt, 1003, 1, 0, 0);
+    REF->unary(REF->ctx, op, dt, c.ref[y], c.ref[x], 1003, p);      /* y = f(x) on both sides */
+    DUT->from_host(DUT->ctx, c.dev[y], c.ref[y], c.size[y]);
+    REF->unary_grad(REF->ctx, op, dt, c.ref[r], c.ref[g], c.ref[x], c.ref[y], 1003, p);
+    DUT->unary_grad(DUT->ctx, op, dt, c.dev[r], c.dev[g], c.dev[x], c.dev[y], 1003, p);
+    c.bound = bound_for(dt, 1e-10, 1e-5);
+    finish(&c);
+}
+
+
 static void cases_elementwise(void)
 {
     static const char *bn[] = {"add", "sub", "mul", "div", "pow"};
     static const char *un[] = {"neg", "abs", "exp", "log", "sqrt", "pow", "muls", "adds", "rsubs",
-                               "divs", "rdivs", "relu", "tanh", "sigmoid", "gelu", "dropmask", "silu"};
+                               "divs", "rdivs", "relu", "tanh", "sigmoid", "gelu", "dropmask", "silu",
+                               "sin", "cos"};
     pcase c;
     for (int d = 0; d < 3; d++) {
         mp_dtype dt = FLOATS[d];
@@ -296,27 +325,12 @@ static void cases_elementwise(void)
             finish(&c);
         }
         for (int op = 0; op < MP_NUNOPS; op++) {
-            if (!begin(&c, "unary %s %s n=1003", un[op], dn)) continue;
-            double lo = op == MP_LOG || op == MP_SQRT || op == MP_RDIVS || op == MP_POW ? 0.1 : -3;
-            int a = buf(&c, dt, 1003, 0, lo, op == MP_DROPMASK ? 1 : 3), o = buf(&c, dt, 1003, 1, 0, 0);
-            double p = op == MP_POW ? 1.5 : op == MP_DROPMASK ? 0.3 : op == MP_GELU ? 0 : 0.75;
-            REF->unary(REF->ctx, op, dt, c.ref[o], c.ref[a], 1003, p);
-            DUT->unary(DUT->ctx, op, dt, c.dev[o], c.dev[a], 1003, p);
-            /* exp, tanh, erf: the CPU's vector maths (kernels/cpu/vmath.h, <= 1.5 ulp)
-             * against CUDA's (expf 2, tanhf 2, erff 2 ulp in the CUDA manual): a few
-             * ulps apart at most, an nmse near 1e-13, under this bound by 1000x */
-            c.bound = bound_for(dt, 1e-10, 1e-5);
-            finish(&c);
-            if (op == MP_DROPMASK) continue;
-            if (!begin(&c, "unary_grad %s %s n=1003", un[op], dn)) continue;
-            int x = buf(&c, dt, 1003, 0, lo, 3), g = buf(&c, dt, 1003, 0, -1, 1), y = buf(&c, dt, 1003, 0, lo, 3);
-            int r = buf(&c, dt, 1003, 1, 0, 0);
-            REF->unary(REF->ctx, op, dt, c.ref[y], c.ref[x], 1003, p);      /* y = f(x) on both sides */
-            DUT->from_host(DUT->ctx, c.dev[y], c.ref[y], c.size[y]);
-            REF->unary_grad(REF->ctx, op, dt, c.ref[r], c.ref[g], c.ref[x], c.ref[y], 1003, p);
-            DUT->unary_grad(DUT->ctx, op, dt, c.dev[r], c.dev[g], c.dev[x], c.dev[y], 1003, p);
-            c.bound = bound_for(dt, 1e-10, 1e-5);
-            finish(&c);
+            /* sin and cos, added later, draw from a stream of their own (as pow above) */
+            uint64_t outer = rng;
+            bool own = op == MP_SIN || op == MP_COS;
+            if (own) rng = 0x13198A2E03707344ULL + (uint64_t)(d * 2 + op - MP_SIN);
+            unary_case(op, dt, un[op], dn);
+            if (own) rng = outer;
         }
     }
 }
@@ -416,7 +430,7 @@ static void cases_vector_paths(void)
 
 static void cases_reduce_and_layout(void)
 {
-    static const char *rn[] = {"sum", "mean", "max", "argmax"};
+    static const char *rn[] = {"sum", "mean", "max", "argmax", "min", "argmin"};
     pcase c;
     for (int d = 0; d < 3; d++) {
         mp_dtype dt = FLOATS[d];
@@ -434,8 +448,13 @@ static void cases_reduce_and_layout(void)
                 char what[64];
                 snprintf(what, sizeof what, "%s {%lld,%lld,%lld}", rn[op], (long long)ou, (long long)n, (long long)in);
                 if (!begin(&c, "reduce %s %s", what, dn)) continue;
+                /* min and argmin, added later, draw from a stream of their own (as pow) */
+                uint64_t outer = rng;
+                bool own = op == MP_MIN || op == MP_ARGMIN;
+                if (own) rng = 0xA4093822299F31D0ULL + (uint64_t)(d * 16 + si * 2 + op - MP_MIN);
                 int a = buf(&c, dt, ou * n * in, 0, -1, 1);
-                int o = buf(&c, op == MP_ARGMAX ? MP_I32 : dt, ou * in, 1, 0, 0);
+                int o = buf(&c, op == MP_ARGMAX || op == MP_ARGMIN ? MP_I32 : dt, ou * in, 1, 0, 0);
+                if (own) rng = outer;
                 REF->reduce(REF->ctx, op, dt, c.ref[o], c.ref[a], ou, n, in);
                 DUT->reduce(DUT->ctx, op, dt, c.dev[o], c.dev[a], ou, n, in);
                 c.bound = op == MP_SUM || op == MP_MEAN ? bound_for(dt, 1e-10, 1e-5) : 0;
@@ -1133,6 +1152,32 @@ static const char *EXPECTED_FAILURES[] = {
 };
 #define EXPECTED_NOT_RUN 1   /* the amax policy case, after the persistent fault */
 
+/* cumsum's scan, forwards and from the end, with a stream of its own: a thread
+ * per column on CUDA, in order in double like the CPU, so the bits agree */
+static void cases_scan(void)
+{
+    static const int64_t shapes[][3] = {{3, 300, 1}, {2, 17, 5}, {1, 1, 1}, {4, 1000, 3}};
+    uint64_t outer = rng;
+    rng = 0x082EFA98EC4E6C89ULL;
+    pcase c;
+    for (int d = 0; d < 3; d++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+            for (int rev = 0; rev < 2; rev++) {
+                mp_dtype dt = FLOATS[d];
+                int64_t ou = shapes[si][0], n = shapes[si][1], in = shapes[si][2];
+                char what[64];
+                snprintf(what, sizeof what, "{%lld,%lld,%lld}%s", (long long)ou, (long long)n, (long long)in,
+                         rev ? " reverse" : "");
+                if (!begin(&c, "scan %s %s", what, mp_dtype_name(dt))) continue;
+                int a = buf(&c, dt, ou * n * in, 0, -1, 1), o = buf(&c, dt, ou * n * in, 1, 0, 0);
+                REF->scan(REF->ctx, dt, c.ref[o], c.ref[a], ou, n, in, rev);
+                DUT->scan(DUT->ctx, dt, c.dev[o], c.dev[a], ou, n, in, rev);
+                c.bound = 0;
+                finish(&c);
+            }
+    rng = outer;
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -1161,6 +1206,7 @@ int main(int argc, char **argv)
     cases_integers_and_creation();
     cases_topk_i32();
     cases_empty();
+    cases_scan();
     cases_optim_and_scaler();   /* last: the self-check's persistent fault is in it */
     if (none) {
         printf("parity: no CUDA device on this machine: %d cases skipped (the harness ran them CPU "
