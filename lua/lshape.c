@@ -53,7 +53,41 @@ static int shape_args(lua_State *L, int i, int64_t *shape, const char *name)
     return n;
 }
 
-/* ---- reshaping: reshape, view, unsqueeze, squeeze, flatten ---- */
+/* ---- sizes: size, dim, numel ---- */
+
+/* size(x) -> the shape as a list; size(x, dim) -> that dim's size */
+static int s_size(lua_State *L)
+{
+    const char *name = NAME(L);
+    mp_tensor *t = arg_tensor(L, 1, "x", name);
+    if (lua_isnoneornil(L, 2)) {
+        lua_createtable(L, t->ndim, 0);
+        for (int d = 0; d < t->ndim; d++) {
+            lua_pushinteger(L, t->shape[d]);
+            lua_rawseti(L, -2, d + 1);
+        }
+        return 1;
+    }
+    int d;
+    mp_clear_error();
+    if (mp_dim(t, lb_dim(L, 2, name), &d)) return lt_error(L, name);
+    lua_pushinteger(L, t->shape[d]);
+    return 1;
+}
+
+static int s_dim(lua_State *L)
+{
+    lua_pushinteger(L, arg_tensor(L, 1, "x", NAME(L))->ndim);
+    return 1;
+}
+
+static int s_numel(lua_State *L)
+{
+    lua_pushinteger(L, arg_tensor(L, 1, "x", NAME(L))->numel);
+    return 1;
+}
+
+/* ---- reshaping: reshape, view, unsqueeze, squeeze ---- */
 
 static int s_reshape(lua_State *L)
 {
@@ -381,6 +415,7 @@ static int s_stack(lua_State *L)
 typedef struct { const char *name; lua_CFunction f; bool mp_only, add; } shape_fn;
 #define BOTH(n, f) {n, f, false, false}
 static const shape_fn shape_fns[] = {
+    BOTH("size", s_size), BOTH("dim", s_dim), BOTH("numel", s_numel),
     BOTH("reshape", s_reshape), BOTH("view", s_reshape), BOTH("unsqueeze", s_unsqueeze), BOTH("squeeze", s_squeeze),
     BOTH("transpose", s_transpose), BOTH("permute", s_permute), BOTH("expand", s_expand),
     BOTH("contiguous", s_contiguous), BOTH("clone", s_clone), BOTH("detach", s_detach), BOTH("to", s_to),

@@ -40,20 +40,6 @@ static int t_close(lua_State *L)
     return 0;
 }
 
-static int t_size(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    if (lua_isnoneornil(L, 2)) { push_shape(L, t); return 1; }
-    int d;
-    mp_clear_error();
-    if (mp_dim(t, lb_dim(L, 2, "Tensor:size"), &d)) return lt_error(L, "Tensor:size");
-    lua_pushinteger(L, t->shape[d]);
-    return 1;
-}
-
-static int t_dim(lua_State *L) { lua_pushinteger(L, lt_check(L, 1)->ndim); return 1; }
-static int t_numel(lua_State *L) { lua_pushinteger(L, lt_check(L, 1)->numel); return 1; }
-
 static void push_value(lua_State *L, mp_dtype dt, double v)
 {
     if (mp_is_float(dt)) lua_pushnumber(L, v);
@@ -330,7 +316,7 @@ static int t_eq(lua_State *L)
 }
 
 static const luaL_Reg meth[] = {
-    {"size", t_size}, {"dim", t_dim}, {"numel", t_numel}, {"item", t_item}, {"totable", t_totable},
+    {"item", t_item}, {"totable", t_totable},
     {"free", t_free}, {"copy_", t_copy_},
     {"matmul", t_matmul}, {"sum", t_sum}, {"mean", t_mean}, {"max", t_max}, {"argmax", t_argmax},
     {"requires_grad", t_requires_grad}, {"backward", la_backward},

@@ -299,7 +299,7 @@ describe("split and chunk return values", function()
 end)
 
 describe("every shape method has its mp function, and errors name the form called", function()
-  local names = { "reshape", "view", "unsqueeze", "squeeze", "transpose", "permute", "expand", "contiguous", "clone",
+  local names = { "size", "dim", "numel", "reshape", "view", "unsqueeze", "squeeze", "transpose", "permute", "expand", "contiguous", "clone",
     "detach", "to", "narrow", "select", "split", "chunk", "tril", "triu", "masked_fill", "index_select", "gather",
     "scatter", "scatter_add", "topk", "sort" }
   it("both forms exist and agree", function()
@@ -308,6 +308,10 @@ describe("every shape method has its mp function, and errors name the form calle
       assert.is_function(mp[n], "mp." .. n)
       assert.is_not_nil(x[n], "Tensor:" .. n)
     end
+    assert.are.same({ 2, 3 }, mp.size(x))
+    assert.are.equal(3, mp.size(x, -1))
+    assert.are.equal(2, mp.dim(x))
+    assert.are.equal(6, mp.numel(x))
     assert.are.same(x:reshape(3, 2):totable(), mp.reshape(x, { 3, 2 }):totable())
     assert.are.same(x:view(-1):totable(), mp.view(x, -1):totable())
     assert.are.same(x:transpose(1, 2):totable(), mp.transpose(x, 1, 2):totable())
@@ -325,6 +329,8 @@ describe("every shape method has its mp function, and errors name the form calle
 
   it("errors carry mp.X or Tensor:X", function()
     local x = seq { 2, 3 }
+    H.raises(function() return mp.size(x, 3) end, { "mp.size:", "dim 3 out of range" })
+    H.raises(function() return x:size(3) end, { "Tensor:size:", "dim 3 out of range" })
     H.raises(function() return mp.reshape(x, 4) end, { "mp.reshape:", "cannot reshape" })
     H.raises(function() return x:reshape(4) end, { "Tensor:reshape:", "cannot reshape" })
     H.raises(function() return mp.narrow(x, 1, 3, 1) end, { "mp.narrow:", "start 3" })
