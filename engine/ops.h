@@ -13,7 +13,9 @@
  * file: callers use ops of many kinds at once, and each kind is a file of one
  * to fifteen functions. ops_create.c: creation, the random stream, reading
  * values, promotion, casts and copies; ops_shape.c: dims, reshape, transpose,
- * narrow; ops_index.c: index checks, index_select; ops_select.c; ops_math.c:
+ * narrow; ops_dims.c: unsqueeze, squeeze, permute, expand, stack;
+ * ops_index.c: index checks, index_select; ops_gather.c: gather, scatter,
+ * scatter_add; ops_select.c; ops_math.c:
  * arithmetic, broadcasting, reductions; ops_matmul.c: matmul, linear;
  * ops_nn.c: softmax to where; ops_attention.c; ops_conv.c; ops_pool.c;
  * ops_batch_norm.c.

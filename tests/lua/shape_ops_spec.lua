@@ -86,6 +86,11 @@ describe("mp.stack", function()
       assert.are.equal(dt, s.dtype)
     end
     assert.are.same({ 3, 1 }, mp.stack { T { 1 }, T { 2 }, T { 3 } }.shape)
+    local many = {}
+    for i = 1, 20 do many[i] = T { i, -i } end   -- more than the 16 kept on the C stack
+    local m = mp.stack(many, 2)
+    assert.are.same({ 2, 20 }, m.shape)
+    assert.are.same({ 20, -20 }, m:select(2, 20):totable())
   end)
 
   it("each input gets its slice of the gradient", function()
