@@ -13,7 +13,9 @@
  * file: callers use ops of many kinds at once, and each kind is a file of one
  * to fifteen functions. ops_create.c: creation, the random stream, reading
  * values, promotion, casts and copies; ops_shape.c: dims, reshape, transpose,
- * narrow; ops_index.c: index checks, index_select; ops_select.c; ops_math.c:
+ * narrow; ops_dims.c: unsqueeze, squeeze, permute, expand, stack;
+ * ops_index.c: index checks, index_select; ops_gather.c: gather, scatter,
+ * scatter_add; ops_select.c; ops_math.c:
  * arithmetic, broadcasting, reductions; ops_matmul.c: matmul, linear;
  * ops_nn.c: softmax to where; ops_attention.c; ops_conv.c; ops_pool.c;
  * ops_batch_norm.c; ops_stats.c: var, std, norm, any, all; ops_scan.c: cumsum.
@@ -141,6 +143,27 @@ mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, c
 
 /* x{.., in} @ w{out, in}^T + b{out}; b may be NULL */
 mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b);
+
+/* ops_dims.c: a size-1 dim inserted at dim (1..ndim+1, negative from the end:
+ * -1 after the last), size-1 dims dropped (dim 0: all of them; a dim of
+ * another size stays), both views as reshape; dims reordered (dims[d], 1-based
+ * or negative, is the input dim of output dim d: a copy); sizes as PyTorch's
+ * expand (new leading dims, -1 keeps one, size-1 dims repeat: a copy); n
+ * tensors of one shape stacked along a new dim (placed as unsqueeze's) */
+mp_tensor *mp_unsqueeze(mp_tensor *t, int dim);
+mp_tensor *mp_squeeze(mp_tensor *t, int dim);
+mp_tensor *mp_permute(mp_tensor *t, int n, const int *dims);
+mp_tensor *mp_expand_sizes(mp_tensor *t, int ndim, const int64_t *sizes);
+mp_tensor *mp_stack(int n, mp_tensor *const *ts, int dim);
+
+/* ops_gather.c: PyTorch's gather, scatter and scatter_add along dim (out of
+ * place): idx (i32, 0-based values) has x's number of dims and no larger size
+ * than x's but along dim (scatter: nor than src's in any dim); the gather has
+ * idx's shape; the scatters are x with src's values (its corner of idx's
+ * shape) set or added at the indexed places; scatter_value sets a number */
+mp_tensor *mp_gather(mp_tensor *x, int dim, mp_tensor *idx);
+mp_tensor *mp_scatter(mp_tensor *x, int dim, mp_tensor *idx, mp_tensor *src, bool add);
+mp_tensor *mp_scatter_value(mp_tensor *x, int dim, mp_tensor *idx, double value);
 
 /* for backward functions (ops_math.c): g summed down to shape (broadcasting
  * undone), and g broadcast up to shape (a copy) */

@@ -232,6 +232,19 @@ typedef struct {
     int adaptive;
 } mp_pool_args;
 
+/* gather/scatter along dim (PyTorch's gather, scatter, scatter_add): the index
+ * is a contiguous i32 array of shape shape[0..ndim); its element at coordinates
+ * c stands for x's element at sum over d != dim of c[d] * xs[d], plus idx[c] *
+ * xs[dim] (xs: x's strides in elements, x contiguous and at least as large as
+ * the index in every dim but dim). n is x's size along dim: values outside [0,
+ * n) are left out by asynchronous backends (check_indices reports them) */
+typedef struct {
+    int ndim, dim;
+    int64_t shape[MP_MAXDIM];
+    int64_t xs[MP_MAXDIM];
+    int64_t n;
+} mp_along_args;
+
 /* a backend's context: each backend defines struct mp_kctx for itself */
 typedef struct mp_kctx mp_kctx;
 
@@ -530,7 +543,19 @@ typedef struct mp_kctx mp_kctx;
     /* the reverse: write a {outer, len, inner} source into an {outer, n, inner} out at `start` */                      \
     X(void, narrow_put, (mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,                 \
       int64_t start, int64_t len, int64_t inner),                                                                       \
-      (cx, dt, out, in, outer, n, start, len, inner))
+      (cx, dt, out, in, outer, n, start, len, inner))                                                                 \
+    /* gather and scatter along one dim (mp_along_args): out (contiguous, the                                           \
+     * index's shape) = x at the indexed places; and x at the indexed places =                                          \
+     * src (contiguous, the index's shape), or += src when add, in index order                                          \
+     * along each line of dim: a repeated index keeps the last value (add: sums                                         \
+     * in that order, f16/bf16 rounded at each add as the CPU's scatter_add).                                           \
+     * NULL: the backend has none. */                                                                                   \
+    X(void, gather_along, (mp_kctx *cx, mp_dtype dt, void *out, const void *x, const int32_t *idx,                      \
+      const mp_along_args *a),                                                                                          \
+      (cx, dt, out, x, idx, a))                                                                                         \
+    X(void, scatter_along, (mp_kctx *cx, mp_dtype dt, void *x, const void *src, const int32_t *idx,                     \
+      const mp_along_args *a, int add),                                                                                 \
+      (cx, dt, x, src, idx, a, add))
 
 #define MP_BE_FN_TYPE(ret, name, params, args) typedef ret mp_be_##name##_fn params;
 MP_BACKEND_ENTRIES(MP_BE_FN_TYPE)

@@ -35,4 +35,5 @@ int la_backward(lua_State *L);                       /* Tensor:backward (lautogr
 void mp_open_function(lua_State *L);                 /* mp.autograd.Function's C half (lfunction.c) */
 void mp_open_hooks(lua_State *L);                    /* Tensor:register_hook (lhooks.c; after luaopen_mp_tensor) */
 void mp_open_anomaly(lua_State *L);                  /* mp.autograd's anomaly mode (lanomaly.c) */
+void mp_open_shape(lua_State *L);                    /* shape and indexing ops, mp.X and Tensor:X (lshape.c; after luaopen_mp_tensor) */
 #endif

@@ -164,38 +164,6 @@ static int f_where(lua_State *L)
     RETURN_TENSOR(L, "mp.where", mp_where(c, ab[0], ab[1]));
 }
 
-/* mp.tril(x [, k]), mp.triu(x [, k]), mp.masked_fill(x, mask, value), mp.select(x, dim, i):
- * the Tensor methods of the same names */
-static int f_tril(lua_State *L)
-{
-    mp_tensor *x = lt_check(L, 1);
-    int64_t k = lua_isnoneornil(L, 2) ? 0 : lb_integer(L, 2, "diagonal", "mp.tril");
-    RETURN_TENSOR(L, "mp.tril", mp_tril(x, k));
-}
-
-static int f_triu(lua_State *L)
-{
-    mp_tensor *x = lt_check(L, 1);
-    int64_t k = lua_isnoneornil(L, 2) ? 0 : lb_integer(L, 2, "diagonal", "mp.triu");
-    RETURN_TENSOR(L, "mp.triu", mp_triu(x, k));
-}
-
-static int f_masked_fill(lua_State *L)
-{
-    mp_tensor *x = lt_check(L, 1), *m = lt_check(L, 2);
-    if (lua_type(L, 3) != LUA_TNUMBER)
-        return luaL_error(L, "mp.masked_fill: value must be a number (got %s)", luaL_typename(L, 3));
-    RETURN_TENSOR(L, "mp.masked_fill", mp_masked_fill(x, m, lua_tonumber(L, 3)));
-}
-
-static int f_select(lua_State *L)
-{
-    mp_tensor *x = lt_check(L, 1);
-    int d = dim_arg(L, 2, "mp.select");
-    int64_t i = lb_integer(L, 3, "index", "mp.select");
-    RETURN_TENSOR(L, "mp.select", mp_select(x, d, i));
-}
-
 /* mp.attention(q, k, v [, {causal=false, scale=1/sqrt(d), dropout=0}]) */
 static int f_attention(lua_State *L)
 {
@@ -365,7 +333,7 @@ static const luaL_Reg funcs[] = {
     {"layer_norm", f_layer_norm}, {"rms_norm", f_rms_norm}, {"embedding", f_embedding}, {"dropout", f_dropout},
     {"cross_entropy", f_cross_entropy}, {"mse_loss", f_mse_loss}, {"cat", f_cat}, {"where", f_where}, {"pow", f_pow},
     {"attention", f_attention}, {"conv2d", f_conv2d}, {"max_pool2d", f_max_pool2d}, {"avg_pool2d", f_avg_pool2d},
-    {"adaptive_avg_pool2d", f_adaptive_avg_pool2d}, {"batch_norm", f_batch_norm}, {"multinomial", f_multinomial}, {"tril", f_tril}, {"triu", f_triu}, {"masked_fill", f_masked_fill}, {"select", f_select},
+    {"adaptive_avg_pool2d", f_adaptive_avg_pool2d}, {"batch_norm", f_batch_norm}, {"multinomial", f_multinomial},
     {"no_grad", f_no_grad}, {"set_grad_enabled", f_set_grad_enabled}, {"is_grad_enabled", f_is_grad_enabled},
     {NULL, NULL}
 };

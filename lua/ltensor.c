@@ -40,20 +40,6 @@ static int t_close(lua_State *L)
     return 0;
 }
 
-static int t_size(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    if (lua_isnoneornil(L, 2)) { push_shape(L, t); return 1; }
-    int d;
-    mp_clear_error();
-    if (mp_dim(t, lb_dim(L, 2, "Tensor:size"), &d)) return lt_error(L, "Tensor:size");
-    lua_pushinteger(L, t->shape[d]);
-    return 1;
-}
-
-static int t_dim(lua_State *L) { lua_pushinteger(L, lt_check(L, 1)->ndim); return 1; }
-static int t_numel(lua_State *L) { lua_pushinteger(L, lt_check(L, 1)->numel); return 1; }
-
 static void push_value(lua_State *L, mp_dtype dt, double v)
 {
     if (mp_is_float(dt)) lua_pushnumber(L, v);
@@ -103,23 +89,6 @@ static int t_free(lua_State *L)
     return t_close(L);
 }
 
-/* t:to(dtype), t:to(device), t:to(dtype, device) in either order */
-static int t_to(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    mp_dtype dt = t->dtype;
-    mp_device dev = t->dev;
-    int top = lua_gettop(L);
-    if (top < 2) return luaL_error(L, "Tensor:to: expected a dtype or a device name");
-    for (int i = 2; i <= top && i <= 3; i++) {
-        const char *s = luaL_checkstring(L, i);
-        if (mp_dtype_parse(s, &dt) && mp_device_parse(s, &dev))
-            return luaL_error(L, "Tensor:to: '%s' is neither a dtype (f32, f16, bf16, i32, u8) "
-                                 "nor a device (cpu, cuda)", s);
-    }
-    TENSOR_RETURN(L, "Tensor:to", mp_to(t, dt, dev));
-}
-
 /* t:f32(), t:f16(), t:bf16(), t:cpu(), t:cuda(): t:to with one of dtype or device
  * fixed. One function for all, a closure over its row (upvalue 1) */
 #define KEEP (-1)   /* the tensor's own dtype or device */
@@ -146,219 +115,6 @@ static int t_copy_(lua_State *L)
     if (mp_copy_(t, src)) return lt_error(L, "Tensor:copy_");
     lua_settop(L, 1);
     return 1;
-}
-
-static int t_clone(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    TENSOR_RETURN(L, "Tensor:clone", mp_clone(t));
-}
-
-/* without autograd, detach is a new tensor sharing the same storage */
-static int t_detach(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    TENSOR_RETURN(L, "Tensor:detach", mp_view(t, t->ndim, t->shape, t->offset));
-}
-
-/* shape from a table, or from the remaining arguments: t:reshape{2,3} or t:reshape(2,3) */
-static int shape_args(lua_State *L, int i, int64_t *shape, const char *name)
-{
-    char what[32];
-    if (lua_istable(L, i)) {
-        int n = lb_len(L, i, MP_MAXDIM, "shape", name);
-        for (int d = 0; d < n; d++) {
-            lua_geti(L, i, d + 1);
-            snprintf(what, sizeof what, "size of dim %d", d + 1);
-            shape[d] = lb_integer(L, -1, what, name);
-            lua_pop(L, 1);
-        }
-        return n;
-    }
-    int n = lua_gettop(L) - i + 1;
-    if (n > MP_MAXDIM) luaL_error(L, "%s: a tensor has at most %d dims (got %d)", name, MP_MAXDIM, n);
-    for (int d = 0; d < n; d++) {
-        snprintf(what, sizeof what, "size of dim %d", d + 1);
-        shape[d] = lb_integer(L, i + d, what, name);
-    }
-    return n;
-}
-
-static int t_reshape(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    int64_t shape[MP_MAXDIM];
-    int n = shape_args(L, 2, shape, "Tensor:reshape");
-    TENSOR_RETURN(L, "Tensor:reshape", mp_reshape(t, n, shape));
-}
-
-static int t_view(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    int64_t shape[MP_MAXDIM];
-    int n = shape_args(L, 2, shape, "Tensor:view");
-    TENSOR_RETURN(L, "Tensor:view", mp_reshape(t, n, shape));
-}
-
-static int t_transpose(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    int d1 = lb_dim(L, 2, "Tensor:transpose"), d2 = lb_dim(L, 3, "Tensor:transpose");
-    TENSOR_RETURN(L, "Tensor:transpose", mp_transpose(t, d1, d2));
-}
-
-static int t_narrow(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    int d = lb_dim(L, 2, "Tensor:narrow");
-    int64_t start = lb_integer(L, 3, "start", "Tensor:narrow"), len = lb_integer(L, 4, "length", "Tensor:narrow");
-    TENSOR_RETURN(L, "Tensor:narrow", mp_narrow(t, d, start, len));
-}
-
-/* t:select(dim, i): the slice at index i (1-based, negative from the end), that dim dropped */
-static int t_select(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    int d = lb_dim(L, 2, "Tensor:select");
-    int64_t i = lb_integer(L, 3, "index", "Tensor:select");
-    TENSOR_RETURN(L, "Tensor:select", mp_select(t, d, i));
-}
-
-/* t:tril([k]), t:triu([k]): a triangle of the last two dims from diagonal k (default 0) */
-static int t_tril(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    int64_t k = lua_isnoneornil(L, 2) ? 0 : lb_integer(L, 2, "diagonal", "Tensor:tril");
-    TENSOR_RETURN(L, "Tensor:tril", mp_tril(t, k));
-}
-
-static int t_triu(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    int64_t k = lua_isnoneornil(L, 2) ? 0 : lb_integer(L, 2, "diagonal", "Tensor:triu");
-    TENSOR_RETURN(L, "Tensor:triu", mp_triu(t, k));
-}
-
-/* t:masked_fill(mask, value) */
-static int t_masked_fill(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1), *m = lt_check(L, 2);
-    if (lua_type(L, 3) != LUA_TNUMBER)
-        return luaL_error(L, "Tensor:masked_fill: value must be a number (got %s)", luaL_typename(L, 3));
-    TENSOR_RETURN(L, "Tensor:masked_fill", mp_masked_fill(t, m, lua_tonumber(L, 3)));
-}
-
-/* the list of narrows of t along dim d with the given lengths (views where the dim is the first) */
-static int push_pieces(lua_State *L, mp_tensor *t, int d, const int64_t *len, int n, const char *name)
-{
-    lua_createtable(L, n, 0);
-    int64_t start = 1;
-    for (int i = 0; i < n; i++) {
-        LT_PUSH(L, name, mp_narrow(t, d, start, len[i]));
-        lua_rawseti(L, -2, i + 1);
-        start += len[i];
-    }
-    return 1;
-}
-
-/* t:split(size [, dim]) -> pieces of size along dim (default 1), the last smaller;
- * t:split({s1, s2, ...} [, dim]) -> pieces of those sizes, which must add up to the dim */
-static int t_split(lua_State *L)
-{
-    const char *name = "Tensor:split";
-    mp_tensor *t = lt_check(L, 1);
-    int d = lua_isnoneornil(L, 3) ? 1 : lb_dim(L, 3, name), k;
-    mp_clear_error();
-    if (mp_dim(t, d, &k)) return lt_error(L, name);
-    int64_t n = t->shape[k], total = 0;
-    int count;
-    int64_t *len;
-    if (lua_type(L, 2) == LUA_TTABLE) {
-        count = lb_len(L, 2, 1 << 20, "sizes", name);
-        if (count < 1) return luaL_error(L, "%s: sizes must not be empty", name);
-        len = lua_newuserdatauv(L, sizeof *len * (size_t)count, 0);
-        for (int i = 0; i < count; i++) {
-            lua_geti(L, 2, i + 1);
-            len[i] = lb_integer(L, -1, "size", name);
-            lua_pop(L, 1);
-            if (len[i] < 1) return luaL_error(L, "%s: size %d must be positive (got %I)", name, i + 1, (lua_Integer)len[i]);
-            if (len[i] > n - total) return luaL_error(L, "%s: sizes add up to more than dim %d's %I", name, d, (lua_Integer)n);
-            total += len[i];
-        }
-        if (total != n) return luaL_error(L, "%s: sizes add up to %I, dim %d has %I", name, (lua_Integer)total, d, (lua_Integer)n);
-    } else {
-        int64_t size = lb_integer(L, 2, "size", name);
-        if (size < 1) return luaL_error(L, "%s: size must be positive (got %I)", name, (lua_Integer)size);
-        int64_t c = (n + size - 1) / size;
-        count = (int)c;
-        len = lua_newuserdatauv(L, sizeof *len * (size_t)count, 0);
-        for (int i = 0; i < count; i++) len[i] = i < count - 1 ? size : n - size * (count - 1);
-    }
-    return push_pieces(L, t, d, len, count, name);
-}
-
-/* t:chunk(n [, dim]) -> n pieces as even as split makes them (ceil(size / n) each), fewer when the dim is short */
-static int t_chunk(lua_State *L)
-{
-    const char *name = "Tensor:chunk";
-    mp_tensor *t = lt_check(L, 1);
-    int64_t c = lb_integer(L, 2, "chunks", name);
-    int d = lua_isnoneornil(L, 3) ? 1 : lb_dim(L, 3, name), k;
-    if (c < 1) return luaL_error(L, "%s: chunks must be positive (got %I)", name, (lua_Integer)c);
-    mp_clear_error();
-    if (mp_dim(t, d, &k)) return lt_error(L, name);
-    int64_t n = t->shape[k], size = (n + c - 1) / c, count = (n + size - 1) / size;
-    int64_t *len = lua_newuserdatauv(L, sizeof *len * (size_t)count, 0);
-    for (int64_t i = 0; i < count; i++) len[i] = i < count - 1 ? size : n - size * (count - 1);
-    return push_pieces(L, t, d, len, (int)count, name);
-}
-
-/* push values and indices (or raise with the engine's error) */
-static int push_two(lua_State *L, const char *name, mp_tensor *v, mp_tensor *idx)
-{
-    LTensor *a = lt_new(L);
-    if (!v) lt_error(L, name);
-    lt_set(L, a, v, name);
-    LTensor *b = lt_new(L);
-    lt_set(L, b, idx, name);
-    return 2;
-}
-
-/* t:topk(k [, dim = -1 [, {largest = true}]]) -> values, indices (0-based) */
-static int t_topk(lua_State *L)
-{
-    const char *name = "Tensor:topk";
-    mp_tensor *t = lt_check(L, 1), *idx = NULL;
-    int64_t k = lb_integer(L, 2, "k", name);
-    int d = lua_isnoneornil(L, 3) ? -1 : lb_dim(L, 3, name);
-    bool largest = true;
-    if (lb_check_options(L, 4, name, "largest:boolean", 1)) {
-        lua_getfield(L, 4, "largest");
-        largest = lua_isnil(L, -1) || lua_toboolean(L, -1);
-        lua_pop(L, 1);
-    }
-    mp_clear_error();
-    mp_tensor *v = mp_topk(t, k, d, largest, &idx);
-    if (!v && mp_errcode_last() == MP_EOOM) lua_gc(L, LUA_GCCOLLECT), mp_clear_error(), v = mp_topk(t, k, d, largest, &idx);
-    return push_two(L, name, v, idx);
-}
-
-/* t:sort([dim = -1 [, {descending = false}]]) -> values, indices (0-based) */
-static int t_sort(lua_State *L)
-{
-    const char *name = "Tensor:sort";
-    mp_tensor *t = lt_check(L, 1), *idx = NULL;
-    int d = lua_isnoneornil(L, 2) ? -1 : lb_dim(L, 2, name);
-    bool desc = false;
-    if (lb_check_options(L, 3, name, "descending:boolean", 1)) {
-        lua_getfield(L, 3, "descending");
-        desc = lua_toboolean(L, -1);
-        lua_pop(L, 1);
-    }
-    mp_clear_error();
-    mp_tensor *v = mp_sort(t, d, desc, &idx);
-    if (!v && mp_errcode_last() == MP_EOOM) lua_gc(L, LUA_GCCOLLECT), mp_clear_error(), v = mp_sort(t, d, desc, &idx);
-    return push_two(L, name, v, idx);
 }
 
 /* arithmetic: tensor OP tensor, tensor OP number, number OP tensor */
@@ -421,14 +177,6 @@ static int t_pow(lua_State *L) { return lt_pow(L, "Tensor:pow"); }
 static int t_pow_mm(lua_State *L) { return lt_pow(L, "Tensor:__pow"); }
 
 /* sum, mean, max, argmax (and min, argmin, ...) with their keepdim: lua/lmath.c */
-
-static int t_index_select(lua_State *L)
-{
-    mp_tensor *t = lt_check(L, 1);
-    int d = lb_dim(L, 2, "Tensor:index_select");
-    mp_tensor *idx = lt_check(L, 3);
-    TENSOR_RETURN(L, "Tensor:index_select", mp_index_select(t, d, idx));
-}
 
 static int t_matmul(lua_State *L)
 {
@@ -539,14 +287,9 @@ static int t_eq(lua_State *L)
 }
 
 static const luaL_Reg meth[] = {
-    {"size", t_size}, {"dim", t_dim}, {"numel", t_numel}, {"item", t_item}, {"totable", t_totable},
-    {"free", t_free}, {"to", t_to}, {"clone", t_clone}, {"copy_", t_copy_}, {"detach", t_detach},
-    {"reshape", t_reshape}, {"view", t_view}, {"transpose", t_transpose}, {"narrow", t_narrow},
-    {"index_select", t_index_select}, {"matmul", t_matmul},
+    {"item", t_item}, {"totable", t_totable}, {"free", t_free}, {"copy_", t_copy_}, {"matmul", t_matmul},
     {"requires_grad", t_requires_grad}, {"backward", la_backward},
     {"pow", t_pow},
-    {"select", t_select}, {"tril", t_tril}, {"triu", t_triu}, {"masked_fill", t_masked_fill},
-    {"split", t_split}, {"chunk", t_chunk}, {"topk", t_topk}, {"sort", t_sort},
     {NULL, NULL}
 };
 

@@ -109,6 +109,9 @@ size_t cpu_scratch_bytes(mp_kctx *cx)
     return n;
 }
 
+mp_be_gather_along_fn cpu_gather_along;     /* cpu_gather.c */
+mp_be_scatter_along_fn cpu_scatter_along;
+
 const mp_backend mp_cpu_backend = {
     .name = "cpu",
     .ctx = &cpu_ctx,
@@ -166,4 +169,6 @@ const mp_backend mp_cpu_backend = {
     .narrow_put = cpu_narrow_put,
     .gather = cpu_gather,
     .scatter_add = cpu_scatter_add,
+    .gather_along = cpu_gather_along,
+    .scatter_along = cpu_scatter_along,
 };

@@ -321,6 +321,9 @@ static mp_backend table;
  * tensor.c, before any f64 tensor is made on CUDA), so an f64 tensor never
  * reaches these kernels: mp.zeros(n, "f64") on cuda and t:to("cuda") of an f64
  * tensor are refused, naming the dtype and the device */
+mp_be_gather_along_fn mp_cuda_gather_along;     /* cuda_gather.cu */
+mp_be_scatter_along_fn mp_cuda_scatter_along;
+
 static bool cuda_supports(mp_kctx *cx, const char *op, mp_dtype dt) { return dt != MP_F64; }
 
 /* the table, or NULL with the reason in why (for mp.cuda.is_available()) */
@@ -417,6 +420,8 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.scatter_add = mp_cuda_scatter_add;
     table.narrow = mp_cuda_narrow;
     table.narrow_put = mp_cuda_narrow_put;
+    table.gather_along = mp_cuda_gather_along;
+    table.scatter_along = mp_cuda_scatter_along;
     table.coll_id = mp_cuda_coll_id;
     table.coll_join = mp_cuda_coll_join;
     table.coll_all_reduce = mp_cuda_coll_all_reduce;

@@ -20,9 +20,9 @@ end
 function Attention:forward(x)
   local B, T, C = x.shape[1], x.shape[2], x.shape[3]
   local H = self.heads
-  local qkv = self.c_attn(x):chunk(3, 3)
+  local q, k, v = self.c_attn(x):chunk(3, 3)
   local function heads(t) return t:reshape { B, T, H, C // H }:transpose(2, 3) end   -- {B, H, T, Dh}
-  local y = mp.attention(heads(qkv[1]), heads(qkv[2]), heads(qkv[3]), { causal = true })
+  local y = mp.attention(heads(q), heads(k), heads(v), { causal = true })
   return self.c_proj(y:transpose(2, 3):reshape { B, T, C })
 end
 

@@ -259,6 +259,7 @@ const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
 #undef INSTALL
     table.put_along = g_put_along, table.gather = g_gather, table.scatter_add = g_scatter_add;
     table.cross_entropy = g_cross_entropy, table.cross_entropy_grad = g_cross_entropy_grad;
+    table.gather_along = g_gather_along, table.scatter_along = g_scatter_along;
     table.supports = f_supports;
     table.alloc = f_alloc, table.free = f_free, table.cached = f_cached, table.release_cache = f_release_cache;
     table.mark_cache = f_mark_cache, table.counters = f_counters;

@@ -224,7 +224,7 @@ describe("second derivatives in f64 against finite differences (gradgradcheck at
       check(function(a) return a:narrow(2, 2, 2) * a:narrow(2, 1, 2) end, { X { 2, 3 } }, "narrow")
       check(function(a) return a[2] * a:select(2, 1) end, { X { 3, 3 } }, "select")
       check(function(a) return a:index_select(1, I32 { 2, 0, 2 }) ^ 2 end, { X { 3, 2 } }, "index_select")
-      check(function(a) return a:chunk(2)[1] * a:split(2, 1)[2] end, { X { 4, 3 } }, "chunk and split")
+      check(function(a) return a:chunk(2) * select(2, a:split(2, 1)) end, { X { 4, 3 } }, "chunk and split")
       check(function(a, b) return mp.cat({ a * a, b }, 1) * mp.cat({ b, a }, 1) end, { X { 1, 3 }, X { 1, 3 } }, "cat")
     end)
 

@@ -1178,6 +1178,44 @@ static void cases_scan(void)
     rng = outer;
 }
 
+/* gather and scatter along a dim (gather_along, scatter_along), every dtype:
+ * an index smaller than x in the other dims, along each dim of a {6,7,5} x;
+ * indices repeat, so scatter's last-wins and scatter_add's order of sums must
+ * match the CPU's bit for bit */
+static void cases_gather_along(void)
+{
+    static const mp_dtype ALL[5] = {MP_F32, MP_F16, MP_BF16, MP_I32, MP_U8};
+    static const int64_t xshape[3] = {6, 7, 5}, ishape[3][3] = {{9, 4, 3}, {5, 11, 4}, {2, 6, 8}};
+    pcase c;
+    for (int d = 0; d < 5; d++) {
+        mp_dtype dt = ALL[d];
+        const char *dn = mp_dtype_name(dt);
+        for (int k = 0; k < 3; k++) {
+            static const char *along[3] = {" along dim 1", " along dim 2", " along dim 3"};
+            if (DUT->gather_along && DUT->scatter_along &&
+                begin(&c, "gather_along, scatter_along (set, add) %s {6,7,5}%s", dn, along[k])) {
+                mp_along_args a = {.ndim = 3, .dim = k, .n = xshape[k], .xs = {35, 5, 1}};
+                int64_t ni = 1;
+                for (int i = 0; i < 3; i++) a.shape[i] = ishape[k][i], ni *= ishape[k][i];
+                double hi = dt == MP_U8 ? 250 : 100;
+                int x = buf(&c, dt, 210, 0, dt == MP_U8 ? 0 : -hi, hi), src = buf(&c, dt, ni, 0, dt == MP_U8 ? 0 : -hi, hi);
+                int idx = buf(&c, MP_I32, ni, 0, 0, (double)xshape[k]);
+                int g = buf(&c, dt, ni, 1, 0, 0), sx = buf(&c, dt, 210, 1, 0, 0), ax = buf(&c, dt, 210, 1, 0, 0);
+                size_t bytes = 210 * mp_dtype_size(dt);
+                REF->gather_along(REF->ctx, dt, c.ref[g], c.ref[x], c.ref[idx], &a);
+                DUT->gather_along(DUT->ctx, dt, c.dev[g], c.dev[x], c.dev[idx], &a);
+                REF->copy(REF->ctx, c.ref[sx], c.ref[x], bytes), DUT->copy(DUT->ctx, c.dev[sx], c.dev[x], bytes);
+                REF->copy(REF->ctx, c.ref[ax], c.ref[x], bytes), DUT->copy(DUT->ctx, c.dev[ax], c.dev[x], bytes);
+                REF->scatter_along(REF->ctx, dt, c.ref[sx], c.ref[src], c.ref[idx], &a, 0);
+                DUT->scatter_along(DUT->ctx, dt, c.dev[sx], c.dev[src], c.dev[idx], &a, 0);
+                REF->scatter_along(REF->ctx, dt, c.ref[ax], c.ref[src], c.ref[idx], &a, 1);
+                DUT->scatter_along(DUT->ctx, dt, c.dev[ax], c.dev[src], c.dev[idx], &a, 1);
+                finish(&c);
+            }
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -1205,6 +1243,7 @@ int main(int argc, char **argv)
     cases_cnn();
     cases_integers_and_creation();
     cases_topk_i32();
+    cases_gather_along();
     cases_empty();
     cases_scan();
     cases_optim_and_scaler();   /* last: the self-check's persistent fault is in it */

@@ -70,7 +70,7 @@ for x, y in loader do
   step = step + 1
   opt:zero_grad()
   local m = opts.accum
-  local xs, ys = x:chunk(m, 1), y:chunk(m, 1)
+  local xs, ys = { x:chunk(m, 1) }, { y:chunk(m, 1) }
   if scaler then
     for j = 1, m do
       local loss
