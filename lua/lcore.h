@@ -34,4 +34,5 @@ int la_backward(lua_State *L);                       /* Tensor:backward (lautogr
 void mp_open_function(lua_State *L);                 /* mp.autograd.Function's C half (lfunction.c) */
 void mp_open_hooks(lua_State *L);                    /* Tensor:register_hook (lhooks.c; after luaopen_mp_tensor) */
 void mp_open_anomaly(lua_State *L);                  /* mp.autograd's anomaly mode (lanomaly.c) */
+void mp_open_rnn(lua_State *L);                      /* mp.lstm_cell, mp.gru_cell (lrnn.c) */
 #endif
