@@ -254,6 +254,26 @@ describe("mp.lstm_cell and mp.gru_cell", function()
   end)
 end)
 
+describe("a backend without the cell kernels", function()
+  it("declines the cells by name (MP_FAKE_CUDA_WITHOUT)", function()
+    local fake = H.build .. "/tests/fake_cuda.so"
+    local f = io.open(fake, "rb")
+    if not f then return pending("no fake device built") end
+    f:close()
+    local r = H.child([[
+      local x = mp.randn({ 4, 2, 3 }, { device = "cuda" })
+      local ok1, e1 = pcall(function() return mp.nn.LSTM(3, 5):to("cuda")(x) end)
+      local ok2, e2 = pcall(function() return mp.nn.GRU(3, 5):to("cuda")(x) end)
+      return tostring(ok1) .. "|" .. tostring(e1) .. "|" .. tostring(ok2) .. "|" .. tostring(e2)
+    ]], false, { MP_DEVICE = "cpu", MP_CUDA_BACKEND = fake, MP_FAKE_CUDA_WITHOUT = "lstm_cell_grad,gru_cell" })
+    assert.are.equal(0, r.rc, r.out .. r.err)
+    assert.truthy(r.out:find("OK:false|", 1, true), r.out)
+    assert.truthy(r.out:find("mp.lstm_cell: lstm_cell is not available for f32 tensors on cuda (the backend declines it)",
+                             1, true), r.out)
+    assert.truthy(r.out:find("mp.gru_cell: gru_cell is not available for f32 tensors on cuda", 1, true), r.out)
+  end)
+end)
+
 describe("scripts/examples/char_lstm.lua", function()
   it("trains a character LSTM on a text file: the loss falls, and it samples text", function()
     local run = H.script(H.root .. "/scripts/examples/char_lstm.lua")
