@@ -5,21 +5,18 @@
  * gates' activations, the new state, and in the backward every gradient,
  * recomputing the activations from the saved pre-activations (cheaper than
  * keeping them, and the same values bit for bit). f16/bf16 are widened in
- * blocks of CHUNK units, computed in f32 and rounded once; f64 computes in
- * double.
+ * blocks of CHUNK units, computed in f32 and rounded once, with the vector
+ * exp and tanh of vmath.h (the functions of mp.sigmoid and mp.tanh: libm's
+ * scalar ones took most of the time); f64 computes in double.
  */
 #include <math.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/vmath.h"
 
 #define CHUNK 256   /* units per block: a few KB of f32 on the stack */
 
 /* 1 / (1 + e^-x), or e^x / (1 + e^x) for x < 0 (e <= 1 either way): the sigmoid
  * of cpu_elementwise.c and of the CUDA kernels */
-static inline float sigf(float x)
-{
-    float t = expf(-fabsf(x));
-    return (x < 0.0f ? t : 1.0f) / (1.0f + t);
-}
 static inline double sigd(double x)
 {
     double t = exp(-fabs(x));
@@ -90,8 +87,27 @@ static void gru_grad_f64(double *dgi, double *dgh, double *dhp, const double *dh
 
 /* ---- f32/f16/bf16: blocks of CHUNK units widened to f32 ---- */
 
+/* y = sigmoid(x) over n values, t scratch (y may alias x); mp.sigmoid's formula */
+static void vsig(float *y, const float *x, float *t, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) t[j] = -fabsf(x[j]);
+    cpu_vexp(t, t, n);
+    for (int64_t j = 0; j < n; j++) y[j] = (x[j] < 0.0f ? t[j] : 1.0f) / (1.0f + t[j]);
+}
+
 /* rows in parallel when the step is large enough to pay for a team */
 #define ROWS_PARALLEL(b, h) _Pragma("omp parallel for schedule(static) if ((b) * (h) >= MP_PAR_MIN)")
+
+/* one block of the LSTM's gates: i, f, g, o (pre-activations in, activations
+ * out, in place) from row r's units j0 .. j0 + n */
+static void lstm_gates(mp_dtype dt, const void *gates, int64_t g0, int64_t h, int64_t n, float *i, float *f, float *g,
+                       float *o, float *t)
+{
+    cpu_load(dt, gates, g0, i, n), cpu_load(dt, gates, g0 + h, f, n);
+    cpu_load(dt, gates, g0 + 2 * h, g, n), cpu_load(dt, gates, g0 + 3 * h, o, n);
+    vsig(i, i, t, n), vsig(f, f, t, n), vsig(o, o, t, n);
+    cpu_vtanh(g, g, n);
+}
 
 void cpu_lstm_cell(mp_kctx *cx, mp_dtype dt, void *hc, const void *gates, const void *c_prev, int64_t b, int64_t h)
 {
@@ -99,15 +115,13 @@ void cpu_lstm_cell(mp_kctx *cx, mp_dtype dt, void *hc, const void *gates, const 
     ROWS_PARALLEL(b, h)
     for (int64_t r = 0; r < b; r++)
         for (int64_t j0 = 0; j0 < h; j0 += CHUNK) {
-            int64_t n = h - j0 < CHUNK ? h - j0 : CHUNK, g0 = r * 4 * h + j0;
-            float gi[CHUNK], gf[CHUNK], gg[CHUNK], go[CHUNK], c[CHUNK], y[CHUNK];
-            cpu_load(dt, gates, g0, gi, n), cpu_load(dt, gates, g0 + h, gf, n);
-            cpu_load(dt, gates, g0 + 2 * h, gg, n), cpu_load(dt, gates, g0 + 3 * h, go, n);
+            int64_t n = h - j0 < CHUNK ? h - j0 : CHUNK;
+            float i[CHUNK], f[CHUNK], g[CHUNK], o[CHUNK], c[CHUNK], y[CHUNK], t[CHUNK];
+            lstm_gates(dt, gates, r * 4 * h + j0, h, n, i, f, g, o, t);
             cpu_load(dt, c_prev, r * h + j0, c, n);
-            for (int64_t j = 0; j < n; j++) {
-                float cj = sigf(gf[j]) * c[j] + sigf(gi[j]) * tanhf(gg[j]);
-                c[j] = cj, y[j] = sigf(go[j]) * tanhf(cj);
-            }
+            for (int64_t j = 0; j < n; j++) c[j] = f[j] * c[j] + i[j] * g[j];
+            cpu_vtanh(y, c, n);
+            for (int64_t j = 0; j < n; j++) y[j] *= o[j];
             cpu_store(cx, dt, hc, r * h + j0, y, n);
             cpu_store(cx, dt, hc, b * h + r * h + j0, c, n);
         }
@@ -121,24 +135,39 @@ void cpu_lstm_cell_grad(mp_kctx *cx, mp_dtype dt, void *dgates, void *dc_prev, c
     for (int64_t r = 0; r < b; r++)
         for (int64_t j0 = 0; j0 < h; j0 += CHUNK) {
             int64_t n = h - j0 < CHUNK ? h - j0 : CHUNK, g0 = r * 4 * h + j0;
-            float gi[CHUNK], gf[CHUNK], gg[CHUNK], go[CHUNK], c0[CHUNK], dh[CHUNK], dc[CHUNK];
-            cpu_load(dt, gates, g0, gi, n), cpu_load(dt, gates, g0 + h, gf, n);
-            cpu_load(dt, gates, g0 + 2 * h, gg, n), cpu_load(dt, gates, g0 + 3 * h, go, n);
+            float i[CHUNK], f[CHUNK], g[CHUNK], o[CHUNK], c0[CHUNK], tc[CHUNK], dh[CHUNK], dc[CHUNK], t[CHUNK];
+            lstm_gates(dt, gates, g0, h, n, i, f, g, o, t);
             cpu_load(dt, c_prev, r * h + j0, c0, n);
             cpu_load(dt, dhc, r * h + j0, dh, n), cpu_load(dt, dhc, b * h + r * h + j0, dc, n);
-            for (int64_t j = 0; j < n; j++) {   /* in place: each pre-activation becomes its gradient */
-                float i = sigf(gi[j]), f = sigf(gf[j]), g = tanhf(gg[j]), o = sigf(go[j]);
-                float tc = tanhf(f * c0[j] + i * g), d = dc[j] + dh[j] * o * (1.0f - tc * tc);
-                gi[j] = d * g * i * (1.0f - i);
-                gf[j] = d * c0[j] * f * (1.0f - f);
-                gg[j] = d * i * (1.0f - g * g);
-                go[j] = dh[j] * tc * o * (1.0f - o);
-                dc[j] = d * f;
+            for (int64_t j = 0; j < n; j++) tc[j] = f[j] * c0[j] + i[j] * g[j];
+            cpu_vtanh(tc, tc, n);
+            for (int64_t j = 0; j < n; j++) {   /* in place: each activation becomes its pre-activation's gradient */
+                float d = dc[j] + dh[j] * o[j] * (1.0f - tc[j] * tc[j]);
+                float di = d * g[j] * i[j] * (1.0f - i[j]), df = d * c0[j] * f[j] * (1.0f - f[j]);
+                float dg = d * i[j] * (1.0f - g[j] * g[j]), dout = dh[j] * tc[j] * o[j] * (1.0f - o[j]);
+                dc[j] = d * f[j];
+                i[j] = di, f[j] = df, g[j] = dg, o[j] = dout;
             }
-            cpu_store(cx, dt, dgates, g0, gi, n), cpu_store(cx, dt, dgates, g0 + h, gf, n);
-            cpu_store(cx, dt, dgates, g0 + 2 * h, gg, n), cpu_store(cx, dt, dgates, g0 + 3 * h, go, n);
+            cpu_store(cx, dt, dgates, g0, i, n), cpu_store(cx, dt, dgates, g0 + h, f, n);
+            cpu_store(cx, dt, dgates, g0 + 2 * h, g, n), cpu_store(cx, dt, dgates, g0 + 3 * h, o, n);
             cpu_store(cx, dt, dc_prev, r * h + j0, dc, n);
         }
+}
+
+/* one block of the GRU's gates: r, z (activations) and n, with en the hidden
+ * projection's n part (W_hn h + b_hn), for row r's units j0 .. j0 + n */
+static void gru_gates(mp_dtype dt, const void *gi, const void *gh, int64_t g0, int64_t h, int64_t n, float *rr,
+                      float *z, float *nn, float *en, float *t)
+{
+    cpu_load(dt, gi, g0, rr, n), cpu_load(dt, gi, g0 + h, z, n), cpu_load(dt, gi, g0 + 2 * h, nn, n);
+    cpu_load(dt, gh, g0 + 2 * h, en, n);
+    cpu_load(dt, gh, g0, t, n);
+    for (int64_t j = 0; j < n; j++) rr[j] += t[j];
+    cpu_load(dt, gh, g0 + h, t, n);
+    for (int64_t j = 0; j < n; j++) z[j] += t[j];
+    vsig(rr, rr, t, n), vsig(z, z, t, n);
+    for (int64_t j = 0; j < n; j++) nn[j] += rr[j] * en[j];
+    cpu_vtanh(nn, nn, n);
 }
 
 void cpu_gru_cell(mp_kctx *cx, mp_dtype dt, void *hy, const void *gi, const void *gh, const void *h_prev, int64_t b,
@@ -148,15 +177,11 @@ void cpu_gru_cell(mp_kctx *cx, mp_dtype dt, void *hy, const void *gi, const void
     ROWS_PARALLEL(b, h)
     for (int64_t r = 0; r < b; r++)
         for (int64_t j0 = 0; j0 < h; j0 += CHUNK) {
-            int64_t n = h - j0 < CHUNK ? h - j0 : CHUNK, g0 = r * 3 * h + j0;
-            float ar[CHUNK], az[CHUNK], an[CHUNK], er[CHUNK], ez[CHUNK], en[CHUNK], hp[CHUNK];
-            cpu_load(dt, gi, g0, ar, n), cpu_load(dt, gi, g0 + h, az, n), cpu_load(dt, gi, g0 + 2 * h, an, n);
-            cpu_load(dt, gh, g0, er, n), cpu_load(dt, gh, g0 + h, ez, n), cpu_load(dt, gh, g0 + 2 * h, en, n);
+            int64_t n = h - j0 < CHUNK ? h - j0 : CHUNK;
+            float rr[CHUNK], z[CHUNK], nn[CHUNK], en[CHUNK], hp[CHUNK], t[CHUNK];
+            gru_gates(dt, gi, gh, r * 3 * h + j0, h, n, rr, z, nn, en, t);
             cpu_load(dt, h_prev, r * h + j0, hp, n);
-            for (int64_t j = 0; j < n; j++) {
-                float rr = sigf(ar[j] + er[j]), z = sigf(az[j] + ez[j]), nn = tanhf(an[j] + rr * en[j]);
-                hp[j] = (1.0f - z) * nn + z * hp[j];
-            }
+            for (int64_t j = 0; j < n; j++) hp[j] = (1.0f - z[j]) * nn[j] + z[j] * hp[j];
             cpu_store(cx, dt, hy, r * h + j0, hp, n);
         }
 }
@@ -169,20 +194,18 @@ void cpu_gru_cell_grad(mp_kctx *cx, mp_dtype dt, void *dgi, void *dgh, void *dh_
     for (int64_t r = 0; r < b; r++)
         for (int64_t j0 = 0; j0 < h; j0 += CHUNK) {
             int64_t n = h - j0 < CHUNK ? h - j0 : CHUNK, g0 = r * 3 * h + j0;
-            float ar[CHUNK], az[CHUNK], an[CHUNK], er[CHUNK], ez[CHUNK], en[CHUNK], hp[CHUNK], g[CHUNK];
-            cpu_load(dt, gi, g0, ar, n), cpu_load(dt, gi, g0 + h, az, n), cpu_load(dt, gi, g0 + 2 * h, an, n);
-            cpu_load(dt, gh, g0, er, n), cpu_load(dt, gh, g0 + h, ez, n), cpu_load(dt, gh, g0 + 2 * h, en, n);
+            float rr[CHUNK], z[CHUNK], nn[CHUNK], en[CHUNK], hp[CHUNK], g[CHUNK], t[CHUNK];
+            gru_gates(dt, gi, gh, g0, h, n, rr, z, nn, en, t);
             cpu_load(dt, h_prev, r * h + j0, hp, n), cpu_load(dt, dhy, r * h + j0, g, n);
             for (int64_t j = 0; j < n; j++) {   /* in place, as the LSTM's */
-                float rr = sigf(ar[j] + er[j]), z = sigf(az[j] + ez[j]), nn = tanhf(an[j] + rr * en[j]);
-                float dn = g[j] * (1.0f - z) * (1.0f - nn * nn), dz = g[j] * (hp[j] - nn) * z * (1.0f - z);
-                float dr = dn * en[j] * rr * (1.0f - rr);
-                ar[j] = dr, az[j] = dz, an[j] = dn, en[j] = dn * rr;
-                hp[j] = g[j] * z;
+                float rj = rr[j], zj = z[j], nj = nn[j], ej = en[j];
+                float dn = g[j] * (1.0f - zj) * (1.0f - nj * nj), dz = g[j] * (hp[j] - nj) * zj * (1.0f - zj);
+                rr[j] = dn * ej * rj * (1.0f - rj), z[j] = dz, nn[j] = dn, en[j] = dn * rj;
+                hp[j] = g[j] * zj;
             }
-            cpu_store(cx, dt, dgi, g0, ar, n), cpu_store(cx, dt, dgi, g0 + h, az, n);
-            cpu_store(cx, dt, dgi, g0 + 2 * h, an, n);
-            cpu_store(cx, dt, dgh, g0, ar, n), cpu_store(cx, dt, dgh, g0 + h, az, n);
+            cpu_store(cx, dt, dgi, g0, rr, n), cpu_store(cx, dt, dgi, g0 + h, z, n);
+            cpu_store(cx, dt, dgi, g0 + 2 * h, nn, n);
+            cpu_store(cx, dt, dgh, g0, rr, n), cpu_store(cx, dt, dgh, g0 + h, z, n);
             cpu_store(cx, dt, dgh, g0 + 2 * h, en, n);
             cpu_store(cx, dt, dh_prev, r * h + j0, hp, n);
         }
