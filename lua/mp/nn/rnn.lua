@@ -18,6 +18,7 @@ local raise, show, shape_str, is_tensor = common.raise, common.show, common.shap
 local check_size, check_opts = common.check_size, common.check_opts
 local Module = require("mp.nn.module").Module
 local uniform = common.uniform
+local autograd = require "mp.autograd"
 
 local rnn = {}
 
@@ -105,7 +106,22 @@ local function finish(self, out, finals, unbatched)
   return out, r
 end
 
--- one layer over the sequence: inp {T, B, in}; step(gi_t, k, states) -> h, new states
+-- x {T, ...} as its T steps x[1], ..., x[T] under one autograd node, whose
+-- backward is one cat of the steps' gradients. (T selects would each give back
+-- a zero-padded gradient the size of all of x: T^2 work in the backward.)
+local steps = autograd.Function {
+  name = "rnn_steps",
+  forward = function(ctx, x)
+    ctx.shape = x.shape
+    local r = {}
+    for t = 1, x.shape[1] do r[t] = x:select(1, t) end
+    return table.unpack(r)
+  end,
+  backward = function(ctx, ...) return core.cat({ ... }, 1):reshape(ctx.shape) end,
+}
+
+-- every layer over the sequence x {T, B, in}: step(gi_t, w_hh, b_hh, states) -> the new states, h first;
+-- returns the last layer's output {T, B, H} and each state's final value per layer
 local function run_layers(self, x, states, step)
   local T, B, H = x.shape[1], x.shape[2], self.hidden_size
   local inp, finals = x, {}
@@ -113,12 +129,12 @@ local function run_layers(self, x, states, step)
   for k = 0, self.num_layers - 1 do
     local w_ih, b_ih = self["weight_ih_l" .. k], self["bias_ih_l" .. k]
     local w_hh, b_hh = self["weight_hh_l" .. k], self["bias_hh_l" .. k]
-    local gi = core.linear(inp, w_ih, b_ih)   -- every step's input projection in one GEMM
+    local gi = { steps(core.linear(inp, w_ih, b_ih)) }   -- every step's input projection in one GEMM
     local cur = {}
     for i, s in ipairs(states) do cur[i] = s:select(1, k + 1) end
     local outs = {}
     for t = 1, T do
-      cur = step(gi:select(1, t), w_hh, b_hh, cur)
+      cur = step(gi[t], w_hh, b_hh, cur)
       outs[t] = cur[1]
     end
     for i = 1, #cur do finals[i][k + 1] = cur[i] end
