@@ -140,6 +140,11 @@ mp_tensor *mp_batch_norm(mp_tensor *x, mp_tensor *running_mean, mp_tensor *runni
 #define MP_BATCH_NORM_MOMENTUM 0.1   /* PyTorch's defaults, the one default of mp.batch_norm and nn.BatchNorm2d */
 #define MP_BATCH_NORM_EPS 1e-5
 mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, const double *scale, double dropout);
+/* the fused recurrent cells (ops_rnn.c): lstm_cell's gates {b, 4h} (i, f, g, o) and
+ * c_prev {b, h} give {2, b, h} = {h, c}; gru_cell's gi, gh {b, 3h} (r, z, n) and
+ * h_prev {b, h} give h {b, h} */
+mp_tensor *mp_lstm_cell(mp_tensor *gates, mp_tensor *c_prev);
+mp_tensor *mp_gru_cell(mp_tensor *gi, mp_tensor *gh, mp_tensor *h_prev);
 
 /* x{.., in} @ w{out, in}^T + b{out}; b may be NULL */
 mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b);

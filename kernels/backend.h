@@ -453,6 +453,27 @@ typedef struct mp_kctx mp_kctx;
     X(int, attention_grad, (mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout,                   \
       const void *q, const void *k, const void *v, const void *out, const float *lse, const mp_attn_args *a),           \
       (cx, dt, dq, dk, dv, dout, q, k, v, out, lse, a))                                                                 \
+    /* Recurrent cells, f32 math inside (kernels/cpu/cpu_rnn.c), b rows of h units:                                   \
+     * lstm_cell: gates {b, 4h} (pre-activations, PyTorch's order i, f, g, o) and                                        \
+     * c_prev {b, h} give c = f * c_prev + i * g and h = o * tanh(c), as hc {2, b, h} = {h, c}.                         \
+     * Its backward reads dhc {2, b, h} (dh, dc), recomputes the gates' activations                                     \
+     * and writes dgates {b, 4h} and dc_prev {b, h}.                                                                     \
+     * gru_cell: gi = x W_ih^T + b_ih and gh = h_prev W_hh^T + b_hh, both {b, 3h} in                                     \
+     * order r, z, n: r = sig(gi_r + gh_r), z = sig(gi_z + gh_z),                                                      \
+     * n = tanh(gi_n + r * gh_n), h = (1 - z) * n + z * h_prev. Its backward writes                                     \
+     * dgi, dgh {b, 3h} and dh_prev {b, h} from dh. NULL: no recurrent cells. */                                        \
+    X(void, lstm_cell, (mp_kctx *cx, mp_dtype dt, void *hc, const void *gates, const void *c_prev, int64_t b,          \
+      int64_t h),                                                                                                       \
+      (cx, dt, hc, gates, c_prev, b, h))                                                                                \
+    X(void, lstm_cell_grad, (mp_kctx *cx, mp_dtype dt, void *dgates, void *dc_prev, const void *dhc,                   \
+      const void *gates, const void *c_prev, int64_t b, int64_t h),                                                     \
+      (cx, dt, dgates, dc_prev, dhc, gates, c_prev, b, h))                                                              \
+    X(void, gru_cell, (mp_kctx *cx, mp_dtype dt, void *hy, const void *gi, const void *gh, const void *h_prev,         \
+      int64_t b, int64_t h),                                                                                            \
+      (cx, dt, hy, gi, gh, h_prev, b, h))                                                                               \
+    X(void, gru_cell_grad, (mp_kctx *cx, mp_dtype dt, void *dgi, void *dgh, void *dh_prev, const void *dhy,            \
+      const void *gi, const void *gh, const void *h_prev, int64_t b, int64_t h),                                        \
+      (cx, dt, dgi, dgh, dh_prev, dhy, gi, gh, h_prev, b, h))                                                           \
     /* Convolution (mp_conv_args): y = conv(x, w) + b (b may be NULL), summed in                                        \
      * f32 and rounded once. The backward writes any of gx, gw (x's dtype) and gb                                       \
      * (f32 sums over n, oh, ow) that is not NULL. NULL entries: no convolution. */                                     \

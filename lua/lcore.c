@@ -310,5 +310,6 @@ int luaopen_mp_core(lua_State *L)
     mp_open_hooks(L);
     mp_open_anomaly(L);
     mp_open_shape(L);
+    mp_open_rnn(L);
     return 1;
 }

@@ -36,4 +36,5 @@ void mp_open_function(lua_State *L);                 /* mp.autograd.Function's C
 void mp_open_hooks(lua_State *L);                    /* Tensor:register_hook (lhooks.c; after luaopen_mp_tensor) */
 void mp_open_anomaly(lua_State *L);                  /* mp.autograd's anomaly mode (lanomaly.c) */
 void mp_open_shape(lua_State *L);                    /* shape and indexing ops, mp.X and Tensor:X (lshape.c; after luaopen_mp_tensor) */
+void mp_open_rnn(lua_State *L);                      /* mp.lstm_cell, mp.gru_cell (lrnn.c) */
 #endif

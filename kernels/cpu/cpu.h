@@ -166,6 +166,10 @@ mp_be_batch_norm_grad_fn cpu_batch_norm_grad;
 
 mp_be_attention_fn cpu_attention;
 mp_be_attention_grad_fn cpu_attention_grad;
+mp_be_lstm_cell_fn cpu_lstm_cell;               /* cpu_rnn.c */
+mp_be_lstm_cell_grad_fn cpu_lstm_cell_grad;
+mp_be_gru_cell_fn cpu_gru_cell;
+mp_be_gru_cell_grad_fn cpu_gru_cell_grad;
 
 mp_be_topk_fn cpu_topk;
 

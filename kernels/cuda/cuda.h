@@ -452,6 +452,11 @@ mp_be_coll_merge_fn mp_cuda_coll_merge;
 /* cuda_attention.cu: fused attention (no t x t scores in memory) */
 mp_be_attention_fn mp_cuda_attention;
 mp_be_attention_grad_fn mp_cuda_attention_grad;
+/* cuda_rnn.cu: the fused LSTM and GRU cells */
+mp_be_lstm_cell_fn mp_cuda_lstm_cell;
+mp_be_lstm_cell_grad_fn mp_cuda_lstm_cell_grad;
+mp_be_gru_cell_fn mp_cuda_gru_cell;
+mp_be_gru_cell_grad_fn mp_cuda_gru_cell_grad;
 /* cuda_check.cu: device-side index checks; the fault they record, taken once
  * (formatted into msg) by the backend's error entry */
 mp_be_check_indices_fn mp_cuda_check_indices;

@@ -404,6 +404,10 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.gemm = mp_cuda_gemm;
     table.attention = mp_cuda_attention;
     table.attention_grad = mp_cuda_attention_grad;
+    table.lstm_cell = mp_cuda_lstm_cell;
+    table.lstm_cell_grad = mp_cuda_lstm_cell_grad;
+    table.gru_cell = mp_cuda_gru_cell;
+    table.gru_cell_grad = mp_cuda_gru_cell_grad;
     table.conv2d = mp_cuda_conv2d;
     table.conv2d_grad = mp_cuda_conv2d_grad;
     table.max_pool2d = mp_cuda_max_pool2d;

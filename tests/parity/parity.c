@@ -939,6 +939,53 @@ static void cases_integers_and_creation(void)
  * entry returns 0, writes nothing and raises no device error, as the CPU's */
 #define RC(c, name, call) \
     do { if ((call) != 0 && !(c).rc_fail) (c).rc_fail = name; } while (0)
+/* the fused recurrent cells and their grads: a row of one unit, rows shorter
+ * and longer than the CPU's block of units (256), pre-activations wide enough
+ * to saturate the gates */
+static void cases_rnn(void)
+{
+    static const int64_t shapes[][2] = {{1, 1}, {3, 7}, {4, 300}, {65, 33}};
+    pcase c;
+    char what[64];
+    for (int di = 0; di < 3; di++) {
+        mp_dtype dt = FLOATS[di];
+        const char *dn = mp_dtype_name(dt);
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int64_t b = shapes[si][0], h = shapes[si][1];
+            snprintf(what, sizeof what, "{%lld rows, %lld units}", (long long)b, (long long)h);
+            if (!DUT->lstm_cell || !DUT->lstm_cell_grad || !DUT->gru_cell || !DUT->gru_cell_grad) {
+                skipped += 2;
+                continue;
+            }
+            if (begin(&c, "lstm_cell and its grad %s %s", dn, what)) {
+                int g = buf(&c, dt, b * 4 * h, 0, -4, 4), cp = buf(&c, dt, b * h, 0, -2, 2);
+                int hc = buf(&c, dt, 2 * b * h, 1, 0, 0), dhc = buf(&c, dt, 2 * b * h, 0, -1, 1);
+                int dg = buf(&c, dt, b * 4 * h, 1, 0, 0), dcp = buf(&c, dt, b * h, 1, 0, 0);
+                REF->lstm_cell(REF->ctx, dt, c.ref[hc], c.ref[g], c.ref[cp], b, h);
+                DUT->lstm_cell(DUT->ctx, dt, c.dev[hc], c.dev[g], c.dev[cp], b, h);
+                REF->lstm_cell_grad(REF->ctx, dt, c.ref[dg], c.ref[dcp], c.ref[dhc], c.ref[g], c.ref[cp], b, h);
+                DUT->lstm_cell_grad(DUT->ctx, dt, c.dev[dg], c.dev[dcp], c.dev[dhc], c.dev[g], c.dev[cp], b, h);
+                c.bound = bound_for(dt, 1e-10, 1e-5);
+                finish(&c);
+            }
+            if (begin(&c, "gru_cell and its grad %s %s", dn, what)) {
+                int gi = buf(&c, dt, b * 3 * h, 0, -4, 4), gh = buf(&c, dt, b * 3 * h, 0, -4, 4);
+                int hp = buf(&c, dt, b * h, 0, -1, 1), hy = buf(&c, dt, b * h, 1, 0, 0), dhy = buf(&c, dt, b * h, 0, -1, 1);
+                int dgi = buf(&c, dt, b * 3 * h, 1, 0, 0), dgh = buf(&c, dt, b * 3 * h, 1, 0, 0);
+                int dhp = buf(&c, dt, b * h, 1, 0, 0);
+                REF->gru_cell(REF->ctx, dt, c.ref[hy], c.ref[gi], c.ref[gh], c.ref[hp], b, h);
+                DUT->gru_cell(DUT->ctx, dt, c.dev[hy], c.dev[gi], c.dev[gh], c.dev[hp], b, h);
+                REF->gru_cell_grad(REF->ctx, dt, c.ref[dgi], c.ref[dgh], c.ref[dhp], c.ref[dhy], c.ref[gi], c.ref[gh],
+                                   c.ref[hp], b, h);
+                DUT->gru_cell_grad(DUT->ctx, dt, c.dev[dgi], c.dev[dgh], c.dev[dhp], c.dev[dhy], c.dev[gi], c.dev[gh],
+                                   c.dev[hp], b, h);
+                c.bound = bound_for(dt, 1e-10, 1e-5);
+                finish(&c);
+            }
+        }
+    }
+}
+
 static void cases_empty(void)
 {
     pcase c;
@@ -1241,6 +1288,7 @@ int main(int argc, char **argv)
     cases_gemm();
     cases_nn();
     cases_cnn();
+    cases_rnn();
     cases_integers_and_creation();
     cases_topk_i32();
     cases_gather_along();
