@@ -153,6 +153,26 @@ local function sorted_keys(t)
   return keys
 end
 
+-- objects whose methods the reference writes as <prefix>:name, by their
+-- metatable's __name
+local OBJECTS = {
+  ["mp.Tensor"] = {prefix = "t", what = "a tensor"},
+  ["mp.Optimizer"] = {prefix = "opt", what = "an optimizer"},
+  ["mp.amp.GradScaler"] = {prefix = "scaler", what = "a loss scaler"},
+}
+
+-- the methods table behind a registry metatable's __index (a table, or a C
+-- __index closed over one)
+local function methods_of(mt)
+  local index = type(mt) == "table" and rawget(mt, "__index")
+  if type(index) == "table" then return index end
+  if type(index) == "function" then
+    local _, up = debug.getupvalue(index, 1)
+    if type(up) == "table" then return up end
+  end
+  return nil
+end
+
 local function tensor_methods()
   local mt = debug.getregistry()["mp.Tensor"]
   local index = type(mt) == "table" and rawget(mt, "__index")
@@ -203,6 +223,13 @@ local function build_names()
           queue[#queue + 1] = {v, path .. "." .. k, depth + 1}
         end
       end
+    end
+  end
+  -- an optimizer's methods as opt:name (a userdata: its metatable is in the registry)
+  local ometh = methods_of(debug.getregistry()["mp.Optimizer"])
+  if ometh then
+    for _, k in ipairs(sorted_keys(ometh)) do
+      if type(ometh[k]) == "function" and k:sub(1, 1) ~= "_" then add(ometh[k], "opt:" .. k) end
     end
   end
   -- Lua's own functions, so that `print` prints as function: print
@@ -295,7 +322,8 @@ end
 
 -- entries for a typed name, trying the spellings a user reaches for
 local function lookup(db, s)
-  local name = s:gsub("^%s+", ""):gsub("%s+$", ""):gsub("%(%)$", "")
+  -- "mp.zeros({2})" and "t:max()" as their names
+  local name = s:gsub("^%s+", ""):gsub("%s+$", ""):gsub("%b()$", "")
   local function try(n)
     local d = documented(db, n)
     return d and db.by_name[d]
@@ -400,9 +428,20 @@ local function text_for_value(db, v)
     end
   end
   if not paths then
-    if type(v) == "userdata" and getmetatable(v) == debug.getregistry()["mp.Tensor"] then
-      return "a tensor " .. (tostring(v):match("(%[[^%]\n]*%])%s*$") or "") ..
-        ": its methods are documented as t:name (?t:reshape, help \"t:max\")"
+    local mt = getmetatable(v)
+    local obj = type(mt) == "table" and type(rawget(mt, "__name")) == "string" and OBJECTS[rawget(mt, "__name")]
+    if obj then
+      -- an object of mp: the entries of its methods
+      local list = {}
+      for _, e in ipairs(db.entries) do
+        for _, n in ipairs(e.names) do
+          if n:sub(1, #obj.prefix + 1) == obj.prefix .. ":" then list[#list + 1] = e; break end
+        end
+      end
+      local title = ("%s (%s): its methods are written %s:name (?%s:name)"):format(obj.what, rawget(mt, "__name"),
+        obj.prefix, obj.prefix)
+      if obj.prefix == "t" then title = title:gsub("%)", " " .. (tostring(v):match("(%[[^%]\n]*%])%s*$") or "") .. ")", 1) end
+      return #list > 0 and render_list(title, list) or title
     end
     local where = ""
     if type(v) == "function" then
