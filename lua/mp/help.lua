@@ -173,16 +173,7 @@ local function methods_of(mt)
   return nil
 end
 
-local function tensor_methods()
-  local mt = debug.getregistry()["mp.Tensor"]
-  local index = type(mt) == "table" and rawget(mt, "__index")
-  if type(index) == "table" then return index end
-  if type(index) == "function" then
-    local _, up = debug.getupvalue(index, 1)
-    if type(up) == "table" then return up end
-  end
-  return nil
-end
+local function tensor_methods() return methods_of(debug.getregistry()["mp.Tensor"]) end
 
 -- Lua's base functions (not the user's globals: they come and go)
 local BASE = {"assert", "collectgarbage", "dofile", "error", "getmetatable", "ipairs", "load",
