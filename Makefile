@@ -293,11 +293,15 @@ gpu-check:
 
 LUADIR  := $(DESTDIR)$(PREFIX)/share/lua/5.4
 CLUADIR := $(DESTDIR)$(PREFIX)/lib/lua/5.4
+# the API reference, which the REPL's help reads (lua/mp/help.lua looks in
+# <prefix>/share/mpengine, three folders up from share/lua/5.4/mp)
+DOCDIR  := $(DESTDIR)$(PREFIX)/share/mpengine
 # the parts of a module kept in files of their own (lua/mp/amp/*.lua for mp.amp, ...)
 LUA_SUBDIRS := $(patsubst lua/mp/%/,%,$(wildcard lua/mp/*/))
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(LUADIR)/mp $(CLUADIR)/mp
+	install -d $(DESTDIR)$(PREFIX)/bin $(LUADIR)/mp $(CLUADIR)/mp $(DOCDIR)
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/mpengine
+	install -m 644 docs/API.md $(DOCDIR)/API.md
 	install -m 644 lua/mp/*.lua $(LUADIR)/mp/
 	for d in $(LUA_SUBDIRS); do install -d $(LUADIR)/mp/$$d && install -m 644 lua/mp/$$d/*.lua $(LUADIR)/mp/$$d/ || exit 1; done
 	install -m 755 $(CORE) $(CLUADIR)/mp/core.so

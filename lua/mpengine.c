@@ -4,7 +4,7 @@
  * It links the C half of the `mp` module in (package.preload["mp.core"]),
  * points package.path at the Lua half found beside the executable, loads
  * `mp` as a global, applies --device, then runs -e/-l options, a script,
- * standard input, or the REPL (repl.c). Ctrl-C stops running code (docall:
+ * standard input, or the REPL (repl.c, with `help` as a global). Ctrl-C stops running code (docall:
  * a hook at the next line) without ending the process when in the REPL.
  */
 
@@ -96,7 +96,9 @@ static void print_usage(FILE *f) {
     "  -                stop handling options and execute stdin\n"
     "The module 'mp' is loaded into the global 'mp' before anything runs.\n"
     "With no script: a REPL when stdin is a terminal, else stdin runs as a\n"
-    "script. REPL history: $MPENGINE_HISTORY, else ~/.mpengine_history.\n",
+    "script. REPL history: $MPENGINE_HISTORY, else ~/.mpengine_history.\n"
+    "In the REPL, help() lists the areas of the API reference, and\n"
+    "help(mp.matmul) or ?mp.matmul prints a name's entry (docs/API.md).\n",
     progname);
   fflush(f);
 }

@@ -401,25 +401,63 @@ static int multiline(lua_State *L) {
   }
 }
 
+/*
+ * "?name" (the line on top): runs require("mp.help").help("name"), the name
+ * passed as a quoted string whatever it holds; a bare "?" is help(). Leaves
+ * the line and the chunk, as addreturn does.
+ */
+static int helpline(lua_State *L) {
+  size_t len, i;
+  const char *line = lua_tolstring(L, -1, &len);
+  luaL_Buffer b;
+  const char *code;
+  int status;
+  for (line++, len--; len > 0 && (*line == ' ' || *line == '\t'); line++, len--) {}
+  while (len > 0 && (line[len - 1] == ' ' || line[len - 1] == '\t' || line[len - 1] == '\r')) len--;
+  luaL_buffinit(L, &b);
+  luaL_addstring(&b, "return require('mp.help').help(");
+  if (len > 0) {
+    luaL_addchar(&b, '"');
+    for (i = 0; i < len; i++) {
+      unsigned char c = (unsigned char)line[i];
+      if (c == '"' || c == '\\') { luaL_addchar(&b, '\\'); luaL_addchar(&b, (char)c); }
+      else if (c < 0x20 || c == 0x7f) { char esc[8]; snprintf(esc, sizeof esc, "\\%03u", c); luaL_addstring(&b, esc); }
+      else luaL_addchar(&b, (char)c);
+    }
+    luaL_addchar(&b, '"');
+  }
+  luaL_addchar(&b, ')');
+  luaL_pushresult(&b);
+  code = lua_tolstring(L, -1, &len);
+  status = luaL_loadbuffer(L, code, len, "=stdin");
+  lua_remove(L, -2); /* the code */
+  saveline(lua_tostring(L, -2));
+  return status;
+}
+
 static int loadline(lua_State *L) {
   int r, status;
   lua_settop(L, 0);
   if ((r = pushline(L, 1)) <= 0) return r == 0 ? LINE_EOF : LINE_INTR;
-  if ((status = addreturn(L)) != LUA_OK) status = multiline(L);
+  if (lua_tostring(L, 1)[0] == '?') status = helpline(L);
+  else if ((status = addreturn(L)) != LUA_OK) status = multiline(L);
   if (status == LINE_INTR) return status;
   lua_remove(L, 1);
   return status;
 }
 
-/* plain tables print through mp.pretty (keys and values, not an address);
-   runs inside print_k's protected call */
+/* plain tables print through mp.pretty (keys and values, not an address),
+   and functions (mp's by their documented names: function: mp.matmul); runs
+   inside print_k's protected call */
 static void prettify(lua_State *L, int n) {
   if (lua_getglobal(L, "mp") != LUA_TTABLE || lua_getfield(L, -1, "pretty") != LUA_TFUNCTION) {
     lua_settop(L, n);
     return;
   }
   for (int i = 1; i <= n; i++) {
-    if (lua_type(L, i) != LUA_TTABLE || luaL_getmetafield(L, i, "__tostring") != LUA_TNIL) {
+    if (lua_type(L, i) == LUA_TFUNCTION) {
+      /* no metatable to look at: mp.pretty names it or gives tostring's text */
+    } else if (lua_type(L, i) != LUA_TTABLE || luaL_getmetafield(L, i, "__tostring") != LUA_TNIL) {
       if (lua_type(L, i) == LUA_TTABLE) lua_pop(L, 1);
       continue;
     }
@@ -431,14 +469,17 @@ static void prettify(lua_State *L, int n) {
   lua_settop(L, n);
 }
 
-/* the results, prettified, through the global print */
+/* the results, prettified, through the global print, one a line (x:max(2):
+   the values, then the indices) */
 static int print_k(lua_State *L) {
   int n = lua_gettop(L);
   luaL_checkstack(L, LUA_MINSTACK, "too many results to print");
   prettify(L, n);
-  lua_getglobal(L, "print");
-  lua_insert(L, 1);
-  lua_call(L, n, 0);
+  for (int i = 1; i <= n; i++) {
+    lua_getglobal(L, "print");
+    lua_pushvalue(L, i);
+    lua_call(L, 1, 0);
+  }
   return 0;
 }
 
@@ -472,12 +513,23 @@ static void print_banner(lua_State *L) {
   lua_settop(L, top);
 }
 
+/* the global `help` is mp.help, unless the user's scripts took the name */
+static void define_help(lua_State *L) {
+  static const char code[] =
+      "if help == nil and type(mp) == 'table' and type(mp.help) == 'function' then help = mp.help end";
+  int top = lua_gettop(L);
+  if (luaL_dostring(L, code) != LUA_OK)
+    message(lua_pushfstring(L, "help is not defined (%s)", errtext(L)));
+  lua_settop(L, top);
+}
+
 void repl_run(lua_State *L, int (*docall)(lua_State *L, int narg, int nres)) {
   int status, timed = isatty(STDOUT_FILENO);
   globalL = L;
   repl_init();
   setsignal(SIGINT, on_sigint, 0);
   setsignal(SIGWINCH, on_winch, SA_RESTART);
+  define_help(L);
   print_banner(L);
   while ((status = loadline(L)) != LINE_EOF) {
     double t0 = now(), dt;

@@ -15,6 +15,7 @@ mp.data = require "mp.data"
 mp.nn = require "mp.nn"
 mp.amp = require "mp.amp"
 mp.pretty = require "mp.pretty"
+mp.help = require("mp.help").help
 mp.dist = require "mp.dist"
 mp.autograd = require "mp.autograd"
 

@@ -3,7 +3,8 @@
 --   mp> mp.memory()
 --   {in_use = 4194304, limit = 22748862870, peak = 8388608, storages = 2}
 -- Lists print as {1, 2, 3}; keys sort; nesting and length are capped; tensors
--- print as their one-line summary inside tables.
+-- print as their one-line summary inside tables; functions of mp as
+-- `function: mp.matmul` (their documented names, from mp.help).
 local MAX_ITEMS, MAX_DEPTH = 24, 3
 
 local function key_str(k)
@@ -23,6 +24,11 @@ local function render(v, depth, seen)
   if t == "string" then return string.format("%q", v) end
   if t ~= "table" then
     if t == "userdata" then return summary(v) end
+    if t == "function" then
+      -- mp's functions by their documented names (mp.help's map)
+      local ok, name = pcall(function() return require("mp.help").name_of(v) end)
+      if ok and name then return "function: " .. name end
+    end
     return tostring(v)
   end
   local mt = getmetatable(v)
