@@ -308,5 +308,6 @@ int luaopen_mp_core(lua_State *L)
     mp_open_function(L);
     mp_open_hooks(L);
     mp_open_anomaly(L);
+    mp_open_inplace(L);
     return 1;
 }

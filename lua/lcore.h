@@ -34,4 +34,5 @@ int la_backward(lua_State *L);                       /* Tensor:backward (lautogr
 void mp_open_function(lua_State *L);                 /* mp.autograd.Function's C half (lfunction.c) */
 void mp_open_hooks(lua_State *L);                    /* Tensor:register_hook (lhooks.c; after luaopen_mp_tensor) */
 void mp_open_anomaly(lua_State *L);                  /* mp.autograd's anomaly mode (lanomaly.c) */
+void mp_open_inplace(lua_State *L);                  /* mp.clamp, Tensor:add_ and the in-place ops (linplace.c; after luaopen_mp_tensor) */
 #endif
