@@ -24,7 +24,11 @@ void cpu_clamp(mp_kctx *cx, mp_dtype dt, void *out, const void *x, const void *g
         for (int64_t i = 0; i < n; i++) {
             double v = xs[i];
             if (gs) o[i] = v >= lo && v <= hi ? gs[i] : 0.0;
-            else o[i] = v < lo ? lo : v > hi ? hi : v;   /* NaN: both tests fail */
+            else {   /* NaN fails both tests; lo > hi ends at hi */
+                if (v < lo) v = lo;
+                if (v > hi) v = hi;
+                o[i] = v;
+            }
         }
         return;
     }
