@@ -4,7 +4,8 @@
  * backend's checks, and, when a gradient is wanted, its node), and its result
  * is written into self's storage, whose version goes up. So every in-place op
  * has the same dtypes, kernels and gradient as its out-of-place twin, at the
- * cost of one temporary and one copy.
+ * cost of one temporary and one copy (without autograd, add_, sub_, mul_ and
+ * div_ of one float dtype skip both: direct(), below).
  *
  * Autograd, as PyTorch:
  *   - grad mode, self a leaf that requires grad: refused (the leaf's .grad
@@ -103,8 +104,44 @@ static int protect_saved(mp_node *n, const mp_storage *st, uint64_t first)
     return 0;
 }
 
+/* The common case without autograd (a manual update under no_grad, a mask on
+ * activations in eval): add, sub, mul, div of a float self by a number or by a
+ * tensor of its dtype and device that does not share its storage, run by the
+ * op's kernel straight into self: no temporary, no copy. The same kernel on the
+ * same values as the general path (these ops' autocast class, promote, changes
+ * nothing for one dtype), so the same bits. true: done; false: take the general
+ * path (which also reports every error). */
+static bool direct(mp_tensor *self, const how *h)
+{
+    static const char *const names[] = {"add", "sub", "mul", "div"};   /* the ops' names, for supports */
+    if (h->kind != BIN && h->kind != BIN_SCALAR) return false;
+    if (h->bop > MP_DIV || !mp_is_float(self->dtype) || self->quant.kind != MP_QUANT_NONE) return false;
+    if (mp_grad_enabled() && (self->requires_grad || (h->kind == BIN && h->other->requires_grad))) return false;
+    const mp_backend *be = mp_be(self);
+    const char *name = h->kind == BIN_SCALAR && h->bop == MP_SUB ? "add" : names[h->bop];   /* x - s is x + -s */
+    if (be->supports && !be->supports(be->ctx, name, self->dtype)) return false;
+    if (h->kind == BIN_SCALAR) {
+        mp_unop u = h->bop == MP_MUL ? MP_MULS : h->bop == MP_DIV ? MP_DIVS : MP_ADDS;
+        MP_K(self, unary, u, self->dtype, mp_data(self), mp_data(self), self->numel, h->bop == MP_SUB ? -h->s : h->s);
+        return true;
+    }
+    mp_tensor *o = h->other;
+    mp_bcast bc;
+    if (o->dtype != self->dtype || o->dev != self->dev || o->st == self->st || o->quant.kind != MP_QUANT_NONE ||
+        o->ndim > self->ndim || mp_broadcast(self, o, &bc))
+        return mp_clear_error(), false;
+    for (int d = 0; d < self->ndim; d++)
+        if (bc.shape[d] != self->shape[d]) return false;
+    MP_K(self, binary, h->bop, self->dtype, mp_data(self), mp_data(self), mp_data(o), &bc);
+    return true;
+}
+
 static int inplace(mp_tensor *self, const how *h)
 {
+    if (direct(self, h)) {
+        self->st->version++;
+        return mp_device_error(self->dev);
+    }
     bool grad = mp_grad_enabled();
     if (self->quant.kind != MP_QUANT_NONE)
         return mp_fail(MP_EINVAL, "a quantized tensor (%s) cannot be written in place", mp_quant_name(self->quant.kind));

@@ -110,6 +110,32 @@ describe("in-place ops", function()
     end
   end)
 
+  it("give the out-of-place op's values bit for bit, with and without autograd", function()
+    math.randomseed(7)
+    local function rnd(shape, dt)
+      local v = {}
+      for i = 1, H.numel(shape) do v[i] = H.gauss() end
+      return mp.tensor(H.nest(v, shape), { dtype = dt })
+    end
+    for _, dt in ipairs(FLOATS) do
+      local x, y, r = rnd({ 4, 5 }, dt), rnd({ 4, 5 }, dt), rnd({ 5 }, dt)
+      for _, op in ipairs { "add", "sub", "mul", "div" } do
+        local f = ({ add = function(a, b) return a + b end, sub = function(a, b) return a - b end,
+                     mul = function(a, b) return a * b end, div = function(a, b) return a / b end })[op]
+        for _, other in ipairs { y, r, 0.3, -1.7 } do
+          local want = f(x, other):totable()
+          local c = x:clone()                -- no history: the direct path
+          H.assert_same(c[op .. "_"](c, other):totable(), want, dt .. " " .. op .. "_")
+          local a = x:clone()
+          a:requires_grad(true)
+          local b = a * 1                    -- with history: the general path
+          b[op .. "_"](b, other)
+          H.assert_same(b:totable(), want, dt .. " " .. op .. "_ with autograd")
+        end
+      end
+    end
+  end)
+
   it("the unary ones, fill_, zero_ and clamp_", function()
     local x = T { -1, 0, 4 }
     H.assert_same(x:clone():neg_():totable(), { 1, 0, -4 })
