@@ -52,6 +52,7 @@ static int accumulate_leaf(mp_tensor *leaf, mp_tensor *g)
     mp_bcast bc;
     mp_broadcast(leaf->grad, c, &bc);
     MP_K(c, binary, MP_ADD, c->dtype, mp_data(leaf->grad), mp_data(leaf->grad), mp_data(c), &bc);
+    leaf->grad->st->version++;   /* an in-place write, as any other */
     mp_release(c);
     return 0;
 }
@@ -290,6 +291,7 @@ static int run_node(const walk_ctx *w, mp_node *x)
     if (x->released)
         return mp_fail(MP_EINVAL, "backward through %s a second time: its saved tensors were freed "
                                   "by the first backward (pass retain_graph = true to the first)", x->name);
+    if (mp_node_check_saved(x)) return -1;   /* written in place since the forward kept it */
     mp_tensor *small[8] = {0}, **gin = x->nin <= 8 ? small : calloc((size_t)x->nin, sizeof *gin);
     if (!gin) return mp_fail(MP_EOOM, "out of memory in the backward of %s", x->name);
     int rc = call_backward(w, x, gin);

@@ -154,6 +154,7 @@ int mp_custom_record(const mp_custom_fn *fn, int nin, mp_tensor *const *ins, int
                 else c->saves_output = true;
             }
     }
+    if (mp_node_stamp_saved(n)) goto oom;   /* ctx:save_for_backward's tensors are version-checked too */
     if (c->direct >= 0) {
         mp_graph_attach(outs[c->direct], n);
         return 0;

@@ -131,6 +131,7 @@ void mp_node_release(mp_node *n)
             stack[top++] = next;
         }
         free(n->saved);
+        free(n->saved_version);
         free(n->args);
         if (n->hooks) n->hooks->release(n->hooks);
         free(n->where);
@@ -139,6 +140,34 @@ void mp_node_release(mp_node *n)
         n = stack[--top];
     }
     free(stack);
+}
+
+int mp_node_stamp_saved(mp_node *n)
+{
+    if (!n->nsaved) return 0;
+    uint64_t *v = realloc(n->saved_version, sizeof *v * (size_t)n->nsaved);
+    if (!v) return mp_fail(MP_EOOM, "out of memory recording %s", n->name);
+    n->saved_version = v;
+    for (int k = 0; k < n->nsaved; k++) v[k] = n->saved[k] ? n->saved[k]->st->version : 0;
+    return 0;
+}
+
+int mp_node_check_saved(const mp_node *n)
+{
+    if (!n->saved_version) return 0;   /* nothing saved, or a node that never stamped */
+    for (int k = 0; k < n->nsaved; k++) {
+        const mp_tensor *t = n->saved[k];
+        if (!t || t->st->version == n->saved_version[k]) continue;
+        char b[128];
+        bool out = k < 64 && (n->saved_outputs >> k & 1);
+        return mp_fail(MP_EINVAL, "one of the tensors needed for gradient computation has been modified by an "
+                                  "in-place operation: %s's saved tensor %d (%s %s%s) is at version %llu, expected %llu "
+                                  "(clone it before the in-place op, or do that op after the backward)",
+                       n->name, k, mp_dtype_name(t->dtype), mp_shape_str(t->ndim, t->shape, b, sizeof b),
+                       out ? ", its output" : "", (unsigned long long)t->st->version,
+                       (unsigned long long)n->saved_version[k]);
+    }
+    return 0;
 }
 
 int mp_set_requires_grad(mp_tensor *t, bool on)

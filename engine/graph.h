@@ -50,6 +50,8 @@ struct mp_node {
     mp_tensor **saved;             /* what the backward needs, any number (NULL entries allowed) */
     uint64_t saved_outputs;        /* bit k: saved[k] is the node's own output, detached (engine/op.h
                                     * mp_keep_output); create_graph attaches it again for the backward */
+    uint64_t *saved_version;       /* saved[k]'s storage version when it was kept (mp_node_stamp_saved),
+                                    * owned: a backward refuses a saved tensor written since */
     unsigned char walk;            /* scratch of the walk that holds the node (engine/backward.c) */
     void *payload;                 /* a custom node's own data (engine/custom.h), freed with the node by */
     void (*payload_release)(void *payload);   /* this (NULL: nothing to free) */
@@ -91,6 +93,13 @@ void mp_node_release(mp_node *n);
 /* free what n's backward needed (a backward ran it): a node that saved nothing
  * can be walked again, one whose saved tensors are gone cannot (n->released) */
 void mp_node_release_saved(mp_node *n);
+
+/* Version counters (engine/tensor.h, mp_storage.version; PyTorch's): note the
+ * version of each saved tensor's storage now (after the forward kept them), and
+ * before a backward uses them, fail when one was written in place since,
+ * naming the node's op, the slot and both versions. -1 out of memory / changed */
+int mp_node_stamp_saved(mp_node *n);
+int mp_node_check_saved(const mp_node *n);
 
 int mp_set_requires_grad(mp_tensor *t, bool on);
 /* t.grad = g (NULL clears it): g must have t's shape, dtype and device and be

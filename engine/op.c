@@ -92,6 +92,11 @@ mp_tensor *mp_finish(mp_tensor *o, const mp_op *op, int nin, mp_tensor *const *i
         return NULL;
     }
     (*node)->op = op;
+    /* a view (reshape, narrow: the output shares an input's storage) recorded for
+     * autograd: in-place ops in grad mode then refuse that storage, whose other
+     * headers' histories would not see the write (engine/ops_inplace.c) */
+    for (int k = 0; k < nin; k++)
+        if (ins[k] && ins[k]->st == o->st) o->st->grad_view = true;
     return o;
 }
 
@@ -136,7 +141,9 @@ mp_tensor *mp_apply(const mp_op *op, mp_op_ctx *c, int nin, mp_tensor *const *in
         if (nd) {   /* the node takes the kept tensors and a copy of the arguments */
             nd->saved = c->saved, nd->nsaved = c->nsaved, nd->saved_outputs = c->saved_outputs;
             c->saved = NULL, c->nsaved = 0;
-            if (op->args_size && !(nd->args = malloc(op->args_size)))
+            if (mp_node_stamp_saved(nd))
+                mp_release(o), o = NULL;
+            else if (op->args_size && !(nd->args = malloc(op->args_size)))
                 mp_release(o), o = NULL, mp_fail(MP_EOOM, "out of memory recording %s", op->name);
             else if (op->args_size)
                 memcpy(nd->args, mp_op_args_checked(op, c->args, op->args_size), op->args_size);

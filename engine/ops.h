@@ -169,6 +169,23 @@ mp_tensor *mp_stack(int n, mp_tensor *const *ts, int dim);
 mp_tensor *mp_gather(mp_tensor *x, int dim, mp_tensor *idx);
 mp_tensor *mp_scatter(mp_tensor *x, int dim, mp_tensor *idx, mp_tensor *src, bool add);
 mp_tensor *mp_scatter_value(mp_tensor *x, int dim, mp_tensor *idx, double value);
+/* x limited to [*lo, *hi] (ops_clamp.c); either bound may be NULL, not both;
+ * NaN passes through, the gradient is 1 where lo <= x <= hi, else 0 */
+mp_tensor *mp_clamp(mp_tensor *x, const double *lo, const double *hi);
+
+/* In-place ops (ops_inplace.c): self = self op other, written into self's
+ * storage, whose version they bump (engine/graph.h checks saved tensors
+ * against it). The result must keep self's shape (other broadcasts into it)
+ * and fit self's dtype (no float result into an integer tensor). In grad mode
+ * a leaf that requires grad is refused, as is a storage that a view recorded
+ * for autograd shares; a tensor with history, or one combined with a tensor
+ * that requires grad, takes the op's node as its grad_fn (rebased, as in
+ * PyTorch). 0, or -1 with an error. */
+int mp_binary_(mp_binop op, mp_tensor *self, mp_tensor *other);
+int mp_binary_scalar_(mp_binop op, mp_tensor *self, double s);
+int mp_unary_(mp_unop op, mp_tensor *self, double p);
+int mp_clamp_(mp_tensor *self, const double *lo, const double *hi);
+int mp_fill_(mp_tensor *self, double v);   /* fill_ and zero_: the gradient to self's history is zero */
 
 /* for backward functions (ops_math.c): g summed down to shape (broadcasting
  * undone), and g broadcast up to shape (a copy) */

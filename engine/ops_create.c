@@ -195,6 +195,7 @@ mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt)
     if (st->lowp_version != st->version) {
         MP_K(t, cast, mp_data(st->lowp), dt, st->data, MP_F32, numel);
         st->lowp_version = st->version;
+        st->lowp->st->version++;   /* rewritten in place: casts saved by a graph are stale */
     }
     mp_node *n;
     return mp_finish(mp_view(st->lowp, t->ndim, t->shape, t->offset), &to_op, 1, &t, &n);

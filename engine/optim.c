@@ -234,7 +234,7 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
     mp_dtype lpt = mirror ? vs->lowp->dtype : MP_F16;
     size_t les = mp_dtype_size(lpt);
     vs->version++;
-    if (mirror) vs->lowp_version = vs->version;
+    if (mirror) vs->lowp_version = vs->version, vs->lowp->st->version++;   /* the copy is written too */
     be->optim_count(be->ctx, step, skip);
     for (int k = 0; k < o->ngroups; k++) {
         mp_optim_args a = args_of(&o->group[k]);

@@ -352,6 +352,12 @@ typedef struct mp_kctx mp_kctx;
     X(void, unary_grad, (mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,              \
       const void *y, int64_t n, double p),                                                                              \
       (cx, op, dt, gin, gout, x, y, n, p))                                                                              \
+    /* clamp (engine/ops_clamp.c): without g, out = x limited to [lo, hi] (NaN stays NaN;                             \
+     * lo > hi gives hi, as PyTorch); with g, its gradient: out = g where lo <= x <= hi,                                  \
+     * else 0. An absent bound is an infinity. Float dtypes (f64 where the backend has it) */                           \
+    X(void, clamp, (mp_kctx *cx, mp_dtype dt, void *out, const void *x, const void *g, int64_t n, double lo,            \
+      double hi),                                                                                                       \
+      (cx, dt, out, x, g, n, lo, hi))                                                                                   \
     X(void, reduce, (mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n,         \
       int64_t inner),                                                                                                   \
       (cx, op, dt, out, a, outer, n, inner))                                                                            \

@@ -311,5 +311,6 @@ int luaopen_mp_core(lua_State *L)
     mp_open_anomaly(L);
     mp_open_shape(L);
     mp_open_rnn(L);
+    mp_open_inplace(L);
     return 1;
 }

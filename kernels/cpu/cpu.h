@@ -144,6 +144,7 @@ mp_be_scatter_add_fn cpu_scatter_add;
 mp_be_narrow_fn cpu_narrow;
 
 mp_be_unary_grad_fn cpu_unary_grad;
+mp_be_clamp_fn cpu_clamp;
 mp_be_where_fn cpu_where;
 mp_be_narrow_put_fn cpu_narrow_put;
 mp_be_put_along_fn cpu_put_along;

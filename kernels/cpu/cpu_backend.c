@@ -134,6 +134,7 @@ const mp_backend mp_cpu_backend = {
     .binary = cpu_binary,
     .unary = cpu_unary,
     .unary_grad = cpu_unary_grad,
+    .clamp = cpu_clamp,
     .reduce = cpu_reduce,
     .put_along = cpu_put_along,
     .scan = cpu_scan,

@@ -410,6 +410,7 @@ mp_be_rand_normal_fn mp_cuda_rand_normal;
 mp_be_binary_fn mp_cuda_binary;
 mp_be_unary_fn mp_cuda_unary;
 mp_be_unary_grad_fn mp_cuda_unary_grad;
+mp_be_clamp_fn mp_cuda_clamp;
 mp_be_where_fn mp_cuda_where;
 mp_be_reduce_fn mp_cuda_reduce;
 mp_be_put_along_fn mp_cuda_put_along;

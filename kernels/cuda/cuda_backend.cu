@@ -383,6 +383,7 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.binary = mp_cuda_binary;
     table.unary = mp_cuda_unary;
     table.unary_grad = mp_cuda_unary_grad;
+    table.clamp = mp_cuda_clamp;
     table.reduce = mp_cuda_reduce;
     table.put_along = mp_cuda_put_along;
     table.scan = mp_cuda_scan;

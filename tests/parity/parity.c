@@ -335,6 +335,40 @@ static void cases_elementwise(void)
     }
 }
 
+/* clamp and its gradient: both bounds, one bound (the other an infinity), and
+ * lo > hi (everything hi, no gradient). Its own random stream, so the cases
+ * after it keep their inputs. */
+static void cases_clamp(void)
+{
+    static const double bounds[3][2] = {{-1, 1.5}, {-INFINITY, 0.25}, {1, -1}};
+    static const char *bn[3] = {"lo,hi", "-inf,hi", "lo>hi"};
+    uint64_t outer = rng;
+    rng = 0x13198A2E03707344ULL;
+    pcase c;
+    for (int d = 0; d < 3; d++) {
+        mp_dtype dt = FLOATS[d];
+        const char *dn = mp_dtype_name(dt);
+        for (int b = 0; b < 3; b++) {
+            double lo = bounds[b][0], hi = bounds[b][1];
+            if (begin(&c, "clamp %s %s n=1003", bn[b], dn)) {
+                int x = buf(&c, dt, 1003, 0, -3, 3), o = buf(&c, dt, 1003, 1, 0, 0);
+                REF->clamp(REF->ctx, dt, c.ref[o], c.ref[x], NULL, 1003, lo, hi);
+                DUT->clamp(DUT->ctx, dt, c.dev[o], c.dev[x], NULL, 1003, lo, hi);
+                c.bound = 0;   /* a choice between values, nothing computed: exact */
+                finish(&c);
+            }
+            if (begin(&c, "clamp_grad %s %s n=1003", bn[b], dn)) {
+                int x = buf(&c, dt, 1003, 0, -3, 3), g = buf(&c, dt, 1003, 0, -1, 1), o = buf(&c, dt, 1003, 1, 0, 0);
+                REF->clamp(REF->ctx, dt, c.ref[o], c.ref[x], c.ref[g], 1003, lo, hi);
+                DUT->clamp(DUT->ctx, dt, c.dev[o], c.dev[x], c.dev[g], 1003, lo, hi);
+                c.bound = 0;
+                finish(&c);
+            }
+        }
+    }
+    rng = outer;
+}
+
 /* The 128-bit paths of the CUDA kernels and their fallbacks: contiguous operands
  * at the start of an allocation (16-byte aligned) and one element further on
  * (misaligned), over every dtype pair for the cast. `off` is in elements. */
@@ -1294,6 +1328,7 @@ int main(int argc, char **argv)
     cases_gather_along();
     cases_empty();
     cases_scan();
+    cases_clamp();
     cases_optim_and_scaler();   /* last: the self-check's persistent fault is in it */
     if (none) {
         printf("parity: no CUDA device on this machine: %d cases skipped (the harness ran them CPU "
