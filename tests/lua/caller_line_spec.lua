@@ -47,6 +47,10 @@ describe("errors at the caller's line", function()
             { "mp.optim.SGD", "bogus" })
     at_line("local opt = mp.optim.SGD(nn.Linear(2, 2):parameters(), {lr = 0.1})", "opt:load_state_dict(5)",
             { "load_state_dict" })
+    at_line("local m = nn.Linear(2, 2); local opt = mp.optim.SGD(m:parameters(), {lr = 0.1}); "
+              .. "opt:set_schedule(function(n) return n < 1 and 1 or -1 end); m(mp.ones{1, 2}):sum():backward()",
+            "opt:step(); opt:step()", { "schedule function returned -1" })
+    at_line("local m = nn.Linear(2, 2)", "local opt = mp.optim.AdamW(m:parameters(), {betas = 3})", { "betas" })
     at_line("", "local w = mp.data.windows(5)", { "mp.data.windows" })
     at_line("", "local t = mp.data.text(5)", { "mp.data.text" })
     at_line("", "local l = mp.data.loader({x = 1})", { "mp.data.loader" })
