@@ -381,6 +381,23 @@ typedef struct {
 
 static int read_exact(FILE *f, void *p, size_t n) { return fread(p, 1, n, f) == n ? 0 : -1; }
 
+/* Given an impossible header length: is the file still shaped like a
+ * safetensors file (a truncated or damaged one, whose errors say what is
+ * wrong with it), or something else? A text file's first 8 bytes read as a
+ * huge length (every one a text byte), and any other file rarely has its JSON
+ * object's '{' right after them; such files are "not a safetensors file". The
+ * stream is left just after the length. */
+static bool looks_like_safetensors(FILE *f, const unsigned char len8[8], unsigned long long fsize)
+{
+    bool text = true;
+    for (int i = 0; i < 8; i++) text = text && ((len8[i] >= 0x20 && len8[i] < 0x7f) || len8[i] == '\t' || len8[i] == '\n' || len8[i] == '\r');
+    if (text) return false;
+    if (fsize == 8) return true;
+    int c = getc(f);
+    if (c != EOF) ungetc(c, f);
+    return c == '{';
+}
+
 /* The header text (NUL-terminated, *hlen bytes) after checking its length
  * against the file; NULL + error otherwise. */
 static char *read_header(FILE *f, const char *path, unsigned long long fsize, size_t *hlen)
@@ -390,6 +407,8 @@ static char *read_header(FILE *f, const char *path, unsigned long long fsize, si
     if (read_exact(f, len8, 8)) return fail_at(path, "cannot read the header length: %s", strerror(errno)), NULL;
     unsigned long long n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | len8[i];
+    if ((n > fsize - 8 || n > MAX_HEADER) && !looks_like_safetensors(f, len8, fsize))
+        return fail_at(path, "not a safetensors file (bad header)"), NULL;
     if (n > fsize - 8)
         return fail_at(path, "header length %llu runs past the end of the file (%llu bytes after the length)", n, fsize - 8), NULL;
     if (n > MAX_HEADER) return fail_at(path, "header length %llu is too large (at most %u)", n, MAX_HEADER), NULL;

@@ -11,6 +11,7 @@
 #include <lauxlib.h>
 #include "engine/ops.h"
 #include "engine/error.h"
+#include "lerror.h"   /* luaL_error and luaL_where at the user's line */
 
 #define MP_TENSOR_MT "mp.Tensor"
 

@@ -286,6 +286,7 @@ static const luaL_Reg cuda_funcs[] = {
 int luaopen_mp_core(lua_State *L)
 {
     luaL_newlib(L, funcs);
+    mp_open_errors(L);
     luaopen_mp_tensor(L);
     lua_setfield(L, -2, "Tensor");        /* the methods table, for Lua extensions */
     luaL_newlib(L, cuda_funcs);

@@ -10,7 +10,7 @@
 -- The recipe: AdamW with weight decay on the Linear weights only
 -- (mp.optim.decay_groups), --warmup steps of linear warmup then a cosine to 0.1x
 -- the lr over the run, gradients clipped to norm 1.0 (after scaler:unscale with
--- --amp), PyTorch's default initialisation. A step is --accum micro-batches of
+-- --amp), GPT-2's initialisation (scripts/models/gpt.lua). A step is --accum micro-batches of
 -- --batch random windows of --ctx + 1 characters, the loss of each divided by
 -- --accum, so --accum 2 --batch B gives the step of --batch 2B to f32 rounding.
 -- Validation: the mean loss of --eval-batches batches of the validation split (the

@@ -262,8 +262,8 @@ function Schedule:lr_at(count, base)
   if self.fn then
     local f = self.fn(count)
     if type(f) ~= "number" or f ~= f or f < 0 or f == math.huge then
-      error("Optimizer: the schedule function returned " .. tostring(f) .. " for step " .. count ..
-            " (expected a finite factor >= 0)", 0)
+      require("mp.errors").raise("Optimizer: the schedule function returned " .. tostring(f) .. " for step " .. count ..
+                                 " (expected a finite factor >= 0)")   -- at the script's line (opt:step's)
     end
     return base * f
   end

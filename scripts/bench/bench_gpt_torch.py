@@ -1,6 +1,6 @@
 """The PyTorch side of bench_gpt.lua: the GPT of scripts/models/gpt.lua (the
-definition of tests/reference/make_gpt_fixture.py, as nn.Modules with PyTorch's
-default init) trained with AdamW on random windows of fortunes-sized random ids.
+definition of tests/reference/make_gpt_fixture.py, as nn.Modules with GPT-2's
+init, as gpt.lua's GPT:init_weights) trained with AdamW on random windows of fortunes-sized random ids.
 
     /usr/bin/python3 bench_gpt_torch.py STEPS WARMUP THREADS MODE
 
@@ -50,6 +50,21 @@ class GPT(nn.Module):
         self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Embedding(ctx, dim)
         self.h = nn.ModuleList([Block(dim, heads, ctx) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(dim)
+        self.init_weights(layers)
+
+    def init_weights(self, layers):
+        """GPT-2's, as scripts/models/gpt.lua: N(0, 0.02) embeddings and Linear weights,
+        zero biases, the residual projections at N(0, 0.02 / sqrt(2 * layers))"""
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if ".ln_" in name or name.startswith("ln_f."):
+                    continue
+                if name.endswith(".bias"):
+                    p.zero_()
+                elif name.endswith("attn_proj.weight") or name.endswith("mlp_proj.weight"):
+                    p.normal_(0.0, 0.02 / math.sqrt(2 * layers))
+                else:
+                    p.normal_(0.0, 0.02)
 
     def forward(self, idx):
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))

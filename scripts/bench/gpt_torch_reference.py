@@ -1,5 +1,5 @@
 """The PyTorch reference run for scripts/train_gpt.lua: the same model definition
-(bench_gpt_torch.py's GPT, PyTorch's default init) and recipe (AdamW lr 3e-3 with
+(bench_gpt_torch.py's GPT, GPT-2's init as gpt.lua's) and recipe (AdamW lr 3e-3 with
 weight decay 0.1 on the Linear weights, 30 warmup steps then a cosine to 0.1x,
 gradients clipped to 1.0, batch 32 of 64 + 1 character windows) on the same data
 (Debian's fortunes: every file without an extension, sorted by name, the bytes

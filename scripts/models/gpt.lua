@@ -1,9 +1,15 @@
 -- gpt.lua: a GPT in Lua on mpengine's ops: token and position embeddings,
 -- pre-LayerNorm blocks of causal self-attention (mp.attention) and an MLP with
 -- GELU, a final LayerNorm, and the output layer tied to the token embedding.
--- Parameter names, layouts and initialisation are PyTorch's defaults for the
--- same modules (nn.Embedding, nn.Linear, nn.LayerNorm), so a PyTorch state dict
--- of the same definition loads one to one.
+-- Parameter names and layouts are PyTorch's for the same modules (nn.Embedding,
+-- nn.Linear, nn.LayerNorm), so a PyTorch state dict of the same definition loads
+-- one to one. Initialisation is GPT-2's (GPT:init_weights): N(0, 0.02) for the
+-- embeddings and Linear weights, zero biases, LayerNorms at ones and zeros, and
+-- the residual projections (attn.c_proj, mlp.c_proj) at N(0, 0.02 / sqrt(2 *
+-- layers)), so each block adds little to the residual stream at first. With the
+-- output tied to the token embedding this matters: PyTorch's N(0, 1) embedding
+-- gave logits of size ~sqrt(dim) and a first loss near 85, where GPT-2's gives
+-- ~ln(vocab).
 --
 --   local GPT = dofile("scripts/models/gpt.lua")
 --   local model = GPT{vocab = 114, ctx = 64, layers = 2, dim = 128, heads = 4}
@@ -55,6 +61,27 @@ function GPT:init(cfg)
   self.h = nn.ModuleList()
   for _ = 1, cfg.layers do self.h:append(Block(cfg.dim, cfg.heads)) end
   self.ln_f = nn.LayerNorm(cfg.dim)
+  self:init_weights()
+end
+
+-- GPT-2's initialisation (see the header), drawn from mp's generator
+-- (mp.manual_seed) in the parameters' order
+function GPT:init_weights()
+  local _ <close> = mp.no_grad()
+  local std, proj_std = 0.02, 0.02 / math.sqrt(2 * self.cfg.layers)
+  local named, names = self:named_parameters()
+  for _, name in ipairs(names) do
+    local p = named[name]
+    if name:match("^h%.%d+%.ln_") or name:match("^ln_f%.") then
+      -- LayerNorm: PyTorch's ones and zeros, as built
+    elseif name:match("%.bias$") then
+      p:copy_(mp.zeros(p.shape))
+    elseif name:match("c_proj%.weight$") then
+      p:copy_(mp.randn(p.shape) * proj_std)
+    else   -- wte, wpe and the other Linear weights
+      p:copy_(mp.randn(p.shape) * std)
+    end
+  end
 end
 
 -- idx {B, T} i32 (T <= ctx) -> logits {B, T, vocab}

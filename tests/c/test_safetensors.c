@@ -391,6 +391,15 @@ Test(st, load_rejects_a_header_length_past_the_end)
     load_fails(file("c"), "header length 3 runs past");
 }
 
+Test(st, load_says_a_text_file_is_not_a_safetensors_file)
+{
+    const char *text = "just some text, more than eight bytes\n";
+    spit(file("t.txt"), text, strlen(text));
+    load_fails(file("t.txt"), "not a safetensors file (bad header)");
+    spit(file("bin"), "\x01\x02\x03\x04\x05\x06\x07\x08\x00\x01", 10);   /* no '{' after the length */
+    load_fails(file("bin"), "not a safetensors file (bad header)");
+}
+
 Test(st, load_rejects_an_absurdly_large_header_length)
 {
     /* a sparse file big enough that the length fits inside it */

@@ -42,6 +42,60 @@ describe("guards close without <close> too", function()
   end)
 end)
 
+describe("mp.amp.autocast's arguments, function form and forgotten guards", function()
+  local x = mp.tensor({{0.5, 0.25}})
+  local w2 = mp.tensor({{1, 2}, {3, 4}})
+
+  it("a bad dtype lists only the low-precision choices", function()
+    for _, d in ipairs({"f64", "f32", "i32", "u8", "x"}) do
+      local msg = H.raises(function() local g = mp.amp.autocast(d); return g end, {"mp.amp.autocast", "f16 or bf16", d})
+      assert(not msg:find("i32", 1, true) or d == "i32", msg)
+      assert(not msg:find("u8", 1, true) or d == "u8", msg)
+    end
+    H.raises(function() local g = mp.amp.autocast(3); return g end, {"mp.amp.autocast", "got number"})
+    H.raises(function() local g = mp.amp.autocast("f16", 3); return g end, {"mp.amp.autocast", "fn must be a function"})
+  end)
+
+  it("autocast(dtype, fn, ...) runs fn in a region and returns its results", function()
+    local dt, sum, n = mp.amp.autocast("f16", function(a, b) return x:matmul(w2).dtype, a + b, nil end, 1, 2)
+    assert.equal("f16", dt)
+    assert.equal(3, sum)
+    assert.is_nil(n)
+    assert.equal("f32", x:matmul(w2).dtype)
+    assert.equal("bf16", mp.amp.autocast("bf16", function() return x:matmul(w2).dtype end))
+    -- off inside a region
+    local _ <close> = mp.amp.autocast("f16")
+    assert.equal("f32", mp.amp.autocast(false, function() return x:matmul(w2).dtype end))
+    assert.equal("f16", x:matmul(w2).dtype)
+  end)
+
+  it("the function form closes its region when fn raises, and passes the error on", function()
+    local ok, err = pcall(mp.amp.autocast, "f16", function() error("inside fn") end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("inside fn", 1, true))
+    assert.equal("f32", x:matmul(w2).dtype)
+  end)
+
+  it("a guard collected while its region is open warns once per place, naming it", function()
+    local r = H.child([[
+local mp = require "mp"
+for i = 1, 3 do
+  local g = mp.amp.autocast("f16")
+end
+collectgarbage(); collectgarbage()
+local ok = mp.amp.autocast("bf16"); ok:close(); ok = nil
+do local _ <close> = mp.amp.autocast("f16") end
+collectgarbage(); collectgarbage()
+io.write("done")
+]], true)
+    assert.equal("done", r.out, r.err)
+    local _, count = r.err:gsub("never closed", "")
+    assert.equal(1, count, r.err)
+    assert.truthy(r.err:find("created at [^\n]*:3 was never closed"), r.err)
+    assert.truthy(r.err:find("<close>", 1, true), r.err)
+  end)
+end)
+
 describe("mp.amp.autocast op classes", function()
   local x = mp.tensor({{0.5, 0.25}})
   local w = mp.tensor({{1, 2}, {3, 4}})

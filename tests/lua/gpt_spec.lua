@@ -132,6 +132,38 @@ describe("train_gpt.lua", function()
 end)
 
 describe("scripts/models/gpt.lua", function()
+  it("initialises as GPT-2: the first loss is within 0.5 of ln(vocab)", function()
+    local GPT = dofile("scripts/models/gpt.lua")
+    for _, cfg in ipairs {
+      { vocab = 114, ctx = 64, layers = 2, dim = 128, heads = 4 },   -- train_gpt.lua's default
+      { vocab = 50, ctx = 16, layers = 4, dim = 64, heads = 4 },
+    } do
+      mp.manual_seed(0)
+      local m = GPT(cfg)
+      local function rms(t) return (t * t):mean():item() ^ 0.5 end
+      local named, names = m:named_parameters()
+      local proj = 0.02 / math.sqrt(2 * cfg.layers)
+      for _, n in ipairs(names) do
+        local p, want = named[n], nil
+        if n:match("ln_") then want = n:match("weight$") and 1 or 0
+        elseif n:match("bias$") then want = 0
+        elseif n:match("c_proj%.weight$") then want = proj
+        else want = 0.02 end
+        assert.is_true(math.abs(rms(p) - want) <= 0.1 * want + 1e-12, string.format("%s: rms %.5f, want %.5f", n, rms(p), want))
+      end
+      local x = mp.randint(0, cfg.vocab, { 8, cfg.ctx })
+      local y = mp.randint(0, cfg.vocab, { 8, cfg.ctx })
+      local loss = mp.cross_entropy(m(x):reshape { -1, cfg.vocab }, y:reshape { -1 }):item()
+      assert.is_true(math.abs(loss - math.log(cfg.vocab)) < 0.5, string.format("first loss %.3f, ln(vocab) %.3f", loss, math.log(cfg.vocab)))
+    end
+    -- and train_gpt.lua's first step on the small text
+    local out, code = run(SMALL .. " --batch 8 --steps 1 --eval-every 1")
+    assert.are.equal(0, code, out)
+    local first = tonumber(out:match("step 1/1  loss (%d+%.%d+)"))
+    local V = mp.data.text(data).vocab_size
+    assert.is_true(first and math.abs(first - math.log(V)) < 0.5, out)
+  end)
+
   it("has PyTorch's parameter names and an output tied to the token embedding", function()
     local GPT = dofile("scripts/models/gpt.lua")
     mp.manual_seed(0)

@@ -277,6 +277,18 @@ describe("mp.save / mp.load", function()
       assert_error(function() mp.load(tmp("short")) end, "mp.load: '" .. tmp("short") .. "': too short")
       spit(tmp("long"), string.pack("<I8", 1000) .. "{}")
       assert_error(function() mp.load(tmp("long")) end, "header length 1000 runs past the end of the file")
+      -- a text (or any other) file is not read as a safetensors file with an
+      -- absurd header length; a real one cut short keeps the specific errors
+      spit(tmp("text.txt"), "hello, this is a text file\nwith two lines\n")
+      assert_error(function() mp.load(tmp("text.txt")) end,
+                   "mp.load: '" .. tmp("text.txt") .. "': not a safetensors file (bad header)")
+      spit(tmp("text8"), "12345678")
+      assert_error(function() mp.load(tmp("text8")) end, "not a safetensors file (bad header)")
+      spit(tmp("png"), "\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
+      assert_error(function() mp.load(tmp("png")) end, "not a safetensors file (bad header)")
+      mp.save(tmp("cut.safetensors"), {x = mp.zeros{4}})
+      spit(tmp("cut"), slurp(tmp("cut.safetensors")):sub(1, 20))
+      assert_error(function() mp.load(tmp("cut")) end, "runs past the end of the file")
       raw_file(tmp("json"), '{"x": ')
       assert_error(function() mp.load(tmp("json")) end, "invalid JSON in the header")
       raw_file(tmp("i16"), '{"x":{"dtype":"I16","shape":[1],"data_offsets":[0,2]}}', string.rep("\0", 2))

@@ -11,7 +11,11 @@ token embedding); mean cross-entropy of next-token targets.
 
 Writes tests/reference/fixtures/gpt.safetensors in the layout of
 make_fixtures.py (input.idx, input.target, param.<name>, loss, grad.<name>),
-computed in float64 from float32 values.
+computed in float64 from float32 values. The weights are drawn here, wider than
+the model's GPT-2 initialisation (N(0, 0.02), scaled residual projections:
+scripts/models/gpt.lua, bench_gpt_torch.py) so that every gradient is well
+away from zero; the Lua side loads them, so its own initialisation does not
+enter the fixture.
 
     /usr/bin/python3 tests/reference/make_gpt_fixture.py     (Debian's python3-torch)
 """

@@ -2,6 +2,7 @@
 -- step's low-precision run against FP32, op by op (diagnose). lua/llab.c holds
 -- their C halves (the built-in policies run without a model, the observer).
 local core = require "mp.core"
+local errors = require "mp.errors"
 local P = require "mp.amp.policy"
 local T = require "mp.amp.trace"
 
@@ -178,7 +179,7 @@ end
 
 -- ---- diagnose: a step's low-precision run against FP32, op by op ----
 -- mp.amp.diagnose{model =, loss = function() ... return loss end [, scale =,
---   scaler =, print = true]} runs `loss` (the step's forward, autocast regions
+--   scaler =, print = true, rows = 20]} runs `loss` (the step's forward, autocast regions
 -- included, on its own inputs) twice from the same weights and random state: once in
 -- FP32 with every autocast region switched off, once as written; each loss times the
 -- scale (`scale`, else the scaler's current scale, else 1) goes through backward.
@@ -193,6 +194,11 @@ end
 -- name =, index =, shape =, amax = (of the finite values), amax_f32 = (NaN for a
 -- cast that FP32 does not make), nonfinite =, nonfinite_f32 =, underflow =}. It prints the table (the first offending row on top) unless print
 -- is false. Usable from scaler.on_skip and from the REPL.
+-- The printed table holds at most `rows` rows (default 20; math.huge or "all" for
+-- every one): the flagged rows (an inf/NaN that FP32 does not have) always, then
+-- the other rows worth a look (inf/NaN, underflow, the parameters' gradients),
+-- the largest underflow first, shown in run order; a last line says how many were
+-- left out and how to see them. The returned rows are always all of them.
 local function compare(lp, fp)
   local _ <close> = core.no_grad()
   local a, b = lp:to("f32"), fp:to("f32")
@@ -226,8 +232,16 @@ local function run_observed(model, loss_fn, scale, f32)
   return seen, grads
 end
 
+local DIAGNOSE_ROWS = 20
+
 function lab.diagnose(o)
-  local opts = core._options("mp.amp.diagnose", o, "model:table loss:function scale:number scaler:table print:boolean", 2)
+  local opts = core._options("mp.amp.diagnose", o,
+                             "model:table loss:function scale:number scaler:table print:boolean rows:any", 2)
+  local max_rows = opts.rows == nil and DIAGNOSE_ROWS or opts.rows
+  if max_rows == "all" then max_rows = math.huge end
+  if not (type(max_rows) == "number" and (max_rows == math.huge or (math.tointeger(max_rows) and max_rows >= 1))) then
+    errors.raise("mp.amp.diagnose: rows must be a positive integer, math.huge or \"all\" (got " .. shown(opts.rows) .. ")")
+  end
   if not opts.model or type(opts.model.named_parameters) ~= "function" then
     error("mp.amp.diagnose: model must be an mp.nn module", 2)
   end
@@ -305,9 +319,41 @@ function lab.diagnose(o)
                                         row.name:sub(1, 34), row.shape:sub(1, 14), e(row.amax), e(row.amax_f32),
                                         row.nonfinite, row.underflow)
     end
-    if first then line(first, "!") end
+    -- which rows to print: the flagged ones (inf/NaN that FP32 does not have)
+    -- always; the rest of those worth a look, by underflow, up to max_rows
+    local flagged, others = {}, {}
     for _, row in ipairs(rows) do
-      if row ~= first and (row.nonfinite > 0 or row.underflow > 0 or row.kind == "param") then line(row, "") end
+      if row ~= first then
+        if row.nonfinite > 0 and row.nonfinite_f32 == 0 then flagged[#flagged + 1] = row
+        elseif row.nonfinite > 0 or row.underflow > 0 or row.kind == "param" then others[#others + 1] = row end
+      end
+    end
+    local room = math.max(0, max_rows - #flagged - (first and 1 or 0))
+    local chosen = {}
+    for _, row in ipairs(flagged) do chosen[row] = true end
+    if room < #others then
+      local by = {}
+      for k, row in ipairs(others) do by[k] = row end
+      table.sort(by, function(a, b)
+        local ka, kb = a.nonfinite > 0 and 1 or 0, b.nonfinite > 0 and 1 or 0
+        if ka ~= kb then return ka > kb end
+        if a.underflow ~= b.underflow then return a.underflow > b.underflow end
+        return a.index < b.index
+      end)
+      for k = 1, room do chosen[by[k]] = true end
+    else
+      for _, row in ipairs(others) do chosen[row] = true end
+    end
+    if first then line(first, "!") end
+    local shown_n = first and 1 or 0
+    for _, row in ipairs(rows) do
+      if chosen[row] then line(row, ""); shown_n = shown_n + 1 end
+    end
+    local worth = #flagged + #others + (first and 1 or 0)
+    if shown_n < worth then
+      lines[#lines + 1] = string.format("... %d more rows not shown (%d of %d; rows = %d): rows = math.huge (or \"all\") "
+                                        .. "shows every one; the returned table's rows holds them all",
+                                        worth - shown_n, shown_n, worth, max_rows)
     end
     lines[#lines + 1] = first and ("first inf/NaN that FP32 does not have: " .. first.kind .. " " .. first.name)
                         or "no inf/NaN that FP32 does not have"

@@ -13,21 +13,13 @@ local function is_tensor(x)
   return getmetatable(x) == tensor_mt
 end
 
--- error(msg) at the first caller outside the files of mp.nn, so the message
--- points at the user's line; each of them names itself with common.own_file()
-local own = {[debug.getinfo(1, "S").source] = true}
-function common.own_file() own[debug.getinfo(2, "S").source] = true end
+-- error(msg) at the first caller outside the library (lua/mp/errors.lua), so
+-- the message points at the user's line; own_file is kept for the files that
+-- still name themselves (every library file is recognised without it)
+local errors = require "mp.errors"
+function common.own_file() end
 
-local function raise(msg)
-  local level = 2
-  while true do
-    local info = debug.getinfo(level, "S")
-    if not info then level = 1; break end
-    if not own[info.source] and info.what ~= "C" then break end
-    level = level + 1
-  end
-  error(msg, level)
-end
+local raise = errors.raise
 
 local function show(v)
   if type(v) == "string" then return string.format("%q", v) end
