@@ -282,9 +282,10 @@ static int f_batch_norm(lua_State *L)
 }
 
 /* mp.multinomial(probs, n [, {replacement = false}]) -> i32 categories (0-based) */
+/* mp.multinomial(probs, n [, opts]) and probs:multinomial(n [, opts]): upvalue 1 is the name called */
 static int f_multinomial(lua_State *L)
 {
-    const char *name = "mp.multinomial";
+    const char *name = lua_tostring(L, lua_upvalueindex(1));
     mp_tensor *p = lt_check(L, 1);
     int64_t n = lb_integer(L, 2, "n", name);
     bool repl = false;
@@ -333,7 +334,7 @@ static const luaL_Reg funcs[] = {
     {"layer_norm", f_layer_norm}, {"rms_norm", f_rms_norm}, {"embedding", f_embedding}, {"dropout", f_dropout},
     {"cross_entropy", f_cross_entropy}, {"mse_loss", f_mse_loss}, {"cat", f_cat}, {"where", f_where}, {"pow", f_pow},
     {"attention", f_attention}, {"conv2d", f_conv2d}, {"max_pool2d", f_max_pool2d}, {"avg_pool2d", f_avg_pool2d},
-    {"adaptive_avg_pool2d", f_adaptive_avg_pool2d}, {"batch_norm", f_batch_norm}, {"multinomial", f_multinomial},
+    {"adaptive_avg_pool2d", f_adaptive_avg_pool2d}, {"batch_norm", f_batch_norm},
     {"no_grad", f_no_grad}, {"set_grad_enabled", f_set_grad_enabled}, {"is_grad_enabled", f_is_grad_enabled},
     {NULL, NULL}
 };
@@ -351,4 +352,12 @@ void mp_open_functional(lua_State *L)
     lb_guard_metatable(L, "mp.GradGuard", guard_close);
     luaL_setfuncs(L, funcs, 0);
     bind_described(L);
+    lua_pushliteral(L, "mp.multinomial");
+    lua_pushcclosure(L, f_multinomial, 1);
+    lua_setfield(L, -2, "multinomial");
+    lua_getfield(L, -1, "Tensor");
+    lua_pushliteral(L, "Tensor:multinomial");
+    lua_pushcclosure(L, f_multinomial, 1);
+    lua_setfield(L, -2, "multinomial");
+    lua_pop(L, 1);
 }

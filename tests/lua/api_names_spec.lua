@@ -202,7 +202,8 @@ for cname, word in pairs(CLASS_WORD) do WORD_CLASS[word] = mp.nn[cname] end
 -- objects that have no class table to look in (a Lua policy, a hook's handle)
 local FREE = { ["t"] = "operators and t[i]", ["-t"] = "unary minus", ["a"] = "a ^ b", ["tostring"] = "tostring(t)",
                ["print"] = "print(t)", ["mpengine"] = "the command", ["policy:update"] = "a Lua policy",
-               ["policy:init"] = "a Lua policy" }
+               ["policy:init"] = "a Lua policy", ["help"] = "the REPL's global (mp.help)",
+               ["?name"] = "the REPL's ?name syntax" }
 
 -- true when the documented name exists, else false and why not
 local function exists(name, env)
@@ -266,7 +267,7 @@ local NOT_TENSOR_FIRST = {
   -- devices, memory, files and utilities
   set_default_device = true, default_device = true, memory = true, counters = true, empty_cache = true,
   reset_peak_memory = true, save = true, load = true, stale_saves = true, clock = true, isatty = true,
-  pretty = true,
+  pretty = true, help = true,
 }
 -- mp functions whose first argument is a tensor but which have no method, and why
 local FUNCTION_ONLY = {
@@ -277,6 +278,7 @@ local FUNCTION_ONLY = {
   cross_entropy = "nn functional (a loss)", mse_loss = "nn functional (a loss)",
   attention = "nn functional", conv2d = "nn functional", max_pool2d = "nn functional",
   avg_pool2d = "nn functional", adaptive_avg_pool2d = "nn functional",
+  lstm_cell = "nn functional (nn.LSTM's fused cell)", gru_cell = "nn functional (nn.GRU's fused cell)",
   -- its first argument is the condition: cond:where(a, b) would read wrongly
   -- (PyTorch's Tensor.where takes the condition second)
   where = "the condition comes first",
