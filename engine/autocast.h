@@ -1,5 +1,5 @@
 /*
- * autocast.h: automatic mixed precision for ops (DESIGN.md section 6).
+ * autocast.h: automatic mixed precision for ops (docs/DESIGN.md section 6).
  *
  * Inside an autocast region each op looks up its class by name (the defaults
  * are the classes in the ops' own descriptions, engine/op.h):

@@ -1,5 +1,5 @@
 /*
- * dist.h: processes that train together (mp.dist, DESIGN.md section 11).
+ * dist.h: processes that train together (mp.dist, docs/DESIGN.md section 11).
  *
  * One process per GPU (or per CPU share), started by mpirun. mp_dist_init
  * finds the world in the launcher's environment and loads MPI

@@ -1,5 +1,5 @@
 /*
- * io_safetensors.h: safetensors files (DESIGN.md section 8), the checkpoint format.
+ * io_safetensors.h: safetensors files (docs/DESIGN.md section 8), the checkpoint format.
  *
  * A file is an 8-byte little-endian header length N, N bytes of JSON header
  * {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,

@@ -5,7 +5,7 @@
  * contiguous f32 arena and their gradients into a second one, and each
  * parameter tensor keeps its identity (the same header, so every Lua reference
  * stays valid) while becoming a view into the arena. A step is then one fused
- * pass over contiguous memory (DESIGN.md section 4), with PyTorch's update
+ * pass over contiguous memory (docs/DESIGN.md section 4), with PyTorch's update
  * formulas in PyTorch's order of floating-point operations.
  */
 #ifndef MP_OPTIM_H

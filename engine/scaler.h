@@ -1,5 +1,5 @@
 /*
- * scaler.h: the loss scaler (DESIGN.md section 6).
+ * scaler.h: the loss scaler (docs/DESIGN.md section 6).
  *
  * It holds the scale (an f32, as PyTorch's GradScaler keeps it), the policy
  * with its counters, and what the current step found. unscale is one pass over

@@ -14,7 +14,7 @@
  * argument was checked once, in engine/. Nothing here knows about tensors,
  * autograd or Lua.
  *
- * Numerics (DESIGN.md section 3): an op on f16/bf16 data widens its inputs to f32,
+ * Numerics (docs/DESIGN.md section 3): an op on f16/bf16 data widens its inputs to f32,
  * computes in f32 and rounds its output once. An op on f64 data computes and
  * accumulates in f64 (the CPU's; other backends decline f64 in supports).
  */
@@ -148,7 +148,7 @@ typedef struct {
     int64_t hist[MP_HIST_BINS];
 } mp_grad_stats;
 
-/* ---- the loss scaler's state (DESIGN.md section 6) ----
+/* ---- the loss scaler's state (docs/DESIGN.md section 6) ----
  * It lives in the backend's memory (device memory on a GPU): the scale, what a
  * step found, the skip decision and the built-in policies' counters are read
  * and written by kernels only, so a training step with a built-in policy never

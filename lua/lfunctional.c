@@ -1,5 +1,5 @@
 /*
- * lfunctional.c: mp.softmax, mp.cross_entropy ... (API.md "Functional ops"), the
+ * lfunctional.c: mp.softmax, mp.cross_entropy ... (docs/API.md "Functional ops"), the
  * functions that op descriptions ask for (mp.relu, mp.tanh, ...: bind_described),
  * and grad mode (mp.no_grad, mp.set_grad_enabled, mp.is_grad_enabled).
  */

@@ -1,6 +1,6 @@
 /*
  * lmath.c: the math and reduction ops in both of their forms, mp.op(x, ...)
- * and x:op(...) (API.md "Tensor ops: math and reductions").
+ * and x:op(...) (docs/API.md "Tensor ops: math and reductions").
  *
  * Each op is one row: its name, the C function that reads its arguments from
  * argument 1 on, and the forms it is registered in. Both forms call the same

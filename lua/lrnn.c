@@ -1,5 +1,5 @@
 /*
- * lrnn.c: mp.lstm_cell and mp.gru_cell (API.md "Recurrent layers"), the fused
+ * lrnn.c: mp.lstm_cell and mp.gru_cell (docs/API.md "Recurrent layers"), the fused
  * cells under mp.nn.LSTM and mp.nn.GRU (lua/mp/nn/rnn.lua), for a model that
  * runs its own time loop.
  */

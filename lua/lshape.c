@@ -1,5 +1,5 @@
 /*
- * lshape.c: the shape and indexing ops (API.md "Tensor ops: shape and
+ * lshape.c: the shape and indexing ops (docs/API.md "Tensor ops: shape and
  * indexing"), each bound twice from one C function: as mp.<name>(x, ...) and
  * as the Tensor method x:<name>(...), which differ only in the name their
  * errors carry ("mp.gather: ..." or "Tensor:gather: ..."), upvalue 1 of each

@@ -12,7 +12,7 @@
 -- --policy must match this run's). --max-steps stops early (after K optimizer steps
 -- in all, skipped steps included).
 --
--- Mixed precision (DESIGN.md section 6): --amp f16|bf16 runs the forward pass and
+-- Mixed precision (docs/DESIGN.md section 6): --amp f16|bf16 runs the forward pass and
 -- the loss under mp.amp.autocast (matmuls in f16/bf16 with f32 accumulation, softmax
 -- and the loss in f32); the model keeps its FP32 master weights and Adam updates
 -- them. The loss goes through a GradScaler: a step whose gradients hold inf/NaN is

@@ -2,7 +2,7 @@
  * cuda.h: what the CUDA kernel files share.
  *
  * - Loading and storing every dtype as f32: f16/bf16 in, f32 compute, one
- *   rounding out, the same numerics as the CPU backend (DESIGN.md section 3);
+ *   rounding out, the same numerics as the CPU backend (docs/DESIGN.md section 3);
  *   by a runtime dtype (mp_ld, mp_st) or, in templated kernels, a compile-time
  *   one (mp_ty, mp_get, mp_put), and 16 bytes at a time (mp_ldv, mp_stv).
  * - Flush counting at every rounding to f16/bf16 (mp_tally, mp_stc).

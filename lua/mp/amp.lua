@@ -1,4 +1,4 @@
--- mp.amp: autocast and the loss scaler (API.md "amp", DESIGN.md section 6).
+-- mp.amp: autocast and the loss scaler (docs/API.md "Mixed precision (mp.amp)", docs/DESIGN.md section 6).
 --
 --   local _ <close> = mp.amp.autocast("f16")        -- or "bf16", or false inside a region
 --   local scaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{}}

@@ -1,4 +1,4 @@
--- mp.data: datasets and the batch loader (API.md, "data and files").
+-- mp.data: datasets and the batch loader (docs/API.md "Data and files").
 --
 --   mp.data.read_idx(path)              -> tensor (IDX file, gzip or raw)
 --   mp.data.fashion_mnist(split [, dir]) -> {images = u8 {N,28,28}, labels = i32 {N}}

@@ -1,4 +1,4 @@
--- mp.nn: neural-network modules after torch.nn (API.md "nn").
+-- mp.nn: neural-network modules after torch.nn (docs/API.md "nn: modules").
 --
 -- A module is a Lua table whose metatable is its class. Parameters and child
 -- modules live in two registries per instance (_parameters, _modules) with

@@ -1,5 +1,5 @@
 -- errors_spec.lua: every bad input raises a Lua error naming the function and
--- what was expected, and never crashes the process (DESIGN.md section 7).
+-- what was expected, and never crashes the process (docs/DESIGN.md section 7).
 -- Each bad call runs in a child lua5.4 (see helpers.lua: H.child), so that a
 -- crash fails one test instead of killing the whole run; the child reports the
 -- error message, which is checked here.

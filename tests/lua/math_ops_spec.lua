@@ -1,4 +1,4 @@
--- math_ops_spec.lua: the math and reduction ops (API.md "Tensor ops: math and
+-- math_ops_spec.lua: the math and reduction ops (docs/API.md "Tensor ops: math and
 -- reductions"): both forms, mp.op(x, ...) and x:op(...), for every name;
 -- values against Lua's maths, f16/bf16 computed in f32 and rounded once;
 -- gradients (mp.autograd.gradcheck in f64 where the device has it, central

@@ -1,4 +1,4 @@
--- memory_spec.lua: engine memory from Lua (DESIGN.md section 4): the binding
+-- memory_spec.lua: engine memory from Lua (docs/DESIGN.md section 4): the binding
 -- paces Lua's collector with the engine's bytes so that scripts never need
 -- collectgarbage(); __gc, __close and t:free() release tensors.
 -- LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" busted tests/lua/memory_spec.lua

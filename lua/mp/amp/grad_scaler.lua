@@ -1,4 +1,4 @@
--- mp.amp.GradScaler: the loss scaler (API.md "amp", DESIGN.md section 6).
+-- mp.amp.GradScaler: the loss scaler (docs/API.md "Mixed precision (mp.amp)", docs/DESIGN.md section 6).
 --
 --   local scaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{}}
 --   scaler:scale(loss):backward()

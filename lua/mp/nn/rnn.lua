@@ -1,4 +1,4 @@
--- mp.nn's recurrent layers: LSTM and GRU, after torch.nn's (API.md "Recurrent
+-- mp.nn's recurrent layers: LSTM and GRU, after torch.nn's (docs/API.md "Recurrent
 -- layers"). Parameter names, shapes, gate order and init are PyTorch's, so a
 -- PyTorch state dict loads one to one: weight_ih_l<k> {G*hidden, in},
 -- weight_hh_l<k> {G*hidden, hidden}, bias_ih_l<k> and bias_hh_l<k> {G*hidden},
