@@ -29,7 +29,7 @@ local nn = {}
 
 nn.Module = module.Module
 nn.is_module = module.is_module
-for _, file in ipairs{"mp.nn.containers", "mp.nn.layers", "mp.nn.conv"} do
+for _, file in ipairs{"mp.nn.containers", "mp.nn.layers", "mp.nn.conv", "mp.nn.attention"} do
   local part = require(file)
   for name, cls in pairs(part) do
     assert(nn[name] == nil, "mp.nn: two classes named " .. name)
