@@ -909,6 +909,76 @@ describe("mp.optim", function()
       assert.are.same({ false, true }, { g[1].centered, g[2].centered })
     end)
 
+    for _, kind in ipairs({ "RMSprop", "Adagrad" }) do
+      it(kind .. ": a step the loss scaler skips leaves parameters, state and step count as they were", function()
+        local ps = sgd_params()
+        local opt = kind == "RMSprop" and mp.optim.RMSprop(ps, { centered = true, momentum = 0.9 })
+                                       or mp.optim.Adagrad(ps, { lr_decay = 0.1 })
+        local sc = mp.amp.GradScaler{ policy = mp.amp.policy.dynamic{ init = 1024, interval = 2 } }
+        local function grads(bad)
+          ps[1].grad = mp.tensor({ { 1, 2, 3 }, { 4, bad and math.huge or 5, 6 } })
+          ps[2].grad = mp.tensor({ 0.5, -0.5 })
+        end
+        local function snap()
+          local sd = opt:state_dict()
+          local r = { bits(ps[1]), bits(ps[2]), opt.step_count }
+          for i = 0, 1 do
+            for _, k in ipairs(opt.state_names) do
+              if sd.state[i][k] then r[#r + 1] = k .. bits(sd.state[i][k]) end
+            end
+          end
+          return r
+        end
+        sc:scale(mp.tensor(1.0)); grads(false)
+        assert.is_true(sc:step(opt)); sc:update()
+        local before = snap()
+        assert.are.equal(1, opt.step_count)
+        sc:scale(mp.tensor(1.0)); grads(true)
+        assert.is_false(sc:step(opt)); sc:update()
+        assert.are.same(before, snap())
+        sc:scale(mp.tensor(1.0)); grads(false)
+        assert.is_true(sc:step(opt)); sc:update()
+        assert.are.equal(2, opt.step_count)
+        assert.are_not.same(before[1], bits(ps[1]))
+      end)
+    end
+
+    -- the f16/bf16 working copy autocast uses is the masters rounded after their steps
+    -- (the kernels write it in the same pass), as working_copy_spec checks for AdamW
+    for _, kind in ipairs({ "RMSprop", "Adagrad" }) do
+      it(kind .. ": the working copy autocast uses is the masters rounded after each step", function()
+        mp.manual_seed(5)
+        local w = mp.randn({ 6, 5 }, { requires_grad = true })
+        local x = mp.randn({ 4, 5 })
+        local opt = kind == "RMSprop" and mp.optim.RMSprop({ w }, { lr = 0.05, centered = true, momentum = 0.5 })
+                                       or mp.optim.Adagrad({ w }, { lr = 0.05 })
+        local function check(dtype, what)
+          local got, want
+          do
+            local _ <close> = mp.amp.autocast(dtype)
+            got = mp.linear(x, w)
+          end
+          do
+            local _ <close> = mp.no_grad()
+            want = mp.linear(x:to(dtype), w:detach():to(dtype))
+          end
+          H.assert_same(got:f32():totable(), want:f32():totable(), what)
+        end
+        for i, dtype in ipairs({ "f16", "f16", "bf16", "bf16" }) do
+          check(dtype, "before step " .. i)
+          opt:zero_grad()
+          local loss
+          do
+            local _ <close> = mp.amp.autocast(dtype)
+            loss = mp.linear(x, w):pow(2):mean()
+          end
+          loss:backward()
+          opt:step()
+          check(dtype, "after step " .. i)
+        end
+      end)
+    end
+
     it("centered and momentum turned on later make their state then, as zeros", function()
       local ps = sgd_params()
       local opt = mp.optim.RMSprop(ps)
