@@ -175,18 +175,23 @@ static mp_tensor *new_state(mp_optim *o, const mp_optim_desc *d)
     return t;
 }
 
+bool mp_optim_state_wanted(const mp_optim *o, int k)
+{
+    const mp_optim_desc *d = &mp_optim_kinds[o->cfg.kind];
+    if (k < 0 || k >= d->nstates) return false;
+    mp_state_need need = d->states_need_momentum ? MP_STATE_MOMENTUM : d->state_need[k];
+    bool any = need == MP_STATE_ALWAYS;
+    for (int g = 0; g < o->ngroups && !any; g++)
+        any = need == MP_STATE_MOMENTUM ? o->group[g].momentum != 0 : o->group[g].centered;
+    return any;
+}
+
 int mp_optim_ensure_state(mp_optim *o)
 {
     const mp_optim_desc *d = &mp_optim_kinds[o->cfg.kind];
-    bool momentum = false, centered = false;
-    for (int g = 0; g < o->ngroups; g++) momentum = momentum || o->group[g].momentum != 0, centered = centered || o->group[g].centered;
     mp_tensor **arena[MP_OPTIM_MAX_STATES] = {&o->state1, &o->state2, &o->state3};
-    for (int k = 0; k < d->nstates; k++) {
-        mp_state_need need = d->states_need_momentum ? MP_STATE_MOMENTUM : d->state_need[k];
-        bool want = need == MP_STATE_ALWAYS || (need == MP_STATE_MOMENTUM && momentum) ||
-                    (need == MP_STATE_CENTERED && centered);
-        if (want && !*arena[k] && !(*arena[k] = new_state(o, d))) return -1;
-    }
+    for (int k = 0; k < d->nstates; k++)
+        if (mp_optim_state_wanted(o, k) && !*arena[k] && !(*arena[k] = new_state(o, d))) return -1;
     return 0;
 }
 

@@ -70,6 +70,9 @@ int mp_optim_zero_grad(mp_optim *o);
 /* the view of an arena that belongs to parameter i (state arenas: NULL until created) */
 mp_tensor *mp_optim_view(mp_optim *o, mp_tensor *arena, int i);
 int mp_optim_ensure_state(mp_optim *o);
+/* state arena k (0-based) is needed by the hyperparameters now (an arena once made
+ * stays when they change: momentum set back to 0 keeps the buffer) */
+bool mp_optim_state_wanted(const mp_optim *o, int k);
 
 /* total 2-norm of the gradients of n tensors; scale them so it is at most max_norm */
 int mp_clip_grad_norm(int n, mp_tensor *const *params, double max_norm, double *total);

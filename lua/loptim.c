@@ -222,6 +222,11 @@ static int o_index(lua_State *L)
         lua_createtable(L, d->nstates, 0);
         for (int i = 0; i < d->nstates; i++) lua_pushstring(L, d->state_names[i]), lua_rawseti(L, -2, i + 1);
     }
+    else if (strcmp(k, "state_wanted") == 0) {   /* state1.. needed by the hyperparameters now */
+        const mp_optim_desc *d = &mp_optim_kinds[o->cfg.kind];
+        lua_createtable(L, d->nstates, 0);
+        for (int i = 0; i < d->nstates; i++) lua_pushboolean(L, mp_optim_state_wanted(o, i)), lua_rawseti(L, -2, i + 1);
+    }
     else if (strcmp(k, "numel") == 0) lua_pushinteger(L, o->numel);
     else if (strcmp(k, "ngroups") == 0) lua_pushinteger(L, o->ngroups);
     else lua_pushnil(L);

@@ -159,9 +159,10 @@ end
 -- momentum_buffer, grad_avg; sum). _views creates those the hyperparameters need.
 local function state_arenas(opt)
   local r = {}
+  local wanted = opt.state_wanted
   for k, name in ipairs(opt.state_names) do
     local v = opt:_views("state" .. k)
-    if v then r[#r + 1] = {name = name, views = v} end
+    if v then r[#r + 1] = {name = name, views = v, wanted = wanted[k]} end
   end
   return r
 end
@@ -264,14 +265,18 @@ function methods.load_state_dict(opt, sd)
     for _, a in ipairs(arenas) do
       local k, t = a.name, st[a.name]
       local okt, same = pcall(same_shape, t or {}, values[i + 1])
-      if t == nil or not okt or not same then
+      -- a state the loaded hyperparameters do not use (momentum 0, not centered) may be absent
+      if (t ~= nil or a.wanted) and (t == nil or not okt or not same) then
         undo()
         error(string.format("%s: state[%d].%s is missing or does not match parameter %d's shape", name, i, k, i + 1), 2)
       end
     end
   end
   for i, st in pairs(state) do
-    for _, a in ipairs(arenas) do a.views[i + 1]:copy_(st[a.name]) end
+    for _, a in ipairs(arenas) do
+      local v = a.views[i + 1]
+      v:copy_(st[a.name] or core.zeros(v.shape, {device = v.device}))
+    end
   end
   opt.step_count = group.step or 0
   local sched = schedules[opt]

@@ -979,6 +979,28 @@ describe("mp.optim", function()
       end)
     end
 
+    it("a state dict without the states its hyperparameters do not use loads; those are zeroed", function()
+      local a, b = sgd_params(), sgd_params()
+      local A = mp.optim.RMSprop(a, { centered = true, momentum = 0.9 })
+      local B = mp.optim.RMSprop(b)
+      for _, p in ipairs(a) do p.grad = mp.ones(p.shape) end
+      for _, p in ipairs(b) do p.grad = mp.ones(p.shape) end
+      A:step()
+      B:step()
+      A:load_state_dict(B:state_dict())
+      assert.are.same({ false, 0 }, { A.centered, A.momentum })
+      local sd = A:state_dict()
+      assert.are.same(values(B:state_dict().state[0].square_avg), values(sd.state[0].square_avg))
+      assert.are.same(values(mp.zeros({ 2, 3 })), values(sd.state[0].grad_avg))
+      -- the other way, a centered state dict into a plain optimizer, brings its states along
+      local C = mp.optim.RMSprop(sgd_params())
+      A.centered = true
+      A:step()
+      C:load_state_dict(A:state_dict())
+      assert.is_true(C.centered)
+      assert.are.same(values(A:state_dict().state[1].grad_avg), values(C:state_dict().state[1].grad_avg))
+    end)
+
     it("centered and momentum turned on later make their state then, as zeros", function()
       local ps = sgd_params()
       local opt = mp.optim.RMSprop(ps)
