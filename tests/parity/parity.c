@@ -965,10 +965,14 @@ static void cases_optim_and_scaler(void)
     static const char *kn[] = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
     _Static_assert(sizeof kn / sizeof kn[0] == MP_NOPTIM_KINDS, "a parity case for every optimizer kind");
     pcase c;
-    for (int kind = MP_SGD; kind < MP_NOPTIM_KINDS; kind++) {
+    /* each kind once; RMSprop a second time plain (not centered, no momentum, no weight decay) */
+    for (int it = MP_SGD; it <= MP_NOPTIM_KINDS; it++) {
+        int kind = it < MP_NOPTIM_KINDS ? it : MP_RMSPROP;
+        bool plain = it == MP_NOPTIM_KINDS;
         /* three steps (the bias corrections and SGD's first step come from the
          * step count on the device), then one the skip flag leaves out */
-        if (!begin(&c, "optim_count + optim_step %s n=4099, 3 steps and a skipped one, with a working copy%s", kn[kind], "")) continue;
+        if (!begin(&c, "optim_count + optim_step %s n=4099, 3 steps and a skipped one, with a working copy%s", kn[kind],
+                   plain ? " (plain: not centered, no momentum)" : "")) continue;
         int n = 4099;
         int p = buf(&c, MP_F32, n, 0, -1, 1), g = buf(&c, MP_F32, n, 0, -1, 1);
         /* Adagrad's sum and RMSprop's square_avg are >= 0 (s1); RMSprop's momentum buffer (s2) and
@@ -988,9 +992,10 @@ static void cases_optim_and_scaler(void)
                            .one_minus_beta2 = 0.001f, .decay = 1 - 1e-4f, .lr_d = 1e-2, .beta1_d = 0.9,
                            .beta2_d = 0.999, .alpha = 0.99f, .one_minus_alpha = 0.01f, .centered = 1,
                            .lr_decay_d = 0.01};
+        if (plain) a.centered = 0, a.momentum = 0, a.weight_decay = 0;
         mp_optim_args ar = a, ad = a;   /* RMSprop centered (and with momentum): grad_avg in s3 */
-        ar.s3 = kind == MP_RMSPROP ? c.ref[s3] : NULL;
-        ad.s3 = kind == MP_RMSPROP ? c.dev[s3] : NULL;
+        ar.s3 = kind == MP_RMSPROP && !plain ? c.ref[s3] : NULL;
+        ad.s3 = kind == MP_RMSPROP && !plain ? c.dev[s3] : NULL;
         for (int t = 0; t < 4; t++) {
             const int32_t *sr = t == 3 ? c.ref[skip] : NULL, *sd = t == 3 ? c.dev[skip] : NULL;
             REF->optim_count(REF->ctx, c.ref[step], sr);
