@@ -29,6 +29,17 @@ int mp_optim_check_config(const mp_optim_config *c)
         if (!(c->beta2 >= 0 && c->beta2 < 1)) return mp_fail(MP_EINVAL, "betas[2] must be in [0, 1) (got %g)", c->beta2);
         if (!(c->eps >= 0)) return mp_fail(MP_EINVAL, "eps must be >= 0 (got %g)", c->eps);
         return 0;
+    case MP_RULE_RMSPROP:
+        if (!(c->alpha >= 0)) return mp_fail(MP_EINVAL, "alpha must be >= 0 (got %g)", c->alpha);
+        if (!(c->eps >= 0)) return mp_fail(MP_EINVAL, "eps must be >= 0 (got %g)", c->eps);
+        if (!(c->momentum >= 0)) return mp_fail(MP_EINVAL, "momentum must be >= 0 (got %g)", c->momentum);
+        return 0;
+    case MP_RULE_ADAGRAD:
+        if (!(c->lr_decay >= 0)) return mp_fail(MP_EINVAL, "lr_decay must be >= 0 (got %g)", c->lr_decay);
+        if (!(c->initial_accumulator_value >= 0))
+            return mp_fail(MP_EINVAL, "initial_accumulator_value must be >= 0 (got %g)", c->initial_accumulator_value);
+        if (!(c->eps >= 0)) return mp_fail(MP_EINVAL, "eps must be >= 0 (got %g)", c->eps);
+        return 0;
     }
     return mp_fail(MP_EINVAL, "unknown optimizer rule %d", (int)d->rule);
 }
@@ -142,6 +153,7 @@ void mp_optim_free(mp_optim *o)
     for (int i = 0; i < o->n; i++) mp_release(o->params[i]);
     if (o->values) o->values->st->arena = false;
     mp_release(o->values), mp_release(o->grads), mp_release(o->counter), mp_release(o->state1), mp_release(o->state2);
+    mp_release(o->state3);
     free(o->params);
     free(o->offsets);
     free(o->group);
@@ -149,14 +161,37 @@ void mp_optim_free(mp_optim *o)
     free(o);
 }
 
+/* a new state arena: zeros, or each group's initial_accumulator_value (Adagrad) */
+static mp_tensor *new_state(mp_optim *o, const mp_optim_desc *d)
+{
+    mp_tensor *t = mp_full(MP_F32, o->values->dev, 1, &o->numel, d->state_init ? o->group[0].initial_accumulator_value : 0);
+    for (int g = 1; t && d->state_init && g < o->ngroups; g++) {
+        double v = o->group[g].initial_accumulator_value;
+        if (v == o->group[0].initial_accumulator_value) continue;
+        int lo = o->first[g], hi = o->first[g + 1];
+        int64_t off = o->offsets[lo], len = (hi < o->n ? o->offsets[hi] : o->numel) - off;
+        MP_K(t, fill, (float *)mp_data(t) + off, MP_F32, len, v);
+    }
+    return t;
+}
+
+bool mp_optim_state_wanted(const mp_optim *o, int k)
+{
+    const mp_optim_desc *d = &mp_optim_kinds[o->cfg.kind];
+    if (k < 0 || k >= d->nstates) return false;
+    mp_state_need need = d->states_need_momentum ? MP_STATE_MOMENTUM : d->state_need[k];
+    bool any = need == MP_STATE_ALWAYS;
+    for (int g = 0; g < o->ngroups && !any; g++)
+        any = need == MP_STATE_MOMENTUM ? o->group[g].momentum != 0 : o->group[g].centered;
+    return any;
+}
+
 int mp_optim_ensure_state(mp_optim *o)
 {
     const mp_optim_desc *d = &mp_optim_kinds[o->cfg.kind];
-    bool want = !d->states_need_momentum;
-    for (int g = 0; g < o->ngroups; g++) want = want || o->group[g].momentum != 0;
-    bool one = want && d->nstates >= 1, two = want && d->nstates >= 2;
-    if (one && !o->state1 && !(o->state1 = mp_full(MP_F32, o->values->dev, 1, &o->numel, 0))) return -1;
-    if (two && !o->state2 && !(o->state2 = mp_full(MP_F32, o->values->dev, 1, &o->numel, 0))) return -1;
+    mp_tensor **arena[MP_OPTIM_MAX_STATES] = {&o->state1, &o->state2, &o->state3};
+    for (int k = 0; k < d->nstates; k++)
+        if (mp_optim_state_wanted(o, k) && !*arena[k] && !(*arena[k] = new_state(o, d))) return -1;
     return 0;
 }
 
@@ -216,6 +251,8 @@ static mp_optim_args args_of(const mp_optim_config *c)
         .one_minus_dampening = (float)(1 - c->dampening), .one_minus_beta1 = (float)(1 - c->beta1),
         .one_minus_beta2 = (float)(1 - c->beta2), .decay = (float)(1 - c->lr * c->weight_decay),
         .lr_d = c->lr, .beta1_d = c->beta1, .beta2_d = c->beta2, .nesterov = c->nesterov,
+        .alpha = (float)c->alpha, .one_minus_alpha = (float)(1 - c->alpha), .centered = c->centered,
+        .lr_decay_d = c->lr_decay,
     };
 }
 
@@ -224,6 +261,7 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
     if (mp_optim_ensure_state(o) || mp_optim_sync_grads(o)) return -1;
     float *p = mp_data(o->values), *g = mp_data(o->grads);
     float *s1 = o->state1 ? mp_data(o->state1) : NULL, *s2 = o->state2 ? mp_data(o->state2) : NULL;
+    float *s3 = o->state3 ? mp_data(o->state3) : NULL;
     int64_t *step = mp_data(o->counter);
     const mp_backend *be = mp_be(o->values);
     /* casts of these parameters made before now are stale, but the working copy
@@ -243,6 +281,7 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
         for (int i = lo; i < hi && all; i++) all = o->params[i]->grad != NULL;
         if (all) {   /* the usual case: one pass over the group's range of the arena */
             int64_t off = o->offsets[lo], len = (hi < o->n ? o->offsets[hi] : o->numel) - off;
+            a.s3 = s3 ? s3 + off : NULL;
             be->optim_step(be->ctx, o->cfg.kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL, len, &a,
                            step, skip, lp ? lp + (size_t)off * les : NULL, lpt);
             continue;
@@ -252,6 +291,7 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
         for (int i = lo; i < hi; i++) {
             if (!o->params[i]->grad) continue;
             int64_t off = o->offsets[i];
+            a.s3 = s3 ? s3 + off : NULL;
             be->optim_step(be->ctx, o->cfg.kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL,
                            o->params[i]->numel, &a, step, skip, lp ? lp + (size_t)off * les : NULL, lpt);
         }
@@ -322,6 +362,35 @@ int mp_clip_grad_norm(int n, mp_tensor *const *ps, double max_norm, double *tota
         }
     }
     mp_release(range);
+    return 0;
+}
+
+/* one gradient clamped in place: where(g > c, c, g), then where(g < -c, -c, g),
+ * with the backends' comparisons and where (exact, as torch.clamp; NaN fails
+ * both comparisons and stays) */
+static int clamp_grad(mp_tensor *g, double c)
+{
+    int64_t n = g->numel;
+    for (int side = 0; side < 2; side++) {
+        mp_tensor *bound = mp_full(g->dtype, g->dev, g->ndim, g->shape, side ? -c : c);
+        mp_tensor *cond = bound ? mp_binary(side ? MP_LT : MP_GT, g, bound) : NULL;
+        if (cond) MP_K(g, where, g->dtype, mp_data(g), mp_data(cond), mp_data(bound), mp_data(g), n);
+        mp_release(bound);
+        if (!cond) return -1;
+        mp_release(cond);
+    }
+    return 0;
+}
+
+int mp_clip_grad_value(int n, mp_tensor *const *ps, double clip_value)
+{
+    if (!(clip_value >= 0) || !isfinite(clip_value))
+        return mp_fail(MP_EINVAL, "clip_value must be a finite number >= 0 (got %g)", clip_value);
+    for (int i = 0; i < n; i++) {
+        mp_tensor *g = ps[i]->grad;
+        if (!g) continue;
+        if (clamp_grad(g, clip_value)) return -1;
+    }
     return 0;
 }
 

@@ -29,6 +29,7 @@ typedef struct mp_optim {
     int64_t *offsets;              /* each parameter's first element in the arenas */
     mp_tensor *values, *grads;     /* f32 {numel} arenas */
     mp_tensor *state1, *state2;    /* momentum / exp_avg and exp_avg_sq, NULL until needed */
+    mp_tensor *state3;             /* RMSprop's grad_avg (centered), NULL until needed */
     mp_tensor *counter;            /* the step count: one int64 in the backend's memory */
     int64_t numel;
     /* called first by mp_optim_free: whoever attached itself to the optimizer
@@ -69,8 +70,13 @@ int mp_optim_zero_grad(mp_optim *o);
 /* the view of an arena that belongs to parameter i (state arenas: NULL until created) */
 mp_tensor *mp_optim_view(mp_optim *o, mp_tensor *arena, int i);
 int mp_optim_ensure_state(mp_optim *o);
+/* state arena k (0-based) is needed by the hyperparameters now (an arena once made
+ * stays when they change: momentum set back to 0 keeps the buffer) */
+bool mp_optim_state_wanted(const mp_optim *o, int k);
 
 /* total 2-norm of the gradients of n tensors; scale them so it is at most max_norm */
 int mp_clip_grad_norm(int n, mp_tensor *const *params, double max_norm, double *total);
+/* clamp the gradients of n tensors in place into [-clip_value, clip_value] (NaN stays NaN) */
+int mp_clip_grad_value(int n, mp_tensor *const *params, double clip_value);
 
 #endif

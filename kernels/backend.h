@@ -118,18 +118,26 @@ static inline int mp_bcast_coalesce(const mp_bcast *in, mp_bcast *bc)
  * that a step the loss scaler skips on the device is not counted; the bias
  * corrections that depend on it are computed by the kernel from the doubles
  * below, as PyTorch computes them in Python (kernels/step_rules.h). */
-typedef enum { MP_SGD, MP_ADAM, MP_ADAMW } mp_optim_kind;
+typedef enum { MP_SGD, MP_ADAM, MP_ADAMW, MP_RMSPROP, MP_ADAGRAD } mp_optim_kind;
 /* the number of kinds: a new kind goes last and this names it. The engine's
  * descriptor of each kind (engine/optim.h: mp_optim_kinds) is checked against
  * it, and the kernels' switches over the kind have no default: a new kind is
  * a compile error (-Wswitch) at each step rule that must learn it */
-#define MP_NOPTIM_KINDS (MP_ADAMW + 1)
+#define MP_NOPTIM_KINDS (MP_ADAGRAD + 1)
 typedef struct {
     float lr, momentum, weight_decay, beta1, beta2, eps;
     /* 1 - x factors, computed in double and rounded once as PyTorch does in Python */
     float one_minus_dampening, one_minus_beta1, one_minus_beta2, decay;   /* decay: 1 - lr*wd */
     double lr_d, beta1_d, beta2_d; /* for Adam's bias corrections */
     int nesterov;
+    /* RMSprop: alpha and 1 - alpha; centered keeps grad_avg in s3. Adagrad:
+     * lr / (1 + (step - 1) * lr_decay) from lr_d and lr_decay_d at the step */
+    float alpha, one_minus_alpha;
+    int centered;
+    double lr_decay_d;
+    /* a third state array (RMSprop's grad_avg when centered; NULL: none), in
+     * the same backend memory as s1 and s2, at the same offset as p */
+    float *s3;
 } mp_optim_args;
 
 /* What the loss scaler's unscale pass measures over a run of scaled f32

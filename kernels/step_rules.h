@@ -189,4 +189,11 @@ MP_HD void mp_adam_bias(const mp_optim_args *a, int64_t step, float *step_size, 
     *bc2_sqrt = (float)sqrt(bc2);
 }
 
+/* Adagrad's lr at a step count, in double as PyTorch computes it in Python,
+ * rounded once: lr / (1 + (step - 1) * lr_decay) */
+MP_HD float mp_adagrad_clr(const mp_optim_args *a, int64_t step)
+{
+    return (float)(a->lr_d / (1 + (double)(step - 1) * a->lr_decay_d));
+}
+
 #endif

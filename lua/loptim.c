@@ -1,5 +1,5 @@
 /*
- * loptim.c: the Optimizer userdata (engine/optim.h) behind mp.optim.SGD/Adam/AdamW
+ * loptim.c: the Optimizer userdata (engine/optim.h) behind mp.optim.SGD/Adam/AdamW/RMSprop/Adagrad
  * (lua/mp/optim.lua adds defaults, state_dict and friends). Hyperparameters are
  * fields: opt.lr reads and writes the engine's copy.
  */
@@ -30,7 +30,12 @@ static mp_optim_config read_config(lua_State *L, int t, mp_optim_config c, const
     c.beta1 = lb_number_field(L, t, "beta1", c.beta1, name);
     c.beta2 = lb_number_field(L, t, "beta2", c.beta2, name);
     c.eps = lb_number_field(L, t, "eps", c.eps, name);
+    c.alpha = lb_number_field(L, t, "alpha", c.alpha, name);
+    c.lr_decay = lb_number_field(L, t, "lr_decay", c.lr_decay, name);
+    c.initial_accumulator_value = lb_number_field(L, t, "initial_accumulator_value", c.initial_accumulator_value, name);
     if (lua_getfield(L, t, "nesterov") != LUA_TNIL) c.nesterov = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (lua_getfield(L, t, "centered") != LUA_TNIL) c.centered = lua_toboolean(L, -1);
     lua_pop(L, 1);
     return c;
 }
@@ -98,11 +103,14 @@ static int o_group(lua_State *L)
     lua_Integer g = luaL_checkinteger(L, 2);
     if (g < 1 || g > o->ngroups) return luaL_error(L, "Optimizer: group %I out of range 1..%d", g, o->ngroups);
     const mp_optim_config *c = &o->group[g - 1];
-    lua_createtable(L, 0, 9);
-    const double v[7] = {c->lr, c->momentum, c->dampening, c->weight_decay, c->beta1, c->beta2, c->eps};
-    static const char *k[7] = {"lr", "momentum", "dampening", "weight_decay", "beta1", "beta2", "eps"};
-    for (int i = 0; i < 7; i++) lua_pushnumber(L, v[i]), lua_setfield(L, -2, k[i]);
+    lua_createtable(L, 0, 13);
+    const double v[10] = {c->lr, c->momentum, c->dampening, c->weight_decay, c->beta1, c->beta2, c->eps,
+                          c->alpha, c->lr_decay, c->initial_accumulator_value};
+    static const char *k[10] = {"lr", "momentum", "dampening", "weight_decay", "beta1", "beta2", "eps",
+                                "alpha", "lr_decay", "initial_accumulator_value"};
+    for (int i = 0; i < 10; i++) lua_pushnumber(L, v[i]), lua_setfield(L, -2, k[i]);
     lua_pushboolean(L, c->nesterov), lua_setfield(L, -2, "nesterov");
+    lua_pushboolean(L, c->centered), lua_setfield(L, -2, "centered");
     lua_pushinteger(L, o->first[g] - o->first[g - 1]), lua_setfield(L, -2, "size");
     return 1;
 }
@@ -158,14 +166,14 @@ static int o_zero_grad(lua_State *L)
 }
 
 /* o:_views(which) -> list of per-parameter views of an arena ("values", "grads",
- * "state1", "state2"), creating the state arenas when asked for */
+ * "state1", "state2", "state3"), creating the state arenas when asked for */
 static int o_views(lua_State *L)
 {
     mp_optim *o = check_optim(L, 1);
-    static const char *which[] = {"values", "grads", "state1", "state2", NULL};
+    static const char *which[] = {"values", "grads", "state1", "state2", "state3", NULL};
     int w = luaL_checkoption(L, 2, NULL, which);
     if (w >= 2 && mp_optim_ensure_state(o)) return lt_error(L, "Optimizer:_views");
-    mp_tensor *arena = w == 0 ? o->values : w == 1 ? o->grads : w == 2 ? o->state1 : o->state2;
+    mp_tensor *arena = w == 0 ? o->values : w == 1 ? o->grads : w == 2 ? o->state1 : w == 3 ? o->state2 : o->state3;
     if (!arena) { lua_pushnil(L); return 1; }
     lua_createtable(L, o->n, 0);
     for (int i = 0; i < o->n; i++) {
@@ -186,6 +194,9 @@ static double *config_field(mp_optim_config *c, const char *k)
     if (strcmp(k, "beta1") == 0) return &c->beta1;
     if (strcmp(k, "beta2") == 0) return &c->beta2;
     if (strcmp(k, "eps") == 0) return &c->eps;
+    if (strcmp(k, "alpha") == 0) return &c->alpha;
+    if (strcmp(k, "lr_decay") == 0) return &c->lr_decay;
+    if (strcmp(k, "initial_accumulator_value") == 0) return &c->initial_accumulator_value;
     return NULL;
 }
 
@@ -204,6 +215,18 @@ static int o_index(lua_State *L)
         lua_pushinteger(L, step);
     }
     else if (strcmp(k, "nesterov") == 0) lua_pushboolean(L, o->cfg.nesterov);
+    else if (strcmp(k, "centered") == 0) lua_pushboolean(L, o->cfg.centered);
+    else if (strcmp(k, "kind") == 0) lua_pushstring(L, mp_optim_kinds[o->cfg.kind].name);
+    else if (strcmp(k, "state_names") == 0) {   /* state1.. as state_dict names them (the kind's description) */
+        const mp_optim_desc *d = &mp_optim_kinds[o->cfg.kind];
+        lua_createtable(L, d->nstates, 0);
+        for (int i = 0; i < d->nstates; i++) lua_pushstring(L, d->state_names[i]), lua_rawseti(L, -2, i + 1);
+    }
+    else if (strcmp(k, "state_wanted") == 0) {   /* state1.. needed by the hyperparameters now */
+        const mp_optim_desc *d = &mp_optim_kinds[o->cfg.kind];
+        lua_createtable(L, d->nstates, 0);
+        for (int i = 0; i < d->nstates; i++) lua_pushboolean(L, mp_optim_state_wanted(o, i)), lua_rawseti(L, -2, i + 1);
+    }
     else if (strcmp(k, "numel") == 0) lua_pushinteger(L, o->numel);
     else if (strcmp(k, "ngroups") == 0) lua_pushinteger(L, o->ngroups);
     else lua_pushnil(L);
@@ -215,8 +238,9 @@ static int o_newindex(lua_State *L)
     mp_optim *o = check_optim(L, 1);
     const char *k = luaL_checkstring(L, 2);
     mp_optim_config c = o->cfg;   /* changed here, checked and set by the engine */
-    if (strcmp(k, "nesterov") == 0) {
-        c.nesterov = lua_toboolean(L, 3);
+    if (strcmp(k, "nesterov") == 0 || strcmp(k, "centered") == 0) {
+        if (k[0] == 'n') c.nesterov = lua_toboolean(L, 3);
+        else c.centered = lua_toboolean(L, 3);
         mp_clear_error();
         if (mp_optim_set_config(o, &c)) return lt_error(L, "Optimizer");
         return 0;
@@ -268,6 +292,16 @@ static int o_clip_grad_norm(lua_State *L)
     return 1;
 }
 
+static int o_clip_grad_value(lua_State *L)
+{
+    double clip = luaL_checknumber(L, 2);
+    int n;
+    mp_tensor **ps = lb_tensor_list(L, 1, 1 << 24, "params", "mp.optim.clip_grad_value", &n);
+    mp_clear_error();
+    if (mp_clip_grad_value(n, ps, clip)) return lt_error(L, "mp.optim.clip_grad_value");
+    return 0;
+}
+
 static const luaL_Reg meth[] = {
     {"step", o_step}, {"zero_grad", o_zero_grad}, {"_views", o_views}, {"free", o_free},
     {"_group", o_group}, {"_set_group", o_set_group}, {NULL, NULL}
@@ -290,6 +324,8 @@ void mp_open_optim(lua_State *L)
     lua_setfield(L, -2, "_optimizer");
     lua_pushcfunction(L, o_clip_grad_norm);
     lua_setfield(L, -2, "_clip_grad_norm");
+    lua_pushcfunction(L, o_clip_grad_value);
+    lua_setfield(L, -2, "_clip_grad_value");
     lua_pushcfunction(L, o_dist_attach);
     lua_setfield(L, -2, "_dist_attach");
     lua_pushcfunction(L, o_dist_reduce);

@@ -9,7 +9,7 @@
  * optimizer kernels read the skip flag themselves. A training step with a
  * built-in policy therefore never waits for the GPU.
  *
- * - optim_step: SGD, Adam and AdamW as one fused pass over flat f32 arrays, with
+ * - optim_step: SGD, Adam and AdamW (RMSprop and Adagrad below them, one value per thread) as one fused pass over flat f32 arrays, with
  *   128-bit loads and stores where the arrays are 16-byte aligned, that also
  *   writes the parameters' f16/bf16 working copy for autocast when there is one, element by
  *   element with the float operations of cpu_optim.c in the same order
@@ -123,6 +123,62 @@ __global__ void optim_kernel(float *__restrict__ p, const float *__restrict__ g,
     }
 }
 
+/* RMSprop and Adagrad: one value per thread (no 128-bit path: RMSprop's
+ * states are optional), the operations of cpu_optim.c in the same order. The
+ * third state (a->s3) is a pointer argument of its own, not read from the
+ * struct, so that every array the kernel writes is an argument. */
+static __device__ __forceinline__ void rmsprop_one(const mp_optim_args &a, float &p, float g, float *sq, float *buf,
+                                                   float *ga)
+{
+    float gi = g;
+    if (a.weight_decay != 0.0f) gi = __fadd_rn(gi, __fmul_rn(a.weight_decay, p));
+    float s = __fadd_rn(__fmul_rn(*sq, a.alpha), __fmul_rn(__fmul_rn(a.one_minus_alpha, gi), gi));
+    *sq = s;
+    float avg;
+    if (a.centered) {
+        float m = __fadd_rn(__fmul_rn(*ga, a.alpha), __fmul_rn(a.one_minus_alpha, gi));
+        *ga = m;
+        avg = __fsqrt_rn(__fadd_rn(s, __fmul_rn(-m, m)));
+    } else {
+        avg = __fsqrt_rn(s);
+    }
+    avg = __fadd_rn(avg, a.eps);
+    if (a.momentum > 0.0f) {
+        float b = __fadd_rn(__fmul_rn(*buf, a.momentum), __fdiv_rn(gi, avg));
+        *buf = b;
+        p = __fadd_rn(p, __fmul_rn(-a.lr, b));
+    } else {
+        p = __fadd_rn(p, __fdiv_rn(__fmul_rn(-a.lr, gi), avg));
+    }
+}
+
+static __device__ __forceinline__ void adagrad_one(const mp_optim_args &a, float nclr, float &p, float g, float *sum)
+{
+    float gi = g;
+    if (a.weight_decay != 0.0f) gi = __fadd_rn(gi, __fmul_rn(a.weight_decay, p));
+    float s = __fadd_rn(*sum, __fmul_rn(gi, gi));
+    *sum = s;
+    p = __fadd_rn(p, __fdiv_rn(__fmul_rn(nclr, gi), __fadd_rn(__fsqrt_rn(s), a.eps)));
+}
+
+template <int KIND>   /* MP_RMSPROP, MP_ADAGRAD */
+__global__ void optim_kernel_1(float *__restrict__ p, const float *__restrict__ g, float *__restrict__ s1,
+                               float *__restrict__ s2, float *__restrict__ s3, int64_t n, mp_optim_args a,
+                               const int64_t *step, const int32_t *skip, void *__restrict__ lowp, mp_dtype lowp_dt)
+{
+    static_assert(KIND == MP_RMSPROP || KIND == MP_ADAGRAD, "a new optimizer kind needs its update here");
+    if (skip && *skip) return;
+    float nclr = 0;
+    if (KIND == MP_ADAGRAD) nclr = -mp_adagrad_clr(&a, *step);
+    MP_FOR(i, n) {
+        float pp = p[i];
+        if (KIND == MP_RMSPROP) rmsprop_one(a, pp, g[i], &s1[i], s2 ? &s2[i] : NULL, s3 ? &s3[i] : NULL);
+        else adagrad_one(a, nclr, pp, g[i], &s1[i]);
+        p[i] = pp;
+        if (lowp) mp_st(lowp_dt, lowp, i, pp);
+    }
+}
+
 __global__ void optim_count_kernel(int64_t *step, const int32_t *skip)
 {
     if (!(skip && *skip)) ++*step;
@@ -149,6 +205,16 @@ void mp_cuda_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *
     case MP_SGD: STEP(MP_SGD); break;
     case MP_ADAM: STEP(MP_ADAM); break;
     case MP_ADAMW: STEP(MP_ADAMW); break;
+    case MP_RMSPROP:
+        MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, optim_kernel_1<MP_RMSPROP>, p, g, s1, s2, a->s3, n, *a, step,
+                  skip,
+                  lowp, lowp_dt);
+        break;
+    case MP_ADAGRAD:
+        MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, optim_kernel_1<MP_ADAGRAD>, p, g, s1, s2, a->s3, n, *a, step,
+                  skip,
+                  lowp, lowp_dt);
+        break;
     }
 #undef STEP
     MP_LAUNCHED("optim_step");

@@ -1,4 +1,4 @@
--- mp.optim: SGD, Adam and AdamW with PyTorch's defaults and update rules, over
+-- mp.optim: SGD, Adam, AdamW, RMSprop and Adagrad with PyTorch's defaults and update rules, over
 -- flat parameter/gradient arenas in C (lua/loptim.c, engine/optim.c), plus
 -- state_dict/load_state_dict and gradient clipping.
 local core = require "mp.core"
@@ -117,7 +117,25 @@ end
 optim.Adam = adam("adam", "mp.optim.Adam")
 optim.AdamW = adam("adamw", "mp.optim.AdamW")
 
-local HYPER = {"lr", "momentum", "dampening", "weight_decay", "beta1", "beta2", "eps"}
+-- RMSprop and Adagrad: their options go to the engine as they are
+local function plain(kind, name, spec)
+  return function(params, opts)
+    check_params(name, params)
+    opts = check_options(name, opts, spec .. " dist:any")
+    local groups = is_groups(params) and group_list(name, params, spec) or nil
+    local cfg = {}
+    for k in spec:gmatch("(%w[%w_]*):") do cfg[k] = opts[k] end
+    local opt = call(core._optimizer, kind, params, cfg, groups)
+    attach_dist(name, opt, opts.dist)
+    return opt
+  end
+end
+optim.RMSprop = plain("rmsprop", "mp.optim.RMSprop", "lr:any alpha:any eps:any weight_decay:any momentum:any centered:any")
+optim.Adagrad = plain("adagrad", "mp.optim.Adagrad",
+                      "lr:any lr_decay:any weight_decay:any initial_accumulator_value:any eps:any")
+
+local HYPER = {"lr", "momentum", "dampening", "weight_decay", "beta1", "beta2", "eps",
+               "alpha", "lr_decay", "initial_accumulator_value"}
 
 -- opt:param_groups() -> a list with one live view per group: g.lr reads the
 -- engine's value and g.lr = x sets it (checked), g.size is its parameter count.
@@ -136,12 +154,26 @@ function methods.param_groups(opt)
   return r
 end
 
--- {state = {[i] = {...}}, param_groups = {{lr=, ..., step=}}} with copies of the state tensors
+-- the state arenas that exist, as {name, per-parameter views}: state1.. named
+-- by the kind's description (momentum_buffer; exp_avg, exp_avg_sq; square_avg,
+-- momentum_buffer, grad_avg; sum). _views creates those the hyperparameters need.
+local function state_arenas(opt)
+  local r = {}
+  local wanted = opt.state_wanted
+  for k, name in ipairs(opt.state_names) do
+    local v = opt:_views("state" .. k)
+    if v then r[#r + 1] = {name = name, views = v, wanted = wanted[k]} end
+  end
+  return r
+end
+
+-- {state = {[i] = {...}}, param_groups = {{lr=, ..., step=, params = {i...}}}} with copies
+-- of the state tensors. i is 0-based, as PyTorch's integer ids in parameter order.
 function methods.state_dict(opt)
-  local groups, first = {}, 1
+  local groups, first = {}, 0
   for i = 1, opt.ngroups do   -- PyTorch's layout: each group's hyperparameters and its parameters' indices
     local g = opt:_group(i)
-    local group = {step = opt.step_count, nesterov = g.nesterov, params = {}}
+    local group = {step = opt.step_count, nesterov = g.nesterov, centered = g.centered, params = {}}
     for _, k in ipairs(HYPER) do group[k] = g[k] end
     for j = 0, g.size - 1 do group.params[j + 1] = first + j end
     first = first + g.size
@@ -149,16 +181,40 @@ function methods.state_dict(opt)
   end
   local group = groups[1]
   local sched = schedules[opt]
-  if sched then group.schedule_count, group.schedule_base = sched.count, sched.base end
-  local s1, s2 = opt:_views("state1"), opt:_views("state2")
+  if sched then
+    group.schedule_count, group.schedule_base = sched.count, sched.base
+    if sched.save then group.schedule_state = sched:save() end
+  end
   local state = {}
-  if s1 then
-    for i = 1, #s1 do
-      state[i] = s2 and {exp_avg = s1[i]:clone(), exp_avg_sq = s2[i]:clone()}
-                     or {momentum_buffer = s1[i]:clone()}
+  local arenas = state_arenas(opt)
+  if #arenas > 0 then
+    for i = 1, #arenas[1].views do
+      local st = {}
+      for _, a in ipairs(arenas) do st[a.name] = a.views[i]:clone() end
+      state[i - 1] = st
     end
   end
   return {state = state, param_groups = groups}
+end
+
+-- a state table keyed 0..n-1 (PyTorch's ids, this layout since issue 27) or, as
+-- state_dicts and checkpoints written before it, 1..n: the 0-based table and its size
+local function zero_based(name, state)
+  local n, lo, hi = 0, math.huge, -math.huge
+  for k in pairs(state) do
+    if math.type(k) ~= "integer" then
+      error(string.format("%s: state keys must be parameter indices (got %s)", name, tostring(k)), 3)
+    end
+    n, lo, hi = n + 1, math.min(lo, k), math.max(hi, k)
+  end
+  if n == 0 then return {}, 0 end
+  local shift = (lo == 1 and state[0] == nil) and 1 or 0   -- the old 1-based layout
+  if lo - shift ~= 0 or hi - shift ~= n - 1 then
+    error(string.format("%s: state keys must be 0..%d (got %d..%d)", name, n - 1, lo, hi), 3)
+  end
+  local r = {}
+  for k, v in pairs(state) do r[k - shift] = v end
+  return r, n
 end
 
 local function same_shape(t, u)
@@ -174,7 +230,7 @@ function methods.load_state_dict(opt, sd)
     error(name .. ": expected a table from state_dict()", 2)
   end
   local group = sd.param_groups[1]
-  local state = sd.state or {}
+  local state, nstate = zero_based(name, sd.state or {})
   local values = opt:_views("values")
   -- hyperparameters first (they decide which state exists), undone if any is bad
   local ngroups = opt.ngroups
@@ -187,7 +243,7 @@ function methods.load_state_dict(opt, sd)
     for i = 1, ngroups do
       local g, set = sd.param_groups[i], {}
       for _, k in ipairs(HYPER) do set[k] = g[k] end
-      set.nesterov = g.nesterov
+      set.nesterov, set.centered = g.nesterov, g.centered
       if g.momentum ~= nil and g.nesterov == nil then set.nesterov = old[i].nesterov end
       opt:_set_group(i, set)
     end
@@ -199,35 +255,34 @@ function methods.load_state_dict(opt, sd)
     undo()
     error(name .. ": " .. tostring(err):gsub("^.-Optimizer: ", ""), 2)
   end
-  local s1, s2 = opt:_views("state1"), opt:_views("state2")
-  if next(state) ~= nil and #state ~= #values then
+  local arenas = state_arenas(opt)
+  if nstate ~= 0 and nstate ~= #values then
     undo()
-    error(string.format("%s: state has %d parameters, this optimizer %d", name, #state, #values), 2)
+    error(string.format("%s: state has %d parameters, this optimizer %d", name, nstate, #values), 2)
   end
   -- check every tensor before changing any
   for i, st in pairs(state) do
-    local want = s2 and {"exp_avg", "exp_avg_sq"} or s1 and {"momentum_buffer"} or {}
-    for _, k in ipairs(want) do
-      local t = st[k]
-      local okt, same = pcall(same_shape, t or {}, values[i])
-      if t == nil or not okt or not same then
+    for _, a in ipairs(arenas) do
+      local k, t = a.name, st[a.name]
+      local okt, same = pcall(same_shape, t or {}, values[i + 1])
+      -- a state the loaded hyperparameters do not use (momentum 0, not centered) may be absent
+      if (t ~= nil or a.wanted) and (t == nil or not okt or not same) then
         undo()
-        error(string.format("%s: state[%d].%s is missing or does not match parameter %d's shape", name, i, k, i), 2)
+        error(string.format("%s: state[%d].%s is missing or does not match parameter %d's shape", name, i, k, i + 1), 2)
       end
     end
   end
   for i, st in pairs(state) do
-    if s2 then
-      s1[i]:copy_(st.exp_avg)
-      s2[i]:copy_(st.exp_avg_sq)
-    elseif s1 then
-      s1[i]:copy_(st.momentum_buffer)
+    for _, a in ipairs(arenas) do
+      local v = a.views[i + 1]
+      v:copy_(st[a.name] or core.zeros(v.shape, {device = v.device}))
     end
   end
   opt.step_count = group.step or 0
   local sched = schedules[opt]
   if sched and group.schedule_count then
     sched.count, sched.base = group.schedule_count, group.schedule_base or sched.base
+    if sched.load and group.schedule_state then sched:load(group.schedule_state) end
     sched:apply()
   end
 end
@@ -237,7 +292,12 @@ end
 -- opt:set_schedule(sched)   -- the optimizer's lr at this point is the peak lr
 -- The schedule advances once per applied step: opt:step(), or scaler:step(opt)
 -- when it did not skip; skipped steps leave the lr where it was.
-core._schedule_of = function(opt) return schedules[opt] end
+-- (a manual schedule, ReduceLROnPlateau's or one made with manual = true, is
+-- stepped by the script alone: the scaler does not see it)
+core._schedule_of = function(opt)
+  local s = schedules[opt]
+  if s and not s.manual then return s end
+end
 
 local Schedule = {}
 Schedule.__index = Schedule
@@ -296,6 +356,8 @@ optim.schedule = {
   end),
 }
 
+require("mp.optim.schedules")(optim, Schedule, check_options)
+
 -- a schedule as a Lua function of the applied steps so far (0 at the start):
 -- lr = f(count) * each group's peak lr, as PyTorch's LambdaLR
 local function lambda_schedule(f)
@@ -304,8 +366,13 @@ end
 
 function methods.set_schedule(opt, sched)
   if type(sched) == "function" then sched = lambda_schedule(sched) end
-  if getmetatable(sched) ~= Schedule then
+  local mt = getmetatable(sched)
+  if mt ~= Schedule and not (type(mt) == "table" and rawget(mt, "__schedule")) then
     error("Optimizer:set_schedule: expected an mp.optim.schedule or a function of the step", 2)
+  end
+  if sched.check then
+    local ok, err = pcall(sched.check, sched, opt)
+    if not ok then error(tostring(err), 2) end
   end
   local base = {}
   for i = 1, opt.ngroups do base[i] = opt:_group(i).lr end
@@ -320,7 +387,7 @@ local c_step = methods.step
 function methods.step(opt)
   call(c_step, opt)
   local sched = schedules[opt]
-  if sched then sched:step() end
+  if sched and not sched.manual then sched:step() end
 end
 
 -- mp.optim.decay_groups(model, weight_decay) -> param groups for any optimizer:
@@ -360,6 +427,11 @@ end
 function optim.clip_grad_norm(params, max_norm)
   local norm = call(core._clip_grad_norm, params, max_norm)
   return norm
+end
+
+-- PyTorch's clip_grad_value_: every .grad clamped in place into [-clip_value, clip_value]
+function optim.clip_grad_value(params, clip_value)
+  call(core._clip_grad_value, params, clip_value)
 end
 
 return optim

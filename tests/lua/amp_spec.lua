@@ -436,7 +436,7 @@ local function snapshot(r)
   local sd = r.opt:state_dict()
   s.step = sd.param_groups[1].step
   for i, st in pairs(sd.state) do
-    for k, t in pairs(st) do s["state" .. i .. "." .. k] = bits(t) end
+    for k, t in pairs(st) do s["state" .. i + 1 .. "." .. k] = bits(t) end   -- state ids are 0-based
   end
   return s
 end

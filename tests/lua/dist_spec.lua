@@ -356,7 +356,7 @@ describe("mp.dist under mpirun -np 2", function()
     assert.is_true(H.same_model(straight .. ".rank0.safetensors", resumed .. ".rank0.safetensors"))
     local a, b = mp.load(resumed .. ".rank0.safetensors"), mp.load(resumed .. ".rank1.safetensors")
     assert.are.same(a.scaler.state, b.scaler.state)   -- the scaler's state, the same on both ranks
-    for i = 1, 6 do   -- and Adam's
+    for i = 0, 5 do   -- and Adam's (PyTorch's 0-based ids)
       H.assert_same(a.optim.state[i].exp_avg:totable(), b.optim.state[i].exp_avg:totable(), "exp_avg " .. i)
       H.assert_same(a.optim.state[i].exp_avg_sq:totable(), b.optim.state[i].exp_avg_sq:totable(), "exp_avg_sq " .. i)
     end

@@ -1,4 +1,4 @@
--- optim_spec.lua: mp.optim (SGD, Adam, AdamW, clip_grad_norm) against torch.optim
+-- optim_spec.lua: mp.optim (SGD, Adam, AdamW, RMSprop, Adagrad, clip_grad_norm) against torch.optim
 -- and on its own terms: grads from backward vs assigned, zero_grad, lr changes,
 -- state_dict round trips through mp.save/mp.load, clipping, and argument checks.
 -- LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" busted --no-auto-insulate tests/lua/optim_spec.lua
@@ -27,6 +27,8 @@ local CONFIGS = {
   "sgd_plain", "sgd_momentum", "sgd_momentum_damp_wd", "sgd_nesterov",
   "adam_default", "adam_wd_betas_eps", "adamw_default", "adamw_lr_wd",
   "sgd_momentum_lr_change", "adam_lr_change",
+  "rmsprop_default", "rmsprop_momentum_wd", "rmsprop_centered", "rmsprop_centered_momentum",
+  "adagrad_default", "adagrad_decay_wd_init",
 }
 
 ---------------------------------------------------------------- helpers
@@ -115,6 +117,18 @@ local function make_opt(name, meta, params)
     })
   end
   if name:match("_default$") then return mp.optim[meta.optimizer](params) end
+  if meta.optimizer == "RMSprop" then
+    return mp.optim.RMSprop(params, {
+      lr = lr, alpha = tonumber(meta.alpha), eps = tonumber(meta.eps), weight_decay = wd,
+      momentum = tonumber(meta.momentum), centered = meta.centered == "true",
+    })
+  end
+  if meta.optimizer == "Adagrad" then
+    return mp.optim.Adagrad(params, {
+      lr = lr, lr_decay = tonumber(meta.lr_decay), weight_decay = wd, eps = tonumber(meta.eps),
+      initial_accumulator_value = tonumber(meta.initial_accumulator_value),
+    })
+  end
   return mp.optim[meta.optimizer](params, {
     lr = lr, betas = { tonumber(meta.beta1), tonumber(meta.beta2) }, eps = tonumber(meta.eps), weight_decay = wd,
   })
@@ -131,6 +145,13 @@ local function assign(t, ps, k)
 end
 
 local function state_keys(meta)
+  if meta.optimizer == "Adagrad" then return { "sum" } end
+  if meta.optimizer == "RMSprop" then
+    local k = { "square_avg" }
+    if tonumber(meta.momentum) > 0 then k[#k + 1] = "momentum_buffer" end
+    if meta.centered == "true" then k[#k + 1] = "grad_avg" end
+    return k
+  end
   if meta.optimizer ~= "SGD" then return { "exp_avg", "exp_avg_sq" } end
   if tonumber(meta.momentum) ~= 0 then return { "momentum_buffer" } end
   return {}
@@ -190,8 +211,8 @@ describe("mp.optim", function()
           for _, key in ipairs(state_keys(meta)) do
             local ref = t["state." .. n .. "." .. key]
             assert.is_not_nil(ref, "fixture has no state." .. n .. "." .. key)
-            local got = sd.state[i] and sd.state[i][key]
-            assert.is_not_nil(got, "state_dict has no state[" .. i .. "]." .. key)
+            local got = sd.state[i - 1] and sd.state[i - 1][key]   -- PyTorch's 0-based ids
+            assert.is_not_nil(got, "state_dict has no state[" .. i - 1 .. "]." .. key)
             assert.are.same(ref.shape, got.shape)
             local e = err(got, ref, 0)
             if e > worst_state then worst_state, where = e, n .. "." .. key end
@@ -373,7 +394,7 @@ describe("mp.optim", function()
   end)
 
   describe("state_dict", function()
-    local function roundtrip(name)
+    local function roundtrip(name, transform)
       local t, meta = fixture(name)
       local pa = fresh_params(t)
       local A = make_opt(name, meta, pa)
@@ -382,7 +403,8 @@ describe("mp.optim", function()
         A:step()
       end
       local path = os.tmpname()
-      mp.save(path, { optim = A:state_dict() })
+      local sd = A:state_dict()
+      mp.save(path, { optim = transform and transform(sd) or sd })
       local loaded = mp.load(path)
       os.remove(path)
       assert.is_table(loaded.optim)
@@ -400,17 +422,51 @@ describe("mp.optim", function()
       local sa, sb = A:state_dict(), B:state_dict()
       for i = 1, #NAMES do
         for _, key in ipairs(state_keys(meta)) do
-          assert_bits(sb.state[i][key], sa.state[i][key], "state[" .. i .. "]." .. key)
+          assert_bits(sb.state[i - 1][key], sa.state[i - 1][key], "state[" .. i - 1 .. "]." .. key)
         end
       end
       return A, B
     end
 
-    for _, name in ipairs({ "sgd_momentum_damp_wd", "sgd_nesterov", "adam_wd_betas_eps", "adamw_lr_wd" }) do
+    for _, name in ipairs({ "sgd_momentum_damp_wd", "sgd_nesterov", "adam_wd_betas_eps", "adamw_lr_wd",
+                            "rmsprop_centered_momentum", "adagrad_decay_wd_init" }) do
       it(name .. ": state_dict -> mp.save -> mp.load -> load_state_dict continues bit-identically", function()
         roundtrip(name)
       end)
     end
+
+    -- the layout written before state ids became PyTorch's 0-based ones: state[1..n], params {1..n}
+    local function old_layout(sd)
+      local state = {}
+      for i, st in pairs(sd.state) do state[i + 1] = st end
+      for _, g in ipairs(sd.param_groups) do
+        for j, id in ipairs(g.params) do g.params[j] = id + 1 end
+      end
+      sd.state = state
+      return sd
+    end
+    for _, name in ipairs({ "adam_wd_betas_eps", "sgd_momentum_damp_wd", "rmsprop_centered_momentum" }) do
+      it(name .. ": a checkpoint in the old 1-based layout still loads and continues bit-identically", function()
+        roundtrip(name, old_layout)
+      end)
+    end
+
+    it("state keys that are neither 0..n-1 nor 1..n are refused, naming the keys", function()
+      local ps = sgd_params()
+      local opt = mp.optim.Adam(ps, { lr = 0.01 })
+      for _, p in ipairs(ps) do p.grad = mp.ones(p.shape) end
+      opt:step()
+      local sd = opt:state_dict()
+      sd.state[5], sd.state[1] = sd.state[1], nil
+      local ok, err = pcall(opt.load_state_dict, opt, sd)
+      assert.is_false(ok)
+      assert.matches("state keys must be 0..1 %(got 0..5%)", err)
+      sd = opt:state_dict()
+      sd.state.x = sd.state[0]
+      ok, err = pcall(opt.load_state_dict, opt, sd)
+      assert.is_false(ok)
+      assert.matches("state keys must be parameter indices %(got x%)", err)
+    end)
 
     it("layout: {state = {[i] = {exp_avg=, exp_avg_sq=}}, param_groups = {{lr=, step=, ...}}} with copies", function()
       local ps = sgd_params()
@@ -418,19 +474,23 @@ describe("mp.optim", function()
       ps[1].grad = mp.ones({ 2, 3 })
       opt:step()
       local sd = opt:state_dict()
-      assert.are.equal(2, #sd.state)
-      assert.are.same({ 2, 3 }, sd.state[1].exp_avg.shape)
-      assert.are.same({ 2 }, sd.state[2].exp_avg_sq.shape)
+      local keys = {}
+      for k in pairs(sd.state) do keys[#keys + 1] = k end
+      table.sort(keys)
+      assert.are.same({ 0, 1 }, keys)   -- PyTorch's integer ids, 0-based in parameter order
+      assert.are.same({ 0, 1 }, sd.param_groups[1].params)
+      assert.are.same({ 2, 3 }, sd.state[0].exp_avg.shape)
+      assert.are.same({ 2 }, sd.state[1].exp_avg_sq.shape)
       assert.are.equal(1, #sd.param_groups)
       assert.are.equal(0.01, sd.param_groups[1].lr)
       assert.are.equal(1, sd.param_groups[1].step)
       assert.are.equal(0.9, sd.param_groups[1].beta1)
       -- copies: changing the state dict does not change the optimizer
-      sd.state[1].exp_avg:copy_(mp.full({ 2, 3 }, 42))
-      assert.are_not.same(values(sd.state[1].exp_avg), values(opt:state_dict().state[1].exp_avg))
+      sd.state[0].exp_avg:copy_(mp.full({ 2, 3 }, 42))
+      assert.are_not.same(values(sd.state[0].exp_avg), values(opt:state_dict().state[0].exp_avg))
       local s = mp.optim.SGD(sgd_params(), { lr = 0.1, momentum = 0.5 })
       s:step()
-      assert.are.same({ 2, 3 }, s:state_dict().state[1].momentum_buffer.shape)
+      assert.are.same({ 2, 3 }, s:state_dict().state[0].momentum_buffer.shape)
     end)
 
     it("an lr that is not a short decimal survives mp.save/mp.load exactly", function()
@@ -795,11 +855,202 @@ describe("mp.optim", function()
         local opt = trained(sgd_params())
         local before = snapshot(opt)
         local sd = trained(sgd_params(), { lr = 0.5 }):state_dict()
-        sd.state[1].exp_avg:copy_(mp.full({ 2, 3 }, 123))
+        sd.state[0].exp_avg:copy_(mp.full({ 2, 3 }, 123))
         sd.param_groups[1].lr = -1
         fails("lr", opt.load_state_dict, opt, sd)
         unchanged(opt, before, "negative lr in param_groups")
       end)
+    end)
+  end)
+
+  describe("RMSprop and Adagrad", function()
+    it("the defaults are PyTorch's", function()
+      local r = mp.optim.RMSprop(sgd_params())
+      assert.are.same({ 0.01, 0.99, 1e-8, 0, 0, false, "rmsprop" },
+                      { r.lr, r.alpha, r.eps, r.weight_decay, r.momentum, r.centered, r.kind })
+      local a = mp.optim.Adagrad(sgd_params())
+      assert.are.same({ 0.01, 0, 0, 0, 1e-10, "adagrad" },
+                      { a.lr, a.lr_decay, a.weight_decay, a.initial_accumulator_value, a.eps, a.kind })
+    end)
+
+    it("bad hyperparameters are refused, naming the optimizer and the option", function()
+      local function fails(pat, f, ...)
+        local ok, err = pcall(f, ...)
+        assert.is_false(ok)
+        assert.matches(pat, tostring(err))
+      end
+      fails("mp.optim.RMSprop: alpha must be >= 0", mp.optim.RMSprop, sgd_params(), { alpha = -1 })
+      fails("mp.optim.RMSprop: momentum must be >= 0", mp.optim.RMSprop, sgd_params(), { momentum = -0.5 })
+      fails("mp.optim.RMSprop: eps must be >= 0", mp.optim.RMSprop, sgd_params(), { eps = -1 })
+      fails("mp.optim.RMSprop: unknown option 'betas'", mp.optim.RMSprop, sgd_params(), { betas = { 0.9, 0.99 } })
+      fails("mp.optim.Adagrad: lr_decay must be >= 0", mp.optim.Adagrad, sgd_params(), { lr_decay = -1 })
+      fails("mp.optim.Adagrad: initial_accumulator_value must be >= 0", mp.optim.Adagrad, sgd_params(),
+            { initial_accumulator_value = -1 })
+      fails("mp.optim.Adagrad: group 2: lr must be", mp.optim.Adagrad,
+            { { params = { sgd_params()[1] } }, { params = { sgd_params()[2] }, lr = -1 } })
+      local r = mp.optim.RMSprop(sgd_params())
+      fails("alpha must be >= 0", function() r.alpha = -1 end)
+      assert.are.equal(0.99, r.alpha)
+    end)
+
+    it("groups: each its own hyperparameters, Adagrad's sum from each group's initial_accumulator_value", function()
+      local ps = sgd_params()
+      local opt = mp.optim.Adagrad({ { params = { ps[1] }, initial_accumulator_value = 0.5 },
+                                     { params = { ps[2] }, lr = 0.1 } })
+      for _, p in ipairs(ps) do p.grad = mp.ones(p.shape) end
+      opt:step()
+      local sd = opt:state_dict()
+      assert.are.same(H.flat({ { 1.5, 1.5, 1.5 }, { 1.5, 1.5, 1.5 } }), values(sd.state[0].sum))
+      assert.are.same({ 1, 1 }, values(sd.state[1].sum))
+      -- p2 = p2 - 0.1 * 1 / (sqrt(1) + 1e-10)
+      assert.are.same({ H.f32(H.f32(0.1) - H.f32(0.1)), H.f32(H.f32(-0.2) - H.f32(0.1)) }, values(ps[2]))
+      local r = mp.optim.RMSprop({ { params = { sgd_params()[1] } }, { params = { sgd_params()[2] }, centered = true } })
+      local g = r:param_groups()
+      assert.are.same({ false, true }, { g[1].centered, g[2].centered })
+    end)
+
+    for _, kind in ipairs({ "RMSprop", "Adagrad" }) do
+      it(kind .. ": a step the loss scaler skips leaves parameters, state and step count as they were", function()
+        local ps = sgd_params()
+        local opt = kind == "RMSprop" and mp.optim.RMSprop(ps, { centered = true, momentum = 0.9 })
+                                       or mp.optim.Adagrad(ps, { lr_decay = 0.1 })
+        local sc = mp.amp.GradScaler{ policy = mp.amp.policy.dynamic{ init = 1024, interval = 2 } }
+        local function grads(bad)
+          ps[1].grad = mp.tensor({ { 1, 2, 3 }, { 4, bad and math.huge or 5, 6 } })
+          ps[2].grad = mp.tensor({ 0.5, -0.5 })
+        end
+        local function snap()
+          local sd = opt:state_dict()
+          local r = { bits(ps[1]), bits(ps[2]), opt.step_count }
+          for i = 0, 1 do
+            for _, k in ipairs(opt.state_names) do
+              if sd.state[i][k] then r[#r + 1] = k .. bits(sd.state[i][k]) end
+            end
+          end
+          return r
+        end
+        sc:scale(mp.tensor(1.0)); grads(false)
+        assert.is_true(sc:step(opt)); sc:update()
+        local before = snap()
+        assert.are.equal(1, opt.step_count)
+        sc:scale(mp.tensor(1.0)); grads(true)
+        assert.is_false(sc:step(opt)); sc:update()
+        assert.are.same(before, snap())
+        sc:scale(mp.tensor(1.0)); grads(false)
+        assert.is_true(sc:step(opt)); sc:update()
+        assert.are.equal(2, opt.step_count)
+        assert.are_not.same(before[1], bits(ps[1]))
+      end)
+    end
+
+    -- the f16/bf16 working copy autocast uses is the masters rounded after their steps
+    -- (the kernels write it in the same pass), as working_copy_spec checks for AdamW
+    for _, kind in ipairs({ "RMSprop", "Adagrad" }) do
+      it(kind .. ": the working copy autocast uses is the masters rounded after each step", function()
+        mp.manual_seed(5)
+        local w = mp.randn({ 6, 5 }, { requires_grad = true })
+        local x = mp.randn({ 4, 5 })
+        local opt = kind == "RMSprop" and mp.optim.RMSprop({ w }, { lr = 0.05, centered = true, momentum = 0.5 })
+                                       or mp.optim.Adagrad({ w }, { lr = 0.05 })
+        local function check(dtype, what)
+          local got, want
+          do
+            local _ <close> = mp.amp.autocast(dtype)
+            got = mp.linear(x, w)
+          end
+          do
+            local _ <close> = mp.no_grad()
+            want = mp.linear(x:to(dtype), w:detach():to(dtype))
+          end
+          H.assert_same(got:f32():totable(), want:f32():totable(), what)
+        end
+        for i, dtype in ipairs({ "f16", "f16", "bf16", "bf16" }) do
+          check(dtype, "before step " .. i)
+          opt:zero_grad()
+          local loss
+          do
+            local _ <close> = mp.amp.autocast(dtype)
+            loss = mp.linear(x, w):pow(2):mean()
+          end
+          loss:backward()
+          opt:step()
+          check(dtype, "after step " .. i)
+        end
+      end)
+    end
+
+    it("a state dict without the states its hyperparameters do not use loads; those are zeroed", function()
+      local a, b = sgd_params(), sgd_params()
+      local A = mp.optim.RMSprop(a, { centered = true, momentum = 0.9 })
+      local B = mp.optim.RMSprop(b)
+      for _, p in ipairs(a) do p.grad = mp.ones(p.shape) end
+      for _, p in ipairs(b) do p.grad = mp.ones(p.shape) end
+      A:step()
+      B:step()
+      A:load_state_dict(B:state_dict())
+      assert.are.same({ false, 0 }, { A.centered, A.momentum })
+      local sd = A:state_dict()
+      assert.are.same(values(B:state_dict().state[0].square_avg), values(sd.state[0].square_avg))
+      assert.are.same(values(mp.zeros({ 2, 3 })), values(sd.state[0].grad_avg))
+      -- the other way, a centered state dict into a plain optimizer, brings its states along
+      local C = mp.optim.RMSprop(sgd_params())
+      A.centered = true
+      A:step()
+      C:load_state_dict(A:state_dict())
+      assert.is_true(C.centered)
+      assert.are.same(values(A:state_dict().state[1].grad_avg), values(C:state_dict().state[1].grad_avg))
+    end)
+
+    it("centered and momentum turned on later make their state then, as zeros", function()
+      local ps = sgd_params()
+      local opt = mp.optim.RMSprop(ps)
+      for _, p in ipairs(ps) do p.grad = mp.ones(p.shape) end
+      opt:step()
+      local sd = opt:state_dict()
+      assert.is_nil(sd.state[0].grad_avg)
+      assert.is_nil(sd.state[0].momentum_buffer)
+      opt.centered, opt.momentum = true, 0.5
+      opt:step()
+      sd = opt:state_dict()
+      assert.is_not_nil(sd.state[0].grad_avg)
+      assert.is_not_nil(sd.state[0].momentum_buffer)
+      assert.are.equal(0.5, sd.param_groups[1].momentum)
+      assert.is_true(sd.param_groups[1].centered)
+    end)
+  end)
+
+  describe("clip_grad_value", function()
+    it("clamps every .grad in place into [-c, c], as torch.nn.utils.clip_grad_value_; NaN stays", function()
+      local ps = sgd_params()
+      local opt = mp.optim.SGD(ps, { lr = 0.1 })
+      ps[1].grad:copy_(mp.tensor({ { 3, -0.5, -7 }, { 0.25, 1, 0 / 0 } }))
+      ps[2].grad:copy_(mp.tensor({ -1.5, 1.5 }))
+      local views = opt:_views("grads")
+      assert.is_nil(mp.optim.clip_grad_value(ps, 1))
+      local g = values(ps[1].grad)
+      assert.are.same({ 1, -0.5, -1, 0.25, 1 }, { g[1], g[2], g[3], g[4], g[5] })
+      assert.is_true(g[6] ~= g[6])
+      assert.are.same({ -1, 1 }, values(ps[2].grad))
+      assert.are.same({ -1, 1 }, values(views[2]))   -- in place: .grad is still the arena's view
+    end)
+
+    it("parameters without a .grad are left out; a list without optimizer; errors name the function", function()
+      local a = mp.tensor({ 5, -5 }):requires_grad(true)
+      local b = mp.tensor({ 1 }):requires_grad(true)
+      a.grad = mp.tensor({ 5, -0.1 })
+      mp.optim.clip_grad_value({ a, b }, 0.5)
+      assert.are.same({ 0.5, H.f32(-0.1) }, values(a.grad))
+      assert.is_nil(b.grad)
+      mp.optim.clip_grad_value({ a }, 0)
+      assert.are.same({ 0, 0 }, values(a.grad))
+      local ok, err = pcall(mp.optim.clip_grad_value, { a }, -1)
+      assert.is_false(ok)
+      assert.matches("mp.optim.clip_grad_value: clip_value must be a finite number >= 0 %(got %-1%)", err)
+      ok, err = pcall(mp.optim.clip_grad_value, { a }, 0 / 0)
+      assert.is_false(ok)
+      ok, err = pcall(mp.optim.clip_grad_value, 42, 1)
+      assert.is_false(ok)
+      assert.matches("mp.optim.clip_grad_value", err)
     end)
   end)
 end)

@@ -71,8 +71,8 @@ describe("parameter groups", function()
     for step = 1, 3 do set_grads(ps, step); opt:step() end
     local sd = opt:state_dict()
     assert.are.equal(2, #sd.param_groups)
-    assert.are.same({ 1 }, sd.param_groups[1].params)
-    assert.are.same({ 2 }, sd.param_groups[2].params)
+    assert.are.same({ 0 }, sd.param_groups[1].params)
+    assert.are.same({ 1 }, sd.param_groups[2].params)
     assert.are.same({ 0.02, 1e-6 }, { sd.param_groups[2].lr, sd.param_groups[2].eps })
     local qs, opt2 = make(1)
     for i = 1, 2 do qs[i]:detach():copy_(ps[i]) end

@@ -1062,31 +1062,46 @@ static void cases_empty(void)
 
 static void cases_optim_and_scaler(void)
 {
-    static const char *kn[] = {"sgd", "adam", "adamw"};
+    static const char *kn[] = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
+    _Static_assert(sizeof kn / sizeof kn[0] == MP_NOPTIM_KINDS, "a parity case for every optimizer kind");
     pcase c;
-    for (int kind = MP_SGD; kind <= MP_ADAMW; kind++) {
+    /* each kind once; RMSprop a second time plain (not centered, no momentum, no weight decay) */
+    for (int it = MP_SGD; it <= MP_NOPTIM_KINDS; it++) {
+        int kind = it < MP_NOPTIM_KINDS ? it : MP_RMSPROP;
+        bool plain = it == MP_NOPTIM_KINDS;
         /* three steps (the bias corrections and SGD's first step come from the
          * step count on the device), then one the skip flag leaves out */
-        if (!begin(&c, "optim_count + optim_step %s n=4099, 3 steps and a skipped one, with a working copy%s", kn[kind], "")) continue;
+        if (!begin(&c, "optim_count + optim_step %s n=4099, 3 steps and a skipped one, with a working copy%s", kn[kind],
+                   plain ? " (plain: not centered, no momentum)" : "")) continue;
         int n = 4099;
         int p = buf(&c, MP_F32, n, 0, -1, 1), g = buf(&c, MP_F32, n, 0, -1, 1);
-        int s1 = buf(&c, MP_F32, n, 0, -0.1, 0.1), s2 = buf(&c, MP_F32, n, 0, 0, 0.01);
+        /* Adagrad's sum and RMSprop's square_avg are >= 0 (s1); RMSprop's momentum buffer (s2) and
+         * grad_avg (s3) are signed, grad_avg small beside square_avg */
+        bool pos1 = kind == MP_ADAGRAD || kind == MP_RMSPROP;
+        int s1 = pos1 ? buf(&c, MP_F32, n, 0, 0.01, 0.1) : buf(&c, MP_F32, n, 0, -0.1, 0.1);
+        int s2 = kind == MP_RMSPROP ? buf(&c, MP_F32, n, 0, -0.1, 0.1) : buf(&c, MP_F32, n, 0, 0, 0.01);
+        int s3 = buf(&c, MP_F32, n, 0, -0.05, 0.05);
         int64_t zero = 0;
         int32_t yes = 1;
         int step = struct_buf(&c, &zero, sizeof zero), skip = struct_buf(&c, &yes, sizeof yes);
         mp_dtype lpt = kind == MP_ADAM ? MP_BF16 : MP_F16;   /* the working copy the kernel also writes */
         int lp = buf(&c, lpt, n, 1, 0, 0);
-        c.is_out[p] = c.is_out[s1] = c.is_out[s2] = 1;
+        c.is_out[p] = c.is_out[s1] = c.is_out[s2] = c.is_out[s3] = 1;
         mp_optim_args a = {.lr = 1e-2f, .momentum = 0.9f, .weight_decay = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f,
                            .eps = 1e-8f, .one_minus_dampening = 1, .one_minus_beta1 = 0.1f,
                            .one_minus_beta2 = 0.001f, .decay = 1 - 1e-4f, .lr_d = 1e-2, .beta1_d = 0.9,
-                           .beta2_d = 0.999};
+                           .beta2_d = 0.999, .alpha = 0.99f, .one_minus_alpha = 0.01f, .centered = 1,
+                           .lr_decay_d = 0.01};
+        if (plain) a.centered = 0, a.momentum = 0, a.weight_decay = 0;
+        mp_optim_args ar = a, ad = a;   /* RMSprop centered (and with momentum): grad_avg in s3 */
+        ar.s3 = kind == MP_RMSPROP && !plain ? c.ref[s3] : NULL;
+        ad.s3 = kind == MP_RMSPROP && !plain ? c.dev[s3] : NULL;
         for (int t = 0; t < 4; t++) {
             const int32_t *sr = t == 3 ? c.ref[skip] : NULL, *sd = t == 3 ? c.dev[skip] : NULL;
             REF->optim_count(REF->ctx, c.ref[step], sr);
             DUT->optim_count(DUT->ctx, c.dev[step], sd);
-            REF->optim_step(REF->ctx, kind, c.ref[p], c.ref[g], c.ref[s1], c.ref[s2], n, &a, c.ref[step], sr, c.ref[lp], lpt);
-            DUT->optim_step(DUT->ctx, kind, c.dev[p], c.dev[g], c.dev[s1], c.dev[s2], n, &a, c.dev[step], sd, c.dev[lp], lpt);
+            REF->optim_step(REF->ctx, kind, c.ref[p], c.ref[g], c.ref[s1], c.ref[s2], n, &ar, c.ref[step], sr, c.ref[lp], lpt);
+            DUT->optim_step(DUT->ctx, kind, c.dev[p], c.dev[g], c.dev[s1], c.dev[s2], n, &ad, c.dev[step], sd, c.dev[lp], lpt);
         }
         c.bound = 1e-12;
         finish(&c);
