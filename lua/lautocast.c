@@ -8,6 +8,7 @@
 #include <string.h>
 #include "lua/lbind.h"
 #include "lua/lcore.h"
+#include "engine/op.h"
 #include "engine/autocast.h"
 
 #define GUARD_MT "mp.AutocastGuard"
@@ -89,6 +90,9 @@ static int a_register(lua_State *L)
     for (int i = 0; class_names[i]; i++)
         if (strcmp(c, class_names[i]) == 0) k = i;
     if (k < 0) return luaL_error(L, "mp.amp.register: class must be \"low\", \"f32\", \"promote\" or \"none\" (got '%s')", c);
+    /* a name no op has would be kept and never used: a typo that changes nothing */
+    if (*op && !mp_op_find(op))
+        return luaL_error(L, "mp.amp.register: no op named '%s' (mp.amp.classes() lists the ops)", op);
     mp_clear_error();
     if (mp_autocast_register(op, (mp_ac_class)k)) return lt_error(L, "mp.amp.register");
     return 0;

@@ -116,6 +116,13 @@ static int f_reduce(lua_State *L, const math_row *r, const char *name)
     mp_tensor *x = tensor_arg(L, 1, "x", name);
     int d = opt_dim(L, 2, name);
     bool keep = opt_bool(L, 3, "keepdim", name);
+    if (d == 0 && x->ndim > 1 && (r->op == MP_ARGMAX || r->op == MP_ARGMIN)) {
+        /* PyTorch's argmax without a dim: the flat index over every element */
+        int64_t all = -1;
+        LTensor *flat = lt_new(L);   /* a view, kept on the stack until the result is made */
+        lt_set(L, flat, LT_CALL(L, mp_reshape(x, 1, &all)), name);
+        RETURN_TENSOR(L, name, mp_reduce((mp_redop)r->op, flat->t, 0, false));
+    }
     RETURN_TENSOR(L, name, mp_reduce((mp_redop)r->op, x, d, keep));
 }
 

@@ -181,7 +181,7 @@ static int t_pow_mm(lua_State *L) { return lt_pow(L, "Tensor:__pow"); }
 static int t_matmul(lua_State *L)
 {
     mp_tensor *a = lt_check(L, 1), *b = lt_check(L, 2);
-    TENSOR_RETURN(L, "mp.matmul", mp_matmul(a, b));
+    TENSOR_RETURN(L, "Tensor:matmul", mp_matmul(a, b));
 }
 
 /* a dtype that holds the number v exactly, for comparing it with a tensor of dtype dt */

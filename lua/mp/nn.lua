@@ -29,24 +29,12 @@ local nn = {}
 
 nn.Module = module.Module
 nn.is_module = module.is_module
-for _, file in ipairs{"mp.nn.containers", "mp.nn.layers", "mp.nn.conv", "mp.nn.rnn"} do
+for _, file in ipairs{"mp.nn.containers", "mp.nn.layers", "mp.nn.conv", "mp.nn.rnn", "mp.nn.attention"} do
   local part = require(file)
   for name, cls in pairs(part) do
     assert(nn[name] == nil, "mp.nn: two classes named " .. name)
     nn[name] = cls
   end
 end
-
--- classes loaded on first use, so that their code is not in the Lua heap of every
--- script (the collector's pace follows the heap's size: tests/lua/train_cnn_spec.lua
--- bounds a run's peak memory to within 1 MiB)
-local lazy = { MultiheadAttention = "mp.nn.attention" }
-setmetatable(nn, { __index = function(t, k)
-  local file = lazy[k]
-  if not file then return nil end
-  local cls = require(file)[k]
-  rawset(t, k, cls)
-  return cls
-end })
 
 return nn

@@ -183,7 +183,7 @@ function methods.state_dict(opt)
   local sched = schedules[opt]
   if sched then
     group.schedule_count, group.schedule_base = sched.count, sched.base
-    if sched.save then group.schedule_state = sched:save() end
+    if sched._save then group.schedule_state = sched:_save() end
   end
   local state = {}
   local arenas = state_arenas(opt)
@@ -282,7 +282,7 @@ function methods.load_state_dict(opt, sd)
   local sched = schedules[opt]
   if sched and group.schedule_count then
     sched.count, sched.base = group.schedule_count, group.schedule_base or sched.base
-    if sched.load and group.schedule_state then sched:load(group.schedule_state) end
+    if sched._load and group.schedule_state then sched:_load(group.schedule_state) end
     sched:apply()
   end
 end
@@ -370,8 +370,8 @@ function methods.set_schedule(opt, sched)
   if mt ~= Schedule and not (type(mt) == "table" and rawget(mt, "__schedule")) then
     error("Optimizer:set_schedule: expected an mp.optim.schedule or a function of the step", 2)
   end
-  if sched.check then
-    local ok, err = pcall(sched.check, sched, opt)
+  if sched._check then
+    local ok, err = pcall(sched._check, sched, opt)
     if not ok then error(tostring(err), 2) end
   end
   local base = {}

@@ -152,7 +152,7 @@ return function(optim, Schedule, check_options)
   -- the optimizer's momentum-like hyperparameter, for cycle_momentum
   local MOMENTUM = {sgd = "momentum", rmsprop = "momentum", adam = "beta1", adamw = "beta1"}
 
-  function OneCycle:check(opt)
+  function OneCycle:_check(opt)
     local name = "mp.optim.schedule.onecycle"
     for _, key in ipairs({"max_lr", "base_momentum", "max_momentum"}) do
       local v = self[key]
@@ -237,7 +237,7 @@ return function(optim, Schedule, check_options)
     }, Plateau)
   end
 
-  function Plateau:check(opt)
+  function Plateau:_check(opt)
     if type(self.min_lr) == "table" and #self.min_lr ~= opt.ngroups then
       error(string.format("mp.optim.schedule.plateau: min_lr has %d values, the optimizer %d groups",
                           #self.min_lr, opt.ngroups), 0)
@@ -247,7 +247,7 @@ return function(optim, Schedule, check_options)
   -- the lr is the optimizer's own: attaching or loading changes nothing
   function Plateau:apply() end
 
-  function Plateau:is_better(a)
+  function Plateau:_is_better(a)
     local best, t = self.best, self.threshold
     if self.mode == "min" then
       if self.threshold_mode == "rel" then return a < best * (1 - t) end
@@ -264,7 +264,7 @@ return function(optim, Schedule, check_options)
     end
     if not self.opt then error("mp.optim.schedule.plateau: attach it first with opt:set_schedule(sched)", 2) end
     self.count = self.count + 1
-    if self:is_better(metric) then
+    if self:_is_better(metric) then
       self.best, self.num_bad_epochs = metric, 0
     else
       self.num_bad_epochs = self.num_bad_epochs + 1
@@ -284,10 +284,10 @@ return function(optim, Schedule, check_options)
   end
 
   -- what opt:state_dict() keeps of it beyond count (schedule_state)
-  function Plateau:save()
+  function Plateau:_save()
     return {best = self.best, num_bad_epochs = self.num_bad_epochs, cooldown_counter = self.cooldown_counter}
   end
-  function Plateau:load(t)
+  function Plateau:_load(t)
     self.best, self.num_bad_epochs, self.cooldown_counter = t.best, t.num_bad_epochs, t.cooldown_counter
   end
 end
