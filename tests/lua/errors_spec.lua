@@ -209,7 +209,7 @@ describe("bad input", function()
     list[#list + 1] = { "return mp.tensor(5):size(1)", { "size", "dim" } }
     list[#list + 1] = { "return mp.ones{4}:max(2)", { "max", "dim" } }
     list[#list + 1] = { "return mp.ones{4}:transpose(1, -2)", { "transpose", "dim" } }
-    list[#list + 1] = { "return mp.ones{2,3}:argmax()", { "argmax", "dim" } }
+    list[#list + 1] = { "return mp.ones{2,3}:argmax(3)", { "argmax", "dim" } }
     cases(list)
   end)
 

@@ -282,4 +282,76 @@ function H.same_model(a, b)
   return n == 6, "tensor count " .. n
 end
 
+-- Gradient checks of pow_spec and math_ops_spec: f64 through mp.autograd.gradcheck where
+-- the default device has f64, else f32 central differences.
+-- uniform values in [lo, hi] from Lua's generator, rounded to f32
+function H.uniform(n, lo, hi)
+  local v = {}
+  for i = 1, n do v[i] = H.f32(lo + (hi - lo) * math.random()) end
+  return v
+end
+
+-- The gradients of f (inputs: leaves of the given shapes, f32) against central
+-- differences: L = sum(f(...) * R) for a fixed R; h = 1e-2 and |num - ana| <=
+-- 1e-3 + 1e-2 |ana| (f32 forward: L's rounding over 2h is ~1e-4 here; h^2 f'''
+-- is ~1e-4 for these O(1) powers). Used where the default device declines f64
+-- (MP_DEVICE=cuda: the f32 kernels of the fake and the emulated device).
+function H.gradcheck32(f, inputs, what)
+  local mp = require "mp"
+  local function vals(t) return H.flat(t:f32():totable()) end
+  local xs = {}
+  for i, x in ipairs(inputs) do xs[i] = mp.tensor(H.nest(x.v, x.shape)):requires_grad(true) end
+  local out = f(table.unpack(xs))
+  mp.manual_seed(7)
+  local R = mp.randn(out.shape)
+  local Rv = vals(R)
+  out:backward(R)
+  local function L(args)
+    local o = vals(f(table.unpack(args)))
+    local s = 0
+    for k = 1, #o do s = s + o[k] * Rv[k] end
+    return s
+  end
+  local _ <close> = mp.no_grad()
+  for i, x in ipairs(inputs) do
+    local ana = vals(xs[i].grad)
+    assert(table.concat(x.shape, ",") == table.concat(xs[i].grad.shape, ","), what .. ": gradient shape of input " .. i)
+    for j = 1, #x.v do
+      local v, args = x.v[j], {}
+      for k, y in ipairs(xs) do args[k] = y:detach() end
+      local vp, vm = H.f32(v + 1e-2), H.f32(v - 1e-2)
+      x.v[j] = vp
+      args[i] = mp.tensor(H.nest(x.v, x.shape))
+      local lp = L(args)
+      x.v[j] = vm
+      args[i] = mp.tensor(H.nest(x.v, x.shape))
+      local lm = L(args)
+      x.v[j] = v
+      local num = (lp - lm) / (vp - vm)
+      if not (math.abs(num - ana[j]) <= 1e-3 + 1e-2 * math.abs(ana[j])) then
+        error(string.format("%s: input %d element %d: analytic %.7g, numeric %.7g", what, i, j, ana[j], num), 2)
+      end
+    end
+  end
+end
+
+-- Where the default device holds f64 (the CPU): mp.autograd.gradcheck on the
+-- same values as f64 leaves, at PyTorch's defaults (eps 1e-6, atol 1e-5, rtol
+-- 1e-3, every entry of the Jacobian: truncation ~1e-13 and rounding ~1e-10
+-- there, for these O(1) powers on bases >= 0.5), and the gradients' shapes.
+function H.gradcheck(f, inputs, what)
+  local mp = require "mp"
+  if not pcall(mp.zeros, { 1 }, { dtype = "f64" }) then return H.gradcheck32(f, inputs, what) end
+  local xs = {}
+  for i, x in ipairs(inputs) do xs[i] = mp.tensor(H.nest(x.v, x.shape), { dtype = "f64" }):requires_grad(true) end
+  local ok, err = pcall(mp.autograd.gradcheck, f, xs, { eps = 1e-6, atol = 1e-5, rtol = 1e-3 })
+  if not ok then error(what .. " (f64): " .. tostring(err), 2) end
+  local out = f(table.unpack(xs))
+  out:backward(mp.ones(out.shape, { dtype = "f64" }))
+  for i, x in ipairs(xs) do
+    assert(table.concat(inputs[i].shape, ",") == table.concat(x.grad.shape, ","), what .. ": gradient shape of input " .. i)
+    assert(x.grad.dtype == "f64", what .. ": gradient dtype of input " .. i)
+  end
+end
+
 return H
