@@ -3,7 +3,9 @@
 -- in mpengine and in PyTorch (scripts/bench/bench_cnn_torch.py, the same model at its
 -- fastest thread setting), in one run: samples/s (median step after a warm-up) and
 -- peak RSS, in f32 and under bf16 and f16 autocast (PyTorch 1.13's CPU autocast has
--- bf16 only), each configuration in its own process.
+-- bf16 only), each configuration in its own process. Also the GEMM floor: the
+-- step's conv and linear FLOPs (forward multiply-adds x 2 x 3) at the GEMM rate
+-- measured in the same run (f32; bf16 for bf16 autocast), and the step's ratio to it.
 -- Figures, not tests: nothing here fails on speed.
 local mp = mp or require "mp"
 
@@ -49,19 +51,24 @@ end
 local function child(m) return bc.mpengine("MP_BENCH_CNN_MODE", m, STEPS, exe, here .. "bench_cnn.lua") end
 local function torch(m) return bc.torch(string.format("/usr/bin/python3 %sbench_cnn_torch.py %d %d %%d %s %d", here, STEPS, WARMUP, m, BATCH)) end
 
-print(string.format("cnn train step (conv 1-32-64 with batch norm and pooling, 3136-128-10, batch %d of 1x28x28, Adam)",
-  BATCH))
+-- forward multiply-adds per sample: conv 1->32 at 28x28, conv 32->64 at 14x14, 3136x128, 128x10
+local MACS = 28 * 28 * 1 * 32 * 9 + 14 * 14 * 32 * 64 * 9 + 3136 * 128 + 128 * 10
+local gflops, gflopsb = bc.gemm_gflops("f32"), bc.gemm_gflops("bf16")
+local fl, flb = 6 * BATCH * MACS / (gflops * 1e9) * 1000, 6 * BATCH * MACS / (gflopsb * 1e9) * 1000
+print(string.format("cnn train step (conv 1-32-64 with batch norm and pooling, 3136-128-10, batch %d of 1x28x28, Adam): GEMM f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s here; conv/linear floor f32 %.2f ms, bf16 %.2f ms",
+  BATCH, gflops, gflopsb, fl, flb))
 for _, m in ipairs { "f32", "bf16", "f16" } do
   local ms, rss, out = child(m)
+  local floor = m == "bf16" and flb or fl   -- f16 autocast: no f16 GEMM rate measured, the f32 floor
   local tms, trss, th = nil, nil, nil
   if m ~= "f16" then tms, trss, th = torch(m) end
   if not ms then
     print("cnn " .. m .. ": mpengine run failed: " .. tostring(out))
   elseif tms then
-    print(string.format("cnn %-4s  mpengine %.1f ms %6.0f samples/s %5.0f MiB | pytorch %.1f ms %6.0f samples/s %5.0f MiB (threads=%d) | speed %.2fx (target >= 1.0x)",
-      m, ms, BATCH / ms * 1000, rss, tms, BATCH / tms * 1000, trss, th, tms / ms))
+    print(string.format("cnn %-4s  mpengine %.1f ms %6.0f samples/s %5.0f MiB | pytorch %.1f ms %6.0f samples/s %5.0f MiB (threads=%d) | speed %.2fx (target >= 1.0x) | %.2fx floor",
+      m, ms, BATCH / ms * 1000, rss, tms, BATCH / tms * 1000, trss, th, tms / ms, ms / floor))
   else
-    print(string.format("cnn %-4s  mpengine %.1f ms %6.0f samples/s %5.0f MiB | pytorch: %s", m, ms, BATCH / ms * 1000, rss,
-      m == "f16" and "no f16 CPU autocast in 1.13" or "not available"))
+    print(string.format("cnn %-4s  mpengine %.1f ms %6.0f samples/s %5.0f MiB | pytorch: %s | %.2fx %s floor", m, ms, BATCH / ms * 1000, rss,
+      m == "f16" and "no f16 CPU autocast in 1.13" or "not available", ms / floor, m == "f16" and "the f32" or "its"))
   end
 end

@@ -57,15 +57,7 @@ local function torch(m) return bc.torch(string.format("/usr/bin/python3 %sbench_
 -- the floor: forward + backward matmul FLOPs (3x the forward's) at the GEMM rate
 -- measured here for the dtype (f32; bf16 for bf16 autocast, whose products are bf16)
 local function floor_ms(dtype)
-  local a, b = mp.randn { 2048, 512 }:to(dtype), mp.randn { 512, 512 }:to(dtype)
-  mp.matmul(a, b)
-  local n, best = 10, math.huge   -- the best of 5 trials: the rate the GEMM reaches here
-  for _ = 1, 5 do
-    local t0 = mp.clock()
-    for _ = 1, n do mp.matmul(a, b):free() end
-    best = math.min(best, mp.clock() - t0)
-  end
-  local gflops = 2 * 2048 * 512 * 512 * n / best / 1e9
+  local gflops = bc.gemm_gflops(dtype)
   local tok = B * T
   local per_layer = 2 * tok * D * (3 * D) + 2 * tok * D * D + 2 * 2 * tok * D * (4 * D) + 2 * 2 * B * H * T * T * (D // H)
   local fwd = L * per_layer + 2 * tok * D * V
@@ -79,15 +71,16 @@ print(string.format("gpt train step (2 layers, d %d, ctx %d, batch %d = %d token
   D, T, B, tokens, gflops, gflopsb, fl, flb))
 for _, m in ipairs { "f32", "bf16", "f16" } do
   local ms, rss = child(m)
+  local floor = m == "bf16" and flb or fl   -- f16 autocast: no f16 GEMM rate measured, the f32 floor
   local tms, trss, th = nil, nil, nil
   if m ~= "f16" then tms, trss, th = torch(m) end
   if not ms then
     print("gpt " .. m .. ": mpengine run failed")
   elseif tms then
-    print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch %.1f ms %6.0f tokens/s %5.0f MiB (threads=%d) | speed %.2fx (target >= 1.2x)",
-      m, ms, tokens / ms * 1000, rss, tms, tokens / tms * 1000, trss, th, tms / ms))
+    print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch %.1f ms %6.0f tokens/s %5.0f MiB (threads=%d) | speed %.2fx (target >= 1.2x) | %.2fx floor",
+      m, ms, tokens / ms * 1000, rss, tms, tokens / tms * 1000, trss, th, tms / ms, ms / floor))
   else
-    print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch: %s", m, ms, tokens / ms * 1000, rss,
-      m == "f16" and "no f16 CPU autocast in 1.13" or "not available"))
+    print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch: %s | %.2fx %s floor", m, ms, tokens / ms * 1000, rss,
+      m == "f16" and "no f16 CPU autocast in 1.13" or "not available", ms / floor, m == "f16" and "the f32" or "its"))
   end
 end

@@ -6,6 +6,8 @@
 --   bc.report(mode, times)                     -- in the child: the median and VmHWM
 --   bc.mpengine(env_var, mode, steps, exe, script) -> ms, rss, output
 --   bc.torch(command_without_threads, threads_list) -> best ms, its rss, its threads, output
+--   bc.gemm_gflops(dtype) -> the GEMM rate here (mp.matmul 2048x512 by 512x512, best of 5)
+local mp = mp or require "mp"
 local bc = {}
 
 -- the median of times (seconds) and the process's peak RSS, as the parent reads them
@@ -43,6 +45,21 @@ function bc.torch(fmt, threads)
     if not best or ms < best then best, rss, th = ms, r, t end
   end
   return best, rss, th
+end
+
+-- the GEMM rate measured here for dtype ("f32", "bf16"), in GFLOP/s: the best of 5
+-- trials of 10 products 2048x512 by 512x512 (the rate the GEMM reaches here); a
+-- model's floor is its step's GEMM FLOPs at this rate
+function bc.gemm_gflops(dtype)
+  local a, b = mp.randn { 2048, 512 }:to(dtype), mp.randn { 512, 512 }:to(dtype)
+  mp.matmul(a, b)
+  local n, best = 10, math.huge
+  for _ = 1, 5 do
+    local t0 = mp.clock()
+    for _ = 1, n do mp.matmul(a, b):free() end
+    best = math.min(best, mp.clock() - t0)
+  end
+  return 2 * 2048 * 512 * 512 * n / best / 1e9
 end
 
 return bc
