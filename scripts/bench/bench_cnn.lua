@@ -23,27 +23,8 @@ if mode then
   local opt = mp.optim.Adam(model:parameters(), { lr = 1e-3 })
   local scaler = mode == "f16" and mp.amp.GradScaler {} or nil
   local xs, ys = mp.rand { 8, BATCH, 1, 28, 28 }, mp.randint(0, 10, { 8, BATCH })
-  local times = {}
-  for s = 1, WARMUP + STEPS do
-    local x, y = xs:select(1, (s - 1) % 8 + 1), ys:select(1, (s - 1) % 8 + 1)
-    local t0 = mp.clock()
-    opt:zero_grad()
-    local loss
-    do
-      local _ <close> = mode ~= "f32" and mp.amp.autocast(mode) or nil
-      loss = mp.cross_entropy(model(x), y)
-    end
-    if scaler then
-      scaler:scale(loss):backward()
-      scaler:step(opt)
-      scaler:update()
-    else
-      loss:backward()
-      opt:step()
-    end
-    loss:item()
-    if s > WARMUP then times[#times + 1] = mp.clock() - t0 end
-  end
+  local times = bc.time_steps { model = model, opt = opt, xs = xs, ys = ys, mode = mode, steps = STEPS,
+                                warmup = WARMUP, scaler = scaler }
   bc.report(mode, times)
   return
 end

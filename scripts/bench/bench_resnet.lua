@@ -32,21 +32,8 @@ if spec then
   local model = ResNet { widths = w, blocks = blocks }
   local opt = mp.optim.SGD(model:parameters(), { lr = 0.05, momentum = 0.9 })
   local xs, ys = mp.rand { 4, batch, 3, 32, 32 }, mp.randint(0, 10, { 4, batch })
-  local times = {}
-  for s = 1, warmup + steps do
-    local x, y = xs:select(1, (s - 1) % 4 + 1), ys:select(1, (s - 1) % 4 + 1)
-    local t0 = mp.clock()
-    opt:zero_grad()
-    local loss
-    do
-      local _ <close> = mode ~= "f32" and mp.amp.autocast(mode) or nil
-      loss = mp.cross_entropy(model(x), y)
-    end
-    loss:backward()
-    opt:step()
-    loss:item()
-    if s > warmup then times[#times + 1] = mp.clock() - t0 end
-  end
+  local times = bc.time_steps { model = model, opt = opt, xs = xs, ys = ys, mode = mode, steps = steps,
+                                warmup = warmup }
   bc.report(mode, times)
   return
 end

@@ -10,15 +10,15 @@ MODE: f32 or bf16 (torch.autocast("cpu", bfloat16); PyTorch 1.13's CPU autocast
 has no f16); WIDTHS: comma-separated, e.g. 16,32,64. Prints
 `torch threads=N mode=M median_ms=X peak_rss_mib=Y`.
 """
-import contextlib
-import resource
-import statistics
+import os
 import sys
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_step_timer import time_steps  # noqa: E402
 
 
 class BasicBlock(nn.Module):
@@ -68,19 +68,7 @@ def main():
     m = ResNet(widths, blocks)
     opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     xs, ys = torch.rand(4, batch, 3, 32, 32), torch.randint(0, 10, (4, batch))
-    times = []
-    for s in range(warmup + steps):
-        t0 = time.perf_counter()
-        opt.zero_grad()
-        with torch.autocast("cpu", dtype=torch.bfloat16) if mode == "bf16" else contextlib.nullcontext():
-            loss = F.cross_entropy(m(xs[s % 4]), ys[s % 4])
-        loss.backward()
-        opt.step()
-        loss.item()
-        if s >= warmup:
-            times.append(time.perf_counter() - t0)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"torch threads={threads} mode={mode} median_ms={statistics.median(times) * 1000:.3f} peak_rss_mib={rss:.1f}")
+    time_steps(m, opt, xs, ys, steps, warmup, threads, mode)
 
 
 if __name__ == "__main__":

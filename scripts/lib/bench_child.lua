@@ -62,4 +62,35 @@ function bc.gemm_gflops(dtype)
   return 2 * 2048 * 512 * 512 * n / best / 1e9
 end
 
+-- The timed loop of a classifier bench's child (bench_cnn.lua, bench_resnet.lua):
+-- each step is zero_grad, the forward and cross-entropy (under autocast when mode is
+-- not f32), backward (through the scaler when there is one), the optimizer step and a
+-- read of the loss; batches cycle through the first dim of xs/ys. The step times
+-- after the warm-up, in seconds.
+function bc.time_steps(o)
+  local mp = mp or require "mp"
+  local n, times = o.xs.shape[1], {}
+  for s = 1, o.warmup + o.steps do
+    local x, y = o.xs:select(1, (s - 1) % n + 1), o.ys:select(1, (s - 1) % n + 1)
+    local t0 = mp.clock()
+    o.opt:zero_grad()
+    local loss
+    do
+      local _ <close> = o.mode ~= "f32" and mp.amp.autocast(o.mode) or nil
+      loss = mp.cross_entropy(o.model(x), y)
+    end
+    if o.scaler then
+      o.scaler:scale(loss):backward()
+      o.scaler:step(o.opt)
+      o.scaler:update()
+    else
+      loss:backward()
+      o.opt:step()
+    end
+    loss:item()
+    if s > o.warmup then times[#times + 1] = mp.clock() - t0 end
+  end
+  return times
+end
+
 return bc
