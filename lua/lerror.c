@@ -67,6 +67,11 @@ void lb_where(lua_State *L, int level)
             lua_pushfstring(L, "%s:%d: ", ar.short_src, ar.currentline);
             return;
         }
+        /* no such frame: the caller tail-called the library (`return
+         * mp.nn.LSTM(0, 4)`, as the REPL runs an expression) and is gone
+         * from the stack; no position beats the library's own line */
+        lua_pushliteral(L, "");
+        return;
     }
     luaL_where(L, level);
 }

@@ -56,6 +56,14 @@ describe("errors at the caller's line", function()
     at_line("", "local l = mp.data.loader({x = 1})", { "mp.data.loader" })
   end)
 
+  it("no library line when the caller tail-called the library (the REPL's `return expr`)", function()
+    -- a coroutine, so that nothing but the chunk is below the library, as at the REPL's prompt
+    local ok, err = coroutine.resume(coroutine.create(load('local mp = require "mp"; return mp.nn.LSTM(0, 4)', "=stdin")))
+    assert.is_false(ok)
+    err = tostring(err)
+    assert.are.equal("mp.nn.LSTM: input_size must be a positive integer (got 0)", err)
+  end)
+
   it("mp.errors.raise from any depth of library code", function()
     local errors = require "mp.errors"
     -- called from this spec (not library code): the position is this line
