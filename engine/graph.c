@@ -131,7 +131,7 @@ void mp_node_release(mp_node *n)
             stack[top++] = next;
         }
         free(n->saved);
-        free(n->saved_version);
+        if (n->saved_version != n->saved_version_small) free(n->saved_version);
         free(n->args);
         if (n->hooks) n->hooks->release(n->hooks);
         free(n->where);
@@ -145,8 +145,15 @@ void mp_node_release(mp_node *n)
 int mp_node_stamp_saved(mp_node *n)
 {
     if (!n->nsaved) return 0;
-    uint64_t *v = realloc(n->saved_version, sizeof *v * (size_t)n->nsaved);
-    if (!v) return mp_fail(MP_EOOM, "out of memory recording %s", n->name);
+    size_t small = sizeof n->saved_version_small / sizeof n->saved_version_small[0];
+    uint64_t *v = n->saved_version;
+    if ((size_t)n->nsaved <= small) {
+        if (v != n->saved_version_small) free(v);
+        v = n->saved_version_small;
+    } else {
+        v = realloc(v == n->saved_version_small ? NULL : v, sizeof *v * (size_t)n->nsaved);
+        if (!v) return mp_fail(MP_EOOM, "out of memory recording %s", n->name);
+    }
     n->saved_version = v;
     for (int k = 0; k < n->nsaved; k++) v[k] = n->saved[k] ? n->saved[k]->st->version : 0;
     return 0;

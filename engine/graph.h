@@ -50,8 +50,10 @@ struct mp_node {
     mp_tensor **saved;             /* what the backward needs, any number (NULL entries allowed) */
     uint64_t saved_outputs;        /* bit k: saved[k] is the node's own output, detached (engine/op.h
                                     * mp_keep_output); create_graph attaches it again for the backward */
-    uint64_t *saved_version;       /* saved[k]'s storage version when it was kept (mp_node_stamp_saved),
-                                    * owned: a backward refuses a saved tensor written since */
+    uint64_t *saved_version;       /* saved[k]'s storage version when it was kept (mp_node_stamp_saved):
+                                    * a backward refuses a saved tensor written since; points into
+                                    * saved_version_small for up to 4 (no allocation per op), else owned */
+    uint64_t saved_version_small[4];
     unsigned char walk;            /* scratch of the walk that holds the node (engine/backward.c) */
     void *payload;                 /* a custom node's own data (engine/custom.h), freed with the node by */
     void (*payload_release)(void *payload);   /* this (NULL: nothing to free) */

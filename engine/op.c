@@ -92,11 +92,6 @@ mp_tensor *mp_finish(mp_tensor *o, const mp_op *op, int nin, mp_tensor *const *i
         return NULL;
     }
     (*node)->op = op;
-    /* a view (reshape, narrow: the output shares an input's storage) recorded for
-     * autograd: in-place ops in grad mode then refuse that storage, whose other
-     * headers' histories would not see the write (engine/ops_inplace.c) */
-    for (int k = 0; k < nin; k++)
-        if (ins[k] && ins[k]->st == o->st) o->st->grad_view = true;
     return o;
 }
 

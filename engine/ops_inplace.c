@@ -160,9 +160,12 @@ static int inplace(mp_tensor *self, const how *h)
     else if (mp_is_float(r->dtype) && !mp_is_float(self->dtype))
         rc = mp_fail(MP_EINVAL, "the result is %s, which an %s tensor cannot hold (convert self to a float dtype "
                                 "first)", mp_dtype_name(r->dtype), mp_dtype_name(self->dtype));
-    else if (r->grad_fn && self->st->grad_view)
+    else if (r->grad_fn && self->st->grad_view && self->st->refs > 1)
+        /* another header over this storage (a view, or the tensor it was taken
+         * from) would take the values without the history: PyTorch carries the
+         * write into the other tensor's graph (CopySlices); this engine refuses */
         rc = mp_fail(MP_EINVAL, "in grad mode, self shares its storage with a view recorded for autograd (reshape, "
-                                "narrow, ... of a tensor that requires grad): the other tensor's history would not "
+                                "narrow, ... of another tensor): the other tensor's history would not "
                                 "see the write; work on a clone(), or inside mp.no_grad()");
     if (rc == 0 && r->grad_fn && r->dtype != self->dtype) {   /* the history goes through the cast back */
         mp_tensor *c = mp_to(r, self->dtype, self->dev);

@@ -114,7 +114,9 @@ static mp_tensor *reshape_fwd(mp_op_ctx *c)
         return mp_fail(MP_EINVAL, "cannot reshape %s (%lld elements) to %s",
                        mp_shape_str(t->ndim, t->shape, b1, sizeof b1), (long long)t->numel,
                        mp_shape_str(ndim, shape, b2, sizeof b2)), NULL;
-    return mp_view(t, ndim, s, t->offset);
+    mp_tensor *o = mp_view(t, ndim, s, t->offset);
+    if (o) o->st->grad_view = true;   /* two headers over one storage: engine/ops_inplace.c */
+    return o;
 }
 
 static const mp_op reshape_op = {.name = "reshape", .nin = 1, .forward = reshape_fwd, .backward = reshape_backward,
@@ -179,6 +181,7 @@ static mp_tensor *narrow_fwd(mp_op_ctx *c)
     mp_tensor *o;
     if (outer == 1) {   /* a contiguous slab: share storage */
         o = mp_view(t, t->ndim, shape, t->offset + (start - 1) * inner);
+        if (o) o->st->grad_view = true;
     } else {
         o = mp_empty(t->dtype, t->dev, t->ndim, shape);
         if (o) MP_K(o, narrow, t->dtype, mp_data(o), mp_data(t), outer, n, start - 1, len, inner);

@@ -23,7 +23,8 @@ typedef struct mp_storage {
     bool arena;                    /* an optimizer's parameter arena */
     uint64_t version;              /* bumped by every in-place write (copy_, add_, an optimizer step): a
                                     * backward checks its saved tensors against it (engine/graph.h) */
-    bool grad_view;                /* a view of it was recorded for autograd (engine/op.c mp_finish) */
+    bool grad_view;                /* a view (reshape, narrow) was taken of it: while another header
+                                    * holds it, in-place ops in grad mode refuse it (engine/ops_inplace.c) */
     /* an arena's f16/bf16 working copy for autocast, current when lowp_version ==
      * version: the optimizer step writes it with the masters (mp_arena_cast) */
     struct mp_tensor *lowp;

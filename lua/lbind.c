@@ -395,6 +395,24 @@ static int opt_error(lua_State *L, int level, const char *fmt, ...)
     return lua_error(L);
 }
 
+mp_tensor *lb_tensor_arg(lua_State *L, int i, const char *what, const char *name)
+{
+    mp_tensor *t = lt_opt(L, i);
+    if (!t) {
+        if (i == 1 && strncmp(name, "Tensor:", 7) == 0) what = "self";
+        luaL_error(L, "%s: %s must be a tensor (got %s)", name, what, luaL_typename(L, i));
+    }
+    return t;
+}
+
+void lb_max_args(lua_State *L, int n, const char *name)
+{
+    int top = lua_gettop(L);
+    if (top <= n) return;
+    lt_opt(L, 1);   /* a freed tensor says so first, whatever else is wrong */
+    luaL_error(L, "%s: too many arguments (at most %d, got %d)", name, n, top);
+}
+
 int lb_check_options(lua_State *L, int i, const char *name, const char *spec, int level)
 {
     if (lua_isnoneornil(L, i)) return 0;

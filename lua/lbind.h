@@ -88,6 +88,12 @@ int lb_set_default_device(lua_State *L);
  * function and the option, positioned at `level` (as error()'s, counted from
  * the C function). Returns 1 when there is a table. */
 int lb_check_options(lua_State *L, int i, const char *name, const char *spec, int level);
+/* at most n arguments (a method's self counts): more is an error naming name, never
+ * ignored (x:add_(g, -lr), PyTorch's alpha, would otherwise update wrongly) */
+void lb_max_args(lua_State *L, int n, const char *name);
+/* the tensor at i, or an error naming it: "what", or "self" for argument 1 of a
+ * method (a name "Tensor:...") */
+mp_tensor *lb_tensor_arg(lua_State *L, int i, const char *what, const char *name);
 int lb_options_lua(lua_State *L);   /* core._options(name, opts, spec [, level]) */
 lb_opts lb_options(lua_State *L, int i, const char *name);
 lb_opts lb_options_def(lua_State *L, int i, const char *name, lb_opts defaults);

@@ -43,7 +43,8 @@ static void bounds(lua_State *L, int i, const char *name, double v[2], const dou
 
 static int clamp_as(lua_State *L, const char *name)
 {
-    mp_tensor *x = lt_check(L, 1);
+    lb_max_args(L, 3, name);
+    mp_tensor *x = lb_tensor_arg(L, 1, "x", name);
     double v[2];
     const double *p[2];
     bounds(L, 2, name, v, p);
@@ -56,7 +57,8 @@ static int t_clamp(lua_State *L) { return clamp_as(L, "Tensor:clamp"); }
 
 static int t_clamp_(lua_State *L)
 {
-    mp_tensor *x = lt_check(L, 1);
+    lb_max_args(L, 3, "Tensor:clamp_");
+    mp_tensor *x = lb_tensor_arg(L, 1, "self", "Tensor:clamp_");
     double v[2];
     const double *p[2];
     bounds(L, 2, "Tensor:clamp_", v, p);
@@ -75,7 +77,8 @@ static const bin_method bin_methods[] = {
 static int t_binary_(lua_State *L)
 {
     const bin_method *m = lua_touserdata(L, lua_upvalueindex(1));
-    mp_tensor *t = lt_check(L, 1), *o = lt_opt(L, 2);
+    lb_max_args(L, 2, m->name);
+    mp_tensor *t = lb_tensor_arg(L, 1, "self", m->name), *o = lt_opt(L, 2);
     if (o) {
         INPLACE_CALL(L, m->name, mp_binary_(m->op, t, o));
     } else if (lua_type(L, 2) == LUA_TNUMBER) {
@@ -99,7 +102,7 @@ static const un_method un_methods[] = {
 static int t_unary_(lua_State *L)
 {
     const un_method *m = lua_touserdata(L, lua_upvalueindex(1));
-    mp_tensor *t = lt_check(L, 1);
+    mp_tensor *t = lb_tensor_arg(L, 1, "self", m->name);
     if (!lua_isnone(L, 2)) return luaL_error(L, "%s: takes no arguments", m->name);
     INPLACE_CALL(L, m->name, mp_unary_(m->op, t, 0));
     lua_settop(L, 1);
@@ -108,7 +111,8 @@ static int t_unary_(lua_State *L)
 
 static int t_fill_(lua_State *L)
 {
-    mp_tensor *t = lt_check(L, 1);
+    lb_max_args(L, 2, "Tensor:fill_");
+    mp_tensor *t = lb_tensor_arg(L, 1, "self", "Tensor:fill_");
     if (lua_type(L, 2) != LUA_TNUMBER)
         return luaL_error(L, "Tensor:fill_: value must be a number (got %s)", luaL_typename(L, 2));
     double v = lua_tonumber(L, 2);
@@ -119,7 +123,8 @@ static int t_fill_(lua_State *L)
 
 static int t_zero_(lua_State *L)
 {
-    mp_tensor *t = lt_check(L, 1);
+    lb_max_args(L, 1, "Tensor:zero_");
+    mp_tensor *t = lb_tensor_arg(L, 1, "self", "Tensor:zero_");
     INPLACE_CALL(L, "Tensor:zero_", mp_fill_(t, 0));
     lua_settop(L, 1);
     return 1;

@@ -27,6 +27,7 @@ struct math_row {
     math_fn fn;
     int op;          /* the kernel code (an mp_unop, mp_redop or mp_binop) where the row has one */
     int forms;       /* FN: mp.<name>; METH: Tensor:<name> */
+    int nargs;       /* the most arguments it takes, x included */
 };
 
 /* argument i as a tensor, or an error in the caller's words */
@@ -190,27 +191,29 @@ static int f_cumsum(lua_State *L, const math_row *r, const char *name)
 }
 
 static const math_row rows[] = {
-    {"neg", f_unary, MP_NEG, BOTH}, {"sin", f_unary, MP_SIN, BOTH}, {"cos", f_unary, MP_COS, BOTH},
-    {"exp", f_unary, MP_EXP, FN}, {"log", f_unary, MP_LOG, FN}, {"abs", f_unary, MP_ABS, FN},
-    {"sqrt", f_unary, MP_SQRT, FN},
-    {"tanh", f_unary, MP_TANH, METH}, {"relu", f_unary, MP_RELU, METH}, {"sigmoid", f_unary, MP_SIGMOID, METH},
-    {"silu", f_unary, MP_SILU, METH}, {"gelu", f_gelu, 0, METH},
-    {"softmax", f_softmax, 0, METH}, {"log_softmax", f_softmax, 1, METH},
-    {"gt", f_compare, MP_GT, FN}, {"lt", f_compare, MP_LT, FN}, {"ge", f_compare, MP_GE, FN},
-    {"le", f_compare, MP_LE, FN}, {"eq", f_compare, MP_EQ, FN}, {"ne", f_compare, MP_NE, FN},
-    {"sum", f_reduce, MP_SUM, BOTH}, {"mean", f_reduce, MP_MEAN, BOTH},
-    {"max", f_extreme, MP_MAX, BOTH}, {"min", f_extreme, MP_MIN, BOTH},
-    {"argmax", f_reduce, MP_ARGMAX, BOTH}, {"argmin", f_reduce, MP_ARGMIN, BOTH},
-    {"any", f_any_all, 0, BOTH}, {"all", f_any_all, 1, BOTH},
-    {"var", f_var_std, 0, BOTH}, {"std", f_var_std, 1, BOTH}, {"norm", f_norm, 0, BOTH},
-    {"cumsum", f_cumsum, 0, BOTH},
+    {"neg", f_unary, MP_NEG, BOTH, 1}, {"sin", f_unary, MP_SIN, BOTH, 1}, {"cos", f_unary, MP_COS, BOTH, 1},
+    {"exp", f_unary, MP_EXP, FN, 1}, {"log", f_unary, MP_LOG, FN, 1}, {"abs", f_unary, MP_ABS, FN, 1},
+    {"sqrt", f_unary, MP_SQRT, FN, 1},
+    {"tanh", f_unary, MP_TANH, METH, 1}, {"relu", f_unary, MP_RELU, METH, 1}, {"sigmoid", f_unary, MP_SIGMOID, METH, 1},
+    {"silu", f_unary, MP_SILU, METH, 1}, {"gelu", f_gelu, 0, METH, 2},
+    {"softmax", f_softmax, 0, METH, 2}, {"log_softmax", f_softmax, 1, METH, 2},
+    {"gt", f_compare, MP_GT, FN, 2}, {"lt", f_compare, MP_LT, FN, 2}, {"ge", f_compare, MP_GE, FN, 2},
+    {"le", f_compare, MP_LE, FN, 2}, {"eq", f_compare, MP_EQ, FN, 2}, {"ne", f_compare, MP_NE, FN, 2},
+    {"sum", f_reduce, MP_SUM, BOTH, 3}, {"mean", f_reduce, MP_MEAN, BOTH, 3},
+    {"max", f_extreme, MP_MAX, BOTH, 3}, {"min", f_extreme, MP_MIN, BOTH, 3},
+    {"argmax", f_reduce, MP_ARGMAX, BOTH, 3}, {"argmin", f_reduce, MP_ARGMIN, BOTH, 3},
+    {"any", f_any_all, 0, BOTH, 3}, {"all", f_any_all, 1, BOTH, 3},
+    {"var", f_var_std, 0, BOTH, 3}, {"std", f_var_std, 1, BOTH, 3}, {"norm", f_norm, 0, BOTH, 4},
+    {"cumsum", f_cumsum, 0, BOTH, 2},
 };
 
 /* upvalue 1: the row; upvalue 2: the form's name for errors */
 static int call_row(lua_State *L)
 {
     const math_row *r = lua_touserdata(L, lua_upvalueindex(1));
-    return r->fn(L, r, lua_tostring(L, lua_upvalueindex(2)));
+    const char *name = lua_tostring(L, lua_upvalueindex(2));
+    lb_max_args(L, r->nargs, name);
+    return r->fn(L, r, name);
 }
 
 static void add(lua_State *L, const math_row *r, const char *prefix)

@@ -11,8 +11,8 @@
 static int f_lstm_cell(lua_State *L)
 {
     const char *name = "mp.lstm_cell";
-    mp_tensor *g = lt_check(L, 1), *c = lt_check(L, 2);
-    lua_settop(L, 2);
+    lb_max_args(L, 2, name);
+    mp_tensor *g = lb_tensor_arg(L, 1, "gates", name), *c = lb_tensor_arg(L, 2, "c_prev", name);
     LT_PUSH(L, name, mp_lstm_cell(g, c));
     mp_tensor *hc = lt_check(L, 3);
     LT_PUSH(L, name, mp_select(hc, 1, 1));
@@ -23,7 +23,9 @@ static int f_lstm_cell(lua_State *L)
 /* mp.gru_cell(gi, gh, h_prev) -> h */
 static int f_gru_cell(lua_State *L)
 {
-    mp_tensor *gi = lt_check(L, 1), *gh = lt_check(L, 2), *h = lt_check(L, 3);
+    lb_max_args(L, 3, "mp.gru_cell");
+    mp_tensor *gi = lb_tensor_arg(L, 1, "gi", "mp.gru_cell"), *gh = lb_tensor_arg(L, 2, "gh", "mp.gru_cell"),
+              *h = lb_tensor_arg(L, 3, "h_prev", "mp.gru_cell");
     LT_PUSH(L, "mp.gru_cell", mp_gru_cell(gi, gh, h));
     return 1;
 }

@@ -10,19 +10,16 @@
 #include "lua/lbind.h"
 #include "lua/lcore.h"
 
-#define NAME(L) lua_tostring((L), lua_upvalueindex(1))
+/* the name called (upvalue 1), after checking the argument count (upvalue 3) */
+static const char *NAME(lua_State *L)
+{
+    const char *name = lua_tostring(L, lua_upvalueindex(1));
+    lb_max_args(L, (int)lua_tointeger(L, lua_upvalueindex(3)), name);
+    return name;
+}
 #define RETURN_TENSOR(L, NAME_, EXPR) do { LT_PUSH(L, NAME_, EXPR); return 1; } while (0)
 
-/* the tensor at i, or an error naming the argument ("x" in mp.f(x, ...), "self" in x:f(...)) */
-static mp_tensor *arg_tensor(lua_State *L, int i, const char *what, const char *name)
-{
-    mp_tensor *t = lt_opt(L, i);
-    if (!t) {
-        if (i == 1) what = strncmp(name, "mp.", 3) == 0 ? "x" : "self";
-        luaL_error(L, "%s: %s must be a tensor (got %s)", name, what, luaL_typename(L, i));
-    }
-    return t;
-}
+#define arg_tensor lb_tensor_arg
 
 static int opt_dim(lua_State *L, int i, int dflt, const char *name)
 {
@@ -260,7 +257,7 @@ static int s_split(lua_State *L)
     } else {
         int64_t size = lb_integer(L, 2, "size", name);
         if (size < 1) return luaL_error(L, "%s: size must be positive (got %I)", name, (lua_Integer)size);
-        int64_t c = (n + size - 1) / size;
+        int64_t c = n > 0 ? 1 + (n - 1) / size : 0;   /* ceil(n / size), without n + size overflowing */
         if (c > 1 << 20) return luaL_error(L, "%s: %I pieces (at most %d)", name, (lua_Integer)c, 1 << 20);
         count = (int)c;
         len = lua_newuserdatauv(L, sizeof *len * (size_t)count, 0);
@@ -279,7 +276,9 @@ static int s_chunk(lua_State *L)
     if (c < 1) return luaL_error(L, "%s: chunks must be positive (got %I)", name, (lua_Integer)c);
     mp_clear_error();
     if (mp_dim(t, d, &k)) return lt_error(L, name);
-    int64_t n = t->shape[k], size = (n + c - 1) / c, count = (n + size - 1) / size;
+    /* ceil(n / c) and ceil(n / size), written so that no sum overflows (c may be near 2^63) */
+    int64_t n = t->shape[k], size = n > 0 ? 1 + (n - 1) / c : 1, count = n > 0 ? 1 + (n - 1) / size : 0;
+    if (count > 1 << 20) return luaL_error(L, "%s: %I pieces (at most %d)", name, (lua_Integer)count, 1 << 20);
     int64_t *len = lua_newuserdatauv(L, sizeof *len * (size_t)count, 0);
     for (int64_t i = 0; i < count; i++) len[i] = i < count - 1 ? size : n - size * (count - 1);
     return push_pieces(L, t, d, len, (int)count, name);
@@ -405,28 +404,30 @@ static int s_stack(lua_State *L)
 {
     const char *name = NAME(L);
     int d = opt_dim(L, 2, 1, name), n;
-    if (lua_gettop(L) > 2) lua_settop(L, 2);
     mp_tensor **ts = lb_tensor_list(L, 1, 1 << 20, "list", name, &n);
     if (n < 1) return luaL_error(L, "%s: the list is empty", name);
     RETURN_TENSOR(L, name, mp_stack(n, ts, d));
 }
 
-/* each row: both forms unless mp_only; add: upvalue 2 */
-typedef struct { const char *name; lua_CFunction f; bool mp_only, add; } shape_fn;
-#define BOTH(n, f) {n, f, false, false}
+/* each row: both forms unless mp_only; add: upvalue 2; nargs: the most arguments
+ * it takes, x included (upvalue 3, checked by NAME) */
+typedef struct { const char *name; lua_CFunction f; bool mp_only, add; int nargs; } shape_fn;
+#define BOTH(n, f, k) {n, f, false, false, k}
+#define DIMS 64   /* x and sizes or dims: their own check names the limit of MP_MAXDIM */
 static const shape_fn shape_fns[] = {
-    BOTH("size", s_size), BOTH("dim", s_dim), BOTH("numel", s_numel),
-    BOTH("reshape", s_reshape), BOTH("view", s_reshape), BOTH("unsqueeze", s_unsqueeze), BOTH("squeeze", s_squeeze),
-    BOTH("transpose", s_transpose), BOTH("permute", s_permute), BOTH("expand", s_expand),
-    BOTH("contiguous", s_contiguous), BOTH("clone", s_clone), BOTH("detach", s_detach), BOTH("to", s_to),
-    BOTH("narrow", s_narrow), BOTH("select", s_select), BOTH("split", s_split), BOTH("chunk", s_chunk),
-    BOTH("tril", s_tril), BOTH("triu", s_triu), BOTH("masked_fill", s_masked_fill),
-    BOTH("index_select", s_index_select), BOTH("gather", s_gather), BOTH("scatter", s_scatter),
-    {"scatter_add", s_scatter, false, true},
-    BOTH("topk", s_topk), BOTH("sort", s_sort),
-    {"stack", s_stack, true, false},
+    BOTH("size", s_size, 2), BOTH("dim", s_dim, 1), BOTH("numel", s_numel, 1),
+    BOTH("reshape", s_reshape, DIMS), BOTH("view", s_reshape, DIMS), BOTH("unsqueeze", s_unsqueeze, 2),
+    BOTH("squeeze", s_squeeze, 2), BOTH("transpose", s_transpose, 3), BOTH("permute", s_permute, DIMS),
+    BOTH("expand", s_expand, DIMS), BOTH("contiguous", s_contiguous, 1), BOTH("clone", s_clone, 1),
+    BOTH("detach", s_detach, 1), BOTH("to", s_to, 3), BOTH("narrow", s_narrow, 4), BOTH("select", s_select, 3),
+    BOTH("split", s_split, 3), BOTH("chunk", s_chunk, 3), BOTH("tril", s_tril, 2), BOTH("triu", s_triu, 2),
+    BOTH("masked_fill", s_masked_fill, 3), BOTH("index_select", s_index_select, 3), BOTH("gather", s_gather, 3),
+    BOTH("scatter", s_scatter, 4), {"scatter_add", s_scatter, false, true, 4},
+    BOTH("topk", s_topk, 4), BOTH("sort", s_sort, 3),
+    {"stack", s_stack, true, false, 2},
 };
 #undef BOTH
+#undef DIMS
 
 /* on the table on top of the stack (mp.core, with its Tensor methods table) */
 void mp_open_shape(lua_State *L)
@@ -436,12 +437,14 @@ void mp_open_shape(lua_State *L)
         const shape_fn *r = &shape_fns[i];
         lua_pushfstring(L, "mp.%s", r->name);
         lua_pushboolean(L, r->add);
-        lua_pushcclosure(L, r->f, 2);
+        lua_pushinteger(L, r->nargs);
+        lua_pushcclosure(L, r->f, 3);
         lua_setfield(L, -3, r->name);
         if (r->mp_only) continue;
         lua_pushfstring(L, "Tensor:%s", r->name);
         lua_pushboolean(L, r->add);
-        lua_pushcclosure(L, r->f, 2);
+        lua_pushinteger(L, r->nargs);
+        lua_pushcclosure(L, r->f, 3);
         lua_setfield(L, -2, r->name);
     }
     lua_pop(L, 1);

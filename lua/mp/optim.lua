@@ -340,6 +340,9 @@ function Schedule:apply()
 end
 
 function Schedule:step()
+  if not self.opt then
+    require("mp.errors").raise("sched:step: the schedule is not attached (opt:set_schedule(sched) first)")
+  end
   self.count = self.count + 1
   self:apply()
 end

@@ -90,7 +90,7 @@ describe("mp.clamp", function()
     H.raises(function() return mp.clamp(x, NAN, 1) end, { "mp.clamp", "min", "NaN" })
     H.raises(function() return mp.clamp(mp.tensor({ 1, 2 }, { dtype = "i32" }), 0, 1) end,
       { "mp.clamp", "float", "i32" })
-    H.raises(function() return mp.clamp(5, 0, 1) end, { "tensor expected" })
+    H.raises(function() return mp.clamp(5, 0, 1) end, { "mp.clamp", "x must be a tensor (got number)" })
   end)
 end)
 
@@ -179,6 +179,11 @@ describe("in-place ops", function()
   it("argument errors name the method", function()
     local x = T { 1 }
     H.raises(function() return x:add_("2") end, { "Tensor:add_", "other must be a tensor or a number", "string" })
+    -- PyTorch's add_(other, alpha) has no alpha here: refused, not ignored
+    H.raises(function() return x:add_(x, -0.1) end, { "Tensor:add_", "too many arguments (at most 2, got 3)" })
+    H.raises(function() return x:zero_(5) end, { "Tensor:zero_", "too many arguments" })
+    H.raises(function() return x:clamp_(0, 1, 2) end, { "Tensor:clamp_", "too many arguments" })
+    H.raises(function() return mp.Tensor.add_(nil, 1) end, { "Tensor:add_", "self must be a tensor (got nil)" })
     H.raises(function() return x:fill_() end, { "Tensor:fill_", "value must be a number" })
     H.raises(function() return x:exp_(2) end, { "Tensor:exp_", "no arguments" })
     H.raises(function() return x:clamp_() end, { "Tensor:clamp_", "min or max" })
@@ -375,5 +380,23 @@ describe("views share their storage's version", function()
     c:mul_(2)
     c:sum():backward()
     H.assert_same(w.grad:totable(), { 2, 2, 0, 0 })
+  end)
+
+  it("a view of a tensor without grad written with a history is refused too (its base would lose it)", function()
+    local w = leaf { 1, 2, 3 }
+    local buf = mp.zeros { 2, 3 }
+    local row = buf:narrow(1, 1, 1)
+    H.raises(function() row:add_(w * 2) end, { "Tensor:add_", "view recorded for autograd" })
+    H.assert_same(buf:totable(), { { 0, 0, 0 }, { 0, 0, 0 } })
+  end)
+
+  it("once the other header is gone, a reshaped result takes in-place ops again", function()
+    local w = leaf { 1, 2, 3, 4 }
+    local y = (w * 2):reshape { 2, 2 }
+    collectgarbage()   -- the product's own header, the view's only sibling
+    y:add_(1)
+    y:sum():backward()
+    H.assert_same(y:totable(), { { 3, 5 }, { 7, 9 } })
+    H.assert_same(w.grad:totable(), { 2, 2, 2, 2 })
   end)
 end)

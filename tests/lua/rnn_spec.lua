@@ -244,6 +244,10 @@ describe("mp.lstm_cell and mp.gru_cell", function()
     H.raises(function() mp.lstm_cell(mp.zeros { 2, 12 }, mp.zeros { 2, 4 }) end,
              { "mp.lstm_cell", "gates {2,12} does not match c_prev {2,4}" })
     H.raises(function() mp.lstm_cell(mp.zeros { 2, 16 }, mp.zeros { 3, 4 }) end, { "mp.lstm_cell", "gates" })
+    H.raises(function() mp.lstm_cell(nil, mp.zeros { 2, 4 }) end, { "mp.lstm_cell", "gates must be a tensor (got nil)" })
+    H.raises(function() mp.gru_cell(mp.zeros { 2, 12 }, mp.zeros { 2, 12 }, 3) end,
+             { "mp.gru_cell", "h_prev must be a tensor (got number)" })
+    H.raises(function() mp.lstm_cell(mp.zeros { 2, 16 }, mp.zeros { 2, 4 }, 1) end, { "mp.lstm_cell", "too many arguments" })
     H.raises(function() mp.lstm_cell(mp.zeros { 2, 16 }, mp.zeros { 2, 4, 1 }) end, { "mp.lstm_cell", "c_prev", "2-d" })
     H.raises(function() mp.lstm_cell(mp.zeros({ 2, 16 }, { dtype = "i32" }), mp.zeros { 2, 4 }) end,
              { "mp.lstm_cell", "gates must be a float tensor" })

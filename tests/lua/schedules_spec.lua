@@ -154,6 +154,18 @@ describe("mp.optim.schedule: the rest", function()
     opt2:set_schedule(mp.optim.schedule.onecycle{ max_lr = 0.5, total_steps = 20 })
     opt2:load_state_dict(sd)
     assert.are.same({ opt.lr, opt.momentum }, { opt2.lr, opt2.momentum })
+    -- the lr above comes back with param_groups anyway: the next step shows the count did too
+    step(opt, p)
+    step(opt2, q)
+    assert.are.same({ opt.lr, opt.momentum }, { opt2.lr, opt2.momentum })
+  end)
+
+  it("errors at the caller's line, also from deep checks and past the last step", function()
+    local ok, err = pcall(function() return mp.optim.schedule.step { step_size = 0 } end)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):match("schedules_spec%.lua:%d+: mp%.optim%.schedule%.step"), err)
+    local manual = mp.optim.schedule.step { step_size = 2, manual = true }
+    H.raises(function() manual:step() end, { "sched:step", "not attached" })
   end)
 
   it("errors name the schedule and the option", function()

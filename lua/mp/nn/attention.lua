@@ -118,8 +118,8 @@ function MHA:forward(query, key, value, opts)
       end
     end
     local a = core.softmax(scores, -1)
-    weights = a
     if p > 0 then a = core.dropout(a, p, true) end
+    weights = a   -- after dropout, as PyTorch returns them
     o = core.matmul(a, v)
   end
   o = self.out_proj(o:transpose(2, 3):reshape({ N, L, E }))

@@ -15,7 +15,8 @@
 return function(optim, Schedule, check_options)
   local S = optim.schedule
 
-  local function fail(name, msg) error(name .. ": " .. msg, 3) end
+  -- at the script's line however deep the check sits (lua/mp/errors.lua)
+  local function fail(name, msg) require("mp.errors").raise(name .. ": " .. msg) end
 
   local function positive_int(name, key, v)
     if math.type(v) ~= "integer" or v < 1 then fail(name, key .. " must be an integer >= 1 (got " .. tostring(v) .. ")") end
@@ -168,8 +169,8 @@ return function(optim, Schedule, check_options)
   -- group i's lr and momentum after `count` steps (PyTorch's OneCycleLR.get_lr)
   function OneCycle:values_at(count, i)
     if count > self.total then
-      error(string.format("mp.optim.schedule.onecycle: tried to step %d times; total_steps is %d",
-                          count, self.total), 0)
+      require("mp.errors").raise(string.format("mp.optim.schedule.onecycle: tried to step %d times; total_steps is %d",
+                                               count, self.total))
     end
     local max = pick(self.max_lr, i)
     local v = {max = max, initial = max / self.div_factor,
