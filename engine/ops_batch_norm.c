@@ -3,8 +3,14 @@
  * PyTorch's F.batch_norm: in training the batch's statistics normalise the
  * input and move the running buffers (running_mean, running_var: f32 {c},
  * updated in place, outside autograd) by momentum; in evaluation the running
- * statistics normalise it. Statistics are always f32; the op is in autocast's
- * f32 class, as in PyTorch. Weight and bias {c} are optional.
+ * statistics normalise it. Statistics are always f32. Weight and bias {c} are
+ * optional, of any float dtype (widened to f32 for the kernel when not f32).
+ * Under autocast the op has no class: it runs in its input's dtype, as in
+ * PyTorch's CPU autocast, so a bf16 (f16) activation stays bf16 through the
+ * normalisation (the kernel widens it a block at a time and rounds y once)
+ * while the f32 weight, bias and running statistics are read as they are, with
+ * no cast per call. y and the gradient of x take x's dtype; the gradients of
+ * weight and bias are computed in f32 and take their own dtypes.
  */
 #include <math.h>
 #include "engine/ops.h"
@@ -116,7 +122,7 @@ static mp_tensor *bn_fwd(mp_op_ctx *c)
     return y;
 }
 
-static const mp_op batch_norm_op = {.name = "batch_norm", .ac = MP_AC_F32, .nin = 3, .forward = bn_fwd,
+static const mp_op batch_norm_op = {.name = "batch_norm", .ac = MP_AC_NONE, .nin = 3, .forward = bn_fwd,
                                     .backward = bn_backward, .args_size = sizeof(batch_norm_args),
                                     .needs = {MP_BE_ENTRY(batch_norm), MP_BE_ENTRY(batch_norm_grad)}};
 MP_OP_REGISTER(batch_norm_op);

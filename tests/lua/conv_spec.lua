@@ -24,14 +24,15 @@ describe("mp.conv2d", function()
     end
   end)
 
-  it("is in autocast's low-precision class; batch_norm in its f32 class; pooling keeps the dtype", function()
+  it("is in autocast's low-precision class; batch_norm and pooling keep the dtype", function()
     local x, w = mp.randn({ 2, 3, 8, 8 }), mp.randn({ 4, 3, 3, 3 })
     local _ <close> = mp.amp.autocast("f16")
     local y = mp.conv2d(x, w)
     assert.are.equal("f16", y.dtype)
-    assert.are.equal("f32", mp.batch_norm(y, nil, nil, nil, nil, { training = true }).dtype)
+    assert.are.equal("f16", mp.batch_norm(y, nil, nil, nil, nil, { training = true }).dtype)
     assert.are.equal("f16", mp.max_pool2d(y, 2).dtype)
     assert.are.equal("f16", mp.avg_pool2d(y, 2).dtype)
+    assert.is_nil(mp.amp.classes().batch_norm)   -- no class: its input's dtype
   end)
 
   it("a batch cut into chunks gives what each image gives alone, forward and weight gradient", function()
@@ -130,6 +131,72 @@ describe("mp.batch_norm", function()
                                           r, 3 * r, 1 / math.sqrt(1 + 1e-5), 1 / math.sqrt(1 + 1e-5) }, 1e-5, 1e-6, "y")
     local e = mp.batch_norm(x, rm, rv, mp.tensor { 2, 1 }, mp.tensor { 0, 1 })
     H.assert_close(H.flat(e:totable())[1], 2 * (1 - 2) / math.sqrt(rv:totable()[1] + 1e-5), 1e-5, 0, "eval")
+  end)
+
+  -- Under autocast batch_norm runs in its input's dtype, as PyTorch's CPU autocast:
+  -- a bf16 (f16) x with the f32 weight, bias and running statistics as they are (no
+  -- cast of them per call); statistics in f32 from sums in f64; y and the gradient of
+  -- x in x's dtype, the gradients of weight and bias f32. The kernel widens x and the
+  -- incoming gradient exactly, computes in f32 and rounds each output once, so y is
+  -- the f32 computation on the same values (x:to("f32")) rounded once: |y - y32| <=
+  -- u |y32| with u = 2^-8 (bf16) or 2^-11 (f16), plus 1e-6 for the f32 results' own
+  -- differences (the f64 sums of the two paths may group a run differently). The
+  -- same bound holds for the gradient of x; weight's and bias's are f32 both ways.
+  it("keeps a bf16 or f16 input's dtype under autocast, with f32 statistics, within one rounding of f32", function()
+    mp.manual_seed(5)
+    for _, case in ipairs { { "bf16", 2 ^ -8 }, { "f16", 2 ^ -11 } } do
+      local dt, u = case[1], case[2]
+      local x = (mp.randn({ 4, 3, 5, 6 }) * 2 + 1):to(dt):requires_grad(true)
+      local w, b = (mp.rand({ 3 }) + 0.5):requires_grad(true), mp.randn({ 3 }):requires_grad(true)
+      local rm, rv = mp.zeros({ 3 }), mp.ones({ 3 })
+      local g = mp.randn({ 4, 3, 5, 6 }):to(dt)
+      local y
+      do
+        local _ <close> = mp.amp.autocast(dt)
+        y = mp.batch_norm(x, rm, rv, w, b, { training = true })
+        assert.are.equal(dt, y.dtype)
+        -- what follows a batch norm in a CNN keeps the dtype too
+        assert.are.equal(dt, mp.relu(y).dtype)
+        assert.are.equal(dt, mp.max_pool2d(mp.relu(y), 2).dtype)
+        assert.are.equal(dt, mp.adaptive_avg_pool2d(y, 1).dtype)
+        assert.are.equal(dt, (y + y).dtype)
+      end
+      ;(y:to("f32") * g:to("f32")):sum():backward()
+      assert.are.equal(dt, x.grad.dtype)
+      assert.are.equal("f32", w.grad.dtype)
+      assert.are.equal("f32", b.grad.dtype)
+      assert.are.equal("f32", rm.dtype)
+      -- the reference: the same values in f32
+      local x32 = x:detach():to("f32"):requires_grad(true)
+      local w32, b32 = w:detach():requires_grad(true), b:detach():requires_grad(true)
+      local rm32, rv32 = mp.zeros({ 3 }), mp.ones({ 3 })
+      local y32 = mp.batch_norm(x32, rm32, rv32, w32, b32, { training = true })
+      ;(y32 * g:to("f32")):sum():backward()
+      local function within(lo, ref, what)
+        local bound = ref:abs() * u + 1e-6
+        local excess = ((lo:to("f32") - ref):abs() - bound):max():item()
+        assert.is_true(excess <= 0, string.format("%s %s: exceeds the bound by %g", dt, what, excess))
+      end
+      within(y, y32, "y")
+      within(x.grad, x32.grad, "grad x")
+      H.assert_close(w.grad:totable(), w32.grad:totable(), 1e-5, 1e-6, dt .. " grad weight")
+      H.assert_close(b.grad:totable(), b32.grad:totable(), 1e-5, 1e-6, dt .. " grad bias")
+      H.assert_close(rm:totable(), rm32:totable(), 1e-6, 1e-7, dt .. " running_mean")
+      H.assert_close(rv:totable(), rv32:totable(), 1e-6, 1e-7, dt .. " running_var")
+    end
+  end)
+
+  it("can be put back in autocast's f32 class by name", function()
+    local x = mp.conv2d(mp.randn({ 2, 3, 6, 6 }), mp.randn({ 4, 3, 3, 3 }))
+    mp.amp.register("batch_norm", "f32")
+    local ok, err = pcall(function()
+      local _ <close> = mp.amp.autocast("bf16")
+      assert.are.equal("f32", mp.batch_norm(x, nil, nil, nil, nil, { training = true }).dtype)
+    end)
+    mp.amp.register("batch_norm", "none")
+    assert(ok, err)
+    local _ <close> = mp.amp.autocast("bf16")
+    assert.are.equal("bf16", mp.batch_norm(x:to("bf16"), nil, nil, nil, nil, { training = true }).dtype)
   end)
 
   it("names the argument of every bad input", function()
