@@ -1,14 +1,61 @@
 /*
  * cpu_batch_norm.c: batch norm over the channels of {n, c, hw}, forward and
  * backward (backend.h). A channel is n runs of hw values; statistics are f64
- * sums (lane_sums.h) of each run, the runs added in order (the mean first, then
- * the squared deviations: two passes, no cancellation), stored as f32. Channels
- * run in parallel, each on one thread, so the bits do not depend on the thread
- * count. f32 runs are read in place; f16/bf16 ones are widened a block at a time.
+ * sums of each run, the runs added in order (the mean first, then the squared
+ * deviations: two passes, no cancellation), stored as f32. Channels run in
+ * parallel, each on one thread, so the bits do not depend on the thread count.
+ * f32 runs are read in place; f16/bf16 ones (a low-precision activation under
+ * autocast) are widened a block at a time, exactly, and y and the gradient of x
+ * are rounded once.
+ *
+ * The sums: BN_LANES = 32 f64 lanes, each lane in order and the lanes added in
+ * order at the end (four independent vectors of eight doubles, so the adds do not
+ * wait on each other as with lane_sums.h's eight). Any fixed grouping of a sum of
+ * k terms in f64 is within (k - 1) 2^-53 sum|t| of the exact sum, far below the
+ * f32 rounding of the statistics (2^-24 relative), so the grouping changes a
+ * statistic by at most one f32 ulp (and rarely by that); the bits stay the same
+ * on every machine, clone and thread count.
  */
 #include <math.h>
 #include "kernels/cpu/cpu.h"
-#include "kernels/cpu/lane_sums.h"
+
+#define BN_LANES 32
+
+/* sum of r[j] */
+MP_SIMD static double bn_sum(const float *r, int64_t n)
+{
+    double acc[BN_LANES] = {0}, s = 0;
+    int64_t j = 0;
+    for (; j + BN_LANES <= n; j += BN_LANES)
+        for (int l = 0; l < BN_LANES; l++) acc[l] += r[j + l];
+    for (; j < n; j++) acc[j % BN_LANES] += r[j];
+    for (int l = 0; l < BN_LANES; l++) s += acc[l];
+    return s;
+}
+
+/* sum of (r[j] - m)^2, the difference taken in f32 */
+MP_SIMD static double bn_sumsq_dev(const float *r, int64_t n, float m)
+{
+    double acc[BN_LANES] = {0}, s = 0;
+    int64_t j = 0;
+    for (; j + BN_LANES <= n; j += BN_LANES)
+        for (int l = 0; l < BN_LANES; l++) { double d = r[j + l] - m; acc[l] += d * d; }
+    for (; j < n; j++) { double d = r[j] - m; acc[j % BN_LANES] += d * d; }
+    for (int l = 0; l < BN_LANES; l++) s += acc[l];
+    return s;
+}
+
+/* *sg += sum of g[j], *sgd += sum of g[j] (x[j] - m) (the difference in f32): one pass */
+MP_SIMD static void bn_sum_dot_dev(const float *g, const float *x, int64_t n, float m, double *sg, double *sgd)
+{
+    double a[BN_LANES] = {0}, b[BN_LANES] = {0}, s = 0, t = 0;
+    int64_t j = 0;
+    for (; j + BN_LANES <= n; j += BN_LANES)
+        for (int l = 0; l < BN_LANES; l++) a[l] += g[j + l], b[l] += (double)g[j + l] * (x[j + l] - m);
+    for (; j < n; j++) a[j % BN_LANES] += g[j], b[j % BN_LANES] += (double)g[j] * (x[j] - m);
+    for (int l = 0; l < BN_LANES; l++) s += a[l], t += b[l];
+    *sg += s, *sgd += t;
+}
 
 /* a piece of a run as f32: in place for f32, else widened into buf */
 static inline const float *piece(mp_dtype dt, const void *src, int64_t off, int64_t len, float *buf)
@@ -50,9 +97,9 @@ int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
         double mu, var;
         if (training) {
             double s = 0, q = 0;
-            FOR_PIECES(dt, n, c, hw, ch, off, len) s += lane_sum(piece(dt, x, off, len, buf), len);
+            FOR_PIECES(dt, n, c, hw, ch, off, len) s += bn_sum(piece(dt, x, off, len, buf), len);
             mu = count ? s / (double)count : 0;
-            FOR_PIECES(dt, n, c, hw, ch, off, len) q += lane_sumsq_dev(piece(dt, x, off, len, buf), len, (float)mu);
+            FOR_PIECES(dt, n, c, hw, ch, off, len) q += bn_sumsq_dev(piece(dt, x, off, len, buf), len, (float)mu);
             var = count ? q / (double)count : 0;
             if (running_mean) running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mu);
             if (running_var && count > 1)
@@ -84,7 +131,7 @@ int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
         double sg = 0, sgd = 0;   /* sum gy, sum gy (x - mean) */
         FOR_PIECES(dt, n, c, hw, ch, off, len) {
             const float *g = piece(dt, gy, off, len, gbuf), *xp = piece(dt, x, off, len, xbuf);
-            sg += lane_sum(g, len), sgd += lane_dot_dev(g, xp, len, m);
+            bn_sum_dot_dev(g, xp, len, m, &sg, &sgd);
         }
         double sgx = sgd * r;     /* sum gy x-hat */
         if (gb) gb[ch] = (float)sg;

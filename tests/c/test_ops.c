@@ -401,3 +401,64 @@ Test(ops, column_sum_same_bits_on_any_thread_count)
     }
     free(a);
 }
+
+/* batch norm of a bf16 input (an activation under autocast) with f32 weight and
+ * bias: the same bits on 1 and 2 threads (a channel is one thread's), f32
+ * statistics within f32's rounding of the exact ones (the f64 sums are exact to
+ * far better than that), and y within one rounding to bf16 of the exact value
+ * (2^-8 relative) plus the f32 affine's own roundings (a few 2^-24 of |x a| + |b|,
+ * bounded here by 2^-20) */
+Test(ops, batch_norm_bf16_same_bits_on_any_thread_count_and_rounded_once)
+{
+    int64_t n = 16, c = 8, hw = 2304, count = n * c * hw;   /* hw > MP_BLOCK: widened in pieces; >= MP_PAR_MIN */
+    uint16_t *x = malloc(2 * (size_t)count), *g = malloc(2 * (size_t)count);
+    uint16_t *y[2] = {malloc(2 * (size_t)count), malloc(2 * (size_t)count)};
+    uint16_t *gx[2] = {malloc(2 * (size_t)count), malloc(2 * (size_t)count)};
+    float w[8], b[8], mean[2][8], rstd[2][8], rm[2][8], rv[2][8], gw[2][8], gb[2][8];
+    for (int64_t i = 0; i < count; i++) {
+        x[i] = mp_f32_to_bf16((float)((i * 7919) % 1013) / 97.0f - 3.0f + (float)(i / (hw * 1) % c));
+        g[i] = mp_f32_to_bf16((float)((i * 104729) % 509) / 211.0f - 1.2f);
+    }
+    for (int j = 0; j < 8; j++) w[j] = 0.5f + 0.25f * (float)j, b[j] = 0.1f * (float)j - 0.3f;
+    const mp_backend *cpu = &mp_cpu_backend;
+    int saved = omp_get_max_threads();
+    for (int t = 0; t < 2; t++) {
+        omp_set_num_threads(t + 1);
+        for (int j = 0; j < 8; j++) rm[t][j] = 0, rv[t][j] = 1;
+        cr_assert_eq(cpu->batch_norm(cpu->ctx, MP_BF16, y[t], mean[t], rstd[t], rm[t], rv[t], x, w, b, n, c, hw, 1,
+                                     0.1f, 1e-5f), 0);
+        cr_assert_eq(cpu->batch_norm_grad(cpu->ctx, MP_BF16, gx[t], gw[t], gb[t], g, x, mean[t], rstd[t], w, n, c, hw, 1),
+                     0);
+    }
+    omp_set_num_threads(saved);
+    cr_assert(memcmp(y[0], y[1], 2 * (size_t)count) == 0 && memcmp(gx[0], gx[1], 2 * (size_t)count) == 0,
+              "y or gx differs between 1 and 2 threads");
+    cr_assert(memcmp(mean[0], mean[1], sizeof mean[0]) == 0 && memcmp(rstd[0], rstd[1], sizeof rstd[0]) == 0 &&
+              memcmp(rm[0], rm[1], sizeof rm[0]) == 0 && memcmp(rv[0], rv[1], sizeof rv[0]) == 0 &&
+              memcmp(gw[0], gw[1], sizeof gw[0]) == 0 && memcmp(gb[0], gb[1], sizeof gb[0]) == 0,
+              "a statistic or a weight gradient differs between 1 and 2 threads");
+    for (int64_t ch = 0; ch < c; ch++) {
+        double s = 0, q = 0, sg = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t e = 0; e < hw; e++) s += mp_bf16_to_f32(x[(i * c + ch) * hw + e]);
+        double mu = s / (double)(n * hw);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t e = 0; e < hw; e++) {
+                double d = mp_bf16_to_f32(x[(i * c + ch) * hw + e]) - mu;
+                q += d * d, sg += mp_bf16_to_f32(g[(i * c + ch) * hw + e]);
+            }
+        double r = 1.0 / sqrt(q / (double)(n * hw) + 1e-5);
+        cr_assert(fabs(mean[0][ch] - mu) <= 0x1p-23 * fabs(mu) + 1e-7, "mean %g vs %g", mean[0][ch], mu);
+        cr_assert(fabs(rstd[0][ch] - r) <= 0x1p-22 * r, "rstd %g vs %g", rstd[0][ch], r);
+        cr_assert(fabs(gb[0][ch] - sg) <= 1e-6 * (fabs(sg) + 1), "gb %g vs %g", gb[0][ch], sg);
+        double a = w[ch] * r, sh = b[ch] - mu * a;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t e = 0; e < hw; e += 7) {
+                int64_t k = (i * c + ch) * hw + e;
+                double xv = mp_bf16_to_f32(x[k]), ye = xv * a + sh, got = mp_bf16_to_f32(y[0][k]);
+                cr_assert(fabs(got - ye) <= 0x1p-8 * fabs(ye) + 0x1p-20 * (fabs(xv * a) + fabs(sh)),
+                          "y[%ld] %.9g vs %.9g", (long)k, got, ye);
+            }
+    }
+    free(x), free(g), free(y[0]), free(y[1]), free(gx[0]), free(gx[1]);
+}
