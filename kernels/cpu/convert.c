@@ -310,6 +310,110 @@ F16C_FN static void f32_to_f16_hw_stream(void *dst, const void *src, int64_t n)
     f32_to_f16_hw(dst, src, n, 1);
 }
 
+/* The same instructions in their AVX-512 (EVEX) form: sixteen values per
+ * instruction instead of eight. Each element gets the same instruction's
+ * answer as on the F16C path (vcvtph2ps/vcvtps2ph round to nearest even
+ * whatever the vector width), so the results are bit-identical; in cache it
+ * converts about twice as fast (f16 working copies, GEMM operands and the
+ * per-block widening of elementwise ops are all in-cache work). */
+#define AVX512_F16C_FN __attribute__((target("avx512f,f16c,avx2")))
+
+AVX512_F16C_FN static inline void f16_to_f32_512(float *d, const uint16_t *s, int64_t n, int stream)
+{
+    int64_t i = 0;
+    if (stream)                 /* 512-bit streaming stores want 64-byte alignment */
+        for (; i < n && ((uintptr_t)(d + i) & 63); i++)
+            d[i] = _cvtsh_ss(s[i]);
+    for (; i + 32 <= n; i += 32) {
+        __m512 a = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i)));
+        __m512 b = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i + 16)));
+        if (stream) {
+            _mm512_stream_ps(d + i, a);
+            _mm512_stream_ps(d + i + 16, b);
+        } else {
+            _mm512_storeu_ps(d + i, a);
+            _mm512_storeu_ps(d + i + 16, b);
+        }
+    }
+    if (stream)
+        _mm_sfence();
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
+    for (; i < n; i++)
+        d[i] = _cvtsh_ss(s[i]);
+}
+
+AVX512_F16C_FN static inline void f32_to_f16_512(uint16_t *d, const float *s, int64_t n, int stream)
+{
+    int64_t i = 0;
+    if (stream)
+        for (; i < n && ((uintptr_t)(d + i) & 31); i++)
+            d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+    for (; i + 32 <= n; i += 32) {
+        __m256i a = _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT);
+        __m256i b = _mm512_cvtps_ph(_mm512_loadu_ps(s + i + 16), _MM_FROUND_TO_NEAREST_INT);
+        if (stream) {
+            _mm256_stream_si256((__m256i *)(d + i), a);
+            _mm256_stream_si256((__m256i *)(d + i + 16), b);
+        } else {
+            _mm256_storeu_si256((__m256i *)(d + i), a);
+            _mm256_storeu_si256((__m256i *)(d + i + 16), b);
+        }
+    }
+    if (stream)
+        _mm_sfence();
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++)
+        d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+AVX512_F16C_FN static void f16_to_f32_512_cached(void *dst, const void *src, int64_t n)
+{
+    f16_to_f32_512(dst, src, n, 0);
+}
+
+AVX512_F16C_FN static void f16_to_f32_512_stream(void *dst, const void *src, int64_t n)
+{
+    f16_to_f32_512(dst, src, n, 1);
+}
+
+AVX512_F16C_FN static void f32_to_f16_512_cached(void *dst, const void *src, int64_t n)
+{
+    f32_to_f16_512(dst, src, n, 0);
+}
+
+AVX512_F16C_FN static void f32_to_f16_512_stream(void *dst, const void *src, int64_t n)
+{
+    f32_to_f16_512(dst, src, n, 1);
+}
+
+int mp_cpu_has_avx512_f16c(void)
+{
+    static int has = -1;   /* racing threads all store the same answer */
+    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = mp_cpu_has_f16c() && __builtin_cpu_supports("avx512f");
+        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
+    }
+    return h;
+}
+
+void mp_cpu_f16_to_f32_avx512(float *dst, const uint16_t *src, int64_t n)
+{
+    int stream = n * (int64_t)sizeof *dst >= STREAM_MIN_BYTES;
+    run_split(stream ? f16_to_f32_512_stream : f16_to_f32_512_cached, dst, sizeof *dst, src,
+              sizeof *src, n);
+}
+
+void mp_cpu_f32_to_f16_avx512(uint16_t *dst, const float *src, int64_t n)
+{
+    int stream = n * (int64_t)sizeof *dst >= STREAM_MIN_BYTES;
+    run_split(stream ? f32_to_f16_512_stream : f32_to_f16_512_cached, dst, sizeof *dst, src,
+              sizeof *src, n);
+}
+
 int mp_cpu_has_f16c(void)
 {
     /* -1 until first asked; racing threads all store the same answer */
@@ -341,6 +445,17 @@ void mp_cpu_f32_to_f16_f16c(uint16_t *dst, const float *src, int64_t n)
 #else /* not x86: no F16C; the explicit entry points fall back */
 
 int mp_cpu_has_f16c(void) { return 0; }
+int mp_cpu_has_avx512_f16c(void) { return 0; }
+
+void mp_cpu_f16_to_f32_avx512(float *dst, const uint16_t *src, int64_t n)
+{
+    mp_cpu_f16_to_f32_portable(dst, src, n);
+}
+
+void mp_cpu_f32_to_f16_avx512(uint16_t *dst, const float *src, int64_t n)
+{
+    mp_cpu_f32_to_f16_portable(dst, src, n);
+}
 
 void mp_cpu_f16_to_f32_f16c(float *dst, const uint16_t *src, int64_t n)
 {
@@ -358,7 +473,9 @@ void mp_cpu_f32_to_f16_f16c(uint16_t *dst, const float *src, int64_t n)
 
 void mp_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n)
 {
-    if (mp_cpu_has_f16c())
+    if (mp_cpu_has_avx512_f16c())
+        mp_cpu_f16_to_f32_avx512(dst, src, n);
+    else if (mp_cpu_has_f16c())
         mp_cpu_f16_to_f32_f16c(dst, src, n);
     else
         mp_cpu_f16_to_f32_portable(dst, src, n);
@@ -366,7 +483,9 @@ void mp_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n)
 
 void mp_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n)
 {
-    if (mp_cpu_has_f16c())
+    if (mp_cpu_has_avx512_f16c())
+        mp_cpu_f32_to_f16_avx512(dst, src, n);
+    else if (mp_cpu_has_f16c())
         mp_cpu_f32_to_f16_f16c(dst, src, n);
     else
         mp_cpu_f32_to_f16_portable(dst, src, n);

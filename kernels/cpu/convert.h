@@ -4,7 +4,8 @@
  * Two paths with bit-identical results: one using the F16C instructions
  * (vcvtph2ps / vcvtps2ph, round to nearest even) where the processor has them,
  * and a portable one for every other processor. The mp_cpu_* entry points pick
- * the F16C path at run time; the explicit ones exist for tests and benchmarks.
+ * the F16C path at run time (its AVX-512 form where the processor has
+ * AVX-512F); the explicit ones exist for tests and benchmarks.
  */
 #ifndef MP_CPU_CONVERT_H
 #define MP_CPU_CONVERT_H
@@ -26,5 +27,10 @@ void mp_cpu_f32_to_f16_portable(uint16_t *dst, const float *src, int64_t n);
 /* only call these when mp_cpu_has_f16c() */
 void mp_cpu_f16_to_f32_f16c(float *dst, const uint16_t *src, int64_t n);
 void mp_cpu_f32_to_f16_f16c(uint16_t *dst, const float *src, int64_t n);
+/* the same instructions sixteen wide (the entry points above take these where
+ * the processor has AVX-512F); only call these when mp_cpu_has_avx512_f16c() */
+int mp_cpu_has_avx512_f16c(void);
+void mp_cpu_f16_to_f32_avx512(float *dst, const uint16_t *src, int64_t n);
+void mp_cpu_f32_to_f16_avx512(uint16_t *dst, const float *src, int64_t n);
 
 #endif

@@ -23,18 +23,17 @@ static void dgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
                 b, tb ? (blasint)k : (blasint)n, beta, c, (blasint)n);
 }
 
+/* one call over the whole operand: convert.c splits it over threads past its
+ * threshold (2^18), and takes the 16-wide F16C form (the 16K-element pieces
+ * this was cut into before ran on one thread below 2^20 elements) */
 static void widen(mp_dtype dt, const void *src, float *dst, int64_t n)
 {
-    #pragma omp parallel for if (n > 4 * MP_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i += 16 * MP_BLOCK) {
-        int64_t len = n - i < 16 * MP_BLOCK ? n - i : 16 * MP_BLOCK;
-        cpu_load(dt, src, i, dst + i, len);
-    }
+    cpu_load(dt, src, 0, dst, n);
 }
 
 static void narrow_to(mp_kctx *cx, mp_dtype dt, const float *src, void *dst, int64_t n)
 {
-    #pragma omp parallel for if (n > 4 * MP_PAR_MIN) schedule(static)
+    #pragma omp parallel for if (n > MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += 16 * MP_BLOCK) {
         int64_t len = n - i < 16 * MP_BLOCK ? n - i : 16 * MP_BLOCK;
         cpu_store(cx, dt, dst, i, src + i, len);

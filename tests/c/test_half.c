@@ -3,7 +3,8 @@
  * kernels/cpu/convert.c).
  *
  * Three things are held against each other: the portable code, the F16C bulk
- * path, and the hardware instructions called here directly; and all of them
+ * paths (8 and, with AVX-512F, 16 wide), and the hardware instructions called
+ * here directly; and all of them
  * against answers this file works out on its own from the definition of the
  * formats (values in double, nearest by distance, ties to the even encoding).
  * The portable code is the engine's definition on machines without F16C, so
@@ -118,22 +119,28 @@ static int64_t check_to_f16(const float *xs, const uint16_t *want, int64_t n, ch
                             size_t len)
 {
     uint16_t *port = malloc(n * sizeof *port), *f16c = malloc(n * sizeof *f16c);
-    cr_assert(port && f16c);
+    uint16_t *wide = malloc(n * sizeof *wide);
+    cr_assert(port && f16c && wide);
     mp_cpu_f32_to_f16_portable(port, xs, n);
     mp_cpu_f32_to_f16_f16c(f16c, xs, n);
+    if (mp_cpu_has_avx512_f16c())
+        mp_cpu_f32_to_f16_avx512(wide, xs, n);
+    else
+        memcpy(wide, f16c, n * sizeof *wide);
     int64_t bad = 0;
     for (int64_t i = 0; i < n; i++) {
         uint16_t s = mp_f32_to_f16(xs[i]), w = want ? want[i] : s, h = hw_to_f16(xs[i]);
-        if (s != w || port[i] != w || f16c[i] != w || h != w) {
+        if (s != w || port[i] != w || f16c[i] != w || wide[i] != w || h != w) {
             if (!bad++)
                 snprintf(first, len,
                          "f32 %a (0x%08x): want 0x%04x, scalar 0x%04x, portable 0x%04x, "
-                         "f16c 0x%04x, instruction 0x%04x",
-                         xs[i], bits(xs[i]), w, s, port[i], f16c[i], h);
+                         "f16c 0x%04x, avx512 0x%04x, instruction 0x%04x",
+                         xs[i], bits(xs[i]), w, s, port[i], f16c[i], wide[i], h);
         }
     }
     free(port);
     free(f16c);
+    free(wide);
     return bad;
 }
 
@@ -143,11 +150,15 @@ Test(f16, every_f16_to_f32_matches_definition_and_hardware)
 {
     NEED_F16C();
     static uint16_t all[65536];
-    static float port[65536], f16c[65536];
+    static float port[65536], f16c[65536], wide[65536];
     for (int i = 0; i < 65536; i++)
         all[i] = (uint16_t)i;
     mp_cpu_f16_to_f32_portable(port, all, 65536);
     mp_cpu_f16_to_f32_f16c(f16c, all, 65536);
+    if (mp_cpu_has_avx512_f16c())
+        mp_cpu_f16_to_f32_avx512(wide, all, 65536);
+    else
+        memcpy(wide, f16c, sizeof wide);
 
     int bad = 0;
     char first[256] = "";
@@ -161,12 +172,13 @@ Test(f16, every_f16_to_f32_matches_definition_and_hardware)
         else
             want = bits((float)f16_value(h));   /* exact: f32 holds every f16 */
         uint32_t s = bits(mp_f16_to_f32(h)), hw = bits(hw_from_f16(h));
-        if (s != want || bits(port[i]) != want || bits(f16c[i]) != want || hw != want) {
+        if (s != want || bits(port[i]) != want || bits(f16c[i]) != want || bits(wide[i]) != want ||
+            hw != want) {
             if (!bad++)
                 snprintf(first, sizeof first,
                          "f16 0x%04x: want 0x%08x, scalar 0x%08x, portable 0x%08x, "
-                         "f16c 0x%08x, instruction 0x%08x",
-                         h, want, s, bits(port[i]), bits(f16c[i]), hw);
+                         "f16c 0x%08x, avx512 0x%08x, instruction 0x%08x",
+                         h, want, s, bits(port[i]), bits(f16c[i]), bits(wide[i]), hw);
         }
     }
     cr_assert_eq(bad, 0, "%d of 65536 f16 values convert wrongly; first: %s", bad, first);
@@ -309,6 +321,17 @@ Test(f16, every_f32_of_relevant_exponents_portable_equals_f16c, .timeout = 120)
                 while (a[i] == b[i])
                     i++;
                 cr_assert_fail("f32 0x%08x: portable 0x%04x, f16c 0x%04x", base | i, a[i],
+                               b[i]);
+            }
+            if (!mp_cpu_has_avx512_f16c())
+                continue;
+            memset(b, 0xff, SLICE * sizeof *b);
+            mp_cpu_f32_to_f16_avx512(b, xs, SLICE);
+            if (memcmp(a, b, SLICE * sizeof *a) != 0) {
+                uint32_t i = 0;
+                while (a[i] == b[i])
+                    i++;
+                cr_assert_fail("f32 0x%08x: portable 0x%04x, avx512 0x%04x", base | i, a[i],
                                b[i]);
             }
         }
@@ -474,7 +497,7 @@ Test(bf16, specific_values)
 
 /* ---- bulk entry points ------------------------------------------------- */
 
-static const int64_t lengths[] = {0, 1, 7, 8, 9, 15, 16, 17, 1000, 100003};
+static const int64_t lengths[] = {0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 1000, 100003};
 enum { GUARD = 8, MAXLEN = 100003 };
 
 /* Run one bulk f32->16-bit conversion on xs (at offset off, to try unaligned
@@ -548,6 +571,10 @@ Test(bulk, f16_entry_points_match_scalar)
         check_down("mp_cpu_f32_to_f16_f16c", mp_cpu_f32_to_f16_f16c, mp_f32_to_f16, xs_bulk);
         check_up("mp_cpu_f16_to_f32_f16c", mp_cpu_f16_to_f32_f16c, mp_f16_to_f32, hs_bulk);
     }
+    if (mp_cpu_has_avx512_f16c()) {   /* tails of 8..31 and of 0..7 after the 32-wide loop */
+        check_down("mp_cpu_f32_to_f16_avx512", mp_cpu_f32_to_f16_avx512, mp_f32_to_f16, xs_bulk);
+        check_up("mp_cpu_f16_to_f32_avx512", mp_cpu_f16_to_f32_avx512, mp_f16_to_f32, hs_bulk);
+    }
 }
 
 Test(bulk, bf16_entry_points_match_scalar)
@@ -581,6 +608,16 @@ Test(bulk, large_arrays_match_portable)
         mp_cpu_f16_to_f32_f16c(fb + off, hb + off, n);
         cr_assert_eq(memcmp(fa + off, fb + off, n * sizeof *fa), 0,
                      "f16->f32 differs, offset %d", off);
+        if (!mp_cpu_has_avx512_f16c())
+            continue;
+        memset(hb, 0xff, (n + 1) * sizeof *hb);
+        mp_cpu_f32_to_f16_avx512(hb + off, xs + off, n);
+        cr_assert_eq(memcmp(ha + off, hb + off, n * sizeof *ha), 0,
+                     "f32->f16 (avx512) differs, offset %d", off);
+        memset(fb, 0xff, (n + 1) * sizeof *fb);
+        mp_cpu_f16_to_f32_avx512(fb + off, hb + off, n);
+        cr_assert_eq(memcmp(fa + off, fb + off, n * sizeof *fa), 0,
+                     "f16->f32 (avx512) differs, offset %d", off);
     }
     free(xs);
     free(fa);
@@ -601,6 +638,10 @@ Test(bulk, zero_length_touches_nothing)
     if (mp_cpu_has_f16c()) {
         mp_cpu_f16_to_f32_f16c(NULL, NULL, 0);
         mp_cpu_f32_to_f16_f16c(NULL, NULL, 0);
+    }
+    if (mp_cpu_has_avx512_f16c()) {
+        mp_cpu_f16_to_f32_avx512(NULL, NULL, 0);
+        mp_cpu_f32_to_f16_avx512(NULL, NULL, 0);
     }
 }
 

@@ -72,6 +72,33 @@ describe("the working copy autocast uses for an optimizer's parameters", functio
     end)
   end
 
+  -- the kernels round the copy block by block inside the step's pass
+  -- (kernels/cpu/cpu_optim.c): a parameter past the size that splits the pass
+  -- over threads, whose length is no multiple of the block, checked element by
+  -- element (x = I makes linear(x, w) = w^T exactly), for every kind of step
+  local kinds = {
+    SGD = function(ps) return mp.optim.SGD(ps, {lr = 0.05, momentum = 0.9, weight_decay = 0.01}) end,
+    Adam = function(ps) return mp.optim.Adam(ps, {lr = 0.01, weight_decay = 0.01}) end,
+    AdamW = function(ps) return mp.optim.AdamW(ps, {lr = 0.01}) end,
+    RMSprop = function(ps) return mp.optim.RMSprop(ps, {lr = 0.01, centered = true, momentum = 0.5}) end,
+    Adagrad = function(ps) return mp.optim.Adagrad(ps, {lr = 0.05}) end,
+  }
+  for _, kind in ipairs{"SGD", "Adam", "AdamW", "RMSprop", "Adagrad"} do
+    it(kind .. ": is the masters rounded, element by element, in a large parameter", function()
+      mp.manual_seed(6)
+      local w = mp.randn({300, 1001}, {requires_grad = true})   -- 300300 elements
+      local b = mp.randn({300}, {requires_grad = true})
+      local i = mp.arange(1001)
+      local x, eye = mp.randn({4, 1001}), mp.eq(i:reshape{-1, 1}, i:reshape{1, -1}):f32()
+      local opt = kinds[kind]{w, b}
+      local scaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{init = 256}}
+      for i, dtype in ipairs{"f16", "f16", "bf16"} do
+        train_step(w, b, x, opt, scaler, dtype)
+        check(w, eye, dtype, kind .. " after step " .. i)
+      end
+    end)
+  end
+
   it("leaves a parameter without a gradient as it was, in both copies", function()
     mp.manual_seed(4)
     local w = mp.randn({3, 4}, {requires_grad = true})
