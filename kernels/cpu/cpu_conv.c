@@ -19,7 +19,7 @@
  */
 #include <stdint.h>
 #include <string.h>
-#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_dnnl.h"
 
 #define COL_FLOATS ((int64_t)1 << 22)   /* 16 MiB of columns per chunk of images */
 /* scratch slots (cpu.h) */
@@ -142,6 +142,8 @@ int cpu_conv2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, 
     int64_t chw = a->c * a->h * a->w, nb = chunk_images(a);
     int lowp = dt == MP_BF16;
     size_t es = mp_dtype_size(dt), ce = lowp ? 2 : 4;   /* bytes of an element of x, of the columns */
+    int done = cpu_conv_dnnl(cx, CPU_CONV_FWD, dt, y, x, w, b, a);
+    if (done <= 0) return done;
     const void *wop = lowp ? w : as_f32(cx, S_W, dt, w, a->k * crs);
     void *col = cpu_scratch(cx, S_COL, ce * (size_t)(nb * crs * ohw + 1));
     /* the GEMM's output: y itself for f32 without groups, else f32 scratch */
@@ -197,6 +199,12 @@ int cpu_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, con
             gb[ch] = (float)s;
         }
     }
+    int done = gx ? cpu_conv_dnnl(cx, CPU_CONV_BWD_DATA, dt, gx, gy, w, NULL, a) : 1;
+    if (done < 0) return -1;
+    if (done == 0) gx = NULL;
+    done = gw ? cpu_conv_dnnl(cx, CPU_CONV_BWD_WEIGHTS, dt, gw, x, gy, NULL, a) : 1;
+    if (done < 0) return -1;
+    if (done == 0) gw = NULL;
     if (!gx && !gw) return 0;
     const void *wop = lowp ? w : as_f32(cx, S_W, dt, w, a->k * crs);
     void *col = gw ? cpu_scratch(cx, S_COL, ce * (size_t)(nb * crs * ohw + 1)) : NULL;
