@@ -1,6 +1,10 @@
 /*
- * cpu_conv.c: 2-d convolution as im2col + GEMM, forward and backward, for
- * every float dtype: products accumulate in f32 and results are rounded once.
+ * cpu_conv.c: 2-d convolution, forward and backward, for every float dtype:
+ * products accumulate in f32 and results are rounded once. Each direction
+ * goes first to oneDNN's convolution primitives (cpu_conv_dnnl.c: twice as
+ * fast on the ResNet); what they decline (oneDNN off, a shape with only a
+ * reference kernel, no images) takes the im2col + GEMM path here. The bias
+ * gradient is always summed here (f64, in order).
  * f32 and f16 run through the engine's f32 GEMM (oneDNN, else OpenBLAS; f16
  * operands widened first). bf16 operands stay bf16 (columns included) and go
  * to oneDNN's bf16 GEMM with f32 results (AVX512-BF16: bf16 pairs multiplied
