@@ -404,7 +404,7 @@ int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0,
     int odt = dt == MP_BF16 && dir != BWD_WEIGHTS && !cx->flush.on ? dnnl_bf16 : dnnl_f32;
     int64_t nx = a->n * a->c * a->h * a->w, ny = a->n * a->k * a->oh * a->ow, nw = a->k * (a->c / a->groups) * a->r * a->s;
     /* the inputs' sizes and the output's, by direction */
-    int64_t n0 = dir == FWD ? nx : ny, n1 = dir == BWD_WEIGHTS ? ny : nw, no = dir == FWD ? ny : dir == BWD_DATA ? nx : nw;
+    int64_t n0 = dir == BWD_DATA ? ny : nx, n1 = dir == BWD_WEIGHTS ? ny : nw, no = dir == FWD ? ny : dir == BWD_DATA ? nx : nw;
     int direct = dt == MP_F32 || (dt == MP_BF16 && odt == dnnl_bf16);
     plan *p = NULL;
     if (dir != BWD_WEIGHTS) {
