@@ -16,7 +16,7 @@
  * (nChw16c, OIhw16i16o, ...; its direct JIT, 1x1, depthwise and AMX kernels)
  * - and the operands are reordered into those layouts and the output back,
  * by reorder primitives made once with the plan (19.4 / 16.6 ms, reorders
- * included). The blocked copies live in scratch (cpu_scratch), as do the
+ * included; 20 / 18 ms with the weight gradient's fixed chunking below). The blocked copies live in scratch (cpu_scratch), as do the
  * primitives' scratchpads (user mode: oneDNN's own is shared between threads).
  *
  * A plan (the primitive, its reorders, their buffer sizes) is made once per
