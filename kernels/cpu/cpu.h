@@ -16,7 +16,8 @@
  * between calls, given back by release_cache). Slots 0-2: the GEMM's widening
  * buffers (slot 2 also the chunk sums of cpu_reduce's column sums); slot 3:
  * the row buffers of the row-wise kernels and the planes of pooling, one per
- * thread; slots 4-12: convolution's columns and f32 operands (cpu_conv.c).
+ * thread; slots 4-12: convolution's columns and f32 operands (cpu_conv.c),
+ * or its oneDNN operands, blocked copies and scratchpads (cpu_conv_dnnl.c).
  * flush: flush counting's switch and counts (cpu_flush.h), which cpu_store
  * adds to at every rounding to f16/bf16 while counting is on. */
 #define CPU_SCRATCH_SLOTS 13
@@ -24,7 +25,7 @@ struct mp_kctx {
     mp_block_cache cache;
     void *scratch[CPU_SCRATCH_SLOTS];
     size_t scratch_cap[CPU_SCRATCH_SLOTS];
-    struct cpu_dnnl *dnnl;   /* oneDNN's engine and matmul plans (cpu_gemm_dnnl.c), made on first use */
+    struct cpu_dnnl *dnnl;   /* oneDNN's engine, matmul and convolution plans (cpu_dnnl.h), made on first use */
     /* GELU of every f16/bf16 value, [bf16][tanh form] (cpu_elementwise.c):
      * the rounded output and the f32 slope, made on first use */
     uint16_t *gelu_out[2][2];

@@ -13,10 +13,9 @@
  * AVX512-BF16 here), or fails in any way, the shape is marked and cpu_gemm
  * takes its own path, so this file only ever makes things faster.
  */
-#include <oneapi/dnnl/dnnl.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_dnnl.h"
 
 #define PLANS 64   /* a GPT step has ~20 distinct shapes; beyond this, the oldest goes */
 
@@ -33,10 +32,7 @@ typedef struct {
     dnnl_memory_desc_t md[4];       /* src, weights, dst, bias */
 } plan;
 
-struct cpu_dnnl {
-    int state;                      /* 0 untried, 1 ready, -1 no engine */
-    dnnl_engine_t engine;
-    dnnl_stream_t stream;
+struct cpu_gemm_plans {
     plan plans[PLANS];
     int next;                       /* the slot the next new plan takes */
 };
@@ -50,7 +46,7 @@ int cpu_dnnl_enable(int on)
     return was;
 }
 
-static struct cpu_dnnl *dnnl_of(mp_kctx *cx)
+struct cpu_dnnl *cpu_dnnl_of(mp_kctx *cx)
 {
     if (!dnnl_enabled) return NULL;
     if (!cx->dnnl && !(cx->dnnl = calloc(1, sizeof *cx->dnnl))) return NULL;
@@ -60,6 +56,14 @@ static struct cpu_dnnl *dnnl_of(mp_kctx *cx)
                    dnnl_stream_create(&d->stream, d->engine, dnnl_stream_default_flags) == dnnl_success ? 1 : -1;
     }
     return d->state == 1 ? d : NULL;
+}
+
+/* the engine with the GEMM's plans */
+static struct cpu_dnnl *dnnl_of(mp_kctx *cx)
+{
+    struct cpu_dnnl *d = cpu_dnnl_of(cx);
+    if (d && !d->gemm && !(d->gemm = calloc(1, sizeof *d->gemm))) return NULL;
+    return d;
 }
 
 /* a row-major {rows, cols} operand of every batch item (or one shared, stride
@@ -103,10 +107,11 @@ static int make_plan(struct cpu_dnnl *d, plan *p)
 
 static plan *find(struct cpu_dnnl *d, const plan_key *key)
 {
+    struct cpu_gemm_plans *g = d->gemm;
     for (int i = 0; i < PLANS; i++)
-        if (d->plans[i].used && !memcmp(&d->plans[i].key, key, sizeof *key)) return &d->plans[i];
-    plan *p = &d->plans[d->next];
-    d->next = (d->next + 1) % PLANS;
+        if (g->plans[i].used && !memcmp(&g->plans[i].key, key, sizeof *key)) return &g->plans[i];
+    plan *p = &g->plans[g->next];
+    g->next = (g->next + 1) % PLANS;
     if (p->used == 1) dnnl_primitive_destroy(p->prim);
     memset(p, 0, sizeof *p);
     p->key = *key;

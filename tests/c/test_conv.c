@@ -1,20 +1,29 @@
 /*
- * test_conv.c: the CPU convolution kernels (kernels/cpu/cpu_conv.c) against the
- * exact convolution (double) of the same stored values, forward and every
- * gradient, in f32, f16 and bf16, with oneDNN and without it (the paths that
- * stand in for it: OpenBLAS for f32, widening for bf16), over shapes with
- * stride, padding, dilation, groups and a batch cut into chunks.
+ * test_conv.c: the CPU convolution kernels (kernels/cpu/cpu_conv.c and, with
+ * oneDNN on, its convolution primitives in cpu_conv_dnnl.c) against the exact
+ * convolution (double) of the same stored values, forward and every gradient,
+ * in f32, f16 and bf16, with oneDNN and without it (the im2col path: OpenBLAS
+ * for f32, widening for bf16), over shapes with stride, padding, dilation,
+ * groups and depthwise, 1 x 1 projections, no images, a batch cut into chunks
+ * (im2col) and into chunks with a shorter last one (oneDNN's weight gradient).
  *
- * Bound: f32 accumulation over K terms may differ from the exact sum by
- * (K + 2) 2^-24 of the terms' magnitudes summed; the one rounding into f16/bf16
- * adds half an ulp of the result (2^-11, 2^-8 relative), and the exact value
- * may sit on the other side of a rounding boundary: one ulp allowed.
+ * Bound: f32 accumulation over K terms, in any order (the im2col GEMM's, or
+ * oneDNN's blocks of channels and taps; for the weight gradient, K = n oh ow:
+ * each chunk of images summed, then the chunks' partial sums added), differs
+ * from the exact sum by at most (K + 2) 2^-24 of the terms' magnitudes summed
+ * (K - 1 additions and one rounding of each product, each at most 2^-24
+ * relative, to first order). The one rounding into f16/bf16 adds half an ulp
+ * of the result (2^-11, 2^-8 relative), and the exact value may sit on the
+ * other side of a rounding boundary: one ulp allowed. Also: the bits of every
+ * output do not depend on the thread count (1 or 2), and oneDNN's path is the
+ * one taken on the ResNet's shapes.
  */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_dnnl.h"
 #include "kernels/half.h"
 
 static void put(mp_dtype dt, void *p, int64_t i, float v)
@@ -67,8 +76,9 @@ static void check(mp_dtype dt, const mp_conv_args *a0)
     double *gxr = calloc((size_t)nx, sizeof(double)), *gxm = calloc((size_t)nx, sizeof(double));
     double *gwr = calloc((size_t)nw, sizeof(double)), *gwm = calloc((size_t)nw, sizeof(double));
     mp_kctx *cx = mp_cpu_backend.ctx;
-    cr_assert_eq(cpu_conv2d(cx, dt, y, x, w, b, &a), 0);
+    /* the gradient first: nothing it reads may be left in scratch by the forward */
     cr_assert_eq(cpu_conv2d_grad(cx, dt, gx, gw, gb, gy, x, w, &a), 0);
+    cr_assert_eq(cpu_conv2d(cx, dt, y, x, w, b, &a), 0);
     for (int64_t n = 0; n < a.n; n++)
         for (int64_t k = 0; k < a.k; k++) {
             int64_t g = k / kg;
@@ -114,6 +124,12 @@ static const mp_conv_args shapes[] = {
     {.n = 1, .c = 2, .h = 4, .w = 3, .k = 3, .r = 1, .s = 1, .sh = 1, .sw = 1, .ph = 0, .pw = 0, .dh = 1, .dw = 1, .groups = 1},
     /* 16 x 9 x 62 x 62 columns per image: chunks of 7 images */
     {.n = 9, .c = 16, .h = 64, .w = 64, .k = 2, .r = 3, .s = 3, .sh = 1, .sw = 1, .ph = 0, .pw = 0, .dh = 1, .dw = 1, .groups = 1},
+    /* the ResNet's stride-2 3x3 and 1x1 projection; 35 images: oneDNN's weight
+     * gradient in 11 chunks of 3 and one of 2 */
+    {.n = 35, .c = 16, .h = 8, .w = 8, .k = 32, .r = 3, .s = 3, .sh = 2, .sw = 2, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 1},
+    {.n = 4, .c = 16, .h = 8, .w = 8, .k = 32, .r = 1, .s = 1, .sh = 2, .sw = 2, .ph = 0, .pw = 0, .dh = 1, .dw = 1, .groups = 1},
+    /* no images */
+    {.n = 0, .c = 3, .h = 5, .w = 5, .k = 4, .r = 3, .s = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 1},
 };
 
 static void sweep(void)
@@ -130,4 +146,83 @@ Test(conv, matches_the_exact_convolution_without_onednn)
     int was = cpu_dnnl_enable(0);
     sweep();
     cpu_dnnl_enable(was);
+}
+
+/* the ResNet's shapes (bench_resnet.lua), the outputs in 1 and in 2 threads */
+static const mp_conv_args resnet[] = {
+    {.n = 32, .c = 3, .h = 32, .w = 32, .k = 16, .r = 3, .s = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 1},
+    {.n = 32, .c = 16, .h = 32, .w = 32, .k = 32, .r = 3, .s = 3, .sh = 2, .sw = 2, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 1},
+    {.n = 32, .c = 16, .h = 32, .w = 32, .k = 32, .r = 1, .s = 1, .sh = 2, .sw = 2, .ph = 0, .pw = 0, .dh = 1, .dw = 1, .groups = 1},
+    {.n = 19, .c = 64, .h = 8, .w = 8, .k = 64, .r = 3, .s = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 1},
+};
+
+static void outputs(mp_dtype dt, const mp_conv_args *a, const void *x, const void *w, const void *b, const void *gy,
+                    char *out[4], int threads)
+{
+    int64_t nx = a->n * a->c * a->h * a->w, nw = a->k * a->c / a->groups * a->r * a->s, ny = a->n * a->k * a->oh * a->ow;
+    size_t es = mp_dtype_size(dt);
+    int was = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    out[0] = malloc(es * (size_t)ny), out[1] = malloc(es * (size_t)nx), out[2] = malloc(es * (size_t)nw);
+    out[3] = malloc(4 * (size_t)a->k);
+    cr_assert_eq(cpu_conv2d(mp_cpu_backend.ctx, dt, out[0], x, w, b, a), 0);
+    cr_assert_eq(cpu_conv2d_grad(mp_cpu_backend.ctx, dt, out[1], out[2], (float *)out[3], gy, x, w, a), 0);
+    omp_set_num_threads(was);
+}
+
+static void same_bits_in_1_and_2_threads(void)
+{
+    static const mp_dtype dts[] = {MP_F32, MP_F16, MP_BF16};
+    for (size_t d = 0; d < 3; d++)
+        for (size_t s = 0; s < sizeof resnet / sizeof resnet[0]; s++) {
+            mp_conv_args a = resnet[s];
+            mp_dtype dt = dts[d];
+            a.oh = (a.h + 2 * a.ph - a.dh * (a.r - 1) - 1) / a.sh + 1;
+            a.ow = (a.w + 2 * a.pw - a.dw * (a.s - 1) - 1) / a.sw + 1;
+            int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
+            unsigned seed = (unsigned)s + 1;
+            void *x = rand_buf(dt, nx, &seed), *w = rand_buf(dt, nw, &seed), *b = rand_buf(dt, a.k, &seed);
+            void *gy = rand_buf(dt, ny, &seed);
+            char *one[4], *two[4];
+            outputs(dt, &a, x, w, b, gy, one, 1);
+            outputs(dt, &a, x, w, b, gy, two, 2);
+            size_t es = mp_dtype_size(dt), bytes[4] = {es * (size_t)ny, es * (size_t)nx, es * (size_t)nw, 4 * (size_t)a.k};
+            static const char *names[4] = {"y", "gx", "gw", "gb"};
+            for (int i = 0; i < 4; i++) {
+                cr_assert(!memcmp(one[i], two[i], bytes[i]), "%s shape %zu: %s differs between 1 and 2 threads", dn(dt),
+                          s, names[i]);
+                free(one[i]), free(two[i]);
+            }
+            free(x), free(w), free(b), free(gy);
+        }
+}
+
+Test(conv, same_bits_whatever_the_thread_count_with_onednn) { same_bits_in_1_and_2_threads(); }
+
+Test(conv, same_bits_whatever_the_thread_count_without_onednn)
+{
+    int was = cpu_dnnl_enable(0);
+    same_bits_in_1_and_2_threads();
+    cpu_dnnl_enable(was);
+}
+
+/* the ResNet's f32 shapes take oneDNN's primitives (x86-64 has its JIT
+ * kernels), every direction; with oneDNN off they are declined */
+Test(conv, resnet_shapes_take_onednn_primitives)
+{
+    for (size_t s = 0; s < sizeof resnet / sizeof resnet[0]; s++) {
+        mp_conv_args a = resnet[s];
+        a.oh = (a.h + 2 * a.ph - a.dh * (a.r - 1) - 1) / a.sh + 1;
+        a.ow = (a.w + 2 * a.pw - a.dw * (a.s - 1) - 1) / a.sw + 1;
+        int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
+        float *x = calloc((size_t)nx, 4), *w = calloc((size_t)nw, 4), *y = calloc((size_t)ny, 4);
+        mp_kctx *cx = mp_cpu_backend.ctx;
+        cr_assert_eq(cpu_conv_dnnl(cx, CPU_CONV_FWD, MP_F32, y, x, w, NULL, &a), 0, "shape %zu forward", s);
+        cr_assert_eq(cpu_conv_dnnl(cx, CPU_CONV_BWD_DATA, MP_F32, x, y, w, NULL, &a), 0, "shape %zu backward data", s);
+        cr_assert_eq(cpu_conv_dnnl(cx, CPU_CONV_BWD_WEIGHTS, MP_F32, w, x, y, NULL, &a), 0, "shape %zu weights", s);
+        int was = cpu_dnnl_enable(0);
+        cr_assert_eq(cpu_conv_dnnl(cx, CPU_CONV_FWD, MP_F32, y, x, w, NULL, &a), 1);
+        cpu_dnnl_enable(was);
+        free(x), free(w), free(y);
+    }
 }

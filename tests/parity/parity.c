@@ -751,7 +751,7 @@ static int struct_buf(pcase *c, const void *init, size_t bytes)
 
 /* convolution, pooling and batch norm over the shapes that reach each path: a
  * 1 x 1 kernel, padding and stride, dilation, groups (depthwise too), a batch
- * large enough to be cut into chunks of images; pooling windows clipped by
+ * large enough to be cut into chunks of images, the ResNet's strided shapes; pooling windows clipped by
  * padding, overlapping, and adaptive windows of uneven size */
 static void cases_cnn(void)
 {
@@ -760,6 +760,9 @@ static void cases_cnn(void)
         {2, 3, 8, 8, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1},    {4, 16, 14, 14, 8, 1, 1, 1, 1, 0, 0, 1, 1, 1},
         {3, 4, 11, 9, 6, 3, 2, 2, 1, 1, 2, 2, 1, 2},   {2, 8, 10, 10, 8, 3, 3, 1, 1, 1, 1, 1, 1, 8},
         {9, 16, 64, 64, 3, 3, 3, 1, 1, 0, 0, 1, 1, 1}, {1, 1, 28, 28, 32, 5, 5, 2, 2, 2, 2, 1, 1, 1},
+        /* the ResNet's stride-2 3x3 and 1x1 projection (oneDNN's blocked kernels on the CPU; 35 images: its
+         * weight gradient in chunks of 3 and a last one of 2) */
+        {35, 16, 8, 8, 32, 3, 3, 2, 2, 1, 1, 1, 1, 1}, {4, 16, 8, 8, 32, 1, 1, 2, 2, 0, 0, 1, 1, 1},
     };
     /* planes, h, w, kh, kw, sh, sw, ph, pw (oh, ow for adaptive: kh, kw) */
     static const int64_t pl[][9] = {

@@ -1,0 +1,438 @@
+/*
+ * cpu_conv_dnnl.c: 2-d convolution on oneDNN's convolution primitives
+ * (algorithm direct; winograd's numerics differ), forward, backward data and
+ * backward weights, what PyTorch's CPU convolution runs on. f32 and bf16
+ * operands go in as they are (bf16 products summed in f32 - AMX or
+ * AVX512-BF16 where the processor has them - results rounded once); f16
+ * operands are widened to f32 once and take the f32 primitive, rounded once
+ * into f16. The bias is added inside the forward primitive, to the f32 sums
+ * before their rounding. The weight gradient comes out in f32 and is rounded
+ * here (so is every bf16 output while flush counting is on: cpu_store counts).
+ *
+ * Layouts: the tensors are NCHW. With NCHW throughout oneDNN offers only its
+ * own im2col + GEMM (x64:gemm:jit), slower than cpu_conv.c's (ResNet step,
+ * batch 32: 44.5 ms f32, 42.6 ms bf16 against 41.7 / 33.3 ms). The primitives
+ * are therefore made with format `any` - oneDNN picks its blocked layouts
+ * (nChw16c, OIhw16i16o, ...; its direct JIT, 1x1, depthwise and AMX kernels)
+ * - and the operands are reordered into those layouts and the output back,
+ * by reorder primitives made once with the plan (19.4 / 16.6 ms, reorders
+ * included; 20 / 18 ms with the weight gradient's fixed chunking below). The blocked copies live in scratch (cpu_scratch), as do the
+ * primitives' scratchpads (user mode: oneDNN's own is shared between threads).
+ *
+ * A plan (the primitive, its reorders, their buffer sizes) is made once per
+ * shape, dtype, direction and thread count and kept in the CPU context. Where
+ * oneDNN offers only a reference kernel for a shape, or fails in any way, the
+ * shape is marked and cpu_conv.c takes its im2col path, so this file only
+ * ever makes things faster.
+ *
+ * Numerics: each output element is one f32 sum of its K products (K = cg r s
+ * forward, kg r s backward data, n oh ow backward weights) in oneDNN's order
+ * (blocks of channels, taps, channels within a block; for the weight gradient
+ * chunks of images, see weights()): |sum - exact| <= (K + 2) 2^-24 sum |terms|
+ * (K - 1 additions and one rounding per product, whatever the order), plus
+ * one rounding into the output dtype; tests/c/test_conv.c checks it against
+ * the exact convolution. Thread count: the forward and backward-data kernels
+ * give each output element to one thread, whole; the weight gradient's
+ * kernels split the sum over images among threads, so it runs on
+ * single-threaded plans over a chunking fixed by the shape (weights()), and
+ * every output's bits are the same in 1 or 2 threads (tested).
+ */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/cpu/cpu_dnnl.h"
+
+#define PLANS 64   /* a ResNet step has ~30 distinct (shape, direction) pairs */
+
+/* scratch slots (cpu.h: 4-12 are convolution's; cpu_conv.c's im2col path
+ * uses them only when this file declined) */
+enum { S_IN0 = 4, S_IN1, S_OUT, S_R0, S_BIAS };
+
+enum { FWD = CPU_CONV_FWD, BWD_DATA = CPU_CONV_BWD_DATA, BWD_WEIGHTS = CPU_CONV_BWD_WEIGHTS };
+
+typedef struct {
+    int dir, dt, odt, bias;   /* dt: the operands' oneDNN dtype; odt: the output's */
+    int threads;              /* oneDNN splits the work for the thread count it was made under */
+    int64_t n, c, h, w, k, r, s, sh, sw, ph, pw, dh, dw, groups, oh, ow;
+} conv_key;
+
+/* an operand of the primitive: the tensor's plain layout, the primitive's, and
+ * the reorder between them (NULL when they are the same) */
+typedef struct {
+    dnnl_memory_desc_t user, inner, pad;   /* pad: the reorder's scratchpad */
+    dnnl_primitive_t reorder;
+    int arg;                  /* DNNL_ARG_... */
+} operand;
+
+typedef struct {
+    conv_key key;
+    int used;                 /* 1: a plan; -1: oneDNN cannot do this shape well */
+    dnnl_primitive_t prim;
+    operand op[3];            /* the two inputs, then the output */
+    dnnl_memory_desc_t bias, pad;   /* pad: the primitive's scratchpad */
+    size_t pad_bytes;         /* the largest scratchpad of the primitive and its reorders */
+} plan;
+
+struct cpu_conv_plans {
+    plan plans[PLANS];
+    int next;
+    dnnl_stream_t streams[16];   /* one per chunk of the weight gradient (WCHUNKS) */
+};
+
+/* NCHW {n, c, h, w} and weights {k, c/g, r, s} (grouped: {g, k/g, c/g, r, s}) */
+static int md_act(dnnl_memory_desc_t *md, int dt, int64_t n, int64_t c, int64_t h, int64_t w, int any)
+{
+    dnnl_dims_t d = {n, c, h, w};
+    return dnnl_memory_desc_init_by_tag(md, 4, d, dt, any ? dnnl_format_tag_any : dnnl_nchw) != dnnl_success;
+}
+
+static int md_wei(dnnl_memory_desc_t *md, int dt, const conv_key *k, int any)
+{
+    int64_t g = k->groups;
+    dnnl_dims_t d = {g, k->k / g, k->c / g, k->r, k->s}, d1 = {k->k, k->c, k->r, k->s};
+    if (g == 1) return dnnl_memory_desc_init_by_tag(md, 4, d1, dt, any ? dnnl_format_tag_any : dnnl_oihw) != dnnl_success;
+    return dnnl_memory_desc_init_by_tag(md, 5, d, dt, any ? dnnl_format_tag_any : dnnl_goihw) != dnnl_success;
+}
+
+/* the convolution descriptor of a direction over memory descriptors src,
+ * weights, dst (diff_* for the backward ones) */
+static int desc(dnnl_convolution_desc_t *cd, const conv_key *k, int dir, const dnnl_memory_desc_t *src,
+                const dnnl_memory_desc_t *wei, const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst)
+{
+    dnnl_dims_t st = {k->sh, k->sw}, dil = {k->dh - 1, k->dw - 1}, pl = {k->ph, k->pw};
+    /* the right padding that makes the output oh x ow (oneDNN checks it) */
+    dnnl_dims_t pr = {(k->oh - 1) * k->sh + (k->r - 1) * k->dh + 1 - k->h - k->ph,
+                      (k->ow - 1) * k->sw + (k->s - 1) * k->dw + 1 - k->w - k->pw};
+    dnnl_status_t s;
+    if (dir == FWD)
+        s = dnnl_dilated_convolution_forward_desc_init(cd, dnnl_forward_training, dnnl_convolution_direct, src, wei,
+                                                       bias, dst, st, dil, pl, pr);
+    else if (dir == BWD_DATA)
+        s = dnnl_dilated_convolution_backward_data_desc_init(cd, dnnl_convolution_direct, src, wei, dst, st, dil, pl, pr);
+    else
+        s = dnnl_dilated_convolution_backward_weights_desc_init(cd, dnnl_convolution_direct, src, wei, bias, dst, st,
+                                                                dil, pl, pr);
+    return s != dnnl_success;
+}
+
+/* the reorder between an operand's plain layout and the primitive's (into the
+ * primitive for inputs, out of it for the output) */
+static int make_reorder(struct cpu_dnnl *d, operand *o, int out, const_dnnl_primitive_attr_t attr)
+{
+    if (dnnl_memory_desc_equal(&o->user, &o->inner)) return 0;
+    dnnl_primitive_desc_t pd = NULL;
+    const dnnl_memory_desc_t *from = out ? &o->inner : &o->user, *to = out ? &o->user : &o->inner, *pad;
+    int ok = dnnl_reorder_primitive_desc_create(&pd, from, d->engine, to, d->engine, attr) == dnnl_success &&
+             (pad = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0)) != NULL &&
+             dnnl_primitive_create(&o->reorder, pd) == dnnl_success;
+    if (ok) o->pad = *pad;
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    return !ok;
+}
+
+static int make_plan_(struct cpu_dnnl *d, plan *p);
+
+/* oneDNN sizes its work split by the thread count when a primitive is made */
+static int make_plan(struct cpu_dnnl *d, plan *p)
+{
+    int was = omp_get_max_threads();
+    if (p->key.threads != was) omp_set_num_threads(p->key.threads);
+    int r = make_plan_(d, p);
+    if (p->key.threads != was) omp_set_num_threads(was);
+    return r;
+}
+
+static int make_plan_(struct cpu_dnnl *d, plan *p)
+{
+    const conv_key *k = &p->key;
+    int any = 1, f32 = dnnl_f32;
+    /* the forward descriptor: the primitive itself, or the hint the backward ones need */
+    dnnl_memory_desc_t src, wei, dst, bias, fsrc, fwei, fdst;
+    dnnl_convolution_desc_t fd, bd;
+    dnnl_primitive_desc_t fpd = NULL, pd = NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    const char *impl = "";
+    /* scratchpads are the caller's: the weight gradient runs plans on several
+     * threads at once, and oneDNN's own scratchpad is shared */
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return -1;
+    int in_dt = k->dt, sdt = k->dir == BWD_DATA ? k->odt : in_dt, ddt = k->dir == FWD ? k->odt : in_dt;
+    int wdt = k->dir == BWD_WEIGHTS ? k->odt : in_dt;
+    int ok = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success &&
+             !md_act(&src, sdt, k->n, k->c, k->h, k->w, any) && !md_wei(&wei, wdt, k, any) &&
+             !md_act(&dst, ddt, k->n, k->k, k->oh, k->ow, any) &&
+             !md_act(&fsrc, in_dt, k->n, k->c, k->h, k->w, any) && !md_wei(&fwei, in_dt, k, any) &&
+             !md_act(&fdst, in_dt, k->n, k->k, k->oh, k->ow, any);
+    if (ok && k->bias) {
+        dnnl_dims_t bd1 = {k->k};
+        ok = dnnl_memory_desc_init_by_tag(&bias, 1, bd1, f32, dnnl_a) == dnnl_success;
+    }
+    ok = ok && !desc(&fd, k, FWD, k->dir == FWD ? &src : &fsrc, k->dir == FWD ? &wei : &fwei,
+                     k->dir == FWD && k->bias ? &bias : NULL, k->dir == FWD ? &dst : &fdst) &&
+         dnnl_primitive_desc_create(&fpd, &fd, attr, d->engine, NULL) == dnnl_success;
+    if (ok && k->dir != FWD)
+        ok = !desc(&bd, k, k->dir, &src, &wei, k->dir == BWD_WEIGHTS && k->bias ? &bias : NULL, &dst) &&
+             dnnl_primitive_desc_create(&pd, &bd, attr, d->engine, fpd) == dnnl_success;
+    dnnl_primitive_desc_t use = k->dir == FWD ? fpd : pd;
+    ok = ok && dnnl_primitive_desc_query(use, dnnl_query_impl_info_str, 0, &impl) == dnnl_success;
+    /* oneDNN's reference kernels are slower than cpu_conv.c's im2col path */
+    ok = ok && strncmp(impl, "ref", 3) != 0 && !strstr(impl, "gemm:ref") && dnnl_primitive_create(&p->prim, use) == dnnl_success;
+    /* the operands, the primitive's layouts, the reorders */
+    static const int args[3][3] = {
+        {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
+        {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC},
+        {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS},
+    };
+    for (int i = 0; i < 3 && ok; i++) {
+        operand *o = &p->op[i];
+        o->arg = args[k->dir][i];
+        const dnnl_memory_desc_t *m = dnnl_primitive_desc_query_md(use, dnnl_query_exec_arg_md, o->arg);
+        ok = m != NULL;
+        if (!ok) break;
+        o->inner = *m;
+        int64_t nn = k->n, ch = k->c, hh = k->h, ww = k->w, dt = o->arg == DNNL_ARG_DIFF_SRC ? k->odt : in_dt;
+        if (o->arg == DNNL_ARG_DST || o->arg == DNNL_ARG_DIFF_DST) ch = k->k, hh = k->oh, ww = k->ow;
+        if (o->arg == DNNL_ARG_DST) dt = k->odt;
+        ok = (o->arg == DNNL_ARG_WEIGHTS || o->arg == DNNL_ARG_DIFF_WEIGHTS
+                  ? !md_wei(&o->user, o->arg == DNNL_ARG_DIFF_WEIGHTS ? k->odt : in_dt, k, 0)
+                  : !md_act(&o->user, (int)dt, nn, ch, hh, ww, 0)) &&
+             !make_reorder(d, o, i == 2, attr);
+        size_t b = o->reorder ? dnnl_memory_desc_get_size(&o->pad) : 0;
+        if (b > p->pad_bytes) p->pad_bytes = b;
+    }
+    const dnnl_memory_desc_t *pad = ok ? dnnl_primitive_desc_query_md(use, dnnl_query_scratchpad_md, 0) : NULL;
+    ok = ok && pad;
+    if (ok) {
+        p->pad = *pad;
+        size_t b = dnnl_memory_desc_get_size(pad);
+        if (b > p->pad_bytes) p->pad_bytes = b;
+    }
+    if (k->bias) p->bias = bias;
+    dnnl_primitive_attr_destroy(attr);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (fpd) dnnl_primitive_desc_destroy(fpd);
+    if (!ok) {
+        if (p->prim) dnnl_primitive_destroy(p->prim);
+        for (int i = 0; i < 3; i++) if (p->op[i].reorder) dnnl_primitive_destroy(p->op[i].reorder);
+        p->prim = NULL;
+        memset(p->op, 0, sizeof p->op);
+    }
+    return ok ? 1 : -1;
+}
+
+static void drop(plan *p)
+{
+    if (p->used != 1) return;
+    dnnl_primitive_destroy(p->prim);
+    for (int i = 0; i < 3; i++) if (p->op[i].reorder) dnnl_primitive_destroy(p->op[i].reorder);
+}
+
+static plan *find(struct cpu_conv_plans *c, struct cpu_dnnl *d, const conv_key *key)
+{
+    for (int i = 0; i < PLANS; i++)
+        if (c->plans[i].used && !memcmp(&c->plans[i].key, key, sizeof *key)) return &c->plans[i];
+    plan *p = &c->plans[c->next];
+    c->next = (c->next + 1) % PLANS;
+    drop(p);
+    memset(p, 0, sizeof *p);
+    p->key = *key;
+    p->used = make_plan(d, p);
+    return p;
+}
+
+static int mem(dnnl_memory_t *m, const dnnl_memory_desc_t *md, struct cpu_dnnl *d, void *ptr)
+{
+    return dnnl_memory_create(m, md, d->engine, ptr) != dnnl_success;
+}
+
+/* a primitive with its arguments and its scratchpad (md pad over buffer at) */
+static int exec(struct cpu_dnnl *d, dnnl_stream_t st, dnnl_primitive_t prim, int na, dnnl_exec_arg_t *args,
+                const dnnl_memory_desc_t *pad, void *at)
+{
+    dnnl_memory_t pm = NULL;
+    int ok = !mem(&pm, pad, d, at);
+    if (ok) {
+        args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, pm};
+        ok = dnnl_primitive_execute(prim, st, na, args) == dnnl_success;
+    }
+    if (pm) dnnl_memory_destroy(pm);
+    return !ok;
+}
+
+static int exec_reorder(struct cpu_dnnl *d, dnnl_stream_t st, operand *o, dnnl_memory_t from, dnnl_memory_t to, void *pad)
+{
+    dnnl_exec_arg_t args[3] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    return exec(d, st, o->reorder, 2, args, &o->pad, pad);
+}
+
+/* the bytes of a plan's working buffers (the operands in its layouts), each
+ * rounded up to 64 */
+static size_t inner_bytes(const plan *p, int i)
+{
+    return p->op[i].reorder ? (dnnl_memory_desc_get_size(&p->op[i].inner) + 63) & ~(size_t)63 : 0;
+}
+static size_t pad_bytes(const plan *p) { return (p->pad_bytes + 63) & ~(size_t)63; }
+static size_t work_bytes(const plan *p) { return inner_bytes(p, 0) + inner_bytes(p, 1) + inner_bytes(p, 2) + pad_bytes(p); }
+
+/* run a plan on stream st over the operands' plain buffers ptr[0..2] and the
+ * bias, with work (work_bytes) for the operands in the plan's layouts: 0, or 1
+ * when oneDNN failed */
+static int run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], const float *bias, char *work)
+{
+    dnnl_memory_t user[3] = {NULL, NULL, NULL}, inner[3] = {NULL, NULL, NULL}, bm = NULL;
+    char *pad = work;   /* the scratchpads first, then the operands */
+    int ok = 1;
+    work += pad_bytes(p);
+    for (int i = 0; i < 3 && ok; i++) {
+        operand *o = &p->op[i];
+        ok = !mem(&user[i], &o->user, d, ptr[i]);
+        if (!ok || !o->reorder) continue;
+        ok = !mem(&inner[i], &o->inner, d, work) && (i == 2 || !exec_reorder(d, st, o, user[i], inner[i], pad));
+        work += inner_bytes(p, i);
+    }
+    if (ok && p->key.bias) ok = !mem(&bm, &p->bias, d, (void *)bias);
+    if (ok) {
+        dnnl_exec_arg_t args[5];
+        int na = 0;
+        for (int i = 0; i < 3; i++) args[na++] = (dnnl_exec_arg_t){p->op[i].arg, inner[i] ? inner[i] : user[i]};
+        if (bm) args[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, bm};
+        ok = !exec(d, st, p->prim, na, args, &p->pad, pad) &&
+             (!p->op[2].reorder || !exec_reorder(d, st, &p->op[2], inner[2], user[2], pad)) &&
+             dnnl_stream_wait(st) == dnnl_success;
+    }
+    for (int i = 0; i < 3; i++) {
+        if (user[i]) dnnl_memory_destroy(user[i]);
+        if (inner[i]) dnnl_memory_destroy(inner[i]);
+    }
+    if (bm) dnnl_memory_destroy(bm);
+    return ok ? 0 : 1;
+}
+
+/* src (dtype dt, n values) as f32: src itself for f32, else widened into slot */
+static float *as_f32(mp_kctx *cx, int slot, mp_dtype dt, const void *src, int64_t n)
+{
+    if (dt == MP_F32) return (float *)src;
+    float *f = cpu_scratch(cx, slot, sizeof(float) * (size_t)(n ? n : 1));
+    if (!f) return NULL;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += MP_BLOCK) cpu_load(dt, src, i, f + i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
+    return f;
+}
+
+static void store_f32(mp_kctx *cx, mp_dtype dt, void *dst, const float *src, int64_t n)
+{
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += MP_BLOCK) cpu_store(cx, dt, dst, i, src + i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
+}
+
+static void key_of(conv_key *key, int dir, int dt, int odt, int64_t n, const mp_conv_args *a)
+{
+    memset(key, 0, sizeof *key);   /* the padding too: keys are compared whole */
+    key->dir = dir, key->dt = dt, key->odt = odt, key->n = n;
+    key->c = a->c, key->h = a->h, key->w = a->w, key->k = a->k, key->r = a->r, key->s = a->s;
+    key->sh = a->sh, key->sw = a->sw, key->ph = a->ph, key->pw = a->pw, key->dh = a->dh, key->dw = a->dw;
+    key->groups = a->groups, key->oh = a->oh, key->ow = a->ow;
+    /* backward weights runs single-threaded plans on chunks of images */
+    key->threads = dir == BWD_WEIGHTS ? 1 : omp_get_max_threads();
+}
+
+/* The weight gradient: oneDNN's kernels split the sum over images among the
+ * threads they were made for, so their bits would depend on the thread
+ * count. Instead the images go in WCHUNKS chunks (fewer when the partial sums
+ * would pass WBYTES), each summed by a single-threaded plan into its own f32
+ * partial, the chunks in parallel; the partials are then added in chunk
+ * order. The chunking depends on the shape only. */
+#define WCHUNKS 16
+#define WBYTES ((size_t)64 << 20)
+
+static int weights(mp_kctx *cx, struct cpu_dnnl *d, int dt, const void *x, const void *gy, float *gw,
+                   const mp_conv_args *a, size_t es)
+{
+    struct cpu_conv_plans *c = d->conv;
+    int64_t nw = a->k * (a->c / a->groups) * a->r * a->s, chw = a->c * a->h * a->w, kohw = a->k * a->oh * a->ow;
+    int64_t chunks = a->n < WCHUNKS ? a->n : WCHUNKS;
+    while (chunks > 1 && (size_t)chunks * (size_t)nw * 4 > WBYTES) chunks--;
+    int64_t per = (a->n + chunks - 1) / chunks;
+    chunks = (a->n + per - 1) / per;
+    int64_t last = a->n - (chunks - 1) * per;
+    conv_key kf, kl;
+    key_of(&kf, BWD_WEIGHTS, dt, dnnl_f32, per, a);
+    key_of(&kl, BWD_WEIGHTS, dt, dnnl_f32, last, a);
+    plan *pf = find(c, d, &kf), *pl = last == per ? pf : find(c, d, &kl);
+    /* the second find may have taken the first's slot */
+    if (pf->used != 1 || pl->used != 1 || memcmp(&pf->key, &kf, sizeof kf)) return 1;
+    for (int64_t i = 0; i < chunks; i++)
+        if (!c->streams[i] && dnnl_stream_create(&c->streams[i], d->engine, dnnl_stream_default_flags) != dnnl_success)
+            return 1;
+    size_t wb = work_bytes(pf) > work_bytes(pl) ? work_bytes(pf) : work_bytes(pl);
+    size_t part = ((size_t)nw * 4 + 63) & ~(size_t)63, each = wb + part;
+    char *buf = cpu_scratch(cx, S_R0, each * (size_t)chunks);
+    if (!buf) return -1;
+    int failed = 0;
+    #pragma omp parallel for schedule(static) reduction(|: failed)
+    for (int64_t i = 0; i < chunks; i++) {
+        char *mine = buf + (size_t)i * each;
+        void *ptr[3] = {(char *)x + (size_t)(i * per * chw) * es, (char *)gy + (size_t)(i * per * kohw) * es, mine + wb};
+        failed |= run(d, c->streams[i], i == chunks - 1 ? pl : pf, ptr, NULL, mine);
+    }
+    if (failed) return 1;
+    #pragma omp parallel for if (nw * chunks >= MP_PAR_MIN) schedule(static)
+    for (int64_t e = 0; e < nw; e += MP_BLOCK) {
+        int64_t len = nw - e < MP_BLOCK ? nw - e : MP_BLOCK;
+        float *s = gw + e;
+        memcpy(s, buf + wb + e * 4, sizeof(float) * (size_t)len);
+        for (int64_t i = 1; i < chunks; i++) {
+            const float *q = (const float *)(buf + (size_t)i * each + wb) + e;
+            for (int64_t l = 0; l < len; l++) s[l] += q[l];
+        }
+    }
+    return 0;
+}
+
+/* one direction of a convolution through oneDNN: out = dir(in0, in1) (+ bias
+ * forward). dt: the tensors' dtype; the output is rounded once into it.
+ * Returns 0 when done, 1 when the caller should take its own path, -1 when
+ * out of memory. */
+int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0, const void *in1, const void *b,
+                  const mp_conv_args *a)
+{
+    struct cpu_dnnl *d = cpu_dnnl_of(cx);
+    if (!d || (dt != MP_F32 && dt != MP_BF16 && dt != MP_F16) || a->n == 0 || a->c == 0 || a->k == 0) return 1;
+    if (!d->conv && !(d->conv = calloc(1, sizeof *d->conv))) return 1;
+    int kdt = dt == MP_BF16 ? dnnl_bf16 : dnnl_f32;
+    /* bf16 results straight from the primitive, except backward weights (f32
+     * sums, rounded here) and while flush counting is on (cpu_store counts) */
+    int odt = dt == MP_BF16 && dir != BWD_WEIGHTS && !cx->flush.on ? dnnl_bf16 : dnnl_f32;
+    int64_t nx = a->n * a->c * a->h * a->w, ny = a->n * a->k * a->oh * a->ow, nw = a->k * (a->c / a->groups) * a->r * a->s;
+    /* the inputs' sizes and the output's, by direction */
+    int64_t n0 = dir == BWD_DATA ? ny : nx, n1 = dir == BWD_WEIGHTS ? ny : nw, no = dir == FWD ? ny : dir == BWD_DATA ? nx : nw;
+    int direct = dt == MP_F32 || (dt == MP_BF16 && odt == dnnl_bf16);
+    plan *p = NULL;
+    if (dir != BWD_WEIGHTS) {
+        conv_key key;
+        key_of(&key, dir, kdt, odt, a->n, a);
+        key.bias = dir == FWD && b != NULL;
+        p = find(d->conv, d, &key);
+        if (p->used != 1) return 1;
+    }
+    void *ptr[3];
+    ptr[0] = dt == MP_F16 ? as_f32(cx, S_IN0, dt, in0, n0) : (void *)in0;
+    ptr[1] = dt == MP_F16 ? as_f32(cx, S_IN1, dt, in1, n1) : (void *)in1;
+    ptr[2] = direct ? out : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)no);
+    if (!ptr[0] || !ptr[1] || !ptr[2]) return -1;
+    if (dir == BWD_WEIGHTS) {
+        int r = weights(cx, d, kdt, ptr[0], ptr[1], ptr[2], a, dt == MP_BF16 ? 2 : 4);
+        if (r) return r;
+    } else {
+        float *bias = NULL;
+        if (p->key.bias) {
+            bias = dt == MP_F32 ? (float *)b : cpu_scratch(cx, S_BIAS, sizeof(float) * (size_t)a->k);
+            if (!bias) return -1;
+            if (dt != MP_F32) cpu_load(dt, b, 0, bias, a->k);
+        }
+        char *work = cpu_scratch(cx, S_R0, work_bytes(p) + 64);
+        if (!work) return -1;
+        if (run(d, d->stream, p, ptr, bias, work)) return 1;
+    }
+    if (!direct) store_f32(cx, dt, out, ptr[2], no);
+    return 0;
+}

@@ -1,0 +1,33 @@
+/*
+ * cpu_dnnl.h: what the oneDNN kernel files share: one engine and stream per
+ * CPU context, made on first use, and each file's cache of primitives made
+ * once per shape (cpu_gemm_dnnl.c: matmul plans; cpu_conv_dnnl.c: convolution
+ * plans). cpu_dnnl_enable(0) turns every oneDNN path off (tests reach the
+ * paths that stand in for it).
+ */
+#ifndef MP_CPU_DNNL_H
+#define MP_CPU_DNNL_H
+
+#include <oneapi/dnnl/dnnl.h>
+#include "kernels/cpu/cpu.h"
+
+struct cpu_dnnl {
+    int state;                      /* 0 untried, 1 ready, -1 no engine */
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    struct cpu_gemm_plans *gemm;    /* cpu_gemm_dnnl.c's, made on first use */
+    struct cpu_conv_plans *conv;    /* cpu_conv_dnnl.c's, made on first use */
+};
+
+/* the context's engine and stream, or NULL when oneDNN is off or failed */
+struct cpu_dnnl *cpu_dnnl_of(mp_kctx *cx);
+
+/* one direction of a convolution on oneDNN's primitives (cpu_conv_dnnl.c):
+ * forward y = conv(x, w) + b (in0 x, in1 w); backward data gx (in0 gy, in1 w);
+ * backward weights gw (in0 x, in1 gy). 0 done, 1 declined (the caller takes
+ * its own path), -1 out of memory. */
+enum { CPU_CONV_FWD, CPU_CONV_BWD_DATA, CPU_CONV_BWD_WEIGHTS };
+int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0, const void *in1, const void *b,
+                  const mp_conv_args *a);
+
+#endif
