@@ -53,15 +53,13 @@ describe("mp.attention", function()
     assert.are.same({ 1, 1, 4, 4 }, q.grad.shape)
   end)
 
-  it("f16 and bf16 compute in f32 and round once; autocast runs it in the low dtype", function()
+  it("f16 computes in f32 and rounds once; autocast runs it in the low dtype", function()
     mp.manual_seed(2)
-    for _, dt in ipairs { "f16", "bf16" } do
-      local q, k, v = mp.randn({ 2, 2, 40, 8 }):to(dt), mp.randn({ 2, 2, 40, 8 }):to(dt), mp.randn({ 2, 2, 40, 8 }):to(dt)
-      local lo = mp.attention(q, k, v, { causal = true })
-      assert.are.equal(dt, lo.dtype)
-      local hi = mp.attention(q:to("f32"), k:to("f32"), v:to("f32"), { causal = true }):to(dt)
-      H.assert_same(lo:to("f32"):totable(), hi:to("f32"):totable(), dt)
-    end
+    local q, k, v = mp.randn({ 2, 2, 40, 8 }):to("f16"), mp.randn({ 2, 2, 40, 8 }):to("f16"), mp.randn({ 2, 2, 40, 8 }):to("f16")
+    local lo = mp.attention(q, k, v, { causal = true })
+    assert.are.equal("f16", lo.dtype)
+    local hi = mp.attention(q:to("f32"), k:to("f32"), v:to("f32"), { causal = true }):to("f16")
+    H.assert_same(lo:to("f32"):totable(), hi:to("f32"):totable(), "f16")
     local o
     do
       local _ <close> = mp.amp.autocast("bf16")
@@ -69,6 +67,52 @@ describe("mp.attention", function()
     end
     assert.are.equal("bf16", o.dtype)
     assert.are.equal("low", mp.amp.classes().attention)
+  end)
+
+  -- bf16 (cpu_attention.c's head): the block products take bf16 operands into f32
+  -- sums, and the probabilities P (and dS in the backward) are rounded to bf16
+  -- before they multiply, as PyTorch's CPU flash attention does. Against attention
+  -- with f32 intermediates on the same bf16 values, element by element (u = 2^-8,
+  -- bf16's relative rounding error; s the scale; D = dO . out, whose bf16 out
+  -- differs by dout = out_bf16 - out_f32):
+  --   out: u P|V| + u |out|            dV: u P^T|dO| + u |dV|
+  --   dQ: s (u |dS| + P |dD|) |K| + u |dQ|    dK: s (u |dS| + P |dD|)^T |Q| + u |dK|
+  -- with |dD| <= |dO| . |dout| and a slack of 2^-14 on u for the f32 sums' order.
+  it("bf16 runs its products on bf16 operands, P and dS rounded to bf16 first: within the derived bound", function()
+    mp.manual_seed(3)
+    local u = 2 ^ -8 + 2 ^ -14
+    for _, c in ipairs { { shape = { 2, 2, 70, 16 }, causal = true }, { shape = { 1, 3, 45, 7 }, causal = false } } do
+      local shape, d = c.shape, c.shape[4]
+      local s = 1 / math.sqrt(d)
+      local q, k, v = mp.randn(shape):to("bf16"), mp.randn(shape):to("bf16"), (mp.randn(shape) * 3):to("bf16")
+      local g = mp.randn(shape):to("bf16")
+      local function run(dt)
+        local qq, kk, vv = q:to(dt):detach():requires_grad(true), k:to(dt):detach():requires_grad(true), v:to(dt):detach():requires_grad(true)
+        local o = mp.attention(qq, kk, vv, { causal = c.causal })
+        assert.are.equal(dt, o.dtype)
+        ;(o * g:to(dt)):sum():backward()
+        return { o = o:to("f32"), dq = qq.grad:to("f32"), dk = kk.grad:to("f32"), dv = vv.grad:to("f32") }
+      end
+      local lo, hi = run("bf16"), run("f32")
+      local Q, K, V, G = q:to("f32"), k:to("f32"), v:to("f32"), g:to("f32")
+      local t = shape[3]
+      local sc = Q:matmul(K:transpose(-2, -1)) * s
+      if c.causal then sc = sc:masked_fill(mp.ones({ t, t }):triu(1):gt(0), -math.huge) end
+      local P = mp.softmax(sc, -1)
+      local dS = P * (G:matmul(V:transpose(-2, -1)) - (G * hi.o):sum(-1, true))
+      local dD = (G:abs() * (lo.o - hi.o):abs()):sum(-1, true)
+      local eS = dS:abs() * u + P * dD
+      local bounds = {
+        o = P:matmul(V:abs()) * u + lo.o:abs() * u,
+        dv = P:transpose(-2, -1):matmul(G:abs()) * u + lo.dv:abs() * u,
+        dq = eS:matmul(K:abs()) * s + lo.dq:abs() * u,
+        dk = eS:transpose(-2, -1):matmul(Q:abs()) * s + lo.dk:abs() * u,
+      }
+      for _, n in ipairs { "o", "dq", "dk", "dv" } do
+        local over = ((lo[n] - hi[n]):abs() - bounds[n] - 1e-6):max():item()
+        assert.is_true(over <= 0, table.concat(shape, "x") .. " " .. n .. " over its bound by " .. over)
+      end
+    end
   end)
 
   it("dropout: p = 0 is none, draws are reproducible and the same in the backward", function()

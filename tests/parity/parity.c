@@ -659,7 +659,15 @@ static void cases_nn(void)
         }
         /* attention: query and key blocks of the CPU kernel (64) crossed, tq != tk,
          * causal, dropout from the shared Philox stream; a backend without the
-         * entry declines the op (supports) and its cases are not run */
+         * entry declines the op (supports) and its cases are not run.
+         * bf16: the CPU rounds P and dS to bf16 before they multiply (as PyTorch,
+         * cpu_attention.c's head), the CUDA kernel keeps them f32. Each rounded
+         * element is off by delta with |delta| <= u = 2^-8 and, over random values,
+         * mean square <= u^2/3 = 5.1e-6; an output summing terms t_j gains
+         * sum delta_j t_j, an nmse near (u^2/3) kappa with kappa = sum t_j^2 /
+         * (sum t_j)^2 (about 1 for these random signs), and each side's rounding of
+         * the output adds up to u^2/3 more: about 1.5e-5 expected, 1.1e-5 measured
+         * at most (dq and dk), under bf16's 4e-5 by 2.7x or more */
         static const struct { int64_t bh, tq, tk, d; int causal; float p; } at_shapes[] = {
             {3, 70, 70, 16, 1, 0}, {2, 5, 130, 8, 0, 0.3f}, {1, 130, 67, 64, 0, 0}, {2, 64, 64, 32, 1, 0.1f},
         };

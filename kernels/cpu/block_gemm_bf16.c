@@ -1,0 +1,191 @@
+/*
+ * block_gemm_bf16.c: small bf16 products with f32 accumulation
+ * (block_gemm_bf16.h). The AVX512-BF16 path keeps a tile of C in registers, as
+ * block_gemm.c does: up to 4 rows x 64 columns (8 rows x 32 columns when C is
+ * that narrow, so that 16 accumulators hide vdpbf16ps's latency); per pair of k
+ * it loads up to four 16-lane vectors of B's pair words, broadcasts one pair word
+ * of op(A) per row and does one vdpbf16ps per accumulator. The last vector of a
+ * row is masked, so no size needs padding beyond k's pair.
+ *
+ * The portable path, for processors without AVX512-BF16 and for tests, does the
+ * instruction's arithmetic element by element in the same order (odd k of each
+ * pair first, fused, subnormal inputs read as zero, subnormal sums flushed), so
+ * the two paths agree bit for bit; test_block_gemm_bf16.c checks both.
+ */
+#include <math.h>
+#include <string.h>
+#include "kernels/cpu/block_gemm_bf16.h"
+#include "kernels/cpu/cpu.h"
+
+/* bf16 bits to f32, a subnormal (and zero) read as a zero of its sign */
+static inline float daz(uint16_t h)
+{
+    uint32_t u = (uint32_t)(h & ((h & 0x7f80u) ? 0xffffu : 0x8000u)) << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* a subnormal f32 flushed to a zero of its sign */
+static inline float ftz(float x) { return fabsf(x) < 0x1p-126f ? copysignf(0.0f, x) : x; }
+
+/* one row of C (i) over columns j0..j0+nc-1, at most 64 */
+MP_SIMD static void row_portable(int at, int64_t i, int64_t j0, int64_t nc, int64_t kp, float alpha,
+                                 const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c)
+{
+    float acc[64];
+    for (int64_t j = 0; j < nc; j++) acc[j] = 0.0f;
+    for (int64_t p = 0; p < kp; p++) {
+        const uint16_t *ap = at ? a + 2 * (p * lda + i) : a + i * lda + 2 * p, *bp = b + 2 * (p * ldb + j0);
+        float a0 = daz(ap[0]), a1 = daz(ap[1]);
+        for (int64_t j = 0; j < nc; j++) {
+            float s = ftz(fmaf(a1, daz(bp[2 * j + 1]), acc[j]));
+            acc[j] = ftz(fmaf(a0, daz(bp[2 * j]), s));
+        }
+    }
+    for (int64_t j = 0; j < nc; j++) {
+        float x = alpha * acc[j];
+        c[j] = beta != 0.0f ? fmaf(beta, c[j], x) : x;
+    }
+}
+
+static void block_gemm_bf16_portable(int at, int64_t m, int64_t n, int64_t kp, float alpha, const uint16_t *a,
+                                     int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j0 = 0; j0 < n; j0 += 64)
+            row_portable(at, i, j0, n - j0 < 64 ? n - j0 : 64, kp, alpha, a, lda, b, ldb, beta, c + i * ldc + j0);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+#define BF16_FN __attribute__((target("avx512f,avx512bf16")))
+
+/* one tile: RB rows (up to 8) x NV vectors of 16 columns, the last masked */
+static inline __attribute__((always_inline)) BF16_FN void tile(int at, int rb, int nv, __mmask16 last, int64_t kp,
+                                                               float alpha, const uint16_t *a, int64_t lda,
+                                                               const uint16_t *b, int64_t ldb, float beta, float *c,
+                                                               int64_t ldc)
+{
+    __m512 acc[8][4];
+    __m512i bv[4];
+    for (int r = 0; r < rb; r++)
+        for (int v = 0; v < nv; v++) acc[r][v] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < kp; p++) {
+        const uint16_t *bp = b + 2 * p * ldb;
+        for (int v = 0; v < nv; v++)
+            bv[v] = v == nv - 1 ? _mm512_maskz_loadu_epi32(last, bp + 32 * v) : _mm512_loadu_si512(bp + 32 * v);
+        for (int r = 0; r < rb; r++) {
+            uint32_t w;
+            memcpy(&w, at ? a + 2 * (p * lda + r) : a + r * lda + 2 * p, sizeof w);
+            __m512i av = _mm512_set1_epi32((int)w);
+            for (int v = 0; v < nv; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], (__m512bh)av, (__m512bh)bv[v]);
+        }
+    }
+    __m512 al = _mm512_set1_ps(alpha), be = _mm512_set1_ps(beta);
+    for (int r = 0; r < rb; r++)
+        for (int v = 0; v < nv; v++) {
+            float *cp = c + r * ldc + 16 * v;
+            __mmask16 mk = v == nv - 1 ? last : (__mmask16)0xffff;
+            __m512 x = _mm512_mul_ps(al, acc[r][v]);
+            if (beta != 0.0f) x = _mm512_fmadd_ps(be, _mm512_maskz_loadu_ps(mk, cp), x);
+            _mm512_mask_storeu_ps(cp, mk, x);
+        }
+}
+
+#define TILE(AT, RB, NV) \
+    case (AT) * 32 + ((RB) - 1) * 4 + (NV) - 1: tile(AT, RB, NV, last, kp, alpha, ap, lda, b + 2 * j0, ldb, beta, cp, ldc); break
+#define TILES4(AT, RB) TILE(AT, RB, 1); TILE(AT, RB, 2); TILE(AT, RB, 3); TILE(AT, RB, 4)
+#define TILES2(AT, RB) TILE(AT, RB, 1); TILE(AT, RB, 2)
+#define TILES(AT) TILES4(AT, 1); TILES4(AT, 2); TILES4(AT, 3); TILES4(AT, 4); \
+                  TILES2(AT, 5); TILES2(AT, 6); TILES2(AT, 7); TILES2(AT, 8)
+
+BF16_FN static void block_gemm_bf16_avx512(int at, int64_t m, int64_t n, int64_t kp, float alpha, const uint16_t *a,
+                                           int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
+                                           int64_t ldc)
+{
+    for (int64_t j0 = 0; j0 < n; j0 += 64) {
+        int64_t nc = n - j0 < 64 ? n - j0 : 64;
+        int nv = (int)((nc + 15) / 16), rows = nv <= 2 ? 8 : 4;
+        __mmask16 last = (__mmask16)(0xffffu >> (16 * nv - nc));
+        for (int64_t i0 = 0; i0 < m; i0 += rows) {
+            int rb = m - i0 < rows ? (int)(m - i0) : rows;
+            const uint16_t *ap = at ? a + 2 * i0 : a + i0 * lda;
+            float *cp = c + i0 * ldc + j0;
+            switch ((at ? 32 : 0) + (rb - 1) * 4 + nv - 1) {
+                TILES(0);
+                TILES(1);
+            }
+        }
+    }
+}
+
+static int has_avx512bf16(void) { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
+#else
+#define block_gemm_bf16_avx512 block_gemm_bf16_portable
+static int has_avx512bf16(void) { return 0; }
+#endif
+
+typedef void (*gemm_fn)(int, int64_t, int64_t, int64_t, float, const uint16_t *, int64_t, const uint16_t *, int64_t,
+                        float, float *, int64_t);
+static const struct { const char *name; gemm_fn fn; } paths[] = {
+    { "avx512bf16", block_gemm_bf16_avx512 },
+    { "portable", block_gemm_bf16_portable },
+};
+/* the chosen path; -1 until the first call (every racing thread chooses the same) */
+static int chosen = -1;
+
+static int pick(void)
+{
+    int i = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+    if (i < 0) __atomic_store_n(&chosen, i = has_avx512bf16() ? 0 : 1, __ATOMIC_RELAXED);
+    return i;
+}
+
+void cpu_block_gemm_bf16(int at, int64_t m, int64_t n, int64_t k, float alpha, const uint16_t *a, int64_t lda,
+                         const uint16_t *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (m <= 0 || n <= 0) return;
+    paths[pick()].fn(at, m, n, (k + 1) / 2, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+const char *cpu_block_gemm_bf16_path(void) { return paths[pick()].name; }
+
+int cpu_block_gemm_bf16_use(const char *path)
+{
+    if (!path) { __atomic_store_n(&chosen, -1, __ATOMIC_RELAXED); pick(); return 0; }
+    if (!strcmp(path, "avx512bf16") && !has_avx512bf16()) return -1;
+    for (int i = 0; i < 2; i++)
+        if (!strcmp(paths[i].name, path)) { __atomic_store_n(&chosen, i, __ATOMIC_RELAXED); return 0; }
+    return -1;
+}
+
+/* ---- packing ---- */
+
+MP_SIMD void cpu_bf16_pack_rows(uint16_t *dst, int64_t ldd, const uint16_t *x, int64_t ldx, int64_t rows,
+                                int64_t cols)
+{
+    for (int64_t p = 0; 2 * p < rows; p++) {
+        const uint16_t *r0 = x + 2 * p * ldx, *r1 = r0 + ldx;
+        uint16_t *d = dst + 2 * p * ldd;
+        if (2 * p + 1 < rows)
+            for (int64_t j = 0; j < cols; j++) d[2 * j] = r0[j], d[2 * j + 1] = r1[j];
+        else
+            for (int64_t j = 0; j < cols; j++) d[2 * j] = r0[j], d[2 * j + 1] = 0;
+    }
+}
+
+void cpu_bf16_pack_cols(uint16_t *dst, int64_t ldd, const uint16_t *x, int64_t ldx, int64_t rows, int64_t cols)
+{
+    int64_t whole = cols / 2;
+    for (int64_t j = 0; j < rows; j++) {   /* 32-bit words of row j become column j of dst */
+        const uint16_t *xr = x + j * ldx;
+        for (int64_t p = 0; p < whole; p++) {
+            uint32_t w;
+            memcpy(&w, xr + 2 * p, sizeof w);
+            memcpy(dst + 2 * (p * ldd + j), &w, sizeof w);
+        }
+        if (cols & 1) dst[2 * (whole * ldd + j)] = xr[cols - 1], dst[2 * (whole * ldd + j) + 1] = 0;
+    }
+}
