@@ -74,6 +74,9 @@ static void cache_add(mp_state *s, mp_tensor *src, mp_tensor *r)
     }
     s->autocast.cache[s->autocast.ncache++] =
         (mp_cast_entry){.src = mp_retain(src), .cast = mp_retain(r), .version = src->st->version};
+    /* a weight read by a GEMM in the forward and again in the backward: the
+     * GEMMs keep its values widened once (engine/ops_matmul.c) */
+    if (r->dtype == MP_F16 || r->dtype == MP_BF16) r->st->keep_wide = true;
 }
 
 static int enter(bool enabled, mp_dtype dt, bool backward)

@@ -286,12 +286,32 @@ static int route(const walk_ctx *w, mp_edge *e, mp_tensor *g)
     return rc;
 }
 
+/* x a cast of an f32 leaf (autocast's weights): its gradient widened into the
+ * leaf's .grad in one pass (mp_cast_backward_into), when nothing else is to
+ * see the widened gradient as a tensor: a plain walk (neither create_graph
+ * nor mp_autograd_grad), no hooks on the leaf, no anomaly check, no listener
+ * reading gradients. 1: take the usual way; 0 done */
+static int cast_into_leaf(const walk_ctx *w, mp_node *x)
+{
+    mp_tensor *leaf = x->nin == 1 ? x->in[0].leaf : NULL;
+    if (!leaf || leaf->hooks || w->ins || w->create || w->nwait || mp_state_get()->anomaly.on) return 1;
+    for (mp_backward_listener *l = listeners; l; l = l->next)
+        if (l->gradients) return 1;
+    return mp_cast_backward_into(x, leaf);
+}
+
 static int run_node(const walk_ctx *w, mp_node *x)
 {
     if (x->released)
         return mp_fail(MP_EINVAL, "backward through %s a second time: its saved tensors were freed "
                                   "by the first backward (pass retain_graph = true to the first)", x->name);
     if (mp_node_check_saved(x)) return -1;   /* written in place since the forward kept it */
+    if (cast_into_leaf(w, x) == 0) {
+        mp_release(x->grad);
+        x->grad = NULL;
+        if (!w->retain) mp_node_release_saved(x);
+        return 0;
+    }
     mp_tensor *small[8] = {0}, **gin = x->nin <= 8 ? small : calloc((size_t)x->nin, sizeof *gin);
     if (!gin) return mp_fail(MP_EOOM, "out of memory in the backward of %s", x->name);
     int rc = call_backward(w, x, gin);

@@ -46,6 +46,10 @@ mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev);   /* new reference; 
 /* t (a parameter in an optimizer's arena) as f16/bf16 from the arena's working
  * copy; any other tensor as mp_to */
 mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt);
+/* a cast node's gradient added into an f32 leaf's .grad in one pass (engine/
+ * ops_create.c; engine/backward.c calls it): 0 done, 1 not such a node */
+struct mp_node;
+int mp_cast_backward_into(struct mp_node *n, mp_tensor *leaf);
 mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev); /* the same, never recorded by autograd */
 mp_tensor *mp_clone(mp_tensor *t);
 /* copy src's values (cast to dst's dtype, from any device) into dst, in place */

@@ -147,11 +147,34 @@ mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev)
     return c;
 }
 
+static const mp_op to_op;
+
 /* the gradient of a cast or a copy: back to the input's dtype and device */
 static int to_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     gin[0] = mp_to(g, n->in[0].dtype, n->in[0].dev);   /* recorded under create_graph */
     return gin[0] ? 0 : -1;
+}
+
+/* The backward of a cast of an f32 leaf into f16/bf16 (autocast's weights,
+ * mp_arena_cast) straight into the leaf's .grad: n's gradient widened and
+ * added in one pass (kernels/backend.h add_widened), where to_backward made a
+ * widened tensor that the backward then added (an allocation and a pass over
+ * 4 bytes an element more). Bit-identical: the widening is exact and the add
+ * is the same f32 add. 1 when n is no such cast, .grad is not there to add
+ * into, or the backend has no add_widened (the caller takes the usual way);
+ * 0 done. engine/backward.c decides when nothing else is to see the widened
+ * gradient. */
+int mp_cast_backward_into(mp_node *n, mp_tensor *leaf)
+{
+    mp_tensor *g = n->grad, *acc = leaf->grad;
+    if (n->op != &to_op || n->nin != 1 || !g || !acc) return 1;
+    if ((g->dtype != MP_F16 && g->dtype != MP_BF16) || n->in[0].dtype != MP_F32 || acc->dtype != MP_F32 ||
+        n->in[0].dev != g->dev || acc->dev != g->dev || !mp_same_shape(acc, g) || !mp_be(acc)->add_widened)
+        return 1;
+    MP_K(acc, add_widened, mp_data(acc), mp_data(g), g->dtype, g->numel);
+    acc->st->version++;   /* an in-place write, as the add it stands for */
+    return 0;
 }
 
 typedef struct { mp_dtype dtype; mp_device dev; } to_args;

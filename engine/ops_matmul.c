@@ -6,11 +6,60 @@
  * bias in the backend's GEMM epilogue (gemm_bias) where it has one, else loaded
  * into the output before the GEMM accumulates onto it: either way the result
  * is rounded once, as a GPU GEMM with a bias epilogue does.
+ *
+ * An autocast weight (a cast the cast cache made: its storage's keep_wide) is
+ * widened once per version of its values, into an f32 copy kept with its
+ * storage, and handed to the backend's gemm_wide already widened, where the
+ * backend's GEMM widens f16 operands (supports "gemm_wide"). Without it the
+ * forward and the backward GEMM each widened the weight again (the MLP's
+ * 784x512 weight: 1.6 MB written and read back per use). The copy costs 4
+ * bytes per element of the cast's storage (for an optimizer's arena, its
+ * whole working copy) for as long as the storage lives; a version bump (an
+ * optimizer step, any in-place write) makes the next GEMM widen it again.
  */
 #include <string.h>
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/op.h"
+
+/* the f32 copy of t's values for a GEMM (engine/tensor.h: mp_storage.wide),
+ * widened now if its storage changed since; NULL when t has none to keep (not
+ * an autocast cast, or the backend's GEMM takes no widened operand of its
+ * dtype), or when memory for it runs out (the GEMM then widens, as before) */
+static const float *wide_operand(const mp_tensor *t)
+{
+    mp_storage *st = t->st;
+    if (!st->keep_wide) return NULL;
+    const mp_backend *be = mp_be(t);
+    if (!be->gemm_wide || (be->supports && !be->supports(be->ctx, "gemm_wide", t->dtype))) return NULL;
+    if (!st->wide || st->wide_version != st->version) {
+        int64_t n = (int64_t)(st->nbytes / mp_dtype_size(t->dtype));
+        if (!st->wide && !(st->wide = mp_empty(MP_F32, t->dev, 1, &n))) {
+            mp_clear_error();
+            st->keep_wide = false;   /* not tried again for every GEMM */
+            return NULL;
+        }
+        MP_K(t, cast, mp_data(st->wide), MP_F32, st->data, t->dtype, n);
+        st->wide_version = st->version;
+    }
+    return (const float *)mp_data(st->wide) + t->offset;
+}
+
+/* C = alpha op(A) @ op(B) + beta C in dtype dt on c's backend, with the kept
+ * widened copy of an operand that has one (gemm_wide); 0, or -1 for want of
+ * working memory */
+static int gemm_run(const mp_tensor *c, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+                    float alpha, const mp_tensor *a, int64_t sa, const mp_tensor *b, int64_t sb, float beta,
+                    void *cdata, int64_t sc)
+{
+    const float *wa = a->dtype == dt ? wide_operand(a) : NULL, *wb = b->dtype == dt ? wide_operand(b) : NULL;
+    if (wa || wb) {
+        int rc = MP_K(c, gemm_wide, dt, ta, tb, batch, m, n, k, alpha, wa ? (const void *)wa : mp_data(a), wa != NULL,
+                      sa, wb ? (const void *)wb : mp_data(b), wb != NULL, sb, beta, cdata, sc);
+        if (rc <= 0) return rc;
+    }
+    return MP_K(c, gemm, dt, ta, tb, batch, m, n, k, alpha, mp_data(a), sa, mp_data(b), sb, beta, cdata, sc);
+}
 
 /* C{batch,m,n} = op(A) @ op(B) as a new tensor (2-D when batch is 0) */
 static mp_tensor *gemm_new(mp_dtype dt, mp_device dev, int ta, int tb, int64_t batch, int64_t m, int64_t n,
@@ -18,8 +67,7 @@ static mp_tensor *gemm_new(mp_dtype dt, mp_device dev, int ta, int tb, int64_t b
 {
     int64_t shape[3] = {batch, m, n};
     mp_tensor *c = batch ? mp_empty(dt, dev, 3, shape) : mp_empty(dt, dev, 2, shape + 1);
-    if (c && MP_K(c, gemm, dt, ta, tb, batch ? batch : 1, m, n, k, 1.0f, mp_data(a), sa, mp_data(b), sb,
-                            0.0f, mp_data(c), m * n)) {
+    if (c && gemm_run(c, dt, ta, tb, batch ? batch : 1, m, n, k, 1.0f, a, sa, b, sb, 0.0f, mp_data(c), m * n)) {
         mp_release(c);
         return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
                        (long long)m, (long long)n, (long long)k), NULL;
@@ -340,7 +388,7 @@ static mp_tensor *linear_fwd(mp_op_ctx *c)
         mp_release(zero);
         beta = 1.0f;
     }
-    if (MP_K(y, gemm, x->dtype, 0, 1, 1, rows, out, in, 1.0f, mp_data(x), 0, mp_data(w), 0, beta, mp_data(y), 0)) {
+    if (gemm_run(y, x->dtype, 0, 1, 1, rows, out, in, 1.0f, x, 0, w, 0, beta, mp_data(y), 0)) {
         mp_release(y);
         return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
                        (long long)rows, (long long)out, (long long)in), NULL;

@@ -97,6 +97,7 @@ void mp_storage_release(mp_storage *st)
 {
     if (--st->refs > 0) return;
     mp_release(st->lowp);
+    mp_release(st->wide);
     mp_backend_of(st->dev)->free(mp_backend_of(st->dev)->ctx, st->data, st->nbytes);
     mp_memory_freed(st->dev, st->nbytes);
     free(st);

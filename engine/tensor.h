@@ -29,6 +29,13 @@ typedef struct mp_storage {
      * version: the optimizer step writes it with the masters (mp_arena_cast) */
     struct mp_tensor *lowp;
     uint64_t lowp_version;
+    /* an autocast cast's f16 values widened to f32 (engine/ops_matmul.c), kept
+     * for the GEMMs that read them while wide_version == version: set keep_wide
+     * (the cast cache does, engine/autocast.c) and the first GEMM makes it; it
+     * goes with the storage */
+    bool keep_wide;
+    struct mp_tensor *wide;
+    uint64_t wide_version;
 } mp_storage;
 
 /* What a tensor holds of the node that computed it: the head every graph node

@@ -542,6 +542,25 @@ typedef struct mp_kctx mp_kctx;
     X(int, gemm, (mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,             \
       float alpha, const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc),              \
       (cx, dt, ta, tb, batch, m, n, k, alpha, a, sa, b, sb, beta, c, sc))                                               \
+    /* gemm (above) in dtype dt with operands given already widened: A when wa,                                         \
+     * B when wb, is an f32 array holding that operand's dt values exactly (the                                         \
+     * engine keeps an autocast weight's widened copy for as long as its values                                         \
+     * stay: engine/ops_matmul.c), the other operands and C are dt. The same f32                                        \
+     * sums as gemm on the dt operands and the same one rounding into C, without                                        \
+     * widening those operands again. Returns 0, 1 when declined (the engine then                                       \
+     * calls gemm), -1 for want of working memory. NULL: the backend has none;                                          \
+     * supports(cx, "gemm_wide", dt) says for which dt the engine should keep                                           \
+     * widened copies (those whose gemm widens: f16 on the CPU). */                                                     \
+    X(int, gemm_wide, (mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,        \
+      float alpha, const void *a, int wa, int64_t sa, const void *b, int wb, int64_t sb, float beta, void *c,           \
+      int64_t sc),                                                                                                      \
+      (cx, dt, ta, tb, batch, m, n, k, alpha, a, wa, sa, b, wb, sb, beta, c, sc))                                       \
+    /* acc{n} (f32) += x{n} widened from dt (f16/bf16), in one pass: the gradient                                       \
+     * of an f32 leaf's cast added into its .grad (engine/backward.c) without a                                         \
+     * widened tensor between. The widening is exact and the add is binary's f32                                        \
+     * add, so .grad is bit-identical to a cast then an add. NULL: the engine                                           \
+     * does exactly that. */                                                                                            \
+    X(void, add_widened, (mp_kctx *cx, float *acc, const void *x, mp_dtype dt, int64_t n), (cx, acc, x, dt, n))         \
     /* A linear layer's product with its bias in the GEMM's epilogue:                                                   \
      * C{m,n} = A{m,k} @ B^T + bias{n} on every row (B is {n,k}), summed in f32                                         \
      * and rounded once, in one pass over C. Returns 0; 1 when declined (the                                            \

@@ -139,6 +139,8 @@ int cpu_dnnl_enable(int on);   /* 0: every oneDNN path declines (tests); returns
 int cpu_gemm_dnnl_f32out(mp_kctx *cx, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
                          const void *a, int64_t sa, const void *b, int64_t sb, float beta, float *c, int64_t sc);
 mp_be_gemm_fn cpu_gemm;
+mp_be_gemm_wide_fn cpu_gemm_wide;
+mp_be_add_widened_fn cpu_add_widened;
 mp_be_permute_fn cpu_permute;
 mp_be_gather_fn cpu_gather;
 mp_be_scatter_add_fn cpu_scatter_add;

@@ -115,6 +115,22 @@ void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a,
     }
 }
 
+/* acc += x widened from dt: a cast's gradient into an f32 leaf's .grad in one
+ * pass (kernels/backend.h add_widened). Each block is widened into L1 and
+ * added with bin_f32's add, so every sum is the one cpu_binary's f32 add of
+ * the widened tensor gives (widening is exact): bit-identical to that pair */
+void cpu_add_widened(mp_kctx *cx, float *acc, const void *x, mp_dtype dt, int64_t n)
+{
+    (void)cx;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += MP_BLOCK) {
+        int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
+        float y[MP_BLOCK];
+        cpu_load(dt, x, i, y, len);
+        bin_f32(MP_ADD, acc + i, acc + i, 1, y, 1, len);
+    }
+}
+
 /* t and e are written before they are read, in loops over the same n that GCC
  * cannot match to the vmath call between them */
 #if defined(__GNUC__) && !defined(__clang__)

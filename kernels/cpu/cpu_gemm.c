@@ -3,6 +3,13 @@
  * widened to f32 scratch, multiplied with f32 accumulation and rounded once into
  * the output: the numerics of a GPU GEMM with CUBLAS_COMPUTE_32F. f64 goes
  * through dgemm as it is.
+ *
+ * cpu_gemm_wide is the same f16 product with an operand the engine has
+ * already widened (an autocast weight, widened once per version of its values
+ * instead of in every forward and backward GEMM that reads it: 1.6 MB of f32
+ * written and read again per use for the MLP's 784x512 weight). The widened
+ * values are the ones widen() would write, and they meet the same sgemm or
+ * oneDNN call with the same shapes, so C is bit-identical to cpu_gemm's.
  */
 #include <cblas.h>
 #include "kernels/cpu/cpu.h"
@@ -40,6 +47,10 @@ static void narrow_to(mp_kctx *cx, mp_dtype dt, const float *src, void *dst, int
     }
 }
 
+static int gemm_16(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+                   float alpha, const void *a, int wa, int64_t sa, const void *b, int wb, int64_t sb, float beta,
+                   void *c, int64_t sc);
+
 int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
              float alpha, const void *a, int64_t sa, const void *b, int64_t sb,
              float beta, void *c, int64_t sc)
@@ -60,13 +71,22 @@ int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m,
                   beta, (float *)c + i * sc);
         return 0;
     }
-    /* widen whole operands once; a broadcast operand (stride 0) is widened once */
+    return gemm_16(cx, dt, ta, tb, batch, m, n, k, alpha, a, 0, sa, b, 0, sb, beta, c, sc);
+}
+
+/* f16/bf16: each operand widened whole (once; a broadcast operand, stride 0,
+ * once for every item) unless it comes widened (wa, wb: f32 already), one
+ * f32 product per batch item, C rounded once */
+static int gemm_16(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+                   float alpha, const void *a, int wa, int64_t sa, const void *b, int wb, int64_t sb, float beta,
+                   void *c, int64_t sc)
+{
     int64_t na = (sa ? batch : 1) * m * k, nb = (sb ? batch : 1) * k * n, nc = m * n;
-    float *fa = cpu_scratch(cx, 0, (size_t)na * 4), *fb = cpu_scratch(cx, 1, (size_t)nb * 4);
+    const float *fa = wa ? a : cpu_scratch(cx, 0, (size_t)na * 4), *fb = wb ? b : cpu_scratch(cx, 1, (size_t)nb * 4);
     float *fc = cpu_scratch(cx, 2, (size_t)nc * 4);
     if (!fa || !fb || !fc) return -1;
-    widen(dt, a, fa, na);
-    widen(dt, b, fb, nb);
+    if (!wa) widen(dt, a, (float *)fa, na);
+    if (!wb) widen(dt, b, (float *)fb, nb);
     size_t es = mp_dtype_size(dt);
     for (int64_t i = 0; i < batch; i++) {
         void *ci = (char *)c + (size_t)(i * sc) * es;
@@ -77,4 +97,15 @@ int cpu_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m,
         narrow_to(cx, dt, fc, ci, nc);
     }
     return 0;
+}
+
+/* the backend's gemm_wide: f16 only (supports says so), the dtype whose
+ * product cpu_gemm widens whole; bf16 goes to oneDNN's own bf16 kernels there,
+ * so a widened bf16 operand is declined rather than summed another way */
+int cpu_gemm_wide(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+                  float alpha, const void *a, int wa, int64_t sa, const void *b, int wb, int64_t sb, float beta,
+                  void *c, int64_t sc)
+{
+    if (dt != MP_F16) return 1;
+    return gemm_16(cx, dt, ta, tb, batch, m, n, k, alpha, a, wa, sa, b, wb, sb, beta, c, sc);
 }
