@@ -60,4 +60,42 @@ MP_SIMD static inline double lane_dot_dev(const float *g, const float *x, int64_
     return s;
 }
 
+/* The same sums of MP_ROWS rows at once (row k at r + k * stride), each row's
+ * bits those of the one-row function: a row's sum is a chain of n / 8
+ * dependent adds, and rows side by side run their chains in parallel (layer
+ * norm's rows of 128 were bound by that latency, not by the loads). */
+#define MP_ROWS 4
+
+MP_SIMD static inline void lane_sum_rows(const float *r, int64_t stride, int64_t n, double *out)
+{
+    double acc[MP_ROWS][MP_LANES] = {{0}};
+    int64_t j = 0;
+    for (; j + MP_LANES <= n; j += MP_LANES)
+        for (int k = 0; k < MP_ROWS; k++)
+            for (int l = 0; l < MP_LANES; l++) acc[k][l] += r[k * stride + j + l];
+    for (; j < n; j++)
+        for (int k = 0; k < MP_ROWS; k++) acc[k][j % MP_LANES] += r[k * stride + j];
+    for (int k = 0; k < MP_ROWS; k++) {
+        double s = 0;
+        for (int l = 0; l < MP_LANES; l++) s += acc[k][l];
+        out[k] = s;
+    }
+}
+
+MP_SIMD static inline void lane_sumsq_dev_rows(const float *r, int64_t stride, int64_t n, const float *m, double *out)
+{
+    double acc[MP_ROWS][MP_LANES] = {{0}};
+    int64_t j = 0;
+    for (; j + MP_LANES <= n; j += MP_LANES)
+        for (int k = 0; k < MP_ROWS; k++)
+            for (int l = 0; l < MP_LANES; l++) { double d = r[k * stride + j + l] - m[k]; acc[k][l] += d * d; }
+    for (; j < n; j++)
+        for (int k = 0; k < MP_ROWS; k++) { double d = r[k * stride + j] - m[k]; acc[k][j % MP_LANES] += d * d; }
+    for (int k = 0; k < MP_ROWS; k++) {
+        double s = 0;
+        for (int l = 0; l < MP_LANES; l++) s += acc[k][l];
+        out[k] = s;
+    }
+}
+
 #endif
