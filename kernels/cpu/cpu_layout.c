@@ -7,6 +7,15 @@
 #include <string.h>
 #include "kernels/cpu/cpu.h"
 
+/* a short contiguous run (a head's 32 values: 64 or 128 bytes): 32 bytes at a
+ * time with constant-size copies the compiler inlines, not a call a row */
+static inline void copy_run(char *o, const char *i, size_t n)
+{
+    size_t j = 0;
+    for (; j + 32 <= n; j += 32) memcpy(o + j, i + j, 32);
+    if (j < n) memcpy(o + j, i + j, n - j);
+}
+
 void cpu_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm)
 {
     size_t es = mp_dtype_size(dt);
@@ -35,7 +44,7 @@ void cpu_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, 
         const char *i = (const char *)in;
         for (int64_t r = r0; r < r1; r++) {
             char *o = (char *)out + (size_t)(r * last) * es;
-            if (ls == 1) memcpy(o, i + (size_t)src * es, (size_t)last * es);
+            if (ls == 1) copy_run(o, i + (size_t)src * es, (size_t)last * es);
             else switch (es) {   /* every element size the dtypes have (f64's 8 was once copied a byte at a time) */
             case 8: for (int64_t j = 0; j < last; j++) ((uint64_t *)o)[j] = ((const uint64_t *)i)[src + j * ls]; break;
             case 4: for (int64_t j = 0; j < last; j++) ((uint32_t *)o)[j] = ((const uint32_t *)i)[src + j * ls]; break;

@@ -202,9 +202,9 @@ MP_SIMD static void ln_grad_rows(float *g, float *xh, int64_t stride, const floa
     }
 }
 
-MP_SIMD static void ln_row(float *r, const float *wf, const float *bf, float m, float rs, int64_t n)
+MP_SIMD static void ln_row(float *y, const float *r, const float *wf, const float *bf, float m, float rs, int64_t n)
 {
-    for (int64_t j = 0; j < n; j++) r[j] = (r[j] - m) * rs * wf[j] + bf[j];
+    for (int64_t j = 0; j < n; j++) y[j] = (r[j] - m) * rs * wf[j] + bf[j];
 }
 
 int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
@@ -228,17 +228,28 @@ int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
             int64_t k1 = rows - q0 < MP_ROWS ? rows - q0 : MP_ROWS;
             float m[MP_ROWS] = {0}, rs[MP_ROWS];
             double s[MP_ROWS];
-            for (int64_t k = 0; k < k1; k++) cpu_load(dt, x, (q0 + k) * n, r + k * nn, n);
-            for (int64_t k = k1; k < MP_ROWS; k++) for (int64_t j = 0; j < n; j++) r[k * nn + j] = 0;
+            /* f32 rows are read where they are and written straight into y
+             * (a whole group only: the sums read MP_ROWS rows) */
+            bool direct = dt == MP_F32 && k1 == MP_ROWS;
+            const float *src = direct ? (const float *)x + q0 * n : r;
+            int64_t ss = direct ? n : nn;
+            if (!direct) {
+                for (int64_t k = 0; k < k1; k++) cpu_load(dt, x, (q0 + k) * n, r + k * nn, n);
+                for (int64_t k = k1; k < MP_ROWS; k++) for (int64_t j = 0; j < n; j++) r[k * nn + j] = 0;
+            }
             if (mean) {   /* no mean: RMS norm, no centring */
-                lane_sum_rows(r, nn, n, s);
+                lane_sum_rows(src, ss, n, s);
                 for (int k = 0; k < MP_ROWS; k++) m[k] = (float)(s[k] / n);
             }
-            lane_sumsq_dev_rows(r, nn, n, m, s);
+            lane_sumsq_dev_rows(src, ss, n, m, s);
             for (int64_t k = 0; k < k1; k++) {
                 rs[k] = 1.0f / sqrtf((float)(s[k] / n) + eps);
-                ln_row(r + k * nn, wf, bf, m[k], rs[k], n);
-                cpu_store(cx, dt, y, (q0 + k) * n, r + k * nn, n);
+                if (direct) {
+                    ln_row((float *)y + (q0 + k) * n, src + k * ss, wf, bf, m[k], rs[k], n);
+                } else {
+                    ln_row(r + k * nn, r + k * nn, wf, bf, m[k], rs[k], n);
+                    cpu_store(cx, dt, y, (q0 + k) * n, r + k * nn, n);
+                }
                 if (mean) mean[q0 + k] = m[k];
                 rstd[q0 + k] = rs[k];
             }

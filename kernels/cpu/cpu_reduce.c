@@ -107,7 +107,7 @@ static void sum_rows(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const voi
  * 0, into acc: the accumulators stay in registers across the rows (the
  * order of each column's sum is the order of one row at a time). bf16 widens
  * in place (a shift); f16 through cpu_load, COLS at a time. */
-#define COLS 64
+#define COLS 32
 
 MP_SIMD static void col_sums(mp_dtype dt, const void *a, int64_t j0, int64_t j1, int64_t inner, int64_t q0,
                              double *acc)
