@@ -3,8 +3,18 @@
  * narrowing a middle dim. Both move whole elements as bytes, so they serve
  * every dtype.
  */
+#include <omp.h>
 #include <string.h>
 #include "kernels/cpu/cpu.h"
+
+/* a short contiguous run (a head's 32 values: 64 or 128 bytes): 32 bytes at a
+ * time with constant-size copies the compiler inlines, not a call a row */
+static inline void copy_run(char *o, const char *i, size_t n)
+{
+    size_t j = 0;
+    for (; j + 32 <= n; j += 32) memcpy(o + j, i + j, 32);
+    if (j < n) memcpy(o + j, i + j, n - j);
+}
 
 void cpu_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm)
 {
@@ -18,20 +28,34 @@ void cpu_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, 
         total *= oshape[d];
     }
     int64_t last = oshape[ndim - 1], ls = ostride_in[ndim - 1], rows = total / last;
-    #pragma omp parallel for if (total >= MP_PAR_MIN) schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t src = 0, q = r;
+    /* Each thread takes a run of output rows and steps the row's source offset
+     * with an odometer over the outer dims (the divisions once per run, not per
+     * row: rows of a head split are 32 elements, and three divisions a row cost
+     * as much as the copy). A row whose last dim stays last (ls == 1) is one
+     * contiguous run: a memcpy. */
+    #pragma omp parallel if (total >= MP_PAR_MIN)
+    {
+        int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt, idx[MP_MAXDIM] = {0}, src = 0, q = r0;
         for (int d = ndim - 2; d >= 0; d--) {
-            src += (q % oshape[d]) * ostride_in[d];
-            q /= oshape[d];
+            idx[d] = q % oshape[d], q /= oshape[d];
+            src += idx[d] * ostride_in[d];
         }
-        char *o = (char *)out + (size_t)(r * last) * es;
         const char *i = (const char *)in;
-        switch (es) {   /* every element size the dtypes have (f64's 8 was once copied a byte at a time) */
-        case 8: for (int64_t j = 0; j < last; j++) ((uint64_t *)o)[j] = ((const uint64_t *)i)[src + j * ls]; break;
-        case 4: for (int64_t j = 0; j < last; j++) ((uint32_t *)o)[j] = ((const uint32_t *)i)[src + j * ls]; break;
-        case 2: for (int64_t j = 0; j < last; j++) ((uint16_t *)o)[j] = ((const uint16_t *)i)[src + j * ls]; break;
-        default: for (int64_t j = 0; j < last; j++) memcpy(o + (size_t)j * es, i + (size_t)(src + j * ls) * es, es);
+        for (int64_t r = r0; r < r1; r++) {
+            char *o = (char *)out + (size_t)(r * last) * es;
+            if (ls == 1) copy_run(o, i + (size_t)src * es, (size_t)last * es);
+            else switch (es) {   /* every element size the dtypes have (f64's 8 was once copied a byte at a time) */
+            case 8: for (int64_t j = 0; j < last; j++) ((uint64_t *)o)[j] = ((const uint64_t *)i)[src + j * ls]; break;
+            case 4: for (int64_t j = 0; j < last; j++) ((uint32_t *)o)[j] = ((const uint32_t *)i)[src + j * ls]; break;
+            case 2: for (int64_t j = 0; j < last; j++) ((uint16_t *)o)[j] = ((const uint16_t *)i)[src + j * ls]; break;
+            default: for (int64_t j = 0; j < last; j++) memcpy(o + (size_t)j * es, i + (size_t)(src + j * ls) * es, es);
+            }
+            for (int d = ndim - 2; d >= 0; d--) {   /* the next row's source: carry through the dims */
+                src += ostride_in[d];
+                if (++idx[d] < oshape[d]) break;
+                src -= idx[d] * ostride_in[d], idx[d] = 0;
+            }
         }
     }
 }

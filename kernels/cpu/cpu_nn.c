@@ -163,60 +163,96 @@ int cpu_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x, co
 
 #define LANES MP_LANES
 
-/* one row of the layer norm backward: xh becomes x-hat, g becomes gx (f32),
- * and g * x-hat, g add into the chunk's weight and bias sums pw, pb; without
- * centring (RMS norm: m is 0) gx has no mean(g*w) term */
-MP_SIMD static void ln_grad_row(float *g, float *xh, const float *wf, float m, float rs, int64_t n, float *pw,
-                                float *pb, bool centred)
+/* MP_ROWS rows of the layer norm backward (row k's g and x at g + k * stride,
+ * xh + k * stride; rows k1.. are padding): xh becomes x-hat, g becomes gx
+ * (f32), and g * x-hat, g add into the chunk's weight and bias sums pw, pb,
+ * row after row; the two row sums run for all the rows side by side
+ * (lane_sums.h), each row's in the order of a row alone. Without centring
+ * (RMS norm: m is 0) gx has no mean(g*w) term. */
+MP_SIMD static void ln_grad_rows(float *g, float *xh, int64_t stride, const float *wf, const float *m,
+                                 const float *rs, int64_t n, int64_t k1, float *pw, float *pb, bool centred)
 {
-    double a8[LANES] = {0}, c8[LANES] = {0}, a = 0, c = 0;
-    for (int64_t j = 0; j < n; j++) {
-        xh[j] = (xh[j] - m) * rs;
-        pw[j] += g[j] * xh[j];
-        pb[j] += g[j];
+    double a8[MP_ROWS][LANES] = {{0}}, c8[MP_ROWS][LANES] = {{0}};
+    for (int64_t k = 0; k < k1; k++) {
+        float *gk = g + k * stride, *xk = xh + k * stride, mk = m[k], rk = rs[k];
+        for (int64_t j = 0; j < n; j++) {
+            xk[j] = (xk[j] - mk) * rk;
+            pw[j] += gk[j] * xk[j];
+            pb[j] += gk[j];
+        }
     }
     int64_t j = 0;
     for (; j + LANES <= n; j += LANES)
-        for (int l = 0; l < LANES; l++) {
-            float gw = g[j + l] * wf[j + l];
-            a8[l] += gw, c8[l] += (double)gw * xh[j + l];
+        for (int k = 0; k < MP_ROWS; k++)
+            for (int l = 0; l < LANES; l++) {
+                float gw = g[k * stride + j + l] * wf[j + l];
+                a8[k][l] += gw, c8[k][l] += (double)gw * xh[k * stride + j + l];
+            }
+    for (; j < n; j++)
+        for (int k = 0; k < MP_ROWS; k++) {
+            float gw = g[k * stride + j] * wf[j];
+            a8[k][j % LANES] += gw, c8[k][j % LANES] += (double)gw * xh[k * stride + j];
         }
-    for (; j < n; j++) {
-        float gw = g[j] * wf[j];
-        a8[j % LANES] += gw, c8[j % LANES] += (double)gw * xh[j];
+    for (int64_t k = 0; k < k1; k++) {
+        double a = 0, c = 0;
+        for (int l = 0; l < LANES; l++) a += a8[k][l], c += c8[k][l];
+        float ma = centred ? (float)(a / n) : 0.0f, mc = (float)(c / n), rk = rs[k];
+        float *gk = g + k * stride, *xk = xh + k * stride;
+        for (int64_t q = 0; q < n; q++) gk[q] = rk * (gk[q] * wf[q] - ma - xk[q] * mc);
     }
-    for (int l = 0; l < LANES; l++) a += a8[l], c += c8[l];
-    float ma = centred ? (float)(a / n) : 0.0f, mc = (float)(c / n);
-    for (int64_t k = 0; k < n; k++) g[k] = rs * (g[k] * wf[k] - ma - xh[k] * mc);
 }
 
-MP_SIMD static void ln_row(float *r, const float *wf, const float *bf, float m, float rs, int64_t n)
+MP_SIMD static void ln_row(float *y, const float *r, const float *wf, const float *bf, float m, float rs, int64_t n)
 {
-    for (int64_t j = 0; j < n; j++) r[j] = (r[j] - m) * rs * wf[j] + bf[j];
+    for (int64_t j = 0; j < n; j++) y[j] = (r[j] - m) * rs * wf[j] + bf[j];
 }
 
 int cpu_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
                     const void *b, int64_t rows, int64_t n, float eps)
 {
     if (dt == MP_F64) return cpu_layer_norm_f64(y, (double *)mean, (double *)rstd, x, w, b, rows, n, eps);
-    int64_t stride, work = rows * n;
-    float *base = rows_for(cx, work, 3 * n, &stride);
+    int64_t stride, work = rows * n, nn = (n + 15) & ~(int64_t)15;
+    float *base = rows_for(cx, work, (MP_ROWS + 2) * nn, &stride);
     if (!base) return -1;
     #pragma omp parallel if (work >= MP_PAR_MIN)
     {
-        float *r = my_rows(base, stride), *wf = r + n, *bf = r + 2 * n;
+        /* MP_ROWS rows at a time (lane_sums.h: each row's statistics have the
+         * bits of a row alone); a group never spans threads' shares, and the
+         * bits do not depend on where a group starts */
+        float *r = my_rows(base, stride), *wf = r + MP_ROWS * nn, *bf = wf + nn;
         for (int64_t j = 0; j < n; j++) wf[j] = 1.0f, bf[j] = 0.0f;
         if (w) cpu_load(dt, w, 0, wf, n);
         if (b) cpu_load(dt, b, 0, bf, n);
         #pragma omp for schedule(static)
-        for (int64_t q = 0; q < rows; q++) {
-            cpu_load(dt, x, q * n, r, n);
-            float m = mean ? (float)(lane_sum(r, n) / n) : 0.0f;   /* no mean: RMS norm, no centring */
-            float rs = 1.0f / sqrtf((float)(lane_sumsq_dev(r, n, m) / n) + eps);
-            ln_row(r, wf, bf, m, rs, n);
-            cpu_store(cx, dt, y, q * n, r, n);
-            if (mean) mean[q] = m;
-            rstd[q] = rs;
+        for (int64_t q0 = 0; q0 < rows; q0 += MP_ROWS) {
+            int64_t k1 = rows - q0 < MP_ROWS ? rows - q0 : MP_ROWS;
+            float m[MP_ROWS] = {0}, rs[MP_ROWS];
+            double s[MP_ROWS];
+            /* f32 rows are read where they are and written straight into y
+             * (a whole group only: the sums read MP_ROWS rows) */
+            bool direct = dt == MP_F32 && k1 == MP_ROWS;
+            const float *src = direct ? (const float *)x + q0 * n : r;
+            int64_t ss = direct ? n : nn;
+            if (!direct) {
+                for (int64_t k = 0; k < k1; k++) cpu_load(dt, x, (q0 + k) * n, r + k * nn, n);
+                for (int64_t k = k1; k < MP_ROWS; k++) for (int64_t j = 0; j < n; j++) r[k * nn + j] = 0;
+            }
+            if (mean) {   /* no mean: RMS norm, no centring */
+                lane_sum_rows(src, ss, n, s);
+                for (int k = 0; k < MP_ROWS; k++) m[k] = (float)(s[k] / n);
+            }
+            lane_sumsq_dev_rows(src, ss, n, m, s);
+            for (int64_t k = 0; k < k1; k++) {
+                rs[k] = 1.0f / sqrtf((float)(s[k] / n) + eps);
+                if (direct) {
+                    ln_row((float *)y + (q0 + k) * n, src + k * ss, wf, bf, m[k], rs[k], n);
+                } else {
+                    ln_row(r + k * nn, r + k * nn, wf, bf, m[k], rs[k], n);
+                    cpu_store(cx, dt, y, (q0 + k) * n, r + k * nn, n);
+                }
+                if (mean) mean[q0 + k] = m[k];
+                rstd[q0 + k] = rs[k];
+            }
         }
     }
     return 0;
@@ -238,7 +274,7 @@ int cpu_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
     int64_t chunks = rows < LN_CHUNKS ? (rows > 0 ? rows : 1) : LN_CHUNKS, work = rows * n;
     int threads = work >= MP_PAR_MIN ? omp_get_max_threads() : 1;
     int64_t nn = (n + 15) & ~(int64_t)15;   /* rows of floats, cache-line apart */
-    float *wf = cpu_scratch(cx, 3, sizeof(float) * (size_t)(nn * (1 + 2 * chunks + 2 * threads)));
+    float *wf = cpu_scratch(cx, 3, sizeof(float) * (size_t)(nn * (1 + 2 * chunks + 2 * MP_ROWS * threads)));
     if (!wf) return -1;
     float *part = wf + nn, *rowbuf = part + 2 * chunks * nn;
     for (int64_t j = 0; j < n; j++) wf[j] = 1.0f;
@@ -246,13 +282,21 @@ int cpu_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
     #pragma omp parallel for if (threads > 1) schedule(static)
     for (int64_t ch = 0; ch < chunks; ch++) {
         float *pw = part + 2 * ch * nn, *pb = pw + nn;
-        float *g = rowbuf + 2 * nn * omp_get_thread_num(), *xh = g + nn;
+        float *g = rowbuf + 2 * MP_ROWS * nn * omp_get_thread_num(), *xh = g + MP_ROWS * nn;
         for (int64_t j = 0; j < n; j++) pw[j] = 0, pb[j] = 0;
-        for (int64_t q = rows * ch / chunks; q < rows * (ch + 1) / chunks; q++) {
-            cpu_load(dt, gy, q * n, g, n);
-            cpu_load(dt, x, q * n, xh, n);
-            ln_grad_row(g, xh, wf, mean ? mean[q] : 0.0f, rstd[q], n, pw, pb, mean != NULL);
-            cpu_store(cx, dt, gx, q * n, g, n);
+        int64_t q1 = rows * (ch + 1) / chunks;
+        for (int64_t q0 = rows * ch / chunks; q0 < q1; q0 += MP_ROWS) {
+            int64_t k1 = q1 - q0 < MP_ROWS ? q1 - q0 : MP_ROWS;
+            float m[MP_ROWS] = {0}, rs[MP_ROWS] = {0};
+            for (int64_t k = 0; k < k1; k++) {
+                cpu_load(dt, gy, (q0 + k) * n, g + k * nn, n);
+                cpu_load(dt, x, (q0 + k) * n, xh + k * nn, n);
+                m[k] = mean ? mean[q0 + k] : 0.0f, rs[k] = rstd[q0 + k];
+            }
+            for (int64_t k = k1; k < MP_ROWS; k++)
+                for (int64_t j = 0; j < n; j++) g[k * nn + j] = 0, xh[k * nn + j] = 0;
+            ln_grad_rows(g, xh, nn, wf, m, rs, n, k1, pw, pb, mean != NULL);
+            for (int64_t k = 0; k < k1; k++) cpu_store(cx, dt, gx, (q0 + k) * n, g + k * nn, n);
         }
     }
     for (int64_t j = 0; j < n; j++) {
