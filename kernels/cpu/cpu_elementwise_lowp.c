@@ -1,0 +1,240 @@
+/*
+ * cpu_elementwise_lowp.c: the cheap elementwise ops of a bf16/f16 network
+ * (ReLU and its gradient, a scalar's add/multiply/..., add/sub/mul/div of
+ * two contiguous tensors) fused in AVX-512 registers: sixteen values loaded,
+ * widened, computed in f32 and rounded back in registers, with no f32 block in
+ * memory between. cpu_elementwise.c's general path widens each block into an
+ * f32 buffer and rounds it back (cpu_load/cpu_store): for an op of one f32
+ * instruction those two memory passes were the op's whole cost (bf16_to_f32
+ * and f32_to_bf16 were 15% and 7% of a 1-thread bf16 ResNet step).
+ *
+ * Same bits as the general path: each result is the same single f32 operation
+ * on the same exactly widened inputs, rounded once by the same steps
+ * (convert_avx512.h's for bf16, which convert.c's bulk loops are built from;
+ * vcvtph2ps/vcvtps2ph, round to nearest even, for f16, the instructions of
+ * convert.c's AVX-512 f16 path). The comparisons are written as the C of
+ * cpu_elementwise.c reads: ReLU is x < 0 ? 0 : x (so -0 stays -0 and a NaN
+ * passes), its gradient x > 0 ? g : 0 (0 at x = ±0 and at a NaN x).
+ * tests/c/test_elementwise_lowp.c compares both paths on random and special
+ * values (±0, subnormals, inf, NaN, rounding ties, every bf16) and lengths
+ * with tails.
+ *
+ * Each entry returns 1 when it did the op, 0 when it declines and the caller
+ * takes the general path: another dtype or op, strided or broadcast operands
+ * beyond a scalar, a processor without AVX-512BW (or without AVX-512F's f16
+ * conversions, for f16), flush counting on (cpu_store counts each rounding),
+ * or the fused paths switched off (cpu_lowp_fused_enable(0), for tests).
+ */
+#include <string.h>
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/convert_avx512.h"
+
+static int fused_on = 1;
+
+int cpu_lowp_fused_enable(int on)
+{
+    int was = fused_on;
+    fused_on = on;
+    return was;
+}
+
+#ifdef MP_HAVE_AVX512_CONVERT
+
+#define LOWP_FN __attribute__((target(MP_AVX512BW_TARGET)))
+/* elements a thread takes at a time when an op is split over threads */
+#define CHUNK 4096
+
+static int usable(mp_kctx *cx, mp_dtype dt)
+{
+    if (!fused_on || (cx && cx->flush.on)) return 0;
+    if (dt == MP_BF16) return mp_cpu_has_avx512bw();
+    if (dt == MP_F16) return mp_cpu_has_avx512bw() && mp_cpu_has_avx512_f16c();
+    return 0;
+}
+
+LOWP_FN static inline __m512 widen(int f16, __m256i h)
+{
+    return f16 ? _mm512_cvtph_ps(h) : mp_bf16x16_widen(h);
+}
+
+LOWP_FN static inline __m256i narrow(int f16, __m512 v)
+{
+    return f16 ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : mp_f32x16_to_bf16(v);
+}
+
+LOWP_FN static inline __m512 load16(int f16, const uint16_t *p)
+{
+    return widen(f16, _mm256_loadu_si256((const __m256i *)p));
+}
+
+LOWP_FN static inline void store16(int f16, uint16_t *p, __m512 v)
+{
+    _mm256_storeu_si256((__m256i *)p, narrow(f16, v));
+}
+
+/* a tail of k < 16 values goes through a zeroed 16-value copy: lanes past k
+ * compute on zeros and are not stored */
+LOWP_FN static inline __m512 load_tail(int f16, const uint16_t *p, int64_t k)
+{
+    uint16_t t[16] = {0};
+    memcpy(t, p, sizeof(uint16_t) * (size_t)k);
+    return load16(f16, t);
+}
+
+LOWP_FN static inline void store_tail(int f16, uint16_t *p, __m512 v, int64_t k)
+{
+    uint16_t t[16];
+    store16(f16, t, v);
+    memcpy(p, t, sizeof(uint16_t) * (size_t)k);
+}
+
+/* ---- unary ------------------------------------------------------------- */
+
+static int unary_op(mp_unop op)
+{
+    return op == MP_RELU || op == MP_NEG || op == MP_ADDS || op == MP_MULS || op == MP_RSUBS || op == MP_DIVS;
+}
+
+/* the f32 forms of un_f32 (cpu_elementwise.c) for the ops unary_op takes */
+LOWP_FN static inline __m512 un16(mp_unop op, __m512 x, __m512 p)
+{
+    const __m512 zero = _mm512_setzero_ps();
+    switch (op) {
+    case MP_RELU: return _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ), zero);
+    case MP_NEG: return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
+    case MP_ADDS: return _mm512_add_ps(x, p);
+    case MP_MULS: return _mm512_mul_ps(x, p);
+    case MP_RSUBS: return _mm512_sub_ps(p, x);
+    case MP_DIVS: return _mm512_div_ps(x, p);
+    default: return x;   /* not reached: unary_op() */
+    }
+}
+
+LOWP_FN static void unary_run(int f16, mp_unop op, uint16_t *o, const uint16_t *a, int64_t n, float ps)
+{
+    __m512 p = _mm512_set1_ps(ps);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) store16(f16, o + j, un16(op, load16(f16, a + j), p));
+    if (j < n) store_tail(f16, o + j, un16(op, load_tail(f16, a + j, n - j), p), n - j);
+}
+
+int cpu_unary_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
+{
+    if (!unary_op(op) || !usable(cx, dt)) return 0;
+    int f16 = dt == MP_F16;
+    float ps = (float)p;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += CHUNK)
+        unary_run(f16, op, (uint16_t *)out + i, (const uint16_t *)a + i, n - i < CHUNK ? n - i : CHUNK, ps);
+    return 1;
+}
+
+/* ---- unary gradients ---------------------------------------------------- */
+
+static int grad_op(mp_unop op)
+{
+    return op == MP_RELU || op == MP_NEG || op == MP_ADDS || op == MP_MULS || op == MP_RSUBS || op == MP_DIVS;
+}
+
+/* grad_f32's forms (cpu_elementwise.c) for the ops grad_op takes */
+LOWP_FN static inline __m512 grad16(mp_unop op, __m512 g, __m512 x, __m512 p)
+{
+    switch (op) {
+    case MP_RELU: return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GT_OQ), g);
+    case MP_NEG: case MP_RSUBS:
+        return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(g), _mm512_set1_epi32(INT32_MIN)));
+    case MP_ADDS: return g;
+    case MP_MULS: return _mm512_mul_ps(g, p);
+    case MP_DIVS: return _mm512_div_ps(g, p);
+    default: return g;   /* not reached: grad_op() */
+    }
+}
+
+LOWP_FN static void grad_run(int f16, mp_unop op, uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n,
+                             float ps)
+{
+    __m512 p = _mm512_set1_ps(ps), zero = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        store16(f16, o + j, grad16(op, load16(f16, g + j), x ? load16(f16, x + j) : zero, p));
+    if (j < n)
+        store_tail(f16, o + j, grad16(op, load_tail(f16, g + j, n - j), x ? load_tail(f16, x + j, n - j) : zero, p),
+                   n - j);
+}
+
+int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,
+                        int64_t n, double p)
+{
+    if (!grad_op(op) || (op == MP_RELU && !x) || !usable(cx, dt)) return 0;
+    int f16 = dt == MP_F16;
+    float ps = (float)p;
+    const uint16_t *xs = op == MP_RELU ? x : NULL;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += CHUNK)
+        grad_run(f16, op, (uint16_t *)gin + i, (const uint16_t *)gout + i, xs ? xs + i : NULL,
+                 n - i < CHUNK ? n - i : CHUNK, ps);
+    return 1;
+}
+
+/* ---- binary ------------------------------------------------------------- */
+
+LOWP_FN static inline __m512 bin16(mp_binop op, __m512 x, __m512 y)
+{
+    switch (op) {
+    case MP_ADD: return _mm512_add_ps(x, y);
+    case MP_SUB: return _mm512_sub_ps(x, y);
+    case MP_MUL: return _mm512_mul_ps(x, y);
+    case MP_DIV: return _mm512_div_ps(x, y);
+    default: return x;   /* not reached: cpu_binary_lowp takes these four */
+    }
+}
+
+/* ia, ib: 1 for a run, 0 for one value (a scalar operand) */
+LOWP_FN static void binary_run(int f16, mp_binop op, uint16_t *o, const uint16_t *a, int64_t ia, const uint16_t *b,
+                               int64_t ib, int64_t n)
+{
+    __m512 sa = widen(f16, _mm256_set1_epi16((short)a[0])), sb = widen(f16, _mm256_set1_epi16((short)b[0]));
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        store16(f16, o + j, bin16(op, ia ? load16(f16, a + j) : sa, ib ? load16(f16, b + j) : sb));
+    if (j < n)
+        store_tail(f16, o + j,
+                   bin16(op, ia ? load_tail(f16, a + j, n - j) : sa, ib ? load_tail(f16, b + j, n - j) : sb), n - j);
+}
+
+int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
+                    const mp_bcast *bc0)
+{
+    if ((op != MP_ADD && op != MP_SUB && op != MP_MUL && op != MP_DIV) || !usable(cx, dt)) return 0;
+    mp_bcast bc;
+    if (mp_bcast_coalesce(bc0, &bc) != 1) return 0;
+    int64_t n = bc.shape[0], ia = bc.sa[0], ib = bc.sb[0];
+    if ((ia != 0 && ia != 1) || (ib != 0 && ib != 1) || (ia == 0 && ib == 0)) return 0;
+    int f16 = dt == MP_F16;
+    const uint16_t *pa = a, *pb = b;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += CHUNK)
+        binary_run(f16, op, (uint16_t *)out + i, pa + i * ia, ia, pb + i * ib, ib, n - i < CHUNK ? n - i : CHUNK);
+    return 1;
+}
+
+#else   /* no AVX-512 intrinsics: every op takes the general path */
+
+int cpu_unary_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
+{
+    return 0;
+}
+
+int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,
+                        int64_t n, double p)
+{
+    return 0;
+}
+
+int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
+                    const mp_bcast *bc0)
+{
+    return 0;
+}
+
+#endif
