@@ -41,6 +41,9 @@ int cpu_lowp_fused_enable(int on)
 #ifdef MP_HAVE_AVX512_CONVERT
 
 #define LOWP_FN __attribute__((target(MP_AVX512BW_TARGET)))
+/* the loops are inlined into one copy per dtype and op (the SPECIALISE
+ * switches below), so no branch on either is left inside them */
+#define LOWP_INLINE __attribute__((target(MP_AVX512BW_TARGET), always_inline)) static inline
 /* elements a thread takes at a time when an op is split over threads */
 #define CHUNK 4096
 
@@ -110,7 +113,7 @@ LOWP_FN static inline __m512 un16(mp_unop op, __m512 x, __m512 p)
     }
 }
 
-LOWP_FN static void unary_run(int f16, mp_unop op, uint16_t *o, const uint16_t *a, int64_t n, float ps)
+LOWP_INLINE void unary_run(int f16, mp_unop op, uint16_t *o, const uint16_t *a, int64_t n, float ps)
 {
     __m512 p = _mm512_set1_ps(ps);
     int64_t j = 0;
@@ -118,14 +121,41 @@ LOWP_FN static void unary_run(int f16, mp_unop op, uint16_t *o, const uint16_t *
     if (j < n) store_tail(f16, o + j, un16(op, load_tail(f16, a + j, n - j), p), n - j);
 }
 
+/* one function per dtype and op: the dtype and op constants inlined */
+#define SPECIALISE(NAME, RUN, PARAMS, ARGS)                                    \
+    LOWP_FN static void NAME##_bf16 PARAMS { RUN(0, ARGS); }                      \
+    LOWP_FN static void NAME##_f16 PARAMS { RUN(1, ARGS); }
+#define UN_ARGS(OP) OP, o, a, n, ps
+SPECIALISE(relu, unary_run, (uint16_t *o, const uint16_t *a, int64_t n, float ps), UN_ARGS(MP_RELU))
+SPECIALISE(neg, unary_run, (uint16_t *o, const uint16_t *a, int64_t n, float ps), UN_ARGS(MP_NEG))
+SPECIALISE(adds, unary_run, (uint16_t *o, const uint16_t *a, int64_t n, float ps), UN_ARGS(MP_ADDS))
+SPECIALISE(muls, unary_run, (uint16_t *o, const uint16_t *a, int64_t n, float ps), UN_ARGS(MP_MULS))
+SPECIALISE(rsubs, unary_run, (uint16_t *o, const uint16_t *a, int64_t n, float ps), UN_ARGS(MP_RSUBS))
+SPECIALISE(divs, unary_run, (uint16_t *o, const uint16_t *a, int64_t n, float ps), UN_ARGS(MP_DIVS))
+
+typedef void (*un_fn)(uint16_t *o, const uint16_t *a, int64_t n, float ps);
+
+static un_fn un_pick(mp_unop op, int f16)
+{
+    switch (op) {
+    case MP_RELU: return f16 ? relu_f16 : relu_bf16;
+    case MP_NEG: return f16 ? neg_f16 : neg_bf16;
+    case MP_ADDS: return f16 ? adds_f16 : adds_bf16;
+    case MP_MULS: return f16 ? muls_f16 : muls_bf16;
+    case MP_RSUBS: return f16 ? rsubs_f16 : rsubs_bf16;
+    case MP_DIVS: return f16 ? divs_f16 : divs_bf16;
+    default: return NULL;
+    }
+}
+
 int cpu_unary_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
 {
     if (!unary_op(op) || !usable(cx, dt)) return 0;
-    int f16 = dt == MP_F16;
+    un_fn run = un_pick(op, dt == MP_F16);
     float ps = (float)p;
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += CHUNK)
-        unary_run(f16, op, (uint16_t *)out + i, (const uint16_t *)a + i, n - i < CHUNK ? n - i : CHUNK, ps);
+        run((uint16_t *)out + i, (const uint16_t *)a + i, n - i < CHUNK ? n - i : CHUNK, ps);
     return 1;
 }
 
@@ -150,7 +180,7 @@ LOWP_FN static inline __m512 grad16(mp_unop op, __m512 g, __m512 x, __m512 p)
     }
 }
 
-LOWP_FN static void grad_run(int f16, mp_unop op, uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n,
+LOWP_INLINE void grad_run(int f16, mp_unop op, uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n,
                              float ps)
 {
     __m512 p = _mm512_set1_ps(ps), zero = _mm512_setzero_ps();
@@ -162,17 +192,38 @@ LOWP_FN static void grad_run(int f16, mp_unop op, uint16_t *o, const uint16_t *g
                    n - j);
 }
 
+#define GR_ARGS(OP) OP, o, g, x, n, ps
+#define GR_PARAMS (uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n, float ps)
+SPECIALISE(relu_grad, grad_run, GR_PARAMS, GR_ARGS(MP_RELU))
+SPECIALISE(neg_grad, grad_run, GR_PARAMS, GR_ARGS(MP_NEG))
+SPECIALISE(muls_grad, grad_run, GR_PARAMS, GR_ARGS(MP_MULS))
+SPECIALISE(divs_grad, grad_run, GR_PARAMS, GR_ARGS(MP_DIVS))
+SPECIALISE(adds_grad, grad_run, GR_PARAMS, GR_ARGS(MP_ADDS))
+
+typedef void (*gr_fn) GR_PARAMS;
+
+static gr_fn gr_pick(mp_unop op, int f16)
+{
+    switch (op) {
+    case MP_RELU: return f16 ? relu_grad_f16 : relu_grad_bf16;
+    case MP_NEG: case MP_RSUBS: return f16 ? neg_grad_f16 : neg_grad_bf16;
+    case MP_MULS: return f16 ? muls_grad_f16 : muls_grad_bf16;
+    case MP_DIVS: return f16 ? divs_grad_f16 : divs_grad_bf16;
+    case MP_ADDS: return f16 ? adds_grad_f16 : adds_grad_bf16;
+    default: return NULL;
+    }
+}
+
 int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,
                         int64_t n, double p)
 {
     if (!grad_op(op) || (op == MP_RELU && !x) || !usable(cx, dt)) return 0;
-    int f16 = dt == MP_F16;
+    gr_fn run = gr_pick(op, dt == MP_F16);
     float ps = (float)p;
     const uint16_t *xs = op == MP_RELU ? x : NULL;
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += CHUNK)
-        grad_run(f16, op, (uint16_t *)gin + i, (const uint16_t *)gout + i, xs ? xs + i : NULL,
-                 n - i < CHUNK ? n - i : CHUNK, ps);
+        run((uint16_t *)gin + i, (const uint16_t *)gout + i, xs ? xs + i : NULL, n - i < CHUNK ? n - i : CHUNK, ps);
     return 1;
 }
 
@@ -190,7 +241,7 @@ LOWP_FN static inline __m512 bin16(mp_binop op, __m512 x, __m512 y)
 }
 
 /* ia, ib: 1 for a run, 0 for one value (a scalar operand) */
-LOWP_FN static void binary_run(int f16, mp_binop op, uint16_t *o, const uint16_t *a, int64_t ia, const uint16_t *b,
+LOWP_INLINE void binary_run(int f16, mp_binop op, uint16_t *o, const uint16_t *a, int64_t ia, const uint16_t *b,
                                int64_t ib, int64_t n)
 {
     __m512 sa = widen(f16, _mm256_set1_epi16((short)a[0])), sb = widen(f16, _mm256_set1_epi16((short)b[0]));
@@ -202,6 +253,26 @@ LOWP_FN static void binary_run(int f16, mp_binop op, uint16_t *o, const uint16_t
                    bin16(op, ia ? load_tail(f16, a + j, n - j) : sa, ib ? load_tail(f16, b + j, n - j) : sb), n - j);
 }
 
+#define BIN_ARGS(OP) OP, o, a, ia, b, ib, n
+#define BIN_PARAMS (uint16_t *o, const uint16_t *a, int64_t ia, const uint16_t *b, int64_t ib, int64_t n)
+SPECIALISE(add, binary_run, BIN_PARAMS, BIN_ARGS(MP_ADD))
+SPECIALISE(sub, binary_run, BIN_PARAMS, BIN_ARGS(MP_SUB))
+SPECIALISE(mul, binary_run, BIN_PARAMS, BIN_ARGS(MP_MUL))
+SPECIALISE(div, binary_run, BIN_PARAMS, BIN_ARGS(MP_DIV))
+
+typedef void (*bin_fn) BIN_PARAMS;
+
+static bin_fn bin_pick(mp_binop op, int f16)
+{
+    switch (op) {
+    case MP_ADD: return f16 ? add_f16 : add_bf16;
+    case MP_SUB: return f16 ? sub_f16 : sub_bf16;
+    case MP_MUL: return f16 ? mul_f16 : mul_bf16;
+    case MP_DIV: return f16 ? div_f16 : div_bf16;
+    default: return NULL;
+    }
+}
+
 int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
                     const mp_bcast *bc0)
 {
@@ -210,11 +281,11 @@ int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
     if (mp_bcast_coalesce(bc0, &bc) != 1) return 0;
     int64_t n = bc.shape[0], ia = bc.sa[0], ib = bc.sb[0];
     if ((ia != 0 && ia != 1) || (ib != 0 && ib != 1) || (ia == 0 && ib == 0)) return 0;
-    int f16 = dt == MP_F16;
+    bin_fn run = bin_pick(op, dt == MP_F16);
     const uint16_t *pa = a, *pb = b;
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += CHUNK)
-        binary_run(f16, op, (uint16_t *)out + i, pa + i * ia, ia, pb + i * ib, ib, n - i < CHUNK ? n - i : CHUNK);
+        run((uint16_t *)out + i, pa + i * ia, ia, pb + i * ib, ib, n - i < CHUNK ? n - i : CHUNK);
     return 1;
 }
 
