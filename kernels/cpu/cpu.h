@@ -153,6 +153,12 @@ int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const v
                         int64_t n, double p);
 int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
                     const mp_bcast *bc0);
+/* batch norm's y = x a + b and gx = a g + b + k (x - m) from f32 pieces,
+ * rounded into dt in registers (cpu_batch_norm.c); 1 when done, as above */
+int cpu_lowp_affine_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *x, int64_t n, float a,
+                          float b);
+int cpu_lowp_bn_grad_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *g, const float *x,
+                           int64_t n, float a, float b, float k, float m);
 int cpu_lowp_fused_enable(int on);   /* 0: every fused path declines (tests); returns the previous setting */
 mp_be_clamp_fn cpu_clamp;
 mp_be_where_fn cpu_where;

@@ -183,7 +183,8 @@ int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
         FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
             const float *xp = wpiece(dt, x, wx, off, wo, len, buf);
             if (dt == MP_F32) affine((float *)y + off, xp, len, scale, shift);
-            else affine(out, xp, len, scale, shift), cpu_store(cx, dt, y, off, out, len);
+            else if (!cpu_lowp_affine_store(cx, dt, y, off, xp, len, scale, shift))
+                affine(out, xp, len, scale, shift), cpu_store(cx, dt, y, off, out, len);
         }
     }
     return 0;
@@ -218,6 +219,8 @@ int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
         FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
             const float *g = wpiece(dt, gy, wg, off, wo, len, gbuf), *xp = wpiece(dt, x, wx, off, wo, len, xbuf);
             float *o = dt == MP_F32 ? (float *)gx + off : out;
+            if (dt != MP_F32 && cpu_lowp_bn_grad_store(cx, dt, gx, off, g, xp, len, k, -k * mg, -k * r * mgx, m))
+                continue;   /* computed and rounded in registers, the same bits (cpu_elementwise_lowp.c) */
             grad_piece(o, g, xp, len, k, -k * mg, -k * r * mgx, m);
             if (dt != MP_F32) cpu_store(cx, dt, gx, off, out, len);
         }

@@ -19,6 +19,10 @@
  * values (±0, subnormals, inf, NaN, rounding ties, every bf16) and lengths
  * with tails.
  *
+ * Batch norm's normalised output and gradient (computed from f32 pieces,
+ * cpu_batch_norm.c) are rounded here the same way, in the registers that
+ * computed them, rather than through an f32 block and cpu_store.
+ *
  * Each entry returns 1 when it did the op, 0 when it declines and the caller
  * takes the general path: another dtype or op, strided or broadcast operands
  * beyond a scalar, a processor without AVX-512BW (or without AVX-512F's f16
@@ -289,7 +293,93 @@ int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
     return 1;
 }
 
+/* ---- batch norm's outputs ----------------------------------------------- */
+
+/* cpu_batch_norm.c's affine() and grad_piece() with the rounding into dt in
+ * the same registers: the same f32 operations in the same order (no FMA: the
+ * kernels build with -ffp-contract=off), so the same bits as the f32 block
+ * that cpu_store would round */
+LOWP_INLINE void affine_run(int f16, uint16_t *o, const float *x, int64_t n, float a, float b)
+{
+    __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) store16(f16, o + j, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j), va), vb));
+    if (j < n) {
+        float t[16] = {0};
+        memcpy(t, x + j, sizeof(float) * (size_t)(n - j));
+        store_tail(f16, o + j, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(t), va), vb), n - j);
+    }
+}
+
+LOWP_INLINE __m512 bn_grad16(__m512 g, __m512 x, __m512 a, __m512 b, __m512 k, __m512 m)
+{
+    return _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(a, g), b), _mm512_mul_ps(k, _mm512_sub_ps(x, m)));
+}
+
+LOWP_INLINE void bn_grad_run(int f16, uint16_t *o, const float *g, const float *x, int64_t n, float a, float b,
+                             float k, float m)
+{
+    __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vk = _mm512_set1_ps(k), vm = _mm512_set1_ps(m);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        store16(f16, o + j, bn_grad16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(x + j), va, vb, vk, vm));
+    if (j < n) {
+        float tg[16] = {0}, tx[16] = {0};
+        memcpy(tg, g + j, sizeof(float) * (size_t)(n - j));
+        memcpy(tx, x + j, sizeof(float) * (size_t)(n - j));
+        store_tail(f16, o + j, bn_grad16(_mm512_loadu_ps(tg), _mm512_loadu_ps(tx), va, vb, vk, vm), n - j);
+    }
+}
+
+LOWP_FN static void affine_bf16(uint16_t *o, const float *x, int64_t n, float a, float b)
+{
+    affine_run(0, o, x, n, a, b);
+}
+LOWP_FN static void affine_f16(uint16_t *o, const float *x, int64_t n, float a, float b)
+{
+    affine_run(1, o, x, n, a, b);
+}
+LOWP_FN static void bn_grad_bf16(uint16_t *o, const float *g, const float *x, int64_t n, float a, float b, float k,
+                                 float m)
+{
+    bn_grad_run(0, o, g, x, n, a, b, k, m);
+}
+LOWP_FN static void bn_grad_f16(uint16_t *o, const float *g, const float *x, int64_t n, float a, float b, float k,
+                                float m)
+{
+    bn_grad_run(1, o, g, x, n, a, b, k, m);
+}
+
+int cpu_lowp_affine_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *x, int64_t n, float a,
+                          float b)
+{
+    if (!usable(cx, dt)) return 0;
+    (dt == MP_F16 ? affine_f16 : affine_bf16)((uint16_t *)dst + off, x, n, a, b);
+    return 1;
+}
+
+int cpu_lowp_bn_grad_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *g, const float *x,
+                           int64_t n, float a, float b, float k, float m)
+{
+    if (!usable(cx, dt)) return 0;
+    (dt == MP_F16 ? bn_grad_f16 : bn_grad_bf16)((uint16_t *)dst + off, g, x, n, a, b, k, m);
+    return 1;
+}
+
 #else   /* no AVX-512 intrinsics: every op takes the general path */
+
+int cpu_lowp_affine_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *x, int64_t n, float a,
+                          float b)
+{
+    return 0;
+}
+
+int cpu_lowp_bn_grad_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *g, const float *x,
+                           int64_t n, float a, float b, float k, float m)
+{
+    return 0;
+}
+
 
 int cpu_unary_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
 {

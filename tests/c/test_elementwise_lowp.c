@@ -11,8 +11,9 @@
  *   ties, every f16 value likewise, lengths with a tail of each size, and a
  *   length that splits over threads; and the fused path is the one taken
  *   where the processor has AVX-512BW, and declined while flushes are counted.
- * - cpu_batch_norm.c's channels widened once into scratch against the same
- *   kernel widening block by block (cpu_batch_norm_wide_enable(0)): y, the
+ * - cpu_batch_norm.c's channels widened once into scratch, y and the gradient
+ *   rounded in registers, against the same kernel widening block by block and
+ *   rounding through cpu_store (both switched off): y, the
  *   statistics, the running statistics and every gradient, bf16 and f16,
  *   training and not, several shapes (runs shorter and longer than a block,
  *   ResNet-sized channels, a channel too large for the scratch), and the same
@@ -224,14 +225,15 @@ static void bn_run(bn_out *o, mp_dtype dt, const uint16_t *x, const uint16_t *gy
                    int64_t n, int64_t c, int64_t hw, int training, int wide, int threads)
 {
     mp_kctx *cx = mp_cpu_backend.ctx;
-    int nt = omp_get_max_threads(), was = cpu_batch_norm_wide_enable(wide);
+    /* the reference: widened block by block, y and gx rounded by cpu_store */
+    int nt = omp_get_max_threads(), was = cpu_batch_norm_wide_enable(wide), fused = cpu_lowp_fused_enable(wide);
     omp_set_num_threads(threads);
     cr_assert_eq(cpu_batch_norm(cx, dt, o->y, o->mean, o->rstd, o->rm, o->rv, x, w, b, n, c, hw, training, 0.1f,
                                 1e-5f), 0);
     cr_assert_eq(cpu_batch_norm_grad(cx, dt, o->gx, o->gw, o->gb, gy, x, o->mean, o->rstd, w, n, c, hw, training),
                  0);
     omp_set_num_threads(nt);
-    cpu_batch_norm_wide_enable(was);
+    cpu_batch_norm_wide_enable(was), cpu_lowp_fused_enable(fused);
 }
 
 static void bn_same(const bn_out *p, const bn_out *q, int64_t total, int64_t c, const char *what)
@@ -304,13 +306,13 @@ Test(batch_norm_lowp, no_weights_no_gx)
     float out[2][6][4];
     uint16_t *y[2] = { bits_buf(total), bits_buf(total) };
     for (int wide = 0; wide < 2; wide++) {
-        int was = cpu_batch_norm_wide_enable(wide);
+        int was = cpu_batch_norm_wide_enable(wide), fused = cpu_lowp_fused_enable(wide);
         float *m = out[wide][0], *r = out[wide][1], *rm = out[wide][2], *rv = out[wide][3];
         for (int i = 0; i < 4; i++) rm[i] = 0, rv[i] = 1;
         cr_assert_eq(cpu_batch_norm(cx, MP_BF16, y[wide], m, r, rm, rv, x, NULL, NULL, n, c, hw, 1, 0.1f, 1e-5f), 0);
         cr_assert_eq(cpu_batch_norm_grad(cx, MP_BF16, NULL, out[wide][4], out[wide][5], gy, x, m, r, NULL, n, c, hw,
                                          1), 0);
-        cpu_batch_norm_wide_enable(was);
+        cpu_batch_norm_wide_enable(was), cpu_lowp_fused_enable(fused);
     }
     cr_assert(!memcmp(out[0], out[1], sizeof out[0]));
     cr_assert(!memcmp(y[0], y[1], 2 * (size_t)total));
