@@ -24,6 +24,7 @@
  * F16C path.
  */
 #include "kernels/cpu/convert.h"
+#include "kernels/cpu/convert_avx512.h"
 #include "kernels/half.h"
 
 #ifdef _OPENMP
@@ -139,22 +140,21 @@ void mp_cpu_f32_to_f16_portable(uint16_t *dst, const float *src, int64_t n)
 }
 
 /* bf16 with AVX-512 written out: the same integer steps as to_bf16, sixteen
- * values per instruction, narrowed with one vpmovdw. The compiler's own
+ * values per instruction, narrowed with one vpmovdw (convert_avx512.h's
+ * register steps, which the fused kernels of cpu_elementwise_lowp.c share). The compiler's own
  * vectorisation of the C loops keeps to 256-bit registers and packs and
  * unpacks its way to 16-bit lanes (47 GB/s in cache against 201 for widening,
  * scripts/bench/bench_convert.c); conversions were 8% of a bf16 GPT step. */
 #if defined(MP_X86) && defined(__GNUC__)
-#define AVX512_FN __attribute__((target("avx512f,avx512bw")))
+#define AVX512_FN __attribute__((target(MP_AVX512BW_TARGET)))
 
 AVX512_FN static void bf16_to_f32_avx512(void *dst, const void *src, int64_t n)
 {
     float *d = dst;
     const uint16_t *s = src;
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + i)));
-        _mm512_storeu_si512(d + i, _mm512_slli_epi32(w, 16));
-    }
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(d + i, mp_bf16x16_widen(_mm256_loadu_si256((const __m256i *)(s + i))));
     for (; i < n; i++) d[i] = mp_bf16_to_f32(s[i]);
 }
 
@@ -162,21 +162,13 @@ AVX512_FN static void f32_to_bf16_avx512(void *dst, const void *src, int64_t n)
 {
     uint16_t *d = dst;
     const float *s = src;
-    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
-    const __m512i abs = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
-    const __m512i quiet = _mm512_set1_epi32(0x0040);
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512i x = _mm512_loadu_si512(s + i), hi = _mm512_srli_epi32(x, 16);
-        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, half), _mm512_and_si512(hi, one)), 16);
-        __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, abs), inf);
-        r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(hi, quiet));
-        _mm256_storeu_si256((__m256i *)(d + i), _mm512_cvtepi32_epi16(r));
-    }
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(d + i), mp_f32x16_to_bf16(_mm512_loadu_ps(s + i)));
     for (; i < n; i++) d[i] = to_bf16(s[i]);
 }
 
-static int has_avx512bw(void)
+int mp_cpu_has_avx512bw(void)
 {
     static int has = -1;   /* racing threads all store the same answer */
     int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
@@ -188,19 +180,19 @@ static int has_avx512bw(void)
     return h;
 }
 #else
-static int has_avx512bw(void) { return 0; }
+int mp_cpu_has_avx512bw(void) { return 0; }
 #define bf16_to_f32_avx512 bf16_to_f32_c
 #define f32_to_bf16_avx512 f32_to_bf16_c
 #endif
 
 void mp_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n)
 {
-    run_split(has_avx512bw() ? bf16_to_f32_avx512 : bf16_to_f32_c, dst, sizeof *dst, src, sizeof *src, n);
+    run_split(mp_cpu_has_avx512bw() ? bf16_to_f32_avx512 : bf16_to_f32_c, dst, sizeof *dst, src, sizeof *src, n);
 }
 
 void mp_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n)
 {
-    run_split(has_avx512bw() ? f32_to_bf16_avx512 : f32_to_bf16_c, dst, sizeof *dst, src, sizeof *src, n);
+    run_split(mp_cpu_has_avx512bw() ? f32_to_bf16_avx512 : f32_to_bf16_c, dst, sizeof *dst, src, sizeof *src, n);
 }
 
 void mp_cpu_bf16_to_f32_portable(float *dst, const uint16_t *src, int64_t n)

@@ -15,9 +15,10 @@
  * space that kernels take their working memory from (grown on demand, kept
  * between calls, given back by release_cache). Slots 0-2: the GEMM's widening
  * buffers (slot 2 also the chunk sums of cpu_reduce's column sums); slot 3:
- * the row buffers of the row-wise kernels and the planes of pooling, one per
- * thread; slots 4-12: convolution's columns and f32 operands (cpu_conv.c),
- * or its oneDNN operands, blocked copies and scratchpads (cpu_conv_dnnl.c).
+ * the row buffers of the row-wise kernels, the planes of pooling and batch
+ * norm's widened channels, one per thread; slots 4-12: convolution's columns
+ * and f32 operands (cpu_conv.c), or its oneDNN operands, blocked copies and
+ * scratchpads (cpu_conv_dnnl.c).
  * flush: flush counting's switch and counts (cpu_flush.h), which cpu_store
  * adds to at every rounding to f16/bf16 while counting is on. */
 #define CPU_SCRATCH_SLOTS 13
@@ -147,6 +148,20 @@ mp_be_scatter_add_fn cpu_scatter_add;
 mp_be_narrow_fn cpu_narrow;
 
 mp_be_unary_grad_fn cpu_unary_grad;
+/* cpu_elementwise_lowp.c: the cheap bf16/f16 ops fused in AVX-512 registers;
+ * 1 when done, 0 when declined (the caller's general path then does the op) */
+int cpu_unary_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p);
+int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,
+                        int64_t n, double p);
+int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
+                    const mp_bcast *bc0);
+/* batch norm's y = x a + b and gx = a g + b + k (x - m) from f32 pieces,
+ * rounded into dt in registers (cpu_batch_norm.c); 1 when done, as above */
+int cpu_lowp_affine_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *x, int64_t n, float a,
+                          float b);
+int cpu_lowp_bn_grad_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *g, const float *x,
+                           int64_t n, float a, float b, float k, float m);
+int cpu_lowp_fused_enable(int on);   /* 0: every fused path declines (tests); returns the previous setting */
 mp_be_clamp_fn cpu_clamp;
 mp_be_where_fn cpu_where;
 mp_be_narrow_put_fn cpu_narrow_put;
@@ -167,6 +182,7 @@ mp_be_avg_pool2d_fn cpu_avg_pool2d;
 mp_be_avg_pool2d_grad_fn cpu_avg_pool2d_grad;
 mp_be_batch_norm_fn cpu_batch_norm;
 mp_be_batch_norm_grad_fn cpu_batch_norm_grad;
+int cpu_batch_norm_wide_enable(int on);   /* 0: f16/bf16 channels widened blockwise, as before (tests) */
 
 mp_be_attention_fn cpu_attention;
 mp_be_attention_grad_fn cpu_attention_grad;

@@ -5,8 +5,16 @@
  * deviations: two passes, no cancellation), stored as f32. Channels run in
  * parallel, each on one thread, so the bits do not depend on the thread count.
  * f32 runs are read in place; f16/bf16 ones (a low-precision activation under
- * autocast) are widened a block at a time, exactly, and y and the gradient of x
- * are rounded once.
+ * autocast) are widened exactly, and y and the gradient of x are rounded once.
+ * The forward reads x three times (mean, variance, normalise) and the backward
+ * x and the gradient twice each: where a channel has at most BN_WIDE_MAX values
+ * it is widened once, whole, into the thread's f32 scratch (cx's slot 3; 512 KB
+ * a channel, L2-resident) and every pass reads that; otherwise each pass widens
+ * a block at a time again (widening was a fifth of a 1-thread bf16 ResNet step,
+ * three quarters of it here). The sums run over the same pieces either way
+ * (whole runs for f32, blocks of MP_BLOCK of a run otherwise), so where the
+ * widened values live changes no bit (tests/c/test_elementwise_lowp.c compares
+ * both ways, f16 and bf16, on 1 and 2 threads).
  *
  * The sums: BN_LANES = 32 f64 lanes, each lane in order and the lanes added in
  * order at the end (four independent vectors of eight doubles, so the adds do not
@@ -17,6 +25,9 @@
  * on every machine, clone and thread count.
  */
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include "kernels/cpu/cpu.h"
 
 #define BN_LANES 32
@@ -65,14 +76,68 @@ static inline const float *piece(mp_dtype dt, const void *src, int64_t off, int6
     return buf;
 }
 
+/* a piece of a run from the channel's widened copy (wo: its place there) when
+ * there is one, else as piece() gives it */
+static inline const float *wpiece(mp_dtype dt, const void *src, const float *wide, int64_t off, int64_t wo,
+                                  int64_t len, float *buf)
+{
+    return wide ? wide + wo : piece(dt, src, off, len, buf);
+}
+
 /* for each piece (off, len) of channel ch, in order: its n runs of hw values,
- * whole for f32, in blocks that fit the widening buffers otherwise */
+ * whole for f32, in blocks that fit the widening buffers otherwise; wo is the
+ * piece's offset within the channel (its place in a widened copy) */
 #define PIECE(dt, hw) ((dt) == MP_F32 ? (hw) : MP_BLOCK)
-#define FOR_PIECES(dt, n, c, hw, ch, off, len)                                           \
+#define FOR_PIECES(dt, n, c, hw, ch, off, len, wo)                                       \
     for (int64_t i_ = 0; i_ < (n); i_++)                                                   \
-        for (int64_t e_ = 0, len = 0, off = 0; e_ < (hw); e_ += len)                      \
+        for (int64_t e_ = 0, len = 0, off = 0, wo = 0; e_ < (hw); e_ += len)              \
             if ((len = (hw) - e_ < PIECE(dt, hw) ? (hw) - e_ : PIECE(dt, hw)),             \
-                (off = (i_ * (c) + (ch)) * (hw) + e_), 1)
+                (off = (i_ * (c) + (ch)) * (hw) + e_), (wo = i_ * (hw) + e_), 1)
+
+/* A low-precision channel of at most this many values is widened once (the
+ * head comment); per thread the scratch holds one channel (forward) or two
+ * (backward: x and the gradient) */
+#define BN_WIDE_MAX ((int64_t)1 << 17)
+
+static int wide_on = 1;
+
+int cpu_batch_norm_wide_enable(int on)
+{
+    int was = wide_on;
+    wide_on = on;
+    return was;
+}
+
+/* the per-thread scratch for `arrays` widened channels of count values each, or
+ * NULL (f32, a channel too large, no memory, or switched off: the blockwise
+ * path); *per: floats per thread */
+static float *wide_scratch(mp_kctx *cx, mp_dtype dt, int64_t count, int arrays, int par, int64_t *per)
+{
+    if (!wide_on || !cx || dt == MP_F32 || count == 0 || count > BN_WIDE_MAX) return NULL;
+#ifdef _OPENMP
+    int nt = par ? omp_get_max_threads() : 1;
+#else
+    int nt = 1;
+#endif
+    *per = (arrays * count + 15) & ~(int64_t)15;   /* each thread's part on its own cache lines */
+    return cpu_scratch(cx, 3, sizeof(float) * (size_t)(*per * nt));
+}
+
+static inline float *thread_part(float *base, int64_t per)
+{
+    if (!base) return NULL;
+#ifdef _OPENMP
+    return base + per * omp_get_thread_num();
+#else
+    return base;
+#endif
+}
+
+/* channel ch of src (n runs of hw values) widened into w, run after run */
+static void widen_channel(mp_dtype dt, const void *src, float *w, int64_t n, int64_t c, int64_t hw, int64_t ch)
+{
+    for (int64_t i = 0; i < n; i++) cpu_load(dt, src, (i * c + ch) * hw, w + i * hw, hw);
+}
 
 /* y = x a + b over a piece */
 MP_SIMD static void affine(float *y, const float *x, int64_t n, float a, float b)
@@ -90,16 +155,21 @@ int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
                    float *running_var, const void *x, const float *w, const float *b, int64_t n, int64_t c,
                    int64_t hw, int training, float momentum, float eps)
 {
-    int64_t count = n * hw;
-    #pragma omp parallel for if (n * c * hw >= MP_PAR_MIN) schedule(static)
+    int64_t count = n * hw, per = 0;
+    int par = n * c * hw >= MP_PAR_MIN;
+    /* out of training x is read once: nothing to gain from a widened copy */
+    float *wbase = training ? wide_scratch(cx, dt, count, 1, par, &per) : NULL;
+    #pragma omp parallel for if (par) schedule(static)
     for (int64_t ch = 0; ch < c; ch++) {
-        float buf[MP_BLOCK], out[MP_BLOCK];
+        float buf[MP_BLOCK], out[MP_BLOCK], *wx = thread_part(wbase, per);
         double mu, var;
+        if (wx) widen_channel(dt, x, wx, n, c, hw, ch);
         if (training) {
             double s = 0, q = 0;
-            FOR_PIECES(dt, n, c, hw, ch, off, len) s += bn_sum(piece(dt, x, off, len, buf), len);
+            FOR_PIECES(dt, n, c, hw, ch, off, len, wo) s += bn_sum(wpiece(dt, x, wx, off, wo, len, buf), len);
             mu = count ? s / (double)count : 0;
-            FOR_PIECES(dt, n, c, hw, ch, off, len) q += bn_sumsq_dev(piece(dt, x, off, len, buf), len, (float)mu);
+            FOR_PIECES(dt, n, c, hw, ch, off, len, wo)
+                q += bn_sumsq_dev(wpiece(dt, x, wx, off, wo, len, buf), len, (float)mu);
             var = count ? q / (double)count : 0;
             if (running_mean) running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mu);
             if (running_var && count > 1)
@@ -110,10 +180,11 @@ int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
         float m = (float)mu, r = (float)(1.0 / sqrt(var + (double)eps));
         mean[ch] = m, rstd[ch] = r;
         float scale = w ? w[ch] * r : r, shift = (b ? b[ch] : 0.0f) - m * scale;
-        FOR_PIECES(dt, n, c, hw, ch, off, len) {
-            const float *xp = piece(dt, x, off, len, buf);
+        FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
+            const float *xp = wpiece(dt, x, wx, off, wo, len, buf);
             if (dt == MP_F32) affine((float *)y + off, xp, len, scale, shift);
-            else affine(out, xp, len, scale, shift), cpu_store(cx, dt, y, off, out, len);
+            else if (!cpu_lowp_affine_store(cx, dt, y, off, xp, len, scale, shift))
+                affine(out, xp, len, scale, shift), cpu_store(cx, dt, y, off, out, len);
         }
     }
     return 0;
@@ -123,14 +194,19 @@ int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
                         const float *mean, const float *rstd, const float *w, int64_t n, int64_t c, int64_t hw,
                         int training)
 {
-    int64_t count = n * hw;
-    #pragma omp parallel for if (n * c * hw >= MP_PAR_MIN) schedule(static)
+    int64_t count = n * hw, per = 0;
+    int par = n * c * hw >= MP_PAR_MIN;
+    /* without gx, x and gy are read once: nothing to gain from widened copies */
+    float *wbase = gx ? wide_scratch(cx, dt, count, 2, par, &per) : NULL;
+    #pragma omp parallel for if (par) schedule(static)
     for (int64_t ch = 0; ch < c; ch++) {
         float gbuf[MP_BLOCK], xbuf[MP_BLOCK], out[MP_BLOCK];
+        float *wg = thread_part(wbase, per), *wx = wg ? wg + count : NULL;
         float m = mean[ch], r = rstd[ch], wc = w ? w[ch] : 1.0f;
         double sg = 0, sgd = 0;   /* sum gy, sum gy (x - mean) */
-        FOR_PIECES(dt, n, c, hw, ch, off, len) {
-            const float *g = piece(dt, gy, off, len, gbuf), *xp = piece(dt, x, off, len, xbuf);
+        if (wg) widen_channel(dt, gy, wg, n, c, hw, ch), widen_channel(dt, x, wx, n, c, hw, ch);
+        FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
+            const float *g = wpiece(dt, gy, wg, off, wo, len, gbuf), *xp = wpiece(dt, x, wx, off, wo, len, xbuf);
             bn_sum_dot_dev(g, xp, len, m, &sg, &sgd);
         }
         double sgx = sgd * r;     /* sum gy x-hat */
@@ -140,9 +216,11 @@ int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
         /* training: gx = w rstd (gy - mean(gy) - x-hat mean(gy x-hat)); fixed statistics: gx = w rstd gy */
         float k = wc * r, mg = training && count ? (float)(sg / (double)count) : 0.0f;
         float mgx = training && count ? (float)(sgx / (double)count) : 0.0f;
-        FOR_PIECES(dt, n, c, hw, ch, off, len) {
-            const float *g = piece(dt, gy, off, len, gbuf), *xp = piece(dt, x, off, len, xbuf);
+        FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
+            const float *g = wpiece(dt, gy, wg, off, wo, len, gbuf), *xp = wpiece(dt, x, wx, off, wo, len, xbuf);
             float *o = dt == MP_F32 ? (float *)gx + off : out;
+            if (dt != MP_F32 && cpu_lowp_bn_grad_store(cx, dt, gx, off, g, xp, len, k, -k * mg, -k * r * mgx, m))
+                continue;   /* computed and rounded in registers, the same bits (cpu_elementwise_lowp.c) */
             grad_piece(o, g, xp, len, k, -k * mg, -k * r * mgx, m);
             if (dt != MP_F32) cpu_store(cx, dt, gx, off, out, len);
         }

@@ -77,6 +77,7 @@ static uint8_t cmp(mp_binop op, double x, double y)
 
 void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
 {
+    if (cpu_binary_lowp(cx, op, dt, out, a, b, bc0)) return;   /* bf16/f16 fused in registers */
     mp_bcast bc;
     int nd = mp_bcast_coalesce(bc0, &bc);
     int64_t len = bc.shape[nd - 1], ia = bc.sa[nd - 1], ib = bc.sb[nd - 1];
@@ -286,6 +287,7 @@ static int gelu_tables(mp_kctx *cx, mp_dtype dt, double form, const uint16_t **o
 
 void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
 {
+    if (cpu_unary_lowp(cx, op, dt, out, a, n, p)) return;   /* bf16/f16 fused in registers */
     const uint16_t *table;
     const float *slope;
     /* the flush count of telemetry is taken by cpu_store: that path keeps it */
@@ -321,6 +323,7 @@ void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, i
 void cpu_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x, const void *y,
                     int64_t n, double p)
 {
+    if (cpu_unary_grad_lowp(cx, op, dt, gin, gout, x, n, p)) return;   /* bf16/f16 fused in registers */
     const uint16_t *table;
     const float *slope;
     if (op == MP_GELU && (dt == MP_F16 || dt == MP_BF16) && cx && x && gelu_tables(cx, dt, p, &table, &slope) == 0) {

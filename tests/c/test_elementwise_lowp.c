@@ -1,0 +1,320 @@
+/*
+ * test_elementwise_lowp.c: the bf16/f16 fast paths of the cheap ops give the
+ * bits of the general paths they stand in for.
+ *
+ * - cpu_elementwise_lowp.c's fused kernels (ReLU, its gradient, the scalar
+ *   ops, add/sub/mul/div of two tensors or a tensor and a one-value operand)
+ *   against cpu_elementwise.c's widen-compute-round blocks (the fused paths
+ *   switched off): every bf16 value as the first operand (so ±0, subnormals,
+ *   ±inf, signalling and quiet NaNs, the largest finites), random bit patterns
+ *   as the second (sums and products that round, ties among them), crafted
+ *   ties, every f16 value likewise, lengths with a tail of each size, and a
+ *   length that splits over threads; and the fused path is the one taken
+ *   where the processor has AVX-512BW, and declined while flushes are counted.
+ * - cpu_batch_norm.c's channels widened once into scratch, y and the gradient
+ *   rounded in registers, against the same kernel widening block by block and
+ *   rounding through cpu_store (both switched off): y, the
+ *   statistics, the running statistics and every gradient, bf16 and f16,
+ *   training and not, several shapes (runs shorter and longer than a block,
+ *   ResNet-sized channels, a channel too large for the scratch), and the same
+ *   bits on 1 and 2 threads. The numbers are the same sums over the same
+ *   pieces in the same order, so nothing may differ: a bit-for-bit check.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/convert_avx512.h"
+#include "kernels/half.h"
+
+static const char *dn(mp_dtype dt) { return dt == MP_F16 ? "f16" : "bf16"; }
+
+static uint16_t *bits_buf(int64_t n)
+{
+    uint16_t *p = malloc(sizeof(uint16_t) * (size_t)(n ? n : 1));
+    cr_assert(p);
+    return p;
+}
+
+/* n values: every 16-bit pattern in turn from `start`, or random patterns */
+static uint16_t *patterns(int64_t n, int every, unsigned start, unsigned *seed)
+{
+    uint16_t *p = bits_buf(n);
+    for (int64_t i = 0; i < n; i++) p[i] = every ? (uint16_t)(start + (unsigned)i) : (uint16_t)rand_r(seed);
+    return p;
+}
+
+static int is_nan(mp_dtype dt, uint16_t v)
+{
+    return dt == MP_F16 ? (v & 0x7fff) > 0x7c00 : (v & 0x7fff) > 0x7f80;
+}
+
+/* bit for bit, but for one case: with both operands NaN, which one's payload
+ * the result carries is the operand order of the instruction the compiler
+ * picked (C leaves it open, and the general path's clones may differ); there
+ * the result must be a NaN, either one */
+static void same_bits(const uint16_t *got, const uint16_t *want, int64_t n, const char *what, mp_dtype dt, int op,
+                      const uint16_t *a, const uint16_t *b)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (!(b && is_nan(dt, a[i]) && is_nan(dt, b[i]) && is_nan(dt, got[i]) && is_nan(dt, want[i])))
+            cr_assert_eq(got[i], want[i], "%s %s op %d [%ld]: fused 0x%04x, general 0x%04x (a 0x%04x, b 0x%04x)", dn(dt),
+                     what, op, (long)i, got[i], want[i], a[i], b ? b[i] : 0);
+}
+
+static const mp_unop un_ops[] = { MP_RELU, MP_NEG, MP_ADDS, MP_MULS, MP_RSUBS, MP_DIVS };
+static const double un_ps[] = { 0, 0, 0.3, -1.7, 2.5, 3.0 };
+
+/* op over a and b (b: the gradient for the unary gradients) with the fused
+ * paths on and off; kind 0 unary, 1 unary gradient, 2 binary */
+static void compare_all(mp_dtype dt, const uint16_t *a, const uint16_t *b, int64_t n)
+{
+    uint16_t *f = bits_buf(n), *g = bits_buf(n);
+    for (size_t k = 0; k < sizeof un_ops / sizeof un_ops[0]; k++) {
+        for (int pass = 0; pass < 2; pass++) {
+            int was = cpu_lowp_fused_enable(pass == 0);
+            cpu_unary(NULL, un_ops[k], dt, pass ? g : f, a, n, un_ps[k]);
+            cpu_lowp_fused_enable(was);
+        }
+        same_bits(f, g, n, "unary", dt, un_ops[k], a, NULL);
+        for (int pass = 0; pass < 2; pass++) {
+            int was = cpu_lowp_fused_enable(pass == 0);
+            cpu_unary_grad(NULL, un_ops[k], dt, pass ? g : f, b, a, NULL, n, un_ps[k]);
+            cpu_lowp_fused_enable(was);
+        }
+        same_bits(f, g, n, "unary_grad", dt, un_ops[k], a, b);
+    }
+    static const mp_binop bin_ops[] = { MP_ADD, MP_SUB, MP_MUL, MP_DIV };
+    /* same shape; then b as one value broadcast, then a */
+    uint16_t *sa = bits_buf(n), *sb = bits_buf(n);
+    for (int64_t i = 0; i < n; i++) sa[i] = a[0], sb[i] = b[0];
+    for (int form = 0; form < 3; form++) {
+        mp_bcast bc = { .ndim = 1, .shape = { n }, .sa = { form == 2 ? 0 : 1 }, .sb = { form == 1 ? 0 : 1 } };
+        for (size_t k = 0; k < sizeof bin_ops / sizeof bin_ops[0]; k++) {
+            for (int pass = 0; pass < 2; pass++) {
+                int was = cpu_lowp_fused_enable(pass == 0);
+                cpu_binary(NULL, bin_ops[k], dt, pass ? g : f, a, b, &bc);
+                cpu_lowp_fused_enable(was);
+            }
+            same_bits(f, g, n, form ? "binary (scalar operand)" : "binary", dt, bin_ops[k], form == 2 ? sa : a,
+                      form == 1 ? sb : b);
+        }
+    }
+    free(f), free(g), free(sa), free(sb);
+}
+
+Test(elementwise_lowp, every_value_against_general_path)
+{
+    unsigned seed = 7;
+    mp_dtype dts[] = { MP_BF16, MP_F16 };
+    for (int d = 0; d < 2; d++) {
+        int64_t n = 65536 + 13;   /* every pattern, then a tail of 13 */
+        uint16_t *a = patterns(n, 1, 0, &seed), *b = patterns(n, 0, 0, &seed);
+        compare_all(dts[d], a, b, n);
+        /* b every pattern too, against a reversed: other pairs */
+        for (int64_t i = 0; i < n; i++) b[i] = a[n - 1 - i];
+        compare_all(dts[d], a, b, n);
+        free(a), free(b);
+    }
+}
+
+/* sums and products that land halfway between two bf16 (f16) values, and
+ * halfway plus or minus the smallest step: round to even, or not */
+Test(elementwise_lowp, rounding_ties)
+{
+    int64_t n = 0, cap = 4096;
+    uint16_t *a = bits_buf(cap), *b = bits_buf(cap);
+    for (int e = -20; e <= 20 && n + 8 <= cap; e++)
+        for (int m = 0; m < 4; m++) {
+            float x = ldexpf(1.0f + (float)m / 128.0f, e);      /* bf16: 7 fraction bits */
+            float h = ldexpf(1.0f, e - 8);                      /* half an ulp of x */
+            a[n] = mp_f32_to_bf16(x), b[n++] = mp_f32_to_bf16(h);
+            a[n] = mp_f32_to_bf16(-x), b[n++] = mp_f32_to_bf16(-h);
+            a[n] = mp_f32_to_bf16(x), b[n++] = mp_f32_to_bf16(h * 1.5f);
+            a[n] = mp_f32_to_bf16(x), b[n++] = mp_f32_to_bf16(h * 0.75f);
+        }
+    compare_all(MP_BF16, a, b, n);
+    n = 0;
+    for (int e = -14; e <= 14 && n + 4 <= cap; e++)
+        for (int m = 0; m < 8; m++) {
+            float x = ldexpf(1.0f + (float)m / 1024.0f, e), h = ldexpf(1.0f, e - 11);
+            a[n] = mp_f32_to_f16(x), b[n++] = mp_f32_to_f16(h);
+            a[n] = mp_f32_to_f16(-x), b[n++] = mp_f32_to_f16(-h);
+        }
+    compare_all(MP_F16, a, b, n);
+    free(a), free(b);
+}
+
+/* every length up to 40 (tails of every size, lengths under one register) */
+Test(elementwise_lowp, short_lengths)
+{
+    unsigned seed = 11;
+    for (int64_t n = 1; n <= 40; n++) {
+        uint16_t *a = patterns(n, 0, 0, &seed), *b = patterns(n, 0, 0, &seed);
+        compare_all(MP_BF16, a, b, n);
+        compare_all(MP_F16, a, b, n);
+        free(a), free(b);
+    }
+}
+
+/* long enough to split over threads: the same bits on 2 threads as the
+ * general path */
+Test(elementwise_lowp, threads)
+{
+    unsigned seed = 5;
+    int64_t n = MP_PAR_MIN + 4099;
+    uint16_t *a = patterns(n, 1, 0x3000, &seed), *b = patterns(n, 0, 0, &seed);
+    int nt = omp_get_max_threads();
+    omp_set_num_threads(2);
+    compare_all(MP_BF16, a, b, n);
+    omp_set_num_threads(nt);
+    free(a), free(b);
+}
+
+Test(elementwise_lowp, taken_and_declined)
+{
+    uint16_t a[64] = {0}, b[64] = {0}, o[64];
+    int has = mp_cpu_has_avx512bw();
+    cr_assert_eq(cpu_unary_lowp(NULL, MP_RELU, MP_BF16, o, a, 64, 0), has);
+    cr_assert_eq(cpu_unary_grad_lowp(NULL, MP_RELU, MP_BF16, o, b, a, 64, 0), has);
+    mp_bcast bc = { .ndim = 1, .shape = { 64 }, .sa = { 1 }, .sb = { 1 } };
+    cr_assert_eq(cpu_binary_lowp(NULL, MP_ADD, MP_BF16, o, a, b, &bc), has);
+    /* declined: other ops and dtypes, ReLU's gradient without x, strides, flush counting */
+    cr_assert_eq(cpu_unary_lowp(NULL, MP_EXP, MP_BF16, o, a, 64, 0), 0);
+    cr_assert_eq(cpu_unary_lowp(NULL, MP_RELU, MP_F32, o, a, 32, 0), 0);
+    cr_assert_eq(cpu_unary_grad_lowp(NULL, MP_RELU, MP_BF16, o, b, NULL, 64, 0), 0);
+    cr_assert_eq(cpu_binary_lowp(NULL, MP_POWT, MP_BF16, o, a, b, &bc), 0);
+    mp_bcast st = { .ndim = 1, .shape = { 32 }, .sa = { 2 }, .sb = { 1 } };
+    cr_assert_eq(cpu_binary_lowp(NULL, MP_ADD, MP_BF16, o, a, b, &st), 0);
+    mp_bcast rows = { .ndim = 2, .shape = { 4, 16 }, .sa = { 16, 1 }, .sb = { 0, 1 } };
+    cr_assert_eq(cpu_binary_lowp(NULL, MP_ADD, MP_BF16, o, a, b, &rows), 0);
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    int on = cx->flush.on;
+    cx->flush.on = 1;
+    cr_assert_eq(cpu_unary_lowp(cx, MP_RELU, MP_BF16, o, a, 64, 0), 0);
+    cx->flush.on = on;
+    int was = cpu_lowp_fused_enable(0);
+    cr_assert_eq(cpu_unary_lowp(NULL, MP_RELU, MP_BF16, o, a, 64, 0), 0);
+    cpu_lowp_fused_enable(was);
+}
+
+/* ---- batch norm ---------------------------------------------------------- */
+
+typedef struct {
+    uint16_t *y, *gx;
+    float *mean, *rstd, *rm, *rv, *gw, *gb;
+} bn_out;
+
+static void bn_alloc(bn_out *o, int64_t n, int64_t c)
+{
+    o->y = bits_buf(n), o->gx = bits_buf(n);
+    o->mean = malloc(4 * (size_t)c), o->rstd = malloc(4 * (size_t)c), o->rm = malloc(4 * (size_t)c);
+    o->rv = malloc(4 * (size_t)c), o->gw = malloc(4 * (size_t)c), o->gb = malloc(4 * (size_t)c);
+    for (int64_t i = 0; i < c; i++) o->rm[i] = 0.1f * (float)i, o->rv[i] = 1.0f + 0.05f * (float)i;
+}
+
+static void bn_free(bn_out *o)
+{
+    free(o->y), free(o->gx), free(o->mean), free(o->rstd), free(o->rm), free(o->rv), free(o->gw), free(o->gb);
+}
+
+static void bn_run(bn_out *o, mp_dtype dt, const uint16_t *x, const uint16_t *gy, const float *w, const float *b,
+                   int64_t n, int64_t c, int64_t hw, int training, int wide, int threads)
+{
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    /* the reference: widened block by block, y and gx rounded by cpu_store */
+    int nt = omp_get_max_threads(), was = cpu_batch_norm_wide_enable(wide), fused = cpu_lowp_fused_enable(wide);
+    omp_set_num_threads(threads);
+    cr_assert_eq(cpu_batch_norm(cx, dt, o->y, o->mean, o->rstd, o->rm, o->rv, x, w, b, n, c, hw, training, 0.1f,
+                                1e-5f), 0);
+    cr_assert_eq(cpu_batch_norm_grad(cx, dt, o->gx, o->gw, o->gb, gy, x, o->mean, o->rstd, w, n, c, hw, training),
+                 0);
+    omp_set_num_threads(nt);
+    cpu_batch_norm_wide_enable(was), cpu_lowp_fused_enable(fused);
+}
+
+static void bn_same(const bn_out *p, const bn_out *q, int64_t total, int64_t c, const char *what)
+{
+    cr_assert(!memcmp(p->y, q->y, 2 * (size_t)total), "%s: y differs", what);
+    cr_assert(!memcmp(p->gx, q->gx, 2 * (size_t)total), "%s: gx differs", what);
+    cr_assert(!memcmp(p->mean, q->mean, 4 * (size_t)c), "%s: mean differs", what);
+    cr_assert(!memcmp(p->rstd, q->rstd, 4 * (size_t)c), "%s: rstd differs", what);
+    cr_assert(!memcmp(p->rm, q->rm, 4 * (size_t)c), "%s: running mean differs", what);
+    cr_assert(!memcmp(p->rv, q->rv, 4 * (size_t)c), "%s: running var differs", what);
+    cr_assert(!memcmp(p->gw, q->gw, 4 * (size_t)c), "%s: gw differs", what);
+    cr_assert(!memcmp(p->gb, q->gb, 4 * (size_t)c), "%s: gb differs", what);
+}
+
+Test(batch_norm_lowp, widened_once_same_bits)
+{
+    /* n, c, hw: runs shorter than a block, longer than one and not a multiple
+     * of it, ResNet-sized channels (split over threads), one image, a channel
+     * over BN_WIDE_MAX values (blockwise either way) */
+    static const int64_t shapes[][3] = {
+        { 4, 3, 50 }, { 2, 5, 1500 }, { 3, 4, 1024 }, { 32, 16, 1024 }, { 128, 8, 64 }, { 1, 6, 7 }, { 2, 2, 70000 },
+    };
+    mp_dtype dts[] = { MP_BF16, MP_F16 };
+    unsigned seed = 3;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t n = shapes[s][0], c = shapes[s][1], hw = shapes[s][2], total = n * c * hw;
+        for (int d = 0; d < 2; d++) {
+            mp_dtype dt = dts[d];
+            uint16_t *x = bits_buf(total), *gy = bits_buf(total);
+            float *w = malloc(4 * (size_t)c), *b = malloc(4 * (size_t)c);
+            for (int64_t i = 0; i < total; i++) {
+                int64_t ch = (i / hw) % c;   /* each channel its own offset and spread */
+                float v = (float)ch * 0.37f + (float)(rand_r(&seed) % 20001 - 10000) / 4000.0f * (1.0f + (float)ch);
+                float g = (float)(rand_r(&seed) % 20001 - 10000) / 9000.0f;
+                x[i] = dt == MP_F16 ? mp_f32_to_f16(v) : mp_f32_to_bf16(v);
+                gy[i] = dt == MP_F16 ? mp_f32_to_f16(g) : mp_f32_to_bf16(g);
+            }
+            for (int64_t i = 0; i < c; i++) w[i] = 0.5f + 0.25f * (float)i, b[i] = -0.125f * (float)i;
+            for (int training = 0; training < 2; training++) {
+                bn_out ref, once, two;
+                bn_alloc(&ref, total, c), bn_alloc(&once, total, c), bn_alloc(&two, total, c);
+                bn_run(&ref, dt, x, gy, w, b, n, c, hw, training, 0, 1);
+                bn_run(&once, dt, x, gy, w, b, n, c, hw, training, 1, 1);
+                bn_run(&two, dt, x, gy, w, b, n, c, hw, training, 1, 2);
+                char what[96];
+                snprintf(what, sizeof what, "%s %ldx%ldx%ld training %d, widened once", dn(dt), (long)n, (long)c,
+                         (long)hw, training);
+                bn_same(&once, &ref, total, c, what);
+                snprintf(what, sizeof what, "%s %ldx%ldx%ld training %d, 2 threads", dn(dt), (long)n, (long)c,
+                         (long)hw, training);
+                bn_same(&two, &ref, total, c, what);
+                bn_free(&ref), bn_free(&once), bn_free(&two);
+            }
+            free(x), free(gy), free(w), free(b);
+        }
+    }
+}
+
+/* no affine weights and no gradient of x wanted (the frozen-input case): the
+ * same bits as well */
+Test(batch_norm_lowp, no_weights_no_gx)
+{
+    int64_t n = 8, c = 4, hw = 300, total = n * c * hw;
+    unsigned seed = 9;
+    uint16_t *x = bits_buf(total), *gy = bits_buf(total);
+    for (int64_t i = 0; i < total; i++)
+        x[i] = mp_f32_to_bf16((float)(rand_r(&seed) % 2001 - 1000) / 300.0f),
+        gy[i] = mp_f32_to_bf16((float)(rand_r(&seed) % 2001 - 1000) / 700.0f);
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    float out[2][6][4];
+    uint16_t *y[2] = { bits_buf(total), bits_buf(total) };
+    for (int wide = 0; wide < 2; wide++) {
+        int was = cpu_batch_norm_wide_enable(wide), fused = cpu_lowp_fused_enable(wide);
+        float *m = out[wide][0], *r = out[wide][1], *rm = out[wide][2], *rv = out[wide][3];
+        for (int i = 0; i < 4; i++) rm[i] = 0, rv[i] = 1;
+        cr_assert_eq(cpu_batch_norm(cx, MP_BF16, y[wide], m, r, rm, rv, x, NULL, NULL, n, c, hw, 1, 0.1f, 1e-5f), 0);
+        cr_assert_eq(cpu_batch_norm_grad(cx, MP_BF16, NULL, out[wide][4], out[wide][5], gy, x, m, r, NULL, n, c, hw,
+                                         1), 0);
+        cpu_batch_norm_wide_enable(was), cpu_lowp_fused_enable(fused);
+    }
+    cr_assert(!memcmp(out[0], out[1], sizeof out[0]));
+    cr_assert(!memcmp(y[0], y[1], 2 * (size_t)total));
+    free(x), free(gy), free(y[0]), free(y[1]);
+}
