@@ -122,6 +122,8 @@ static inline double cpu_get_f64(mp_dtype dt, const void *p, int64_t i)
 /* nbytes of the context's scratch slot (64-byte aligned), or NULL */
 void *cpu_scratch(mp_kctx *cx, int slot, size_t nbytes);
 size_t cpu_scratch_bytes(mp_kctx *cx);
+float *cpu_scratch_f32(mp_kctx *cx, int slot, mp_dtype dt, const void *src, int64_t n);
+void cpu_store_f32(mp_kctx *cx, mp_dtype dt, void *dst, const float *src, int64_t n);
 
 /* the entries each kernel file provides, declared by their types
  * (mp_be_<entry>_fn): the signatures are written once, in kernels/backend.h */

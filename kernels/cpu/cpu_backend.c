@@ -102,6 +102,26 @@ void *cpu_scratch(mp_kctx *cx, int slot, size_t nbytes)
     return cx->scratch[slot];
 }
 
+/* src (dtype dt, n values) as f32: src itself for f32, else widened into
+ * scratch slot `slot` (threaded past MP_PAR_MIN); NULL when memory runs out.
+ * The convolution paths (im2col and oneDNN) share it. */
+float *cpu_scratch_f32(mp_kctx *cx, int slot, mp_dtype dt, const void *src, int64_t n)
+{
+    if (dt == MP_F32) return (float *)src;
+    float *f = cpu_scratch(cx, slot, sizeof(float) * (size_t)(n ? n : 1));
+    if (!f) return NULL;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += MP_BLOCK) cpu_load(dt, src, i, f + i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
+    return f;
+}
+
+/* n f32 values rounded once into dst of dtype dt (flushes counted by cpu_store) */
+void cpu_store_f32(mp_kctx *cx, mp_dtype dt, void *dst, const float *src, int64_t n)
+{
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += MP_BLOCK) cpu_store(cx, dt, dst, i, src + i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
+}
+
 size_t cpu_scratch_bytes(mp_kctx *cx)
 {
     size_t n = 0;

@@ -97,23 +97,6 @@ static void col2im(const mp_conv_args *a, const float *col, float *gx, int64_t c
         }
 }
 
-/* src (dtype dt, n values) as f32: src itself for f32, else widened into slot */
-static const float *as_f32(mp_kctx *cx, int slot, mp_dtype dt, const void *src, int64_t n)
-{
-    if (dt == MP_F32) return src;
-    float *f = cpu_scratch(cx, slot, sizeof(float) * (size_t)(n ? n : 1));
-    if (!f) return NULL;
-    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i += MP_BLOCK) cpu_load(dt, src, i, f + i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
-    return f;
-}
-
-static void store_f32(mp_kctx *cx, mp_dtype dt, void *dst, const float *src, int64_t n)
-{
-    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i += MP_BLOCK) cpu_store(cx, dt, dst, i, src + i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
-}
-
 /* images per chunk: their columns (one group) fit in COL_FLOATS */
 static int64_t chunk_images(const mp_conv_args *a)
 {
@@ -135,8 +118,8 @@ static int gemm_f32out(mp_kctx *cx, int lowp, int ta, int tb, int64_t batch, int
 {
     if (!lowp) return cpu_gemm(cx, MP_F32, ta, tb, batch, m, n, k, 1.0f, a, sa, b, sb, beta, c, sc);
     if (cpu_gemm_dnnl_f32out(cx, ta, tb, batch, m, n, k, 1.0f, a, sa, b, sb, beta, c, sc) == 0) return 0;
-    const float *fa = as_f32(cx, S_WA, MP_BF16, a, span(batch, sa, m * k));
-    const float *fb = fa ? as_f32(cx, S_WB, MP_BF16, b, span(batch, sb, k * n)) : NULL;
+    const float *fa = cpu_scratch_f32(cx, S_WA, MP_BF16, a, span(batch, sa, m * k));
+    const float *fb = fa ? cpu_scratch_f32(cx, S_WB, MP_BF16, b, span(batch, sb, k * n)) : NULL;
     return fb ? cpu_gemm(cx, MP_F32, ta, tb, batch, m, n, k, 1.0f, fa, sa, fb, sb, beta, c, sc) : -1;
 }
 
@@ -148,7 +131,7 @@ int cpu_conv2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, 
     size_t es = mp_dtype_size(dt), ce = lowp ? 2 : 4;   /* bytes of an element of x, of the columns */
     int done = cpu_conv_dnnl(cx, CPU_CONV_FWD, dt, y, x, w, b, a);
     if (done <= 0) return done;
-    const void *wop = lowp ? w : as_f32(cx, S_W, dt, w, a->k * crs);
+    const void *wop = lowp ? w : cpu_scratch_f32(cx, S_W, dt, w, a->k * crs);
     void *col = cpu_scratch(cx, S_COL, ce * (size_t)(nb * crs * ohw + 1));
     /* the GEMM's output: y itself for f32 without groups, else f32 scratch */
     int direct = dt == MP_F32 && g == 1;
@@ -159,7 +142,7 @@ int cpu_conv2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, 
     if (b) cpu_load(dt, b, 0, bv, a->k);
     for (int64_t n0 = 0; n0 < a->n; n0 += nb) {
         int64_t ni = a->n - n0 < nb ? a->n - n0 : nb;
-        const void *xop = lowp ? at(x, n0 * chw, es) : as_f32(cx, S_X, dt, at(x, n0 * chw, es), ni * chw);
+        const void *xop = lowp ? at(x, n0 * chw, es) : cpu_scratch_f32(cx, S_X, dt, at(x, n0 * chw, es), ni * chw);
         if (!xop) return -1;
         for (int64_t gi = 0; gi < g; gi++) {
             #pragma omp parallel for if (ni * crs * ohw >= MP_PAR_MIN) schedule(static)
@@ -210,7 +193,7 @@ int cpu_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, con
     if (done < 0) return -1;
     if (done == 0) gw = NULL;
     if (!gx && !gw) return 0;
-    const void *wop = lowp ? w : as_f32(cx, S_W, dt, w, a->k * crs);
+    const void *wop = lowp ? w : cpu_scratch_f32(cx, S_W, dt, w, a->k * crs);
     void *col = gw ? cpu_scratch(cx, S_COL, ce * (size_t)(nb * crs * ohw + 1)) : NULL;
     float *gcol = gx ? cpu_scratch(cx, S_GCOL, sizeof(float) * (size_t)(nb * crs * ohw + 1)) : NULL;
     float *gwf = !gw ? NULL : dt == MP_F32 ? gw : cpu_scratch(cx, S_GW, sizeof(float) * (size_t)(a->k * crs));
@@ -218,8 +201,8 @@ int cpu_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, con
     if (gwf && a->n == 0) memset(gwf, 0, sizeof(float) * (size_t)(a->k * crs));
     for (int64_t n0 = 0; n0 < a->n; n0 += nb) {
         int64_t ni = a->n - n0 < nb ? a->n - n0 : nb;
-        const void *gyop = lowp ? at(gy, n0 * kohw, es) : as_f32(cx, S_GY, dt, at(gy, n0 * kohw, es), ni * kohw);
-        const void *xop = !gw ? NULL : lowp ? at(x, n0 * chw, es) : as_f32(cx, S_X, dt, at(x, n0 * chw, es), ni * chw);
+        const void *gyop = lowp ? at(gy, n0 * kohw, es) : cpu_scratch_f32(cx, S_GY, dt, at(gy, n0 * kohw, es), ni * kohw);
+        const void *xop = !gw ? NULL : lowp ? at(x, n0 * chw, es) : cpu_scratch_f32(cx, S_X, dt, at(x, n0 * chw, es), ni * chw);
         float *gxf = !gx ? NULL : dt == MP_F32 ? (float *)gx + n0 * chw : cpu_scratch(cx, S_GX, sizeof(float) * (size_t)(ni * chw));
         if (!gyop || (gw && !xop) || (gx && !gxf)) return -1;
         if (gxf) memset(gxf, 0, sizeof(float) * (size_t)(ni * chw));
@@ -242,8 +225,8 @@ int cpu_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, con
                         return -1;
             }
         }
-        if (gx && dt != MP_F32) store_f32(cx, dt, (char *)gx + (size_t)(n0 * chw) * es, gxf, ni * chw);
+        if (gx && dt != MP_F32) cpu_store_f32(cx, dt, (char *)gx + (size_t)(n0 * chw) * es, gxf, ni * chw);
     }
-    if (gw && dt != MP_F32) store_f32(cx, dt, gw, gwf, a->k * crs);
+    if (gw && dt != MP_F32) cpu_store_f32(cx, dt, gw, gwf, a->k * crs);
     return 0;
 }

@@ -307,23 +307,6 @@ static int run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], cons
     return ok ? 0 : 1;
 }
 
-/* src (dtype dt, n values) as f32: src itself for f32, else widened into slot */
-static float *as_f32(mp_kctx *cx, int slot, mp_dtype dt, const void *src, int64_t n)
-{
-    if (dt == MP_F32) return (float *)src;
-    float *f = cpu_scratch(cx, slot, sizeof(float) * (size_t)(n ? n : 1));
-    if (!f) return NULL;
-    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i += MP_BLOCK) cpu_load(dt, src, i, f + i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
-    return f;
-}
-
-static void store_f32(mp_kctx *cx, mp_dtype dt, void *dst, const float *src, int64_t n)
-{
-    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
-    for (int64_t i = 0; i < n; i += MP_BLOCK) cpu_store(cx, dt, dst, i, src + i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
-}
-
 static void key_of(conv_key *key, int dir, int dt, int odt, int64_t n, const mp_conv_args *a)
 {
     memset(key, 0, sizeof *key);   /* the padding too: keys are compared whole */
@@ -415,8 +398,8 @@ int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0,
         if (p->used != 1) return 1;
     }
     void *ptr[3];
-    ptr[0] = dt == MP_F16 ? as_f32(cx, S_IN0, dt, in0, n0) : (void *)in0;
-    ptr[1] = dt == MP_F16 ? as_f32(cx, S_IN1, dt, in1, n1) : (void *)in1;
+    ptr[0] = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN0, dt, in0, n0) : (void *)in0;
+    ptr[1] = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN1, dt, in1, n1) : (void *)in1;
     ptr[2] = direct ? out : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)no);
     if (!ptr[0] || !ptr[1] || !ptr[2]) return -1;
     if (dir == BWD_WEIGHTS) {
@@ -433,6 +416,6 @@ int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0,
         if (!work) return -1;
         if (run(d, d->stream, p, ptr, bias, work)) return 1;
     }
-    if (!direct) store_f32(cx, dt, out, ptr[2], no);
+    if (!direct) cpu_store_f32(cx, dt, out, ptr[2], no);
     return 0;
 }
