@@ -155,6 +155,11 @@ int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const v
                         int64_t n, double p);
 int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
                     const mp_bcast *bc0);
+/* GELU of bf16/f16 through gelu_tables' lookups (table: 65537 entries, the
+ * last a pad for the 32-bit gather); 1 when done, as above */
+int cpu_lowp_gelu(mp_kctx *cx, mp_dtype dt, uint16_t *out, const uint16_t *a, int64_t n, const uint16_t *table);
+int cpu_lowp_gelu_grad(mp_kctx *cx, mp_dtype dt, uint16_t *gin, const uint16_t *gout, const uint16_t *x, int64_t n,
+                       const float *slope);
 /* batch norm's y = x a + b and gx = a g + b + k (x - m) from f32 pieces,
  * rounded into dt in registers (cpu_batch_norm.c); 1 when done, as above */
 int cpu_lowp_affine_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *x, int64_t n, float a,

@@ -265,7 +265,7 @@ static int gelu_tables(mp_kctx *cx, mp_dtype dt, double form, const uint16_t **o
 {
     int d = dt == MP_BF16, f = form != 0;
     if (!cx->gelu_out[d][f]) {
-        uint16_t *o = malloc(sizeof(uint16_t) * 65536);
+        uint16_t *o = calloc(65536 + 1, sizeof(uint16_t));   /* + a pad read by cpu_lowp_gelu's gather */
         float *sl = malloc(sizeof(float) * 65536);
         if (!o || !sl) { free(o); free(sl); return -1; }
         for (int64_t i0 = 0; i0 < 65536; i0 += MP_BLOCK) {
@@ -295,6 +295,7 @@ void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, i
         gelu_tables(cx, dt, p, &table, &slope) == 0) {
         const uint16_t *in = a;
         uint16_t *o = out;
+        if (cpu_lowp_gelu(cx, dt, o, in, n, table)) return;   /* the lookups as AVX-512 gathers */
         #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
         for (int64_t i = 0; i < n; i++) o[i] = table[in[i]];
         return;
@@ -328,6 +329,7 @@ void cpu_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void 
     const float *slope;
     if (op == MP_GELU && (dt == MP_F16 || dt == MP_BF16) && cx && x && gelu_tables(cx, dt, p, &table, &slope) == 0) {
         const uint16_t *xb = x;   /* gx = g * slope(x), the product grad_f32 forms */
+        if (cpu_lowp_gelu_grad(cx, dt, gin, gout, xb, n, slope)) return;   /* in AVX-512 registers */
         #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
         for (int64_t i = 0; i < n; i += MP_BLOCK) {
             int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;

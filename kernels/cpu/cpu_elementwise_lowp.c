@@ -19,6 +19,10 @@
  * values (±0, subnormals, inf, NaN, rounding ties, every bf16) and lengths
  * with tails.
  *
+ * GELU's table lookups (cpu_elementwise.c's gelu_tables) are done here with
+ * AVX-512 gathers: the forward's stored outputs, the gradient's product with
+ * the stored slope in registers (no f32 block of g in memory between).
+ *
  * Batch norm's normalised output and gradient (computed from f32 pieces,
  * cpu_batch_norm.c) are rounded here the same way, in the registers that
  * computed them, rather than through an f32 block and cpu_store.
@@ -231,6 +235,73 @@ int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const v
     return 1;
 }
 
+/* ---- GELU through its tables --------------------------------------------- */
+
+/* cpu_elementwise.c's gelu_tables hold every 16-bit input's rounded GELU and
+ * its f32 slope; these are its two lookups with the gathers in registers. The
+ * forward's table has one padding entry past 65535 (a 32-bit gather at the
+ * last index reads it) and returns the same stored values; the gradient is
+ * the same single product g * slope(x), rounded once as cpu_store rounds. */
+LOWP_INLINE void gelu_fwd_run(uint16_t *o, const uint16_t *a, int64_t n, const uint16_t *table)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512i idx = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(a + j)));
+        __m512i v = _mm512_i32gather_epi32(idx, (const void *)table, 2);
+        _mm256_storeu_si256((__m256i *)(o + j), _mm512_cvtepi32_epi16(v));
+    }
+    for (; j < n; j++) o[j] = table[a[j]];
+}
+
+LOWP_INLINE void gelu_grad_run(int f16, uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n,
+                               const float *slope)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512i idx = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + j)));
+        store16(f16, o + j, _mm512_mul_ps(load16(f16, g + j), _mm512_i32gather_ps(idx, slope, 4)));
+    }
+    if (j < n) {
+        uint16_t t[16] = {0};   /* index 0 for the lanes past the tail: read, not stored */
+        memcpy(t, x + j, sizeof(uint16_t) * (size_t)(n - j));
+        __m512i idx = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)t));
+        store_tail(f16, o + j, _mm512_mul_ps(load_tail(f16, g + j, n - j), _mm512_i32gather_ps(idx, slope, 4)),
+                   n - j);
+    }
+}
+
+LOWP_FN static void gelu_fwd(uint16_t *o, const uint16_t *a, int64_t n, const uint16_t *table)
+{
+    gelu_fwd_run(o, a, n, table);
+}
+LOWP_FN static void gelu_grad_bf16(uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n, const float *slope)
+{
+    gelu_grad_run(0, o, g, x, n, slope);
+}
+LOWP_FN static void gelu_grad_f16(uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n, const float *slope)
+{
+    gelu_grad_run(1, o, g, x, n, slope);
+}
+
+int cpu_lowp_gelu(mp_kctx *cx, mp_dtype dt, uint16_t *out, const uint16_t *a, int64_t n, const uint16_t *table)
+{
+    if (!usable(cx, dt)) return 0;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += CHUNK) gelu_fwd(out + i, a + i, n - i < CHUNK ? n - i : CHUNK, table);
+    return 1;
+}
+
+int cpu_lowp_gelu_grad(mp_kctx *cx, mp_dtype dt, uint16_t *gin, const uint16_t *gout, const uint16_t *x, int64_t n,
+                       const float *slope)
+{
+    if (!usable(cx, dt)) return 0;
+    void (*run)(uint16_t *, const uint16_t *, const uint16_t *, int64_t, const float *) =
+        dt == MP_F16 ? gelu_grad_f16 : gelu_grad_bf16;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += CHUNK) run(gin + i, gout + i, x + i, n - i < CHUNK ? n - i : CHUNK, slope);
+    return 1;
+}
+
 /* ---- binary ------------------------------------------------------------- */
 
 LOWP_FN static inline __m512 bin16(mp_binop op, __m512 x, __m512 y)
@@ -382,6 +453,17 @@ int cpu_lowp_bn_grad_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, con
 
 
 int cpu_unary_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)
+{
+    return 0;
+}
+
+int cpu_lowp_gelu(mp_kctx *cx, mp_dtype dt, uint16_t *out, const uint16_t *a, int64_t n, const uint16_t *table)
+{
+    return 0;
+}
+
+int cpu_lowp_gelu_grad(mp_kctx *cx, mp_dtype dt, uint16_t *gin, const uint16_t *gout, const uint16_t *x, int64_t n,
+                       const float *slope)
 {
     return 0;
 }

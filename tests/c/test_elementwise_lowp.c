@@ -11,6 +11,9 @@
  *   ties, every f16 value likewise, lengths with a tail of each size, and a
  *   length that splits over threads; and the fused path is the one taken
  *   where the processor has AVX-512BW, and declined while flushes are counted.
+ * - GELU's table lookups (both forms) as AVX-512 gathers, forward and
+ *   gradient, against the scalar lookups: every bf16/f16 pattern as x, random
+ *   gradients, every tail length, and a length split over 2 threads.
  * - cpu_batch_norm.c's channels widened once into scratch, y and the gradient
  *   rounded in registers, against the same kernel widening block by block and
  *   rounding through cpu_store (both switched off): y, the
@@ -172,6 +175,65 @@ Test(elementwise_lowp, threads)
     compare_all(MP_BF16, a, b, n);
     omp_set_num_threads(nt);
     free(a), free(b);
+}
+
+/* GELU (p 0: erf, 1: tanh form) forward and gradient, the gathers on and off */
+static void compare_gelu(mp_dtype dt, const uint16_t *x, const uint16_t *g, int64_t n)
+{
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    uint16_t *f = bits_buf(n), *h = bits_buf(n);
+    for (int form = 0; form < 2; form++) {
+        for (int pass = 0; pass < 2; pass++) {
+            int was = cpu_lowp_fused_enable(pass == 0);
+            cpu_unary(cx, MP_GELU, dt, pass ? h : f, x, n, form);
+            cpu_lowp_fused_enable(was);
+        }
+        same_bits(f, h, n, "gelu", dt, form, x, NULL);
+        for (int pass = 0; pass < 2; pass++) {
+            int was = cpu_lowp_fused_enable(pass == 0);
+            cpu_unary_grad(cx, MP_GELU, dt, pass ? h : f, g, x, NULL, n, form);
+            cpu_lowp_fused_enable(was);
+        }
+        same_bits(f, h, n, "gelu_grad", dt, form, x, g);
+    }
+    free(f), free(h);
+}
+
+Test(elementwise_lowp, gelu_tables_gathered)
+{
+    unsigned seed = 17;
+    mp_dtype dts[] = { MP_BF16, MP_F16 };
+    for (int d = 0; d < 2; d++) {
+        int64_t n = 65536 + 13;
+        uint16_t *x = patterns(n, 1, 0, &seed), *g = patterns(n, 0, 0, &seed);
+        compare_gelu(dts[d], x, g, n);
+        for (int64_t i = 0; i < n; i++) g[i] = x[n - 1 - i];   /* every pattern as the gradient too */
+        compare_gelu(dts[d], x, g, n);
+        free(x), free(g);
+        for (int64_t m = 1; m <= 40; m++) {
+            x = patterns(m, 0, 0, &seed), g = patterns(m, 0, 0, &seed);
+            compare_gelu(dts[d], x, g, m);
+            free(x), free(g);
+        }
+    }
+    int64_t n = MP_PAR_MIN + 4099;
+    uint16_t *x = patterns(n, 1, 0xff00, &seed), *g = patterns(n, 0, 0, &seed);
+    int nt = omp_get_max_threads();
+    omp_set_num_threads(2);
+    compare_gelu(MP_BF16, x, g, n);
+    compare_gelu(MP_F16, x, g, n);
+    omp_set_num_threads(nt);
+    free(x), free(g);
+    uint16_t o[64], a[64] = {0};
+    const uint16_t table[65537] = {0};
+    const float slope[65536] = {0};
+    int has = mp_cpu_has_avx512bw();
+    cr_assert_eq(cpu_lowp_gelu(mp_cpu_backend.ctx, MP_BF16, o, a, 64, table), has);
+    cr_assert_eq(cpu_lowp_gelu_grad(mp_cpu_backend.ctx, MP_BF16, o, a, a, 64, slope), has);
+    cr_assert_eq(cpu_lowp_gelu(mp_cpu_backend.ctx, MP_F32, o, a, 32, table), 0);
+    int was = cpu_lowp_fused_enable(0);
+    cr_assert_eq(cpu_lowp_gelu_grad(mp_cpu_backend.ctx, MP_BF16, o, a, a, 64, slope), 0);
+    cpu_lowp_fused_enable(was);
 }
 
 Test(elementwise_lowp, taken_and_declined)
