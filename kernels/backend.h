@@ -598,6 +598,16 @@ typedef struct mp_kctx mp_kctx;
     X(void, narrow_put, (mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,                 \
       int64_t start, int64_t len, int64_t inner),                                                                       \
       (cx, dt, out, in, outer, n, start, len, inner))                                                                 \
+    /* narrow's gradient into an {outer, n, inner} out from its {outer, len,                                             \
+     * inner} source at `start`: add 0: zeros outside the slice and the source                                          \
+     * inside (the padded gradient, without zeroing the slice first); add 1, in                                         \
+     * place: out + 0 outside and out + in inside, the additions binary's add                                           \
+     * of out and that padded gradient makes, element by element (so -0 + 0 is                                          \
+     * +0 there too), without the padded tensor (engine/backward.c). NULL: the                                          \
+     * engine fills zeros, puts and adds. */                                                                            \
+    X(void, narrow_pad, (mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,                 \
+      int64_t start, int64_t len, int64_t inner, int add),                                                              \
+      (cx, dt, out, in, outer, n, start, len, inner, add))                                                              \
     /* gather and scatter along one dim (mp_along_args): out (contiguous, the                                           \
      * index's shape) = x at the indexed places; and x at the indexed places =                                          \
      * src (contiguous, the index's shape), or += src when add, in index order                                          \

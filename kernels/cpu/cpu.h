@@ -170,6 +170,7 @@ int cpu_lowp_fused_enable(int on);   /* 0: every fused path declines (tests); re
 mp_be_clamp_fn cpu_clamp;
 mp_be_where_fn cpu_where;
 mp_be_narrow_put_fn cpu_narrow_put;
+mp_be_narrow_pad_fn cpu_narrow_pad;
 mp_be_put_along_fn cpu_put_along;
 mp_be_scan_fn cpu_scan;
 mp_be_softmax_fn cpu_softmax;

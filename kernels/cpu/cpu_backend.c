@@ -174,6 +174,7 @@ const mp_backend mp_cpu_backend = {
     .permute = cpu_permute,
     .narrow = cpu_narrow,
     .narrow_put = cpu_narrow_put,
+    .narrow_pad = cpu_narrow_pad,
     .gather = cpu_gather,
     .scatter_add = cpu_scatter_add,
     .gather_along = cpu_gather_along,
