@@ -155,6 +155,11 @@ int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const v
                         int64_t n, double p);
 int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
                     const mp_bcast *bc0);
+/* out = a + b (b: a run, ib 1, or one value, ib 0) on the calling thread, the
+ * bits of cpu_binary's add (cpu_elementwise.c); the fused bf16/f16 form of it
+ * (1 when done, as above) */
+void cpu_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n);
+int cpu_lowp_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n);
 /* GELU of bf16/f16 through gelu_tables' lookups (table: 65537 entries, the
  * last a pad for the 32-bit gather); 1 when done, as above */
 int cpu_lowp_gelu(mp_kctx *cx, mp_dtype dt, uint16_t *out, const uint16_t *a, int64_t n, const uint16_t *table);

@@ -116,6 +116,30 @@ void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a,
     }
 }
 
+/* out[i] = a[i] + b[i * ib] (ib 1, or 0 for one value) for n values on the
+ * calling thread: cpu_binary's add, the same bits (the fused bf16/f16 loop,
+ * bin_f32's add, or blocks widened and rounded by cpu_load/cpu_store), for a
+ * kernel that splits its own work into short runs (cpu_narrow_pad: a parallel
+ * region per run of a row cost more than the adds) */
+void cpu_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n)
+{
+    if (n <= 0 || cpu_lowp_add_serial(cx, dt, out, a, b, ib, n)) return;
+    if (dt == MP_F32) { bin_f32(MP_ADD, out, a, 1, b, ib, n); return; }
+    if (dt != MP_F16 && dt != MP_BF16) {
+        mp_bcast bc = {.ndim = 1, .shape = {n}, .sa = {1}, .sb = {ib}};
+        cpu_binary(cx, MP_ADD, dt, out, a, b, &bc);
+        return;
+    }
+    for (int64_t i = 0; i < n; i += MP_BLOCK) {
+        int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
+        float x[MP_BLOCK], y[MP_BLOCK], z[MP_BLOCK];
+        cpu_load(dt, a, i, x, len);
+        gather(dt, b, i * ib, ib, y, len);
+        bin_f32(MP_ADD, z, x, 1, y, 1, len);
+        cpu_store(cx, dt, out, i, z, len);
+    }
+}
+
 /* acc += x widened from dt: a cast's gradient into an f32 leaf's .grad in one
  * pass (kernels/backend.h add_widened). Each block is widened into L1 and
  * added with bin_f32's add, so every sum is the one cpu_binary's f32 add of

@@ -364,6 +364,14 @@ int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
     return 1;
 }
 
+/* cpu_binary_lowp's add on one run, on the calling thread (cpu_add_serial) */
+int cpu_lowp_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n)
+{
+    if (!usable(cx, dt)) return 0;
+    (dt == MP_F16 ? add_f16 : add_bf16)(out, a, 1, b, ib, n);
+    return 1;
+}
+
 /* ---- batch norm's outputs ----------------------------------------------- */
 
 /* cpu_batch_norm.c's affine() and grad_piece() with the rounding into dt in
@@ -476,6 +484,11 @@ int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const v
 
 int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
                     const mp_bcast *bc0)
+{
+    return 0;
+}
+
+int cpu_lowp_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n)
 {
     return 0;
 }

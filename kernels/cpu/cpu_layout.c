@@ -123,11 +123,10 @@ void cpu_narrow_put(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t
         memcpy((char *)out + (size_t)((o * n + start) * inner) * es, (const char *)in + (size_t)o * row, row);
 }
 
-/* narrow's gradient (backend.h narrow_pad). The adds go through cpu_binary
- * on each row's three runs (before, inside, after the slice), so each element
- * gets the add (and rounding, and flush count) the whole padded tensor's add
- * gave it, with out as the first operand as there; inside a parallel region
- * cpu_binary's own split stays on one thread. */
+/* narrow's gradient (backend.h narrow_pad). The adds are cpu_binary's add
+ * (cpu_add_serial) on each row's three runs (before, inside, after the
+ * slice), so each element gets the add (and rounding, and flush count) the
+ * whole padded tensor's add gave it, with out as the first operand as there. */
 void cpu_narrow_pad(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
                     int64_t len, int64_t inner, int add)
 {
@@ -135,26 +134,20 @@ void cpu_narrow_pad(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t
     int64_t row = n * inner, lo = start * inner, w = len * inner, hi = row - lo - w;
     char *o = out;
     const char *src = in;
-    if (!add) {
-        #pragma omp parallel for if (outer * row >= MP_PAR_MIN) schedule(static)
-        for (int64_t r = 0; r < outer; r++) {
-            char *d = o + (size_t)(r * row) * es;
-            memset(d, 0, (size_t)lo * es);
-            memcpy(d + (size_t)lo * es, src + (size_t)(r * w) * es, (size_t)w * es);
-            memset(d + (size_t)(lo + w) * es, 0, (size_t)hi * es);
-        }
-        return;
-    }
     static const uint64_t zero = 0;   /* all-zero bits: +0 (0 for the integers) in every dtype */
     #pragma omp parallel for if (outer * row >= MP_PAR_MIN) schedule(static)
     for (int64_t r = 0; r < outer; r++) {
-        char *d = o + (size_t)(r * row) * es;
-        mp_bcast z0 = {.ndim = 1, .shape = {lo}, .sa = {1}, .sb = {0}};
-        mp_bcast s = {.ndim = 1, .shape = {w}, .sa = {1}, .sb = {1}};
-        mp_bcast z1 = {.ndim = 1, .shape = {hi}, .sa = {1}, .sb = {0}};
-        if (lo) cpu_binary(cx, MP_ADD, dt, d, d, &zero, &z0);
-        cpu_binary(cx, MP_ADD, dt, d + (size_t)lo * es, d + (size_t)lo * es, src + (size_t)(r * w) * es, &s);
-        if (hi) cpu_binary(cx, MP_ADD, dt, d + (size_t)(lo + w) * es, d + (size_t)(lo + w) * es, &zero, &z1);
+        char *d = o + (size_t)(r * row) * es, *ds = d + (size_t)lo * es, *dh = ds + (size_t)w * es;
+        const char *s = src + (size_t)(r * w) * es;
+        if (!add) {
+            memset(d, 0, (size_t)lo * es);
+            memcpy(ds, s, (size_t)w * es);
+            memset(dh, 0, (size_t)hi * es);
+        } else {
+            cpu_add_serial(cx, dt, d, d, &zero, 0, lo);
+            cpu_add_serial(cx, dt, ds, ds, s, 1, w);
+            cpu_add_serial(cx, dt, dh, dh, &zero, 0, hi);
+        }
     }
 }
 
