@@ -176,6 +176,7 @@ mp_be_clamp_fn cpu_clamp;
 mp_be_where_fn cpu_where;
 mp_be_narrow_put_fn cpu_narrow_put;
 mp_be_narrow_pad_fn cpu_narrow_pad;
+mp_be_binary_mixed_fn cpu_binary_mixed;   /* cpu_elementwise_lowp.c */
 mp_be_put_along_fn cpu_put_along;
 mp_be_scan_fn cpu_scan;
 mp_be_softmax_fn cpu_softmax;

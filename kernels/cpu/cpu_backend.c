@@ -175,6 +175,7 @@ const mp_backend mp_cpu_backend = {
     .narrow = cpu_narrow,
     .narrow_put = cpu_narrow_put,
     .narrow_pad = cpu_narrow_pad,
+    .binary_mixed = cpu_binary_mixed,
     .gather = cpu_gather,
     .scatter_add = cpu_scatter_add,
     .gather_along = cpu_gather_along,

@@ -23,6 +23,11 @@
  * AVX-512 gathers: the forward's stored outputs, the gradient's product with
  * the stored slope in registers (no f32 block of g in memory between).
  *
+ * An f32 tensor added to, subtracted from or multiplied by an f16/bf16 one
+ * (the residual stream and a bf16 branch under autocast) widens the low
+ * operand here in registers (cpu_binary_mixed) instead of a cast pass into
+ * an f32 tensor first: the same exact widening and the same f32 op.
+ *
  * Batch norm's normalised output and gradient (computed from f32 pieces,
  * cpu_batch_norm.c) are rounded here the same way, in the registers that
  * computed them, rather than through an f32 block and cpu_store.
@@ -364,6 +369,61 @@ int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
     return 1;
 }
 
+/* ---- f32 with f16/bf16 ------------------------------------------------------ */
+
+/* a op b, one of them f32 and the other widened here (lowa: a is the low
+ * one), written as f32: the op bin16 makes on the cast's values */
+LOWP_INLINE void mixed_run(int f16, mp_binop op, int lowa, float *o, const void *a, const void *b, int64_t n)
+{
+    const uint16_t *lo = lowa ? a : b;
+    const float *hi = lowa ? b : a;
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 l = load16(f16, lo + j), h = _mm512_loadu_ps(hi + j);
+        _mm512_storeu_ps(o + j, lowa ? bin16(op, l, h) : bin16(op, h, l));
+    }
+    if (j < n) {
+        float t[16] = {0};
+        memcpy(t, hi + j, sizeof(float) * (size_t)(n - j));
+        __m512 l = load_tail(f16, lo + j, n - j), h = _mm512_loadu_ps(t);
+        _mm512_storeu_ps(t, lowa ? bin16(op, l, h) : bin16(op, h, l));
+        memcpy(o + j, t, sizeof(float) * (size_t)(n - j));
+    }
+}
+
+#define MIXED_PARAMS (float *o, const void *a, const void *b, int64_t n)
+#define MIXED(NAME, F16, OP, LOWA) \
+    LOWP_FN static void NAME MIXED_PARAMS { mixed_run(F16, OP, LOWA, o, a, b, n); }
+MIXED(madd_bf16_b, 0, MP_ADD, 0) MIXED(madd_bf16_a, 0, MP_ADD, 1)
+MIXED(madd_f16_b, 1, MP_ADD, 0) MIXED(madd_f16_a, 1, MP_ADD, 1)
+MIXED(msub_bf16_b, 0, MP_SUB, 0) MIXED(msub_bf16_a, 0, MP_SUB, 1)
+MIXED(msub_f16_b, 1, MP_SUB, 0) MIXED(msub_f16_a, 1, MP_SUB, 1)
+MIXED(mmul_bf16_b, 0, MP_MUL, 0) MIXED(mmul_bf16_a, 0, MP_MUL, 1)
+MIXED(mmul_f16_b, 1, MP_MUL, 0) MIXED(mmul_f16_a, 1, MP_MUL, 1)
+
+typedef void (*mixed_fn) MIXED_PARAMS;
+
+int cpu_binary_mixed(mp_kctx *cx, mp_binop op, float *out, const void *a, mp_dtype da, const void *b, mp_dtype db,
+                     int64_t n)
+{
+    int lowa = da != MP_F32;
+    mp_dtype low = lowa ? da : db;
+    if ((lowa ? db : da) != MP_F32 || (low != MP_BF16 && low != MP_F16) || !usable(NULL, low)) return 1;
+    static const mixed_fn pick[3][2][2] = {   /* [op][f16][lowa] */
+        { { madd_bf16_b, madd_bf16_a }, { madd_f16_b, madd_f16_a } },
+        { { msub_bf16_b, msub_bf16_a }, { msub_f16_b, msub_f16_a } },
+        { { mmul_bf16_b, mmul_bf16_a }, { mmul_f16_b, mmul_f16_a } },
+    };
+    int k = op == MP_ADD ? 0 : op == MP_SUB ? 1 : op == MP_MUL ? 2 : -1;
+    if (k < 0) return 1;
+    mixed_fn run = pick[k][low == MP_F16][lowa];
+    size_t ea = lowa ? 2 : 4, eb = lowa ? 4 : 2;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += CHUNK)
+        run(out + i, (const char *)a + (size_t)i * ea, (const char *)b + (size_t)i * eb, n - i < CHUNK ? n - i : CHUNK);
+    return 0;
+}
+
 /* cpu_binary_lowp's add on one run, on the calling thread (cpu_add_serial) */
 int cpu_lowp_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n)
 {
@@ -491,6 +551,12 @@ int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
 int cpu_lowp_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n)
 {
     return 0;
+}
+
+int cpu_binary_mixed(mp_kctx *cx, mp_binop op, float *out, const void *a, mp_dtype da, const void *b, mp_dtype db,
+                     int64_t n)
+{
+    return 1;
 }
 
 #endif
