@@ -300,13 +300,32 @@ static int cast_into_leaf(const walk_ctx *w, mp_node *x)
     return mp_cast_backward_into(x, leaf);
 }
 
+/* x a narrow (chunk, split) whose input is a node that already holds a sum
+ * of gradients the walk made (no other reference to it or its storage): x's
+ * gradient added into that sum in place (mp_narrow_backward_into) instead of
+ * padded to the input's shape and added out of place, when nothing else is
+ * to see the padded gradient: a plain walk, no anomaly check, no listener
+ * reading gradients. The sum is the node's own until its turn (hooks and
+ * retain_grad see it there, as before). 1: take the usual way; 0 done */
+static int narrow_into_node(const walk_ctx *w, mp_node *x)
+{
+    mp_node *t = x->nin == 1 ? x->in[0].node : NULL;
+    mp_tensor *acc = t ? t->grad : NULL;
+    if (!acc || acc->refs != 1 || acc->st->refs != 1 || acc->offset != 0 || w->ins || w->create ||
+        mp_state_get()->anomaly.on)
+        return 1;
+    for (mp_backward_listener *l = listeners; l; l = l->next)
+        if (l->gradients) return 1;
+    return mp_narrow_backward_into(x, acc);
+}
+
 static int run_node(const walk_ctx *w, mp_node *x)
 {
     if (x->released)
         return mp_fail(MP_EINVAL, "backward through %s a second time: its saved tensors were freed "
                                   "by the first backward (pass retain_graph = true to the first)", x->name);
     if (mp_node_check_saved(x)) return -1;   /* written in place since the forward kept it */
-    if (cast_into_leaf(w, x) == 0) {
+    if (cast_into_leaf(w, x) == 0 || narrow_into_node(w, x) == 0) {
         mp_release(x->grad);
         x->grad = NULL;
         if (!w->retain) mp_node_release_saved(x);

@@ -50,6 +50,9 @@ mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt);
  * ops_create.c; engine/backward.c calls it): 0 done, 1 not such a node */
 struct mp_node;
 int mp_cast_backward_into(struct mp_node *n, mp_tensor *leaf);
+/* a narrow's gradient added in place into acc, its input's sum so far
+ * (engine/ops_shape.c); 1 declined, 0 done */
+int mp_narrow_backward_into(struct mp_node *n, mp_tensor *acc);
 mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev); /* the same, never recorded by autograd */
 mp_tensor *mp_clone(mp_tensor *t);
 /* copy src's values (cast to dst's dtype, from any device) into dst, in place */

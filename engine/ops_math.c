@@ -144,6 +144,28 @@ static int binary_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return rc;
 }
 
+/* f32 op f16/bf16 of one shape (add, sub, mul): the low operand widened
+ * inside the backend's kernel (binary_mixed) rather than cast into an f32
+ * tensor first; the same bits (the widening is exact, the op binary's f32
+ * op). 0: done, *out set; 1: not such a pair, or the backend declined; -1:
+ * out of memory */
+static int binary_mixed(mp_binop op, mp_tensor *a, mp_tensor *b, mp_dtype dt, mp_tensor **out)
+{
+    if ((op != MP_ADD && op != MP_SUB && op != MP_MUL) || dt != MP_F32 || a->dtype == b->dtype ||
+        !mp_same_shape(a, b) || !mp_be(a)->binary_mixed)
+        return 1;
+    mp_dtype low = a->dtype == MP_F32 ? b->dtype : a->dtype;
+    if (low != MP_BF16 && low != MP_F16) return 1;
+    mp_tensor *o = mp_empty(MP_F32, a->dev, a->ndim, a->shape);
+    if (!o) return -1;
+    if (MP_K(o, binary_mixed, op, mp_data(o), mp_data(a), a->dtype, mp_data(b), b->dtype, a->numel) != 0) {
+        mp_release(o);
+        return 1;
+    }
+    *out = o;
+    return 0;
+}
+
 static mp_tensor *binary_fwd(mp_op_ctx *c)
 {
     mp_binop op = (mp_binop)c->op->kernel;
@@ -152,9 +174,14 @@ static mp_tensor *binary_fwd(mp_op_ctx *c)
     if (same_device(a, b) || mp_broadcast(a, b, &bc)) return NULL;
     mp_dtype dt = mp_promote(a->dtype, b->dtype);
     if (op == MP_DIV && !mp_is_float(dt)) dt = MP_F32;
-    mp_tensor *x = as_dtype(a, dt), *y = x ? as_dtype(b, dt) : NULL, *o = NULL;
-    if (y) o = mp_empty(MP_IS_CMP(op) ? MP_U8 : dt, a->dev, bc.ndim, bc.shape);
-    if (o) MP_K(o, binary, op, dt, mp_data(o), mp_data(x), mp_data(y), &bc);
+    mp_tensor *x = NULL, *y = NULL, *o = NULL;
+    int mixed = binary_mixed(op, a, b, dt, &o);
+    if (mixed < 0) return NULL;
+    if (mixed == 1) {
+        x = as_dtype(a, dt), y = x ? as_dtype(b, dt) : NULL;
+        if (y) o = mp_empty(MP_IS_CMP(op) ? MP_U8 : dt, a->dev, bc.ndim, bc.shape);
+        if (o) MP_K(o, binary, op, dt, mp_data(o), mp_data(x), mp_data(y), &bc);
+    }
     /* the inputs, not their casts: a cast kept here would be a tensor without
      * a graph, and create_graph would lose the gradient through it; the same
      * tensors when no cast was needed, and less memory when one was */

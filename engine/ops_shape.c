@@ -3,6 +3,7 @@
  * reshape is always a view; narrow along dim 1 is a view at an offset; transpose
  * and narrow along other dims make contiguous copies.
  */
+#include <string.h>
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/op.h"
@@ -38,9 +39,15 @@ static int transpose_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return gin[0] ? 0 : -1;
 }
 
-/* the slice's gradient g written into zeros of the input's shape (e's) */
+/* the slice's gradient g written into zeros of the input's shape (e's): in
+ * one pass where the backend has narrow_pad (zeros only outside the slice) */
 static mp_tensor *narrow_pad(mp_tensor *g, const mp_edge *e, const narrow_args *a)
 {
+    if (mp_be(g)->narrow_pad) {
+        mp_tensor *r = mp_empty(g->dtype, g->dev, e->ndim, e->shape);
+        if (r) MP_K(r, narrow_pad, g->dtype, mp_data(r), mp_data(g), a->outer, a->n, a->start0, a->len, a->inner, 0);
+        return r;
+    }
     mp_tensor *r = mp_full(g->dtype, g->dev, e->ndim, e->shape, 0);
     if (r) MP_K(r, narrow_put, g->dtype, mp_data(r), mp_data(g), a->outer, a->n, a->start0, a->len, a->inner);
     return r;
@@ -72,6 +79,32 @@ static int narrow_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
         gin[0] = narrow_pad(g, &n->in[0], &a);
     }
     return gin[0] ? 0 : -1;
+}
+
+static const mp_op narrow_op;
+
+/* n a narrow: its gradient added into acc, the sum its input's node holds so
+ * far (of the input's shape and dtype), in place: acc + 0 outside the slice
+ * and acc + g inside, the additions accumulate() makes of acc and the padded
+ * gradient, element by element, so the same bits (the sign of a zero
+ * included: -0 + 0 is +0 either way), without the padded tensor (a fill, a
+ * put, and an add reading two tensors into a third: chunk(3)'s backward did
+ * that twice over {B,T,3C}). engine/backward.c decides when acc is the walk's
+ * own and nothing else is to see the padded gradient. 1: declined (another
+ * op, dtype or shape, no backend entry); 0 done. */
+int mp_narrow_backward_into(mp_node *n, mp_tensor *acc)
+{
+    mp_tensor *g = n->grad;
+    if (n->op != &narrow_op || n->nin != 1 || !g || !acc || !mp_be(acc)->narrow_pad) return 1;
+    const mp_edge *e = &n->in[0];
+    if (g->dtype != e->dtype || acc->dtype != e->dtype || g->dev != e->dev || acc->dev != e->dev ||
+        acc->ndim != e->ndim || memcmp(acc->shape, e->shape, sizeof(int64_t) * (size_t)e->ndim))
+        return 1;
+    const narrow_args *a = MP_NODE_ARGS(n, narrow_args);
+    if (g->numel != a->outer * a->len * a->inner) return 1;
+    MP_K(acc, narrow_pad, acc->dtype, mp_data(acc), mp_data(g), a->outer, a->n, a->start0, a->len, a->inner, 1);
+    acc->st->version++;   /* an in-place write */
+    return 0;
 }
 
 /* the new shape is not kept (the backward reshapes to the input's) */

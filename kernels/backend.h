@@ -598,6 +598,24 @@ typedef struct mp_kctx mp_kctx;
     X(void, narrow_put, (mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,                 \
       int64_t start, int64_t len, int64_t inner),                                                                       \
       (cx, dt, out, in, outer, n, start, len, inner))                                                                 \
+    /* out{n} (f32) = a op b for add/sub/mul of two contiguous runs of n, one of                                       \
+     * them f32 and the other f16/bf16 (da, db): the low operand widened in                                             \
+     * registers, not into a tensor first. Widening is exact and the op is                                              \
+     * binary's f32 op, so the bits of a cast then binary (engine/ops_math.c).                                          \
+     * Returns 0, 1 when declined (the engine then casts); NULL: none. */                                               \
+    X(int, binary_mixed, (mp_kctx *cx, mp_binop op, float *out, const void *a, mp_dtype da, const void *b,              \
+      mp_dtype db, int64_t n),                                                                                          \
+      (cx, op, out, a, da, b, db, n))                                                                                   \
+    /* narrow's gradient into an {outer, n, inner} out from its {outer, len,                                             \
+     * inner} source at `start`: add 0: zeros outside the slice and the source                                          \
+     * inside (the padded gradient, without zeroing the slice first); add 1, in                                         \
+     * place: out + 0 outside and out + in inside, the additions binary's add                                           \
+     * of out and that padded gradient makes, element by element (so -0 + 0 is                                          \
+     * +0 there too), without the padded tensor (engine/backward.c). NULL: the                                          \
+     * engine fills zeros, puts and adds. */                                                                            \
+    X(void, narrow_pad, (mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n,                 \
+      int64_t start, int64_t len, int64_t inner, int add),                                                              \
+      (cx, dt, out, in, outer, n, start, len, inner, add))                                                              \
     /* gather and scatter along one dim (mp_along_args): out (contiguous, the                                           \
      * index's shape) = x at the indexed places; and x at the indexed places =                                          \
      * src (contiguous, the index's shape), or += src when add, in index order                                          \

@@ -157,6 +157,16 @@ int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const v
                         int64_t n, double p);
 int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
                     const mp_bcast *bc0);
+/* out = a + b (b: a run, ib 1, or one value, ib 0) on the calling thread, the
+ * bits of cpu_binary's add (cpu_elementwise.c); the fused bf16/f16 form of it
+ * (1 when done, as above) */
+void cpu_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n);
+int cpu_lowp_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n);
+/* GELU of bf16/f16 through gelu_tables' lookups (table: 65537 entries, the
+ * last a pad for the 32-bit gather); 1 when done, as above */
+int cpu_lowp_gelu(mp_kctx *cx, mp_dtype dt, uint16_t *out, const uint16_t *a, int64_t n, const uint16_t *table);
+int cpu_lowp_gelu_grad(mp_kctx *cx, mp_dtype dt, uint16_t *gin, const uint16_t *gout, const uint16_t *x, int64_t n,
+                       const float *slope);
 /* batch norm's y = x a + b and gx = a g + b + k (x - m) from f32 pieces,
  * rounded into dt in registers (cpu_batch_norm.c); 1 when done, as above */
 int cpu_lowp_affine_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *x, int64_t n, float a,
@@ -167,6 +177,8 @@ int cpu_lowp_fused_enable(int on);   /* 0: every fused path declines (tests); re
 mp_be_clamp_fn cpu_clamp;
 mp_be_where_fn cpu_where;
 mp_be_narrow_put_fn cpu_narrow_put;
+mp_be_narrow_pad_fn cpu_narrow_pad;
+mp_be_binary_mixed_fn cpu_binary_mixed;   /* cpu_elementwise_lowp.c */
 mp_be_put_along_fn cpu_put_along;
 mp_be_scan_fn cpu_scan;
 mp_be_softmax_fn cpu_softmax;

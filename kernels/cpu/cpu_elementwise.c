@@ -116,6 +116,30 @@ void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a,
     }
 }
 
+/* out[i] = a[i] + b[i * ib] (ib 1, or 0 for one value) for n values on the
+ * calling thread: cpu_binary's add, the same bits (the fused bf16/f16 loop,
+ * bin_f32's add, or blocks widened and rounded by cpu_load/cpu_store), for a
+ * kernel that splits its own work into short runs (cpu_narrow_pad: a parallel
+ * region per run of a row cost more than the adds) */
+void cpu_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n)
+{
+    if (n <= 0 || cpu_lowp_add_serial(cx, dt, out, a, b, ib, n)) return;
+    if (dt == MP_F32) { bin_f32(MP_ADD, out, a, 1, b, ib, n); return; }
+    if (dt != MP_F16 && dt != MP_BF16) {
+        mp_bcast bc = {.ndim = 1, .shape = {n}, .sa = {1}, .sb = {ib}};
+        cpu_binary(cx, MP_ADD, dt, out, a, b, &bc);
+        return;
+    }
+    for (int64_t i = 0; i < n; i += MP_BLOCK) {
+        int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
+        float x[MP_BLOCK], y[MP_BLOCK], z[MP_BLOCK];
+        cpu_load(dt, a, i, x, len);
+        gather(dt, b, i * ib, ib, y, len);
+        bin_f32(MP_ADD, z, x, 1, y, 1, len);
+        cpu_store(cx, dt, out, i, z, len);
+    }
+}
+
 /* acc += x widened from dt: a cast's gradient into an f32 leaf's .grad in one
  * pass (kernels/backend.h add_widened). Each block is widened into L1 and
  * added with bin_f32's add, so every sum is the one cpu_binary's f32 add of
@@ -265,7 +289,7 @@ static int gelu_tables(mp_kctx *cx, mp_dtype dt, double form, const uint16_t **o
 {
     int d = dt == MP_BF16, f = form != 0;
     if (!cx->gelu_out[d][f]) {
-        uint16_t *o = malloc(sizeof(uint16_t) * 65536);
+        uint16_t *o = calloc(65536 + 1, sizeof(uint16_t));   /* + a pad read by cpu_lowp_gelu's gather */
         float *sl = malloc(sizeof(float) * 65536);
         if (!o || !sl) { free(o); free(sl); return -1; }
         for (int64_t i0 = 0; i0 < 65536; i0 += MP_BLOCK) {
@@ -295,6 +319,7 @@ void cpu_unary(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, i
         gelu_tables(cx, dt, p, &table, &slope) == 0) {
         const uint16_t *in = a;
         uint16_t *o = out;
+        if (cpu_lowp_gelu(cx, dt, o, in, n, table)) return;   /* the lookups as AVX-512 gathers */
         #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
         for (int64_t i = 0; i < n; i++) o[i] = table[in[i]];
         return;
@@ -328,6 +353,7 @@ void cpu_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void 
     const float *slope;
     if (op == MP_GELU && (dt == MP_F16 || dt == MP_BF16) && cx && x && gelu_tables(cx, dt, p, &table, &slope) == 0) {
         const uint16_t *xb = x;   /* gx = g * slope(x), the product grad_f32 forms */
+        if (cpu_lowp_gelu_grad(cx, dt, gin, gout, xb, n, slope)) return;   /* in AVX-512 registers */
         #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
         for (int64_t i = 0; i < n; i += MP_BLOCK) {
             int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;

@@ -19,6 +19,15 @@
  * values (±0, subnormals, inf, NaN, rounding ties, every bf16) and lengths
  * with tails.
  *
+ * GELU's table lookups (cpu_elementwise.c's gelu_tables) are done here with
+ * AVX-512 gathers: the forward's stored outputs, the gradient's product with
+ * the stored slope in registers (no f32 block of g in memory between).
+ *
+ * An f32 tensor added to, subtracted from or multiplied by an f16/bf16 one
+ * (the residual stream and a bf16 branch under autocast) widens the low
+ * operand here in registers (cpu_binary_mixed) instead of a cast pass into
+ * an f32 tensor first: the same exact widening and the same f32 op.
+ *
  * Batch norm's normalised output and gradient (computed from f32 pieces,
  * cpu_batch_norm.c) are rounded here the same way, in the registers that
  * computed them, rather than through an f32 block and cpu_store.
@@ -231,6 +240,73 @@ int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const v
     return 1;
 }
 
+/* ---- GELU through its tables --------------------------------------------- */
+
+/* cpu_elementwise.c's gelu_tables hold every 16-bit input's rounded GELU and
+ * its f32 slope; these are its two lookups with the gathers in registers. The
+ * forward's table has one padding entry past 65535 (a 32-bit gather at the
+ * last index reads it) and returns the same stored values; the gradient is
+ * the same single product g * slope(x), rounded once as cpu_store rounds. */
+LOWP_INLINE void gelu_fwd_run(uint16_t *o, const uint16_t *a, int64_t n, const uint16_t *table)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512i idx = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(a + j)));
+        __m512i v = _mm512_i32gather_epi32(idx, (const void *)table, 2);
+        _mm256_storeu_si256((__m256i *)(o + j), _mm512_cvtepi32_epi16(v));
+    }
+    for (; j < n; j++) o[j] = table[a[j]];
+}
+
+LOWP_INLINE void gelu_grad_run(int f16, uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n,
+                               const float *slope)
+{
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512i idx = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + j)));
+        store16(f16, o + j, _mm512_mul_ps(load16(f16, g + j), _mm512_i32gather_ps(idx, slope, 4)));
+    }
+    if (j < n) {
+        uint16_t t[16] = {0};   /* index 0 for the lanes past the tail: read, not stored */
+        memcpy(t, x + j, sizeof(uint16_t) * (size_t)(n - j));
+        __m512i idx = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)t));
+        store_tail(f16, o + j, _mm512_mul_ps(load_tail(f16, g + j, n - j), _mm512_i32gather_ps(idx, slope, 4)),
+                   n - j);
+    }
+}
+
+LOWP_FN static void gelu_fwd(uint16_t *o, const uint16_t *a, int64_t n, const uint16_t *table)
+{
+    gelu_fwd_run(o, a, n, table);
+}
+LOWP_FN static void gelu_grad_bf16(uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n, const float *slope)
+{
+    gelu_grad_run(0, o, g, x, n, slope);
+}
+LOWP_FN static void gelu_grad_f16(uint16_t *o, const uint16_t *g, const uint16_t *x, int64_t n, const float *slope)
+{
+    gelu_grad_run(1, o, g, x, n, slope);
+}
+
+int cpu_lowp_gelu(mp_kctx *cx, mp_dtype dt, uint16_t *out, const uint16_t *a, int64_t n, const uint16_t *table)
+{
+    if (!usable(cx, dt)) return 0;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += CHUNK) gelu_fwd(out + i, a + i, n - i < CHUNK ? n - i : CHUNK, table);
+    return 1;
+}
+
+int cpu_lowp_gelu_grad(mp_kctx *cx, mp_dtype dt, uint16_t *gin, const uint16_t *gout, const uint16_t *x, int64_t n,
+                       const float *slope)
+{
+    if (!usable(cx, dt)) return 0;
+    void (*run)(uint16_t *, const uint16_t *, const uint16_t *, int64_t, const float *) =
+        dt == MP_F16 ? gelu_grad_f16 : gelu_grad_bf16;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += CHUNK) run(gin + i, gout + i, x + i, n - i < CHUNK ? n - i : CHUNK, slope);
+    return 1;
+}
+
 /* ---- binary ------------------------------------------------------------- */
 
 LOWP_FN static inline __m512 bin16(mp_binop op, __m512 x, __m512 y)
@@ -290,6 +366,69 @@ int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += CHUNK)
         run((uint16_t *)out + i, pa + i * ia, ia, pb + i * ib, ib, n - i < CHUNK ? n - i : CHUNK);
+    return 1;
+}
+
+/* ---- f32 with f16/bf16 ------------------------------------------------------ */
+
+/* a op b, one of them f32 and the other widened here (lowa: a is the low
+ * one), written as f32: the op bin16 makes on the cast's values */
+LOWP_INLINE void mixed_run(int f16, mp_binop op, int lowa, float *o, const void *a, const void *b, int64_t n)
+{
+    const uint16_t *lo = lowa ? a : b;
+    const float *hi = lowa ? b : a;
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) {
+        __m512 l = load16(f16, lo + j), h = _mm512_loadu_ps(hi + j);
+        _mm512_storeu_ps(o + j, lowa ? bin16(op, l, h) : bin16(op, h, l));
+    }
+    if (j < n) {
+        float t[16] = {0};
+        memcpy(t, hi + j, sizeof(float) * (size_t)(n - j));
+        __m512 l = load_tail(f16, lo + j, n - j), h = _mm512_loadu_ps(t);
+        _mm512_storeu_ps(t, lowa ? bin16(op, l, h) : bin16(op, h, l));
+        memcpy(o + j, t, sizeof(float) * (size_t)(n - j));
+    }
+}
+
+#define MIXED_PARAMS (float *o, const void *a, const void *b, int64_t n)
+#define MIXED(NAME, F16, OP, LOWA) \
+    LOWP_FN static void NAME MIXED_PARAMS { mixed_run(F16, OP, LOWA, o, a, b, n); }
+MIXED(madd_bf16_b, 0, MP_ADD, 0) MIXED(madd_bf16_a, 0, MP_ADD, 1)
+MIXED(madd_f16_b, 1, MP_ADD, 0) MIXED(madd_f16_a, 1, MP_ADD, 1)
+MIXED(msub_bf16_b, 0, MP_SUB, 0) MIXED(msub_bf16_a, 0, MP_SUB, 1)
+MIXED(msub_f16_b, 1, MP_SUB, 0) MIXED(msub_f16_a, 1, MP_SUB, 1)
+MIXED(mmul_bf16_b, 0, MP_MUL, 0) MIXED(mmul_bf16_a, 0, MP_MUL, 1)
+MIXED(mmul_f16_b, 1, MP_MUL, 0) MIXED(mmul_f16_a, 1, MP_MUL, 1)
+
+typedef void (*mixed_fn) MIXED_PARAMS;
+
+int cpu_binary_mixed(mp_kctx *cx, mp_binop op, float *out, const void *a, mp_dtype da, const void *b, mp_dtype db,
+                     int64_t n)
+{
+    int lowa = da != MP_F32;
+    mp_dtype low = lowa ? da : db;
+    if ((lowa ? db : da) != MP_F32 || (low != MP_BF16 && low != MP_F16) || !usable(NULL, low)) return 1;
+    static const mixed_fn pick[3][2][2] = {   /* [op][f16][lowa] */
+        { { madd_bf16_b, madd_bf16_a }, { madd_f16_b, madd_f16_a } },
+        { { msub_bf16_b, msub_bf16_a }, { msub_f16_b, msub_f16_a } },
+        { { mmul_bf16_b, mmul_bf16_a }, { mmul_f16_b, mmul_f16_a } },
+    };
+    int k = op == MP_ADD ? 0 : op == MP_SUB ? 1 : op == MP_MUL ? 2 : -1;
+    if (k < 0) return 1;
+    mixed_fn run = pick[k][low == MP_F16][lowa];
+    size_t ea = lowa ? 2 : 4, eb = lowa ? 4 : 2;
+    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    for (int64_t i = 0; i < n; i += CHUNK)
+        run(out + i, (const char *)a + (size_t)i * ea, (const char *)b + (size_t)i * eb, n - i < CHUNK ? n - i : CHUNK);
+    return 0;
+}
+
+/* cpu_binary_lowp's add on one run, on the calling thread (cpu_add_serial) */
+int cpu_lowp_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n)
+{
+    if (!usable(cx, dt)) return 0;
+    (dt == MP_F16 ? add_f16 : add_bf16)(out, a, 1, b, ib, n);
     return 1;
 }
 
@@ -386,6 +525,17 @@ int cpu_unary_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *
     return 0;
 }
 
+int cpu_lowp_gelu(mp_kctx *cx, mp_dtype dt, uint16_t *out, const uint16_t *a, int64_t n, const uint16_t *table)
+{
+    return 0;
+}
+
+int cpu_lowp_gelu_grad(mp_kctx *cx, mp_dtype dt, uint16_t *gin, const uint16_t *gout, const uint16_t *x, int64_t n,
+                       const float *slope)
+{
+    return 0;
+}
+
 int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void *gout, const void *x,
                         int64_t n, double p)
 {
@@ -396,6 +546,17 @@ int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
                     const mp_bcast *bc0)
 {
     return 0;
+}
+
+int cpu_lowp_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const void *b, int64_t ib, int64_t n)
+{
+    return 0;
+}
+
+int cpu_binary_mixed(mp_kctx *cx, mp_binop op, float *out, const void *a, mp_dtype da, const void *b, mp_dtype db,
+                     int64_t n)
+{
+    return 1;
 }
 
 #endif

@@ -123,6 +123,34 @@ void cpu_narrow_put(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t
         memcpy((char *)out + (size_t)((o * n + start) * inner) * es, (const char *)in + (size_t)o * row, row);
 }
 
+/* narrow's gradient (backend.h narrow_pad). The adds are cpu_binary's add
+ * (cpu_add_serial) on each row's three runs (before, inside, after the
+ * slice), so each element gets the add (and rounding, and flush count) the
+ * whole padded tensor's add gave it, with out as the first operand as there. */
+void cpu_narrow_pad(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
+                    int64_t len, int64_t inner, int add)
+{
+    size_t es = mp_dtype_size(dt);
+    int64_t row = n * inner, lo = start * inner, w = len * inner, hi = row - lo - w;
+    char *o = out;
+    const char *src = in;
+    static const uint64_t zero = 0;   /* all-zero bits: +0 (0 for the integers) in every dtype */
+    #pragma omp parallel for if (outer * row >= MP_PAR_MIN) schedule(static)
+    for (int64_t r = 0; r < outer; r++) {
+        char *d = o + (size_t)(r * row) * es, *ds = d + (size_t)lo * es, *dh = ds + (size_t)w * es;
+        const char *s = src + (size_t)(r * w) * es;
+        if (!add) {
+            memset(d, 0, (size_t)lo * es);
+            memcpy(ds, s, (size_t)w * es);
+            memset(dh, 0, (size_t)hi * es);
+        } else {
+            cpu_add_serial(cx, dt, d, d, &zero, 0, lo);
+            cpu_add_serial(cx, dt, ds, ds, s, 1, w);
+            cpu_add_serial(cx, dt, dh, dh, &zero, 0, hi);
+        }
+    }
+}
+
 void cpu_put_along(mp_kctx *cx, mp_dtype dt, void *out, const void *src, const int32_t *idx,
                    int64_t outer, int64_t n, int64_t inner)
 {

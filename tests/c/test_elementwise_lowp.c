@@ -11,6 +11,13 @@
  *   ties, every f16 value likewise, lengths with a tail of each size, and a
  *   length that splits over threads; and the fused path is the one taken
  *   where the processor has AVX-512BW, and declined while flushes are counted.
+ * - GELU's table lookups (both forms) as AVX-512 gathers, forward and
+ *   gradient, against the scalar lookups: every bf16/f16 pattern as x, random
+ *   gradients, every tail length, and a length split over 2 threads.
+ * - f32 with f16/bf16 (add, sub, mul; the low operand first or second)
+ *   widened in registers (cpu_binary_mixed) against the cast then cpu_binary's
+ *   f32 op: every low pattern against random and special f32 values, tails,
+ *   2 threads.
  * - cpu_batch_norm.c's channels widened once into scratch, y and the gradient
  *   rounded in registers, against the same kernel widening block by block and
  *   rounding through cpu_store (both switched off): y, the
@@ -172,6 +179,133 @@ Test(elementwise_lowp, threads)
     compare_all(MP_BF16, a, b, n);
     omp_set_num_threads(nt);
     free(a), free(b);
+}
+
+/* GELU (p 0: erf, 1: tanh form) forward and gradient, the gathers on and off */
+static void compare_gelu(mp_dtype dt, const uint16_t *x, const uint16_t *g, int64_t n)
+{
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    uint16_t *f = bits_buf(n), *h = bits_buf(n);
+    for (int form = 0; form < 2; form++) {
+        for (int pass = 0; pass < 2; pass++) {
+            int was = cpu_lowp_fused_enable(pass == 0);
+            cpu_unary(cx, MP_GELU, dt, pass ? h : f, x, n, form);
+            cpu_lowp_fused_enable(was);
+        }
+        same_bits(f, h, n, "gelu", dt, form, x, NULL);
+        for (int pass = 0; pass < 2; pass++) {
+            int was = cpu_lowp_fused_enable(pass == 0);
+            cpu_unary_grad(cx, MP_GELU, dt, pass ? h : f, g, x, NULL, n, form);
+            cpu_lowp_fused_enable(was);
+        }
+        same_bits(f, h, n, "gelu_grad", dt, form, x, g);
+    }
+    free(f), free(h);
+}
+
+Test(elementwise_lowp, gelu_tables_gathered)
+{
+    unsigned seed = 17;
+    mp_dtype dts[] = { MP_BF16, MP_F16 };
+    for (int d = 0; d < 2; d++) {
+        int64_t n = 65536 + 13;
+        uint16_t *x = patterns(n, 1, 0, &seed), *g = patterns(n, 0, 0, &seed);
+        compare_gelu(dts[d], x, g, n);
+        for (int64_t i = 0; i < n; i++) g[i] = x[n - 1 - i];   /* every pattern as the gradient too */
+        compare_gelu(dts[d], x, g, n);
+        free(x), free(g);
+        for (int64_t m = 1; m <= 40; m++) {
+            x = patterns(m, 0, 0, &seed), g = patterns(m, 0, 0, &seed);
+            compare_gelu(dts[d], x, g, m);
+            free(x), free(g);
+        }
+    }
+    int64_t n = MP_PAR_MIN + 4099;
+    uint16_t *x = patterns(n, 1, 0xff00, &seed), *g = patterns(n, 0, 0, &seed);
+    int nt = omp_get_max_threads();
+    omp_set_num_threads(2);
+    compare_gelu(MP_BF16, x, g, n);
+    compare_gelu(MP_F16, x, g, n);
+    omp_set_num_threads(nt);
+    free(x), free(g);
+    uint16_t o[64], a[64] = {0};
+    const uint16_t table[65537] = {0};
+    const float slope[65536] = {0};
+    int has = mp_cpu_has_avx512bw();
+    cr_assert_eq(cpu_lowp_gelu(mp_cpu_backend.ctx, MP_BF16, o, a, 64, table), has);
+    cr_assert_eq(cpu_lowp_gelu_grad(mp_cpu_backend.ctx, MP_BF16, o, a, a, 64, slope), has);
+    cr_assert_eq(cpu_lowp_gelu(mp_cpu_backend.ctx, MP_F32, o, a, 32, table), 0);
+    int was = cpu_lowp_fused_enable(0);
+    cr_assert_eq(cpu_lowp_gelu_grad(mp_cpu_backend.ctx, MP_BF16, o, a, a, 64, slope), 0);
+    cpu_lowp_fused_enable(was);
+}
+
+/* low (n values of dt) against hi (n f32), both orders, add/sub/mul */
+static void compare_mixed(mp_dtype dt, const uint16_t *low, const float *hi, int64_t n)
+{
+    float *wide = malloc(sizeof(float) * (size_t)n), *f = malloc(sizeof(float) * (size_t)n),
+          *g = malloc(sizeof(float) * (size_t)n);
+    cr_assert(wide && f && g);
+    if (dt == MP_F16) mp_cpu_f16_to_f32(wide, low, n);
+    else mp_cpu_bf16_to_f32(wide, low, n);
+    static const mp_binop ops[] = { MP_ADD, MP_SUB, MP_MUL };
+    mp_bcast bc = { .ndim = 1, .shape = { n }, .sa = { 1 }, .sb = { 1 } };
+    for (int k = 0; k < 3; k++)
+        for (int lowa = 0; lowa < 2; lowa++) {
+            int rc = lowa ? cpu_binary_mixed(NULL, ops[k], f, low, dt, hi, MP_F32, n)
+                          : cpu_binary_mixed(NULL, ops[k], f, hi, MP_F32, low, dt, n);
+            cr_assert_eq(rc, mp_cpu_has_avx512bw() && (dt == MP_BF16 || mp_cpu_has_avx512_f16c()) ? 0 : 1);
+            if (rc) continue;
+            cpu_binary(NULL, ops[k], MP_F32, g, lowa ? wide : hi, lowa ? hi : wide, &bc);
+            for (int64_t i = 0; i < n; i++) {
+                uint32_t x, y;
+                memcpy(&x, f + i, 4), memcpy(&y, g + i, 4);
+                /* two NaN operands: either payload (as same_bits) */
+                if (x != y && isnan(f[i]) && isnan(g[i]) && isnan(wide[i]) && isnan(hi[i])) continue;
+                cr_assert_eq(x, y, "%s op %d low %s [%ld]: mixed 0x%08x, cast then op 0x%08x (low 0x%04x, f32 %g)",
+                             dn(dt), ops[k], lowa ? "first" : "second", (long)i, x, y, low[i], hi[i]);
+            }
+        }
+    free(wide), free(f), free(g);
+}
+
+Test(elementwise_lowp, mixed_f32_and_low_widened_in_registers)
+{
+    unsigned seed = 23;
+    mp_dtype dts[] = { MP_BF16, MP_F16 };
+    static const float special[] = { 0.0f, -0.0f, 1.0f, -1.0f, 1e-40f, -1e-40f, 3.4e38f, INFINITY, -INFINITY, NAN };
+    for (int d = 0; d < 2; d++) {
+        int64_t n = 65536 + 13;
+        uint16_t *low = patterns(n, 1, 0, &seed);
+        float *hi = malloc(sizeof(float) * (size_t)n);
+        cr_assert(hi);
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t r = (uint32_t)rand_r(&seed) ^ ((uint32_t)rand_r(&seed) << 16);
+            memcpy(hi + i, &r, 4);
+            if (i % 5 == 0) hi[i] = special[i / 5 % 10];
+            if (i % 7 == 0) hi[i] = ((float)rand_r(&seed) / (float)RAND_MAX - 0.5f) * 8.0f;
+        }
+        compare_mixed(dts[d], low, hi, n);
+        for (int64_t m = 1; m <= 40; m++) compare_mixed(dts[d], low + 1000 * m, hi + 77 * m, m);
+        free(low), free(hi);
+    }
+    int64_t n = MP_PAR_MIN + 4099;
+    uint16_t *low = patterns(n, 1, 0x3f00, &seed);
+    float *hi = malloc(sizeof(float) * (size_t)n);
+    cr_assert(hi);
+    for (int64_t i = 0; i < n; i++) hi[i] = (float)i * 0.37f - 1000.0f;
+    int nt = omp_get_max_threads();
+    omp_set_num_threads(2);
+    compare_mixed(MP_BF16, low, hi, n);
+    compare_mixed(MP_F16, low, hi, n);
+    omp_set_num_threads(nt);
+    free(low), free(hi);
+    /* declined: other ops and dtype pairs */
+    uint16_t a[32] = {0};
+    float o[32], f[32] = {0};
+    cr_assert_eq(cpu_binary_mixed(NULL, MP_DIV, o, f, MP_F32, a, MP_BF16, 32), 1);
+    cr_assert_eq(cpu_binary_mixed(NULL, MP_ADD, o, a, MP_BF16, a, MP_F16, 32), 1);
+    cr_assert_eq(cpu_binary_mixed(NULL, MP_ADD, o, f, MP_F32, f, MP_F32, 32), 1);
 }
 
 Test(elementwise_lowp, taken_and_declined)
