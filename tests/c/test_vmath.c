@@ -190,6 +190,8 @@ Test(vmath, kernels_within_their_bounds)
     free(x), free(y);
 }
 
+static int is_nan16(mp_dtype dt, uint16_t v) { return (v & 0x7fff) > (dt == MP_F16 ? 0x7c00 : 0x7f80); }
+
 /* f16/bf16 GELU runs from per-dtype tables of every input (cpu_elementwise.c):
  * on all 65536 inputs, forward and backward, both forms, the same bits as the
  * computation (a NULL context has no tables: the computed path) */
@@ -209,7 +211,11 @@ Test(vmath, gelu_tables_give_the_computed_bits)
             cpu_unary_grad(mp_cpu_backend.ctx, MP_GELU, dts[d], a, g, x, NULL, n, form);
             cpu_unary_grad(NULL, MP_GELU, dts[d], b, g, x, NULL, n, form);
             diff = 0;
-            for (int64_t i = 0; i < n; i++) diff += a[i] != b[i];
+            /* g * slope(x): where both are NaN (the tanh form's slope is NaN for
+             * |x| whose cube overflows f32, as in PyTorch) either payload may come
+             * out, C leaving a product's operand order open */
+            for (int64_t i = 0; i < n; i++)
+                diff += a[i] != b[i] && !(is_nan16(dts[d], g[i]) && is_nan16(dts[d], a[i]) && is_nan16(dts[d], b[i]));
             cr_expect_eq(diff, 0, "gelu grad %s form %d: %ld gradients differ", d ? "bf16" : "f16", form, (long)diff);
         }
     free(x), free(g), free(a), free(b);
