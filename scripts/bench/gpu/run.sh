@@ -13,6 +13,8 @@
 #      tokens/s, MFU, peak memory                                                memory no higher)
 #   e. the CNN of train_cnn.lua, batch 4096, f16 AMP,     bench_gpu.lua cnn      (target >= 1.0x PyTorch
 #      dynamic scaler, Adam: samples/s, peak memory                               eager autocast + GradScaler)
+# First, on any machine: step_model.lua's model of the GPT-2-small step (every
+# kernel's FLOPs and bytes, its time at 50% of the H200's ceiling, the target step).
 # The PyTorch side is bench_gpu_torch.py, run with python3 (PYTHON=... to choose
 # another; PYTHON_LD_LIBRARY_PATH, when set, is its LD_LIBRARY_PATH: gpu_check.sh
 # keeps the machine's own libraries for it). Without PyTorch with CUDA, the
@@ -36,6 +38,12 @@ GPT=${MP_BENCH_GPT:-1}
 if [ ! -x "$MP" ]; then
   echo "bench-gpu: $MP is missing (make)"
   exit 1
+fi
+# the model of the GPT-2-small step (FLOPs, bytes, the H200's ceilings, the target
+# step time), on any machine, at the GPT rows' batch
+if [ "$GPT" != 0 ]; then
+  "$MP" "$HERE/step_model.lua" "${MP_BENCH_GPT_BATCH:-32}" || echo "!! step_model.lua failed"
+  echo
 fi
 if [ -z "$SMOKE" ] && [ "$("$MP" -e 'io.write(tostring(mp.cuda.is_available()))' 2>/dev/null)" != true ]; then
   if [ -e /dev/nvidiactl ] || [ -e /proc/driver/nvidia/version ]; then
