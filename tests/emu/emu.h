@@ -6,6 +6,7 @@
  *   emu_fiber.cc   one fiber per CUDA thread: stacks and the context switch
  *   emu_sched.cc   running a kernel: blocks, thread orders, barriers and warp
  *                  operations, deadlocks, the comparison of thread orders
+ *   emu_wmma.cc    the WMMA collectives (load, store, mma_sync of fragments)
  *   emu_runtime.cc the CUDA runtime: memory and what kind each byte is,
  *                  streams that run their work only when the host needs it,
  *                  events, copies, errors, device properties

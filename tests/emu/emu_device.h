@@ -20,6 +20,10 @@
  *   the threads they name have all arrived, and report a deadlock instead of
  *   hanging when they cannot (emu_sched.cc). Each takes the source line it
  *   stands on, which names it in reports.
+ * - WMMA (nvcuda::wmma, <mma.h>): m16n16k16 fragments of f16/bf16 with f32
+ *   accumulators; load_matrix_sync, store_matrix_sync and mma_sync are warp
+ *   collectives that meet as the warp operations do, computed for the whole
+ *   warp at once when all 32 lanes have arrived (emu_wmma.cc, below).
  * - Atomics (integers, f32, f64, f16, bf16): one fiber runs at a time, so a
  *   read-modify-write is atomic; floating-point adds are counted, since their
  *   order is the one thing the thread orders may change legitimately.
@@ -51,6 +55,8 @@
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <memory>
 #include <tuple>
@@ -69,7 +75,8 @@ extern unsigned long long float_atomics;   /* floating-point atomic adds since t
 /* ---- barriers and warp operations (emu_sched.cc) ---- */
 enum warp_op {
     W_SHFL, W_SHFL_UP, W_SHFL_DOWN, W_SHFL_XOR, W_BALLOT, W_ANY, W_ALL, W_MATCH_ANY,
-    W_REDUCE_ADD, W_REDUCE_MIN, W_REDUCE_MAX, W_REDUCE_AND, W_REDUCE_OR, W_REDUCE_XOR, W_ACTIVEMASK, W_SYNCWARP
+    W_REDUCE_ADD, W_REDUCE_MIN, W_REDUCE_MAX, W_REDUCE_AND, W_REDUCE_OR, W_REDUCE_XOR, W_ACTIVEMASK, W_SYNCWARP,
+    W_WMMA_LOAD, W_WMMA_STORE, W_WMMA_MMA   /* the WMMA collectives (below): the operand is a wmma_call */
 };
 void syncthreads(const char *file, int line);
 /* val: the operand's bits (size bytes, sign-extended for signed reductions);
@@ -306,5 +313,123 @@ static inline float atomicExch(float *p, float v)
     *p = v;
     return o;
 }
+
+
+/* ---- WMMA (nvcuda::wmma): the tensor-core fragments of the CUDA C++ API ----
+ * Only what the backend uses: m16n16k16, matrix_a / matrix_b of __half or
+ * __nv_bfloat16 (row or column major), float accumulators. A fragment's layout
+ * across the lanes is unspecified by CUDA, so the emulator picks its own: lane
+ * l holds elements l*8 .. l*8+7 of the 16 x 16 tile in row-major order (row =
+ * index / 16; for matrix_a rows are M, for matrix_b rows are K). It is NOT the
+ * hardware's (where num_elements is 16 for an f16 operand, some elements held
+ * twice): a kernel may touch frag.x[i] only for what does not depend on the
+ * layout (scaling, conversion, a fill), as CUDA allows.
+ * load_matrix_sync, store_matrix_sync and mma_sync are warp collectives: each
+ * lane stops at the call (a warp operation of emu_sched.cc, named by its line)
+ * and the whole warp's call is carried out at once when all 32 lanes stand at
+ * the same one (emu_wmma.cc): a lane that exited is a fault, lanes at
+ * different calls a deadlock that names them. Every lane must pass the same
+ * pointer, ldm and layout; the pointer 32-byte aligned and ldm a multiple of
+ * 16 bytes, as the CUDA manual requires. fill_fragment is each lane's own. */
+namespace mp_emu {
+enum wmma_use { WMMA_A, WMMA_B, WMMA_ACC };
+enum wmma_elem { WMMA_F16, WMMA_BF16, WMMA_F32 };
+struct wmma_frag {
+    int use, elem, col_major;   /* col_major: for matrix_a/b, the fragment's layout */
+    void *x;                    /* the lane's num_elements elements */
+};
+struct wmma_call {
+    wmma_frag f[4];             /* load/store: f[0]; mma: d, a, b, c */
+    void *mem;                  /* load/store: the tile's first element */
+    unsigned ldm;
+    int mem_col_major;          /* load/store of an accumulator: the memory layout */
+};
+/* the lanes' calls of one collective, computed for all; NULL, or why it is a fault */
+const char *wmma_run(warp_op op, wmma_call *const *lanes);
+template <class T> struct wmma_elem_of;
+template <> struct wmma_elem_of<__half> { static const int v = WMMA_F16; };
+template <> struct wmma_elem_of<__nv_bfloat16> { static const int v = WMMA_BF16; };
+template <> struct wmma_elem_of<float> { static const int v = WMMA_F32; };
+}  // namespace mp_emu
+
+namespace nvcuda {
+namespace wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+struct col_major {};
+enum layout_t { mem_row_major, mem_col_major };
+
+template <class Use, int M, int N, int K, class T, class Layout = void> class fragment {
+    static_assert(M == 16 && N == 16 && K == 16, "the emulated device has the m16n16k16 WMMA shape only");
+    static_assert(std::is_same<Use, accumulator>::value ? std::is_same<T, float>::value && std::is_void<Layout>::value
+                                                         : (std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value) &&
+                                                               !std::is_void<Layout>::value,
+                  "the emulated device has f16/bf16 operand fragments with a layout and float accumulators only");
+public:
+    enum { num_elements = 8 };   /* the emulator's: 256 elements over 32 lanes (the hardware's differ) */
+    typedef T element_type;
+    typedef T storage_element_type;
+    T x[num_elements];
+    mp_emu::wmma_frag desc()
+    {
+        int use = std::is_same<Use, matrix_a>::value ? mp_emu::WMMA_A
+                  : std::is_same<Use, matrix_b>::value ? mp_emu::WMMA_B : mp_emu::WMMA_ACC;
+        return {use, mp_emu::wmma_elem_of<T>::v, std::is_same<Layout, col_major>::value, (void *)x};
+    }
+};
+
+template <class Use, class T, class L, class V> inline void fill_fragment(fragment<Use, 16, 16, 16, T, L> &f, const V &v)
+{
+    for (int i = 0; i < f.num_elements; i++) f.x[i] = (T)v;
+}
+
+namespace detail {
+inline void collective(mp_emu::warp_op op, mp_emu::wmma_call &c, const char *file, int line)
+{
+    (void)mp_emu::warp(file, line, op, 0xffffffffu, (uint64_t)(uintptr_t)&c, 8, false, 0, 32);
+}
+}  // namespace detail
+
+template <class Use, class T, class L>
+inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, L> &f, const T *p, unsigned ldm,
+                             const char *file = __builtin_FILE(), int line = __builtin_LINE())
+{
+    static_assert(!std::is_same<Use, accumulator>::value, "an accumulator's load names the memory layout");
+    mp_emu::wmma_call c = {{f.desc()}, (void *)p, ldm, 0};
+    detail::collective(mp_emu::W_WMMA_LOAD, c, file, line);
+}
+inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float> &f, const float *p, unsigned ldm, layout_t l,
+                             const char *file = __builtin_FILE(), int line = __builtin_LINE())
+{
+    mp_emu::wmma_call c = {{f.desc()}, (void *)p, ldm, l == mem_col_major};
+    detail::collective(mp_emu::W_WMMA_LOAD, c, file, line);
+}
+inline void store_matrix_sync(float *p, const fragment<accumulator, 16, 16, 16, float> &f, unsigned ldm, layout_t l,
+                              const char *file = __builtin_FILE(), int line = __builtin_LINE())
+{
+    mp_emu::wmma_call c = {{const_cast<fragment<accumulator, 16, 16, 16, float> &>(f).desc()}, (void *)p, ldm,
+                           l == mem_col_major};
+    detail::collective(mp_emu::W_WMMA_STORE, c, file, line);
+}
+template <class T, class LA, class LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float> &d, const fragment<matrix_a, 16, 16, 16, T, LA> &a,
+                     const fragment<matrix_b, 16, 16, 16, T, LB> &b, const fragment<accumulator, 16, 16, 16, float> &c,
+                     bool satf = false, const char *file = __builtin_FILE(), int line = __builtin_LINE())
+{
+    static_assert(std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value, "f16 or bf16 operands");
+    if (satf) {   /* saturation is for f16 accumulators, which the emulator does not have */
+        fprintf(stderr, "mp-emu: wmma::mma_sync at %s:%d with satf: not emulated\n", file, line);
+        abort();
+    }
+    mp_emu::wmma_call k = {{d.desc(), const_cast<fragment<matrix_a, 16, 16, 16, T, LA> &>(a).desc(),
+                            const_cast<fragment<matrix_b, 16, 16, 16, T, LB> &>(b).desc(),
+                            const_cast<fragment<accumulator, 16, 16, 16, float> &>(c).desc()},
+                           NULL, 0, 0};
+    detail::collective(mp_emu::W_WMMA_MMA, k, file, line);
+}
+}  // namespace wmma
+}  // namespace nvcuda
 
 #endif

@@ -7,7 +7,8 @@
  * round's order, until it finishes or stops at a barrier or a warp operation;
  * then the scheduler releases what can be released: a warp operation once
  * every lane its mask names has reached it (the results computed from all of
- * their operands at once), a __syncthreads once every thread of the block has.
+ * their operands at once; a WMMA collective needs all 32 lanes and is carried
+ * out by emu_wmma.cc), a __syncthreads once every thread of the block has.
  * When nothing is ready and nothing can be released, the block is deadlocked:
  * the kernel stops and the context gets a sticky error that names the kernel,
  * the block and where its threads wait, instead of a hang.
@@ -85,7 +86,8 @@ static const char *op_name(warp_op op)
     static const char *n[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync", "__shfl_xor_sync", "__ballot_sync",
                               "__any_sync", "__all_sync", "__match_any_sync", "__reduce_add_sync", "__reduce_min_sync",
                               "__reduce_max_sync", "__reduce_and_sync", "__reduce_or_sync", "__reduce_xor_sync",
-                              "__activemask", "__syncwarp"};
+                              "__activemask", "__syncwarp", "wmma::load_matrix_sync", "wmma::store_matrix_sync",
+                              "wmma::mma_sync"};
     return n[op];
 }
 
@@ -316,6 +318,15 @@ static int resolve_warps(int n)
                           t.file, t.line, l, t.mask);
                 return -1;
             }
+            const bool wmma = t.op == W_WMMA_LOAD || t.op == W_WMMA_STORE || t.op == W_WMMA_MMA;
+            if (wmma && (lanes != 32 || alive != 0xffffffffu)) {   /* a collective of the whole warp */
+                int gone = lanes;
+                for (int j = lanes - 1; j >= 0; j--)
+                    if (!(alive >> j & 1u)) gone = j;
+                set_fault("%s at %s:%d: lane %d %s: every lane of the warp must call it", op_name(t.op), t.file, t.line,
+                          gone, gone < lanes ? "has exited" : "does not exist (the block's last warp is partial)");
+                return -1;
+            }
             m = t.mask & alive;   /* the lanes that take part */
             bool ready = true;
             for (int j = 0; j < lanes; j++) {
@@ -325,6 +336,17 @@ static int resolve_warps(int n)
                 if (!meets || o.mask != t.mask) ready = false;
             }
             if (!ready) continue;
+            if (wmma) {   /* the whole warp's call at once (emu_wmma.cc) */
+                wmma_call *calls[32];
+                for (int j = 0; j < 32; j++) calls[j] = (wmma_call *)(uintptr_t)w[j].val;
+                if (const char *why = wmma_run(t.op, calls)) {
+                    set_fault("%s at %s:%d: %s", op_name(t.op), t.file, t.line, why);
+                    return -1;
+                }
+                for (int j = 0; j < 32; j++) w[j].res = 0, w[j].st = READY;
+                released = 1;
+                continue;
+            }
             bool bad = false;
             for (int j = 0; j < lanes; j++)
                 if (m >> j & 1u) w[j].res = t.op == W_SYNCWARP ? 0 : warp_result(w, m, j, &bad);

@@ -6,7 +6,8 @@
  * with missing lanes, races and reads of unwritten shared memory under the
  * comparison of thread orders, launch limits, host pointers handed to a
  * kernel, copies in the wrong direction, work that runs only when the host
- * waits, and the library shims' checks and models (cuBLAS's leading
+ * waits, WMMA fragments (a GEMM through the tensor-core API, a divergent or
+ * partial warp's call), and the library shims' checks and models (cuBLAS's leading
  * dimensions and split-K, cuDNN's math types and non-deterministic
  * algorithms, NCCL with one rank).
  */
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <string>
 #include <vector>
+#include <mma.h>
 #include "tests/emu/emu.h"
 extern "C" {
 #include "kernels/half.h"
@@ -270,6 +272,126 @@ Test(emu, warp_operations_give_what_the_cuda_manual_says)
         }
         cudaFree(out);
     }
+}
+
+/* ---- WMMA ---- */
+
+/* d{m, n} = scale * (c0 + a b): a{m, k} row-major, b given as b^T{n, k} (col-major
+ * as matrix_b), c0{m, n} column-major (an accumulator loaded with ldm m); a warp
+ * per 16 x 16 tile of d, the scale through the fragment's elements */
+template <class T>
+__global__ void k_wmma_gemm(float *d, const T *a, const T *bt, const float *c0, int m, int n, int k, float scale)
+{
+    using namespace nvcuda;
+    const int w = (int)threadIdx.x / 32, ti = w / (n / 16), tj = w % (n / 16);
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::load_matrix_sync(acc, c0 + tj * 16 * m + ti * 16, (unsigned)m, wmma::mem_col_major);
+    for (int p = 0; p < k; p += 16) {
+        wmma::load_matrix_sync(fa, a + ti * 16 * k + p, (unsigned)k);
+        wmma::load_matrix_sync(fb, bt + tj * 16 * k + p, (unsigned)k);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+    for (int i = 0; i < acc.num_elements; i++) acc.x[i] *= scale;
+    wmma::store_matrix_sync(d + ti * 16 * n + tj * 16, acc, (unsigned)n, wmma::mem_row_major);
+}
+
+/* the product against a double one: exactly (values on a 1/8 grid: every f32 sum
+ * exact) or within the f32 bound (k + 1) 2^-24 sum |terms| (random values) */
+template <class T> static void wmma_gemm_case(bool grid)
+{
+    const int m = 32, n = 48, k = 64;
+    std::vector<uint16_t> a(m * k), bt(n * k);
+    std::vector<float> c0(m * n);
+    uint64_t s = 0x1234567u + (uint64_t)grid;
+    auto draw = [&]() {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        double u = (double)(s >> 11) / 9007199254740992.0 * 4 - 2;
+        return grid ? floor(u * 8) / 8 : u;
+    };
+    const bool f16 = std::is_same<T, __half>::value;
+    auto to16 = [&](double v) { return f16 ? mp_f32_to_f16((float)v) : mp_f32_to_bf16((float)v); };
+    auto of16 = [&](uint16_t v) { return (double)(f16 ? mp_f16_to_f32(v) : mp_bf16_to_f32(v)); };
+    for (auto &v : a) v = to16(draw());
+    for (auto &v : bt) v = to16(draw());
+    for (auto &v : c0) v = (float)draw();
+    T *da = (T *)dev(a.size() * 2), *db = (T *)dev(bt.size() * 2);
+    float *dc = (float *)dev(c0.size() * 4), *dd = (float *)dev(c0.size() * 4);
+    cudaMemcpy(da, a.data(), a.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, bt.data(), bt.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dc, c0.data(), c0.size() * 4, cudaMemcpyHostToDevice);
+    MP_LAUNCH(1, 32 * (m / 16) * (n / 16), 0, NULL, k_wmma_gemm<T>, dd, da, db, dc, m, n, k, 0.5f);
+    std::vector<float> d(m * n);
+    cr_assert_eq(cudaMemcpy(d.data(), dd, d.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) {
+            double want = c0[(size_t)j * m + i], mag = fabs(want);
+            for (int p = 0; p < k; p++) {
+                double t = of16(a[(size_t)i * k + p]) * of16(bt[(size_t)j * k + p]);
+                want += t, mag += fabs(t);
+            }
+            double got = d[(size_t)i * n + j], tol = grid ? 0 : 0.5 * (k + 1) * mag * 0x1p-24;
+            cr_assert(fabs(got - 0.5 * want) <= tol, "%s d[%d][%d] = %.9g, want %.9g (within %.3g)",
+                      grid ? "grid" : "random", i, j, got, 0.5 * want, tol);
+        }
+    cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
+}
+
+Test(emu, wmma_fragments_multiply_as_a_gemm_with_f32_sums)
+{
+    mp_emu::config_mut().racecheck = true;
+    for (int grid = 1; grid >= 0; grid--) {
+        wmma_gemm_case<__half>(grid);
+        wmma_gemm_case<__nv_bfloat16>(grid);
+    }
+    cr_assert_eq(cudaGetLastError(), cudaSuccess);
+}
+
+/* half of the warp at one mma_sync, half at another: they never meet */
+__global__ void k_wmma_divergent(float *out, const __half *a)
+{
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(fa, 1.0f);
+    wmma::fill_fragment(fb, 1.0f);
+    wmma::fill_fragment(acc, 0.0f);
+    if (threadIdx.x < 16) wmma::mma_sync(acc, fa, fb, acc);
+    else wmma::mma_sync(acc, fa, fb, acc);
+    wmma::store_matrix_sync(out, acc, 16, wmma::mem_row_major);
+}
+
+/* lane 20 leaves before the load; or the leading dimension is not 16 bytes' worth */
+__global__ void k_wmma_bad_load(const __half *a, int exit_lane, unsigned ldm)
+{
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+    if ((int)threadIdx.x == exit_lane) return;
+    wmma::load_matrix_sync(fa, a, ldm);
+}
+
+Test(emu, a_wmma_call_that_the_warp_does_not_make_together_is_an_error)
+{
+    float *out = (float *)dev(256 * sizeof(float));
+    __half *a = (__half *)dev(512 * sizeof(__half));
+    MP_LAUNCH(1, 32, 0, NULL, k_wmma_divergent, out, a);
+    std::string why;
+    cr_assert_eq(sync_error(&why), cudaErrorLaunchTimeout);
+    CONTAINS(why, "deadlock");
+    CONTAINS(why, "16 at wmma::mma_sync");
+    MP_LAUNCH(1, 32, 0, NULL, k_wmma_bad_load, a, 20, 16u);
+    cr_assert_eq(sync_error(&why), cudaErrorLaunchFailure);
+    CONTAINS(why, "wmma::load_matrix_sync at");
+    CONTAINS(why, "lane 20 has exited: every lane of the warp must call it");
+    MP_LAUNCH(1, 32, 0, NULL, k_wmma_bad_load, a, -1, 12u);
+    cr_assert_eq(sync_error(&why), cudaErrorLaunchFailure);
+    CONTAINS(why, "ldm 12 is not a multiple of 8 elements");
+    MP_LAUNCH(1, 48, 0, NULL, k_wmma_bad_load, a, -1, 16u);
+    cr_assert_eq(sync_error(&why), cudaErrorLaunchFailure);
+    CONTAINS(why, "does not exist (the block's last warp is partial)");
+    cudaFree(out), cudaFree(a);
 }
 
 /* ---- thread orders ---- */
