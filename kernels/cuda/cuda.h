@@ -453,6 +453,10 @@ mp_be_coll_merge_fn mp_cuda_coll_merge;
 /* cuda_attention.cu: fused attention (no t x t scores in memory) */
 mp_be_attention_fn mp_cuda_attention;
 mp_be_attention_grad_fn mp_cuda_attention_grad;
+/* cuda_flash.cu: its tensor-core kernels for f16/bf16 with head dims 64 and 128 */
+bool mp_cuda_flash_takes(mp_dtype dt, int64_t d);
+mp_be_attention_fn mp_cuda_flash_attention;
+mp_be_attention_grad_fn mp_cuda_flash_attention_grad;
 /* cuda_rnn.cu: the fused LSTM and GRU cells */
 mp_be_lstm_cell_fn mp_cuda_lstm_cell;
 mp_be_lstm_cell_grad_fn mp_cuda_lstm_cell_grad;

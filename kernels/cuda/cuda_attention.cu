@@ -148,6 +148,7 @@ int mp_cuda_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const voi
         MP_CUDA_CHECK(cudaErrorInvalidValue, "attention (head dim above 256)");
         return 0;
     }
+    if (mp_cuda_flash_takes(dt, a->d)) return mp_cuda_flash_attention(cx, dt, out, lse, q, k, v, a);
     if (a->bh <= 0 || a->tq <= 0) return 0;
     dim3 grid((unsigned)a->bh, (unsigned)((a->tq + ROWS - 1) / ROWS));
     size_t shared = sizeof(float) * 2 * (size_t)key_tile(a->d) * (size_t)a->d;

@@ -49,6 +49,8 @@
 #define __shared__ static __attribute__((section("mp_emu_shared")))
 #define MP_DEVICE_GLOBAL __attribute__((section("mp_emu_device")))
 #define __restrict__ __restrict
+#undef __launch_bounds__
+#define __launch_bounds__(...)   /* a register budget for ptxas: nothing to the emulator */
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>

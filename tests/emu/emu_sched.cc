@@ -78,7 +78,8 @@ static int round_n, round_pos;       /* the round runs perm[round_pos..round_n) 
 static void (*body_fn)(void *);
 static void *body_arg;
 static const launch_desc *running;   /* the launch whose blocks run */
-static std::vector<char> dyn_shared;
+static std::vector<char> dyn_shared;   /* the launch's dynamic shared memory, 128 bytes more */
+static size_t dyn_bytes;                /* what the launch asked for */
 static char fault[900];              /* why the block stopped, when it did */
 
 static const char *op_name(warp_op op)
@@ -149,7 +150,12 @@ uint64_t warp(const char *file, int line, warp_op op, unsigned mask, uint64_t va
     return t->res;
 }
 
-void *dynamic_shared() { return dyn_shared.empty() ? NULL : dyn_shared.data(); }
+/* 128-byte aligned, as the hardware's shared window is (WMMA's loads and
+ * stores need 32 bytes) */
+void *dynamic_shared()
+{
+    return dyn_bytes ? (void *)(((uintptr_t)dyn_shared.data() + 127) & ~(uintptr_t)127) : NULL;
+}
 
 /* the round's next thread if it is ready and has not started (it can run on
  * the fiber that asks, without a switch); NULL when the next one to run is a
@@ -519,7 +525,8 @@ static bool run_grid(kernel_run &k, int order, unsigned char poison)
     body_fn = k.body, body_arg = k.arg;
     const int n = (int)(d.block.x * d.block.y * d.block.z);
     const uint64_t nb = (uint64_t)d.grid.x * d.grid.y * d.grid.z;
-    dyn_shared.assign(d.shared, (char)poison);
+    dyn_bytes = d.shared;
+    dyn_shared.assign(d.shared ? d.shared + 128 : 0, (char)poison);
     kernel_info &ki = kinfo[d.kernel];
     /* blocks in order, reversed, or permuted by b -> (b * mul + add) mod nb */
     uint64_t mul = 1, add = 0;

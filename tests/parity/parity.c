@@ -670,6 +670,11 @@ static void cases_nn(void)
          * at most (dq and dk), under bf16's 4e-5 by 2.7x or more */
         static const struct { int64_t bh, tq, tk, d; int causal; float p; } at_shapes[] = {
             {3, 70, 70, 16, 1, 0}, {2, 5, 130, 8, 0, 0.3f}, {1, 130, 67, 64, 0, 0}, {2, 64, 64, 32, 1, 0.1f},
+            /* f16/bf16 with d 64 or 128 run cuda_flash.cu's tensor-core kernels: partial
+             * query and key tiles, tq < tk and tq > tk causal (rows past tk see every key),
+             * dropout, a block of 64 rows with one row in it */
+            {2, 100, 150, 64, 1, 0.2f}, {1, 150, 90, 128, 0, 0.1f}, {2, 70, 70, 128, 1, 0}, {1, 150, 40, 64, 1, 0},
+            {1, 65, 200, 64, 0, 0},
         };
         for (size_t si = 0; si < sizeof at_shapes / sizeof at_shapes[0]; si++) {
             mp_attn_args a = {.bh = at_shapes[si].bh, .tq = at_shapes[si].tq, .tk = at_shapes[si].tk,

@@ -1,0 +1,241 @@
+/*
+ * cuda_flash.cu: attention on tensor cores, FlashAttention-2 style (Dao 2023),
+ * for f16 and bf16 with head dims 64 and 128 (cuda_attention.cu sends those
+ * here and keeps its simple kernel for the rest). The numerics are those of
+ * kernels/cpu/cpu_attention.c: scores scaled in f32, an online softmax with
+ * f32 row maxima and sums, each row's log-sum-exp for the backward, causal =
+ * keys j <= i, Philox dropout at the CPU's counters, the softmax normaliser
+ * that of the undropped probabilities.
+ *
+ * Forward (k_flash): a block per (head, 64 query rows), 4 warps of 16 rows.
+ * Key and value tiles of 64 rows are staged in shared memory; each warp keeps
+ * its Q rows as WMMA fragments, forms S = Q K^T (m16n16k16, f32 sums), writes
+ * it to its own shared rows, and two lanes per row run the online softmax
+ * there (row maximum and sum combined with one shuffle). P, after dropout, is
+ * rounded to the input dtype (the tensor cores' operand) and O += P V runs
+ * through WMMA again, O kept in shared memory as f32 (a row's rescaling by
+ * exp(m_old - m_new) needs to know which elements are the row's: a fragment's
+ * layout is not the kernel's to know). Causal tiles wholly above the diagonal
+ * are not visited, the diagonal one is masked.
+ *
+ * Backward, no atomics, so two runs give the same bits:
+ * - k_flash_dot: D_i = dO_i . O_i, a warp per row summed in f64 (the CPU sums
+ *   in f64 too) and rounded to f32 into scratch.
+ * - k_flash_dkv: a block per (head, 64 keys), a warp per 16 keys. For every
+ *   query tile (causal: from the key tile's first row on) it recomputes
+ *   S^T = K Q^T and dP^T = V dO^T, then P = exp(S - lse), Pd = P * keep,
+ *   dS = P (dP keep - D), and accumulates dV += Pd^T dO and dK += dS^T Q in
+ *   WMMA accumulators that stay in registers for the whole pass.
+ * - k_flash_dq: a block per (head, 64 query rows), a warp per 16 rows; for
+ *   every key tile it recomputes S, dP and dS and accumulates dQ += dS K.
+ *   Each of dQ, dK and dV is summed by one warp in one fixed order.
+ * Pd and dS are rounded to the input dtype before they multiply (as P in the
+ * forward); dK and dQ are multiplied by the scale once, at the end.
+ *
+ * What this costs against the CPU (parity.c's attention cases check it):
+ * - bf16: the CPU rounds the same intermediates (P after dropout, Pd, dS) to
+ *   bf16 before the same products (cpu_attention.c's head); what differs is the
+ *   order of the f32 sums (S: d products, O: the keys, dV/dK/dQ: queries or
+ *   keys), each within gamma_n = n 2^-24 of the sum of the terms' magnitudes,
+ *   and, where two f32 values of P or dS that differ in their last bits round
+ *   to different bf16 neighbours, a whole bf16 ulp of that element (rare: the
+ *   f32 values differ by ~2^-20 of themselves, one in ~2^12 elements).
+ * - f16: the CPU keeps P, Pd and dS in f32; here each is rounded to f16,
+ *   off by delta, |delta| <= u = 2^-11 of itself (2^-25 absolute below f16's
+ *   normal range). An output sum_j t_j gains sum_j delta_j t_j:
+ *     |d out_i| <= u sum_j Pd_ij |V_j| / l_i     |d dV_j| <= u sum_i Pd_ij |dO_i|
+ *     |d dQ_i|  <= s u sum_j |dS_ij| |K_j|       |d dK_j| <= s u sum_i |dS_ij| |Q_i|
+ *   plus the f32 sums above and the output's own f16 rounding (u of it, on both
+ *   sides). As an nmse over random values: (u^2 / 3) kappa per rounding site
+ *   (kappa = sum t^2 / (sum t)^2, about 1 for random signs), ~1e-7, against
+ *   parity's f16 bound of 1e-5.
+ * - The emulated device sums each mma_sync's 16 products in k order from C
+ *   (tests/emu/emu_wmma.cc); the GPU's tensor cores add them in an order and
+ *   with an internal alignment CUDA does not specify. Both are covered by the
+ *   f32 terms above; the bits on a GPU may differ from the emulator's (but not
+ *   run to run).
+ *
+ * The scores' overflow: S, P and dP stay f32 (the inputs are f16/bf16, S the
+ * tensor cores' f32 sum); only P, Pd (in [0, 1/(1-p)]) and dS meet the dtype's
+ * range, dS as the CPU's bf16 path does and as FlashAttention does for f16.
+ */
+#include <mma.h>
+#include "kernels/cuda/cuda.h"
+#include "kernels/philox.h"
+
+using namespace nvcuda;
+
+#define FB 64            /* query rows of a block, keys of a tile */
+#define FW 4             /* warps of a block, 16 rows (or keys) each */
+#define FT (FW * 32)     /* threads of a block */
+
+namespace {
+
+template <class T> struct frag {
+    typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a_row;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b_row;
+    typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b_col;
+    typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+};
+
+/* the dropout factor of element (head row r, query i, key j): cpu_attention.c's keep */
+__device__ __forceinline__ float keep_at(const mp_attn_args &a, int64_t r, int64_t i, int64_t j)
+{
+    uint64_t idx = a.offset + ((uint64_t)r * (uint64_t)a.tq + (uint64_t)i) * (uint64_t)a.tk + (uint64_t)j;
+    return mp_philox_uniform(a.seed, idx, 24) >= a.dropout ? 1.0f / (1.0f - a.dropout) : 0.0f;
+}
+
+/* rows [0, rows) of a {., D} matrix of 16-bit elements into shared memory, rows
+ * from `valid` on as zeros (a partial tile: zeros keep every product finite);
+ * by threads tid, tid + nt, ...; vec: 16 bytes at a time (src 16-byte aligned) */
+template <int D>
+__device__ __forceinline__ void stage_rows(uint16_t *dst, const uint16_t *src, int rows, int valid, int tid, int nt,
+                                           bool vec)
+{
+    if (vec) {
+        const int per = D / 8;
+        for (int t = tid; t < rows * per; t += nt)
+            ((uint4 *)dst)[t] = t / per < valid ? ((const uint4 *)src)[t] : make_uint4(0, 0, 0, 0);
+    } else {
+        for (int t = tid; t < rows * D; t += nt) dst[t] = t / D < valid ? src[t] : (uint16_t)0;
+    }
+}
+
+/* the larger, NaN-blind as cpu_attention.c's row_max (x > m ? x : m) */
+__device__ __forceinline__ float larger(float x, float m) { return x > m ? x : m; }
+
+/* ---- forward ---- */
+
+/* shared bytes: K and V tiles (T), O (f32), each warp's S (f32) and P (T) */
+template <int D> constexpr size_t fwd_shared() { return 2 * FB * D * 2 + FB * D * 4 + FW * 16 * FB * (4 + 2); }
+
+template <class T, int D>
+__global__ void __launch_bounds__(FT) k_flash(T *out, float *lse, const T *q, const T *k, const T *v, mp_attn_args a,
+                                              bool vec, unsigned long long *fc)
+{
+    MP_DYNAMIC_SHARED(float, sh);
+    uint16_t *ks = (uint16_t *)sh, *vs = ks + FB * D;
+    float *os = (float *)(vs + FB * D), *ss = os + FB * D;
+    uint16_t *ps = (uint16_t *)(ss + FW * 16 * FB);
+    const int w = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, lr = lane / 2, h = lane % 2;
+    const int64_t r = blockIdx.x, tq = a.tq, tk = a.tk, i0 = (int64_t)blockIdx.y * FB, iw = i0 + 16 * w, i = iw + lr;
+    float *ow = os + 16 * w * D, *sw = ss + 16 * w * FB;
+    uint16_t *pw = ps + 16 * w * FB;
+    const bool live = iw < tq;   /* the warp has rows (uniform over the warp) */
+
+    /* Q's 16 rows of this warp as fragments, staged in the warp's O rows */
+    typename frag<T>::a_row qf[D / 16];
+    stage_rows<D>((uint16_t *)ow, (const uint16_t *)q + (r * tq + iw) * D, 16, live ? (int)min((int64_t)16, tq - iw) : 0,
+                  lane, 32, vec);
+    __syncwarp();
+    for (int kb = 0; kb < D / 16; kb++) wmma::load_matrix_sync(qf[kb], (const T *)ow + 16 * kb, D);
+    __syncwarp();
+    for (int t = lane; t < 16 * D; t += 32) ow[t] = 0.0f;
+
+    float m = -INFINITY, l = 0.0f;   /* row lr's running maximum and sum (both lanes of the row hold them) */
+    const int64_t ni = min((int64_t)FB, tq - i0), jend = a.causal ? min(i0 + ni, tk) : tk;
+    for (int64_t j0 = 0; j0 < jend; j0 += FB) {
+        const int nj = (int)min((int64_t)FB, jend - j0);
+        __syncthreads();   /* the last tile is read no more */
+        stage_rows<D>(ks, (const uint16_t *)k + (r * tk + j0) * D, FB, nj, (int)threadIdx.x, FT, vec);
+        stage_rows<D>(vs, (const uint16_t *)v + (r * tk + j0) * D, FB, nj, (int)threadIdx.x, FT, vec);
+        __syncthreads();
+        if (!live || (a.causal && j0 > iw + 15)) continue;   /* no row of the warp sees a key of the tile */
+
+        /* S = Q K^T * scale, into the warp's rows of ss */
+        for (int nb = 0; nb < FB / 16; nb++) {
+            typename frag<T>::acc s;
+            wmma::fill_fragment(s, 0.0f);
+            for (int kb = 0; kb < D / 16; kb++) {
+                typename frag<T>::b_col kf;
+                wmma::load_matrix_sync(kf, (const T *)ks + 16 * nb * D + 16 * kb, D);
+                wmma::mma_sync(s, qf[kb], kf, s);
+            }
+            for (int e = 0; e < s.num_elements; e++) s.x[e] *= a.scale;
+            wmma::store_matrix_sync(sw + 16 * nb, s, FB, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        /* the online softmax of row lr over keys 32h .. 32h + 31 of the tile */
+        float *srow = sw + lr * FB + 32 * h;
+        uint16_t *prow = pw + lr * FB + 32 * h;
+        float mx = m;
+        for (int j = 0; j < 32; j++) {
+            const int64_t key = j0 + 32 * h + j;
+            if (key - j0 >= nj || (a.causal && key > i)) srow[j] = -INFINITY;
+            mx = larger(srow[j], mx);
+        }
+        mx = larger(__shfl_xor_sync(0xffffffffu, mx, 1), mx);
+        float c = 1.0f;
+        if (mx == -INFINITY) {   /* nothing seen yet: P = 0, m and l stay (cpu_attention.c's softmax_block) */
+            for (int j = 0; j < 32; j++) prow[j] = 0;
+        } else {
+            float sum = 0.0f;
+            c = expf(m - mx);
+            for (int j = 0; j < 32; j++) {
+                float p = expf(srow[j] - mx);
+                sum += p;
+                if (a.dropout > 0) p *= keep_at(a, r, i, j0 + 32 * h + j);
+                prow[j] = (uint16_t)mp_ty<T>::bits(p);   /* P in the dtype, for the tensor cores */
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);   /* the two halves: the same bits on both lanes */
+            l = l * c + sum, m = mx;
+        }
+        for (int e = h * (D / 2); e < (h + 1) * (D / 2); e++) ow[lr * D + e] *= c;
+        __syncwarp();
+
+        /* O += P V */
+        typename frag<T>::a_row pf[FB / 16];
+        for (int kb = 0; kb < FB / 16; kb++) wmma::load_matrix_sync(pf[kb], (const T *)pw + 16 * kb, FB);
+        for (int db = 0; db < D / 16; db++) {
+            typename frag<T>::acc o;
+            wmma::load_matrix_sync(o, ow + 16 * db, D, wmma::mem_row_major);
+            for (int kb = 0; kb < FB / 16; kb++) {
+                typename frag<T>::b_row vf;
+                wmma::load_matrix_sync(vf, (const T *)vs + 16 * kb * D + 16 * db, D);
+                wmma::mma_sync(o, pf[kb], vf, o);
+            }
+            wmma::store_matrix_sync(ow + 16 * db, o, D, wmma::mem_row_major);
+        }
+        __syncwarp();
+    }
+    mp_tally t(fc);
+    if (live && i < tq) {
+        const float inv = l > 0 ? 1.0f / l : 0.0f;
+        for (int e = h * (D / 2); e < (h + 1) * (D / 2); e++) mp_put<T>(out, (r * tq + i) * D + e, ow[lr * D + e] * inv, t);
+        if (h == 0) lse[r * tq + i] = l > 0 ? m + logf(l) : -INFINITY;
+    }
+    t.commit();
+}
+
+}  /* namespace */
+
+/* the flash kernels take this op: f16/bf16, head dim 64 or 128 */
+bool mp_cuda_flash_takes(mp_dtype dt, int64_t d) { return (dt == MP_F16 || dt == MP_BF16) && (d == 64 || d == 128); }
+
+template <class T, int D>
+static void flash_fwd(mp_kctx *cx, void *out, float *lse, const void *q, const void *k, const void *v, const mp_attn_args *a)
+{
+    const size_t shared = fwd_shared<D>();
+    MP_CUDA_CHECK(cudaFuncSetAttribute((const void *)k_flash<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)shared), "attention (shared memory)");
+    dim3 grid((unsigned)a->bh, (unsigned)((a->tq + FB - 1) / FB));
+    const bool vec = mp_al16(q) && mp_al16(k) && mp_al16(v);
+    MP_LAUNCH(grid, FT, shared, cx->stream, k_flash<T, D>, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, *a,
+              vec, cx->flush);
+}
+
+int mp_cuda_flash_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k,
+                            const void *v, const mp_attn_args *a)
+{
+    if (a->bh <= 0 || a->tq <= 0) return 0;
+    if (dt == MP_F16) {
+        if (a->d == 64) flash_fwd<__half, 64>(cx, out, lse, q, k, v, a);
+        else flash_fwd<__half, 128>(cx, out, lse, q, k, v, a);
+    } else {
+        if (a->d == 64) flash_fwd<__nv_bfloat16, 64>(cx, out, lse, q, k, v, a);
+        else flash_fwd<__nv_bfloat16, 128>(cx, out, lse, q, k, v, a);
+    }
+    MP_LAUNCHED("attention");
+    return 0;
+}
