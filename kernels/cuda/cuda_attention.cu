@@ -164,6 +164,8 @@ int mp_cuda_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *d
         MP_CUDA_CHECK(cudaErrorInvalidValue, "attention_grad (head dim above 256)");
         return 0;
     }
+    if (mp_cuda_flash_takes(dt, a->d))
+        return mp_cuda_flash_attention_grad(cx, dt, dq, dk, dv, dout, q, k, v, out, lse, a);
     int64_t nk = a->bh * a->tk * a->d;
     float *sums = (float *)mp_cuda_scratch(cx, sizeof(float) * 2 * (size_t)nk);
     if (!sums) return -1;

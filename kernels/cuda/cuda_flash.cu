@@ -208,6 +208,215 @@ __global__ void __launch_bounds__(FT) k_flash(T *out, float *lse, const T *q, co
     t.commit();
 }
 
+
+/* ---- backward ---- */
+
+/* D_i = dO_i . O_i: a warp per row, the products summed in f64 (exact
+ * products, as cpu_attention.c's lane_dot), the lanes combined by a butterfly
+ * (every lane the same bits) */
+template <class T, int D> __global__ void k_flash_dot(float *dvec, const T *dout, const T *out, int64_t n)
+{
+    const int lane = (int)threadIdx.x % 32, wpb = (int)blockDim.x / 32;
+    for (int64_t row = (int64_t)blockIdx.x * wpb + threadIdx.x / 32; row < n; row += (int64_t)gridDim.x * wpb) {
+        double s = 0;
+        for (int e = lane; e < D; e += 32) s += (double)mp_get<T>(dout, row * D + e) * (double)mp_get<T>(out, row * D + e);
+        for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) dvec[row] = (float)s;
+    }
+}
+
+/* shared bytes of k_flash_dkv: Q, dO, K and V tiles (T), the tile's lse and D,
+ * each warp's S^T and dP^T (f32) and Pd^T and dS^T (T) */
+template <int D> constexpr size_t dkv_shared() { return 4 * FB * D * 2 + 2 * FB * 4 + FW * 16 * FB * (4 + 4 + 2 + 2); }
+
+template <class T, int D>
+__global__ void __launch_bounds__(FT) k_flash_dkv(T *dk, T *dv, const T *q, const T *k, const T *v, const T *dout,
+                                                  const float *lse, const float *dvec, mp_attn_args a, bool vec,
+                                                  unsigned long long *fc)
+{
+    MP_DYNAMIC_SHARED(float, sh);
+    uint16_t *qs = (uint16_t *)sh, *gs = qs + FB * D, *ks = gs + FB * D, *vs = ks + FB * D;
+    float *ls = (float *)(vs + FB * D), *dd = ls + FB, *st = dd + FB, *dpt = st + FW * 16 * FB;
+    uint16_t *pt = (uint16_t *)(dpt + FW * 16 * FB), *dst = pt + FW * 16 * FB;
+    const int w = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, lr = lane / 2, h = lane % 2;
+    const int64_t r = blockIdx.x, tq = a.tq, tk = a.tk, j0 = (int64_t)blockIdx.y * FB, jw = j0 + 16 * w, j = jw + lr;
+    float *stw = st + 16 * w * FB, *dpw = dpt + 16 * w * FB;
+    uint16_t *ptw = pt + 16 * w * FB, *dsw = dst + 16 * w * FB;
+    const bool live = jw < tk;   /* the warp has keys (uniform over the warp) */
+    const int nj = (int)min((int64_t)FB, tk - j0);
+    stage_rows<D>(ks, (const uint16_t *)k + (r * tk + j0) * D, FB, nj, (int)threadIdx.x, FT, vec);
+    stage_rows<D>(vs, (const uint16_t *)v + (r * tk + j0) * D, FB, nj, (int)threadIdx.x, FT, vec);
+
+    typename frag<T>::acc dka[D / 16], dva[D / 16];   /* the warp's 16 rows of dK and dV, for the whole pass */
+    for (int db = 0; db < D / 16; db++) wmma::fill_fragment(dka[db], 0.0f), wmma::fill_fragment(dva[db], 0.0f);
+    for (int64_t i0 = a.causal ? j0 : 0; i0 < tq; i0 += FB) {   /* causal: queries before j0 see none of these keys */
+        const int ni = (int)min((int64_t)FB, tq - i0);
+        __syncthreads();   /* the last query tile is read no more (and K, V are in, the first time) */
+        stage_rows<D>(qs, (const uint16_t *)q + (r * tq + i0) * D, FB, ni, (int)threadIdx.x, FT, vec);
+        stage_rows<D>(gs, (const uint16_t *)dout + (r * tq + i0) * D, FB, ni, (int)threadIdx.x, FT, vec);
+        for (int t = (int)threadIdx.x; t < FB; t += FT) {
+            ls[t] = t < ni ? lse[r * tq + i0 + t] : -INFINITY;
+            dd[t] = t < ni ? dvec[r * tq + i0 + t] : 0.0f;
+        }
+        __syncthreads();
+        if (!live) continue;
+
+        /* S^T = K Q^T * scale and dP^T = V dO^T, the warp's 16 keys against the tile's 64 queries */
+        for (int nb = 0; nb < FB / 16; nb++) {
+            typename frag<T>::acc s, dp;
+            wmma::fill_fragment(s, 0.0f);
+            wmma::fill_fragment(dp, 0.0f);
+            for (int kb = 0; kb < D / 16; kb++) {
+                typename frag<T>::a_row xa;
+                typename frag<T>::b_col xb;
+                wmma::load_matrix_sync(xa, (const T *)ks + 16 * w * D + 16 * kb, D);
+                wmma::load_matrix_sync(xb, (const T *)qs + 16 * nb * D + 16 * kb, D);
+                wmma::mma_sync(s, xa, xb, s);
+                wmma::load_matrix_sync(xa, (const T *)vs + 16 * w * D + 16 * kb, D);
+                wmma::load_matrix_sync(xb, (const T *)gs + 16 * nb * D + 16 * kb, D);
+                wmma::mma_sync(dp, xa, xb, dp);
+            }
+            for (int e = 0; e < s.num_elements; e++) s.x[e] *= a.scale;
+            wmma::store_matrix_sync(stw + 16 * nb, s, FB, wmma::mem_row_major);
+            wmma::store_matrix_sync(dpw + 16 * nb, dp, FB, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        /* key lr against queries 32h .. 32h + 31: P = exp(S - lse), Pd = P keep, dS = P (dP keep - D) */
+        for (int c = 32 * h; c < 32 * h + 32; c++) {
+            const int64_t i = i0 + c;
+            const float L = ls[c];
+            const bool seen = c < ni && j < tk && !(a.causal && j > i) && L != -INFINITY;
+            const float p = seen ? expf(stw[lr * FB + c] - L) : 0.0f;
+            const float kf = a.dropout > 0 && seen ? keep_at(a, r, i, j) : 1.0f;
+            ptw[lr * FB + c] = (uint16_t)mp_ty<T>::bits(p * kf);
+            dsw[lr * FB + c] = (uint16_t)mp_ty<T>::bits(p * (dpw[lr * FB + c] * kf - dd[c]));
+        }
+        __syncwarp();
+
+        /* dV += Pd^T dO, dK += dS^T Q */
+        typename frag<T>::a_row pf[FB / 16], sf[FB / 16];
+        for (int kb = 0; kb < FB / 16; kb++) {
+            wmma::load_matrix_sync(pf[kb], (const T *)ptw + 16 * kb, FB);
+            wmma::load_matrix_sync(sf[kb], (const T *)dsw + 16 * kb, FB);
+        }
+        for (int db = 0; db < D / 16; db++)
+            for (int kb = 0; kb < FB / 16; kb++) {
+                typename frag<T>::b_row xb;
+                wmma::load_matrix_sync(xb, (const T *)gs + 16 * kb * D + 16 * db, D);
+                wmma::mma_sync(dva[db], pf[kb], xb, dva[db]);
+                wmma::load_matrix_sync(xb, (const T *)qs + 16 * kb * D + 16 * db, D);
+                wmma::mma_sync(dka[db], sf[kb], xb, dka[db]);
+            }
+    }
+    /* out through the tiles' room (every warp is past its last read): the
+     * warp's dK and dV rows as f32, then rounded by the rows' lanes */
+    __syncthreads();
+    float *kw = sh + 32 * w * D, *vw = kw + 16 * D;
+    for (int db = 0; db < D / 16; db++) {
+        for (int e = 0; e < dka[db].num_elements; e++) dka[db].x[e] *= a.scale;
+        wmma::store_matrix_sync(kw + 16 * db, dka[db], D, wmma::mem_row_major);
+        wmma::store_matrix_sync(vw + 16 * db, dva[db], D, wmma::mem_row_major);
+    }
+    __syncwarp();
+    mp_tally t(fc);
+    if (live && j < tk)
+        for (int e = h * (D / 2); e < (h + 1) * (D / 2); e++) {
+            mp_put<T>(dk, (r * tk + j) * D + e, kw[lr * D + e], t);
+            mp_put<T>(dv, (r * tk + j) * D + e, vw[lr * D + e], t);
+        }
+    t.commit();
+}
+
+/* shared bytes of k_flash_dq: each warp's Q and dO rows (T), K and V tiles (T),
+ * each warp's S and dP (f32) and dS (T) */
+template <int D> constexpr size_t dq_shared() { return 4 * FB * D * 2 + FW * 16 * FB * (4 + 4 + 2); }
+
+template <class T, int D>
+__global__ void __launch_bounds__(FT) k_flash_dq(T *dq, const T *q, const T *k, const T *v, const T *dout,
+                                                 const float *lse, const float *dvec, mp_attn_args a, bool vec,
+                                                 unsigned long long *fc)
+{
+    MP_DYNAMIC_SHARED(float, sh);
+    const int w = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, lr = lane / 2, h = lane % 2;
+    uint16_t *qw = (uint16_t *)sh + 32 * w * D, *gw = qw + 16 * D;   /* the warp's Q rows, then its dO rows */
+    uint16_t *ks = (uint16_t *)sh + 2 * FB * D, *vs = ks + FB * D;
+    float *sw = (float *)(vs + FB * D) + 16 * w * FB, *dpw = (float *)(vs + FB * D) + FW * 16 * FB + 16 * w * FB;
+    uint16_t *dsw = (uint16_t *)((float *)(vs + FB * D) + 2 * FW * 16 * FB) + 16 * w * FB;
+    const int64_t r = blockIdx.x, tq = a.tq, tk = a.tk, i0 = (int64_t)blockIdx.y * FB, iw = i0 + 16 * w, i = iw + lr;
+    const bool live = iw < tq;   /* the warp has rows (uniform over the warp) */
+    const int nw = live ? (int)min((int64_t)16, tq - iw) : 0;
+    stage_rows<D>(qw, (const uint16_t *)q + (r * tq + iw) * D, 16, nw, lane, 32, vec);
+    stage_rows<D>(gw, (const uint16_t *)dout + (r * tq + iw) * D, 16, nw, lane, 32, vec);
+    const float L = live && i < tq ? lse[r * tq + i] : -INFINITY, di = live && i < tq ? dvec[r * tq + i] : 0.0f;
+    __syncwarp();
+
+    typename frag<T>::acc dqa[D / 16];   /* the warp's 16 rows of dQ, for the whole pass */
+    for (int db = 0; db < D / 16; db++) wmma::fill_fragment(dqa[db], 0.0f);
+    const int64_t ni = min((int64_t)FB, tq - i0), jend = a.causal ? min(i0 + ni, tk) : tk;
+    for (int64_t j0 = 0; j0 < jend; j0 += FB) {
+        const int nj = (int)min((int64_t)FB, jend - j0);
+        __syncthreads();   /* the last tile is read no more */
+        stage_rows<D>(ks, (const uint16_t *)k + (r * tk + j0) * D, FB, nj, (int)threadIdx.x, FT, vec);
+        stage_rows<D>(vs, (const uint16_t *)v + (r * tk + j0) * D, FB, nj, (int)threadIdx.x, FT, vec);
+        __syncthreads();
+        if (!live || (a.causal && j0 > iw + 15)) continue;   /* no row of the warp sees a key of the tile */
+
+        /* S = Q K^T * scale and dP = dO V^T, the warp's 16 rows against the tile's 64 keys */
+        for (int nb = 0; nb < FB / 16; nb++) {
+            typename frag<T>::acc s, dp;
+            wmma::fill_fragment(s, 0.0f);
+            wmma::fill_fragment(dp, 0.0f);
+            for (int kb = 0; kb < D / 16; kb++) {
+                typename frag<T>::a_row xa;
+                typename frag<T>::b_col xb;
+                wmma::load_matrix_sync(xa, (const T *)qw + 16 * kb, D);
+                wmma::load_matrix_sync(xb, (const T *)ks + 16 * nb * D + 16 * kb, D);
+                wmma::mma_sync(s, xa, xb, s);
+                wmma::load_matrix_sync(xa, (const T *)gw + 16 * kb, D);
+                wmma::load_matrix_sync(xb, (const T *)vs + 16 * nb * D + 16 * kb, D);
+                wmma::mma_sync(dp, xa, xb, dp);
+            }
+            for (int e = 0; e < s.num_elements; e++) s.x[e] *= a.scale;
+            wmma::store_matrix_sync(sw + 16 * nb, s, FB, wmma::mem_row_major);
+            wmma::store_matrix_sync(dpw + 16 * nb, dp, FB, wmma::mem_row_major);
+        }
+        __syncwarp();
+
+        /* row lr against keys 32h .. 32h + 31: dS = P (dP keep - D) */
+        for (int c = 32 * h; c < 32 * h + 32; c++) {
+            const int64_t key = j0 + c;
+            const bool seen = c < nj && i < tq && !(a.causal && key > i) && L != -INFINITY;
+            const float p = seen ? expf(sw[lr * FB + c] - L) : 0.0f;
+            const float kf = a.dropout > 0 && seen ? keep_at(a, r, i, key) : 1.0f;
+            dsw[lr * FB + c] = (uint16_t)mp_ty<T>::bits(p * (dpw[lr * FB + c] * kf - di));
+        }
+        __syncwarp();
+
+        /* dQ += dS K */
+        typename frag<T>::a_row sf[FB / 16];
+        for (int kb = 0; kb < FB / 16; kb++) wmma::load_matrix_sync(sf[kb], (const T *)dsw + 16 * kb, FB);
+        for (int db = 0; db < D / 16; db++)
+            for (int kb = 0; kb < FB / 16; kb++) {
+                typename frag<T>::b_row xb;
+                wmma::load_matrix_sync(xb, (const T *)ks + 16 * kb * D + 16 * db, D);
+                wmma::mma_sync(dqa[db], sf[kb], xb, dqa[db]);
+            }
+    }
+    /* out through the warp's Q and dO rows (its own: no other warp reads them) */
+    __syncwarp();
+    float *qo = (float *)qw;
+    for (int db = 0; db < D / 16; db++) {
+        for (int e = 0; e < dqa[db].num_elements; e++) dqa[db].x[e] *= a.scale;
+        wmma::store_matrix_sync(qo + 16 * db, dqa[db], D, wmma::mem_row_major);
+    }
+    __syncwarp();
+    mp_tally t(fc);
+    if (live && i < tq)
+        for (int e = h * (D / 2); e < (h + 1) * (D / 2); e++) mp_put<T>(dq, (r * tq + i) * D + e, qo[lr * D + e], t);
+    t.commit();
+}
+
 }  /* namespace */
 
 /* the flash kernels take this op: f16/bf16, head dim 64 or 128 */
@@ -238,4 +447,47 @@ int mp_cuda_flash_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, con
     }
     MP_LAUNCHED("attention");
     return 0;
+}
+
+template <class T, int D>
+static int flash_bwd(mp_kctx *cx, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                     const void *v, const void *out, const float *lse, const mp_attn_args *a)
+{
+    const int64_t rows = a->bh * a->tq;
+    float *dvec = (float *)mp_cuda_scratch(cx, sizeof(float) * (size_t)rows);
+    if (!dvec) return -1;
+    const bool vec = mp_al16(q) && mp_al16(k) && mp_al16(v) && mp_al16(dout);
+    if (rows > 0)
+        MP_LAUNCH(mp_blocks(rows * 32), MP_THREADS, 0, cx->stream, k_flash_dot<T, D>, dvec, (const T *)dout,
+                  (const T *)out, rows);
+    if (a->tk > 0) {   /* dK and dV: zeros where no query sees a key (tq 0, causal keys past tq) */
+        const size_t shared = dkv_shared<D>();
+        MP_CUDA_CHECK(cudaFuncSetAttribute((const void *)k_flash_dkv<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)shared), "attention_grad (shared memory)");
+        dim3 grid((unsigned)a->bh, (unsigned)((a->tk + FB - 1) / FB));
+        MP_LAUNCH(grid, FT, shared, cx->stream, k_flash_dkv<T, D>, (T *)dk, (T *)dv, (const T *)q, (const T *)k,
+                  (const T *)v, (const T *)dout, lse, (const float *)dvec, *a, vec, cx->flush);
+    }
+    if (a->tq > 0) {   /* dQ: zeros where there are no keys */
+        const size_t shared = dq_shared<D>();
+        MP_CUDA_CHECK(cudaFuncSetAttribute((const void *)k_flash_dq<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)shared), "attention_grad (shared memory)");
+        dim3 grid((unsigned)a->bh, (unsigned)((a->tq + FB - 1) / FB));
+        MP_LAUNCH(grid, FT, shared, cx->stream, k_flash_dq<T, D>, (T *)dq, (const T *)q, (const T *)k, (const T *)v,
+                  (const T *)dout, lse, (const float *)dvec, *a, vec, cx->flush);
+    }
+    MP_LAUNCHED("attention_grad");
+    return 0;
+}
+
+int mp_cuda_flash_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *dv, const void *dout,
+                                 const void *q, const void *k, const void *v, const void *out, const float *lse,
+                                 const mp_attn_args *a)
+{
+    if (a->bh <= 0) return 0;
+    if (dt == MP_F16)
+        return a->d == 64 ? flash_bwd<__half, 64>(cx, dq, dk, dv, dout, q, k, v, out, lse, a)
+                          : flash_bwd<__half, 128>(cx, dq, dk, dv, dout, q, k, v, out, lse, a);
+    return a->d == 64 ? flash_bwd<__nv_bfloat16, 64>(cx, dq, dk, dv, dout, q, k, v, out, lse, a)
+                      : flash_bwd<__nv_bfloat16, 128>(cx, dq, dk, dv, dout, q, k, v, out, lse, a);
 }
