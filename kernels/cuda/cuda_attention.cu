@@ -4,13 +4,15 @@
  * softmax, each row's log-sum-exp for the backward, Philox dropout at the same
  * counters, causal = keys j <= i).
  *
- * A first, simple fused kernel, written for correctness against the CPU (the
- * parity harness), not yet for speed: one thread per query row, key and value
- * tiles staged in shared memory, the row's accumulator in local memory (head
- * dims up to MAXD). The backward gives each query row's dq from its own thread
- * and adds its share of dk and dv into f32 sums in the context's scratch with
- * atomics, rounded to the dtype at the end. A tiled tensor-core kernel (or
- * cuDNN's fused attention) is the next step.
+ * f16 and bf16 with head dims 64 and 128 go to the tensor-core kernels of
+ * cuda_flash.cu (FlashAttention-2 style, a deterministic backward). The rest
+ * (f32, other head dims) stays on this first, simple fused kernel, written for
+ * correctness against the CPU (the parity harness), not for speed: one thread
+ * per query row, key and value tiles staged in shared memory, the row's
+ * accumulator in local memory (head dims up to MAXD). Its backward gives each
+ * query row's dq from its own thread and adds its share of dk and dv into f32
+ * sums in the context's scratch with atomics (their order, and so the last
+ * bits of dk and dv, change run to run), rounded to the dtype at the end.
  */
 #include "kernels/cuda/cuda.h"
 #include "kernels/philox.h"
