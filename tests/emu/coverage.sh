@@ -16,7 +16,8 @@ for f in kernels/cuda/*.cu; do
     def { if (!/\\$/) def = 0; next }
     /MP_LAUNCH(_UNORDERED)?\(/ { print "site " f ":" NR; next }
     { for (m in macro) if ($0 ~ ("(^|[^A-Za-z0-9_])" m "\\(")) { print "site " f ":" NR; break } }
-    /__global__ void [a-z_0-9]+\(/ { k = $0; sub(/.*__global__ void /, "", k); sub(/\(.*/, "", k); print "kernel " k }
+    /__global__ void (__launch_bounds__\([^)]*\) )?[a-z_0-9]+\(/ {
+      k = $0; sub(/.*__global__ void /, "", k); sub(/^__launch_bounds__\([^)]*\) /, "", k); sub(/\(.*/, "", k); print "kernel " k }
   ' "$f"
 done >"$tmp"
 awk -v tmp="$tmp" '
