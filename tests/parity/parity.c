@@ -621,8 +621,12 @@ static void cases_nn(void)
      * a run, aligned) and the element path; one tile of classes and several */
     static const int64_t ce_shapes[][2] = {{37, 11}, {16, 64}, {5, 3000}, {9, 1001}, {1, 2}};
     /* layer norm {rows, n}: short and long rows, and enough rows that the weight
-     * sums split into chunks combined by a second kernel (rows >= 128) */
-    static const int64_t ln_shapes[][2] = {{19, 64}, {3, 7}, {4, 3000}, {300, 64}, {1000, 33}};
+     * sums split into chunks combined by a second kernel (rows >= 128); rows the
+     * CUDA kernels keep in registers (up to 8 x 256 values: GPT-2's 768, 2048)
+     * and rows they read again on each pass (2049, 3000); 350 rows of 768: more
+     * rows than the fused weight sums have blocks (341), a block takes two */
+    static const int64_t ln_shapes[][2] = {{19, 64}, {3, 7}, {4, 3000}, {300, 64}, {1000, 33},
+                                           {6, 768}, {350, 768}, {2, 2048}, {3, 2049}};
     pcase c;
     char what[64];
     for (int d = 0; d < 3; d++) {
