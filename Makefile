@@ -134,7 +134,7 @@ $(BUILD)/obj/kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/cuda/*.h ker
 
 $(CUDA_SO): $(CUDA_OBJ)
 	@mkdir -p $(dir $@)
-	$(NVCC) -shared -o $@ $^ -lcublas -lcudnn -Xlinker -rpath,/usr/local/cuda/lib64
+	$(NVCC) -shared -o $@ $^ -lcublasLt -lcublas -lcudnn -Xlinker -rpath,/usr/local/cuda/lib64
 
 $(MPI_SO): kernels/mpi/mpi_comm.c kernels/comm.h kernels/backend.h
 	@mkdir -p $(dir $@)

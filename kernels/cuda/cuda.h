@@ -84,6 +84,8 @@ struct mp_kctx {
     cudaStream_t blas_stream;
     bool blas_bound;
     void *blas_ws;
+    /* cuBLASLt: the handle and the plans per shape of gemm_bias (cuda_gemm_lt.cu) */
+    void *blaslt;
     /* scratch device memory for a kernel's partial results, from the cache,
      * grown on demand and kept (mp_cuda_scratch) */
     void *scratch;
@@ -421,6 +423,13 @@ mp_be_narrow_put_fn mp_cuda_narrow_put;
 mp_be_gather_fn mp_cuda_gather;
 mp_be_scatter_add_fn mp_cuda_scatter_add;
 mp_be_gemm_fn mp_cuda_gemm;
+mp_be_gemm_bias_fn mp_cuda_gemm_bias;   /* cuda_gemm_lt.cu */
+/* cuda_gemm.cu: a cuBLAS status as the nearest CUDA error; the cuBLAS handle's
+ * workspace (made with the handle on first use; NULL and 0 bytes when there is
+ * none), which cuBLASLt's calls on the same stream share, and whether the
+ * handle lets f32 products use TF32 */
+cudaError_t mp_cuda_blas_error(cublasStatus_t s);
+void *mp_cuda_gemm_workspace(mp_kctx *cx, size_t *bytes, bool *tf32);
 mp_be_softmax_fn mp_cuda_softmax;
 mp_be_softmax_grad_fn mp_cuda_softmax_grad;
 mp_be_cross_entropy_fn mp_cuda_cross_entropy;

@@ -20,26 +20,53 @@
  *
  * Broadcasting: the mp_bcast is first coalesced on the host as the CPU does
  * (fewer dims, fewer divisions), then passed by value to the kernel, which maps
- * the output index to an offset in each input.
+ * the output index to an offset in each input, in 32-bit arithmetic wherever
+ * the elements and offsets fit (bcast_narrow), in 64-bit otherwise.
  */
 #include "kernels/cuda/cuda.h"
 #include "kernels/int_rules.h"
 
 /* ---- broadcasting ---- */
 
-/* the offsets in a and b of output element i (row-major over bc.shape) */
-static __device__ __forceinline__ void bcast_offsets(const mp_bcast &bc, int64_t i, int64_t *oa, int64_t *ob)
+/* the offsets in a and b of output element i (row-major over bc.shape), in
+ * index type I: the division and remainder per dim are the cost of a broadcast,
+ * and 32-bit ones take a fraction of the instructions of 64-bit ones */
+template <class I>
+static __device__ __forceinline__ void bcast_offsets_in(const mp_bcast &bc, I i, int64_t *oa, int64_t *ob)
 {
-    if (bc.ndim == 1) { *oa = i * bc.sa[0], *ob = i * bc.sb[0]; return; }
-    int64_t a = 0, b = 0;
+    if (bc.ndim == 1) { *oa = (int64_t)(i * (I)bc.sa[0]), *ob = (int64_t)(i * (I)bc.sb[0]); return; }
+    I a = 0, b = 0;
 #pragma unroll
     for (int d = MP_MAXDIM - 1; d >= 0; d--) {
         if (d >= bc.ndim) continue;
-        int64_t k = i % bc.shape[d];
-        i /= bc.shape[d];
-        a += k * bc.sa[d], b += k * bc.sb[d];
+        I k = i % (I)bc.shape[d];
+        i /= (I)bc.shape[d];
+        a += k * (I)bc.sa[d], b += k * (I)bc.sb[d];
     }
-    *oa = a, *ob = b;
+    *oa = (int64_t)a, *ob = (int64_t)b;
+}
+
+/* narrow: every index and offset of the broadcast fits 32 bits (bcast_narrow) */
+static __device__ __forceinline__ void bcast_offsets(const mp_bcast &bc, int64_t i, bool narrow, int64_t *oa,
+                                                     int64_t *ob)
+{
+    if (narrow) bcast_offsets_in<uint32_t>(bc, (uint32_t)i, oa, ob);
+    else bcast_offsets_in<int64_t>(bc, i, oa, ob);
+}
+
+/* whether the n elements of a coalesced broadcast and every offset into a and b
+ * fit 32 unsigned bits (nearly every tensor; strides are never negative here,
+ * checked anyway) */
+static bool bcast_narrow(const mp_bcast &bc, int64_t n)
+{
+    if (n > (int64_t)UINT32_MAX) return false;
+    int64_t ma = 0, mb = 0;
+    for (int d = 0; d < bc.ndim; d++) {
+        if (bc.sa[d] < 0 || bc.sb[d] < 0 || bc.shape[d] > (int64_t)UINT32_MAX) return false;
+        if (bc.shape[d] > 0) ma += (bc.shape[d] - 1) * bc.sa[d], mb += (bc.shape[d] - 1) * bc.sb[d];
+        if (ma > (int64_t)UINT32_MAX || mb > (int64_t)UINT32_MAX) return false;
+    }
+    return true;
 }
 
 /* ---- binary ---- */
@@ -79,12 +106,12 @@ static __device__ __forceinline__ int64_t ld_int(mp_dtype dt, const void *p, int
 }
 
 static __global__ void binary_float_k(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
-                                      mp_bcast bc, int64_t n, unsigned long long *fc)
+                                      mp_bcast bc, bool narrow, int64_t n, unsigned long long *fc)
 {
     mp_tally t(fc);
     MP_FOR(i, n) {
         int64_t oa, ob;
-        bcast_offsets(bc, i, &oa, &ob);
+        bcast_offsets(bc, i, narrow, &oa, &ob);
         mp_stc(dt, out, i, bin_f(op, mp_ld(dt, a, oa), mp_ld(dt, b, ob)), t);
     }
     t.commit();
@@ -116,11 +143,11 @@ static __global__ void binary_vec_k(mp_binop op, void *out, const void *a, int s
 }
 
 static __global__ void binary_int_k(mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
-                                    mp_bcast bc, int64_t n)
+                                    mp_bcast bc, bool narrow, int64_t n)
 {
     MP_FOR(i, n) {
         int64_t oa, ob;
-        bcast_offsets(bc, i, &oa, &ob);
+        bcast_offsets(bc, i, narrow, &oa, &ob);
         int64_t r = mp_bin_int(op, ld_int(dt, a, oa), ld_int(dt, b, ob));
         if (dt == MP_I32) ((int32_t *)out)[i] = (int32_t)(uint32_t)r;
         else ((uint8_t *)out)[i] = (uint8_t)r;
@@ -128,12 +155,12 @@ static __global__ void binary_int_k(mp_binop op, mp_dtype dt, void *out, const v
 }
 
 static __global__ void compare_k(mp_binop op, mp_dtype dt, uint8_t *out, const void *a, const void *b,
-                                 mp_bcast bc, int64_t n)
+                                 mp_bcast bc, bool narrow, int64_t n)
 {
     bool ints = dt == MP_I32 || dt == MP_U8;
     MP_FOR(i, n) {
         int64_t oa, ob;
-        bcast_offsets(bc, i, &oa, &ob);
+        bcast_offsets(bc, i, narrow, &oa, &ob);
         out[i] = ints ? cmp(op, ld_int(dt, a, oa), ld_int(dt, b, ob)) : cmp(op, mp_ld(dt, a, oa), mp_ld(dt, b, ob));
     }
 }
@@ -146,11 +173,12 @@ void mp_cuda_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
     for (int d = 0; d < nd; d++) n *= bc.shape[d];
     if (n <= 0) return;
     unsigned blocks = mp_blocks(n);
+    const bool narrow = bcast_narrow(bc, n);
     if (MP_IS_CMP(op)) {
-        MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, compare_k, op, dt, (uint8_t *)out, a, b, bc, n);
+        MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, compare_k, op, dt, (uint8_t *)out, a, b, bc, narrow, n);
         MP_LAUNCHED("binary (compare)");
     } else if (dt == MP_I32 || dt == MP_U8) {
-        MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, binary_int_k, op, dt, out, a, b, bc, n);
+        MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, binary_int_k, op, dt, out, a, b, bc, narrow, n);
         MP_LAUNCHED("binary (integer)");
     } else if (nd == 1 && (bc.sa[0] == 0 || bc.sa[0] == 1) && (bc.sb[0] == 0 || bc.sb[0] == 1) && mp_al16(out) &&
                (bc.sa[0] == 0 || mp_al16(a)) && (bc.sb[0] == 0 || mp_al16(b))) {
@@ -160,7 +188,7 @@ void mp_cuda_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
                                      cx->flush));
         MP_LAUNCHED("binary");
     } else {
-        MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, binary_float_k, op, dt, out, a, b, bc, n, cx->flush);
+        MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, binary_float_k, op, dt, out, a, b, bc, narrow, n, cx->flush);
         MP_LAUNCHED("binary");
     }
 }

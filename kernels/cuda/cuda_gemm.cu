@@ -32,7 +32,7 @@
 
 
 /* a cuBLAS status as the nearest CUDA error, for the sticky error */
-static cudaError_t as_cuda_error(cublasStatus_t s)
+cudaError_t mp_cuda_blas_error(cublasStatus_t s)
 {
     switch (s) {
     case CUBLAS_STATUS_SUCCESS: return cudaSuccess;
@@ -56,7 +56,7 @@ static cublasHandle_t get_handle(mp_kctx *cx)
         cublasHandle_t h;
         cublasStatus_t s = cublasCreate(&h);
         if (s != CUBLAS_STATUS_SUCCESS) {
-            mp_cuda_note(cx, as_cuda_error(s), "gemm: cublasCreate");
+            mp_cuda_note(cx, mp_cuda_blas_error(s), "gemm: cublasCreate");
             return NULL;
         }
         /* f32 accumulation and one rounding: without this flag cuBLAS may split
@@ -68,7 +68,7 @@ static cublasHandle_t get_handle(mp_kctx *cx)
             h, (cublasMath_t)(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
         if (m != CUBLAS_STATUS_SUCCESS) {
             cublasDestroy(h);
-            mp_cuda_note(cx, as_cuda_error(m), "gemm: cublasSetMathMode");
+            mp_cuda_note(cx, mp_cuda_blas_error(m), "gemm: cublasSetMathMode");
             return NULL;
         }
         cx->blas = h;
@@ -84,13 +84,23 @@ static cublasHandle_t get_handle(mp_kctx *cx)
         cublasStatus_t s = cublasSetStream(cx->blas, cx->stream);
         if (s == CUBLAS_STATUS_SUCCESS && cx->blas_ws) s = cublasSetWorkspace(cx->blas, cx->blas_ws, GEMM_WORKSPACE);
         if (s != CUBLAS_STATUS_SUCCESS) {
-            mp_cuda_note(cx, as_cuda_error(s), "gemm: cublasSetStream/cublasSetWorkspace");
+            mp_cuda_note(cx, mp_cuda_blas_error(s), "gemm: cublasSetStream/cublasSetWorkspace");
             return NULL;
         }
         cx->blas_stream = cx->stream;
         cx->blas_bound = true;
     }
     return cx->blas;
+}
+
+void *mp_cuda_gemm_workspace(mp_kctx *cx, size_t *bytes, bool *tf32)
+{
+    cublasMath_t math = CUBLAS_DEFAULT_MATH;
+    cublasHandle_t h = get_handle(cx);
+    if (h) cublasGetMathMode(h, &math);
+    *tf32 = ((int)math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH;
+    *bytes = h && cx->blas_ws ? GEMM_WORKSPACE : 0;
+    return *bytes ? cx->blas_ws : NULL;
 }
 
 static cudaDataType cuda_type(mp_dtype dt)
@@ -156,7 +166,7 @@ int mp_cuda_gemm(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_
                                               &beta, c, t, ldc, (long long)sc,
                                               per_call, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS) {
-            mp_cuda_note(cx, as_cuda_error(s), "gemm: cublasGemmStridedBatchedEx");
+            mp_cuda_note(cx, mp_cuda_blas_error(s), "gemm: cublasGemmStridedBatchedEx");
             return -1;
         }
     }

@@ -28,10 +28,19 @@
  *
  * Every rounding to f16/bf16 is tallied for flush counting (cuda.h).
  *
- * Layer norm's weight and bias gradients are column sums over the rows, done
- * deterministically in two passes: blocks sum runs of rows into a fixed buffer
- * of partials (safe because this backend runs every kernel on the one stream),
- * then one thread per column adds its partials in order.
+ * Layer norm reads each row once forward and once backward when the row fits
+ * a block's registers (up to LN_CACHE x 256 values: GPT-2's 768, 1024, 2048):
+ * each thread keeps its share of the row, and the passes over it (the mean, the
+ * variance, the output; the two backward sums, gx) take the values from there,
+ * in the order the uncached kernels read them, so the bits are the same.
+ * The weight and bias gradients are column sums over the rows, deterministic in
+ * two steps: partial sums (double) into a fixed buffer (safe because this
+ * backend runs every kernel on the one stream), then one thread per column adds
+ * its partials in order. For rows of 256 values or more that fit the
+ * registers, the partials are the gx kernel's own (each block's rows, summed as
+ * it reads them: the backward reads gy and x once); otherwise a kernel of their
+ * own reads gy and x again in chunks of rows. Both orders sum exactly what the
+ * CPU sums, in double, and round once to f32.
  */
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/cuda_tile.h"
@@ -249,6 +258,18 @@ __global__ void k_cross_entropy_grad(void *gx, const void *x, const float *lse, 
 
 /* ---- layer norm ---- */
 
+/* A row's values, each thread's share of them (j = ty, ty + tyn, ...): with C
+ * (rows of at most LN_CACHE x tyn values) a thread reads its share from memory
+ * once into registers and every later pass takes it from there; without, each
+ * pass reads it again. The values and their order are the same either way, so
+ * both give the same bits. */
+#define LN_CACHE 8   /* the unroll count of ROW_EACH below: keep them equal */
+#define ROW_EACH(k, j, c, t, n)                                                      \
+    _Pragma("unroll 8") for (int k = 0; k < (C ? LN_CACHE : (1 << 30)); k++)        \
+        if (int64_t j = (c).ty + (int64_t)k * (t).tyn; !(c).live || j >= (n)) break; \
+        else
+
+template <bool C>
 __global__ void k_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, const void *x, const void *w,
                              const void *bias, int64_t rows, int64_t n, float eps, Tile t, unsigned long long *fc)
 {
@@ -256,21 +277,27 @@ __global__ void k_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, con
     mp_tally tl(fc);
     for (int64_t b = blockIdx.x; b < (rows + t.txn - 1) / t.txn; b += gridDim.x) {
         Col c = col_at(t, b, rows, n, 1);
+        float xv[C ? LN_CACHE : 1];
+        if (C) {
+            ROW_EACH(k, j, c, t, n) xv[k] = mp_ld(dt, x, c.base + j);
+        }
+#define X_AT(k, j) (C ? xv[(k)] : mp_ld(dt, x, c.base + (j)))
         double s = 0, ss = 0;
         float m = 0.0f;   /* no mean: RMS norm, no centring */
         if (mean) {
-            COL_FOR(j, c, t, n) s += mp_ld(dt, x, c.base + j);
+            ROW_EACH(k, j, c, t, n) s += X_AT(k, j);
             m = (float)(tile_reduce(t, c.tx, c.ty, s, sh, Sum{}) / (double)n);
         }
-        COL_FOR(j, c, t, n) {
-            float d = mp_ld(dt, x, c.base + j) - m;
+        ROW_EACH(k, j, c, t, n) {
+            float d = X_AT(k, j) - m;
             ss = __dadd_rn(ss, (double)d * d);
         }
         float rs = 1.0f / sqrtf((float)(tile_reduce(t, c.tx, c.ty, ss, sh, Sum{}) / (double)n) + eps);
-        COL_FOR(j, c, t, n) {
+        ROW_EACH(k, j, c, t, n) {
             float wj = w ? mp_ld(dt, w, j) : 1.0f, bj = bias ? mp_ld(dt, bias, j) : 0.0f;
-            mp_stc(dt, y, c.base + j, __fadd_rn((mp_ld(dt, x, c.base + j) - m) * rs * wj, bj), tl);
+            mp_stc(dt, y, c.base + j, __fadd_rn((X_AT(k, j) - m) * rs * wj, bj), tl);
         }
+#undef X_AT
         if (c.live && c.ty == 0) {
             if (mean) mean[c.q] = m;
             rstd[c.q] = rs;
@@ -280,29 +307,51 @@ __global__ void k_layer_norm(mp_dtype dt, void *y, float *mean, float *rstd, con
 }
 
 /* gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w * xhat)); no mean (RMS norm):
- * xhat = x * rstd and no mean(g*w) term */
+ * xhat = x * rstd and no mean(g*w) term. With C, g*w and xhat are kept from the
+ * first pass for the second. With parts (C, and a block a row at a time: txn 1),
+ * the weight gradient's column sums ride along in the same pass: each thread adds
+ * g*xhat and g of its columns over the rows its block takes, in row order, and
+ * the block's sums go to parts[blockIdx.x*n + j] and parts[(gridDim.x +
+ * blockIdx.x)*n + j] for k_layer_norm_wb_sum to add in block order. */
+template <bool C>
 __global__ void k_layer_norm_gx(mp_dtype dt, void *gx, const void *gy, const void *x, const float *mean,
                                 const float *rstd, const void *w, int64_t rows, int64_t n, Tile t,
-                                unsigned long long *fc)
+                                double *parts, unsigned long long *fc)
 {
     __shared__ double sh[MP_THREADS];
     mp_tally tl(fc);
+    double swv[C ? LN_CACHE : 1] = {}, sbv[C ? LN_CACHE : 1] = {};
     for (int64_t b = blockIdx.x; b < (rows + t.txn - 1) / t.txn; b += gridDim.x) {
         Col c = col_at(t, b, rows, n, 1);
         float mq = c.live && mean ? mean[c.q] : 0.0f, rq = c.live ? rstd[c.q] : 0.0f;
+        float gwv[C ? LN_CACHE : 1], xhv[C ? LN_CACHE : 1];
         double a = 0, cc = 0;
-        COL_FOR(j, c, t, n) {
-            float gw = __fmul_rn(mp_ld(dt, gy, c.base + j), w ? mp_ld(dt, w, j) : 1.0f);
+        ROW_EACH(k, j, c, t, n) {
+            float g = mp_ld(dt, gy, c.base + j);
+            float gw = __fmul_rn(g, w ? mp_ld(dt, w, j) : 1.0f);
             float xh = (mp_ld(dt, x, c.base + j) - mq) * rq;
+            if (C) {
+                gwv[k] = gw, xhv[k] = xh;
+                if (parts) swv[k] = __dadd_rn(swv[k], (double)__fmul_rn(g, xh)), sbv[k] = __dadd_rn(sbv[k], (double)g);
+            }
             a += gw, cc = __dadd_rn(cc, (double)gw * xh);
         }
         float ma = (float)(tile_reduce(t, c.tx, c.ty, a, sh, Sum{}) / (double)n);
         if (!mean) ma = 0.0f;
         float mc = (float)(tile_reduce(t, c.tx, c.ty, cc, sh, Sum{}) / (double)n);
-        COL_FOR(j, c, t, n) {
-            float gw = __fmul_rn(mp_ld(dt, gy, c.base + j), w ? mp_ld(dt, w, j) : 1.0f);
-            float xh = (mp_ld(dt, x, c.base + j) - mq) * rq;
+        ROW_EACH(k, j, c, t, n) {
+            float gw = C ? gwv[k] : __fmul_rn(mp_ld(dt, gy, c.base + j), w ? mp_ld(dt, w, j) : 1.0f);
+            float xh = C ? xhv[k] : (mp_ld(dt, x, c.base + j) - mq) * rq;
             mp_stc(dt, gx, c.base + j, rq * __fsub_rn(__fsub_rn(gw, ma), __fmul_rn(xh, mc)), tl);
+        }
+    }
+    if (C && parts) {   /* txn 1: every thread's columns are j = ty + k tyn, whatever rows the block took */
+#pragma unroll
+        for (int k = 0; k < LN_CACHE; k++) {
+            int64_t j = threadIdx.x + (int64_t)k * t.tyn;
+            if (j >= n) break;
+            parts[(int64_t)blockIdx.x * n + j] = swv[k];
+            parts[((int64_t)gridDim.x + blockIdx.x) * n + j] = sbv[k];
         }
     }
     tl.commit();
@@ -439,8 +488,12 @@ int mp_cuda_layer_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rs
 {
     if (rows <= 0) return 0;
     Tile t = tile_for(n, 1);
-    MP_LAUNCH(grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_layer_norm, dt, y, mean, rstd, x, w, b,
-              rows, n, eps, t, cx->flush);
+    if (n <= (int64_t)LN_CACHE * t.tyn)
+        MP_LAUNCH(grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_layer_norm<true>, dt, y, mean, rstd,
+                  x, w, b, rows, n, eps, t, cx->flush);
+    else
+        MP_LAUNCH(grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_layer_norm<false>, dt, y, mean, rstd,
+                  x, w, b, rows, n, eps, t, cx->flush);
     MP_LAUNCHED("layer_norm");
     return 0;
 }
@@ -451,9 +504,30 @@ int mp_cuda_layer_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float
     if (n <= 0) return 0;
     if (rows > 0) {
         Tile t = tile_for(n, 1);
-        MP_LAUNCH(grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_layer_norm_gx, dt, gx, gy, x, mean,
-                  rstd, w, rows, n, t, cx->flush);
+        unsigned grid = grid_for((rows + t.txn - 1) / t.txn);
+        double *parts = NULL;
+        if (n <= (int64_t)LN_CACHE * t.tyn) {
+            /* the weight sums in the same pass, when a block takes a row at a time:
+             * as many blocks as the partials buffer holds (a function of rows and n,
+             * so the bits do not depend on the device) */
+            int64_t most = LN_PARTS / (2 * n);
+            if ((gw || gb) && t.txn == 1 && most >= 1) {
+                unsigned g = grid < most ? grid : (unsigned)most;
+                parts = (double *)mp_cuda_scratch(cx, sizeof(double) * (size_t)(2 * (int64_t)g * n));
+                if (parts) grid = g;
+            }
+            MP_LAUNCH(grid, MP_THREADS, 0, cx->stream, k_layer_norm_gx<true>, dt, gx, gy, x, mean, rstd, w, rows, n, t,
+                      parts, cx->flush);
+        } else {
+            MP_LAUNCH(grid, MP_THREADS, 0, cx->stream, k_layer_norm_gx<false>, dt, gx, gy, x, mean, rstd, w, rows, n, t,
+                      parts, cx->flush);
+        }
         MP_LAUNCHED("layer_norm_grad");
+        if (parts) {
+            MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, k_layer_norm_wb_sum, gw, gb, parts, n, (int64_t)grid);
+            MP_LAUNCHED("layer_norm_grad (weight sums of the fused pass, combine)");
+            return 0;
+        }
     }
     if (gw || gb) layer_norm_wb(cx, dt, gw, gb, gy, x, mean, rstd, rows, n);
     return 0;

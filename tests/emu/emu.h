@@ -10,7 +10,7 @@
  *   emu_runtime.cc the CUDA runtime: memory and what kind each byte is,
  *                  streams that run their work only when the host needs it,
  *                  events, copies, errors, device properties
- *   emu_cublas.cc, emu_cudnn.cc, emu_nccl.cc
+ *   emu_cublas.cc, emu_cublaslt.cc, emu_cudnn.cc, emu_nccl.cc
  *                  the library calls the backend makes, checked as the
  *                  libraries' manuals specify and computed with the CPU
  *                  backend's kernels
@@ -78,6 +78,9 @@ cudaError_t sync_stream(cudaStream_t s);
 cudaError_t sync_stream_exact(cudaStream_t s);
 cudaError_t sync_device();
 bool stream_valid(cudaStream_t s);
+/* the queueing of every library product on s (emu_cublas.cc): cuBLAS's gemms
+ * and cuBLASLt's matmuls (emu_cublaslt.cc) go through it alike */
+bool queue_product(cudaStream_t s, const char *what, std::function<bool()> fn);
 
 /* ---- kernels (emu_sched.cc) ---- */
 struct kernel_run {

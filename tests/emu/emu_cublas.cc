@@ -237,6 +237,11 @@ static bool gemm_item(const gemm_job &j, int64_t it)
     return true;
 }
 
+bool mp_emu::queue_product(cudaStream_t s, const char *what, std::function<bool()> fn)
+{
+    return enqueue(s, what, std::move(fn));
+}
+
 /* the elements an item of a column-major {rows, cols} matrix spans, and the batch */
 static bool matrix_ok(const char *call, const char *name, const void *p, size_t es, int64_t rows, int64_t cols,
                       int64_t ld, long long stride, int64_t batch, bool written)
@@ -322,7 +327,7 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
     j.tf32 = at == MP_F32 && (compute == CUBLAS_COMPUTE_32F_FAST_TF32 ||
                               (base == CUBLAS_TF32_TENSOR_OP_MATH && compute == CUBLAS_COMPUTE_32F));
     j.split = ct != MP_F32 && k > SPLIT_K && !((int)h->math & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
-    enqueue(h->stream, "cublasGemm", [j] {
+    queue_product(h->stream, "cublasGemm", [j] {
         for (int64_t it = 0; it < j.batch; it++)
             if (!gemm_item(j, it)) {
                 sticky(cudaErrorLaunchFailure, "unspecified launch failure (emulated cuBLAS: the CPU gemm found no "

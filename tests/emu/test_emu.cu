@@ -8,10 +8,12 @@
  * kernel, copies in the wrong direction, work that runs only when the host
  * waits, WMMA fragments (a GEMM through the tensor-core API, a divergent or
  * partial warp's call), and the library shims' checks and models (cuBLAS's leading
- * dimensions and split-K, cuDNN's math types and non-deterministic
+ * dimensions and split-K, cuBLASLt's bias epilogue, argument checks and
+ * split-K, cuDNN's math types and non-deterministic
  * algorithms, NCCL with one rank).
  */
 #include <criterion/criterion.h>
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cudnn.h>
 #include <nccl.h>
@@ -665,6 +667,170 @@ Test(emu, cublas_models_split_k_in_16_bits_unless_the_handle_disallows_it)
     cr_assert(loose >= 2, "reduced-precision reduction: %d ulps at worst", loose);
     cr_assert(strict <= 1, "f32 reduction: %d ulps at worst", strict);
     cublasDestroy(h);
+}
+
+/* ---- cuBLASLt ---- */
+
+/* D {m, n} = op(A) op(B) + bias {m} (column-major, f16) through cuBLASLt, A
+ * transposed ({k, m} stored) as cuda_gemm_lt.cu's weights; the preference's
+ * reduction mask and workspace as given; the worst distance in ulps from
+ * the f32 sums plus the bias rounded once */
+struct lt_case {
+    int m, n, k;
+    cublasLtHandle_t h;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    std::vector<uint16_t> A, B, bias;
+    void *dA, *dB, *dD, *dbias, *ws;
+    lt_case(int m_, int n_, int k_) : m(m_), n(n_), k(k_)
+    {
+        cr_assert_eq(cublasLtCreate(&h), CUBLAS_STATUS_SUCCESS);
+        cr_assert_eq(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+        int32_t t = CUBLAS_OP_T;
+        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+        cr_assert_eq(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t), CUBLAS_STATUS_SUCCESS);
+        cr_assert_eq(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+                     CUBLAS_STATUS_SUCCESS);
+        cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, k, m, k), cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, k, n, k);
+        cublasLtMatrixLayoutCreate(&ld, CUDA_R_16F, m, n, m);
+        A.resize((size_t)k * m), B.resize((size_t)k * n), bias.resize(m);
+        for (size_t i = 0; i < A.size(); i++) A[i] = mp_f32_to_f16((float)((i * 37) % 201) / 100.0f - 1.0f);
+        for (size_t i = 0; i < B.size(); i++) B[i] = mp_f32_to_f16((float)((i * 53) % 199) / 100.0f - 1.0f);
+        for (int i = 0; i < m; i++) bias[i] = mp_f32_to_f16((float)(i % 7) - 3.0f);
+        dA = dev(A.size() * 2), dB = dev(B.size() * 2), dD = dev((size_t)m * n * 2), dbias = dev((size_t)m * 2);
+        ws = dev(1 << 22);
+        cudaMemcpy(dA, A.data(), A.size() * 2, cudaMemcpyHostToDevice);
+        cudaMemcpy(dB, B.data(), B.size() * 2, cudaMemcpyHostToDevice);
+        cudaMemcpy(dbias, bias.data(), bias.size() * 2, cudaMemcpyHostToDevice);
+        set_bias(dbias);
+    }
+    void set_bias(const void *p)
+    {
+        cr_assert_eq(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p, sizeof p),
+                     CUBLAS_STATUS_SUCCESS);
+    }
+    cublasStatus_t heuristic(uint32_t mask, uint64_t ws_bytes, cublasLtMatmulAlgo_t *algo, size_t *need)
+    {
+        cublasLtMatmulPreference_t pref;
+        cublasLtMatmulPreferenceCreate(&pref);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes);
+        cublasLtMatmulHeuristicResult_t r;
+        int found = 0;
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &r, &found);
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (s == CUBLAS_STATUS_SUCCESS) {
+            cr_assert_eq(found, 1);
+            *algo = r.algo, *need = r.workspaceSize;
+        }
+        return s;
+    }
+    cublasStatus_t run(const cublasLtMatmulAlgo_t *algo, const void *a, void *d, size_t ws_bytes)
+    {
+        float one = 1, zero = 0;
+        return cublasLtMatmul(h, op, &one, a, la, dB, lb, &zero, d, ld, d, ld, algo, ws, ws_bytes, 0);
+    }
+    int worst_ulps()
+    {
+        std::vector<uint16_t> D((size_t)m * n);
+        cudaMemcpy(D.data(), dD, D.size() * 2, cudaMemcpyDeviceToHost);
+        auto ordered = [](uint16_t b) { return b & 0x8000 ? -(int)(b & 0x7fff) : (int)b; };
+        int worst = 0;
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                double s = mp_f16_to_f32(bias[i]);
+                for (int l = 0; l < k; l++)
+                    s += (double)mp_f16_to_f32(A[(size_t)l + (size_t)i * k]) * mp_f16_to_f32(B[(size_t)l + (size_t)j * k]);
+                int d = ordered(mp_f32_to_f16((float)s)) - ordered(D[(size_t)i + (size_t)j * m]);
+                worst = d < 0 ? (-d > worst ? -d : worst) : (d > worst ? d : worst);
+            }
+        return worst;
+    }
+    ~lt_case()
+    {
+        cudaFree(dA), cudaFree(dB), cudaFree(dD), cudaFree(dbias), cudaFree(ws);
+        cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+        cublasLtMatmulDescDestroy(op), cublasLtDestroy(h);
+    }
+};
+
+Test(emu, cublaslt_adds_the_bias_before_the_one_rounding_and_models_split_k_as_the_preference_allows)
+{
+    lt_case c(8, 8, 4096);
+    cublasLtMatmulAlgo_t algo;
+    size_t need;
+    /* every reduction scheme allowed (the default) with room for partials: 16-bit ones */
+    cr_assert_eq(c.heuristic(CUBLASLT_REDUCTION_SCHEME_MASK, 1 << 22, &algo, &need), CUBLAS_STATUS_SUCCESS);
+    cr_assert(need > 0);
+    cr_assert_eq(c.run(&algo, c.dA, c.dD, 1 << 22), CUBLAS_STATUS_SUCCESS);
+    int loose = c.worst_ulps();
+    cr_assert(loose >= 2, "16-bit reduction: %d ulps at worst", loose);
+    /* f32 reductions only (cuda_gemm_lt.cu's mask) */
+    cr_assert_eq(c.heuristic(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, 1 << 22, &algo, &need), CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(c.run(&algo, c.dA, c.dD, 1 << 22), CUBLAS_STATUS_SUCCESS);
+    int strict = c.worst_ulps();
+    cr_assert(strict <= 1, "f32 reduction: %d ulps at worst", strict);
+}
+
+Test(emu, cublaslt_refuses_what_its_manual_does_not_allow_naming_it)
+{
+    lt_case c(6, 5, 16);
+    cublasLtMatmulAlgo_t algo;
+    size_t need;
+    cr_assert_eq(c.heuristic(CUBLASLT_REDUCTION_SCHEME_MASK, 0, &algo, &need), CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(c.run(&algo, c.dA, c.dD, 0), CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(sync_error(NULL), cudaSuccess);
+    cr_assert(c.worst_ulps() <= 1);
+    /* an attribute of the wrong size */
+    int64_t wide = CUBLAS_OP_T;
+    cr_assert_eq(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_TRANSA, &wide, sizeof wide),
+                 CUBLAS_STATUS_INVALID_VALUE);
+    /* A one element in: less aligned than the algo (256 bytes by default) assumes */
+    cr_assert_eq(c.run(&algo, (char *)c.dA + 2, c.dD, 0), CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "MIN_ALIGNMENT_A");
+    /* the bias NULL, then a bias less aligned than the one the heuristic saw */
+    c.set_bias(NULL);
+    cr_assert_eq(c.run(&algo, c.dA, c.dD, 0), CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "BIAS_POINTER");
+    c.set_bias((char *)c.dbias + 2);
+    cr_assert_eq(c.run(&algo, c.dA, c.dD, 0), CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "the bias");
+    c.set_bias(c.dbias);
+    /* the algo of another problem */
+    lt_case other(6, 5, 17);
+    cublasLtMatmulAlgo_t algo2;
+    cr_assert_eq(other.heuristic(CUBLASLT_REDUCTION_SCHEME_MASK, 0, &algo2, &need), CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(c.run(&algo2, c.dA, c.dD, 0), CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "another problem");
+    /* op(A) and op(B) that do not chain (k 16 against 17) */
+    cublasLtMatrixLayout_t l17;
+    cublasLtMatrixLayoutCreate(&l17, CUDA_R_16F, 17, 5, 17);
+    float one = 1, zero = 0;
+    cr_assert_eq(cublasLtMatmul(c.h, c.op, &one, c.dA, c.la, c.dB, l17, &zero, c.dD, c.ld, c.dD, c.ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "not {m, k}, {k, n}, {m, n}");
+    /* in place with another leading dimension for C */
+    cublasLtMatrixLayout_t lc;
+    cublasLtMatrixLayoutCreate(&lc, CUDA_R_16F, 6, 5, 7);
+    cr_assert_eq(cublasLtMatmul(c.h, c.op, &one, c.dA, c.la, c.dB, c.lb, &zero, c.dD, lc, c.dD, c.ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "in place");
+    /* a leading dimension below the rows */
+    cublasLtMatrixLayout_t thin;
+    cublasLtMatrixLayoutCreate(&thin, CUDA_R_16F, 6, 5, 5);
+    cr_assert_eq(cublasLtMatmul(c.h, c.op, &one, c.dA, c.la, c.dB, c.lb, &zero, c.dD, thin, c.dD, thin, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "ld 5 < rows 6");
+    /* a workspace that is not 256-byte aligned */
+    cr_assert_eq(cublasLtMatmul(c.h, c.op, &one, c.dA, c.la, c.dB, c.lb, &zero, c.dD, c.ld, c.dD, c.ld, &algo,
+                                (char *)c.ws + 16, 1024, 0),
+                 CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "256-byte aligned");
+    /* an epilogue not emulated */
+    uint32_t gelu = CUBLASLT_EPILOGUE_GELU_BIAS;
+    cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &gelu, sizeof gelu);
+    cr_assert_eq(c.run(NULL, c.dA, c.dD, 0), CUBLAS_STATUS_NOT_SUPPORTED);
+    cublasLtMatrixLayoutDestroy(l17), cublasLtMatrixLayoutDestroy(lc), cublasLtMatrixLayoutDestroy(thin);
 }
 
 /* ---- cuDNN ---- */

@@ -1,0 +1,191 @@
+/*
+ * cuda_gemm_lt.cu: the backend's gemm_bias, a linear layer's product with its
+ * bias in cuBLASLt's epilogue (CUBLASLT_EPILOGUE_BIAS), in one pass over the
+ * output: without it the engine fills y with the bias (a broadcast add) and
+ * the GEMM re-reads y with beta = 1.
+ *
+ * Row-major C{m,n} = A{m,k} @ B{n,k}^T + bias{n}. Read column-major (as
+ * cuda_gemm.cu explains), that is D{n,m} = op(B') op(A') + bias broadcast over
+ * D's columns, with B' the stored {k,n} weights (ld k) transposed, A' the
+ * stored {k,m} inputs (ld k) as they are, D {n,m} with ld n: the bias has D's
+ * rows, as cuBLASLt's BIAS epilogue wants it.
+ *
+ * Numerics: f16/bf16/f32 operands, CUBLAS_COMPUTE_32F (f32 accumulation; f32
+ * operands without TF32 unless the cuBLAS handle's math mode allows it, as
+ * cuda_gemm.cu's products), the bias (of C's dtype, widened exactly) added to
+ * the f32 sums and the result rounded once: the contract of kernels/backend.h
+ * and the CPU's arithmetic. The preference allows only split-K reductions in
+ * the compute type (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE): the default also
+ * allows partial sums kept and added in a 16-bit output type, several
+ * roundings on a long k (the cuBLAS handle's DISALLOW_REDUCED_PRECISION_
+ * REDUCTION, for Lt).
+ *
+ * What is made once: the Lt handle (per context), and per shape a plan: the
+ * matmul descriptor, the three layouts and the heuristic's algo, for the
+ * dtype, m, n, k, compute type and the alignment of the pointers (the
+ * heuristic is told it: an algo chosen for 256-byte aligned operands may not
+ * run on a view that is only 2-byte aligned). Plans live in a small table in
+ * the context, the least recently used replaced. Per call only the bias
+ * pointer is set on the descriptor. The workspace is cuBLAS's (cuda_gemm.cu):
+ * both run on cx->stream, one after the other.
+ *
+ * Declining (1: the engine's fill + gemm): when Lt has no handle, no algo for
+ * the shape, refuses the call as not supported, or a dimension is past int32,
+ * and k == 0 (the CPU declines it too). Any other failure of a call is noted
+ * as the sticky error, as cuda_gemm.cu does.
+ */
+#include <cublasLt.h>
+#include <limits.h>
+#include "kernels/cuda/cuda.h"
+
+#define LT_PLANS 32
+
+typedef struct {
+    bool used, declined;
+    uint64_t last;   /* when last used, for replacement */
+    mp_dtype dt;
+    int64_t m, n, k;
+    unsigned align;
+    cublasComputeType_t compute;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    cublasLtMatmulAlgo_t algo;
+    size_t ws;
+} lt_plan;
+
+typedef struct {
+    cublasLtHandle_t h;
+    bool failed;   /* no handle: every call declines */
+    uint64_t tick;
+    lt_plan plans[LT_PLANS];
+} lt_state;
+
+static cudaDataType lt_type(mp_dtype dt)
+{
+    return dt == MP_F16 ? CUDA_R_16F : dt == MP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+/* the largest power of two up to 256 dividing every address */
+static unsigned alignment(const void *const *p, int n)
+{
+    uintptr_t u = 256;
+    for (int i = 0; i < n; i++) u |= (uintptr_t)p[i];
+    return (unsigned)(u & -u);
+}
+
+static void plan_free(lt_plan *p)
+{
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    memset(p, 0, sizeof *p);
+}
+
+/* the descriptor, layouts and algo for a shape (see the head); declined when
+ * Lt refuses any of it or finds no algo */
+static void plan_make(lt_plan *p, cublasLtHandle_t h, const void *bias, size_t ws_bytes)
+{
+    const cudaDataType t = lt_type(p->dt);
+    const int32_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    const uint32_t epi = CUBLASLT_EPILOGUE_BIAS, reduce = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, al = p->align;
+    const int32_t bias_type = (int32_t)t;
+    const uint64_t ws = ws_bytes;
+    cublasLtMatmulPreference_t pref = NULL;
+    int found = 0;
+    cublasLtMatmulHeuristicResult_t r;
+    bool ok = cublasLtMatmulDescCreate(&p->op, p->compute, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+              cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa) == 0 &&
+              cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb) == 0 &&
+              cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) == 0 &&
+              cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                             sizeof bias_type) == 0 &&
+              /* the heuristic reads the bias pointer's alignment from here */
+              cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) == 0 &&
+              /* A' = B {k,n}, B' = A {k,m}, C = D {n,m}, column-major */
+              cublasLtMatrixLayoutCreate(&p->la, t, (uint64_t)p->k, (uint64_t)p->n, p->k) == 0 &&
+              cublasLtMatrixLayoutCreate(&p->lb, t, (uint64_t)p->k, (uint64_t)p->m, p->k) == 0 &&
+              cublasLtMatrixLayoutCreate(&p->lc, t, (uint64_t)p->n, (uint64_t)p->m, p->n) == 0 &&
+              cublasLtMatmulPreferenceCreate(&pref) == 0 &&
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0 &&
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduce,
+                                                   sizeof reduce) == 0 &&
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al) == 0 &&
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al) == 0 &&
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al) == 0 &&
+              cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al) == 0 &&
+              cublasLtMatmulAlgoGetHeuristic(h, p->op, p->la, p->lb, p->lc, p->lc, pref, 1, &r, &found) == 0 &&
+              found > 0 && r.state == CUBLAS_STATUS_SUCCESS && r.workspaceSize <= ws_bytes;
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (ok) p->algo = r.algo, p->ws = r.workspaceSize;
+    p->declined = !ok;
+}
+
+/* the plan for a shape, made when it is new (the least recently used one replaced) */
+static lt_plan *plan_for(lt_state *s, mp_dtype dt, int64_t m, int64_t n, int64_t k, unsigned align,
+                         cublasComputeType_t compute, const void *bias, size_t ws_bytes)
+{
+    lt_plan *victim = &s->plans[0];
+    s->tick++;
+    for (int i = 0; i < LT_PLANS; i++) {
+        lt_plan *p = &s->plans[i];
+        if (p->used && p->dt == dt && p->m == m && p->n == n && p->k == k && p->align == align && p->compute == compute) {
+            p->last = s->tick;
+            return p;
+        }
+        if (!p->used || (victim->used && p->last < victim->last)) victim = p;
+    }
+    plan_free(victim);
+    victim->used = true, victim->last = s->tick;
+    victim->dt = dt, victim->m = m, victim->n = n, victim->k = k, victim->align = align, victim->compute = compute;
+    plan_make(victim, s->h, bias, ws_bytes);
+    return victim;
+}
+
+/* the context's Lt state (cx->blaslt), its handle made on first use; NULL when
+ * Lt cannot be had (then every call declines) */
+static lt_state *lt_of(mp_kctx *cx)
+{
+    lt_state *s = (lt_state *)cx->blaslt;
+    if (!s) {
+        s = (lt_state *)calloc(1, sizeof *s);
+        if (!s) return NULL;
+        s->failed = cublasLtCreate(&s->h) != CUBLAS_STATUS_SUCCESS;
+        cx->blaslt = s;
+    }
+    return s->failed ? NULL : s;
+}
+
+int mp_cuda_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
+                      const void *bias, void *c)
+{
+    if (m <= 0 || n <= 0) return 0;   /* nothing to write */
+    if (k <= 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX || (dt != MP_F32 && dt != MP_F16 && dt != MP_BF16)) return 1;
+    lt_state *s = lt_of(cx);
+    if (!s) return 1;
+    size_t ws_bytes;
+    bool tf32;
+    void *ws = mp_cuda_gemm_workspace(cx, &ws_bytes, &tf32);
+    const cublasComputeType_t compute = dt == MP_F32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const void *ptrs[4] = {a, b, bias, c};
+    lt_plan *p = plan_for(s, dt, m, n, k, alignment(ptrs, 4), compute, bias, ws_bytes);
+    if (p->declined) return 1;
+    if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) !=
+        CUBLAS_STATUS_SUCCESS) {
+        p->declined = true;
+        return 1;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasLtMatmul(s->h, p->op, &one, b, p->la, a, p->lb, &zero, c, p->lc, c, p->lc, &p->algo, ws,
+                                       ws_bytes, cx->stream);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_ARCH_MISMATCH) {
+        p->declined = true;   /* this shape goes the engine's way from now on */
+        return 1;
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        mp_cuda_note(cx, mp_cuda_blas_error(st), "gemm_bias: cublasLtMatmul");
+        return 0;
+    }
+    MP_LAUNCHED("gemm_bias");
+    return 0;
+}
