@@ -186,12 +186,10 @@ int cpu_conv2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, float *gb, con
             gb[ch] = (float)s;
         }
     }
-    int done = gx ? cpu_conv_dnnl(cx, CPU_CONV_BWD_DATA, dt, gx, gy, w, NULL, a) : 1;
+    int done = gx || gw ? cpu_conv_dnnl_grad(cx, dt, gx, gw, gy, x, w, a) : 0;
     if (done < 0) return -1;
-    if (done == 0) gx = NULL;
-    done = gw ? cpu_conv_dnnl(cx, CPU_CONV_BWD_WEIGHTS, dt, gw, x, gy, NULL, a) : 1;
-    if (done < 0) return -1;
-    if (done == 0) gw = NULL;
+    if (done & 1) gx = NULL;
+    if (done & 2) gw = NULL;
     if (!gx && !gw) return 0;
     const void *wop = lowp ? w : cpu_scratch_f32(cx, S_W, dt, w, a->k * crs);
     void *col = gw ? cpu_scratch(cx, S_COL, ce * (size_t)(nb * crs * ohw + 1)) : NULL;

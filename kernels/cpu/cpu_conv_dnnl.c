@@ -18,6 +18,10 @@
  * by reorder primitives made once with the plan (19.4 / 16.6 ms, reorders
  * included; 20 / 18 ms with the weight gradient's fixed chunking below). The blocked copies live in scratch (cpu_scratch), as do the
  * primitives' scratchpads (user mode: oneDNN's own is shared between threads).
+ * The gradients (cpu_conv_dnnl_grad) reorder gy once for both primitives
+ * where they take the same layout; the weight gradient reorders x and gy once
+ * for the whole batch and keeps its partial sums in its blocked layout, with
+ * one reorder of their sum (weights()).
  *
  * A plan (the primitive, its reorders, their buffer sizes) is made once per
  * shape, dtype, direction and thread count and kept in the CPU context. Where
@@ -43,6 +47,10 @@
 #include "kernels/cpu/cpu_dnnl.h"
 
 #define PLANS 64   /* a ResNet step has ~30 distinct (shape, direction) pairs */
+/* the weight gradient's chunks of images, at most (fewer where their partial
+ * sums would pass WBYTES): weights() */
+#define WCHUNKS 8   /* 16 chunks of 2 images (batch 32) were 6% slower on a bf16 ResNet step */
+#define WBYTES ((size_t)64 << 20)
 
 /* scratch slots (cpu.h: 4-12 are convolution's; cpu_conv.c's im2col path
  * uses them only when this file declined) */
@@ -53,6 +61,7 @@ enum { FWD = CPU_CONV_FWD, BWD_DATA = CPU_CONV_BWD_DATA, BWD_WEIGHTS = CPU_CONV_
 typedef struct {
     int dir, dt, odt, bias;   /* dt: the operands' oneDNN dtype; odt: the output's */
     int threads;              /* oneDNN splits the work for the thread count it was made under */
+    int64_t batch;            /* weight-gradient chunk plans: the whole batch (their whole-batch reorders) */
     int64_t n, c, h, w, k, r, s, sh, sw, ph, pw, dh, dw, groups, oh, ow;
 } conv_key;
 
@@ -69,6 +78,8 @@ typedef struct {
     int used;                 /* 1: a plan; -1: oneDNN cannot do this shape well */
     dnnl_primitive_t prim;
     operand op[3];            /* the two inputs, then the output */
+    operand whole[2];         /* weight-gradient chunk plans: x and gy of the whole batch into op[0..1]'s
+                                 layout (with_images), or no reorder where images are not outermost */
     dnnl_memory_desc_t bias, pad;   /* pad: the primitive's scratchpad */
     size_t pad_bytes;         /* the largest scratchpad of the primitive and its reorders */
 } plan;
@@ -76,7 +87,7 @@ typedef struct {
 struct cpu_conv_plans {
     plan plans[PLANS];
     int next;
-    dnnl_stream_t streams[16];   /* one per chunk of the weight gradient (WCHUNKS) */
+    dnnl_stream_t streams[WCHUNKS];   /* one per chunk of the weight gradient (WCHUNKS) */
 };
 
 /* NCHW {n, c, h, w} and weights {k, c/g, r, s} (grouped: {g, k/g, c/g, r, s}) */
@@ -130,6 +141,51 @@ static int make_reorder(struct cpu_dnnl *d, operand *o, int out, const_dnnl_prim
     return !ok;
 }
 
+/* m (an activation's layout) with n images: 1 when images are outermost in
+ * it - each image one contiguous slice of the same bytes, so that a chunk of
+ * images is a slice of the whole batch's copy - else 0 */
+static int with_images(const dnnl_memory_desc_t *m, int64_t n, dnnl_memory_desc_t *out)
+{
+    const dnnl_blocking_desc_t *b = &m->format_desc.blocking;
+    if (m->format_kind != dnnl_blocked || m->ndims != 4 || m->offset0 || m->padded_offsets[0] ||
+        m->padded_dims[0] != m->dims[0] || m->extra.flags)
+        return 0;
+    int64_t blk[4] = {1, 1, 1, 1};
+    for (int i = 0; i < b->inner_nblks; i++) blk[b->inner_idxs[i]] *= b->inner_blks[i];
+    if (blk[0] != 1) return 0;
+    /* every other dimension's blocks lie within one image's stride */
+    for (int j = 1; j < 4; j++)
+        if (m->padded_dims[j] / blk[j] * b->strides[j] > b->strides[0]) return 0;
+    size_t es = dnnl_data_type_size(m->data_type);
+    if (dnnl_memory_desc_get_size(m) != (size_t)(m->dims[0] * b->strides[0]) * es) return 0;
+    *out = *m;
+    out->dims[0] = out->padded_dims[0] = n;
+    return dnnl_memory_desc_get_size(out) == (size_t)(n * b->strides[0]) * es;
+}
+
+/* a weight-gradient chunk plan's reorders of x and gy of the whole batch
+ * (images outermost): one threaded reorder each instead of one per chunk */
+static void make_whole(struct cpu_dnnl *d, plan *p)
+{
+    const conv_key *k = &p->key;
+    dnnl_primitive_attr_t attr = NULL;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return;
+    if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) == dnnl_success)
+        for (int i = 0; i < 2; i++) {
+            operand *o = &p->whole[i], *c = &p->op[i];
+            int64_t ch = i ? k->k : k->c, hh = i ? k->oh : k->h, ww = i ? k->ow : k->w;
+            o->arg = c->arg;
+            if (!c->reorder || !with_images(&c->inner, k->batch, &o->inner) ||
+                md_act(&o->user, c->user.data_type, k->batch, ch, hh, ww, 0) || make_reorder(d, o, 0, attr)) {
+                memset(o, 0, sizeof *o);
+                continue;
+            }
+            size_t b = dnnl_memory_desc_get_size(&o->pad);
+            if (b > p->pad_bytes) p->pad_bytes = b;
+        }
+    dnnl_primitive_attr_destroy(attr);
+}
+
 static int make_plan_(struct cpu_dnnl *d, plan *p);
 
 /* oneDNN sizes its work split by the thread count when a primitive is made */
@@ -139,6 +195,8 @@ static int make_plan(struct cpu_dnnl *d, plan *p)
     if (p->key.threads != was) omp_set_num_threads(p->key.threads);
     int r = make_plan_(d, p);
     if (p->key.threads != was) omp_set_num_threads(was);
+    /* the whole-batch reorders are threaded: made under the caller's count */
+    if (r == 1 && p->key.batch) make_whole(d, p);
     return r;
 }
 
@@ -224,6 +282,7 @@ static void drop(plan *p)
     if (p->used != 1) return;
     dnnl_primitive_destroy(p->prim);
     for (int i = 0; i < 3; i++) if (p->op[i].reorder) dnnl_primitive_destroy(p->op[i].reorder);
+    for (int i = 0; i < 2; i++) if (p->whole[i].reorder) dnnl_primitive_destroy(p->whole[i].reorder);
 }
 
 static plan *find(struct cpu_conv_plans *c, struct cpu_dnnl *d, const conv_key *key)
@@ -275,17 +334,24 @@ static size_t work_bytes(const plan *p) { return inner_bytes(p, 0) + inner_bytes
 
 /* run a plan on stream st over the operands' plain buffers ptr[0..2] and the
  * bias, with work (work_bytes) for the operands in the plan's layouts: 0, or 1
- * when oneDNN failed */
-static int run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], const float *bias, char *work)
+ * when oneDNN failed. blk (or NULL): operands already in the plan's layout
+ * elsewhere - an input there, reordered by the caller; the output left there
+ * in the plan's layout - or NULL where run reorders. */
+static int run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], void *const *blk, const float *bias, char *work)
 {
     dnnl_memory_t user[3] = {NULL, NULL, NULL}, inner[3] = {NULL, NULL, NULL}, bm = NULL;
     char *pad = work;   /* the scratchpads first, then the operands */
-    int ok = 1;
+    int ok = 1, moved[3] = {0, 0, 0};   /* moved: reordered here */
     work += pad_bytes(p);
     for (int i = 0; i < 3 && ok; i++) {
         operand *o = &p->op[i];
+        if (o->reorder && blk && blk[i]) {
+            ok = !mem(&inner[i], &o->inner, d, blk[i]);
+            continue;
+        }
         ok = !mem(&user[i], &o->user, d, ptr[i]);
         if (!ok || !o->reorder) continue;
+        moved[i] = 1;
         ok = !mem(&inner[i], &o->inner, d, work) && (i == 2 || !exec_reorder(d, st, o, user[i], inner[i], pad));
         work += inner_bytes(p, i);
     }
@@ -296,7 +362,7 @@ static int run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], cons
         for (int i = 0; i < 3; i++) args[na++] = (dnnl_exec_arg_t){p->op[i].arg, inner[i] ? inner[i] : user[i]};
         if (bm) args[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, bm};
         ok = !exec(d, st, p->prim, na, args, &p->pad, pad) &&
-             (!p->op[2].reorder || !exec_reorder(d, st, &p->op[2], inner[2], user[2], pad)) &&
+             (!moved[2] || !exec_reorder(d, st, &p->op[2], inner[2], user[2], pad)) &&
              dnnl_stream_wait(st) == dnnl_success;
     }
     for (int i = 0; i < 3; i++) {
@@ -305,6 +371,17 @@ static int run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], cons
     }
     if (bm) dnnl_memory_destroy(bm);
     return ok ? 0 : 1;
+}
+
+/* a reorder (operand o's, either way) between buffers from and to over pad */
+static int reorder(struct cpu_dnnl *d, operand *o, int out, void *from, void *to, void *pad)
+{
+    dnnl_memory_t f = NULL, t = NULL;
+    int ok = !mem(&f, out ? &o->inner : &o->user, d, from) && !mem(&t, out ? &o->user : &o->inner, d, to) &&
+             !exec_reorder(d, d->stream, o, f, t, pad) && dnnl_stream_wait(d->stream) == dnnl_success;
+    if (f) dnnl_memory_destroy(f);
+    if (t) dnnl_memory_destroy(t);
+    return !ok;
 }
 
 static void key_of(conv_key *key, int dir, int dt, int odt, int64_t n, const mp_conv_args *a)
@@ -316,6 +393,7 @@ static void key_of(conv_key *key, int dir, int dt, int odt, int64_t n, const mp_
     key->groups = a->groups, key->oh = a->oh, key->ow = a->ow;
     /* backward weights runs single-threaded plans on chunks of images */
     key->threads = dir == BWD_WEIGHTS ? 1 : omp_get_max_threads();
+    if (dir == BWD_WEIGHTS) key->batch = a->n;
 }
 
 /* The weight gradient: oneDNN's kernels split the sum over images among the
@@ -323,52 +401,183 @@ static void key_of(conv_key *key, int dir, int dt, int odt, int64_t n, const mp_
  * count. Instead the images go in WCHUNKS chunks (fewer when the partial sums
  * would pass WBYTES), each summed by a single-threaded plan into its own f32
  * partial, the chunks in parallel; the partials are then added in chunk
- * order. The chunking depends on the shape only. */
-#define WCHUNKS 16
-#define WBYTES ((size_t)64 << 20)
+ * order. The chunking depends on the shape only.
+ * Where images are outermost in the chunk plans' layouts (with_images), x and
+ * gy are reordered once for the whole batch (threaded; gy's copy may come
+ * from backward data) and each chunk reads its slice. The partials stay in
+ * the plans' blocked layout of the gradient, are added there element by
+ * element (the same f32 additions in the same order as in the plain layout:
+ * the same bits; padding lanes are added too, and dropped by the one reorder
+ * of the sum into the plain gradient). */
+typedef struct {
+    plan *pf, *pl;            /* the chunks' plans: the first ones, the last (pf when as long) */
+    int64_t chunks, per, last;
+    int whole[2];             /* x, gy: reordered for the whole batch (pf->whole) */
+    const dnnl_memory_desc_t *sum;   /* the partials' layout: pf's blocked one, or the plain one */
+    size_t wb, part;          /* a chunk's work bytes (scratchpad and its own blocked copies); a partial's */
+} wplan;
 
-static int weights(mp_kctx *cx, struct cpu_dnnl *d, int dt, const void *x, const void *gy, float *gw,
-                   const mp_conv_args *a, size_t es)
+static size_t up64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+/* tests: 0 takes the plain path (each chunk reorders its own x and gy, and
+ * its partial into the plain layout, where the partials are added; gy not
+ * shared), whose bits the blocked path must give */
+static int blocked_on = 1;
+int cpu_conv_dnnl_blocked(int on)
+{
+    int was = blocked_on;
+    blocked_on = on;
+    return was;
+}
+
+/* the chunking of a's weight gradient and its plans: 0, or 1 (decline) */
+static int weight_plans(struct cpu_dnnl *d, int dt, const mp_conv_args *a, wplan *w)
 {
     struct cpu_conv_plans *c = d->conv;
-    int64_t nw = a->k * (a->c / a->groups) * a->r * a->s, chw = a->c * a->h * a->w, kohw = a->k * a->oh * a->ow;
+    int64_t nw = a->k * (a->c / a->groups) * a->r * a->s;
     int64_t chunks = a->n < WCHUNKS ? a->n : WCHUNKS;
     while (chunks > 1 && (size_t)chunks * (size_t)nw * 4 > WBYTES) chunks--;
     int64_t per = (a->n + chunks - 1) / chunks;
-    chunks = (a->n + per - 1) / per;
-    int64_t last = a->n - (chunks - 1) * per;
+    w->chunks = (a->n + per - 1) / per, w->per = per, w->last = a->n - (w->chunks - 1) * per;
     conv_key kf, kl;
     key_of(&kf, BWD_WEIGHTS, dt, dnnl_f32, per, a);
-    key_of(&kl, BWD_WEIGHTS, dt, dnnl_f32, last, a);
-    plan *pf = find(c, d, &kf), *pl = last == per ? pf : find(c, d, &kl);
+    key_of(&kl, BWD_WEIGHTS, dt, dnnl_f32, w->last, a);
+    w->pf = find(c, d, &kf), w->pl = w->last == per ? w->pf : find(c, d, &kl);
     /* the second find may have taken the first's slot */
-    if (pf->used != 1 || pl->used != 1 || memcmp(&pf->key, &kf, sizeof kf)) return 1;
-    for (int64_t i = 0; i < chunks; i++)
+    if (w->pf->used != 1 || w->pl->used != 1 || memcmp(&w->pf->key, &kf, sizeof kf)) return 1;
+    for (int64_t i = 0; i < w->chunks; i++)
         if (!c->streams[i] && dnnl_stream_create(&c->streams[i], d->engine, dnnl_stream_default_flags) != dnnl_success)
             return 1;
-    size_t wb = work_bytes(pf) > work_bytes(pl) ? work_bytes(pf) : work_bytes(pl);
-    size_t part = ((size_t)nw * 4 + 63) & ~(size_t)63, each = wb + part;
-    char *buf = cpu_scratch(cx, S_R0, each * (size_t)chunks);
-    if (!buf) return -1;
-    int failed = 0;
+    plan *pf = w->pf, *pl = w->pl;
+    for (int i = 0; i < 2; i++) {
+        dnnl_memory_desc_t m;
+        w->whole[i] = blocked_on && pf->whole[i].reorder && (pl == pf || (with_images(&pf->whole[i].inner, w->last, &m) &&
+                                                            dnnl_memory_desc_equal(&m, &pl->op[i].inner)));
+    }
+    int blocked = blocked_on && pf->op[2].reorder && (pl == pf || dnnl_memory_desc_equal(&pf->op[2].inner, &pl->op[2].inner));
+    w->sum = blocked ? &pf->op[2].inner : &pf->op[2].user;
+    w->part = up64(dnnl_memory_desc_get_size(w->sum));
+    w->wb = 0;
+    for (int j = 0; j < 2; j++) {
+        plan *p = j ? pl : pf;
+        size_t b = pad_bytes(p) + (w->whole[0] ? 0 : inner_bytes(p, 0)) + (w->whole[1] ? 0 : inner_bytes(p, 1)) +
+                   (blocked ? 0 : inner_bytes(p, 2));
+        if (b > w->wb) w->wb = b;
+    }
+    return 0;
+}
+
+/* the bytes of x's and gy's whole-batch copies (0 where chunks reorder their own) */
+static size_t whole_bytes(const wplan *w, int i)
+{
+    return w->whole[i] ? up64(dnnl_memory_desc_get_size(&w->pf->whole[i].inner)) : 0;
+}
+
+/* the weight gradient gw (plain f32) of x and gy (plain) over buf: gy's and
+ * x's whole-batch copies (whole_bytes; gy_there: gy's is there already), then
+ * each chunk's work and partial (wb + part). 0, or 1 when oneDNN failed. */
+static int weights(struct cpu_dnnl *d, const wplan *w, const void *x, const void *gy, int gy_there, float *gw,
+                   char *buf, const mp_conv_args *a, size_t es)
+{
+    struct cpu_conv_plans *c = d->conv;
+    plan *pf = w->pf, *pl = w->pl;
+    int64_t chw = a->c * a->h * a->w, kohw = a->k * a->oh * a->ow;
+    size_t each = w->wb + w->part;
+    char *whole[2] = {buf + whole_bytes(w, 1), buf}, *part = whole[0] + whole_bytes(w, 0);
+    size_t img[2];   /* an image's bytes in the whole-batch copies */
+    const void *src[2] = {x, gy};
+    for (int i = 0; i < 2; i++) {
+        if (!w->whole[i]) continue;
+        img[i] = dnnl_memory_desc_get_size(&pf->whole[i].inner) / (size_t)a->n;
+        if (!(i == 1 && gy_there) && reorder(d, &pf->whole[i], 0, (void *)src[i], whole[i], part)) return 1;
+    }
+    int blocked = w->sum != &pf->op[2].user, failed = 0;
     #pragma omp parallel for schedule(static) reduction(|: failed)
-    for (int64_t i = 0; i < chunks; i++) {
-        char *mine = buf + (size_t)i * each;
-        void *ptr[3] = {(char *)x + (size_t)(i * per * chw) * es, (char *)gy + (size_t)(i * per * kohw) * es, mine + wb};
-        failed |= run(d, c->streams[i], i == chunks - 1 ? pl : pf, ptr, NULL, mine);
+    for (int64_t i = 0; i < w->chunks; i++) {
+        char *mine = part + (size_t)i * each;
+        void *ptr[3] = {(char *)x + (size_t)(i * w->per * chw) * es, (char *)gy + (size_t)(i * w->per * kohw) * es, mine + w->wb};
+        void *blk[3] = {w->whole[0] ? whole[0] + (size_t)(i * w->per) * img[0] : NULL,
+                        w->whole[1] ? whole[1] + (size_t)(i * w->per) * img[1] : NULL, blocked ? mine + w->wb : NULL};
+        failed |= run(d, c->streams[i], i == w->chunks - 1 ? pl : pf, ptr, blk, NULL, mine);
     }
     if (failed) return 1;
-    #pragma omp parallel for if (nw * chunks >= MP_PAR_MIN) schedule(static)
+    /* the partials added in chunk order, into the first (blocked) or into gw */
+    int64_t nw = (int64_t)(dnnl_memory_desc_get_size(w->sum) / 4);
+    float *sum = blocked ? (float *)(part + w->wb) : gw;
+    #pragma omp parallel for if (nw * w->chunks >= MP_PAR_MIN) schedule(static)
     for (int64_t e = 0; e < nw; e += MP_BLOCK) {
         int64_t len = nw - e < MP_BLOCK ? nw - e : MP_BLOCK;
-        float *s = gw + e;
-        memcpy(s, buf + wb + e * 4, sizeof(float) * (size_t)len);
-        for (int64_t i = 1; i < chunks; i++) {
-            const float *q = (const float *)(buf + (size_t)i * each + wb) + e;
+        float *s = sum + e;
+        if (!blocked) memcpy(s, part + w->wb + e * 4, sizeof(float) * (size_t)len);
+        for (int64_t i = 1; i < w->chunks; i++) {
+            const float *q = (const float *)(part + (size_t)i * each + w->wb) + e;
             for (int64_t l = 0; l < len; l++) s[l] += q[l];
         }
     }
-    return 0;
+    return blocked && reorder(d, &pf->op[2], 1, sum, gw, part);
+}
+
+/* the gradients of a convolution through oneDNN (dt: the tensors' dtype):
+ * gx from gy and w, gw from x and gy (either NULL: not wanted). gy goes into
+ * oneDNN's layout once when both primitives take the same one. Returns -1
+ * when out of memory, else which gradients were written (1 gx, 2 gw); the
+ * caller takes its own path for the others. */
+int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void *gy, const void *x, const void *w,
+                       const mp_conv_args *a)
+{
+    struct cpu_dnnl *d = cpu_dnnl_of(cx);
+    if (!d || (dt != MP_F32 && dt != MP_BF16 && dt != MP_F16) || a->n == 0 || a->c == 0 || a->k == 0) return 0;
+    if (!d->conv && !(d->conv = calloc(1, sizeof *d->conv))) return 0;
+    int kdt = dt == MP_BF16 ? dnnl_bf16 : dnnl_f32;
+    /* gx in bf16 straight from the primitive except while flush counting is
+     * on (cpu_store counts); gw's f32 sums rounded here */
+    int odt = dt == MP_BF16 && !cx->flush.on ? dnnl_bf16 : dnnl_f32, direct = dt == MP_F32 || odt == dnnl_bf16;
+    int64_t nx = a->n * a->c * a->h * a->w, ny = a->n * a->k * a->oh * a->ow, nw = a->k * (a->c / a->groups) * a->r * a->s;
+    size_t es = dt == MP_BF16 ? 2 : 4;
+    plan *p = NULL;
+    conv_key key;
+    if (gx) {
+        key_of(&key, BWD_DATA, kdt, odt, a->n, a);
+        p = find(d->conv, d, &key);
+        if (p->used != 1) p = NULL;
+    }
+    wplan wp;
+    int wok = gw && !weight_plans(d, kdt, a, &wp);
+    /* the weights' plans may have taken backward data's slot */
+    if (p && memcmp(&p->key, &key, sizeof key)) p = NULL;
+    if (!p && !wok) return 0;
+    /* gy's blocked copy, shared where backward data's layout is the chunks' */
+    int share = p && wok && wp.whole[1] && p->op[0].reorder && dnnl_memory_desc_equal(&p->op[0].inner, &wp.pf->whole[1].inner);
+    size_t gyb = share ? whole_bytes(&wp, 1) : 0, need = 0;
+    if (p) need = gyb + pad_bytes(p) + (share ? 0 : inner_bytes(p, 0)) + inner_bytes(p, 1) + inner_bytes(p, 2);
+    if (wok && whole_bytes(&wp, 0) + whole_bytes(&wp, 1) + (wp.wb + wp.part) * (size_t)wp.chunks > need)
+        need = whole_bytes(&wp, 0) + whole_bytes(&wp, 1) + (wp.wb + wp.part) * (size_t)wp.chunks;
+    /* laid out [gy's copy | the rest]: backward data's work, then the weights' */
+    char *buf = cpu_scratch(cx, S_R0, need + 64);
+    const void *gy32 = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN0, dt, gy, ny) : gy;
+    if (!buf || !gy32) return -1;
+    int wrote = 0;
+    if (p) {
+        const void *w32 = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN1, dt, w, nw) : w;
+        void *out = direct ? gx : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)nx);
+        if (!w32 || !out) return -1;
+        void *ptr[3] = {(void *)gy32, (void *)w32, out}, *blk[3] = {share ? buf : NULL, NULL, NULL};
+        if (share && reorder(d, &p->op[0], 0, (void *)gy32, buf, buf + gyb)) share = 0, blk[0] = NULL;
+        if (!run(d, d->stream, p, ptr, blk, NULL, buf + gyb)) {
+            if (!direct) cpu_store_f32(cx, dt, gx, out, nx);
+            wrote |= 1;
+        }
+    }
+    if (wok) {
+        const void *x32 = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN1, dt, x, nx) : x;
+        float *out = dt == MP_F32 ? gw : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)nw);
+        if (!x32 || !out) return -1;
+        if (!weights(d, &wp, x32, gy32, share, out, buf, a, es)) {
+            if (dt != MP_F32) cpu_store_f32(cx, dt, gw, out, nw);
+            wrote |= 2;
+        }
+    }
+    return wrote;
 }
 
 /* one direction of a convolution through oneDNN: out = dir(in0, in1) (+ bias
@@ -378,44 +587,38 @@ static int weights(mp_kctx *cx, struct cpu_dnnl *d, int dt, const void *x, const
 int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0, const void *in1, const void *b,
                   const mp_conv_args *a)
 {
+    if (dir != FWD) {
+        int r = dir == BWD_DATA ? cpu_conv_dnnl_grad(cx, dt, out, NULL, in0, NULL, in1, a)
+                                : cpu_conv_dnnl_grad(cx, dt, NULL, out, in1, in0, NULL, a);
+        return r < 0 ? -1 : !r;
+    }
     struct cpu_dnnl *d = cpu_dnnl_of(cx);
     if (!d || (dt != MP_F32 && dt != MP_BF16 && dt != MP_F16) || a->n == 0 || a->c == 0 || a->k == 0) return 1;
     if (!d->conv && !(d->conv = calloc(1, sizeof *d->conv))) return 1;
     int kdt = dt == MP_BF16 ? dnnl_bf16 : dnnl_f32;
-    /* bf16 results straight from the primitive, except backward weights (f32
-     * sums, rounded here) and while flush counting is on (cpu_store counts) */
-    int odt = dt == MP_BF16 && dir != BWD_WEIGHTS && !cx->flush.on ? dnnl_bf16 : dnnl_f32;
+    /* bf16 results straight from the primitive, except while flush counting
+     * is on (cpu_store counts) */
+    int odt = dt == MP_BF16 && !cx->flush.on ? dnnl_bf16 : dnnl_f32, direct = dt == MP_F32 || odt == dnnl_bf16;
     int64_t nx = a->n * a->c * a->h * a->w, ny = a->n * a->k * a->oh * a->ow, nw = a->k * (a->c / a->groups) * a->r * a->s;
-    /* the inputs' sizes and the output's, by direction */
-    int64_t n0 = dir == BWD_DATA ? ny : nx, n1 = dir == BWD_WEIGHTS ? ny : nw, no = dir == FWD ? ny : dir == BWD_DATA ? nx : nw;
-    int direct = dt == MP_F32 || (dt == MP_BF16 && odt == dnnl_bf16);
-    plan *p = NULL;
-    if (dir != BWD_WEIGHTS) {
-        conv_key key;
-        key_of(&key, dir, kdt, odt, a->n, a);
-        key.bias = dir == FWD && b != NULL;
-        p = find(d->conv, d, &key);
-        if (p->used != 1) return 1;
-    }
+    conv_key key;
+    key_of(&key, FWD, kdt, odt, a->n, a);
+    key.bias = b != NULL;
+    plan *p = find(d->conv, d, &key);
+    if (p->used != 1) return 1;
     void *ptr[3];
-    ptr[0] = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN0, dt, in0, n0) : (void *)in0;
-    ptr[1] = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN1, dt, in1, n1) : (void *)in1;
-    ptr[2] = direct ? out : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)no);
+    ptr[0] = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN0, dt, in0, nx) : (void *)in0;
+    ptr[1] = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN1, dt, in1, nw) : (void *)in1;
+    ptr[2] = direct ? out : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)ny);
     if (!ptr[0] || !ptr[1] || !ptr[2]) return -1;
-    if (dir == BWD_WEIGHTS) {
-        int r = weights(cx, d, kdt, ptr[0], ptr[1], ptr[2], a, dt == MP_BF16 ? 2 : 4);
-        if (r) return r;
-    } else {
-        float *bias = NULL;
-        if (p->key.bias) {
-            bias = dt == MP_F32 ? (float *)b : cpu_scratch(cx, S_BIAS, sizeof(float) * (size_t)a->k);
-            if (!bias) return -1;
-            if (dt != MP_F32) cpu_load(dt, b, 0, bias, a->k);
-        }
-        char *work = cpu_scratch(cx, S_R0, work_bytes(p) + 64);
-        if (!work) return -1;
-        if (run(d, d->stream, p, ptr, bias, work)) return 1;
+    float *bias = NULL;
+    if (p->key.bias) {
+        bias = dt == MP_F32 ? (float *)b : cpu_scratch(cx, S_BIAS, sizeof(float) * (size_t)a->k);
+        if (!bias) return -1;
+        if (dt != MP_F32) cpu_load(dt, b, 0, bias, a->k);
     }
-    if (!direct) cpu_store_f32(cx, dt, out, ptr[2], no);
+    char *work = cpu_scratch(cx, S_R0, work_bytes(p) + 64);
+    if (!work) return -1;
+    if (run(d, d->stream, p, ptr, NULL, bias, work)) return 1;
+    if (!direct) cpu_store_f32(cx, dt, out, ptr[2], ny);
     return 0;
 }

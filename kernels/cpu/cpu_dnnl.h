@@ -29,5 +29,15 @@ struct cpu_dnnl *cpu_dnnl_of(mp_kctx *cx);
 enum { CPU_CONV_FWD, CPU_CONV_BWD_DATA, CPU_CONV_BWD_WEIGHTS };
 int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0, const void *in1, const void *b,
                   const mp_conv_args *a);
+/* both gradients of a convolution (gx from gy and w, gw from x and gy; either
+ * NULL: not wanted), gy reordered into oneDNN's layout once where the two
+ * primitives take the same one. -1 out of memory, else which gradients were
+ * written (1 gx, 2 gw): the caller takes its own path for the others. */
+int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void *gy, const void *x, const void *w,
+                       const mp_conv_args *a);
+/* tests: 0 makes the weight gradient's chunks reorder their own x and gy and
+ * add their partials in the plain layout (the blocked path's bits must be the
+ * same); returns the previous setting */
+int cpu_conv_dnnl_blocked(int on);
 
 #endif
