@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <dlfcn.h>
+#include "engine/capture.h"
 #include "engine/device.h"
 #include "engine/error.h"
 
@@ -135,6 +136,7 @@ int mp_device_error(mp_device d)
 
 int mp_device_synchronize(mp_device d)
 {
+    if (mp_capture_refuse("synchronize", "it waits for the device, which a capture never does")) return -1;
     const mp_backend *be = mp_backend_of(d);
     if (!be) return mp_device_check(d);
     if (be->synchronize) be->synchronize(be->ctx);
@@ -165,6 +167,9 @@ int mp_device_check(mp_device d)
  * as whatever the buffer held. */
 int mp_host_read(mp_device d, void *dst, const void *src, size_t nbytes)
 {
+    if (d != MP_CPU && mp_capture_refuse("read device memory on the host (item(), totable(), printing, a state read)",
+                                         "it waits for the device, and a replay would not read it again"))
+        return memset(dst, 0, nbytes), -1;
     mp_note_host_read();
     const mp_backend *be = mp_backend_of(d);
     if (d == MP_CPU) {

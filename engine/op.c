@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "engine/capture.h"
 #include "engine/op.h"
 #include "engine/error.h"
 
@@ -120,6 +121,12 @@ mp_tensor *mp_apply(const mp_op *op, mp_op_ctx *c, int nin, mp_tensor *const *in
      * an entry it needs */
     for (int k = 0; k < nin && ok; k++) {
         if (!cast[k]) continue;
+        if (cast[k]->dev == MP_CPU && mp_capturing()) {   /* engine/capture.h */
+            char what[96];
+            snprintf(what, sizeof what, "run %s on a cpu tensor", op->name);
+            ok = 0, mp_capture_refuse(what, "it would run once, now, and no replay would repeat it");
+            break;
+        }
         const mp_backend *be = mp_be(cast[k]);
         if (!mp_backend_has_all(be, op->needs, (int)(sizeof op->needs / sizeof *op->needs)) ||
             (be->supports && !be->supports(be->ctx, op->name, cast[k]->dtype)))

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "engine/capture.h"
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/op.h"
@@ -38,6 +39,7 @@ static mp_tensor *random_tensor(int normal, mp_dtype dt, mp_device dev, int ndim
 {
     if (!mp_is_float(dt))
         return mp_fail(MP_EINVAL, "random values need a float dtype (got %s)", mp_dtype_name(dt)), NULL;
+    if (mp_capture_refuse("draw random numbers", "a replay would draw the same numbers again (draw them before the capture, or leave dropout out of the captured step)")) return NULL;
     mp_tensor *t = mp_empty(dt, dev, ndim, shape);
     if (!t) return NULL;
     const mp_backend *be = mp_be(t);
@@ -137,6 +139,11 @@ mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev)
         return mp_checked(o);
     }
     /* across devices: move the bytes as they are, then cast on the destination */
+    if (mp_capture_refuse(dev != MP_CPU ? "copy host memory to the device" : "copy device memory to the host",
+                          dev != MP_CPU ? "a replay would copy whatever the host buffer then holds (fill the graph's "
+                                          "input tensors with copy_ before each replay)"
+                                        : "it waits for the device, and a replay would not repeat it"))
+        return NULL;
     mp_tensor *o = mp_empty(t->dtype, dev, t->ndim, t->shape);
     if (!o) return NULL;
     if (dev != MP_CPU) MP_K(o, from_host, mp_data(o), mp_data(t), mp_nbytes(t));

@@ -312,6 +312,20 @@ typedef struct mp_kctx mp_kctx;
       (cx, host_dst, src, nbytes))                                                                                      \
     X(void *, mark, (mp_kctx *cx), (cx))                                                                                \
     X(void, mark_wait, (mp_kctx *cx, void *mark), (cx, mark))                                                           \
+    /* Graphs of device work (engine/capture.h; NULL: the backend cannot capture).                                      \
+     * graph_begin: from now on the work queued on the stream is recorded, not                                          \
+     * run, and alloc hands out blocks of the graph's own pool, which stay the                                          \
+     * graph's (free blocks are kept for it, and so are blocks freed during the                                         \
+     * capture) until graph_free: 0, or -1 with the reason in why. graph_end                                            \
+     * closes the capture: the graph ready to replay, or NULL with the reason                                           \
+     * (abort: dropped, no reason), its pool then given back. graph_replay queues                                       \
+     * the recorded work again (0, or -1 with why); graph_bytes: the bytes the                                          \
+     * live graphs' pools hold, in use or free */                                                                       \
+    X(int, graph_begin, (mp_kctx *cx, char *why, size_t cap), (cx, why, cap))                                           \
+    X(void *, graph_end, (mp_kctx *cx, int abort, char *why, size_t cap), (cx, abort, why, cap))                        \
+    X(int, graph_replay, (mp_kctx *cx, void *graph, char *why, size_t cap), (cx, graph, why, cap))                      \
+    X(void, graph_free, (mp_kctx *cx, void *graph), (cx, graph))                                                        \
+    X(size_t, graph_bytes, (mp_kctx *cx), (cx))                                                                         \
     /* Collectives across processes on this device's memory, queued on the                                              \
      * backend's stream (CUDA: NCCL, loaded when first used). NULL entries: the                                         \
      * engine stages the bytes through host memory and MPI (kernels/comm.h).                                            \

@@ -4,6 +4,7 @@
  * aliases of tensor methods (mp.matmul). lua/mp/init.lua builds on it.
  */
 #include <string.h>
+#include "engine/capture.h"
 #include "engine/memory.h"
 #include "lua/lbind.h"
 #include "lua/lcore.h"
@@ -235,10 +236,13 @@ static int cuda_is_available(lua_State *L)
     return 2;
 }
 
+/* mp.memory's figures and graphs = the bytes live CUDA graphs keep in their pools (lcuda_graph.c) */
 static int cuda_memory(lua_State *L)
 {
     if (mp_device_check(MP_CUDA)) return lt_error(L, "mp.cuda.memory");
     push_memory(L, MP_CUDA);
+    lua_pushinteger(L, (lua_Integer)mp_capture_bytes(MP_CUDA));
+    lua_setfield(L, -2, "graphs");
     return 1;
 }
 
@@ -313,5 +317,6 @@ int luaopen_mp_core(lua_State *L)
     mp_open_shape(L);
     mp_open_rnn(L);
     mp_open_inplace(L);
+    mp_open_cuda_graph(L);
     return 1;
 }

@@ -63,6 +63,7 @@ static inline void mp_launch(dim3 grid, dim3 block, size_t shared, cudaStream_t 
  * (mp_flush_totals, the index check's first bad position), documented where
  * they are defined. */
 #define MP_CUDA_STAGE_SLOTS 4
+struct mp_cuda_graphs;   /* cuda_graph.cu */
 struct mp_kctx {
     cudaStream_t stream;              /* every kernel and copy runs on it, in order */
     mp_block_cache cache;             /* device memory (kernels/block_cache.h) */
@@ -100,6 +101,9 @@ struct mp_kctx {
     cudaStream_t coll_stream;
     cudaEvent_t coll_event;
     bool coll_on_side;
+    /* CUDA graphs (cuda_graph.cu): the capture open, the live graphs' pools
+     * and which blocks they own; NULL until the first capture */
+    struct mp_cuda_graphs *graphs;
 };
 
 /* remember the first error since the engine last asked */
@@ -115,6 +119,16 @@ cudaError_t mp_cuda_wait(mp_kctx *cx);
 /* nbytes of the context's scratch device memory (0 bytes too), or NULL when
  * there is no memory for it */
 void *mp_cuda_scratch(mp_kctx *cx, size_t nbytes);
+/* every device block of the backend's: from the caching allocator, or while
+ * a graph is captured from the graph's pool; a block a live graph owns goes
+ * back to its pool (cuda_graph.cu). NULL when memory runs out. */
+void *mp_cuda_alloc(mp_kctx *cx, size_t nbytes);
+void mp_cuda_free(mp_kctx *cx, void *p, size_t nbytes);
+/* whether a graph is being captured (nothing may wait for the device then) */
+bool mp_cuda_capturing(const mp_kctx *cx);
+/* a block the cache gives back to the system during a capture, when
+ * cudaFree may not be called: freed when the capture ends */
+void mp_cuda_defer_free(mp_kctx *cx, void *p);
 
 #define MP_THREADS 256
 
@@ -476,6 +490,12 @@ mp_be_gru_cell_grad_fn mp_cuda_gru_cell_grad;
 mp_be_check_indices_fn mp_cuda_check_indices;
 bool mp_cuda_check_init(mp_kctx *cx);
 bool mp_cuda_fault_take(mp_kctx *cx, char *msg, size_t cap);
+/* cuda_graph.cu: a step captured as a CUDA graph */
+mp_be_graph_begin_fn mp_cuda_graph_begin;
+mp_be_graph_end_fn mp_cuda_graph_end;
+mp_be_graph_replay_fn mp_cuda_graph_replay;
+mp_be_graph_free_fn mp_cuda_graph_free;
+mp_be_graph_bytes_fn mp_cuda_graph_bytes;
 /* cuda_optim.cu: the loss scaler and the optimizers, on state in device memory */
 mp_be_scale_loss_fn mp_cuda_scale_loss;
 mp_be_unscale_fn mp_cuda_unscale;

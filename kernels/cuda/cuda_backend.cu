@@ -25,6 +25,13 @@
  *
  * Errors: the first CUDA error since the engine last asked (sticky), or else a
  * bad index that check_indices found on the device (cuda_check.cu), once.
+ *
+ * While a graph is captured (cuda_graph.cu) blocks come from the graph's pool
+ * and go back to it (mp_cuda_alloc, mp_cuda_free), the cache gives nothing
+ * back to the system, and whatever would wait for the device or copy host
+ * memory (to_host, from_host, synchronize, the queued reads, a wait) is
+ * refused with the sticky error: the engine refuses those first, naming the
+ * op (engine/capture.h); this catches any other path.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,7 +58,23 @@ static cudaError_t wait_stream(mp_kctx *cx)
     return cudaStreamSynchronize(cx->stream);
 }
 
-cudaError_t mp_cuda_wait(mp_kctx *cx) { return wait_stream(cx); }
+/* while a graph is captured: the sticky error for what, which is not done (true) */
+static bool refused_in_capture(mp_kctx *cx, const char *what)
+{
+    if (!mp_cuda_capturing(cx)) return false;
+    if (!cx->has_error) {
+        snprintf(cx->error_msg, sizeof cx->error_msg, "cannot %s inside a CUDA graph capture (mp.cuda.graph): it "
+                 "waits for the device or copies host memory, which a replay cannot repeat", what);
+        cx->has_error = true;
+    }
+    return true;
+}
+
+cudaError_t mp_cuda_wait(mp_kctx *cx)
+{
+    if (refused_in_capture(cx, "wait for the device")) return cudaSuccess;   /* the sticky error says it */
+    return wait_stream(cx);
+}
 
 cudaError_t mp_cuda_malloc(mp_kctx *cx, void **p, size_t nbytes)
 {
@@ -83,27 +106,42 @@ static const char *cuda_error(mp_kctx *cx)
 
 /* ---- caching allocator (kernels/block_cache.h) ---- */
 
+/* during a capture cudaMalloc is allowed only with the thread's capture mode
+ * relaxed (it is not stream work), and cudaFree not at all: it waits until
+ * the capture ends (cuda_graph.cu) */
 static void *sys_alloc(size_t nbytes)
 {
     void *p = NULL;
-    if (mp_cuda_malloc(&ctx, &p, nbytes) == cudaSuccess) return p;
+    cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+    bool capturing = mp_cuda_capturing(&ctx);
+    if (capturing) cudaThreadExchangeStreamCaptureMode(&m);
+    cudaError_t e = mp_cuda_malloc(&ctx, &p, nbytes);
+    if (capturing) cudaThreadExchangeStreamCaptureMode(&m);
+    if (e == cudaSuccess) return p;
     cudaGetLastError();   /* an allocation failure is reported as out of memory, not as a sticky error */
     return NULL;
 }
 
 static void sys_free(void *p, size_t nbytes)
 {
+    if (mp_cuda_capturing(&ctx)) return mp_cuda_defer_free(&ctx, p);
     ctx.n_waits++;   /* cudaFree synchronises the device */
     cudaFree(p);
 }
 
-static void *cuda_alloc(mp_kctx *cx, size_t nbytes) { return mp_cache_alloc(&cx->cache, nbytes); }
-static void cuda_free(mp_kctx *cx, void *p, size_t nbytes) { mp_cache_free(&cx->cache, p, nbytes); }
+/* blocks of the cache, or of a graph's pool (cuda_graph.cu) */
+static void *cuda_alloc(mp_kctx *cx, size_t nbytes) { return mp_cuda_alloc(cx, nbytes); }
+static void cuda_free(mp_kctx *cx, void *p, size_t nbytes) { mp_cuda_free(cx, p, nbytes); }
 static size_t cuda_cached(mp_kctx *cx) { return cx->cache.cached; }
-static void cuda_mark_cache(mp_kctx *cx) { mp_cache_mark(&cx->cache); }
+/* neither gives back anything during a capture (cudaFree would end it): the next mark or release does */
+static void cuda_mark_cache(mp_kctx *cx)
+{
+    if (!mp_cuda_capturing(cx)) mp_cache_mark(&cx->cache);
+}
 static void cuda_release_cache(mp_kctx *cx)
 {
-    if (cx->scratch) mp_cache_free(&cx->cache, cx->scratch, cx->scratch_cap);   /* scratch goes back too */
+    if (mp_cuda_capturing(cx)) return;
+    if (cx->scratch) mp_cuda_free(cx, cx->scratch, cx->scratch_cap);   /* scratch goes back too */
     cx->scratch = NULL, cx->scratch_cap = 0;
     mp_cache_release(&cx->cache);
 }
@@ -115,8 +153,8 @@ void *mp_cuda_scratch(mp_kctx *cx, size_t nbytes)
 {
     if (nbytes == 0) nbytes = 1;
     if (nbytes <= cx->scratch_cap) return cx->scratch;
-    if (cx->scratch) mp_cache_free(&cx->cache, cx->scratch, cx->scratch_cap);
-    cx->scratch = mp_cache_alloc(&cx->cache, nbytes);
+    if (cx->scratch) mp_cuda_free(cx, cx->scratch, cx->scratch_cap);
+    cx->scratch = mp_cuda_alloc(cx, nbytes);
     cx->scratch_cap = cx->scratch ? nbytes : 0;
     return cx->scratch;
 }
@@ -134,6 +172,7 @@ static void cuda_copy(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
 /* the host side waits: the caller reads the bytes next */
 static void cuda_to_host(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
 {
+    if (refused_in_capture(cx, "copy device memory to the host")) return (void)memset(dst, 0, nbytes);
     cx->n_to_host++;
     MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cx->stream), "copy to host");
     MP_CUDA_CHECK(wait_stream(cx), "copy to host");
@@ -193,7 +232,7 @@ static void stage_claim(mp_kctx *cx, int s)
 
 static void cuda_from_host(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
 {
-    if (nbytes == 0) return;
+    if (nbytes == 0 || refused_in_capture(cx, "copy host memory to the device")) return;
     if (!stage_ready(cx)) {
         MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, cx->stream), "copy from host");
         MP_CUDA_CHECK(wait_stream(cx), "copy from host");
@@ -214,6 +253,7 @@ static void cuda_from_host(mp_kctx *cx, void *dst, const void *src, size_t nbyte
 
 static void cuda_synchronize(mp_kctx *cx)
 {
+    if (refused_in_capture(cx, "synchronize")) return;
     MP_CUDA_CHECK(wait_stream(cx), "synchronize");
 }
 
@@ -221,6 +261,7 @@ static void cuda_synchronize(mp_kctx *cx)
 
 static void *cuda_host_alloc(mp_kctx *cx, size_t nbytes)
 {
+    if (refused_in_capture(cx, "allocate pinned host memory")) return NULL;
     void *p = NULL;
     if (cudaMallocHost(&p, nbytes ? nbytes : 1) != cudaSuccess) {
         (void)cudaGetLastError();   /* no sticky error: the caller says what failed */
@@ -236,11 +277,13 @@ static void cuda_host_free(mp_kctx *cx, void *p, size_t nbytes)
 
 static void cuda_to_host_async(mp_kctx *cx, void *dst, const void *src, size_t nbytes)
 {
+    if (refused_in_capture(cx, "queue a copy to the host")) return;
     MP_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, cx->stream), "copy to host (queued)");
 }
 
 static void *cuda_mark(mp_kctx *cx)
 {
+    if (refused_in_capture(cx, "mark a point to wait for")) return NULL;
     cudaEvent_t e;
     if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -253,7 +296,7 @@ static void *cuda_mark(mp_kctx *cx)
 static void cuda_mark_wait(mp_kctx *cx, void *mark)
 {
     cudaEvent_t e = (cudaEvent_t)mark;
-    if (!e) return;
+    if (!e || refused_in_capture(cx, "wait for a mark")) return;
     cudaError_t q = cudaEventQuery(e);
     if (q == cudaErrorNotReady) {   /* not passed yet: a real wait, counted */
         (void)cudaGetLastError();
@@ -296,6 +339,10 @@ static void cuda_flush_slot(mp_kctx *cx, int slot)
 static void cuda_flush_read(mp_kctx *cx, int64_t (*counts)[3], int clear)
 {
     const size_t bytes = sizeof(unsigned long long) * 3 * MP_FLUSH_SLOTS;
+    if (refused_in_capture(cx, "read the flush counts")) {
+        if (counts) memset(counts, 0, sizeof(int64_t) * 3 * MP_FLUSH_SLOTS);
+        return;
+    }
     if (counts) {
         static unsigned long long d[MP_FLUSH_SLOTS][3];
         memset(d, 0, sizeof d);
@@ -436,5 +483,10 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.coll_leave = mp_cuda_coll_leave;
     table.coll_fork = mp_cuda_coll_fork;
     table.coll_merge = mp_cuda_coll_merge;
+    table.graph_begin = mp_cuda_graph_begin;
+    table.graph_end = mp_cuda_graph_end;
+    table.graph_replay = mp_cuda_graph_replay;
+    table.graph_free = mp_cuda_graph_free;
+    table.graph_bytes = mp_cuda_graph_bytes;
     return &table;
 }

@@ -9,7 +9,8 @@
  *   emu_wmma.cc    the WMMA collectives (load, store, mma_sync of fragments)
  *   emu_runtime.cc the CUDA runtime: memory and what kind each byte is,
  *                  streams that run their work only when the host needs it,
- *                  events, copies, errors, device properties
+ *                  events, copies, errors, device properties, stream
+ *                  capture into graphs and their launches
  *   emu_cublas.cc, emu_cublaslt.cc, emu_cudnn.cc, emu_nccl.cc
  *                  the library calls the backend makes, checked as the
  *                  libraries' manuals specify and computed with the CPU
@@ -117,6 +118,7 @@ struct stats {
     long live_streams, live_events, live_allocs, live_pinned, live_blas, live_dnn, live_nccl;
     size_t device_bytes;
     long launches, kernel_runs, order_diffs_allowed;
+    long live_graphs;       /* captured graphs and their executable copies */
 };
 stats &counters();
 

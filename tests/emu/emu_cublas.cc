@@ -327,7 +327,9 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
     j.tf32 = at == MP_F32 && (compute == CUBLAS_COMPUTE_32F_FAST_TF32 ||
                               (base == CUBLAS_TF32_TENSOR_OP_MATH && compute == CUBLAS_COMPUTE_32F));
     j.split = ct != MP_F32 && k > SPLIT_K && !((int)h->math & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
-    queue_product(h->stream, "cublasGemm", [j] {
+    /* queued, or recorded as a graph node when the stream is capturing (a capture the stream
+     * invalidated takes nothing: an execution failure, as cuBLAS reports a refused launch) */
+    bool queued = queue_product(h->stream, "cublasGemm", [j] {
         for (int64_t it = 0; it < j.batch; it++)
             if (!gemm_item(j, it)) {
                 sticky(cudaErrorLaunchFailure, "unspecified launch failure (emulated cuBLAS: the CPU gemm found no "
@@ -336,6 +338,8 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
             }
         return true;
     });
+    if (!queued && sticky_error() == cudaSuccess)
+        return bad(CUBLAS_STATUS_EXECUTION_FAILED, call, "its stream's capture was invalidated by an earlier call");
     return CUBLAS_STATUS_SUCCESS;
 }
 

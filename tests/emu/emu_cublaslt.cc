@@ -607,12 +607,15 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     if (pb.m == 0 || pb.n == 0) return CUBLAS_STATUS_SUCCESS;
     lt_job j = {pb, (const char *)A, (const char *)B, (const char *)C, (const char *)op->bias, (char *)D, la->ld, lb->ld,
                 lc->ld, ld->ld, a, b, w.scheme};
-    queue_product(stream, "cublasLtMatmul", [j] {
+    /* queued, or recorded as a graph node when the stream is capturing, as cublasGemmEx's */
+    bool queued = queue_product(stream, "cublasLtMatmul", [j] {
         if (run_job(j)) return true;
         sticky(cudaErrorLaunchFailure, "unspecified launch failure (emulated cuBLASLt: the CPU gemm found no "
                "working memory)");
         return false;
     });
+    if (!queued && sticky_error() == cudaSuccess)
+        return bad(CUBLAS_STATUS_EXECUTION_FAILED, call, "its stream's capture was invalidated by an earlier call");
     return CUBLAS_STATUS_SUCCESS;
 }
 

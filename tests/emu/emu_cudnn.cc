@@ -503,13 +503,16 @@ static cudnnStatus_t run(const char *call, int pass, cudnnHandle_t h, const void
         return bad(CUDNN_STATUS_BAD_PARAM, call, "an operand (%p %zu bytes, %p %zu bytes, %p %zu bytes) is not device "
                    "memory, or runs past its allocation", in1, b1, in2, b2, out, bo);
     calls++;
-    enqueue(h->stream, call, [=] {
+    /* queued, or a graph node while the stream captures (emu_runtime.cc) */
+    bool queued = enqueue(h->stream, call, [=] {
         switch (pass) {
         case 0: return forward(c, x, w, out, fa, fb);
         case 1: return backward_data(c, w, y, out, fa, fb, det);
         default: return backward_filter(c, x, y, out, fa, fb, det);
         }
     });
+    if (!queued && sticky_error() == cudaSuccess)
+        return bad(CUDNN_STATUS_EXECUTION_FAILED, call, "its stream's capture was invalidated by an earlier call");
     return CUDNN_STATUS_SUCCESS;
 }
 

@@ -24,6 +24,25 @@
  * work before the event (as a GPU that has caught up). The default stream is
  * an ordinary stream here: the backend uses none other than its own.
  *
+ * Graphs. cudaStreamBeginCapture turns a stream into a recorder: what is
+ * queued on it from then on (kernels, copies between device and pinned
+ * memory, memsets, the libraries' calls, which are queued work here too) is
+ * kept as the capture's nodes, in order, and runs nothing; cudaStreamEndCapture
+ * makes them a graph, cudaGraphInstantiate an executable copy, and each
+ * cudaGraphLaunch queues the nodes again on a stream, where they run as any
+ * queued work (the same closures: a kernel node relaunches the kernel with the
+ * arguments of its capture). What a GPU refuses while a capture is open is
+ * refused here with the same codes, and invalidates the capture as there: a
+ * "potentially unsafe" call from the capturing thread unless the capture or
+ * the thread's mode (cudaThreadExchangeStreamCaptureMode) is relaxed
+ * (cudaMalloc, cudaFree, cudaHostAlloc, cudaFreeHost, cudaMemcpy, cudaMemset,
+ * cudaDeviceSynchronize), and in any mode a wait for the capturing stream
+ * (cudaStreamSynchronize, cudaStreamQuery), a copy from or into pageable host
+ * memory on it, a query or wait of an event recorded in the capture, and a
+ * wait on an event recorded outside it. One capturing stream at a time
+ * (the backend captures its one stream; a fork into other streams is not
+ * emulated).
+ *
  * Errors. A call's error is kept for cudaGetLastError; a fault while work runs
  * (a deadlock, a refused pointer, a library failure) is sticky: every later
  * call returns it, as after an illegal address on a GPU. cudaGetErrorString
@@ -32,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -51,15 +71,34 @@ struct op {
     CUstream_st *wait_for;            /* a wait: for this stream to pass wait_seq */
     uint64_t wait_seq;
 };
+/* a node of a captured graph: the work, as it would have been queued */
+struct gnode {
+    const char *what;
+    std::function<bool()> fn;
+};
+/* a capture open on a stream (cudaStreamBeginCapture) */
+struct capture {
+    cudaStreamCaptureMode mode;
+    std::vector<gnode> nodes;
+    bool invalid = false;             /* a refused call ended it: EndCapture gives no graph */
+};
 struct CUstream_st {
     unsigned flags;
     std::deque<op> q;
     uint64_t next = 1, done = 0;
+    capture *cap = NULL;              /* open capture: what is queued becomes its nodes */
 };
 struct CUevent_st {
     unsigned flags;
     CUstream_st *s = NULL;            /* recorded on s at seq; NULL: never recorded */
     uint64_t seq = 0;
+    capture *cap = NULL;              /* last recorded in this (open) capture */
+};
+struct CUgraph_st {
+    std::vector<gnode> nodes;
+};
+struct CUgraphExec_st {
+    std::vector<gnode> nodes;
 };
 
 namespace mp_emu {
@@ -268,6 +307,40 @@ bool stream_valid(cudaStream_t s)
     return false;
 }
 
+/* ---- captures ---- */
+
+/* the thread's interaction mode with captures (cudaThreadExchangeStreamCaptureMode) */
+static thread_local cudaStreamCaptureMode thread_mode = cudaStreamCaptureModeGlobal;
+
+static const char *mode_name(cudaStreamCaptureMode m)
+{
+    return m == cudaStreamCaptureModeRelaxed ? "relaxed" : m == cudaStreamCaptureModeThreadLocal ? "thread-local" : "global";
+}
+
+/* a refused call while s captures: the error, and the capture invalidated (EndCapture then gives no graph) */
+static cudaError_t capture_refused(CUstream_st *s, cudaError_t e, const char *call, const char *why)
+{
+    s->cap->invalid = true;
+    return fail(e, "%s while stream %p captures a graph: %s; the capture is invalidated", call, (void *)s, why);
+}
+
+/* a potentially unsafe call (it allocates, frees or waits outside stream order)
+ * while a capture is open that neither its mode nor the thread's mode relaxes:
+ * refused as a GPU refuses it; false when allowed */
+static bool unsafe_refused(const char *call)
+{
+    if (thread_mode == cudaStreamCaptureModeRelaxed) return false;
+    for (auto s : streams)
+        if (s->cap && s->cap->mode != cudaStreamCaptureModeRelaxed) {
+            char why[160];
+            snprintf(why, sizeof why, "a potentially unsafe call in a %s-mode capture (relax the thread's mode with "
+                     "cudaThreadExchangeStreamCaptureMode around it)", mode_name(s->cap->mode));
+            capture_refused(s, cudaErrorStreamCaptureUnsupported, call, why);
+            return true;
+        }
+    return false;
+}
+
 /* runs s's next piece of work, unless it waits for another stream; false when it cannot */
 static bool step(CUstream_st *s)
 {
@@ -339,6 +412,15 @@ bool enqueue(cudaStream_t st, const char *what, std::function<bool()> fn)
 {
     CUstream_st *s = stream_of(st);
     if (stuck != cudaSuccess) return false;
+    if (s->cap) {   /* captured: a node of the graph, run at each launch of it */
+        if (s->cap->invalid) {
+            record(cudaErrorStreamCaptureInvalidated, "%s (emulated device: %s queued on a stream whose capture an "
+                   "earlier refused call invalidated)", cudaGetErrorString_std(cudaErrorStreamCaptureInvalidated), what);
+            return false;
+        }
+        s->cap->nodes.push_back(gnode{what, std::move(fn)});
+        return true;
+    }
     s->q.push_back(op{s->next++, what, std::move(fn), NULL, 0});
     if (++pending > 100000) sync_device();   /* bounds what is held */
     return true;
@@ -448,6 +530,12 @@ const char *cudaGetErrorString_std(cudaError_t e)
     case cudaErrorInvalidSymbol: return "invalid device symbol";
     case cudaErrorNoKernelImageForDevice: return "no kernel image is available for execution on the device";
     case cudaErrorMisalignedAddress: return "misaligned address";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureIsolation: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
     default: return "unknown error";
     }
 }
@@ -474,6 +562,12 @@ const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidSymbol: return "cudaErrorInvalidSymbol";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
     default: return "cudaErrorUnknown";
     }
 }
@@ -586,6 +680,7 @@ cudaError_t cudaRuntimeGetVersion(int *v)
 cudaError_t cudaDeviceSynchronize(void)
 {
     LOCK;
+    if (unsafe_refused("cudaDeviceSynchronize")) return last;
     return sync_device();
 }
 
@@ -607,6 +702,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
 {
     GUARD;
     *p = NULL;
+    if (unsafe_refused("cudaMalloc")) return last;
     if (n == 0) return cudaSuccess;
     if (n > config().memory - device_bytes)
         return record(cudaErrorMemoryAllocation, "out of memory (emulated device: %zu bytes asked, %zu of %zu in use)", n,
@@ -626,6 +722,7 @@ cudaError_t cudaFree(void *p)
 {
     LOCK;
     if (!p) return cudaSuccess;
+    if (unsafe_refused("cudaFree")) return last;
     sync_device();   /* cudaFree waits for the device */
     auto it = regions.find((uintptr_t)p);
     if (it == regions.end() || !(it->second.kind & MEM_DEVICE))
@@ -642,6 +739,7 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
 {
     LOCK;
     *p = NULL;
+    if (unsafe_refused("cudaHostAlloc")) return last;
     void *m = NULL;
     if (posix_memalign(&m, 4096, n ? n : 1) != 0) return record(cudaErrorMemoryAllocation, "out of memory (pinned)");
     regions[(uintptr_t)m] = region{(char *)m, n, MEM_PINNED | ((flags & cudaHostAllocMapped) ? MEM_MAPPED : 0)};
@@ -656,6 +754,7 @@ cudaError_t cudaFreeHost(void *p)
 {
     LOCK;
     if (!p) return cudaSuccess;
+    if (unsafe_refused("cudaFreeHost")) return last;
     sync_device();
     auto it = regions.find((uintptr_t)p);
     if (it == regions.end() || !(it->second.kind & MEM_PINNED))
@@ -738,6 +837,11 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
     if (!stream_valid(s)) return fail(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync: stream %p", (void *)s);
     if (n == 0) return cudaSuccess;
     if (!copy_ok("cudaMemcpyAsync", dst, src, n, &kind)) return last;
+    CUstream_st *cs = stream_of(s);
+    if (cs->cap && ((kind == cudaMemcpyHostToDevice && !pinned(src)) ||
+                    ((kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost) && !pinned(dst))))
+        return capture_refused(cs, cudaErrorStreamCaptureUnsupported, "cudaMemcpyAsync",
+                               "a copy from or into pageable host memory (it would be synchronous)");
     if (kind == cudaMemcpyHostToDevice && !pinned(src)) {
         /* from pageable memory: the bytes are taken now (the caller may reuse its buffer) */
         auto bytes = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + n);
@@ -754,6 +858,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
     GUARD;
     if (n == 0) return cudaSuccess;
     if (!copy_ok("cudaMemcpy", dst, src, n, &kind)) return last;
+    if (unsafe_refused("cudaMemcpy")) return last;
     sync_device();
     if (stuck == cudaSuccess) memmove(dst, src, n);
     return stuck;
@@ -772,6 +877,10 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 
 cudaError_t cudaMemset(void *p, int v, size_t n)
 {
+    {
+        LOCK;
+        if (unsafe_refused("cudaMemset")) return last;
+    }
     cudaError_t e = cudaMemsetAsync(p, v, n, NULL);
     if (e == cudaSuccess) e = cudaDeviceSynchronize();
     return e;
@@ -798,6 +907,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
     if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread || !stream_valid(s))
         return fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy(%p): not a stream made by cudaStreamCreate",
                     (void *)s);
+    if (s->cap) return capture_refused(s, cudaErrorStreamCaptureUnsupported, "cudaStreamDestroy", "it is capturing");
     sync_stream(s);   /* its work still runs, as on a GPU */
     for (auto ev : events)
         if (ev->s == s) ev->s = &default_stream, ev->seq = 0;   /* passed */
@@ -815,6 +925,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     LOCK;
     if (!stream_valid(s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize(%p)", (void *)s);
+    if (stream_of(s)->cap)
+        return capture_refused(stream_of(s), cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize", "a wait for it");
     return sync_stream(s);
 }
 
@@ -822,6 +934,8 @@ cudaError_t cudaStreamQuery(cudaStream_t s)
 {
     LOCK;
     if (!stream_valid(s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery(%p)", (void *)s);
+    if (stream_of(s)->cap)
+        return capture_refused(stream_of(s), cudaErrorStreamCaptureUnsupported, "cudaStreamQuery", "a query of it");
     return sync_stream(s);   /* caught up: done */
 }
 
@@ -856,7 +970,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st)
     if (!event_valid(e)) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord(%p): not a live event", (void *)e);
     if (!stream_valid(st)) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: stream %p", (void *)st);
     CUstream_st *s = stream_of(st);
-    e->s = s, e->seq = s->next;
+    if (s->cap) {   /* a point of the capture: on its one stream an event node orders nothing more */
+        e->s = NULL, e->seq = 0, e->cap = s->cap;
+        return cudaSuccess;
+    }
+    e->s = s, e->seq = s->next, e->cap = NULL;
     enqueue(st, "event", std::function<bool()>());
     return cudaSuccess;
 }
@@ -866,8 +984,16 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned int fla
     GUARD;
     if (!event_valid(e)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: event %p", (void *)e);
     if (!stream_valid(st)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: stream %p", (void *)st);
-    if (!e->s) return cudaSuccess;   /* never recorded: nothing to wait for */
     CUstream_st *s = stream_of(st);
+    if (s->cap && e->cap != s->cap)
+        return capture_refused(s, cudaErrorStreamCaptureIsolation, "cudaStreamWaitEvent",
+                               "a wait on an event recorded outside the capture");
+    if (!s->cap && e->cap)
+        return capture_refused(*std::find_if(streams.begin(), streams.end(), [e](CUstream_st *x) { return x->cap == e->cap; }),
+                               cudaErrorStreamCaptureUnsupported, "cudaStreamWaitEvent",
+                               "another stream joining the capture (a fork into other streams is not emulated)");
+    if (s->cap) return cudaSuccess;   /* its own point: already in order */
+    if (!e->s) return cudaSuccess;   /* never recorded: nothing to wait for */
     s->q.push_back(op{s->next++, "wait", std::function<bool()>(), e->s, e->seq});
     pending++;
     return cudaSuccess;
@@ -877,6 +1003,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e)
 {
     LOCK;
     if (!event_valid(e)) return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery(%p)", (void *)e);
+    if (e->cap) return fail(cudaErrorCapturedEvent, "cudaEventQuery(%p): recorded in an open capture", (void *)e);
     if (e->s) advance(e->s, e->seq);   /* the device catches up: the event has passed */
     return stuck;
 }
@@ -885,6 +1012,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
     LOCK;
     if (!event_valid(e)) return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize(%p)", (void *)e);
+    if (e->cap) return fail(cudaErrorCapturedEvent, "cudaEventSynchronize(%p): recorded in an open capture", (void *)e);
     if (e->s) advance(e->s, e->seq);
     return stuck;
 }
@@ -899,15 +1027,139 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
     return cudaSuccess;
 }
 
+/* ---- stream capture and graphs ---- */
+
+static std::set<CUgraph_st *> &graphs = *new std::set<CUgraph_st *>;
+static std::set<CUgraphExec_st *> &execs = *new std::set<CUgraphExec_st *>;
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t st, cudaStreamCaptureMode mode)
+{
+    GUARD;
+    if (!stream_valid(st)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamBeginCapture: stream %p", (void *)st);
+    CUstream_st *s = stream_of(st);
+    if (s == &default_stream)
+        return fail(cudaErrorStreamCaptureImplicit, "cudaStreamBeginCapture: the default stream cannot capture");
+    if (s->cap) return fail(cudaErrorIllegalState, "cudaStreamBeginCapture(%p): the stream is capturing already", (void *)st);
+    for (auto x : streams)
+        if (x->cap)
+            return fail(cudaErrorNotSupported, "cudaStreamBeginCapture(%p): stream %p captures already (the emulator "
+                        "keeps one capture at a time)", (void *)st, (void *)x);
+    if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+        mode != cudaStreamCaptureModeRelaxed)
+        return fail(cudaErrorInvalidValue, "cudaStreamBeginCapture: mode %d", (int)mode);
+    s->cap = new capture();
+    s->cap->mode = mode;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *g)
+{
+    LOCK;
+    *g = NULL;
+    if (!stream_valid(st)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamEndCapture: stream %p", (void *)st);
+    CUstream_st *s = stream_of(st);
+    if (!s->cap) return fail(cudaErrorIllegalState, "cudaStreamEndCapture(%p): the stream is not capturing", (void *)st);
+    capture *c = s->cap;
+    s->cap = NULL;
+    for (auto e : events)
+        if (e->cap == c) e->cap = NULL;   /* never recorded outside it */
+    bool invalid = c->invalid;
+    if (!invalid) {
+        *g = new CUgraph_st{std::move(c->nodes)};
+        graphs.insert(*g);
+        counters().live_graphs++;
+    }
+    delete c;
+    if (invalid)
+        return fail(cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture(%p): a refused call invalidated the capture",
+                    (void *)st);
+    return stuck;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t st, cudaStreamCaptureStatus *status)
+{
+    LOCK;
+    if (!stream_valid(st)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamIsCapturing: stream %p", (void *)st);
+    capture *c = stream_of(st)->cap;
+    *status = !c ? cudaStreamCaptureStatusNone : c->invalid ? cudaStreamCaptureStatusInvalidated
+                                                            : cudaStreamCaptureStatusActive;
+    return stuck;
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode *mode)
+{
+    LOCK;
+    cudaStreamCaptureMode m = *mode;
+    if (m != cudaStreamCaptureModeGlobal && m != cudaStreamCaptureModeThreadLocal && m != cudaStreamCaptureModeRelaxed)
+        return fail(cudaErrorInvalidValue, "cudaThreadExchangeStreamCaptureMode: mode %d", (int)m);
+    *mode = thread_mode;
+    thread_mode = m;
+    return cudaSuccess;
+}
+
+/* the count only (nodes NULL): the emulator has no node handles */
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n)
+{
+    LOCK;
+    if (!graphs.count(g)) return fail(cudaErrorInvalidValue, "cudaGraphGetNodes(%p): not a live graph", (void *)g);
+    if (nodes) return fail(cudaErrorNotSupported, "cudaGraphGetNodes: node handles are not emulated (pass NULL)");
+    *n = g->nodes.size();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags)
+{
+    GUARD;
+    *x = NULL;
+    if (!graphs.count(g)) return fail(cudaErrorInvalidValue, "cudaGraphInstantiate(%p): not a live graph", (void *)g);
+    if (flags) return fail(cudaErrorNotSupported, "cudaGraphInstantiate: flags %llu are not emulated", flags);
+    *x = new CUgraphExec_st{g->nodes};   /* its own copy: the graph may go first */
+    execs.insert(*x);
+    counters().live_graphs++;
+    return cudaSuccess;
+}
+
+/* the nodes queued on st in their captured order, as that work was queued */
+cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t st)
+{
+    GUARD;
+    if (!execs.count(x)) return fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch(%p): not a live executable graph", (void *)x);
+    if (!stream_valid(st)) return fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: stream %p", (void *)st);
+    if (stream_of(st)->cap)
+        return fail(cudaErrorNotSupported, "cudaGraphLaunch into a capturing stream (a child graph) is not emulated");
+    for (auto &n : x->nodes) enqueue(st, n.what, n.fn);
+    return stuck;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x)
+{
+    LOCK;
+    if (!execs.count(x)) return fail(cudaErrorInvalidResourceHandle, "cudaGraphExecDestroy(%p): not a live executable graph", (void *)x);
+    execs.erase(x);
+    delete x;   /* launches already queued keep their own copies of the nodes */
+    counters().live_graphs--;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g)
+{
+    LOCK;
+    if (!graphs.count(g)) return fail(cudaErrorInvalidValue, "cudaGraphDestroy(%p): not a live graph", (void *)g);
+    graphs.erase(g);
+    delete g;
+    counters().live_graphs--;
+    return cudaSuccess;
+}
+
 /* MP_EMU_STATS=1: what ran and what is still alive, at exit (the backend keeps
  * its stream, its staging events and its handles for the life of the process) */
 static void print_stats(void)
 {
     const stats &c = counters();
     fprintf(stderr, "mp-emu: %ld launches, %ld kernel runs; live at exit: %ld streams, %ld events, %ld device "
-            "allocations (%zu bytes), %ld pinned, %ld cuBLAS handles, %ld cuDNN handles, %ld NCCL communicators\n",
+            "allocations (%zu bytes), %ld pinned, %ld cuBLAS handles, %ld cuDNN handles, %ld NCCL communicators, %ld graphs\n",
             c.launches, c.kernel_runs, c.live_streams, c.live_events, c.live_allocs, c.device_bytes, c.live_pinned,
-            c.live_blas, c.live_dnn, c.live_nccl);
+            c.live_blas, c.live_dnn, c.live_nccl, c.live_graphs);
 }
 
 __attribute__((constructor)) static void stats_at_exit(void)

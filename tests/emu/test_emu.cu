@@ -7,7 +7,8 @@
  * comparison of thread orders, launch limits, host pointers handed to a
  * kernel, copies in the wrong direction, work that runs only when the host
  * waits, WMMA fragments (a GEMM through the tensor-core API, a divergent or
- * partial warp's call), and the library shims' checks and models (cuBLAS's leading
+ * partial warp's call), stream capture (a graph's launches run its kernels
+ * and cuBLAS calls again; what a capture refuses), and the library shims' checks and models (cuBLAS's leading
  * dimensions and split-K, cuBLASLt's bias epilogue, argument checks and
  * split-K, cuDNN's math types and non-deterministic
  * algorithms, NCCL with one rank).
@@ -565,6 +566,102 @@ Test(emu, a_second_stream_that_misses_its_event_wait_reads_stale_data)
         cr_assert_eq(fetch(b, 1)[0], wait ? 7 : 0, "with%s the wait", wait ? "" : "out");
     }
     cudaEventDestroy(ev), cudaStreamDestroy(side), cudaStreamDestroy(main_s), cudaFree(a), cudaFree(b);
+}
+
+/* ---- stream capture and graphs ---- */
+
+extern "C" void mp_emu_stats(mp_emu::stats *out);
+
+Test(emu, a_capture_records_kernels_and_cublas_calls_and_each_graph_launch_runs_them_again)
+{
+    const int n = 64;
+    int *a = (int *)dev(n * sizeof(int)), *b = (int *)dev(n * sizeof(int));
+    float *x = (float *)dev(4), *y = (float *)dev(4), *z = (float *)dev(4);
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cublasHandle_t h;
+    cr_assert_eq(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+    cublasSetStream(h, s);
+    MP_LAUNCH(1, 64, 0, s, k_fill, b, 1, n);
+    cudaStreamSynchronize(s);
+    mp_emu::stats st0;
+    mp_emu_stats(&st0);
+    cr_assert_eq(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cudaStreamCaptureStatus cs;
+    cr_assert_eq(cudaStreamIsCapturing(s, &cs), cudaSuccess);
+    cr_assert_eq(cs, cudaStreamCaptureStatusActive);
+    MP_LAUNCH(1, 64, 0, s, k_copy, b, a, n);   /* b = a, at each launch of the graph */
+    float one = 1, zero = 0;
+    cr_assert_eq(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, x, CUDA_R_32F, 1, y, CUDA_R_32F, 1, &zero, z,
+                              CUDA_R_32F, 1, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), CUBLAS_STATUS_SUCCESS);
+    cudaGraph_t g;
+    cr_assert_eq(cudaStreamEndCapture(s, &g), cudaSuccess);
+    size_t nodes = 0;
+    cr_assert_eq(cudaGraphGetNodes(g, NULL, &nodes), cudaSuccess);
+    cr_assert_eq(nodes, 2);
+    cudaGraphExec_t ge;
+    cr_assert_eq(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+    cudaGraphDestroy(g);   /* the executable copy stands alone */
+    cudaDeviceSynchronize();
+    mp_emu::stats st1;
+    mp_emu_stats(&st1);
+    cr_assert_eq(st1.kernel_runs, st0.kernel_runs, "the capture ran nothing");
+    cr_assert_eq(fetch(b, 1)[0], 1);
+    for (int v = 7; v <= 9; v += 2) {
+        MP_LAUNCH(1, 64, 0, s, k_fill, a, v, n);
+        float fx = (float)v, fy = 2;
+        cudaMemcpy(x, &fx, 4, cudaMemcpyHostToDevice), cudaMemcpy(y, &fy, 4, cudaMemcpyHostToDevice);
+        cr_assert_eq(cudaGraphLaunch(ge, s), cudaSuccess);
+        cudaStreamSynchronize(s);
+        cr_assert_eq(fetch(b, n)[n - 1], v, "the kernel node reads a at the launch");
+        float fz = 0;
+        cudaMemcpy(&fz, z, 4, cudaMemcpyDeviceToHost);
+        cr_assert_eq(fz, 2.0f * v, "the cuBLAS node computes at the launch");
+    }
+    cr_assert_eq(cudaGraphExecDestroy(ge), cudaSuccess);
+    mp_emu_stats(&st1);
+    cr_assert_eq(st1.live_graphs, st0.live_graphs);
+    cublasDestroy(h), cudaStreamDestroy(s), cudaFree(a), cudaFree(b), cudaFree(x), cudaFree(y), cudaFree(z);
+}
+
+Test(emu, a_capture_refuses_what_a_gpu_refuses_and_is_then_invalidated)
+{
+    cudaStream_t s;
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    int *a = (int *)dev(64 * sizeof(int));
+    /* cudaMalloc in a thread-local capture: refused, the capture gives no graph */
+    cr_assert_eq(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    MP_LAUNCH(1, 64, 0, s, k_fill, a, 3, 64);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, 256);
+    cr_assert_eq(e, cudaErrorStreamCaptureUnsupported);
+    CONTAINS(text(e), "cudaMalloc");
+    cudaGetLastError();
+    cudaStreamCaptureStatus cs;
+    cudaStreamIsCapturing(s, &cs);
+    cr_assert_eq(cs, cudaStreamCaptureStatusInvalidated);
+    cudaGraph_t g = (cudaGraph_t)1;
+    cr_assert_eq(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    cr_assert_null(g);
+    cudaGetLastError();
+    /* with the thread's mode relaxed it is allowed, and the capture goes on */
+    cr_assert_eq(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+    cudaThreadExchangeStreamCaptureMode(&m);
+    cr_assert_eq(cudaMalloc(&p, 256), cudaSuccess);
+    cudaThreadExchangeStreamCaptureMode(&m);
+    cr_assert_eq(m, cudaStreamCaptureModeRelaxed);
+    /* a wait for the capturing stream, in any mode, and a pageable copy on it */
+    int host = 0;
+    cr_assert_eq(cudaMemcpyAsync(&host, a, 4, cudaMemcpyDeviceToHost, s), cudaErrorStreamCaptureUnsupported);
+    cr_assert_eq(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+    cr_assert_eq(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
+    /* nothing of it ran, and the device goes on */
+    MP_LAUNCH(1, 64, 0, s, k_fill, a, 5, 64);
+    cr_assert_eq(cudaStreamSynchronize(s), cudaSuccess);
+    cr_assert_eq(fetch(a, 1)[0], 5);
+    cudaFree(p), cudaFree(a), cudaStreamDestroy(s);
 }
 
 /* ---- cuBLAS ---- */

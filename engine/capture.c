@@ -1,0 +1,81 @@
+/*
+ * capture.c: opening, closing, replaying and freeing graphs of device work
+ * (capture.h), through the backend's graph_* entries. The engine keeps only
+ * which device captures; the recording, the graph and its memory pool are
+ * the backend's (kernels/cuda/cuda_graph.cu).
+ */
+#include <stdlib.h>
+#include "engine/capture.h"
+#include "engine/device.h"
+#include "engine/error.h"
+
+struct mp_capture {
+    mp_device dev;
+    void *g;   /* the backend's graph */
+};
+
+static const mp_backend *open_be;   /* the backend capturing, NULL when none is */
+static mp_device open_dev;
+
+bool mp_capturing(void) { return open_be != NULL; }
+
+int mp_capture_refuse(const char *what, const char *why)
+{
+    if (!open_be) return 0;
+    return mp_fail(MP_EINVAL, "cannot %s inside a CUDA graph capture (mp.cuda.graph): %s", what, why);
+}
+
+int mp_capture_begin(mp_device d)
+{
+    if (open_be) return mp_fail(MP_EINVAL, "a capture is open already (one at a time; mp.cuda.graph cannot nest)");
+    if (mp_device_check(d)) return -1;
+    const mp_backend *be = mp_backend_of(d);
+    if (!be->graph_begin || !be->graph_end || !be->graph_replay || !be->graph_free)
+        return mp_fail(MP_EDEVICE, "the %s backend cannot capture graphs", mp_device_name(d));
+    /* an error of work queued before belongs to that work, not to the capture */
+    if (mp_device_error(d)) return -1;
+    char why[512] = "";
+    if (be->graph_begin(be->ctx, why, sizeof why)) return mp_fail(MP_EDEVICE, "cannot begin a capture: %s", why);
+    open_be = be, open_dev = d;
+    return 0;
+}
+
+mp_capture *mp_capture_end(bool abort)
+{
+    const mp_backend *be = open_be;
+    if (!be) return mp_fail(MP_EINVAL, "no capture is open"), NULL;
+    open_be = NULL;
+    char why[512] = "";
+    void *g = be->graph_end(be->ctx, abort, why, sizeof why);
+    if (!g) return abort ? NULL : (mp_fail(MP_EDEVICE, "the capture failed: %s", why), NULL);
+    mp_capture *c = malloc(sizeof *c);
+    if (!c) {
+        be->graph_free(be->ctx, g);
+        return mp_fail(MP_EOOM, "out of memory keeping a graph"), NULL;
+    }
+    *c = (mp_capture){open_dev, g};
+    return c;
+}
+
+int mp_capture_replay(mp_capture *c)
+{
+    if (open_be) return mp_fail(MP_EINVAL, "cannot replay a graph while a capture is open");
+    const mp_backend *be = mp_backend_of(c->dev);
+    char why[512] = "";
+    if (be->graph_replay(be->ctx, c->g, why, sizeof why)) return mp_fail(MP_EDEVICE, "replay failed: %s", why);
+    return mp_device_error(c->dev);
+}
+
+void mp_capture_free(mp_capture *c)
+{
+    if (!c) return;
+    const mp_backend *be = mp_backend_of(c->dev);
+    be->graph_free(be->ctx, c->g);
+    free(c);
+}
+
+size_t mp_capture_bytes(mp_device d)
+{
+    const mp_backend *be = mp_backend_loaded(d);
+    return be && be->graph_bytes ? be->graph_bytes(be->ctx) : 0;
+}
