@@ -123,17 +123,23 @@ void lt_step_done(lua_State *L)
  * stack. __gc needs none of this: what it collects is on no stack. */
 
 static struct { uintptr_t lo, hi; } text;   /* this module's code: its C functions */
-static lua_CFunction outside[4];            /* C functions in it that are not the binding's */
+#define OUTSIDE_MAX 8
+static lua_CFunction outside[OUTSIDE_MAX];  /* C functions in it that are not the binding's */
 
 void lb_outside_binding(lua_CFunction f)
 {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < OUTSIDE_MAX; i++)
         if (!outside[i] || outside[i] == f) { outside[i] = f; return; }
+    /* a programming error, found the first time the program starts: a function
+     * left out would have its releases deferred for as long as it runs */
+    fprintf(stderr, "mpengine: lb_outside_binding: more than %d functions (raise OUTSIDE_MAX in lua/lbind.c)\n",
+            OUTSIDE_MAX);
+    abort();
 }
 
 static bool outside_binding(lua_CFunction f)
 {
-    for (int i = 0; i < 4 && outside[i]; i++)
+    for (int i = 0; i < OUTSIDE_MAX && outside[i]; i++)
         if (outside[i] == f) return true;
     return false;
 }
