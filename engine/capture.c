@@ -6,6 +6,7 @@
  */
 #include <stdlib.h>
 #include "engine/capture.h"
+#include "engine/capture_guard.h"
 #include "engine/device.h"
 #include "engine/error.h"
 
@@ -16,14 +17,6 @@ struct mp_capture {
 
 static const mp_backend *open_be;   /* the backend capturing, NULL when none is */
 static mp_device open_dev;
-
-bool mp_capturing(void) { return open_be != NULL; }
-
-int mp_capture_refuse(const char *what, const char *why)
-{
-    if (!open_be) return 0;
-    return mp_fail(MP_EINVAL, "cannot %s inside a CUDA graph capture (mp.cuda.graph): %s", what, why);
-}
 
 int mp_capture_begin(mp_device d)
 {
@@ -37,6 +30,7 @@ int mp_capture_begin(mp_device d)
     char why[512] = "";
     if (be->graph_begin(be->ctx, why, sizeof why)) return mp_fail(MP_EDEVICE, "cannot begin a capture: %s", why);
     open_be = be, open_dev = d;
+    mp_capture_mark(true);
     return 0;
 }
 
@@ -45,6 +39,7 @@ mp_capture *mp_capture_end(bool abort)
     const mp_backend *be = open_be;
     if (!be) return mp_fail(MP_EINVAL, "no capture is open"), NULL;
     open_be = NULL;
+    mp_capture_mark(false);
     char why[512] = "";
     void *g = be->graph_end(be->ctx, abort, why, sizeof why);
     if (!g) return abort ? NULL : (mp_fail(MP_EDEVICE, "the capture failed: %s", why), NULL);

@@ -9,7 +9,7 @@
  * until it is freed, so every replay writes the same addresses the captured
  * kernels point at, and the tensors made in the capture (the loss, new
  * gradients) are what each replay rewrites. What cannot be recorded is
- * refused with an error naming it (mp_capture_refuse): anything that waits
+ * refused with an error naming it (mp_capture_refuse, capture_guard.h): anything that waits
  * for the device or reads its memory on the host, a copy of host memory (the
  * replay would copy whatever the buffer then holds), random numbers (a replay
  * would draw the same ones), an op on a CPU tensor (it would run once, now).
@@ -20,7 +20,8 @@
 
 #include <stdbool.h>
 #include <stddef.h>
-#include "kernels/backend.h"   /* mp_device */
+#include "engine/capture_guard.h"   /* mp_capturing, mp_capture_refuse */
+#include "kernels/backend.h"         /* mp_device */
 
 typedef struct mp_capture mp_capture;
 
@@ -36,11 +37,6 @@ int mp_capture_replay(mp_capture *g);
 /* the graph and its pool go: its free blocks back to the device's cache,
  * blocks that tensors still hold go there when those are freed */
 void mp_capture_free(mp_capture *g);
-/* whether a capture is open */
-bool mp_capturing(void);
-/* when a capture is open: -1 with "cannot <what> inside a CUDA graph capture
- * (mp.cuda.graph): <why>"; else 0 */
-int mp_capture_refuse(const char *what, const char *why);
 /* the bytes the device's live graphs hold in their pools (in use or free) */
 size_t mp_capture_bytes(mp_device d);
 

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <dlfcn.h>
-#include "engine/capture.h"
+#include "engine/capture_guard.h"
 #include "engine/device.h"
 #include "engine/error.h"
 

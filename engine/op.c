@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "engine/capture.h"
+#include "engine/capture_guard.h"
 #include "engine/op.h"
 #include "engine/error.h"
 
@@ -121,7 +121,7 @@ mp_tensor *mp_apply(const mp_op *op, mp_op_ctx *c, int nin, mp_tensor *const *in
      * an entry it needs */
     for (int k = 0; k < nin && ok; k++) {
         if (!cast[k]) continue;
-        if (cast[k]->dev == MP_CPU && mp_capturing()) {   /* engine/capture.h */
+        if (cast[k]->dev == MP_CPU && mp_capturing()) {   /* engine/capture_guard.h */
             char what[96];
             snprintf(what, sizeof what, "run %s on a cpu tensor", op->name);
             ok = 0, mp_capture_refuse(what, "it would run once, now, and no replay would repeat it");

@@ -6,7 +6,7 @@
  * PyTorch's scaled_dot_product_attention; the softmax statistics are f32.
  */
 #include <math.h>
-#include "engine/capture.h"
+#include "engine/capture_guard.h"
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/op.h"

@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include "engine/capture.h"
+#include "engine/capture_guard.h"
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/op.h"
