@@ -106,6 +106,31 @@ __device__ __forceinline__ void stage_rows(uint16_t *dst, const uint16_t *src, i
 /* the larger, NaN-blind as cpu_attention.c's row_max (x > m ? x : m) */
 __device__ __forceinline__ float larger(float x, float m) { return x > m ? x : m; }
 
+/* the two products the backward recomputes for one 16 x 16 tile, each through
+ * D / 16 WMMA steps: s = A1 B1^T * scale and dp = A2 B2^T (rows of 16 x D
+ * operands, leading dimension D), stored as f32 rows of FB into s_out, dp_out */
+template <class T, int D>
+__device__ __forceinline__ void s_dp_tile(const T *a1, const T *b1, const T *a2, const T *b2, float scale,
+                                          float *s_out, float *dp_out)
+{
+    typename frag<T>::acc s, dp;
+    wmma::fill_fragment(s, 0.0f);
+    wmma::fill_fragment(dp, 0.0f);
+    for (int kb = 0; kb < D / 16; kb++) {
+        typename frag<T>::a_row xa;
+        typename frag<T>::b_col xb;
+        wmma::load_matrix_sync(xa, a1 + 16 * kb, D);
+        wmma::load_matrix_sync(xb, b1 + 16 * kb, D);
+        wmma::mma_sync(s, xa, xb, s);
+        wmma::load_matrix_sync(xa, a2 + 16 * kb, D);
+        wmma::load_matrix_sync(xb, b2 + 16 * kb, D);
+        wmma::mma_sync(dp, xa, xb, dp);
+    }
+    for (int e = 0; e < s.num_elements; e++) s.x[e] *= scale;
+    wmma::store_matrix_sync(s_out, s, FB, wmma::mem_row_major);
+    wmma::store_matrix_sync(dp_out, dp, FB, wmma::mem_row_major);
+}
+
 /* ---- forward ---- */
 
 /* shared bytes: K and V tiles (T), O (f32), each warp's S (f32) and P (T) */
@@ -264,24 +289,9 @@ __global__ void __launch_bounds__(FT) k_flash_dkv(T *dk, T *dv, const T *q, cons
         if (!live) continue;
 
         /* S^T = K Q^T * scale and dP^T = V dO^T, the warp's 16 keys against the tile's 64 queries */
-        for (int nb = 0; nb < FB / 16; nb++) {
-            typename frag<T>::acc s, dp;
-            wmma::fill_fragment(s, 0.0f);
-            wmma::fill_fragment(dp, 0.0f);
-            for (int kb = 0; kb < D / 16; kb++) {
-                typename frag<T>::a_row xa;
-                typename frag<T>::b_col xb;
-                wmma::load_matrix_sync(xa, (const T *)ks + 16 * w * D + 16 * kb, D);
-                wmma::load_matrix_sync(xb, (const T *)qs + 16 * nb * D + 16 * kb, D);
-                wmma::mma_sync(s, xa, xb, s);
-                wmma::load_matrix_sync(xa, (const T *)vs + 16 * w * D + 16 * kb, D);
-                wmma::load_matrix_sync(xb, (const T *)gs + 16 * nb * D + 16 * kb, D);
-                wmma::mma_sync(dp, xa, xb, dp);
-            }
-            for (int e = 0; e < s.num_elements; e++) s.x[e] *= a.scale;
-            wmma::store_matrix_sync(stw + 16 * nb, s, FB, wmma::mem_row_major);
-            wmma::store_matrix_sync(dpw + 16 * nb, dp, FB, wmma::mem_row_major);
-        }
+        for (int nb = 0; nb < FB / 16; nb++)
+            s_dp_tile<T, D>((const T *)ks + 16 * w * D, (const T *)qs + 16 * nb * D, (const T *)vs + 16 * w * D,
+                            (const T *)gs + 16 * nb * D, a.scale, stw + 16 * nb, dpw + 16 * nb);
         __syncwarp();
 
         /* key lr against queries 32h .. 32h + 31: P = exp(S - lse), Pd = P keep, dS = P (dP keep - D) */
@@ -365,24 +375,9 @@ __global__ void __launch_bounds__(FT) k_flash_dq(T *dq, const T *q, const T *k, 
         if (!live || (a.causal && j0 > iw + 15)) continue;   /* no row of the warp sees a key of the tile */
 
         /* S = Q K^T * scale and dP = dO V^T, the warp's 16 rows against the tile's 64 keys */
-        for (int nb = 0; nb < FB / 16; nb++) {
-            typename frag<T>::acc s, dp;
-            wmma::fill_fragment(s, 0.0f);
-            wmma::fill_fragment(dp, 0.0f);
-            for (int kb = 0; kb < D / 16; kb++) {
-                typename frag<T>::a_row xa;
-                typename frag<T>::b_col xb;
-                wmma::load_matrix_sync(xa, (const T *)qw + 16 * kb, D);
-                wmma::load_matrix_sync(xb, (const T *)ks + 16 * nb * D + 16 * kb, D);
-                wmma::mma_sync(s, xa, xb, s);
-                wmma::load_matrix_sync(xa, (const T *)gw + 16 * kb, D);
-                wmma::load_matrix_sync(xb, (const T *)vs + 16 * nb * D + 16 * kb, D);
-                wmma::mma_sync(dp, xa, xb, dp);
-            }
-            for (int e = 0; e < s.num_elements; e++) s.x[e] *= a.scale;
-            wmma::store_matrix_sync(sw + 16 * nb, s, FB, wmma::mem_row_major);
-            wmma::store_matrix_sync(dpw + 16 * nb, dp, FB, wmma::mem_row_major);
-        }
+        for (int nb = 0; nb < FB / 16; nb++)
+            s_dp_tile<T, D>((const T *)qw, (const T *)ks + 16 * nb * D, (const T *)gw, (const T *)vs + 16 * nb * D,
+                            a.scale, sw + 16 * nb, dpw + 16 * nb);
         __syncwarp();
 
         /* row lr against keys 32h .. 32h + 31: dS = P (dP keep - D) */

@@ -19,6 +19,7 @@
 #ifndef MP_EMU_H
 #define MP_EMU_H
 
+#include <cublas_api.h>   /* cublasStatus_t: blas_refused */
 #include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -82,6 +83,9 @@ bool stream_valid(cudaStream_t s);
 /* the queueing of every library product on s (emu_cublas.cc): cuBLAS's gemms
  * and cuBLASLt's matmuls (emu_cublaslt.cc) go through it alike */
 bool queue_product(cudaStream_t s, const char *what, std::function<bool()> fn);
+/* a refused cuBLAS / cuBLASLt call: its status, described as the nearest CUDA
+ * error (lib: "cuBLAS" or "cuBLASLt"; emu_cublas.cc) */
+cublasStatus_t blas_refused(const char *lib, cublasStatus_t s, const char *call, const char *fmt, va_list ap);
 
 /* ---- kernels (emu_sched.cc) ---- */
 struct kernel_run {

@@ -47,20 +47,27 @@ static std::set<cublasContext *> &handles = *new std::set<cublasContext *>;   /*
 
 #define SPLIT_K 1024
 
-static cublasStatus_t bad(cublasStatus_t s, const char *call, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static cublasStatus_t bad(cublasStatus_t s, const char *call, const char *fmt, ...)
+/* a refused cuBLAS or cuBLASLt call (lib names which): the backend reports a
+ * status as the nearest CUDA error (cuda_gemm.cu, cuda_gemm_lt.cu), and that
+ * error's text carries this one */
+cublasStatus_t mp_emu::blas_refused(const char *lib, cublasStatus_t s, const char *call, const char *fmt, va_list ap)
 {
     char b[800];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(b, sizeof b, fmt, ap);
-    va_end(ap);
-    /* the backend reports a status as the nearest CUDA error (cuda_gemm.cu): that
-     * error's text carries this one */
     cudaError_t e = s == CUBLAS_STATUS_NOT_SUPPORTED ? cudaErrorNotSupported
                     : s == CUBLAS_STATUS_NOT_INITIALIZED ? cudaErrorInitializationError
                     : s == CUBLAS_STATUS_EXECUTION_FAILED ? cudaErrorLaunchFailure : cudaErrorInvalidValue;
-    describe(e, "%s (emulated cuBLAS: %s: %s)", cudaGetErrorString_std(e), call, b);
+    describe(e, "%s (emulated %s: %s: %s)", cudaGetErrorString_std(e), lib, call, b);
+    return s;
+}
+
+static cublasStatus_t bad(cublasStatus_t s, const char *call, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static cublasStatus_t bad(cublasStatus_t s, const char *call, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    s = blas_refused("cuBLAS", s, call, fmt, ap);
+    va_end(ap);
     return s;
 }
 

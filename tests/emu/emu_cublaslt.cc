@@ -93,19 +93,13 @@ static_assert(sizeof(algo_words) == sizeof(cublasLtMatmulAlgo_t), "an algo is 8 
 
 std::set<const void *> &live = *new std::set<const void *>;   /* never destroyed: see emu_runtime.cc */
 
-cublasStatus_t bad(cublasStatus_t s, const char *call, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-cublasStatus_t bad(cublasStatus_t s, const char *call, const char *fmt, ...)
+static cublasStatus_t bad(cublasStatus_t s, const char *call, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static cublasStatus_t bad(cublasStatus_t s, const char *call, const char *fmt, ...)
 {
-    char b[800];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(b, sizeof b, fmt, ap);
+    s = blas_refused("cuBLASLt", s, call, fmt, ap);
     va_end(ap);
-    /* the backend reports a status as the nearest CUDA error (cuda_gemm_lt.cu) */
-    cudaError_t e = s == CUBLAS_STATUS_NOT_SUPPORTED ? cudaErrorNotSupported
-                    : s == CUBLAS_STATUS_NOT_INITIALIZED ? cudaErrorInitializationError
-                    : s == CUBLAS_STATUS_EXECUTION_FAILED ? cudaErrorLaunchFailure : cudaErrorInvalidValue;
-    describe(e, "%s (emulated cuBLASLt: %s: %s)", cudaGetErrorString_std(e), call, b);
     return s;
 }
 
