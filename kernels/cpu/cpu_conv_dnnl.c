@@ -16,7 +16,11 @@
  * (nChw16c, OIhw16i16o, ...; its direct JIT, 1x1, depthwise and AMX kernels)
  * - and the operands are reordered into those layouts and the output back,
  * by reorder primitives made once with the plan (19.4 / 16.6 ms, reorders
- * included; 20 / 18 ms with the weight gradient's fixed chunking below). The blocked copies live in scratch (cpu_scratch), as do the
+ * included; 20 / 18 ms with the weight gradient's fixed chunking below). An
+ * NCHW destination with blocked sources (oneDNN 2.6) also gets only the
+ * im2col GEMM, so the output's reorder stays. The activations' reorders
+ * (NCHW <-> nChw16c, nhwc) are cpu_conv_layout.c's AVX-512 transposes, the
+ * same bits as oneDNN's (exec_reorder). The blocked copies live in scratch (cpu_scratch), as do the
  * primitives' scratchpads (user mode: oneDNN's own is shared between threads).
  * The gradients (cpu_conv_dnnl_grad) reorder gy once for both primitives
  * where they take the same layout; the weight gradient reorders x and gy once
