@@ -16,7 +16,11 @@
  * (nChw16c, OIhw16i16o, ...; its direct JIT, 1x1, depthwise and AMX kernels)
  * - and the operands are reordered into those layouts and the output back,
  * by reorder primitives made once with the plan (19.4 / 16.6 ms, reorders
- * included; 20 / 18 ms with the weight gradient's fixed chunking below). The blocked copies live in scratch (cpu_scratch), as do the
+ * included; 20 / 18 ms with the weight gradient's fixed chunking below). An
+ * NCHW destination with blocked sources (oneDNN 2.6) also gets only the
+ * im2col GEMM, so the output's reorder stays. The activations' reorders
+ * (NCHW <-> nChw16c, nhwc) are cpu_conv_layout.c's AVX-512 transposes, the
+ * same bits as oneDNN's (exec_reorder). The blocked copies live in scratch (cpu_scratch), as do the
  * primitives' scratchpads (user mode: oneDNN's own is shared between threads).
  * The gradients (cpu_conv_dnnl_grad) reorder gy once for both primitives
  * where they take the same layout; the weight gradient reorders x and gy once
@@ -71,6 +75,8 @@ typedef struct {
     dnnl_memory_desc_t user, inner, pad;   /* pad: the reorder's scratchpad */
     dnnl_primitive_t reorder;
     int arg;                  /* DNNL_ARG_... */
+    int own;                  /* 1: the reorder is cpu_conv_layout.c's transposes over layout */
+    cpu_conv_layout layout;
 } operand;
 
 typedef struct {
@@ -138,6 +144,7 @@ static int make_reorder(struct cpu_dnnl *d, operand *o, int out, const_dnnl_prim
              dnnl_primitive_create(&o->reorder, pd) == dnnl_success;
     if (ok) o->pad = *pad;
     if (pd) dnnl_primitive_desc_destroy(pd);
+    o->own = ok && cpu_conv_layout_of(&o->inner, &o->user, &o->layout);
     return !ok;
 }
 
@@ -317,8 +324,28 @@ static int exec(struct cpu_dnnl *d, dnnl_stream_t st, dnnl_primitive_t prim, int
     return !ok;
 }
 
-static int exec_reorder(struct cpu_dnnl *d, dnnl_stream_t st, operand *o, dnnl_memory_t from, dnnl_memory_t to, void *pad)
+/* tests: 0 runs oneDNN's reorders where cpu_conv_layout.c's would run */
+static int own_on = 1;
+int cpu_conv_dnnl_own_reorders(int on)
 {
+    int was = own_on;
+    own_on = on;
+    return was;
+}
+
+/* operand o's reorder (out: out of the primitive's layout) from -> to */
+static int exec_reorder(struct cpu_dnnl *d, dnnl_stream_t st, operand *o, int out, dnnl_memory_t from, dnnl_memory_t to,
+                        void *pad)
+{
+    if (o->own && own_on) {
+        void *f = NULL, *t = NULL;
+        /* the primitive before it has finished (a CPU stream runs in order) */
+        if (dnnl_stream_wait(st) != dnnl_success || dnnl_memory_get_data_handle(from, &f) != dnnl_success ||
+            dnnl_memory_get_data_handle(to, &t) != dnnl_success)
+            return 1;
+        cpu_conv_layout_move(out, dnnl_data_type_size(o->user.data_type), f, t, &o->layout);
+        return 0;
+    }
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
     return exec(d, st, o->reorder, 2, args, &o->pad, pad);
 }
@@ -352,7 +379,7 @@ static int run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], void
         ok = !mem(&user[i], &o->user, d, ptr[i]);
         if (!ok || !o->reorder) continue;
         moved[i] = 1;
-        ok = !mem(&inner[i], &o->inner, d, work) && (i == 2 || !exec_reorder(d, st, o, user[i], inner[i], pad));
+        ok = !mem(&inner[i], &o->inner, d, work) && (i == 2 || !exec_reorder(d, st, o, 0, user[i], inner[i], pad));
         work += inner_bytes(p, i);
     }
     if (ok && p->key.bias) ok = !mem(&bm, &p->bias, d, (void *)bias);
@@ -362,7 +389,7 @@ static int run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], void
         for (int i = 0; i < 3; i++) args[na++] = (dnnl_exec_arg_t){p->op[i].arg, inner[i] ? inner[i] : user[i]};
         if (bm) args[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, bm};
         ok = !exec(d, st, p->prim, na, args, &p->pad, pad) &&
-             (!moved[2] || !exec_reorder(d, st, &p->op[2], inner[2], user[2], pad)) &&
+             (!moved[2] || !exec_reorder(d, st, &p->op[2], 1, inner[2], user[2], pad)) &&
              dnnl_stream_wait(st) == dnnl_success;
     }
     for (int i = 0; i < 3; i++) {
@@ -378,7 +405,7 @@ static int reorder(struct cpu_dnnl *d, operand *o, int out, void *from, void *to
 {
     dnnl_memory_t f = NULL, t = NULL;
     int ok = !mem(&f, out ? &o->inner : &o->user, d, from) && !mem(&t, out ? &o->user : &o->inner, d, to) &&
-             !exec_reorder(d, d->stream, o, f, t, pad) && dnnl_stream_wait(d->stream) == dnnl_success;
+             !exec_reorder(d, d->stream, o, out, f, t, pad) && dnnl_stream_wait(d->stream) == dnnl_success;
     if (f) dnnl_memory_destroy(f);
     if (t) dnnl_memory_destroy(t);
     return !ok;

@@ -40,4 +40,23 @@ int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void 
  * same); returns the previous setting */
 int cpu_conv_dnnl_blocked(int on);
 
+/* cpu_conv_layout.c: the activations' reorders between NCHW and oneDNN's
+ * nChw16c / nhwc, as AVX-512 transposes. Element (i, c, p) of the layout
+ * lies at i sn + (c / 16) scb + p sp + c % 16 (elements); padded: its last
+ * channel block holds 16 lanes (zeros past c). */
+typedef struct {
+    int64_t n, c, hw, sn, scb, sp;
+    int padded;
+} cpu_conv_layout;
+/* 1 when the processor has what the transposes need (AVX-512 F, BW, VL) */
+int cpu_conv_layout_ok(void);
+/* 1 (and *l) when layout m is one of those of the plain NCHW layout u, same
+ * dtype (f32, bf16) and dims; else 0 (oneDNN's reorder stays) */
+int cpu_conv_layout_of(const dnnl_memory_desc_t *m, const dnnl_memory_desc_t *u, cpu_conv_layout *l);
+/* from -> to: layout l -> plain (to_plain) or plain -> l; es: 4 or 2 bytes */
+void cpu_conv_layout_move(int to_plain, size_t es, const void *from, void *to, const cpu_conv_layout *l);
+/* tests: 0 runs oneDNN's reorders instead (the results must be the same
+ * bits); returns the previous setting */
+int cpu_conv_dnnl_own_reorders(int on);
+
 #endif

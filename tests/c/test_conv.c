@@ -276,3 +276,112 @@ Test(conv, resnet_shapes_take_onednn_primitives)
         free(x), free(w), free(y);
     }
 }
+
+/* cpu_conv_layout.c's transposes against oneDNN's reorder primitives, both
+ * ways, in nChw16c and nhwc, f32 and bf16, on odd shapes (channels not a
+ * multiple of 16, positions not a multiple of 16 or 32, one image) and on
+ * one big enough to run threaded (1 and 2 threads): the same bits, padding
+ * lanes included (zeros), from buffers of random bits (NaNs too: a reorder
+ * moves bits) */
+static void onednn_move(struct cpu_dnnl *d, const dnnl_memory_desc_t *from, void *f, const dnnl_memory_desc_t *to, void *t)
+{
+    dnnl_primitive_desc_t pd;
+    dnnl_primitive_t p;
+    dnnl_memory_t mf, mt;
+    cr_assert_eq(dnnl_reorder_primitive_desc_create(&pd, from, d->engine, to, d->engine, NULL), dnnl_success);
+    cr_assert_eq(dnnl_primitive_create(&p, pd), dnnl_success);
+    cr_assert_eq(dnnl_memory_create(&mf, from, d->engine, f), dnnl_success);
+    cr_assert_eq(dnnl_memory_create(&mt, to, d->engine, t), dnnl_success);
+    dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, mf}, {DNNL_ARG_TO, mt}};
+    cr_assert_eq(dnnl_primitive_execute(p, d->stream, 2, args), dnnl_success);
+    cr_assert_eq(dnnl_stream_wait(d->stream), dnnl_success);
+    dnnl_memory_destroy(mf), dnnl_memory_destroy(mt), dnnl_primitive_destroy(p), dnnl_primitive_desc_destroy(pd);
+}
+
+Test(conv, own_layout_reorders_move_the_bits_as_onednn_does)
+{
+    struct cpu_dnnl *d = cpu_dnnl_of(mp_cpu_backend.ctx);
+    cr_assert(d);
+    if (!cpu_conv_layout_ok()) return;   /* no AVX-512: oneDNN's reorders stay */
+    static const int64_t dims[][4] = {{1, 3, 5, 7}, {2, 17, 3, 5}, {3, 32, 4, 4}, {1, 40, 1, 33}, {2, 16, 6, 6},
+                                      {1, 1, 2, 17}, {4, 33, 64, 64}};
+    static const int dts[2] = {dnnl_f32, dnnl_bf16};
+    static const int tags[2] = {dnnl_aBcd16b, dnnl_acdb};
+    unsigned seed = 7;
+    for (size_t s = 0; s < sizeof dims / sizeof dims[0]; s++)
+        for (int di = 0; di < 2; di++)
+            for (int ti = 0; ti < 2; ti++) {
+                dnnl_memory_desc_t u, m;
+                cr_assert_eq(dnnl_memory_desc_init_by_tag(&u, 4, dims[s], dts[di], dnnl_nchw), dnnl_success);
+                cr_assert_eq(dnnl_memory_desc_init_by_tag(&m, 4, dims[s], dts[di], tags[ti]), dnnl_success);
+                cpu_conv_layout l;
+                cr_assert(cpu_conv_layout_of(&m, &u, &l), "shape %zu dt %d tag %d: not taken", s, di, ti);
+                size_t ub = dnnl_memory_desc_get_size(&u), mb = dnnl_memory_desc_get_size(&m);
+                unsigned char *plain = malloc(ub), *blk = malloc(mb), *a = malloc(mb > ub ? mb : ub),
+                              *b = malloc(mb > ub ? mb : ub);
+                for (size_t i = 0; i < ub; i++) plain[i] = (unsigned char)rand_r(&seed);
+                for (size_t i = 0; i < mb; i++) blk[i] = (unsigned char)rand_r(&seed);
+                size_t es = dts[di] == dnnl_f32 ? 4 : 2;
+                for (int threads = 1; threads <= 2; threads++) {
+                    int was = omp_get_max_threads();
+                    omp_set_num_threads(threads);
+                    /* plain -> layout (the buffers poisoned differently: padding must be written) */
+                    memset(a, 0x11, mb), memset(b, 0x22, mb);
+                    onednn_move(d, &u, plain, &m, a);
+                    cpu_conv_layout_move(0, es, plain, b, &l);
+                    cr_assert(!memcmp(a, b, mb), "shape %zu dt %d tag %d threads %d: into the layout differs", s, di, ti,
+                              threads);
+                    /* layout (random padding lanes) -> plain */
+                    memset(a, 0x11, ub), memset(b, 0x22, ub);
+                    onednn_move(d, &m, blk, &u, a);
+                    cpu_conv_layout_move(1, es, blk, b, &l);
+                    cr_assert(!memcmp(a, b, ub), "shape %zu dt %d tag %d threads %d: out of the layout differs", s, di,
+                              ti, threads);
+                    omp_set_num_threads(was);
+                }
+                free(plain), free(blk), free(a), free(b);
+            }
+}
+
+/* the convolutions with the own reorders give oneDNN's reorders' bits, every
+ * direction and dtype, scratch poisoned (padding lanes would show) */
+Test(conv, own_layout_reorders_give_the_same_convolutions)
+{
+    static const mp_dtype dts[] = {MP_F32, MP_F16, MP_BF16};
+    mp_conv_args more[sizeof resnet / sizeof resnet[0] + 2];
+    memcpy(more, resnet, sizeof resnet);
+    more[sizeof resnet / sizeof resnet[0]] = shapes[0];
+    more[sizeof resnet / sizeof resnet[0] + 1] = shapes[5];
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    for (size_t d = 0; d < 3; d++)
+        for (size_t s = 0; s < sizeof more / sizeof more[0]; s++) {
+            mp_conv_args a = more[s];
+            mp_dtype dt = dts[d];
+            a.oh = (a.h + 2 * a.ph - a.dh * (a.r - 1) - 1) / a.sh + 1;
+            a.ow = (a.w + 2 * a.pw - a.dw * (a.s - 1) - 1) / a.sw + 1;
+            int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
+            size_t es = mp_dtype_size(dt);
+            unsigned seed = (unsigned)s + 21;
+            void *x = rand_buf(dt, nx, &seed), *w = rand_buf(dt, nw, &seed), *gy = rand_buf(dt, ny, &seed);
+            void *b = rand_buf(dt, a.k, &seed);
+            char *out[2][3];
+            for (int own = 0; own < 2; own++) {
+                int was = cpu_conv_dnnl_own_reorders(own);
+                out[own][0] = malloc(es * (size_t)ny), out[own][1] = malloc(es * (size_t)nx);
+                out[own][2] = malloc(es * (size_t)nw);
+                poison_scratch();
+                cr_assert_eq(cpu_conv_dnnl(cx, CPU_CONV_FWD, dt, out[own][0], x, w, b, &a), 0);
+                poison_scratch();
+                cr_assert_eq(cpu_conv_dnnl_grad(cx, dt, out[own][1], out[own][2], gy, x, w, &a), 3);
+                cpu_conv_dnnl_own_reorders(was);
+            }
+            size_t bytes[3] = {es * (size_t)ny, es * (size_t)nx, es * (size_t)nw};
+            static const char *names[3] = {"y", "gx", "gw"};
+            for (int i = 0; i < 3; i++) {
+                cr_assert(!memcmp(out[0][i], out[1][i], bytes[i]), "%s shape %zu: %s differs with the own reorders",
+                          dn(dt), s, names[i]);
+                free(out[0][i]), free(out[1][i]);
+            }
+            free(x), free(w), free(gy), free(b);
+        }
+}
