@@ -14,8 +14,10 @@
  * forward and the backward GEMM each widened the weight again (the MLP's
  * 784x512 weight: 1.6 MB written and read back per use). The copy costs 4
  * bytes per element of the cast's storage (for an optimizer's arena, its
- * whole working copy) for as long as the storage lives; a version bump (an
- * optimizer step, any in-place write) makes the next GEMM widen it again.
+ * whole working copy) for as long as the storage lives; a version bump (any
+ * in-place write) makes the next GEMM widen it again. An optimizer step is the
+ * exception: it writes a current copy along with the working copy
+ * (engine/optim.c, backend optim_step's wide) and tags it current again.
  */
 #include <string.h>
 #include "engine/ops.h"

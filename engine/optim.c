@@ -271,8 +271,17 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
     char *lp = mirror ? mp_data(vs->lowp) : NULL;
     mp_dtype lpt = mirror ? vs->lowp->dtype : MP_F16;
     size_t les = mp_dtype_size(lpt);
+    /* so does the copy's f32 widening that the GEMMs keep (engine/ops_matmul.c),
+     * if current: the kernel widens each block it rounds, and the next forward
+     * finds it current instead of widening the whole copy again. Where a
+     * parameter is left alone (no .grad, a skipped step) both stay as they were. */
+    mp_storage *ls = mirror ? vs->lowp->st : NULL;
+    bool widen = ls && ls->wide && ls->wide_version == ls->version && be->gemm_wide &&
+                 (!be->supports || be->supports(be->ctx, "gemm_wide", lpt));
+    float *wd = widen ? mp_data(ls->wide) : NULL;
     vs->version++;
-    if (mirror) vs->lowp_version = vs->version, vs->lowp->st->version++;   /* the copy is written too */
+    if (mirror) vs->lowp_version = vs->version, ls->version++;   /* the copy is written too */
+    if (widen) ls->wide_version = ls->version;
     be->optim_count(be->ctx, step, skip);
     for (int k = 0; k < o->ngroups; k++) {
         mp_optim_args a = args_of(&o->group[k]);
@@ -283,7 +292,7 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
             int64_t off = o->offsets[lo], len = (hi < o->n ? o->offsets[hi] : o->numel) - off;
             a.s3 = s3 ? s3 + off : NULL;
             be->optim_step(be->ctx, o->cfg.kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL, len, &a,
-                           step, skip, lp ? lp + (size_t)off * les : NULL, lpt);
+                           step, skip, lp ? lp + (size_t)off * les : NULL, lpt, wd ? wd + off : NULL);
             continue;
         }
         /* a parameter whose .grad was set to nil is left alone, as PyTorch skips grad None;
@@ -293,7 +302,8 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
             int64_t off = o->offsets[i];
             a.s3 = s3 ? s3 + off : NULL;
             be->optim_step(be->ctx, o->cfg.kind, p + off, g + off, s1 ? s1 + off : NULL, s2 ? s2 + off : NULL,
-                           o->params[i]->numel, &a, step, skip, lp ? lp + (size_t)off * les : NULL, lpt);
+                           o->params[i]->numel, &a, step, skip, lp ? lp + (size_t)off * les : NULL, lpt,
+                           wd ? wd + off : NULL);
         }
     }
     return 0;

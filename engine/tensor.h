@@ -31,8 +31,9 @@ typedef struct mp_storage {
     uint64_t lowp_version;
     /* an autocast cast's f16 values widened to f32 (engine/ops_matmul.c), kept
      * for the GEMMs that read them while wide_version == version: set keep_wide
-     * (the cast cache does, engine/autocast.c) and the first GEMM makes it; it
-     * goes with the storage */
+     * (the cast cache does, engine/autocast.c) and the first GEMM makes it; an
+     * optimizer step that writes the storage (an arena's lowp) keeps it current
+     * (engine/optim.c); it goes with the storage */
     bool keep_wide;
     struct mp_tensor *wide;
     uint64_t wide_version;

@@ -427,13 +427,16 @@ typedef struct mp_kctx mp_kctx;
      * memory) unless skip (backend memory, NULL: never) is set; optim_step then                                        \
      * updates n parameters p with gradients g and state s1, s2 at that step count,                                     \
      * and writes the new values rounded to lowp_dt into lowp (the parameters'                                          \
-     * low-precision working copy for autocast; NULL: none), or leaves everything                                       \
-     * as it is when skip is set */                                                                                     \
+     * low-precision working copy for autocast; NULL: none) and, given wide (f32,                                       \
+     * NULL: none; only with lowp), those rounded values widened back exactly                                           \
+     * (the copy's widening that gemm_wide takes), or leaves everything as it is                                        \
+     * when skip is set. The engine passes wide only where supports(cx,                                                 \
+     * "gemm_wide", lowp_dt) says yes: a backend without gemm_wide ignores it */                                        \
     X(void, optim_count, (mp_kctx *cx, int64_t *step, const int32_t *skip), (cx, step, skip))                           \
     X(void, optim_step, (mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2,               \
       int64_t n, const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,                          \
-      mp_dtype lowp_dt),                                                                                                \
-      (cx, kind, p, g, s1, s2, n, a, step, skip, lowp, lowp_dt))                                                        \
+      mp_dtype lowp_dt, float *wide),                                                                                   \
+      (cx, kind, p, g, s1, s2, n, a, step, skip, lowp, lowp_dt, wide))                                                  \
     /* since the backend loaded: the copies to the host and the waits for the                                           \
      * device (asynchronous backends; 0 on the CPU), and the allocations its                                            \
      * caching allocator asked the system for (cudaMalloc, posix_memalign) */                                           \

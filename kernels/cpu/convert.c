@@ -36,8 +36,9 @@
 #define MP_X86 1
 #endif
 
-/* below this many elements one thread does the whole array */
-#define PAR_MIN ((int64_t)1 << 18)
+/* below this many elements one thread does the whole array (cpu.h's
+ * MP_PAR_MIN_MEM: a memory pass, worth 2 threads from 32K elements) */
+#define PAR_MIN ((int64_t)1 << 15)
 
 typedef void (*run_fn)(void *dst, const void *src, int64_t n);
 

@@ -75,11 +75,35 @@ static uint8_t cmp(mp_binop op, double x, double y)
     return 0;
 }
 
+/* Both operands broadcast over every dim but the last (a linear layer's bias
+ * rows, 0 + b, under autocast): every output row is the same, so the first is
+ * computed by cpu_binary and copied into the others, the same bits as
+ * computing each. Not while flushes are counted (cpu_store counts every
+ * rounding, the copies would go uncounted). 1 done, 0 not this case. */
+static int binary_rows_alike(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b,
+                             const mp_bcast *bc)
+{
+    int nd = bc->ndim;
+    int64_t rows = 1, len = bc->shape[nd - 1];
+    for (int d = 0; d < nd - 1; d++) {
+        if (bc->sa[d] != 0 || bc->sb[d] != 0) return 0;
+        rows *= bc->shape[d];
+    }
+    if (nd < 2 || rows < 2 || len == 0 || (cx && cx->flush.on)) return 0;
+    mp_bcast one = {.ndim = 1, .shape = {len}, .sa = {bc->sa[nd - 1]}, .sb = {bc->sb[nd - 1]}};
+    cpu_binary(cx, op, dt, out, a, b, &one);
+    size_t row = (size_t)len * (MP_IS_CMP(op) ? 1 : mp_dtype_size(dt));
+    #pragma omp parallel for if (rows * len >= MP_PAR_MIN_MEM) schedule(static)
+    for (int64_t r = 1; r < rows; r++) memcpy((char *)out + (size_t)r * row, out, row);
+    return 1;
+}
+
 void cpu_binary(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void *a, const void *b, const mp_bcast *bc0)
 {
     if (cpu_binary_lowp(cx, op, dt, out, a, b, bc0)) return;   /* bf16/f16 fused in registers */
     mp_bcast bc;
     int nd = mp_bcast_coalesce(bc0, &bc);
+    if (binary_rows_alike(cx, op, dt, out, a, b, &bc)) return;
     int64_t len = bc.shape[nd - 1], ia = bc.sa[nd - 1], ib = bc.sb[nd - 1];
     int64_t rows = 1;
     for (int d = 0; d < nd - 1; d++) rows *= bc.shape[d];
@@ -147,7 +171,7 @@ void cpu_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, const vo
 void cpu_add_widened(mp_kctx *cx, float *acc, const void *x, mp_dtype dt, int64_t n)
 {
     (void)cx;
-    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    #pragma omp parallel for if (n >= MP_PAR_MIN_MEM) schedule(static)
     for (int64_t i = 0; i < n; i += MP_BLOCK) {
         int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
         float y[MP_BLOCK];

@@ -166,7 +166,7 @@ int cpu_unary_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *
     if (!unary_op(op) || !usable(cx, dt)) return 0;
     un_fn run = un_pick(op, dt == MP_F16);
     float ps = (float)p;
-    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    #pragma omp parallel for if (n >= MP_PAR_MIN_MEM) schedule(static)
     for (int64_t i = 0; i < n; i += CHUNK)
         run((uint16_t *)out + i, (const uint16_t *)a + i, n - i < CHUNK ? n - i : CHUNK, ps);
     return 1;
@@ -234,7 +234,7 @@ int cpu_unary_grad_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const v
     gr_fn run = gr_pick(op, dt == MP_F16);
     float ps = (float)p;
     const uint16_t *xs = op == MP_RELU ? x : NULL;
-    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    #pragma omp parallel for if (n >= MP_PAR_MIN_MEM) schedule(static)
     for (int64_t i = 0; i < n; i += CHUNK)
         run((uint16_t *)gin + i, (const uint16_t *)gout + i, xs ? xs + i : NULL, n - i < CHUNK ? n - i : CHUNK, ps);
     return 1;
@@ -363,7 +363,7 @@ int cpu_binary_lowp(mp_kctx *cx, mp_binop op, mp_dtype dt, void *out, const void
     if ((ia != 0 && ia != 1) || (ib != 0 && ib != 1) || (ia == 0 && ib == 0)) return 0;
     bin_fn run = bin_pick(op, dt == MP_F16);
     const uint16_t *pa = a, *pb = b;
-    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    #pragma omp parallel for if (n >= MP_PAR_MIN_MEM) schedule(static)
     for (int64_t i = 0; i < n; i += CHUNK)
         run((uint16_t *)out + i, pa + i * ia, ia, pb + i * ib, ib, n - i < CHUNK ? n - i : CHUNK);
     return 1;
@@ -418,7 +418,7 @@ int cpu_binary_mixed(mp_kctx *cx, mp_binop op, float *out, const void *a, mp_dty
     if (k < 0) return 1;
     mixed_fn run = pick[k][low == MP_F16][lowa];
     size_t ea = lowa ? 2 : 4, eb = lowa ? 4 : 2;
-    #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
+    #pragma omp parallel for if (n >= MP_PAR_MIN_MEM) schedule(static)
     for (int64_t i = 0; i < n; i += CHUNK)
         run(out + i, (const char *)a + (size_t)i * ea, (const char *)b + (size_t)i * eb, n - i < CHUNK ? n - i : CHUNK);
     return 0;

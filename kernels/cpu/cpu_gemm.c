@@ -40,7 +40,7 @@ static void widen(mp_dtype dt, const void *src, float *dst, int64_t n)
 
 static void narrow_to(mp_kctx *cx, mp_dtype dt, const float *src, void *dst, int64_t n)
 {
-    #pragma omp parallel for if (n > MP_PAR_MIN) schedule(static)
+    #pragma omp parallel for if (n > MP_PAR_MIN_MEM) schedule(static)
     for (int64_t i = 0; i < n; i += 16 * MP_BLOCK) {
         int64_t len = n - i < 16 * MP_BLOCK ? n - i : 16 * MP_BLOCK;
         cpu_store(cx, dt, dst, i, src + i, len);

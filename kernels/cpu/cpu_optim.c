@@ -11,6 +11,12 @@
  * still in L1, instead of a second pass that reads every parameter back from
  * memory (that pass was 3% of the f16 MLP step). The rounding is the cast
  * kernel's (convert.c), so the copy is bit-identical to a cast after the step.
+ *
+ * Given wide (an f16 working copy's f32 widening, which the engine keeps for
+ * the GEMMs: kernels/backend.h gemm_wide), the block's rounded values are
+ * widened into it right away, from L1, by the cast kernel's widening: the same
+ * bits as the GEMM's own widening of the copy, which the next forward then
+ * skips (that pass read the copy back from memory: 157 us of the f16 MLP step).
  */
 #include <math.h>
 #include "kernels/cpu/cpu.h"
@@ -18,11 +24,15 @@
 
 /* the working copy of p[b, e) (NULL lowp: none); inside a parallel region the
  * conversion runs on this thread (blocks are far below convert.c's split) */
-static inline void lowp_block(void *lowp, mp_dtype dt, const float *p, int64_t b, int64_t e)
+static inline void lowp_block(void *lowp, mp_dtype dt, float *wide, const float *p, int64_t b, int64_t e)
 {
     if (!lowp) return;
-    if (dt == MP_BF16) mp_cpu_f32_to_bf16((uint16_t *)lowp + b, p + b, e - b);
-    else mp_cpu_f32_to_f16((uint16_t *)lowp + b, p + b, e - b);
+    uint16_t *l = (uint16_t *)lowp + b;
+    if (dt == MP_BF16) mp_cpu_f32_to_bf16(l, p + b, e - b);
+    else mp_cpu_f32_to_f16(l, p + b, e - b);
+    if (!wide) return;
+    if (dt == MP_BF16) mp_cpu_bf16_to_f32(wide + b, l, e - b);   /* from L1: the block was just written */
+    else mp_cpu_f16_to_f32(wide + b, l, e - b);
 }
 
 /* for (i in [0, n)) BODY, as blocks of MP_BLOCK split over threads, each block's
@@ -32,11 +42,12 @@ static inline void lowp_block(void *lowp, mp_dtype dt, const float *p, int64_t b
     for (int64_t b = 0; b < n; b += MP_BLOCK) {                                   \
         int64_t e = n - b < MP_BLOCK ? n : b + MP_BLOCK;                          \
         for (int64_t i = b; i < e; i++) __VA_ARGS__                               \
-        lowp_block(lowp, lowp_dt, p, b, e);                                       \
+        lowp_block(lowp, lowp_dt, wide, p, b, e);                                 \
     }
 
 MP_SIMD static void sgd(float *restrict p, const float *restrict g, float *restrict buf, int64_t n, const mp_optim_args *a,
-                        int first, void *restrict lowp, mp_dtype lowp_dt)
+                        int first, void *restrict lowp, mp_dtype lowp_dt,
+                        float *restrict wide)
 {
     const float lr = a->lr, wd = a->weight_decay, mom = a->momentum, damp = a->one_minus_dampening;
     const int nesterov = a->nesterov;
@@ -53,7 +64,8 @@ MP_SIMD static void sgd(float *restrict p, const float *restrict g, float *restr
 }
 
 MP_SIMD static void adam(int decoupled, float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
-                 int64_t n, const mp_optim_args *a, float step_size, float bc2, void *restrict lowp, mp_dtype lowp_dt)
+                 int64_t n, const mp_optim_args *a, float step_size, float bc2, void *restrict lowp, mp_dtype lowp_dt,
+                        float *restrict wide)
 {
     const float b1 = a->beta1, b2 = a->beta2, c1 = a->one_minus_beta1, c2 = a->one_minus_beta2;
     const float wd = a->weight_decay, decay = a->decay;
@@ -79,7 +91,7 @@ MP_SIMD static void adam(int decoupled, float *restrict p, const float *restrict
  * (ga, centered), in torch/optim/rmsprop.py's order: avg = sqrt(sq [- ga^2]) + eps */
 MP_SIMD static void rmsprop(float *restrict p, const float *restrict g, float *restrict sq, float *restrict buf,
                             float *restrict ga, int64_t n, const mp_optim_args *a, void *restrict lowp,
-                            mp_dtype lowp_dt)
+                            mp_dtype lowp_dt, float *restrict wide)
 {
     const float wd = a->weight_decay, mom = a->momentum, al = a->alpha, c = a->one_minus_alpha;
     const float eps = a->eps, nlr = -a->lr;
@@ -110,7 +122,8 @@ MP_SIMD static void rmsprop(float *restrict p, const float *restrict g, float *r
 
 /* Adagrad: sum += g^2, p -= clr * g / (sqrt(sum) + eps) (torch/optim/adagrad.py) */
 MP_SIMD static void adagrad(float *restrict p, const float *restrict g, float *restrict sum, int64_t n,
-                            const mp_optim_args *a, float clr, void *restrict lowp, mp_dtype lowp_dt)
+                            const mp_optim_args *a, float clr, void *restrict lowp, mp_dtype lowp_dt,
+                        float *restrict wide)
 {
     const float wd = a->weight_decay, eps = a->eps, nclr = -clr;
     FOR_BLOCKS({
@@ -129,22 +142,26 @@ void cpu_optim_count(mp_kctx *cx, int64_t *step, const int32_t *skip)
 
 void cpu_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                     const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
-                    mp_dtype lowp_dt)
+                    mp_dtype lowp_dt, float *wide)
 {
     if (skip && *skip) return;
     /* while flushes are counted (telemetry), the copy goes through the cast
      * kernel after the step, which counts them; otherwise the rule writes it */
     void *fused = lowp && !(cx && cx->flush.on) ? lowp : NULL;
+    float *fw = fused ? wide : NULL;
     float step_size, bc2;
     switch (kind) {   /* no default: a new kind must say its rule here */
-    case MP_SGD: sgd(p, g, s1, n, a, *step == 1, fused, lowp_dt); break;   /* the first step fills the momentum buffer */
+    case MP_SGD: sgd(p, g, s1, n, a, *step == 1, fused, lowp_dt, fw); break;   /* the first step fills the momentum buffer */
     case MP_ADAM:
     case MP_ADAMW:
         mp_adam_bias(a, *step, &step_size, &bc2);
-        adam(kind == MP_ADAMW, p, g, s1, s2, n, a, step_size, bc2, fused, lowp_dt);
+        adam(kind == MP_ADAMW, p, g, s1, s2, n, a, step_size, bc2, fused, lowp_dt, fw);
         break;
-    case MP_RMSPROP: rmsprop(p, g, s1, s2, a->s3, n, a, fused, lowp_dt); break;
-    case MP_ADAGRAD: adagrad(p, g, s1, n, a, mp_adagrad_clr(a, *step), fused, lowp_dt); break;
+    case MP_RMSPROP: rmsprop(p, g, s1, s2, a->s3, n, a, fused, lowp_dt, fw); break;
+    case MP_ADAGRAD: adagrad(p, g, s1, n, a, mp_adagrad_clr(a, *step), fused, lowp_dt, fw); break;
     }
-    if (lowp && !fused) cpu_cast(cx, lowp, lowp_dt, p, MP_F32, n);
+    if (lowp && !fused) {
+        cpu_cast(cx, lowp, lowp_dt, p, MP_F32, n);
+        if (wide) cpu_cast(cx, wide, MP_F32, lowp, lowp_dt, n);
+    }
 }

@@ -9,6 +9,10 @@
  * inf/NaN are counted on the unscaled values (a finite scaled value that 1/scale
  * > 1 pushes past f32's range counts too), amax and the telemetry counts on the
  * finite scaled values: the CUDA backend counts the same way.
+ *
+ * The plain pass splits a long arena over the threads in pieces: each value is
+ * unscaled on its own, and the pieces' maxima and counts are combined by max
+ * and sum, so the result is the same bits on any thread count.
  */
 #include <math.h>
 #include <omp.h>
@@ -42,6 +46,7 @@ MP_SIMD static void unscale_plain(float *restrict g, int64_t n, float inv, float
  * and threads. The bins come from the exponent bits (ilogbf's bins, subnormals
  * in bin 0); non-finite and zero values go to a sink bin that is not counted. */
 #define TEL_PIECE 4096
+#define UNSCALE_PIECE 16384   /* the plain pass's pieces, split over threads past MP_PAR_MIN_MEM */
 #define SINK MP_HIST_BINS
 
 /* each value's histogram bin, from the exponent bits of |x| (ilogbf's bins,
@@ -136,9 +141,16 @@ void cpu_unscale(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot,
         }
         return;
     }
-    float amax;
-    int64_t bad;
-    unscale_plain(g, n, inv, &amax, &bad);
+    float amax = 0.0f;
+    int64_t bad = 0;
+    #pragma omp parallel for if (n >= MP_PAR_MIN_MEM) schedule(static) reduction(max:amax) reduction(+:bad)
+    for (int64_t i = 0; i < n; i += UNSCALE_PIECE) {
+        float m;
+        int64_t b;
+        unscale_plain(g + i, n - i < UNSCALE_PIECE ? n - i : UNSCALE_PIECE, inv, &m, &b);
+        amax = m > amax ? m : amax;
+        bad += b;
+    }
     acc->n += n;
     if (amax > acc->amax) acc->amax = amax;
     if (bad) {   /* rare: tell NaN from inf, for the skip reason */

@@ -194,8 +194,9 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 void mp_cuda_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, float *s1, float *s2, int64_t n,
                         const mp_optim_args *a, const int64_t *step, const int32_t *skip, void *lowp,
-                        mp_dtype lowp_dt)
+                        mp_dtype lowp_dt, float *wide)
 {
+    (void)wide;   /* no gemm_wide here: the engine keeps no widened copy on this backend */
     if (n <= 0) return;
     bool vec = aligned16(p) && aligned16(g) && (!s1 || aligned16(s1)) && (!s2 || aligned16(s2));
     unsigned blocks = mp_blocks(vec ? (n + 3) / 4 : n);

@@ -314,6 +314,63 @@ Test(elementwise_lowp, mixed_f32_and_low_widened_in_registers)
     cr_assert_eq(cpu_binary_mixed(NULL, MP_ADD, o, f, MP_F32, f, MP_F32, 32), 1);
 }
 
+/* A broadcast where both operands repeat over every row ({rows, len} with
+ * strides {0, 1}: a linear layer's bias rows, 0 + b, under autocast) computes
+ * the first row and copies it (cpu_elementwise.c): every row must hold the
+ * bits of that row computed on its own by the general path, for f32, f16 and
+ * bf16, a comparison (u8 out), one row, 3-d shapes and long rows (a split
+ * over 2 threads); with flushes counted, the rows are computed as before. */
+Test(elementwise_lowp, broadcast_rows_alike_copied)
+{
+    static const mp_dtype dts[] = { MP_F32, MP_F16, MP_BF16 };
+    static const mp_binop ops[] = { MP_ADD, MP_MUL, MP_GT };
+    static const int64_t shapes[][3] = { {1, 5, 37}, {1, 1, 33}, {2, 3, 1030}, {1, 70, 600} };
+    unsigned seed = 99;
+    int nt = omp_get_max_threads();
+    omp_set_num_threads(2);
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    for (size_t d = 0; d < sizeof dts / sizeof dts[0]; d++)
+        for (size_t o = 0; o < sizeof ops / sizeof ops[0]; o++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                mp_dtype dt = dts[d];
+                int64_t r0 = shapes[si][0], r1 = shapes[si][1], len = shapes[si][2], rows = r0 * r1;
+                size_t es = mp_dtype_size(dt), os = MP_IS_CMP(ops[o]) ? 1 : es;
+                unsigned char *a = malloc(es * (size_t)len), *b = malloc(es * (size_t)len);
+                for (size_t i = 0; i < es * (size_t)len; i++) a[i] = (unsigned char)rand_r(&seed), b[i] = (unsigned char)rand_r(&seed);
+                for (int64_t i = 0; dt == MP_F32 && i < len; i++)   /* finite f32: NaN only where set below */
+                    ((float *)a)[i] = (float)rand_r(&seed) / 1e6f - 1000.0f, ((float *)b)[i] = (float)rand_r(&seed) / 1e7f;
+                if (dt != MP_F32) ((uint16_t *)a)[0] = 0x8000, ((uint16_t *)b)[1] = dt == MP_F16 ? 0x7d01 : 0x7f81;   /* -0, a signalling NaN */
+                else ((float *)a)[0] = -0.0f, ((float *)b)[1] = NAN;
+                unsigned char *got = malloc(os * (size_t)(rows * len)), *row = malloc(os * (size_t)len);
+                unsigned char *counted = malloc(os * (size_t)(rows * len));
+                mp_bcast bc = { .ndim = 3, .shape = { r0, r1, len }, .sa = { 0, 0, 1 }, .sb = { 0, 0, 1 } };
+                cpu_binary(cx, ops[o], dt, got, a, b, &bc);
+                int on = cx->flush.on;
+                cx->flush.on = 1;
+                cpu_binary(cx, ops[o], dt, counted, a, b, &bc);
+                cx->flush.on = on;
+                int was = cpu_lowp_fused_enable(0);
+                mp_bcast one = { .ndim = 1, .shape = { len }, .sa = { 1 }, .sb = { 1 } };
+                cpu_binary(NULL, ops[o], dt, row, a, b, &one);
+                cpu_lowp_fused_enable(was);
+                for (int64_t r = 0; r < rows; r++) {
+                    unsigned char *g = got + (size_t)r * os * (size_t)len, *c = counted + (size_t)r * os * (size_t)len;
+                    if (os == 2) {   /* 16-bit: where both operands are NaN, either payload (same_bits) */
+                        same_bits((uint16_t *)g, (uint16_t *)row, len, "rows alike", dt, ops[o], (uint16_t *)a, (uint16_t *)b);
+                        same_bits((uint16_t *)c, (uint16_t *)row, len, "rows alike, flushes counted", dt, ops[o],
+                                  (uint16_t *)a, (uint16_t *)b);
+                        continue;
+                    }
+                    cr_assert_eq(memcmp(g, row, os * (size_t)len), 0, "dtype %d op %d shape %lldx%lldx%lld: row %lld differs",
+                                 dt, ops[o], (long long)r0, (long long)r1, (long long)len, (long long)r);
+                    cr_assert_eq(memcmp(c, row, os * (size_t)len), 0, "dtype %d op %d, flushes counted: row %lld differs", dt,
+                                 ops[o], (long long)r);
+                }
+                free(a), free(b), free(got), free(row), free(counted);
+            }
+    omp_set_num_threads(nt);
+}
+
 Test(elementwise_lowp, taken_and_declined)
 {
     uint16_t a[64] = {0}, b[64] = {0}, o[64];

@@ -587,3 +587,45 @@ Test(unscale_kernel, telemetry_matches_the_definition_on_long_arenas_and_any_thr
     omp_set_num_threads(was);
     free(g), free(g0);
 }
+
+/* The plain pass (no telemetry) splits a long arena over the threads: the
+ * unscaled values, amax and the inf/NaN counts are the same bits on 1 and 2
+ * threads, and match the definition (amax over finite values, counts of the
+ * unscaled inf/NaN, one of them made by the unscaling). */
+Test(unscale_kernel, plain_pass_same_on_1_and_2_threads)
+{
+    const int64_t n = 200003;   /* past the split, with a tail */
+    float *g = malloc(sizeof *g * (size_t)n), *g0 = malloc(sizeof *g0 * (size_t)n);
+    unsigned r = 777;
+    for (int64_t i = 0; i < n; i++) {
+        r = r * 1103515245u + 12345u;
+        float v = ldexpf((float)((r >> 8) & 0xffff) / 65536.0f + 0.5f, (int)((r >> 3) % 60) - 30);
+        g0[i] = (r & 0x80000000u) ? -v : v;
+    }
+    g0[5] = NAN, g0[150000] = -INFINITY, g0[199999] = 3.0e38f;   /* * 4 overflows to inf */
+    g0[120000] = -0x1p40f;                                         /* the largest finite magnitude */
+    static mp_scale_state s;
+    mp_grad_stats got[2];
+    float *out[2] = {malloc(sizeof *g * (size_t)n), malloc(sizeof *g * (size_t)n)};
+    int was = omp_get_max_threads();
+    for (int threads = 1; threads <= 2; threads++) {
+        omp_set_num_threads(threads);
+        memcpy(g, g0, sizeof *g * (size_t)n);
+        memset(&s, 0, sizeof s);
+        s.scale = 0.25f;
+        mp_cpu_backend.unscale(mp_cpu_backend.ctx, g, n, &s, 1, NULL, NULL, 0);
+        got[threads - 1] = s.slot[1];
+        memcpy(out[threads - 1], g, sizeof *g * (size_t)n);
+    }
+    omp_set_num_threads(was);
+    for (int t = 0; t < 2; t++) {
+        cr_assert_eq(got[t].n, n);
+        cr_assert_eq(got[t].nan, 1, "%d threads: nan %lld", t + 1, (long long)got[t].nan);
+        cr_assert_eq(got[t].inf, 2, "%d threads: inf %lld", t + 1, (long long)got[t].inf);
+        cr_assert_eq(got[t].amax, 3.0e38f, "%d threads: amax %g", t + 1, got[t].amax);
+    }
+    cr_assert_eq(memcmp(out[0], out[1], sizeof *g * (size_t)n), 0, "1 and 2 threads unscale differently");
+    for (int64_t i = 0; i < n; i++)
+        cr_assert(out[1][i] == g0[i] * 4.0f || (isnan(out[1][i]) && isnan(g0[i])), "value %lld", (long long)i);
+    free(g), free(g0), free(out[0]), free(out[1]);
+}

@@ -7,6 +7,10 @@
 --    that is not kept widened (a detached weight's cast, which the cache does
 --    not hold), before and after every kind of write to the weight: an
 --    optimizer step, an in-place write inside the region and outside it.
+--    The optimizer's step writes that widened copy too, with the working copy
+--    (kernels/cpu/cpu_optim.c), so that the next forward finds it current: for
+--    every kind of step, a skipped one and a parameter whose gradient was
+--    dropped, the products must stay those of an unkept weight.
 -- 2. The gradient of a cast f32 leaf is widened and added into .grad in one
 --    pass (engine/ops_create.c mp_cast_backward_into). A hook on the leaf
 --    takes the old way (a widened tensor, then an add), so two runs, one with
@@ -92,6 +96,45 @@ describe("f16 autocast weights widened once", function()
     end
     H.assert_same(y2:f32():totable(), want:f32():totable(), "after a write inside the region")
   end)
+end)
+
+describe("the widened copy the optimizer step writes", function()
+  local kinds = {
+    SGD = function(ps) return mp.optim.SGD(ps, {lr = 0.05, momentum = 0.9, weight_decay = 0.01}) end,
+    Adam = function(ps) return mp.optim.Adam(ps, {lr = 0.01, weight_decay = 0.01}) end,
+    AdamW = function(ps) return mp.optim.AdamW(ps, {lr = 0.01}) end,
+    RMSprop = function(ps) return mp.optim.RMSprop(ps, {lr = 0.01, centered = true, momentum = 0.5}) end,
+    Adagrad = function(ps) return mp.optim.Adagrad(ps, {lr = 0.05}) end,
+  }
+  for _, kind in ipairs{"SGD", "Adam", "AdamW", "RMSprop", "Adagrad"} do
+    it(kind .. ": is the working copy widened, step after step", function()
+      mp.manual_seed(12)
+      -- past the step's thread split, lengths no multiple of its blocks (1024)
+      local w1 = mp.randn({300, 907}, {requires_grad = true})
+      local b = mp.randn({300}, {requires_grad = true})
+      local w2 = mp.randn({37, 300}, {requires_grad = true})
+      local x = mp.randn({29, 907})
+      local opt = kinds[kind]{w1, b, w2}
+      local scaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{init = 256}}
+      -- step 3 is skipped (an inf loss), step 4 drops w2's gradient
+      for i = 1, 5 do
+        same_as_reference(x, w1, b, w2, kind .. " before step " .. i)
+        opt:zero_grad()
+        local loss
+        do
+          local _ <close> = mp.amp.autocast("f16")
+          loss = mp.linear(mp.relu(mp.linear(x, w1, b)), w2):f32():mean()
+        end
+        if i == 3 then loss = loss * math.huge end
+        scaler:scale(loss):backward()
+        if i == 4 then w2.grad = nil end
+        scaler:step(opt)
+        scaler:update()
+      end
+      assert(scaler.stats.skipped == 1, "one step was skipped")
+      same_as_reference(x, w1, b, w2, kind .. " after the steps")
+    end)
+  end
 end)
 
 -- a parameter's hook that changes nothing: its gradient takes the old way

@@ -1182,8 +1182,8 @@ static void cases_optim_and_scaler(void)
             const int32_t *sr = t == 3 ? c.ref[skip] : NULL, *sd = t == 3 ? c.dev[skip] : NULL;
             REF->optim_count(REF->ctx, c.ref[step], sr);
             DUT->optim_count(DUT->ctx, c.dev[step], sd);
-            REF->optim_step(REF->ctx, kind, c.ref[p], c.ref[g], c.ref[s1], c.ref[s2], n, &ar, c.ref[step], sr, c.ref[lp], lpt);
-            DUT->optim_step(DUT->ctx, kind, c.dev[p], c.dev[g], c.dev[s1], c.dev[s2], n, &ad, c.dev[step], sd, c.dev[lp], lpt);
+            REF->optim_step(REF->ctx, kind, c.ref[p], c.ref[g], c.ref[s1], c.ref[s2], n, &ar, c.ref[step], sr, c.ref[lp], lpt, NULL);
+            DUT->optim_step(DUT->ctx, kind, c.dev[p], c.dev[g], c.dev[s1], c.dev[s2], n, &ad, c.dev[step], sd, c.dev[lp], lpt, NULL);
         }
         c.bound = 1e-12;
         finish(&c);
