@@ -156,6 +156,18 @@ static const mp_conv_args resnet[] = {
     {.n = 19, .c = 64, .h = 8, .w = 8, .k = 64, .r = 3, .s = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 1},
 };
 
+/* the ResNet's shapes and two more: 3 input channels and 4 output channels
+ * (padded blocks), 37 images (a shorter last chunk); the output size filled in */
+#define MORE_SHAPES (sizeof resnet / sizeof resnet[0] + 2)
+static mp_conv_args more_shape(size_t s)
+{
+    const size_t nr = sizeof resnet / sizeof resnet[0];
+    mp_conv_args a = s < nr ? resnet[s] : shapes[s == nr ? 0 : 5];
+    a.oh = (a.h + 2 * a.ph - a.dh * (a.r - 1) - 1) / a.sh + 1;
+    a.ow = (a.w + 2 * a.pw - a.dw * (a.s - 1) - 1) / a.sw + 1;
+    return a;
+}
+
 static void outputs(mp_dtype dt, const mp_conv_args *a, const void *x, const void *w, const void *b, const void *gy,
                     char *out[4], int threads)
 {
@@ -226,17 +238,11 @@ static void poison_scratch(void)
 Test(conv, blocked_weight_gradient_has_the_plain_paths_bits)
 {
     static const mp_dtype dts[] = {MP_F32, MP_F16, MP_BF16};
-    mp_conv_args more[sizeof resnet / sizeof resnet[0] + 2];
-    memcpy(more, resnet, sizeof resnet);
-    more[sizeof resnet / sizeof resnet[0]] = shapes[0];       /* c 3, k 4: padded blocks */
-    more[sizeof resnet / sizeof resnet[0] + 1] = shapes[5];   /* 37 images: a shorter last chunk */
     mp_kctx *cx = mp_cpu_backend.ctx;
     for (size_t d = 0; d < 3; d++)
-        for (size_t s = 0; s < sizeof more / sizeof more[0]; s++) {
-            mp_conv_args a = more[s];
+        for (size_t s = 0; s < MORE_SHAPES; s++) {
+            mp_conv_args a = more_shape(s);
             mp_dtype dt = dts[d];
-            a.oh = (a.h + 2 * a.ph - a.dh * (a.r - 1) - 1) / a.sh + 1;
-            a.ow = (a.w + 2 * a.pw - a.dw * (a.s - 1) - 1) / a.sw + 1;
             int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
             size_t es = mp_dtype_size(dt);
             unsigned seed = (unsigned)s + 11;
@@ -348,17 +354,11 @@ Test(conv, own_layout_reorders_move_the_bits_as_onednn_does)
 Test(conv, own_layout_reorders_give_the_same_convolutions)
 {
     static const mp_dtype dts[] = {MP_F32, MP_F16, MP_BF16};
-    mp_conv_args more[sizeof resnet / sizeof resnet[0] + 2];
-    memcpy(more, resnet, sizeof resnet);
-    more[sizeof resnet / sizeof resnet[0]] = shapes[0];
-    more[sizeof resnet / sizeof resnet[0] + 1] = shapes[5];
     mp_kctx *cx = mp_cpu_backend.ctx;
     for (size_t d = 0; d < 3; d++)
-        for (size_t s = 0; s < sizeof more / sizeof more[0]; s++) {
-            mp_conv_args a = more[s];
+        for (size_t s = 0; s < MORE_SHAPES; s++) {
+            mp_conv_args a = more_shape(s);
             mp_dtype dt = dts[d];
-            a.oh = (a.h + 2 * a.ph - a.dh * (a.r - 1) - 1) / a.sh + 1;
-            a.ow = (a.w + 2 * a.pw - a.dw * (a.s - 1) - 1) / a.sw + 1;
             int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
             size_t es = mp_dtype_size(dt);
             unsigned seed = (unsigned)s + 21;

@@ -99,14 +99,8 @@ describe("f16 autocast weights widened once", function()
 end)
 
 describe("the widened copy the optimizer step writes", function()
-  local kinds = {
-    SGD = function(ps) return mp.optim.SGD(ps, {lr = 0.05, momentum = 0.9, weight_decay = 0.01}) end,
-    Adam = function(ps) return mp.optim.Adam(ps, {lr = 0.01, weight_decay = 0.01}) end,
-    AdamW = function(ps) return mp.optim.AdamW(ps, {lr = 0.01}) end,
-    RMSprop = function(ps) return mp.optim.RMSprop(ps, {lr = 0.01, centered = true, momentum = 0.5}) end,
-    Adagrad = function(ps) return mp.optim.Adagrad(ps, {lr = 0.05}) end,
-  }
-  for _, kind in ipairs{"SGD", "Adam", "AdamW", "RMSprop", "Adagrad"} do
+  local kinds = H.optimizer_kinds
+  for _, kind in ipairs(H.optimizer_kind_names) do
     it(kind .. ": is the working copy widened, step after step", function()
       mp.manual_seed(12)
       -- past the step's thread split, lengths no multiple of its blocks (1024)

@@ -354,4 +354,16 @@ function H.gradcheck(f, inputs, what)
   end
 end
 
+-- every kind of optimizer step the kernels have (kernels/cpu/cpu_optim.c), each
+-- with its options set so that every branch of its update runs: name -> maker
+-- of an optimizer over a list of parameters, and the names in a fixed order
+H.optimizer_kinds = {
+  SGD = function(ps) return require("mp").optim.SGD(ps, {lr = 0.05, momentum = 0.9, weight_decay = 0.01}) end,
+  Adam = function(ps) return require("mp").optim.Adam(ps, {lr = 0.01, weight_decay = 0.01}) end,
+  AdamW = function(ps) return require("mp").optim.AdamW(ps, {lr = 0.01}) end,
+  RMSprop = function(ps) return require("mp").optim.RMSprop(ps, {lr = 0.01, centered = true, momentum = 0.5}) end,
+  Adagrad = function(ps) return require("mp").optim.Adagrad(ps, {lr = 0.05}) end,
+}
+H.optimizer_kind_names = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad"}
+
 return H

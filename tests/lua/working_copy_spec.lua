@@ -76,14 +76,8 @@ describe("the working copy autocast uses for an optimizer's parameters", functio
   -- (kernels/cpu/cpu_optim.c): a parameter past the size that splits the pass
   -- over threads, whose length is no multiple of the block, checked element by
   -- element (x = I makes linear(x, w) = w^T exactly), for every kind of step
-  local kinds = {
-    SGD = function(ps) return mp.optim.SGD(ps, {lr = 0.05, momentum = 0.9, weight_decay = 0.01}) end,
-    Adam = function(ps) return mp.optim.Adam(ps, {lr = 0.01, weight_decay = 0.01}) end,
-    AdamW = function(ps) return mp.optim.AdamW(ps, {lr = 0.01}) end,
-    RMSprop = function(ps) return mp.optim.RMSprop(ps, {lr = 0.01, centered = true, momentum = 0.5}) end,
-    Adagrad = function(ps) return mp.optim.Adagrad(ps, {lr = 0.05}) end,
-  }
-  for _, kind in ipairs{"SGD", "Adam", "AdamW", "RMSprop", "Adagrad"} do
+  local kinds = H.optimizer_kinds
+  for _, kind in ipairs(H.optimizer_kind_names) do
     it(kind .. ": is the masters rounded, element by element, in a large parameter", function()
       mp.manual_seed(6)
       local w = mp.randn({300, 1001}, {requires_grad = true})   -- 300300 elements
