@@ -4,6 +4,7 @@
 --   build/mpengine scripts/bench/gpu/bench_gpu.lua mlp      -- the f16 AMP MLP training step
 --   build/mpengine scripts/bench/gpu/bench_gpu.lua gpt      -- the GPT-2-small f16 AMP training step
 --   build/mpengine scripts/bench/gpu/bench_gpu.lua cnn      -- train_cnn.lua's CNN, f16 AMP, a large batch
+--   build/mpengine scripts/bench/gpu/bench_gpu.lua attention -- mp.attention forward + backward, GPT-2's shape
 --
 -- Each mode runs in a process of its own, so that mp.cuda.memory().peak (which
 -- counts from the start of the process) is the MLP's alone.
@@ -202,6 +203,35 @@ local function bench_gpt()
   row("gpt_tokens_per_s", tokens, "tokens/s")
   row("gpt_mfu", mfu * 100, "%")
   row("gpt_peak_mem", peak / 2^20, "MiB")
+  -- the same step captured once as a CUDA graph (mp.cuda.graph, after the warm
+  -- steps above) and replayed: no host work per step but the launch
+  if dev == "cuda" then
+    -- a scaler that keeps its skip decision on the device (sync = false): a
+    -- capture refuses the host read of sync = true
+    local gscaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{}, sync = false}
+    local function gstep()
+      opt:zero_grad()
+      do
+        local _ <close> = mp.amp.autocast("f16")
+        loss = mp.cross_entropy(model(x):reshape{-1, cfg.vocab}, y:reshape{-1})
+      end
+      gscaler:scale(loss):backward()
+      gscaler:step(opt)
+      gscaler:update()
+      return loss
+    end
+    gstep()   -- the warm-up step a capture needs (the scaler's state made outside it)
+    local ok, g = pcall(mp.cuda.graph, gstep)
+    if not ok then
+      print("# mpengine gpt as a CUDA graph: capture refused: " .. tostring(g))
+      return
+    end
+    local gsec = timed_steps(function() g:replay() end, WARMUP, STEPS, TRIALS)
+    print(string.format("# mpengine gpt as a CUDA graph (mp.cuda.graph, replayed): %.1f ms/step, %.0f tokens/s",
+      gsec * 1e3, B * T / gsec))
+    row("gpt_graph_tokens_per_s", B * T / gsec, "tokens/s")
+    g:free()
+  end
 end
 
 -- ---- e. the CNN of scripts/train_cnn.lua (scripts/models/cnn.lua), f16 AMP, Adam ----
@@ -240,6 +270,32 @@ local function bench_cnn()
   row("cnn_peak_mem", peak / 2^20, "MiB")
 end
 
+-- ---- f. attention forward + backward (mp.attention, the tensor-core kernels of
+-- kernels/cuda/cuda_flash.cu), GPT-2 small's shape: batch MP_BENCH_GPT_BATCH (8
+-- here), 12 heads, T 1024, head dim 64, causal, f16 and bf16. FLOPs as
+-- step_model.lua counts them: 2 B T^2 d forward and 5 B T^2 d backward (causal
+-- halves), the same count on both sides.
+local function bench_attention()
+  local B = SMOKE and 1 or tonumber(os.getenv("MP_BENCH_ATTN_BATCH") or 8)
+  local H, T, D = SMOKE and 2 or 12, SMOKE and 64 or 1024, 64
+  local WARMUP, STEPS, TRIALS = SMOKE and 1 or 3, SMOKE and 2 or 20, SMOKE and 1 or 3
+  for _, dt in ipairs{"f16", "bf16"} do
+    mp.manual_seed(0)
+    local function t() return mp.randn({B, H, T, D}, {dtype = dt, device = dev}):requires_grad(true) end
+    local q, k, v = t(), t(), t()
+    local g = mp.randn({B, H, T, D}, {dtype = dt, device = dev})
+    local function step()
+      q.grad, k.grad, v.grad = nil, nil, nil
+      mp.attention(q, k, v, {causal = true}):backward(g)
+    end
+    local sec = timed_steps(step, WARMUP, STEPS, TRIALS)
+    local flops = 7 * B * H * T * T * D
+    print(string.format("# mpengine attention %s B%d H%d T%d d%d causal, forward + backward: %.3f ms (median of %d "
+      .. "trials x %d), %.1f TFLOP/s", dt, B, H, T, D, sec * 1e3, TRIALS, STEPS, flops / sec / 1e12))
+    row("attention_" .. dt, flops / sec / 1e12, "TFLOP/s")
+  end
+end
+
 if mode == "matmul" then
   bench_matmul()
 elseif mode == "mlp" then
@@ -248,7 +304,9 @@ elseif mode == "gpt" then
   bench_gpt()
 elseif mode == "cnn" then
   bench_cnn()
+elseif mode == "attention" then
+  bench_attention()
 else
-  io.stderr:write("bench_gpu.lua: mode must be matmul, mlp, gpt or cnn (got " .. tostring(mode) .. ")\n")
+  io.stderr:write("bench_gpu.lua: mode must be matmul, mlp, gpt, cnn or attention (got " .. tostring(mode) .. ")\n")
   os.exit(2)
 end

@@ -310,6 +310,32 @@ def bench_cnn():
         row("cnn_peak_mem", peak, "MiB")
 
 
+def bench_attention():
+    """F.scaled_dot_product_attention forward + backward (its flash kernel on a GPU), the shape and FLOP count of
+    bench_gpu.lua's attention rows"""
+    import torch.nn.functional as F
+    if not hasattr(F, "scaled_dot_product_attention"):
+        print(f"# torch {torch.__version__} attention: skipped: no F.scaled_dot_product_attention before PyTorch 2.0")
+        return
+    B = 1 if SMOKE else int(os.environ.get("MP_BENCH_ATTN_BATCH", "8"))
+    H, T, D = (2, 64, 64) if SMOKE else (12, 1024, 64)
+    warmup, steps, trials = (1, 2, 1) if SMOKE else (3, 20, 3)
+    for name, dt in (("f16", torch.float16), ("bf16", torch.bfloat16)):
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(B, H, T, D, device=DEV, dtype=dt, requires_grad=True) for _ in range(3))
+        g = torch.randn(B, H, T, D, device=DEV, dtype=dt)
+
+        def step():
+            q.grad = k.grad = v.grad = None
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g)
+
+        s = timed(step, steps, trials, warmup)
+        flops = 7 * B * H * T * T * D
+        print(f"# torch {torch.__version__} attention {name} B{B} H{H} T{T} d{D} causal, SDPA forward + backward: "
+              f"{s * 1e3:.3f} ms, {flops / s / 1e12:.1f} TFLOP/s")
+        row(f"attention_{name}", flops / s / 1e12, "TFLOP/s")
+
+
 def main():
     if DEV == "cuda":
         print(f"# torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name()}")
@@ -320,6 +346,7 @@ def main():
     for w in what:   # the MLP first: its peak-memory figure wants a fresh process
         try:
             {"mlp": bench_mlp, "matmul": bench_matmul, "kernels": bench_kernels, "gpt": bench_gpt, "cnn": bench_cnn,
+             "attention": bench_attention,
              "gpt_compiled": lambda: bench_gpt(compiled=True)}[w]()
         except Exception as e:   # report, and go on with the other parts
             print(f"# torch {w}: FAILED: {type(e).__name__}: {one_line(e)}")

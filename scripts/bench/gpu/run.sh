@@ -13,6 +13,9 @@
 #      tokens/s, MFU, peak memory                                                memory no higher)
 #   e. the CNN of train_cnn.lua, batch 4096, f16 AMP,     bench_gpu.lua cnn      (target >= 1.0x PyTorch
 #      dynamic scaler, Adam: samples/s, peak memory                               eager autocast + GradScaler)
+#   f. attention forward + backward, f16 and bf16, GPT-2  bench_gpu.lua attention (target >= 0.8x PyTorch's
+#      small's shape (B 8, 12 heads, T 1024, d 64), causal                         scaled_dot_product_attention)
+#   d'. the GPT-2 step of d. captured with mp.cuda.graph and replayed (target >= 1.0x PyTorch eager)
 # First, on any machine: step_model.lua's model of the GPT-2-small step (every
 # kernel's FLOPs and bytes, its time at 50% of the H200's ceiling, the target step).
 # The PyTorch side is bench_gpu_torch.py, run with python3 (PYTHON=... to choose
@@ -77,6 +80,7 @@ if [ "$GPT" != only ]; then
   part mp_mlp.txt 90 "$MP" "$HERE/bench_gpu.lua" mlp
   part mp_matmul.txt 90 "$MP" "$HERE/bench_gpu.lua" matmul
   part mp_cnn.txt 90 "$MP" "$HERE/bench_gpu.lua" cnn
+  part mp_attention.txt 90 "$MP" "$HERE/bench_gpu.lua" attention
   if [ -x "$BUILD/bench/gpu_kernels" ]; then
     part mp_kernels.txt 90 "$BUILD/bench/gpu_kernels"
   else
@@ -98,7 +102,7 @@ if not torch.cuda.is_available() and os.environ.get("MP_BENCH_SMOKE", "") == "":
     sys.exit("PyTorch %s has no CUDA device (torch.cuda.is_available() is false)" % torch.__version__)
 ' 2>&1); then
   if [ "$GPT" != only ]; then
-    tmo 180 env LD_LIBRARY_PATH="${PYTHON_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" "$PY" "$HERE/bench_gpu_torch.py" mlp matmul kernels cnn >"$T/torch.txt" 2>&1
+    tmo 180 env LD_LIBRARY_PATH="${PYTHON_LD_LIBRARY_PATH-${LD_LIBRARY_PATH-}}" "$PY" "$HERE/bench_gpu_torch.py" mlp matmul kernels cnn attention >"$T/torch.txt" 2>&1
     rc=$?
     cat "$T/torch.txt"
     [ "$rc" = 0 ] || echo "!! bench_gpu_torch.py exited $rc"
@@ -120,7 +124,7 @@ fi
 # ---- the table ----
 echo
 echo "== bench-gpu table${SMOKE:+ (MP_BENCH_SMOKE: CPU, tiny sizes: not a measurement)}"
-cat "$T/mp_matmul.txt" "$T/mp_kernels.txt" "$T/mp_mlp.txt" "$T/mp_cnn.txt" "$T/mp_gpt.txt" 2>/dev/null | grep '^ROW ' | sed 's/^ROW /M /' >"$T/rows"
+cat "$T/mp_matmul.txt" "$T/mp_kernels.txt" "$T/mp_mlp.txt" "$T/mp_cnn.txt" "$T/mp_attention.txt" "$T/mp_gpt.txt" 2>/dev/null | grep '^ROW ' | sed 's/^ROW /M /' >"$T/rows"
 grep '^ROW ' "$T/torch.txt" | sed 's/^ROW /P /' >>"$T/rows"
 awk '
   { v[$1, $2] = $3; u[$2] = $4; if (!($2 in seen)) { seen[$2] = 1; keys[++nk] = $2 } }
@@ -146,6 +150,12 @@ awk '
         line("CNN step, f16 AMP, dynamic scaler (samples/s)", num(a), num(b), rs, ">= 1.0x " verdict(r, 1.0))
       } else if (k == "cnn_peak_mem") {
         line("CNN peak GPU memory (MiB)", num(a), num(b), rs, "info (< 1x: mpengine uses less)")
+      } else if (k ~ /^attention_/) {
+        split(k, p, "_")
+        line(sprintf("attention %s fwd+bwd, causal (TFLOP/s)", p[2]), num(a), num(b), rs, ">= 0.8x " verdict(r, 0.8))
+      } else if (k == "gpt_graph_tokens_per_s") {
+        c = v["P", "gpt_tokens_per_s"]; rc = (a != "" && c != "" && c > 0) ? a / c : ""
+        line("GPT-2 small as a CUDA graph (tokens/s) vs eager", num(a), num(c), rc == "" ? "-" : sprintf("%.2fx", rc), ">= 1.0x " verdict(rc, 1.0))
       } else if (k == "gpt_tokens_per_s") {
         line("GPT-2 small f16 AMP (tokens/s) vs eager", num(a), num(b), rs, ">= 1.3x " verdict(r, 1.3))
         c = v["P", "gpt_compiled_tokens_per_s"]; rc = (a != "" && c != "" && c > 0) ? a / c : ""
