@@ -181,16 +181,21 @@ local function bench_gpt()
   local x = mp.randint(0, cfg.vocab, {B, T}, {device = dev})
   local y = mp.randint(0, cfg.vocab, {B, T}, {device = dev})
   local loss
-  local function step()
-    opt:zero_grad()
-    do
-      local _ <close> = mp.amp.autocast("f16")
-      loss = mp.cross_entropy(model(x):reshape{-1, cfg.vocab}, y:reshape{-1})
+  -- a training step with scaler sc (the eager rows' and, below, the graph's)
+  local function step_with(sc)
+    return function()
+      opt:zero_grad()
+      do
+        local _ <close> = mp.amp.autocast("f16")
+        loss = mp.cross_entropy(model(x):reshape{-1, cfg.vocab}, y:reshape{-1})
+      end
+      sc:scale(loss):backward()
+      sc:step(opt)
+      sc:update()
+      return loss
     end
-    scaler:scale(loss):backward()
-    scaler:step(opt)
-    scaler:update()
   end
+  local step = step_with(scaler)
   local sec = timed_steps(step, WARMUP, STEPS, TRIALS)
   local tokens = B * T / sec
   local flops_per_token = 6 * nparams + 6 * cfg.layers * T * cfg.dim
@@ -208,18 +213,7 @@ local function bench_gpt()
   if dev == "cuda" then
     -- a scaler that keeps its skip decision on the device (sync = false): a
     -- capture refuses the host read of sync = true
-    local gscaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{}, sync = false}
-    local function gstep()
-      opt:zero_grad()
-      do
-        local _ <close> = mp.amp.autocast("f16")
-        loss = mp.cross_entropy(model(x):reshape{-1, cfg.vocab}, y:reshape{-1})
-      end
-      gscaler:scale(loss):backward()
-      gscaler:step(opt)
-      gscaler:update()
-      return loss
-    end
+    local gstep = step_with(mp.amp.GradScaler{policy = mp.amp.policy.dynamic{}, sync = false})
     gstep()   -- the warm-up step a capture needs (the scaler's state made outside it)
     local ok, g = pcall(mp.cuda.graph, gstep)
     if not ok then
