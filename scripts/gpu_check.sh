@@ -108,14 +108,21 @@ export LUA="$U/bin/lua5.4"
 export LUA_PATH="$ROOT/lua/?.lua;$ROOT/lua/?/init.lua;$U/share/lua/5.4/?.lua;$U/share/lua/5.4/?/init.lua;;"
 export LUA_CPATH="$B/?.so;$U/lib/lua/5.4/?.so;;"
 export MP_TEST_BUILD="$B"
+SLOW=1
 if [ -z "$HAVE_GPU" ]; then   # MP_GPU_CHECK_FORCE without a GPU: the emulated device stands in
   export MP_BENCH_SMOKE=1
+  # the emulator runs the steps several times slower than a GPU (the Lua specs alone
+  # take ~4 minutes on it): every step's timeout and the budget grow by this factor,
+  # so that a forced walk ends each step instead of timing it out (no device time is
+  # spent here)
+  SLOW=${MP_GPU_CHECK_SLOW:-4}
+  BUDGET=$((BUDGET * SLOW))
   if [ -f "$ROOT/build/tests/emu_cuda.so" ]; then
     export MP_CUDA_BACKEND="$ROOT/build/tests/emu_cuda.so" MP_NCCL_LIBRARY="$ROOT/build/tests/emu_cuda.so"
-    say "gpu_check: MP_GPU_CHECK_FORCE without a GPU: the emulated device (build/tests/emu_cuda.so) stands in for it, bench-gpu in smoke mode; nothing here measures a GPU"
+    say "gpu_check: MP_GPU_CHECK_FORCE without a GPU: the emulated device (build/tests/emu_cuda.so) stands in for it, bench-gpu in smoke mode, timeouts and the budget x${SLOW}; nothing here measures a GPU"
   else
     export MP_CUDA_BACKEND="$ROOT/build/tests/fake_cuda.so" MP_FAKE_CUDA_COLL=1
-    say "gpu_check: MP_GPU_CHECK_FORCE without a GPU: build/tests/fake_cuda.so stands in for it, bench-gpu in smoke mode; nothing here measures a GPU"
+    say "gpu_check: MP_GPU_CHECK_FORCE without a GPU: build/tests/fake_cuda.so stands in for it, bench-gpu in smoke mode, timeouts and the budget x${SLOW}; nothing here measures a GPU"
   fi
 fi
 SANITIZER=$(command -v compute-sanitizer 2>/dev/null)
@@ -168,7 +175,7 @@ first_failure() {
 # step NAME KIND SECONDS COMMAND...: runs it under its timeout within the budget
 failed=0
 step() {
-  name=$1 kind=$2 secs=$3
+  name=$1 kind=$2 secs=$(($3 * SLOW))
   shift 3
   left=$((BUDGET - ($(date +%s) - START)))
   if [ "$left" -lt 10 ]; then

@@ -100,11 +100,11 @@ static void run(int variant)
     case V_UNSCALE_TEL: be->unscale(be->ctx, g, n, st[flip ^= 1], 0, tel, seg, NSEG); break;
     case V_ADAMW:
         be->optim_count(be->ctx, step, NULL);
-        be->optim_step(be->ctx, MP_ADAMW, p, g, m, v, n, &args, step, NULL, NULL, MP_F32);   /* no low-precision copy */
+        be->optim_step(be->ctx, MP_ADAMW, p, g, m, v, n, &args, step, NULL, NULL, MP_F32, NULL);   /* no low-precision copy */
         break;
     case V_ADAMW_LOWP:
         be->optim_count(be->ctx, step, NULL);
-        be->optim_step(be->ctx, MP_ADAMW, p, g, m, v, n, &args, step, NULL, lowp, MP_F16);
+        be->optim_step(be->ctx, MP_ADAMW, p, g, m, v, n, &args, step, NULL, lowp, MP_F16, NULL);
         break;
     }
 }
