@@ -46,8 +46,7 @@ static inline void lowp_block(void *lowp, mp_dtype dt, float *wide, const float 
     }
 
 MP_SIMD static void sgd(float *restrict p, const float *restrict g, float *restrict buf, int64_t n, const mp_optim_args *a,
-                        int first, void *restrict lowp, mp_dtype lowp_dt,
-                        float *restrict wide)
+                        int first, void *restrict lowp, mp_dtype lowp_dt, float *restrict wide)
 {
     const float lr = a->lr, wd = a->weight_decay, mom = a->momentum, damp = a->one_minus_dampening;
     const int nesterov = a->nesterov;
@@ -65,7 +64,7 @@ MP_SIMD static void sgd(float *restrict p, const float *restrict g, float *restr
 
 MP_SIMD static void adam(int decoupled, float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
                  int64_t n, const mp_optim_args *a, float step_size, float bc2, void *restrict lowp, mp_dtype lowp_dt,
-                        float *restrict wide)
+                 float *restrict wide)
 {
     const float b1 = a->beta1, b2 = a->beta2, c1 = a->one_minus_beta1, c2 = a->one_minus_beta2;
     const float wd = a->weight_decay, decay = a->decay;
@@ -123,7 +122,7 @@ MP_SIMD static void rmsprop(float *restrict p, const float *restrict g, float *r
 /* Adagrad: sum += g^2, p -= clr * g / (sqrt(sum) + eps) (torch/optim/adagrad.py) */
 MP_SIMD static void adagrad(float *restrict p, const float *restrict g, float *restrict sum, int64_t n,
                             const mp_optim_args *a, float clr, void *restrict lowp, mp_dtype lowp_dt,
-                        float *restrict wide)
+                            float *restrict wide)
 {
     const float wd = a->weight_decay, eps = a->eps, nclr = -clr;
     FOR_BLOCKS({
