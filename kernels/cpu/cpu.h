@@ -18,7 +18,8 @@
  * the row buffers of the row-wise kernels, the planes of pooling and batch
  * norm's widened channels, one per thread; slots 4-12: convolution's columns
  * and f32 operands (cpu_conv.c), or its oneDNN operands, blocked copies and
- * scratchpads (cpu_conv_dnnl.c).
+ * scratchpads (cpu_conv_dnnl.c). The FP8 GEMM (cpu_fp8_gemm.c) takes 0-8:
+ * decoded chunks, chunk sums, its f32 C, widened operands, chunk scales.
  * flush: flush counting's switch and counts (cpu_flush.h), which cpu_store
  * adds to at every rounding to f16/bf16 while counting is on. */
 #define CPU_SCRATCH_SLOTS 13

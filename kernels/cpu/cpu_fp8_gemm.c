@@ -114,28 +114,40 @@ static int gemm_chunk(mp_kctx *cx, int64_t m, int64_t n, int64_t kc, const uint1
     return cpu_gemm(cx, MP_F32, 0, 1, 1, m, n, kc, 1.0f, fa, 0, fb, 0, 0.0f, t, m * n);
 }
 
+/* the f32 scales of rows 0..rows-1 of x at column j0 (1 where folded) */
+static void scales_at(const mp_fp8_operand *x, int64_t rows, int64_t j0, int64_t k, int folded, float *s)
+{
+    for (int64_t r = 0; r < rows; r++) s[r] = folded ? 1.0f : scale_at(x, r, j0, k);
+}
+
 static int gemm_f32acc(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a,
                        const mp_fp8_operand *b, float *acc)
 {
     int fa = foldable(a, m, k), fb = foldable(b, n, k);
     int64_t ka = scale_k(a, k, fa), kb = scale_k(b, k, fb), ck = ka < kb ? ka : kb;
     uint16_t *da = cpu_scratch(cx, 0, 2 * (size_t)(m * ck)), *db = da ? cpu_scratch(cx, 1, 2 * (size_t)(n * ck)) : NULL;
-    float *t = db ? cpu_scratch(cx, 2, 4 * (size_t)(m * n)) : NULL;
+    float *sv = db ? cpu_scratch(cx, 8, 4 * (size_t)(m + n)) : NULL;
+    /* one chunk: the GEMM writes C itself, its one scale applied in place */
+    float *t = sv ? (ck >= k ? acc : cpu_scratch(cx, 2, 4 * (size_t)(m * n))) : NULL;
     if (!t) return -1;
     for (int64_t j0 = 0; j0 < k; j0 += ck) {
         int64_t len = k - j0 < ck ? k - j0 : ck;
         decode_bf16(a, m, k, j0, len, fa, da);
         decode_bf16(b, n, k, j0, len, fb, db);
         if (gemm_chunk(cx, m, n, len, da, db, t)) return -1;
+        scales_at(a, m, j0, k, fa, sv);
+        scales_at(b, n, j0, k, fb, sv + m);
         /* the chunk's sums times their scales, into the total (the first
          * chunk too: 0 + x is x) */
+        const float *sb = sv + m;
         #pragma omp parallel for if (m * n > MP_PAR_MIN_MEM) schedule(static)
         for (int64_t i = 0; i < m; i++) {
-            float sa = fa ? 1.0f : scale_at(a, i, j0, k);
-            for (int64_t j = 0; j < n; j++) {
-                float s = sa * (fb ? 1.0f : scale_at(b, j, j0, k));
-                acc[i * n + j] = (j0 ? acc[i * n + j] : 0.0f) + t[i * n + j] * s;
-            }
+            float sa = sv[i], *ci = acc + i * n;
+            const float *ti = t + i * n;
+            if (j0 == 0)
+                for (int64_t j = 0; j < n; j++) ci[j] = 0.0f + ti[j] * (sa * sb[j]);
+            else
+                for (int64_t j = 0; j < n; j++) ci[j] = ci[j] + ti[j] * (sa * sb[j]);
         }
     }
     return 0;
