@@ -5,44 +5,14 @@
  * (cpu_fp8_gemm.c), with f32 accumulation or a modelled limited-precision
  * accumulator.
  *
- * A quantized operand X {rows, k} (row-major, k the reduction axis, as a GEMM
- * reads both its operands in the "TN" layout) is its codes q {rows, k} and its
- * decode scales d: X(i, j) ~ fp8_to_f32(q(i, j)) * d(group of (i, j)). The
- * groups, and d's layout (nk(g) = ceil(k / g)):
- *   MP_FP8_TENSOR  one scale (f32)
- *   MP_FP8_TILE    1 x 128 tiles along k: d {rows, nk(128)} (f32)
- *   MP_FP8_BLOCK   128 x 128 blocks: d {ceil(rows / 128), nk(128)} (f32)
- *   MP_FP8_MX      OCP MX blocks of 32 along k: E8M0 bytes {rows, nk(32)},
- *                  byte b meaning 2^(b - 127), 0xff NaN
- * d is the decode scale: what multiplies the codes' values back to X, and
- * what a GEMM applies to its accumulators (cuBLASLt's A/B scale pointers
- * take the same number). The quantizer multiplies X by s = 1 / d's source:
- * s = FP8_MAX / amax of the group (f32 division), d = 1 / s (f32).
+ * The operands, scales and granularities: kernels/fp8_scaled.h.
  */
 #ifndef MP_CPU_FP8_H
 #define MP_CPU_FP8_H
 
 #include <stdint.h>
 #include "kernels/cpu/cpu.h"
-#include "kernels/fp8.h"
-
-typedef enum { MP_FP8_TENSOR, MP_FP8_TILE, MP_FP8_BLOCK, MP_FP8_MX } mp_fp8_gran;
-
-#define MP_FP8_TILE_K 128   /* tile and block length along k (DeepSeek-V3's) */
-#define MP_FP8_BLOCK_ROWS 128
-#define MP_FP8_MX_K 32      /* OCP MX block */
-
-/* the number of decode scales of a {rows, k} operand quantized with g */
-int64_t mp_fp8_nscales(mp_fp8_gran g, int64_t rows, int64_t k);
-
-/* what a quantization saw: the input's amax (NaN when any input was NaN),
- * the elements whose scaled magnitude |x s| exceeded the format's largest
- * finite value (they were saturated to it), and the nonzero finite inputs
- * whose code is a zero (flushed) */
-typedef struct {
-    float amax;
-    int64_t saturated, flushed;
-} mp_fp8_stats;
+#include "kernels/fp8_scaled.h"
 
 /* X {rows, k} of dtype dt (f32, f16, bf16) -> codes q {rows, k} and decode
  * scales (f32 for tensor, tile, block; E8M0 bytes for mx), saturating: a value
@@ -52,21 +22,14 @@ typedef struct {
  * amax (1 when amax is 0 or not finite, FLT_MAX where the division
  * overflows), and for mx the OCP rule X = 2^(floor(log2 amax) - emax), emax
  * the element format's largest exponent (8 e4m3, 15 e5m2), clamped to
- * 2^-127..2^127 (2^-127 for an all-zero block, NaN for one holding a NaN).
+ * 2^-127..2^127 (1 for an all-zero block, where any scale is right; NaN
+ * for a block holding a NaN or an infinity).
  * The tensor granularity without a given scale reads X twice (its amax must
  * be known before its first element is scaled); every other form reads each
  * group once, its amax and its codes from the same pass. 0, or -1 when out
  * of memory. */
 int cpu_fp8_quantize(mp_kctx *cx, mp_dtype dt, const void *x, int64_t rows, int64_t k, mp_fp8_format fmt,
                      mp_fp8_gran g, const float *given_scale, uint8_t *q, void *scales, mp_fp8_stats *st);
-
-/* a quantized operand {rows, k} as cpu_fp8_quantize wrote it */
-typedef struct {
-    const uint8_t *q;
-    mp_fp8_format fmt;
-    mp_fp8_gran g;
-    const void *scales;   /* float *, or E8M0 bytes for mx */
-} mp_fp8_operand;
 
 /* C {m, n} (dtype out: f32, bf16, f16) = (A dequantized) (B dequantized)^T,
  * A {m, k}, B {n, k}, rounded once into C.

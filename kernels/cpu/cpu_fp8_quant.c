@@ -12,18 +12,6 @@
 
 #define SEG 128   /* elements widened to f32 at a time (a tile) */
 
-int64_t mp_fp8_nscales(mp_fp8_gran g, int64_t rows, int64_t k)
-{
-    int64_t nk = (k + MP_FP8_TILE_K - 1) / MP_FP8_TILE_K;
-    switch (g) {
-    case MP_FP8_TENSOR: return 1;
-    case MP_FP8_TILE: return rows * nk;
-    case MP_FP8_BLOCK: return (rows + MP_FP8_BLOCK_ROWS - 1) / MP_FP8_BLOCK_ROWS * nk;
-    case MP_FP8_MX: return rows * ((k + MP_FP8_MX_K - 1) / MP_FP8_MX_K);
-    }
-    return 0;
-}
-
 typedef struct {
     float amax;
     int nan;
