@@ -156,6 +156,13 @@ static lt_state *lt_of(mp_kctx *cx)
     return s->failed ? NULL : s;
 }
 
+/* the context's Lt handle, for the other files that call Lt (cuda_fp8_gemm.cu) */
+cublasLtHandle_t mp_cuda_lt_handle(mp_kctx *cx)
+{
+    lt_state *s = lt_of(cx);
+    return s ? s->h : NULL;
+}
+
 int mp_cuda_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
                       const void *bias, void *c)
 {

@@ -41,6 +41,12 @@
  * the CPU backend's gemm: the bias is added to the f32 sums before the one
  * rounding (a C holding the bias rows, accumulated with beta 1: the engine's
  * CPU arithmetic for a linear layer), so a wrong layout gives wrong numbers.
+ *
+ * FP8 (e4m3 / e5m2 A and B): the manual's rules for sm_89 / sm_90 are checked
+ * (check_fp8: the TN form only, not two e5m2, leading dimensions of 16, f32 /
+ * bf16 / f16 C = D), the A and B scale pointers and AMAX_D are honoured, and
+ * the product is the CPU's FP8 GEMM (run_fp8), FAST_ACCUM answered with its
+ * modelled 14-bit accumulator.
  */
 #include <stdio.h>
 #include <string.h>
@@ -49,6 +55,9 @@
 #include <cublasLt.h>
 #include "tests/emu/emu.h"
 #include "tests/emu/emu_values.h"
+extern "C" {
+#include "kernels/cpu/cpu_fp8.h"
+}
 
 using namespace mp_emu;
 
@@ -69,6 +78,8 @@ struct desc {
     const void *bias;
     int32_t bias_type;
     int64_t bias_stride;
+    const void *scale_a, *scale_b, *scale_d, *amax_d;   /* FP8: device f32 pointers, NULL unset */
+    int8_t fast_accum;
 };
 
 struct layout {
@@ -140,7 +151,9 @@ uint32_t alignment_of(const void *p)
 }
 
 bool type_ok(cudaDataType_t t) { return t == CUDA_R_16F || t == CUDA_R_16BF || t == CUDA_R_32F; }
+bool fp8_type(cudaDataType_t t) { return t == CUDA_R_8F_E4M3 || t == CUDA_R_8F_E5M2; }
 mp_dtype dtype_of(cudaDataType_t t) { return t == CUDA_R_16F ? MP_F16 : t == CUDA_R_16BF ? MP_BF16 : MP_F32; }
+size_t elem_size(cudaDataType_t t) { return fp8_type(t) ? 1 : mp_dtype_size(dtype_of(t)); }
 
 /* the problem a call describes, checked: m, n, k and the types */
 struct problem {
@@ -148,8 +161,42 @@ struct problem {
     int64_t m, n, k;
     mp_dtype at, dt;
     bool bias, tf32;
+    bool fp8, fast_accum;          /* FP8 A and B (the TN form), FAST_ACCUM */
+    mp_fp8_format fa, fb;
     uint64_t signature;
 };
+
+/* the manual's FP8 rules (sm_89 / sm_90): A and B FP8, not both e5m2, the TN
+ * form only (TRANSA T, TRANSB N), leading dimensions of A and B multiples of
+ * 16 bytes, f32 compute and scale, C and D f32 / bf16 / f16 of one type (FP8
+ * D, beta != 0 with FP8 and the other epilogues are not emulated) */
+cublasStatus_t check_fp8(const char *call, const desc *op, const layout *A, const layout *B, const layout *C,
+                         const layout *D, problem *p)
+{
+    if (!fp8_type(A->type) || !fp8_type(B->type) || (A->type == CUDA_R_8F_E5M2 && B->type == CUDA_R_8F_E5M2))
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8: A type %d and B type %d must both be FP8, not both e5m2",
+                   (int)A->type, (int)B->type);
+    if (op->transa != CUBLAS_OP_T || op->transb != CUBLAS_OP_N)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8 takes only the TN form (TRANSA T, TRANSB N); got %d, %d",
+                   (int)op->transa, (int)op->transb);
+    if (A->ld % 16 || B->ld % 16)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8: lda %lld and ldb %lld must be multiples of 16",
+                   (long long)A->ld, (long long)B->ld);
+    if (op->compute != CUBLAS_COMPUTE_32F || op->scale != CUDA_R_32F)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8: compute %d and scale type %d must be 32F", (int)op->compute,
+                   (int)op->scale);
+    if (!type_ok(D->type) || C->type != D->type)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8: C %d and D %d must be one of f32, bf16, f16 (FP8 D is not "
+                   "emulated)", (int)C->type, (int)D->type);
+    if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8: epilogue %u is not emulated", op->epilogue);
+    if (op->scale_d)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8: a D scale pointer (for an FP8 D) is not emulated");
+    p->fa = A->type == CUDA_R_8F_E5M2 ? MP_FP8_E5M2 : MP_FP8_E4M3;
+    p->fb = B->type == CUDA_R_8F_E5M2 ? MP_FP8_E5M2 : MP_FP8_E4M3;
+    p->fast_accum = op->fast_accum != 0;
+    return CUBLAS_STATUS_SUCCESS;
+}
 
 cublasStatus_t check_problem(const char *call, const desc *op, const layout *A, const layout *B, const layout *C,
                              const layout *D, problem *p)
@@ -174,7 +221,7 @@ cublasStatus_t check_problem(const char *call, const desc *op, const layout *A, 
         if (l->ld < 1 || (uint64_t)l->ld < l->rows)
             return bad(CUBLAS_STATUS_INVALID_VALUE, call, "%c: ld %lld < rows %llu (column-major: columns would overlap)",
                        names[i], (long long)l->ld, (unsigned long long)l->rows);
-        if (!type_ok(l->type))
+        if (!type_ok(l->type) && !(i < 2 && fp8_type(l->type)))
             return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "%c: type %d is not emulated", names[i], (int)l->type);
     }
     if (op->transc != CUBLAS_OP_N) return bad(CUBLAS_STATUS_INVALID_VALUE, call, "TRANSC %d: only N", (int)op->transc);
@@ -195,12 +242,17 @@ cublasStatus_t check_problem(const char *call, const desc *op, const layout *A, 
                    (unsigned long long)C->rows, (unsigned long long)C->cols, (int)C->type,
                    (unsigned long long)D->rows, (unsigned long long)D->cols, (int)D->type);
     const cublasComputeType_t ct = op->compute;
+    p->fp8 = fp8_type(A->type) || fp8_type(B->type);
+    if (p->fp8) {
+        cublasStatus_t s = check_fp8(call, op, A, B, C, D, p);
+        if (s != CUBLAS_STATUS_SUCCESS) return s;
+    }
     const bool c32 = ct == CUBLAS_COMPUTE_32F || ct == CUBLAS_COMPUTE_32F_PEDANTIC || ct == CUBLAS_COMPUTE_32F_FAST_TF32 ||
                      ct == CUBLAS_COMPUTE_32F_FAST_16F || ct == CUBLAS_COMPUTE_32F_FAST_16BF;
     const cudaDataType_t at = A->type, dt = D->type;
-    const bool types = A->type == B->type && ((at == CUDA_R_16F && (dt == CUDA_R_16F || dt == CUDA_R_32F)) ||
+    const bool types = p->fp8 || (A->type == B->type && ((at == CUDA_R_16F && (dt == CUDA_R_16F || dt == CUDA_R_32F)) ||
                                               (at == CUDA_R_16BF && (dt == CUDA_R_16BF || dt == CUDA_R_32F)) ||
-                                              (at == CUDA_R_32F && dt == CUDA_R_32F));
+                                              (at == CUDA_R_32F && dt == CUDA_R_32F)));
     if (!c32 || op->scale != CUDA_R_32F || !types)
         return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "types A %d, B %d, C/D %d, compute %d, scale %d: not among the "
                    "f32-compute combinations of the manual (the only ones emulated)", (int)A->type, (int)B->type,
@@ -214,9 +266,10 @@ cublasStatus_t check_problem(const char *call, const desc *op, const layout *A, 
                    (int)dt);
     p->m = m, p->n = n, p->k = k, p->at = dtype_of(at), p->dt = dtype_of(dt);
     p->tf32 = at == CUDA_R_32F && ct == CUBLAS_COMPUTE_32F_FAST_TF32;
+    if (p->fp8) p->at = MP_U8;   /* one byte a code; run_fp8 reads them */
     uint64_t s = 1469598103934665603ull;
     for (uint64_t v : {(uint64_t)m, (uint64_t)n, (uint64_t)k, (uint64_t)p->ta, (uint64_t)p->tb, (uint64_t)at,
-                       (uint64_t)dt, (uint64_t)ct, (uint64_t)epi})
+                       (uint64_t)B->type, (uint64_t)dt, (uint64_t)ct, (uint64_t)epi, (uint64_t)op->fast_accum})
         s = (s ^ v) * 1099511628211ull;
     p->signature = s;
     return CUBLAS_STATUS_SUCCESS;
@@ -231,7 +284,7 @@ bool matrix_ok(const char *call, const char *name, const void *p, const layout *
         bad(CUBLAS_STATUS_INVALID_VALUE, call, "%s %p is not device memory", name, p);
         return false;
     }
-    const size_t es = mp_dtype_size(dtype_of(l->type));
+    const size_t es = elem_size(l->type);
     const uint64_t span = (uint64_t)l->ld * (l->cols - 1) + l->rows;
     const uint64_t room = (r.size - (size_t)((const char *)p - r.base)) / es;
     if (span > room) {
@@ -325,11 +378,41 @@ bool run_job(const lt_job &j)
     return true;
 }
 
+/* an FP8 product: D = alpha (sA sB) op(A) op(B) by the CPU's FP8 GEMM
+ * (kernels/cpu/cpu_fp8_gemm.c): the codes decoded exactly, f32 sums, the
+ * scales (read when the product runs, as the device would) applied to the
+ * sums, rounded once into D. FAST_ACCUM 1 is answered with the CPU's model of
+ * a limited accumulator, 14 bits without promotion: a stand-in for the
+ * tensor cores' undocumented sums, not a copy of them. AMAX_D: the largest
+ * |D| (f32) written to its pointer. */
+bool run_fp8(const lt_job &j, const desc &op)
+{
+    const int64_t m = j.p.m, n = j.p.n, k = j.p.k;
+    std::vector<uint8_t> a((size_t)(m * k) + 1), b((size_t)(n * k) + 1);
+    for (int64_t i = 0; i < m; i++) memcpy(&a[(size_t)(i * k)], j.A + i * j.lda, (size_t)k);
+    for (int64_t q = 0; q < n; q++) memcpy(&b[(size_t)(q * k)], j.B + q * j.ldb, (size_t)k);
+    const float sa = op.scale_a ? *(const float *)op.scale_a : 1.0f, sb = op.scale_b ? *(const float *)op.scale_b : 1.0f;
+    mp_fp8_operand oa = {a.data(), j.p.fa, MP_FP8_TENSOR, &sa}, ob = {b.data(), j.p.fb, MP_FP8_TENSOR, &sb};
+    std::vector<float> c((size_t)(m * n));
+    if (cpu_fp8_gemm(mp_cpu_backend.ctx, m, n, k, &oa, &ob, j.p.fast_accum ? 14 : 0, 0, MP_F32, c.data()) != 0)
+        return false;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t q = 0; q < n; q++) {
+            float v = c[(size_t)(i * n + q)];
+            if (j.alpha != 1.0f) v *= j.alpha;
+            amax = fabsf(v) > amax || v != v ? fabsf(v) : amax;
+            store_f32(j.p.dt, j.D, (size_t)(i + q * j.ldd), v);
+        }
+    if (op.amax_d) *(float *)op.amax_d = amax;
+    return true;
+}
+
 /* how an algo for p under preference pr splits k, and the workspace that takes */
 void choose_split(const problem &p, const pref &pr, uint64_t *scheme, uint64_t *ws)
 {
     *scheme = 0, *ws = 0;
-    if (p.k <= SPLIT_K) return;
+    if (p.k <= SPLIT_K || p.fp8) return;   /* FP8: one pass (its promotion is the model's business) */
     const uint64_t runs = (uint64_t)((p.k + SPLIT_K - 1) / SPLIT_K), mn = (uint64_t)(p.m * p.n);
     const bool narrow = p.dt != MP_F32;
     const uint64_t out_ws = runs * mn * mp_dtype_size(p.dt), f32_ws = runs * mn * 4, counters = 4096;
@@ -369,6 +452,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
     o->compute = compute, o->scale = scale, o->pointer_mode = CUBLASLT_POINTER_MODE_HOST;
     o->transa = o->transb = o->transc = CUBLAS_OP_N, o->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     o->bias = NULL, o->bias_type = -1, o->bias_stride = 0;
+    o->scale_a = o->scale_b = o->scale_d = o->amax_d = NULL, o->fast_accum = 0;
     *d = (cublasLtMatmulDesc_t)o;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -405,6 +489,11 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_BIAS_POINTER: ok = take(call, attr, buf, size, &o->bias); break;
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: ok = take(call, attr, buf, size, &o->bias_type); break;
     case CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE: ok = take(call, attr, buf, size, &o->bias_stride); break;
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: ok = take(call, attr, buf, size, &o->scale_a); break;
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: ok = take(call, attr, buf, size, &o->scale_b); break;
+    case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER: ok = take(call, attr, buf, size, &o->scale_d); break;
+    case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: ok = take(call, attr, buf, size, &o->amax_d); break;
+    case CUBLASLT_MATMUL_DESC_FAST_ACCUM: ok = take(call, attr, buf, size, &o->fast_accum); break;
     default: return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "attribute %d is not emulated", (int)attr);
     }
     return ok ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
@@ -598,12 +687,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
             return bad(CUBLAS_STATUS_INVALID_VALUE, call, "the bias %p is %u-byte aligned; the algo was found for a "
                        "bias pointer aligned to %u", op->bias, alignment_of(op->bias), (unsigned)w.align_bias);
     }
+    if (pb.fp8) {
+        if (b != 0.0f) return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8 with beta %g: only beta 0 is emulated", b);
+        const void *fp[3] = {op->scale_a, op->scale_b, op->amax_d};
+        for (int i = 0; i < 3; i++) {
+            region r;
+            if (fp[i] && (!find_region(fp[i], &r) || !(r.kind & (MEM_DEVICE | MEM_SYMBOL)) ||
+                          (size_t)((const char *)fp[i] - r.base) + 4 > r.size))
+                return bad(CUBLAS_STATUS_INVALID_VALUE, call, "the %s pointer %p is not an f32 in device memory",
+                           i == 0 ? "A scale" : i == 1 ? "B scale" : "amax D", fp[i]);
+        }
+    }
     if (pb.m == 0 || pb.n == 0) return CUBLAS_STATUS_SUCCESS;
     lt_job j = {pb, (const char *)A, (const char *)B, (const char *)C, (const char *)op->bias, (char *)D, la->ld, lb->ld,
                 lc->ld, ld->ld, a, b, w.scheme};
     /* queued, or recorded as a graph node when the stream is capturing, as cublasGemmEx's */
-    bool queued = queue_product(stream, "cublasLtMatmul", [j] {
-        if (run_job(j)) return true;
+    const desc opv = *op;   /* its pointers as they are now: the descriptor may change before the product runs */
+    bool queued = queue_product(stream, "cublasLtMatmul", [j, opv] {
+        if (j.p.fp8 ? run_fp8(j, opv) : run_job(j)) return true;
         sticky(cudaErrorLaunchFailure, "unspecified launch failure (emulated cuBLASLt: the CPU gemm found no "
                "working memory)");
         return false;

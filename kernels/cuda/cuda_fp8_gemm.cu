@@ -1,0 +1,161 @@
+/*
+ * cuda_fp8_gemm.cu: the scaled FP8 GEMM through cuBLASLt (sm_89 / sm_90),
+ * the CUDA side of kernels/cpu/cpu_fp8_gemm.c, on raw codes
+ * (kernels/fp8_scaled.h): row-major C {m, n} = (A dequantized)(B
+ * dequantized)^T, A {m, k}, B {n, k}.
+ *
+ * Layout. cuBLASLt's FP8 matmuls take only the "TN" form: op(A) = A^T with A
+ * stored column-major {k, m'} and op(B) = B as stored {k, n'}, so both
+ * operands are read along k, which is how the quantizer writes them. Read
+ * column-major, our row-major C is D {n, m} (ld n) = op(A') B' with Lt's A'
+ * our B (stored {k, n} column-major, ld k, TRANSA = T) and Lt's B' our A
+ * ({k, m}, ld k, TRANSB = N). Lt's A scale is thus our B's and its B scale our A's. FP8
+ * needs 16-byte aligned pointers and leading dimensions (k a multiple of 16),
+ * and at most one e5m2 operand; what Lt refuses is declined (1) and the
+ * engine reports it.
+ *
+ * Scales. Per tensor: the two decode scales go to CUBLASLT_MATMUL_DESC_A/B_
+ * SCALE_POINTER (device f32), which Lt multiplies into the f32 sums before
+ * the one rounding to C's dtype (f32, bf16, f16). Tile and block scales
+ * (they change every 128 of k) are what Lt cannot take on sm_90: k is cut
+ * into its 128-chunks, each chunk's product goes unscaled to an f32 scratch
+ * T, and promote_k adds T (sa(i, c) sb(j, c)) into an f32 total - the CPU's
+ * arithmetic (cpu_fp8_gemm.c) with cuBLASLt's order of the f32 sums inside a
+ * chunk; the total is rounded once into C. MX scales are declined (sm_90 has
+ * no MX tensor cores; the CPU computes them).
+ *
+ * Accumulation. fast_accum = 0 asks Lt for its precise FP8 accumulation
+ * (CUBLASLT_MATMUL_DESC_FAST_ACCUM 0: partial sums promoted to f32), 1 lets
+ * the tensor cores keep their own limited-precision sums (what DeepSeek-V3
+ * measured); the hardware's exact rule is not documented, so only the CPU's
+ * modelled accumulator is a model anyone can check bit for bit.
+ *
+ * No plan cache yet: a descriptor, three layouts and a heuristic per call
+ * (host work of some microseconds).
+ */
+#include <cublasLt.h>
+#include <limits.h>
+#include "kernels/cuda/cuda.h"
+extern "C" {
+#include "kernels/fp8_scaled.h"
+}
+
+static cudaDataType lt_out(mp_dtype dt)
+{
+    return dt == MP_F16 ? CUDA_R_16F : dt == MP_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+static cudaDataType lt_fp8(mp_fp8_format f) { return f.mbits == 2 ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3; }
+
+/* one Lt call: D {n, m} (ld n, type out) = sB sA op(B') op(A') over len of k
+ * from the codes at a, b (ld k); sa, sb device scales or NULL (1) */
+static cublasStatus_t lt_call(mp_kctx *cx, cublasLtHandle_t h, int64_t m, int64_t n, int64_t len, int64_t k,
+                              const uint8_t *a, mp_fp8_format fa, const float *sa, const uint8_t *b, mp_fp8_format fb,
+                              const float *sb, int fast_accum, mp_dtype out, void *d)
+{
+    const int32_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    const int8_t fast = fast_accum ? 1 : 0;
+    uintptr_t u = 256 | (uintptr_t)a | (uintptr_t)b | (uintptr_t)d;
+    const uint32_t al = (uint32_t)(u & -u);   /* the largest power of two up to 256 dividing all three */
+    size_t ws_bytes;
+    bool tf32;
+    void *ws = mp_cuda_gemm_workspace(cx, &ws_bytes, &tf32);
+    const uint64_t ws64 = ws_bytes;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t r;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+#define LT_TRY(call) \
+    if (st == CUBLAS_STATUS_SUCCESS) st = (call)
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+    /* Lt's A is our B: its scale is B's */
+    if (sb) LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sb, sizeof sb));
+    if (sa) LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sa, sizeof sa));
+    LT_TRY(cublasLtMatrixLayoutCreate(&la, lt_fp8(fb), (uint64_t)len, (uint64_t)n, k));
+    LT_TRY(cublasLtMatrixLayoutCreate(&lb, lt_fp8(fa), (uint64_t)len, (uint64_t)m, k));
+    LT_TRY(cublasLtMatrixLayoutCreate(&ld, lt_out(out), (uint64_t)n, (uint64_t)m, n));
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws64, sizeof ws64));
+    /* a chunk's operands start 128 bytes into their rows: the heuristic is told */
+    for (int i = 0; i < 4; i++)
+        LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, (cublasLtMatmulPreferenceAttributes_t)(
+                                                        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES + i),
+                                                    &al, sizeof al));
+    LT_TRY(cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, ld, ld, pref, 1, &r, &found));
+    if (st == CUBLAS_STATUS_SUCCESS && found < 1) st = CUBLAS_STATUS_NOT_SUPPORTED;
+    const float one = 1.0f, zero = 0.0f;
+    LT_TRY(cublasLtMatmul(h, op, &one, b, la, a, lb, &zero, d, ld, d, ld, &r.algo, ws, ws_bytes, cx->stream));
+#undef LT_TRY
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return st;
+}
+
+/* the decode scale of row r in chunk c (tensor: one; tile: per row; block: per 128 rows) */
+static __device__ __forceinline__ float scale_of(int g, const float *s, int64_t r, int64_t c, int64_t nk)
+{
+    return g == MP_FP8_TENSOR ? s[0] : g == MP_FP8_TILE ? s[r * nk + c] : s[r / MP_FP8_BLOCK_ROWS * nk + c];
+}
+
+/* acc {m, n} = (first ? 0 : acc) + t (sa(i) sb(j)), the CPU's promotion */
+static __global__ void promote_k(float *acc, const float *t, int64_t m, int64_t n, int first, int ga, const float *sa,
+                                 int gb, const float *sb, int64_t c, int64_t nk)
+{
+    MP_FOR(e, m * n) {
+        const int64_t i = e / n, j = e % n;
+        const float s = scale_of(ga, sa, i, c, nk) * scale_of(gb, sb, j, c, nk);
+        acc[e] = (first ? 0.0f : acc[e]) + t[e] * s;
+    }
+}
+
+static __global__ void round_k(mp_dtype dt, void *out, const float *acc, int64_t n, unsigned long long *fc)
+{
+    mp_tally tl(fc);
+    MP_FOR(i, n) mp_stc(dt, out, i, acc[i], tl);
+    tl.commit();
+}
+
+/* 0 done, 1 declined (Lt missing or refusing the problem, MX scales), -1 out
+ * of memory; any other failure is noted as the sticky error */
+extern "C" int mp_cuda_fp8_gemm(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a,
+                                const mp_fp8_operand *b, int fast_accum, mp_dtype out, void *c)
+{
+    if (m <= 0 || n <= 0) return 0;
+    if (k <= 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX || a->g == MP_FP8_MX || b->g == MP_FP8_MX) return 1;
+    cublasLtHandle_t h = mp_cuda_lt_handle(cx);
+    if (!h) return 1;
+    cublasStatus_t st;
+    if (a->g == MP_FP8_TENSOR && b->g == MP_FP8_TENSOR) {
+        st = lt_call(cx, h, m, n, k, k, a->q, a->fmt, (const float *)a->scales, b->q, b->fmt,
+                     (const float *)b->scales, fast_accum, out, c);
+    } else {
+        const int64_t nk = (k + MP_FP8_TILE_K - 1) / MP_FP8_TILE_K, mn = m * n;
+        float *t = (float *)mp_cuda_scratch(cx, sizeof(float) * (size_t)(out == MP_F32 ? mn : 2 * mn));
+        if (!t) return -1;
+        float *acc = out == MP_F32 ? (float *)c : t + mn;
+        st = CUBLAS_STATUS_SUCCESS;
+        for (int64_t ch = 0; ch < nk && st == CUBLAS_STATUS_SUCCESS; ch++) {
+            const int64_t j0 = ch * MP_FP8_TILE_K, len = k - j0 < MP_FP8_TILE_K ? k - j0 : MP_FP8_TILE_K;
+            st = lt_call(cx, h, m, n, len, k, a->q + j0, a->fmt, NULL, b->q + j0, b->fmt, NULL, fast_accum, MP_F32, t);
+            if (st != CUBLAS_STATUS_SUCCESS) break;
+            MP_LAUNCH(mp_blocks(mn), MP_THREADS, 0, cx->stream, promote_k, acc, (const float *)t, m, n, ch == 0,
+                      (int)a->g, (const float *)a->scales, (int)b->g, (const float *)b->scales, ch, nk);
+            MP_LAUNCHED("fp8_gemm: promote");
+        }
+        if (st == CUBLAS_STATUS_SUCCESS && out != MP_F32) {
+            MP_LAUNCH(mp_blocks(mn), MP_THREADS, 0, cx->stream, round_k, out, c, (const float *)acc, mn, cx->flush);
+            MP_LAUNCHED("fp8_gemm: round");
+        }
+    }
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_ARCH_MISMATCH || st == CUBLAS_STATUS_INVALID_VALUE)
+        return 1;
+    if (st != CUBLAS_STATUS_SUCCESS) mp_cuda_note(cx, mp_cuda_blas_error(st), "fp8_gemm: cublasLtMatmul");
+    return 0;
+}

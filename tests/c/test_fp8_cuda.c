@@ -1,0 +1,128 @@
+/*
+ * test_fp8_cuda.c: the CUDA FP8 GEMM (kernels/cuda/cuda_fp8_gemm.c: cuBLASLt
+ * in the TN form with its scale pointers, the 128-chunks of tile and block
+ * scales promoted by a kernel) against the CPU's (kernels/cpu/cpu_fp8_gemm.c),
+ * on the CUDA backend the engine loads: the emulated device under make test
+ * (MP_CUDA_BACKEND), a GPU where there is one; skipped where there is none.
+ * f32 accumulation may order the f32 sums another way: both within the f32
+ * bound of the exact product. FAST_ACCUM, which the emulated cuBLASLt answers
+ * with the CPU's 14-bit accumulator model, must give the CPU model's bits.
+ */
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdlib.h>
+#include "engine/device.h"
+#include "kernels/cpu/cpu_fp8.h"
+
+typedef int (*fp8_gemm_fn)(mp_kctx *, int64_t, int64_t, int64_t, const mp_fp8_operand *, const mp_fp8_operand *, int,
+                           mp_dtype, void *);
+
+static const mp_backend *be;
+static fp8_gemm_fn gemm;
+
+static void setup(void)
+{
+    be = mp_backend_of(MP_CUDA);
+    const char *path = getenv("MP_CUDA_BACKEND");
+    void *h = be && path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    gemm = h ? (fp8_gemm_fn)dlsym(h, "mp_cuda_fp8_gemm") : NULL;
+}
+
+TestSuite(fp8_cuda, .init = setup);
+
+static void *up(const void *p, size_t n)
+{
+    void *d = be->alloc(be->ctx, n);
+    cr_assert_not_null(d);
+    be->from_host(be->ctx, d, p, n);
+    return d;
+}
+
+static uint8_t *codes(int64_t n, mp_fp8_format fmt, unsigned seed)
+{
+    uint8_t *q = malloc((size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        do q[i] = (uint8_t)rand_r(&seed); while (!isfinite(mp_fp8_to_f32(q[i], fmt)));
+    }
+    return q;
+}
+
+static float *scales(mp_fp8_gran g, int64_t rows, int64_t k, unsigned seed)
+{
+    int64_t n = mp_fp8_nscales(g, rows, k);
+    float *d = malloc(sizeof *d * (size_t)n);
+    for (int64_t i = 0; i < n; i++) d[i] = 0.05f + (float)(rand_r(&seed) % 3000) / 1000.0f;
+    return d;
+}
+
+/* C on both backends (dtype out); acc_bits 14 on the CPU with fast_accum */
+static void compare(int64_t m, int64_t n, int64_t k, mp_fp8_gran ga, mp_fp8_gran gb, mp_fp8_format fb, int fast,
+                    mp_dtype out)
+{
+    if (!gemm) cr_skip_test("no CUDA backend (MP_CUDA_BACKEND unset or no GPU)");
+    mp_fp8_format fa = MP_FP8_E4M3;
+    uint8_t *qa = codes(m * k, fa, 1), *qb = codes(n * k, fb, 2);
+    float *sa = scales(ga, m, k, 3), *sb = scales(gb, n, k, 4);
+    size_t nsa = sizeof(float) * (size_t)mp_fp8_nscales(ga, m, k), nsb = sizeof(float) * (size_t)mp_fp8_nscales(gb, n, k);
+    mp_fp8_operand ha = {qa, fa, ga, sa}, hb = {qb, fb, gb, sb};
+    mp_fp8_operand da = {up(qa, (size_t)(m * k)), fa, ga, up(sa, nsa)}, db = {up(qb, (size_t)(n * k)), fb, gb, up(sb, nsb)};
+    size_t es = mp_dtype_size(out), nc = (size_t)(m * n);
+    void *dc = be->alloc(be->ctx, es * nc), *hc = malloc(es * nc), *cc = malloc(es * nc);
+    cr_assert_eq(gemm(be->ctx, m, n, k, &da, &db, fast, out, dc), 0, "the CUDA FP8 GEMM declined");
+    be->to_host(be->ctx, hc, dc, es * nc);
+    const char *err = be->error ? be->error(be->ctx) : NULL;
+    cr_assert_null(err, "%s", err);
+    cr_assert_eq(cpu_fp8_gemm(mp_backend_of(MP_CPU)->ctx, m, n, k, &ha, &hb, fast ? 14 : 0, 0, out, cc), 0);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            size_t e = (size_t)(i * n + j);
+            float x = out == MP_F32 ? ((float *)hc)[e] : mp_bf16_to_f32(((uint16_t *)hc)[e]);
+            float y = out == MP_F32 ? ((float *)cc)[e] : mp_bf16_to_f32(((uint16_t *)cc)[e]);
+            if (fast) {
+                cr_assert_eq(x, y, "fast accumulation at (%ld, %ld): %.9g vs the model's %.9g", (long)i, (long)j, x, y);
+                continue;
+            }
+            double mag = 0;
+            for (int64_t q = 0; q < k; q++) {
+                int64_t ca = q / 128;
+                double s = (ga == MP_FP8_TENSOR ? sa[0] : ga == MP_FP8_TILE ? sa[i * ((k + 127) / 128) + ca]
+                                                                           : sa[i / 128 * ((k + 127) / 128) + ca]) *
+                           (gb == MP_FP8_TENSOR ? sb[0] : gb == MP_FP8_TILE ? sb[j * ((k + 127) / 128) + ca]
+                                                                           : sb[j / 128 * ((k + 127) / 128) + ca]);
+                mag += fabs(mp_fp8_to_f32(qa[i * k + q], fa) * (double)mp_fp8_to_f32(qb[j * k + q], fb) * s);
+            }
+            /* two f32 sums of the same terms, each within (k + c) 2^-24 mag
+             * of the exact one; a bf16 C: one bf16 ulp apart at most */
+            double bound = out == MP_F32 ? 2.0 * (double)(k + 2 * (k / 128) + 4) * 0x1p-24 * mag
+                                         : fmax(fabs((double)y) * 0x1p-7, 0x1p-24 * mag * (double)k);
+            cr_assert_leq(fabs((double)x - y), bound, "(%ld, %ld): %.9g vs %.9g", (long)i, (long)j, x, y);
+        }
+    be->free(be->ctx, (void *)da.q, (size_t)(m * k)), be->free(be->ctx, (void *)db.q, (size_t)(n * k));
+    be->free(be->ctx, (void *)da.scales, nsa), be->free(be->ctx, (void *)db.scales, nsb), be->free(be->ctx, dc, es * nc);
+    free(qa), free(qb), free(sa), free(sb), free(hc), free(cc);
+}
+
+Test(fp8_cuda, tensor_scales) { compare(40, 36, 384, MP_FP8_TENSOR, MP_FP8_TENSOR, MP_FP8_E4M3, 0, MP_F32); }
+Test(fp8_cuda, tensor_e5m2_bf16_out) { compare(24, 50, 256, MP_FP8_TENSOR, MP_FP8_TENSOR, MP_FP8_E5M2, 0, MP_BF16); }
+Test(fp8_cuda, tile_by_block) { compare(33, 140, 400, MP_FP8_TILE, MP_FP8_BLOCK, MP_FP8_E4M3, 0, MP_F32); }
+Test(fp8_cuda, tile_by_block_bf16_out) { compare(20, 30, 272, MP_FP8_TILE, MP_FP8_BLOCK, MP_FP8_E4M3, 0, MP_BF16); }
+Test(fp8_cuda, fast_accum_is_the_model) { compare(16, 24, 2048, MP_FP8_TENSOR, MP_FP8_TENSOR, MP_FP8_E4M3, 1, MP_F32); }
+
+/* what cuBLASLt cannot take is declined, not computed another way */
+Test(fp8_cuda, declines_mx_and_unaligned_k)
+{
+    if (!gemm) cr_skip_test("no CUDA backend (MP_CUDA_BACKEND unset or no GPU)");
+    uint8_t q[40 * 24] = {0}, e8[40] = {127};
+    float one = 1;
+    void *dq = up(q, sizeof q), *ds = up(&one, 4), *de = up(e8, sizeof e8), *dc = be->alloc(be->ctx, 4 * 64);
+    mp_fp8_operand t = {dq, MP_FP8_E4M3, MP_FP8_TENSOR, ds}, mx = {dq, MP_FP8_E4M3, MP_FP8_MX, de};
+    cr_assert_eq(gemm(be->ctx, 8, 8, 24, &t, &t, 0, MP_F32, dc), 1, "k = 24: lda not a multiple of 16");
+    cr_assert_eq(gemm(be->ctx, 8, 8, 32, &mx, &t, 0, MP_F32, dc), 1, "MX scales");
+    mp_fp8_operand e5 = {dq, MP_FP8_E5M2, MP_FP8_TENSOR, ds};
+    cr_assert_eq(gemm(be->ctx, 8, 8, 32, &e5, &e5, 0, MP_F32, dc), 1, "two e5m2 operands");
+    const char *err = be->error ? be->error(be->ctx) : NULL;
+    cr_assert_null(err, "%s", err);
+    be->free(be->ctx, dq, sizeof q), be->free(be->ctx, ds, 4), be->free(be->ctx, de, sizeof e8);
+    be->free(be->ctx, dc, 4 * 64);
+}
