@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include "engine/device.h"
 #include "kernels/cpu/cpu_fp8.h"
 
@@ -126,3 +127,60 @@ Test(fp8_cuda, declines_mx_and_unaligned_k)
     be->free(be->ctx, dq, sizeof q), be->free(be->ctx, ds, 4), be->free(be->ctx, de, sizeof e8);
     be->free(be->ctx, dc, 4 * 64);
 }
+
+typedef int (*fp8_quant_fn)(mp_kctx *, mp_dtype, const void *, int64_t, int64_t, mp_fp8_format, mp_fp8_gran,
+                            const float *, uint8_t *, void *, unsigned long long *);
+
+/* the same codes, scales and statistics as the CPU's, byte for byte */
+static void quant_same(mp_dtype dt, int64_t rows, int64_t k, mp_fp8_format fmt, mp_fp8_gran g, float given)
+{
+    const char *path = getenv("MP_CUDA_BACKEND");
+    void *h = be && path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    fp8_quant_fn quant = h ? (fp8_quant_fn)dlsym(h, "mp_cuda_fp8_quantize") : NULL;
+    if (!quant) cr_skip_test("no CUDA backend (MP_CUDA_BACKEND unset or no GPU)");
+    int64_t n = rows * k, ns = mp_fp8_nscales(g, rows, k);
+    size_t es = mp_dtype_size(dt), ss = g == MP_FP8_MX ? 1 : 4;
+    unsigned seed = (unsigned)(rows * 31 + k);
+    char *x = malloc(es * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        /* normal-ish over many binades, with zeros, tiny values and some past e4m3's range */
+        float v = (float)ldexp((double)rand_r(&seed) / RAND_MAX - 0.5, rand_r(&seed) % 40 - 30);
+        if (i % 97 == 0) v = 0;
+        if (given > 0 && i % 89 == 0) v = 1000.0f / given;
+        if (dt == MP_F32) ((float *)x)[i] = v;
+        else ((uint16_t *)x)[i] = dt == MP_F16 ? mp_f32_to_f16(v) : mp_f32_to_bf16(v);
+    }
+    uint8_t *qc = malloc((size_t)n), *qg = malloc((size_t)n);
+    char *sc = malloc(ss * (size_t)ns), *sg = malloc(ss * (size_t)ns);
+    mp_fp8_stats st;
+    cr_assert_eq(cpu_fp8_quantize(mp_backend_of(MP_CPU)->ctx, dt, x, rows, k, fmt, g, given > 0 ? &given : NULL, qc,
+                                  sc, &st), 0);
+    void *dx = up(x, es * (size_t)n), *dg = given > 0 ? up(&given, 4) : NULL, *dq = be->alloc(be->ctx, (size_t)n);
+    void *ds = be->alloc(be->ctx, ss * (size_t)ns), *dst = be->alloc(be->ctx, 24);
+    cr_assert_eq(quant(be->ctx, dt, dx, rows, k, fmt, g, dg, dq, ds, dst), 0);
+    unsigned long long w[3];
+    be->to_host(be->ctx, qg, dq, (size_t)n);
+    be->to_host(be->ctx, sg, ds, ss * (size_t)ns);
+    be->to_host(be->ctx, w, dst, sizeof w);
+    const char *err = be->error ? be->error(be->ctx) : NULL;
+    cr_assert_null(err, "%s", err);
+    for (int64_t i = 0; i < n; i++) cr_assert_eq(qg[i], qc[i], "code %ld: %#x vs the CPU's %#x", (long)i, qg[i], qc[i]);
+    cr_assert_eq(memcmp(sg, sc, ss * (size_t)ns), 0, "the scales differ");
+    float amax;
+    uint32_t bits = (uint32_t)w[0];
+    memcpy(&amax, &bits, 4);
+    cr_assert_eq(amax, st.amax);
+    cr_assert_eq((int64_t)w[1], st.saturated);
+    cr_assert_eq((int64_t)w[2], st.flushed);
+    cr_assert(g != MP_FP8_TENSOR || given <= 0 || st.saturated > 0, "the test puts saturated values in");
+    be->free(be->ctx, dx, es * (size_t)n), be->free(be->ctx, dq, (size_t)n), be->free(be->ctx, ds, ss * (size_t)ns);
+    be->free(be->ctx, dst, 24);
+    if (dg) be->free(be->ctx, dg, 4);
+    free(x), free(qc), free(qg), free(sc), free(sg);
+}
+
+Test(fp8_cuda, quantize_tensor) { quant_same(MP_F32, 50, 300, MP_FP8_E4M3, MP_FP8_TENSOR, 0); }
+Test(fp8_cuda, quantize_given_scale) { quant_same(MP_BF16, 20, 200, MP_FP8_E4M3, MP_FP8_TENSOR, 3.0f); }
+Test(fp8_cuda, quantize_tiles) { quant_same(MP_F16, 9, 300, MP_FP8_E4M3, MP_FP8_TILE, 0); }
+Test(fp8_cuda, quantize_blocks) { quant_same(MP_F32, 130, 260, MP_FP8_E5M2, MP_FP8_BLOCK, 0); }
+Test(fp8_cuda, quantize_mx) { quant_same(MP_BF16, 7, 200, MP_FP8_E4M3, MP_FP8_MX, 0); }
