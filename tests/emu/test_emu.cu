@@ -10,7 +10,7 @@
  * partial warp's call), stream capture (a graph's launches run its kernels
  * and cuBLAS calls again; what a capture refuses), and the library shims' checks and models (cuBLAS's leading
  * dimensions and split-K, cuBLASLt's bias epilogue, argument checks and
- * split-K, cuDNN's math types and non-deterministic
+ * split-K and FP8 rules, cuDNN's math types and non-deterministic
  * algorithms, NCCL with one rank).
  */
 #include <criterion/criterion.h>
@@ -928,6 +928,57 @@ Test(emu, cublaslt_refuses_what_its_manual_does_not_allow_naming_it)
     cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &gelu, sizeof gelu);
     cr_assert_eq(c.run(NULL, c.dA, c.dD, 0), CUBLAS_STATUS_NOT_SUPPORTED);
     cublasLtMatrixLayoutDestroy(l17), cublasLtMatrixLayoutDestroy(lc), cublasLtMatrixLayoutDestroy(thin);
+}
+
+/* FP8 (cuda_fp8_gemm.cu's calls): the TN form with A and B scale pointers
+ * and AMAX_D; what the manual does not allow is refused */
+Test(emu, cublaslt_fp8_takes_the_tn_form_with_scale_and_amax_pointers)
+{
+    const int m = 16, n = 8, k = 32;
+    cublasLtHandle_t h;
+    cublasLtCreate(&h);
+    uint8_t *dA = (uint8_t *)dev(m * k), *dB = (uint8_t *)dev(n * k);
+    float *dD = (float *)dev(m * n * 4), *dS = (float *)dev(3 * 4);
+    std::vector<uint8_t> a(m * k, 0x38), b(n * k, 0x40);   /* e4m3 1.0 and 2.0 */
+    float sc[3] = {0.5f, 3.0f, 0.0f};
+    cudaMemcpy(dA, a.data(), a.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, b.data(), b.size(), cudaMemcpyHostToDevice);
+    cudaMemcpy(dS, sc, sizeof sc, cudaMemcpyHostToDevice);
+    cublasLtMatmulDesc_t op;
+    cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    int32_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
+    const float *pa = dS, *pb = dS + 1, *pm = dS + 2;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof t);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &pa, sizeof pa);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &pb, sizeof pb);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &pm, sizeof pm);
+    cublasLtMatrixLayout_t la, lb, ld, l5a, l5b;
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, k, m, k);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, k, n, k);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m);
+    cublasLtMatrixLayoutCreate(&l5a, CUDA_R_8F_E5M2, k, m, k);
+    cublasLtMatrixLayoutCreate(&l5b, CUDA_R_8F_E5M2, k, n, k);
+    float one = 1, zero = 0;
+    cr_assert_eq(cublasLtMatmul(h, op, &one, dA, la, dB, lb, &zero, dD, ld, dD, ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_SUCCESS);
+    std::vector<float> d(m * n);
+    cudaMemcpy(d.data(), dD, d.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(sc, dS, sizeof sc, cudaMemcpyDeviceToHost);
+    for (float v : d) cr_assert_eq(v, 96.0f, "32 (1 x 2) x 0.5 x 3: %g", v);
+    cr_assert_eq(sc[2], 96.0f, "AMAX_D");
+    /* two e5m2 operands; then the NN form */
+    cr_assert_eq(cublasLtMatmul(h, op, &one, dA, l5a, dB, l5b, &zero, dD, ld, dD, ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_NOT_SUPPORTED);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &nn, sizeof nn);
+    cublasLtMatrixLayout_t lan;
+    cublasLtMatrixLayoutCreate(&lan, CUDA_R_8F_E4M3, m, k, m);
+    cr_assert_eq(cublasLtMatmul(h, op, &one, dA, lan, dB, lb, &zero, dD, ld, dD, ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_NOT_SUPPORTED);
+    cr_assert_eq(sync_error(NULL), cudaSuccess);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatrixLayoutDestroy(l5a), cublasLtMatrixLayoutDestroy(l5b), cublasLtMatrixLayoutDestroy(lan);
+    cublasLtMatmulDescDestroy(op), cublasLtDestroy(h);
+    cudaFree(dA), cudaFree(dB), cudaFree(dD), cudaFree(dS);
 }
 
 /* ---- cuDNN ---- */
