@@ -42,9 +42,9 @@ static inline int64_t mp_fp8_nscales(mp_fp8_gran g, int64_t rows, int64_t k)
 }
 
 /* what a quantization saw: the input's amax (NaN when any input was NaN),
- * the elements whose scaled magnitude |x s| exceeded the format's largest
- * finite value (they were saturated to it), and the nonzero finite inputs
- * whose code is a zero (flushed) */
+ * the elements whose scaled value x s rounds past the format's largest finite
+ * value (they were saturated to it; an infinity too), and the nonzero finite
+ * inputs whose code is a zero (flushed) */
 typedef struct {
     float amax;
     int64_t saturated, flushed;

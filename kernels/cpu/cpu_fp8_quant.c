@@ -51,7 +51,9 @@ static void seg_quant(mp_dtype dt, const void *x, int64_t off, int64_t n, float 
             float v = buf[j] * sc;
             uint8_t c = mp_f32_to_fp8(v, fmt, 1);
             q[off + i + j] = c;
-            s->saturated += fabsf(v) > fmax;
+            /* saturated: rounds past the largest finite value (not merely above it:
+             * 448 (1 + 2^-24) is 448, the scale's own rounding can put amax there) */
+            if (fabsf(v) > fmax) s->saturated += (mp_f32_to_fp8(v, fmt, 0) & 0x7f) == fmt.overflow;
             s->flushed += buf[j] != 0.0f && isfinite(buf[j]) && (c & 0x7f) == 0;
         }
     }

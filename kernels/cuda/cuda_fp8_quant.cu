@@ -39,7 +39,7 @@ static __device__ __forceinline__ uint8_t quant1(float x, float s, mp_fp8_format
 {
     const float v = x * s;
     const uint8_t c = mp_f32_to_fp8(v, fmt, 1);
-    *sat += fabsf(v) > fmax;
+    if (fabsf(v) > fmax) *sat += (mp_f32_to_fp8(v, fmt, 0) & 0x7f) == fmt.overflow;   /* rounds past it */
     *flu += x != 0.0f && isfinite(x) && (c & 0x7f) == 0;
     return c;
 }

@@ -95,11 +95,15 @@ Test(fp8_quant, given_scale_counts)
 
 Test(fp8_quant, e5m2_saturation)
 {
-    float x[] = {1e5f, -6e4f, 57344, 1}, s = 1, d;
+    /* saturated: what rounds past 57344 (1.11b 2^15). 61440, the midpoint to
+     * 2^16, ties to the even 2^16 and saturates; 61000 rounds down to 57344
+     * and does not (it is above the largest value, not past it) */
+    float x[] = {1e5f, -7e4f, 61440, 61000}, s = 1, d;
     uint8_t q[4];
     mp_fp8_stats st;
     cpu_fp8_quantize(cx(), MP_F32, x, 1, 4, MP_FP8_E5M2, MP_FP8_TENSOR, &s, q, &d, &st);
-    cr_assert_eq(st.saturated, 2);
+    cr_assert_eq(st.saturated, 3);
+    cr_assert_eq(q[3], 0x7b);
     cr_assert_eq(q[0], 0x7b);
     cr_assert_eq(q[1], 0xfb);
     cr_assert_eq(q[2], 0x7b);
