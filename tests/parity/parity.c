@@ -455,8 +455,8 @@ static void cases_vector_paths(void)
                 if (!begin(&c, "cast %s n=1003%s", name, where)) continue;
                 /* integers and u8 saturate, so the range crosses both ends of u8 */
                 int a = buf(&c, sd, n + 1, 0, -300, 300), o = buf(&c, dd, n + 1, 1, 0, 0);
-                REF->cast(REF->ctx, at(c.ref[o], dd, off), dd, at(c.ref[a], sd, off), sd, n);
-                DUT->cast(DUT->ctx, at(c.dev[o], dd, off), dd, at(c.dev[a], sd, off), sd, n);
+                REF->cast(REF->ctx, at(c.ref[o], dd, off), dd, at(c.ref[a], sd, off), sd, n, 0);
+                DUT->cast(DUT->ctx, at(c.dev[o], dd, off), dd, at(c.dev[a], sd, off), sd, n, 0);
                 c.bound = 0;   /* one rounding of the same value: exact */
                 finish(&c);
             }
