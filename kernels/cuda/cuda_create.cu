@@ -35,7 +35,10 @@ static __global__ void cast_k(void *dst, mp_dtype dd, const void *src, mp_dtype 
     t.commit();
 }
 
-/* either dtype FP8: decoded exactly by mp_ld, encoded with the cast's saturate flag */
+/* either dtype FP8: decoded exactly by mp_ld, encoded with the cast's saturate
+ * flag. FP8 into f16/bf16 is exact, and goes through kernels/half.h so that a
+ * NaN code gives the CPU's NaN bits (the intrinsics give 0x7fff, a canonical
+ * NaN of their own) */
 static __global__ void cast_fp8_k(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n, int saturate,
                                   unsigned long long *fc)
 {
@@ -44,6 +47,8 @@ static __global__ void cast_fp8_k(void *dst, mp_dtype dd, const void *src, mp_dt
         float v = mp_ld(sd, src, i);
         if (dd == MP_E4M3) ((uint8_t *)dst)[i] = mp_f32_to_fp8(v, MP_FP8_E4M3, saturate);
         else if (dd == MP_E5M2) ((uint8_t *)dst)[i] = mp_f32_to_fp8(v, MP_FP8_E5M2, saturate);
+        else if (dd == MP_F16) ((uint16_t *)dst)[i] = mp_f32_to_f16(v);
+        else if (dd == MP_BF16) ((uint16_t *)dst)[i] = mp_f32_to_bf16(v);
         else mp_stc(dd, dst, i, v, t);
     }
     t.commit();
