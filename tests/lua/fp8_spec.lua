@@ -246,3 +246,47 @@ describe("FP8 dtypes", function()
     assert.same(codes, codes_of(r.b:reshape(256)))
   end)
 end)
+
+-- ml_dtypes' float8 casts, through files (tests/reference/fp8_ml_dtypes.py): the
+-- not-saturating mode on a dense f32 sample and every f16 and bf16 pattern
+local function find_python()
+  local candidates, env = { H.build .. "/pyenv/bin/python3", "python3" }, os.getenv("MP_TEST_PYTHON")
+  if env and env ~= "" then table.insert(candidates, 1, env) end
+  for _, py in ipairs(candidates) do
+    if os.execute("env -u LD_PRELOAD " .. H.q(py) .. ' -c "import safetensors, numpy, ml_dtypes" >/dev/null 2>&1') then
+      return py
+    end
+  end
+end
+
+describe("FP8 casts against ml_dtypes", function()
+  local py = find_python()
+  if not py then
+    pending("skipped: no python3 with safetensors, numpy and ml_dtypes (make pydeps installs them)")
+    return
+  end
+  local script = H.root .. "/tests/reference/fp8_ml_dtypes.py"
+  local function run(args)
+    local p = io.popen("env -u LD_PRELOAD " .. H.q(py) .. " " .. H.q(script) .. " " .. args .. " 2>&1")
+    local out = p:read("a")
+    return out, p:close()
+  end
+
+  it("agree bit for bit, not saturating, from f32, f16 and bf16 (NaN inputs: NaN)", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. H.q(dir)))
+    local out, ok = run("write " .. H.q(dir .. "/in.safetensors"))
+    assert(ok, out)
+    local r, cast = mp.load(dir .. "/in.safetensors"), {}
+    for k, x in pairs(r) do
+      cast[k] = x
+      cast[k .. ".e4m3"], cast[k .. ".e5m2"] = x:to("e4m3"), x:to("e5m2")
+    end
+    mp.save(dir .. "/out.safetensors", cast)
+    out, ok = run("check " .. H.q(dir .. "/out.safetensors"))
+    os.execute("rm -rf " .. H.q(dir))
+    assert(ok, out)
+    assert(out:find("^ok: %d+ casts match ml_dtypes"), out)
+  end)
+end)
