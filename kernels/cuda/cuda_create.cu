@@ -118,6 +118,8 @@ void mp_cuda_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value)
         bits = (uint32_t)iv;
     } else if (dt == MP_U8) {
         bits = isnan(value) || value <= 0 ? 0 : value >= 255 ? 255 : (uint32_t)value;
+    } else if (dt == MP_E4M3 || dt == MP_E5M2) {   /* through f32, not saturating: cpu_fill's cpu_store */
+        bits = mp_f32_to_fp8((float)value, dt == MP_E4M3 ? MP_FP8_E4M3 : MP_FP8_E5M2, 0);
     } else {
         float f = (float)value;
         if (dt == MP_F32) {

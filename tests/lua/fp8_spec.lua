@@ -175,6 +175,13 @@ describe("FP8 dtypes", function()
       assert.same({ dt == "e4m3" and 0x7f or 0x7c, dt == "e4m3" and 0x38 or 0x3c },
                   codes_of(z:reshape(24):narrow(1, 1, 2)))
       assert.same({ 0, 0, 0 }, codes_of(mp.zeros({ 3 }, { dtype = dt })))
+      -- fills round as :to does: 3.3 to nearest, 1000 overflows (not saturating), -2.5 exact
+      local want = dt == "e4m3" and { 0x45, 0x7f, 0xc2 } or { 0x43, 0x64, 0xc1 }
+      for i, v in ipairs { 3.3, 1000, -2.5 } do
+        assert.equal(want[i], codes_of(mp.full({ 2 }, v, { dtype = dt }))[2], dt .. " full " .. v)
+        assert.equal(want[i], codes_of(mp.zeros({ 2 }, { dtype = dt }):fill_(v))[1], dt .. " fill_ " .. v)
+      end
+      assert.same({ 0x38, 0x38 }, codes_of(mp.ones({ 2 }, { dtype = "e4m3" })))
     end
   end)
 

@@ -1458,6 +1458,19 @@ static void cases_fp8(void)
                         c.is_out[a] = c.is_out[o] = 0;
                         finish(&c);
                     }
+    /* fills: a value that rounds, one that overflows (NaN / inf: not saturating), a negative one */
+    static const double fills[3] = {3.3, 1000.0, -2.5};
+    for (int f = 0; f < 2; f++)
+        for (int v = 0; v < 3; v++) {
+            char name[48];
+            snprintf(name, sizeof name, "%s with %g", mp_dtype_name(F8[f]), fills[v]);
+            if (!begin(&c, "fp8 fill %s n=1003%s", name, "")) continue;
+            int o = buf(&c, F8[f], n, 1, 0, 0);   /* u8-like bytes: finish compares them as codes, exactly */
+            REF->fill(REF->ctx, c.ref[o], F8[f], n, fills[v]);
+            DUT->fill(DUT->ctx, c.dev[o], F8[f], n, fills[v]);
+            c.bound = 0;
+            finish(&c);
+        }
 }
 
 int main(int argc, char **argv)
