@@ -19,7 +19,7 @@
  * Prints the count of differences per format, mode and comparison, the first
  * few differences, the bulk cast's speed (f32 -> FP8, millions of elements a
  * second on this thread count), and exits 1 on any difference. On 2 cores of
- * the development machine the whole walk takes about a minute.
+ * the development machine the whole walk took 217 s (niced, shared).
  */
 #include <omp.h>
 #include <stdio.h>
