@@ -70,6 +70,10 @@ CUDA_SO  := $(if $(SAN),,$(if $(NVCC),$(if $(CUDA_SRC),$(BUILD)/mp/cuda.so)))
 # them make test reports its cases skipped.
 CXX      ?= g++
 CUDA_INC ?= $(patsubst %/cuda_runtime.h,%,$(firstword $(wildcard /usr/local/cuda/include/cuda_runtime.h)))
+# the FP8 test and exhaustive walk compare with the toolkit's host conversions
+# (cuda_fp8.h is plain C) when its headers are here
+FP8_REF  := $(if $(wildcard $(CUDA_INC)/cuda_fp8.h),-I$(CUDA_INC) -DMP_CUDA_FP8_REF)
+$(BUILD)/tests/test_fp8 $(BUILD)/bench/fp8_exhaustive: CFLAGS += $(FP8_REF)
 EMU_SO   := $(if $(CUDA_INC),$(if $(wildcard $(CUDA_INC)/cudnn.h),$(if $(wildcard $(CUDA_INC)/nccl.h),$(BUILD)/tests/emu_cuda.so)))
 EMU_CU   := $(CUDA_SRC:%.cu=$(BUILD)/obj/emu/%.o)
 EMU_OBJ  := $(patsubst %.cc,$(BUILD)/obj/emu/%.o,$(wildcard tests/emu/*.cc))

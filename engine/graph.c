@@ -179,8 +179,9 @@ int mp_node_check_saved(const mp_node *n)
 
 int mp_set_requires_grad(mp_tensor *t, bool on)
 {
-    if (on && !mp_is_float(t->dtype))
-        return mp_fail(MP_EINVAL, "only float tensors can require grad (got %s)", mp_dtype_name(t->dtype));
+    if (on && (!mp_is_float(t->dtype) || mp_is_storage_only(t->dtype)))
+        return mp_fail(MP_EINVAL, "only float tensors that compute can require grad (got %s%s)", mp_dtype_name(t->dtype),
+                       mp_is_storage_only(t->dtype) ? ", which holds data only" : "");
     if (t->grad_fn)
         return mp_fail(MP_EINVAL, "requires_grad can only be set on a leaf tensor (this one was computed by %s; "
                                   "use detach())", t->grad_fn->name);

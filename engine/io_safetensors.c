@@ -32,6 +32,7 @@
 
 static const struct { const char *name; mp_dtype dt; } st_dtypes[] = {
     {"F32", MP_F32}, {"F16", MP_F16}, {"BF16", MP_BF16}, {"I32", MP_I32}, {"U8", MP_U8}, {"F64", MP_F64},
+    {"F8_E4M3", MP_E4M3}, {"F8_E5M2", MP_E5M2},   /* OCP FP8: PyTorch's float8_e4m3fn, float8_e5m2 */
 };
 
 static const char *st_dtype_name(mp_dtype dt)
@@ -541,7 +542,7 @@ static int parse_entry(const cJSON *item, const char *path, st_entry *e)
     if (e->i64) e->dt = MP_I32;
     else if (st_dtype_parse(dt->valuestring, &e->dt))
         return fail_at(path, "unsupported dtype %.40s for tensor '%s' (supported: F32, F16, BF16, F64, I32, I64 read "
-                       "as i32, U8)", dt->valuestring, e->name);
+                       "as i32, U8, F8_E4M3, F8_E5M2)", dt->valuestring, e->name);
     if (parse_shape(shape, path, e) || parse_offsets(offs, path, e)) return -1;
     return check_size(path, e);
 }

@@ -86,8 +86,9 @@ int mp_keep_output(mp_op_ctx *c, int slot, mp_tensor *out)
 mp_tensor *mp_finish(mp_tensor *o, const mp_op *op, int nin, mp_tensor *const *ins, mp_node **node)
 {
     *node = NULL;
-    /* integers cut the graph */
-    if (!o || !op->backward || !mp_needs_grad(nin, ins) || !mp_is_float(o->dtype)) return o;
+    /* integers and the data-only FP8 cut the graph (no gradient flows in them) */
+    if (!o || !op->backward || !mp_needs_grad(nin, ins) || !mp_is_float(o->dtype) || mp_is_storage_only(o->dtype))
+        return o;
     if (!(*node = mp_graph_record(o, op->name, op->backward, nin, ins))) {
         mp_release(o);
         return NULL;
@@ -109,9 +110,21 @@ static int check_quantized(const mp_op *op, int nin, mp_tensor *const *in)
     return 0;
 }
 
+/* FP8 tensors are data only, as in PyTorch: ops that compute refuse them
+ * here, the one check, before autocast could widen them unseen */
+static int check_storage_only(const mp_op *op, int nin, mp_tensor *const *in)
+{
+    if (op->moves_bytes) return 0;
+    for (int k = 0; k < nin; k++)
+        if (in[k] && mp_is_storage_only(in[k]->dtype))
+            return mp_fail(MP_EINVAL, "%s does not take %s tensors, which hold data only (input %d); convert with "
+                           ":to('bf16') or :to('f32') first", op->name, mp_dtype_name(in[k]->dtype), k + 1);
+    return 0;
+}
+
 mp_tensor *mp_apply(const mp_op *op, mp_op_ctx *c, int nin, mp_tensor *const *in)
 {
-    if (check_quantized(op, nin, in)) return NULL;
+    if (check_storage_only(op, nin, in) || check_quantized(op, nin, in)) return NULL;
     mp_tensor *small[8] = {0}, **cast = nin <= 8 ? small : calloc((size_t)nin, sizeof *cast), *o = NULL;
     if (!cast) return mp_fail(MP_EOOM, "%s: out of memory", op->name), NULL;
     int ok = 1;

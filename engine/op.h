@@ -88,6 +88,8 @@ struct mp_op {
                                     * false: mp_apply refuses them */
     bool double_backward;          /* its backward is built from recording ops, so create_graph can
                                     * differentiate it again (engine/backward.c) */
+    bool moves_bytes;              /* a cast, copy or layout op: takes the data-only dtypes (FP8,
+                                    * mp_is_storage_only); false: mp_apply refuses them */
 };
 
 /* the op's argument struct, checked against the description's args_size */

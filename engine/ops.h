@@ -43,6 +43,10 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out);
 /* dtype and device */
 mp_dtype mp_promote(mp_dtype a, mp_dtype b);
 mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev);   /* new reference; t itself if nothing changes */
+/* the same; saturate: a cast into FP8 (e4m3, e5m2) takes values past the
+ * largest finite one to it (with their sign) instead of to NaN (e4m3) or inf
+ * (e5m2); mp_to is saturate = false, as PyTorch's .to() */
+mp_tensor *mp_to_sat(mp_tensor *t, mp_dtype dt, mp_device dev, bool saturate);
 /* t (a parameter in an optimizer's arena) as f16/bf16 from the arena's working
  * copy; any other tensor as mp_to */
 mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt);

@@ -37,8 +37,9 @@ void mp_rng_set(uint64_t seed, uint64_t offset) { rng_seed = seed, rng_offset = 
 
 static mp_tensor *random_tensor(int normal, mp_dtype dt, mp_device dev, int ndim, const int64_t *shape)
 {
-    if (!mp_is_float(dt))
-        return mp_fail(MP_EINVAL, "random values need a float dtype (got %s)", mp_dtype_name(dt)), NULL;
+    if (!mp_is_float(dt) || mp_is_storage_only(dt))
+        return mp_fail(MP_EINVAL, "random values need a float dtype that computes (got %s; draw in f32 and cast)",
+                       mp_dtype_name(dt)), NULL;
     if (mp_capture_refuse("draw random numbers", "a replay would draw the same numbers again (draw them before the capture, or leave dropout out of the captured step)")) return NULL;
     mp_tensor *t = mp_empty(dt, dev, ndim, shape);
     if (!t) return NULL;
@@ -77,11 +78,9 @@ mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shap
         case MP_F64: ((double *)p)[i] = x; break;
         case MP_I32: ((int32_t *)p)[i] = (int32_t)x; break;
         case MP_U8: ((uint8_t *)p)[i] = (uint8_t)x; break;
-        case MP_F16: case MP_BF16: {
-            float f = (float)x;
-            mp_cpu_backend.cast(mp_cpu_backend.ctx, (char *)p + 2 * i, dt, &f, MP_F32, 1);
+        case MP_F16: case MP_BF16: case MP_E4M3: case MP_E5M2:   /* FP8 as :to() rounds: not saturating */
+            mp_cpu_backend.cast(mp_cpu_backend.ctx, (char *)p + mp_dtype_size(dt) * i, dt, &x, MP_F64, 1, 0);
             break;
-        }
         }
     }
     if (dev == MP_CPU) return host;
@@ -103,15 +102,15 @@ int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out)
         int64_t m = count - done < CHUNK ? count - done : CHUNK;
         const char *src = (const char *)mp_data(t) + (size_t)(start + done) * es;
         if (mp_host_read(t->dev, raw, src, (size_t)m * es)) return -1;
-        if (t->dtype == MP_F16 || t->dtype == MP_BF16)
-            mp_cpu_backend.cast(mp_cpu_backend.ctx, f, MP_F32, raw, t->dtype, m);
+        if (t->dtype == MP_F16 || t->dtype == MP_BF16 || t->dtype == MP_E4M3 || t->dtype == MP_E5M2)
+            mp_cpu_backend.cast(mp_cpu_backend.ctx, f, MP_F32, raw, t->dtype, m, 0);
         for (int64_t i = 0; i < m; i++) {
             switch (t->dtype) {
             case MP_F32: out[done + i] = ((float *)raw)[i]; break;
             case MP_F64: out[done + i] = ((double *)raw)[i]; break;
             case MP_I32: out[done + i] = ((int32_t *)raw)[i]; break;
             case MP_U8: out[done + i] = raw[i]; break;
-            case MP_F16: case MP_BF16: out[done + i] = f[i]; break;
+            case MP_F16: case MP_BF16: case MP_E4M3: case MP_E5M2: out[done + i] = f[i]; break;
             }
         }
     }
@@ -129,13 +128,14 @@ mp_dtype mp_promote(mp_dtype a, mp_dtype b)
     return MP_I32;                                          /* i32 with u8 */
 }
 
-mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev)
+/* saturate: an FP8 result's overflow rule (kernels/fp8.h); other dtypes ignore it */
+static mp_tensor *to_raw(mp_tensor *t, mp_dtype dt, mp_device dev, int saturate)
 {
     if (t->dtype == dt && t->dev == dev) return mp_retain(t);
     if (mp_device_check(dev)) return NULL;
     if (t->dev == dev) {
         mp_tensor *o = mp_empty(dt, dev, t->ndim, t->shape);
-        if (o) MP_K(o, cast, mp_data(o), dt, mp_data(t), t->dtype, t->numel);
+        if (o) MP_K(o, cast, mp_data(o), dt, mp_data(t), t->dtype, t->numel, saturate);
         return mp_checked(o);
     }
     /* across devices: move the bytes as they are, then cast on the destination */
@@ -149,10 +149,12 @@ mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev)
     if (dev != MP_CPU) MP_K(o, from_host, mp_data(o), mp_data(t), mp_nbytes(t));
     else if (mp_host_read(t->dev, mp_data(o), mp_data(t), mp_nbytes(t))) return mp_release(o), NULL;
     if (dt == t->dtype) return mp_checked(o);
-    mp_tensor *c = mp_to_raw(o, dt, dev);
+    mp_tensor *c = to_raw(o, dt, dev, saturate);
     mp_release(o);
     return c;
 }
+
+mp_tensor *mp_to_raw(mp_tensor *t, mp_dtype dt, mp_device dev) { return to_raw(t, dt, dev, 0); }
 
 static const mp_op to_op;
 
@@ -184,12 +186,12 @@ int mp_cast_backward_into(mp_node *n, mp_tensor *leaf)
     return 0;
 }
 
-typedef struct { mp_dtype dtype; mp_device dev; } to_args;
+typedef struct { mp_dtype dtype; mp_device dev; int saturate; } to_args;
 
 static mp_tensor *to_fwd(mp_op_ctx *c)
 {
     const to_args *a = MP_OP_ARGS(c, to_args);
-    return mp_to_raw(c->in[0], a->dtype, a->dev);
+    return to_raw(c->in[0], a->dtype, a->dev, a->saturate);
 }
 
 static mp_tensor *clone_fwd(mp_op_ctx *c)
@@ -200,9 +202,9 @@ static mp_tensor *clone_fwd(mp_op_ctx *c)
 }
 
 static const mp_op to_op = {.name = "to", .nin = 1, .forward = to_fwd, .backward = to_backward,
-                            .args_size = sizeof(to_args), .double_backward = true};
+                            .args_size = sizeof(to_args), .double_backward = true, .moves_bytes = true};
 static const mp_op clone_op = {.name = "clone", .nin = 1, .forward = clone_fwd, .backward = to_backward,
-                               .double_backward = true};
+                               .double_backward = true, .moves_bytes = true};
 MP_OP_REGISTER(to_op);
 MP_OP_REGISTER(clone_op);
 
@@ -223,7 +225,7 @@ mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt)
         st->lowp_version = st->version - 1;
     }
     if (st->lowp_version != st->version) {
-        MP_K(t, cast, mp_data(st->lowp), dt, st->data, MP_F32, numel);
+        MP_K(t, cast, mp_data(st->lowp), dt, st->data, MP_F32, numel, 0);
         st->lowp_version = st->version;
         st->lowp->st->version++;   /* rewritten in place: casts saved by a graph are stale */
     }
@@ -231,14 +233,16 @@ mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt)
     return mp_finish(mp_view(st->lowp, t->ndim, t->shape, t->offset), &to_op, 1, &t, &n);
 }
 
-mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev)
+mp_tensor *mp_to_sat(mp_tensor *t, mp_dtype dt, mp_device dev, bool saturate)
 {
     if (t->dtype == dt && t->dev == dev) return mp_retain(t);
-    /* casts to integers are not differentiable: they cut the graph (mp_finish) */
-    to_args args = {dt, dev};
+    /* casts to integers and FP8 are not differentiable: they cut the graph (mp_finish) */
+    to_args args = {dt, dev, saturate};
     mp_op_ctx c = {.args = &args};
     return mp_apply(&to_op, &c, 1, &t);
 }
+
+mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev) { return mp_to_sat(t, dt, dev, false); }
 
 mp_tensor *mp_clone(mp_tensor *t)
 {

@@ -83,7 +83,7 @@ static mp_tensor *permute_fwd(mp_op_ctx *c)
 }
 
 static const mp_op permute_op = {.name = "permute", .nin = 1, .forward = permute_fwd, .backward = permute_backward,
-                                 .args_size = sizeof(permute_args), .double_backward = true};
+                                 .args_size = sizeof(permute_args), .double_backward = true, .moves_bytes = true};
 MP_OP_REGISTER(permute_op);
 
 mp_tensor *mp_permute(mp_tensor *t, int n, const int *dims)
@@ -106,10 +106,12 @@ static int expand_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
     return gin[0] ? 0 : -1;
 }
 
-/* each value times one, broadcast: exact in every dtype, -0 and NaN kept */
+/* each value times one, broadcast: exact in every dtype, -0 and NaN kept;
+ * FP8, which computes nothing, as its bytes (u8, times one) */
 static mp_tensor *expand_fwd(mp_op_ctx *c)
 {
     mp_tensor *t = c->in[0];
+    mp_dtype dt = mp_is_storage_only(t->dtype) ? MP_U8 : t->dtype;
     const expand_to *to = c->extra;
     mp_bcast bc = {.ndim = to->ndim};
     int lead = to->ndim - t->ndim;
@@ -121,19 +123,20 @@ static mp_tensor *expand_fwd(mp_op_ctx *c)
         if (i >= 0) s *= t->shape[i];
         bc.sb[d] = 0;
     }
-    mp_tensor *one = mp_full(t->dtype, t->dev, 0, NULL, 1);
-    mp_tensor *o = one ? mp_empty(t->dtype, t->dev, to->ndim, to->shape) : NULL;
+    mp_tensor *one = mp_full(dt, t->dev, 0, NULL, 1);
+    mp_tensor *o = one ? mp_empty(dt, t->dev, to->ndim, to->shape) : NULL;
     if (o) {
         mp_bcast m;
         mp_bcast_coalesce(&bc, &m);
-        MP_K(o, binary, MP_MUL, t->dtype, mp_data(o), mp_data(t), mp_data(one), &m);
+        MP_K(o, binary, MP_MUL, dt, mp_data(o), mp_data(t), mp_data(one), &m);
+        o->dtype = t->dtype;   /* a new tensor: its bytes are t's dtype's */
     }
     mp_release(one);
     return o;
 }
 
 static const mp_op expand_op = {.name = "expand", .nin = 1, .forward = expand_fwd, .backward = expand_backward,
-                                .double_backward = true};
+                                .double_backward = true, .moves_bytes = true};
 MP_OP_REGISTER(expand_op);
 
 mp_tensor *mp_expand_sizes(mp_tensor *t, int ndim, const int64_t *sizes)

@@ -105,7 +105,7 @@ static mp_tensor *index_select_fwd(mp_op_ctx *c)
 /* the indices are an input without a gradient */
 static const mp_op index_select_op = {.name = "index_select", .nin = 2, .forward = index_select_fwd,
                                       .backward = index_select_backward, .args_size = sizeof(index_select_args),
-                                      .double_backward = true};
+                                      .double_backward = true, .moves_bytes = true};
 MP_OP_REGISTER(index_select_op);
 
 mp_tensor *mp_index_select(mp_tensor *t, int dim, mp_tensor *idx)

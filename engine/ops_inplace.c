@@ -115,7 +115,9 @@ static bool direct(mp_tensor *self, const how *h)
 {
     static const char *const names[] = {"add", "sub", "mul", "div"};   /* the ops' names, for supports */
     if (h->kind != BIN && h->kind != BIN_SCALAR) return false;
-    if (h->bop > MP_DIV || !mp_is_float(self->dtype) || self->quant.kind != MP_QUANT_NONE) return false;
+    if (h->bop > MP_DIV || !mp_is_float(self->dtype) || mp_is_storage_only(self->dtype) ||
+        self->quant.kind != MP_QUANT_NONE)
+        return false;   /* FP8: mp_apply's refusal, on the general path */
     if (mp_grad_enabled() && (self->requires_grad || (h->kind == BIN && h->other->requires_grad))) return false;
     const mp_backend *be = mp_be(self);
     const char *name = h->kind == BIN_SCALAR && h->bop == MP_SUB ? "add" : names[h->bop];   /* x - s is x + -s */

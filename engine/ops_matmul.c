@@ -41,7 +41,7 @@ static const float *wide_operand(const mp_tensor *t)
             st->keep_wide = false;   /* not tried again for every GEMM */
             return NULL;
         }
-        MP_K(t, cast, mp_data(st->wide), MP_F32, st->data, t->dtype, n);
+        MP_K(t, cast, mp_data(st->wide), MP_F32, st->data, t->dtype, n, 0);
         st->wide_version = st->version;
     }
     return (const float *)mp_data(st->wide) + t->offset;

@@ -40,7 +40,7 @@ static mp_tensor *select_fwd(mp_op_ctx *c)
 }
 
 static const mp_op select_op = {.name = "select", .nin = 1, .forward = select_fwd,
-                                .args_size = sizeof(select_args)};
+                                .args_size = sizeof(select_args), .moves_bytes = true};
 MP_OP_REGISTER(select_op);
 
 mp_tensor *mp_select(mp_tensor *t, int dim, int64_t index)

@@ -153,7 +153,7 @@ static mp_tensor *reshape_fwd(mp_op_ctx *c)
 }
 
 static const mp_op reshape_op = {.name = "reshape", .nin = 1, .forward = reshape_fwd, .backward = reshape_backward,
-                                  .double_backward = true};
+                                  .double_backward = true, .moves_bytes = true};
 MP_OP_REGISTER(reshape_op);
 
 mp_tensor *mp_reshape(mp_tensor *t, int ndim, const int64_t *shape)
@@ -181,7 +181,7 @@ static mp_tensor *transpose_fwd(mp_op_ctx *c)
 
 static const mp_op transpose_op = {.name = "transpose", .nin = 1, .forward = transpose_fwd,
                                    .backward = transpose_backward, .args_size = sizeof(transpose_args),
-                                   .double_backward = true};
+                                   .double_backward = true, .moves_bytes = true};
 MP_OP_REGISTER(transpose_op);
 
 mp_tensor *mp_transpose(mp_tensor *t, int d1, int d2)
@@ -224,7 +224,7 @@ static mp_tensor *narrow_fwd(mp_op_ctx *c)
 }
 
 static const mp_op narrow_op = {.name = "narrow", .nin = 1, .forward = narrow_fwd, .backward = narrow_backward,
-                                .args_size = sizeof(narrow_args), .double_backward = true};
+                                .args_size = sizeof(narrow_args), .double_backward = true, .moves_bytes = true};
 MP_OP_REGISTER(narrow_op);
 
 mp_tensor *mp_narrow(mp_tensor *t, int d, int64_t start, int64_t len)

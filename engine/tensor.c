@@ -14,23 +14,26 @@
 
 /* tables indexed by an enum are sized by their entries and checked against
  * the enum's count: a new dtype or device without its name does not compile */
-static const char *dtype_names[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
+static const char *dtype_names[] = {"f32", "f16", "bf16", "i32", "u8", "f64", "e4m3", "e5m2"};
 _Static_assert(sizeof dtype_names / sizeof *dtype_names == MP_NDTYPES, "a name for every dtype");
 static const struct { const char *alias; mp_dtype t; } dtype_aliases[] = {
     {"float32", MP_F32}, {"float", MP_F32}, {"float16", MP_F16}, {"half", MP_F16},
     {"bfloat16", MP_BF16}, {"int32", MP_I32}, {"int", MP_I32}, {"uint8", MP_U8},
     {"byte", MP_U8}, {"float64", MP_F64}, {"double", MP_F64},
+    {"float8_e4m3fn", MP_E4M3}, {"float8_e5m2", MP_E5M2},   /* PyTorch's and ml_dtypes' names */
 };
 
 const char *mp_dtype_name(mp_dtype t) { return (unsigned)t < MP_NDTYPES ? dtype_names[t] : "?"; }
 bool mp_is_float(mp_dtype t)
 {
     switch (t) {   /* no default: a new dtype must say */
-    case MP_F32: case MP_F16: case MP_BF16: case MP_F64: return true;
+    case MP_F32: case MP_F16: case MP_BF16: case MP_F64: case MP_E4M3: case MP_E5M2: return true;
     case MP_I32: case MP_U8: break;
     }
     return false;
 }
+
+bool mp_is_storage_only(mp_dtype t) { return t == MP_E4M3 || t == MP_E5M2; }
 
 /* the whole numbers an integer dtype holds */
 static void int_range(mp_dtype dt, double *lo, double *hi)
@@ -62,7 +65,7 @@ int mp_dtype_parse(const char *name, mp_dtype *out)
         if (strcmp(name, dtype_names[i]) == 0) return *out = i, 0;
     for (size_t i = 0; i < sizeof dtype_aliases / sizeof *dtype_aliases; i++)
         if (strcmp(name, dtype_aliases[i].alias) == 0) return *out = dtype_aliases[i].t, 0;
-    return mp_fail(MP_EINVAL, "unknown dtype '%s' (expected f32, f16, bf16, f64, i32 or u8)", name);
+    return mp_fail(MP_EINVAL, "unknown dtype '%s' (expected f32, f16, bf16, f64, i32, u8, e4m3 or e5m2)", name);
 }
 
 mp_tensor *mp_checked(mp_tensor *t)
@@ -186,6 +189,25 @@ mp_tensor *mp_view(mp_tensor *src, int ndim, const int64_t *shape, int64_t offse
     t->st->refs++;
     t->quant = src->quant;   /* a view of quantized values is quantized alike */
     if (t->quant.scales) mp_retain(t->quant.scales);
+    return t;
+}
+
+mp_tensor *mp_view_dtype(mp_tensor *src, mp_dtype dt)
+{
+    size_t a = mp_dtype_size(src->dtype), b = (unsigned)dt < MP_NDTYPES ? mp_dtype_size(dt) : 0;
+    if (a != b)
+        return mp_fail(MP_EINVAL, "%s elements are %zu bytes and %s ones %zu: a view as another dtype keeps the "
+                       "element size (u8, e4m3, e5m2; f16, bf16; f32, i32)", mp_dtype_name(src->dtype), a,
+                       mp_dtype_name(dt), b), NULL;
+    if (src->quant.kind != MP_QUANT_NONE)
+        return mp_fail(MP_EINVAL, "a quantized tensor's values are not its bits alone (dequantize it first)"), NULL;
+    /* an autocast cast's storage keeps its values widened for the GEMMs, made
+     * from the bits as its own dtype: another dtype's view would read them */
+    if (src->st->keep_wide)
+        return mp_fail(MP_EINVAL, "the tensor is an autocast cast (its storage keeps widened values): clone it "
+                       "first"), NULL;
+    mp_tensor *t = mp_view(src, src->ndim, src->shape, src->offset);
+    if (t) t->dtype = dt;   /* same size: the same bytes, bounds and offset */
     return t;
 }
 

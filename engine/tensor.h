@@ -100,6 +100,10 @@ typedef struct mp_tensor {
 const char *mp_dtype_name(mp_dtype t);
 int mp_dtype_parse(const char *name, mp_dtype *out);        /* accepts aliases; -1 if unknown */
 bool mp_is_float(mp_dtype t);
+/* FP8 (e4m3, e5m2): data only, as in PyTorch: casts, copies and layout ops
+ * (the ops marked moves_bytes, engine/op.h) take it; mp_apply refuses it to
+ * every other op */
+bool mp_is_storage_only(mp_dtype t);
 /* v stored in a dt tensor without changing its value: any number for a
  * floating dtype (rounding to it is the dtype's nature), a whole number in
  * range for i32 and u8; else -1 with an error saying so (never saturated) */
@@ -123,6 +127,9 @@ int mp_set_quant(mp_tensor *t, mp_quant_kind kind, mp_tensor *scales);
 
 mp_tensor *mp_empty(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
 mp_tensor *mp_view(mp_tensor *t, int ndim, const int64_t *shape, int64_t offset);
+/* t's bytes read as dtype dt, of the same size (u8 / e4m3 / e5m2, f16 / bf16,
+ * f32 / i32): a header over the same storage, without history (as detach) */
+mp_tensor *mp_view_dtype(mp_tensor *t, mp_dtype dt);
 mp_tensor *mp_retain(mp_tensor *t);
 void mp_storage_release(mp_storage *st);
 void mp_release(mp_tensor *t);

@@ -39,14 +39,16 @@
  * lists the real ones and needs no default (-Wswitch then flags every switch a
  * new one must reach): a new dtype goes last and MP_NDTYPES names it; every
  * table sized by a count asserts that it has one entry per value. */
-typedef enum { MP_F32, MP_F16, MP_BF16, MP_I32, MP_U8, MP_F64 } mp_dtype;
-#define MP_NDTYPES (MP_F64 + 1)
+/* MP_E4M3 / MP_E5M2 are OCP FP8 (kernels/fp8.h), storage dtypes: casts, copies
+ * and layout ops move them; the engine refuses them to every op that computes */
+typedef enum { MP_F32, MP_F16, MP_BF16, MP_I32, MP_U8, MP_F64, MP_E4M3, MP_E5M2 } mp_dtype;
+#define MP_NDTYPES (MP_E5M2 + 1)
 typedef enum { MP_CPU, MP_CUDA } mp_device;
 #define MP_NDEVICES (MP_CUDA + 1)
 
 static inline size_t mp_dtype_size(mp_dtype t)
 {
-    static const size_t sz[] = {4, 2, 2, 4, 1, 8};   /* f32, f16, bf16, i32, u8, f64 */
+    static const size_t sz[] = {4, 2, 2, 4, 1, 8, 1, 1};   /* f32, f16, bf16, i32, u8, f64, e4m3, e5m2 */
     MP_STATIC_ASSERT(sizeof sz / sizeof sz[0] == MP_NDTYPES, "a size for every dtype");
     return sz[t];
 }
@@ -354,9 +356,10 @@ typedef struct mp_kctx mp_kctx;
      * and brings the collectives back to it. */                                                                        \
     X(void, coll_fork, (mp_kctx *cx), (cx))                                                                             \
     X(void, coll_merge, (mp_kctx *cx), (cx))                                                                            \
-    /* n elements of src (dtype sd) converted into dst (dtype dd) */                                                    \
-    X(void, cast, (mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n),                       \
-      (cx, dst, dd, src, sd, n))                                                                                        \
+    /* n elements of src (dtype sd) converted into dst (dtype dd); saturate: an FP8 destination's overflow           \
+     * becomes its largest finite value rather than NaN (e4m3) or inf (e5m2), kernels/fp8.h; ignored otherwise */       \
+    X(void, cast, (mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n, int saturate),        \
+      (cx, dst, dd, src, sd, n, saturate))                                                                              \
     X(void, fill, (mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value), (cx, dst, dt, n, value))              \
     X(void, arange, (mp_kctx *cx, void *dst, mp_dtype dt, int64_t n), (cx, dst, dt, n))                                 \
     /* counter-based random numbers: element i depends only on (seed, offset + i),                                      \

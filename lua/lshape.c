@@ -95,6 +95,18 @@ static int s_reshape(lua_State *L)
     RETURN_TENSOR(L, name, mp_reshape(t, n, shape));
 }
 
+/* view(x, sizes...) as reshape; view(x, dtype): the same bytes read as a
+ * dtype of the same size, sharing storage (engine mp_view_dtype) */
+static int s_view(lua_State *L)
+{
+    if (lua_type(L, 2) != LUA_TSTRING) return s_reshape(L);
+    const char *name = NAME(L);
+    mp_tensor *t = arg_tensor(L, 1, "x", name);
+    lb_max_args(L, 2, name);
+    mp_dtype dt = lb_dtype(L, 2, name);
+    RETURN_TENSOR(L, name, mp_view_dtype(t, dt));
+}
+
 static int s_unsqueeze(lua_State *L)
 {
     const char *name = NAME(L);
@@ -174,7 +186,8 @@ static int s_detach(lua_State *L)
     RETURN_TENSOR(L, name, mp_view(t, t->ndim, t->shape, t->offset));
 }
 
-/* to(x, dtype), to(x, device), to(x, dtype, device) in either order */
+/* to(x, dtype), to(x, device), to(x, dtype, device) in either order, and an
+ * options table last: {saturate = false}, a cast into FP8's overflow rule */
 static int s_to(lua_State *L)
 {
     const char *name = NAME(L);
@@ -182,6 +195,13 @@ static int s_to(lua_State *L)
     mp_dtype dt = t->dtype;
     mp_device dev = t->dev;
     int top = lua_gettop(L);
+    bool saturate = false;
+    if (top >= 2 && lua_istable(L, top)) {
+        lb_check_options(L, top, name, "saturate:boolean", 1);
+        lua_getfield(L, top, "saturate");
+        saturate = lua_toboolean(L, -1);
+        lua_settop(L, --top);
+    }
     if (top < 2) return luaL_error(L, "%s: expected a dtype or a device name", name);
     if (top > 3) return luaL_error(L, "%s: expected at most a dtype and a device (got %d arguments)", name, top - 1);
     for (int i = 2; i <= top; i++) {
@@ -189,10 +209,10 @@ static int s_to(lua_State *L)
             return luaL_error(L, "%s: expected a dtype or a device name, a string (got %s)", name, luaL_typename(L, i));
         const char *s = lua_tostring(L, i);
         if (mp_dtype_parse(s, &dt) && mp_device_parse(s, &dev))
-            return luaL_error(L, "%s: '%s' is neither a dtype (f32, f16, bf16, f64, i32, u8) nor a device (cpu, cuda)",
-                              name, s);
+            return luaL_error(L, "%s: '%s' is neither a dtype (f32, f16, bf16, f64, i32, u8, e4m3, e5m2) nor a device "
+                              "(cpu, cuda)", name, s);
     }
-    RETURN_TENSOR(L, name, mp_to(t, dt, dev));
+    RETURN_TENSOR(L, name, mp_to_sat(t, dt, dev, saturate));
 }
 
 /* ---- slicing: narrow, select, split, chunk ---- */
@@ -416,10 +436,10 @@ typedef struct { const char *name; lua_CFunction f; bool mp_only, add; int nargs
 #define DIMS 64   /* x and sizes or dims: their own check names the limit of MP_MAXDIM */
 static const shape_fn shape_fns[] = {
     BOTH("size", s_size, 2), BOTH("dim", s_dim, 1), BOTH("numel", s_numel, 1),
-    BOTH("reshape", s_reshape, DIMS), BOTH("view", s_reshape, DIMS), BOTH("unsqueeze", s_unsqueeze, 2),
+    BOTH("reshape", s_reshape, DIMS), BOTH("view", s_view, DIMS), BOTH("unsqueeze", s_unsqueeze, 2),
     BOTH("squeeze", s_squeeze, 2), BOTH("transpose", s_transpose, 3), BOTH("permute", s_permute, DIMS),
     BOTH("expand", s_expand, DIMS), BOTH("contiguous", s_contiguous, 1), BOTH("clone", s_clone, 1),
-    BOTH("detach", s_detach, 1), BOTH("to", s_to, 3), BOTH("narrow", s_narrow, 4), BOTH("select", s_select, 3),
+    BOTH("detach", s_detach, 1), BOTH("to", s_to, 4), BOTH("narrow", s_narrow, 4), BOTH("select", s_select, 3),
     BOTH("split", s_split, 3), BOTH("chunk", s_chunk, 3), BOTH("tril", s_tril, 2), BOTH("triu", s_triu, 2),
     BOTH("masked_fill", s_masked_fill, 3), BOTH("index_select", s_index_select, 3), BOTH("gather", s_gather, 3),
     BOTH("scatter", s_scatter, 4), {"scatter_add", s_scatter, false, true, 4},

@@ -59,6 +59,14 @@ struct mp_kctx {
  * 2.10 ms on 2 threads (2 threads convert 64K f16 in 3.2 us, 1 in 5.4 us). */
 #define MP_PAR_MIN_MEM ((int64_t)1 << 15)
 
+/* FP8 (cpu_fp8_cast.c): the codes' exact f32 values; f32 rounded to nearest
+ * even, overflow saturating or not (kernels/fp8.h); f64 -> f32 rounded to odd,
+ * so that an f64 then rounds once into FP8 */
+void cpu_fp8_decode(mp_dtype dt, const uint8_t *src, float *dst, int64_t n);
+void cpu_fp8_encode(mp_dtype dt, uint8_t *dst, const float *src, int64_t n, int saturate);
+float cpu_f64_to_f32_odd(double d);
+static inline bool cpu_is_fp8(mp_dtype dt) { return dt == MP_E4M3 || dt == MP_E5M2; }
+
 /* The switches over mp_dtype here and in the kernel files have no default: a
  * new dtype is a compile error (-Wswitch) at each place that must learn it. */
 
@@ -76,6 +84,8 @@ static inline void cpu_load(mp_dtype dt, const void *src, int64_t i, float *dst,
         for (int64_t j = 0; j < n; j++) dst[j] = (float)s[j];
         break;
     }
+    case MP_E4M3:
+    case MP_E5M2: cpu_fp8_decode(dt, (const uint8_t *)src + i, dst, n); break;
     case MP_F32:
     case MP_I32:
     case MP_U8: {
@@ -104,6 +114,8 @@ static inline void cpu_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t i, con
         for (int64_t j = 0; j < n; j++) d[j] = src[j];
         break;
     }
+    case MP_E4M3:   /* not saturating, as PyTorch's .to(); casts choose (cpu_cast) */
+    case MP_E5M2: cpu_fp8_encode(dt, (uint8_t *)dst + i, src, n, 0); break;
     case MP_F32:
     case MP_I32:
     case MP_U8: {
@@ -123,7 +135,9 @@ static inline double cpu_get_f64(mp_dtype dt, const void *p, int64_t i)
     case MP_I32: return ((const int32_t *)p)[i];
     case MP_U8: return ((const uint8_t *)p)[i];
     case MP_F16:
-    case MP_BF16: cpu_load(dt, p, i, &f, 1); return f;
+    case MP_BF16:
+    case MP_E4M3:
+    case MP_E5M2: cpu_load(dt, p, i, &f, 1); return f;
     }
     return 0;   /* not reached: every dtype returns above */
 }

@@ -22,10 +22,20 @@ static int64_t to_int(double f, int64_t lo, int64_t hi)
     return (int64_t)f;
 }
 
+/* n f32 values into float dtype dd at dst+i: an FP8 destination with the
+ * cast's saturate flag, the others as cpu_store rounds */
+static void store_block(mp_kctx *cx, mp_dtype dd, void *dst, int64_t i, const float *f, int64_t n, int saturate)
+{
+    if (cpu_is_fp8(dd)) cpu_fp8_encode(dd, (uint8_t *)dst + i, f, n, saturate);
+    else cpu_store(cx, dd, dst, i, f, n);
+}
+
 /* casts from or to f64: widening is exact; narrowing to f32 rounds to nearest
  * even, to f16/bf16 through f32 (each step to nearest even), as PyTorch casts
- * a double and as Lua numbers become f16; to integers truncates and saturates */
-static void cast_f64_block(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t i, int64_t n)
+ * a double and as Lua numbers become f16; to FP8 through an f32 rounded to odd,
+ * so once (cpu_f64_to_f32_odd); to integers truncates and saturates */
+static void cast_f64_block(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t i, int64_t n,
+                           int saturate)
 {
     float f[MP_BLOCK];
     if (dd == MP_F64) {
@@ -41,16 +51,20 @@ static void cast_f64_block(mp_kctx *cx, void *dst, mp_dtype dd, const void *src,
     const double *s = (const double *)src + i;
     if (dd == MP_I32) for (int64_t j = 0; j < n; j++) ((int32_t *)dst)[i + j] = (int32_t)to_int(s[j], INT32_MIN, INT32_MAX);
     else if (dd == MP_U8) for (int64_t j = 0; j < n; j++) ((uint8_t *)dst)[i + j] = (uint8_t)to_int(s[j], 0, 255);
-    else {
+    else if (cpu_is_fp8(dd)) {
+        for (int64_t j = 0; j < n; j++) f[j] = cpu_f64_to_f32_odd(s[j]);
+        cpu_fp8_encode(dd, (uint8_t *)dst + i, f, n, saturate);
+    } else {
         for (int64_t j = 0; j < n; j++) f[j] = (float)s[j];
         cpu_store(cx, dd, dst, i, f, n);
     }
 }
 
-static void cast_block(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t i, int64_t n)
+static void cast_block(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t i, int64_t n,
+                       int saturate)
 {
     float f[MP_BLOCK];
-    if (dd == MP_F64 || sd == MP_F64) { cast_f64_block(cx, dst, dd, src, sd, i, n); return; }
+    if (dd == MP_F64 || sd == MP_F64) { cast_f64_block(cx, dst, dd, src, sd, i, n, saturate); return; }
     if (sd == MP_I32) for (int64_t j = 0; j < n; j++) f[j] = (float)((const int32_t *)src)[i + j];
     else if (sd == MP_U8) for (int64_t j = 0; j < n; j++) f[j] = ((const uint8_t *)src)[i + j];
     else cpu_load(sd, src, i, f, n);
@@ -63,10 +77,10 @@ static void cast_block(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_
         }
     else if (dd == MP_I32) for (int64_t j = 0; j < n; j++) ((int32_t *)dst)[i + j] = (int32_t)to_int(f[j], INT32_MIN, INT32_MAX);
     else if (dd == MP_U8) for (int64_t j = 0; j < n; j++) ((uint8_t *)dst)[i + j] = (uint8_t)to_int(f[j], 0, 255);
-    else cpu_store(cx, dd, dst, i, f, n);
+    else store_block(cx, dd, dst, i, f, n, saturate);
 }
 
-void cpu_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
+void cpu_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n, int saturate)
 {
     if (dd == sd) { memcpy(dst, src, (size_t)n * mp_dtype_size(dd)); return; }
     if (dd == MP_F32 && sd == MP_F16) { mp_cpu_f16_to_f32(dst, src, n); return; }
@@ -83,7 +97,7 @@ void cpu_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd,
     }
     #pragma omp parallel for if (n >= MP_PAR_MIN) schedule(static)
     for (int64_t i = 0; i < n; i += MP_BLOCK)
-        cast_block(cx, dst, dd, src, sd, i, n - i < MP_BLOCK ? n - i : MP_BLOCK);
+        cast_block(cx, dst, dd, src, sd, i, n - i < MP_BLOCK ? n - i : MP_BLOCK, saturate);
 }
 
 void cpu_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value)

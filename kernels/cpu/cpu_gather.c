@@ -69,6 +69,8 @@ static void add_one(mp_kctx *cx, mp_dtype dt, void *x, int64_t s, const void *sr
     case MP_F64: ((double *)x)[s] += ((const double *)src)[p]; break;
     case MP_I32: ((uint32_t *)x)[s] += ((const uint32_t *)src)[p]; break;   /* a wrap, not signed overflow */
     case MP_U8: ((uint8_t *)x)[s] += ((const uint8_t *)src)[p]; break;
+    case MP_E4M3:   /* (not reached: the engine gives FP8 to no op that computes) */
+    case MP_E5M2:
     case MP_F16:
     case MP_BF16: {
         float v, w;

@@ -160,7 +160,7 @@ void cpu_optim_step(mp_kctx *cx, mp_optim_kind kind, float *p, const float *g, f
     case MP_ADAGRAD: adagrad(p, g, s1, n, a, mp_adagrad_clr(a, *step), fused, lowp_dt, fw); break;
     }
     if (lowp && !fused) {
-        cpu_cast(cx, lowp, lowp_dt, p, MP_F32, n);
-        if (wide) cpu_cast(cx, wide, MP_F32, lowp, lowp_dt, n);
+        cpu_cast(cx, lowp, lowp_dt, p, MP_F32, n, 0);
+        if (wide) cpu_cast(cx, wide, MP_F32, lowp, lowp_dt, n, 0);
     }
 }

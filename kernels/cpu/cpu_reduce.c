@@ -21,6 +21,8 @@ static void put(mp_kctx *cx, mp_dtype dt, void *p, int64_t i, double v)
     case MP_F64: ((double *)p)[i] = v; break;
     case MP_I32: ((int32_t *)p)[i] = (int32_t)(uint32_t)(int64_t)v; break;
     case MP_U8: ((uint8_t *)p)[i] = (uint8_t)(int64_t)v; break;
+    case MP_E4M3:   /* (not reached: the engine gives FP8 to no op that computes) */
+    case MP_E5M2:
     case MP_F16:
     case MP_BF16: cpu_store(cx, dt, p, i, &f, 1); break;
     }

@@ -14,6 +14,8 @@ static void put(mp_kctx *cx, mp_dtype dt, void *p, int64_t i, double v)
     switch (dt) {
     case MP_F32: ((float *)p)[i] = f; break;
     case MP_F64: ((double *)p)[i] = v; break;
+    case MP_E4M3:   /* (not reached: the engine gives FP8 to no op that computes) */
+    case MP_E5M2:
     case MP_F16:
     case MP_BF16: cpu_store(cx, dt, p, i, &f, 1); break;
     case MP_I32: ((int32_t *)p)[i] = (int32_t)(uint32_t)(int64_t)v; break;   /* not reached: the engine scans floats */

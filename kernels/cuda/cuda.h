@@ -30,6 +30,7 @@ extern "C" {
 #include "kernels/backend.h"
 #include "kernels/block_cache.h"
 }
+#include "kernels/fp8.h"   /* FP8's reference conversions, host and device (MP_HALF_FN) */
 
 /* ---- launches ----
  * Every kernel launch is MP_LAUNCH(grid, block, shared bytes, stream, kernel,
@@ -163,11 +164,15 @@ __device__ __forceinline__ float mp_ld(mp_dtype dt, const void *p, int64_t i)
     case MP_I32: return (float)((const int32_t *)p)[i];
     case MP_U8: return (float)((const uint8_t *)p)[i];
     case MP_F64: return (float)((const double *)p)[i];   /* not reached: no f64 on CUDA (cuda_supports) */
+    case MP_E4M3: return mp_fp8_to_f32(((const uint8_t *)p)[i], MP_FP8_E4M3);
+    case MP_E5M2: return mp_fp8_to_f32(((const uint8_t *)p)[i], MP_FP8_E5M2);
     }
     return 0.0f;   /* not a dtype */
 }
 
-/* f32 -> dtype: round to nearest even for f16/bf16; integers saturate, NaN -> 0 */
+/* f32 -> dtype: round to nearest even for f16/bf16 and FP8 (FP8 not
+ * saturating, as PyTorch's .to(); a cast chooses, mp_cuda_cast); integers
+ * saturate, NaN -> 0 */
 __device__ __forceinline__ void mp_st(mp_dtype dt, void *p, int64_t i, float v)
 {
     switch (dt) {
@@ -177,6 +182,8 @@ __device__ __forceinline__ void mp_st(mp_dtype dt, void *p, int64_t i, float v)
     case MP_I32: ((int32_t *)p)[i] = mp_f2i32(v); break;
     case MP_U8: ((uint8_t *)p)[i] = mp_f2u8(v); break;
     case MP_F64: ((double *)p)[i] = v; break;   /* not reached: no f64 on CUDA (cuda_supports) */
+    case MP_E4M3: ((uint8_t *)p)[i] = mp_f32_to_fp8(v, MP_FP8_E4M3, 0); break;
+    case MP_E5M2: ((uint8_t *)p)[i] = mp_f32_to_fp8(v, MP_FP8_E5M2, 0); break;
     }
 }
 
@@ -249,6 +256,8 @@ template <> struct mp_word<1> { typedef uint8_t W; };
     case MP_I32: { typedef int32_t NAME; __VA_ARGS__; } break;                      \
     case MP_U8: { typedef uint8_t NAME; __VA_ARGS__; } break;                       \
     case MP_F64: break;   /* no f64 tensors on CUDA (cuda_supports) */              \
+    case MP_E4M3:         /* data only: casts convert FP8 on their own path */      \
+    case MP_E5M2: break;                                                            \
     }
 #define MP_BY_FLOAT(dt, NAME, ...)                                                  \
     switch (dt) {                                                                   \
@@ -257,6 +266,8 @@ template <> struct mp_word<1> { typedef uint8_t W; };
     case MP_BF16: { typedef __nv_bfloat16 NAME; __VA_ARGS__; } break;               \
     case MP_I32:                                                                    \
     case MP_U8:                                                                     \
+    case MP_E4M3:         /* data only: the engine gives FP8 to no op that computes */ \
+    case MP_E5M2:                                                                   \
     case MP_F64: break;   /* no f64 tensors on CUDA (cuda_supports) */              \
     }
 

@@ -12,6 +12,10 @@
  *   dtype, one rounding that flush counting counts once, as the CPU's), then
  *   written as words, 16 bytes at a time where aligned; zero bits and u8 are a
  *   memset.
+ * - FP8 (e4m3, e5m2) on either side: one element a thread through f32 with
+ *   kernels/fp8.h's conversions, the CPU's bits exactly; saturate picks the
+ *   overflow rule of an FP8 destination. (sm_89's cvt.rn.satfinite intrinsics
+ *   saturate only, and a cast is a memory pass either way.)
  * - Every rounding to f16/bf16 is tallied for flush counting (cuda.h).
  * - rand_uniform, rand_normal: Philox4x32-10 with counter offset + i and key
  *   seed, so element i is the same value on every backend (the normal values
@@ -28,6 +32,25 @@ static __global__ void cast_k(void *dst, mp_dtype dd, const void *src, mp_dtype 
 {
     mp_tally t(fc);
     MP_FOR(i, n) mp_stc(dd, dst, i, mp_ld(sd, src, i), t);
+    t.commit();
+}
+
+/* either dtype FP8: decoded exactly by mp_ld, encoded with the cast's saturate
+ * flag. FP8 into f16/bf16 is exact, and goes through kernels/half.h so that a
+ * NaN code gives the CPU's NaN bits (the intrinsics give 0x7fff, a canonical
+ * NaN of their own) */
+static __global__ void cast_fp8_k(void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n, int saturate,
+                                  unsigned long long *fc)
+{
+    mp_tally t(fc);
+    MP_FOR(i, n) {
+        float v = mp_ld(sd, src, i);
+        if (dd == MP_E4M3) ((uint8_t *)dst)[i] = mp_f32_to_fp8(v, MP_FP8_E4M3, saturate);
+        else if (dd == MP_E5M2) ((uint8_t *)dst)[i] = mp_f32_to_fp8(v, MP_FP8_E5M2, saturate);
+        else if (dd == MP_F16) ((uint16_t *)dst)[i] = mp_f32_to_f16(v);
+        else if (dd == MP_BF16) ((uint16_t *)dst)[i] = mp_f32_to_bf16(v);
+        else mp_stc(dd, dst, i, v, t);
+    }
     t.commit();
 }
 
@@ -48,7 +71,7 @@ static __global__ void cast_vec_k(void *dst, const void *src, int64_t n, unsigne
     t.commit();
 }
 
-void mp_cuda_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n)
+void mp_cuda_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype sd, int64_t n, int saturate)
 {
     if (n <= 0) return;
     if (dd == sd) {
@@ -56,7 +79,9 @@ void mp_cuda_cast(mp_kctx *cx, void *dst, mp_dtype dd, const void *src, mp_dtype
                                       cx->stream), "cast (copy)");
         return;
     }
-    if (mp_al16(dst) && mp_al16(src)) {
+    if (dd == MP_E4M3 || dd == MP_E5M2 || sd == MP_E4M3 || sd == MP_E5M2) {
+        MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, cast_fp8_k, dst, dd, src, sd, n, saturate, cx->flush);
+    } else if (mp_al16(dst) && mp_al16(src)) {
         size_t es = mp_dtype_size(dd) < mp_dtype_size(sd) ? mp_dtype_size(dd) : mp_dtype_size(sd);
         unsigned blocks = mp_blocks(n / (int64_t)(16 / es));
         MP_BY_DTYPE(sd, TI, MP_BY_DTYPE(dd, TO, MP_LAUNCH(blocks, MP_THREADS, 0, cx->stream, cast_vec_k<TI, TO>, dst,
@@ -93,6 +118,8 @@ void mp_cuda_fill(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value)
         bits = (uint32_t)iv;
     } else if (dt == MP_U8) {
         bits = isnan(value) || value <= 0 ? 0 : value >= 255 ? 255 : (uint32_t)value;
+    } else if (dt == MP_E4M3 || dt == MP_E5M2) {   /* through f32, not saturating: cpu_fill's cpu_store */
+        bits = mp_f32_to_fp8((float)value, dt == MP_E4M3 ? MP_FP8_E4M3 : MP_FP8_E5M2, 0);
     } else {
         float f = (float)value;
         if (dt == MP_F32) {

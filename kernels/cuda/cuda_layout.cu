@@ -80,6 +80,8 @@ __device__ void red_store(mp_redop op, mp_dtype dt, void *out, int64_t q, Acc r,
     case MP_F16:
     case MP_BF16: mp_stc(dt, out, q, (float)v, t); break;
     case MP_F64: ((double *)out)[q] = v; break;   /* not reached: no f64 on CUDA (cuda_supports) */
+    case MP_E4M3:   /* not reached: the engine gives FP8 to no op that computes */
+    case MP_E5M2: mp_stc(dt, out, q, (float)v, t); break;
     }
 }
 
@@ -356,6 +358,8 @@ void mp_cuda_scatter_add(mp_kctx *cx, mp_dtype dt, void *out, const void *src, c
                   nidx, outer, n, inner);
         break;
     case MP_F64: break;   /* no f64 tensors on CUDA (cuda_supports) */
+    case MP_E4M3:         /* not reached: the engine gives FP8 to no op that computes */
+    case MP_E5M2: break;
     }
 #undef SCATTER
     MP_LAUNCHED("scatter_add");

@@ -228,7 +228,7 @@ static bool listed(const char *list, const char *want)
 
 static bool f_supports(mp_kctx *cx, const char *op, mp_dtype dt)
 {
-    static const char *names[] = {"f32", "f16", "bf16", "i32", "u8", "f64"};
+    static const char *names[] = {"f32", "f16", "bf16", "i32", "u8", "f64", "e4m3", "e5m2"};
     MP_STATIC_ASSERT(sizeof names / sizeof names[0] == MP_NDTYPES, "a name for every dtype");
     char want[64];
     snprintf(want, sizeof want, "%s:%s", op, (unsigned)dt < MP_NDTYPES ? names[dt] : "?");

@@ -12,6 +12,8 @@ extern "C" {
 #include "kernels/backend.h"
 #include "kernels/half.h"
 }
+#include "kernels/fp8.h"
+
 
 namespace mp_emu {
 
@@ -24,6 +26,8 @@ inline float load_f32(mp_dtype dt, const void *p, size_t i)
     case MP_I32:   /* (never asked: moved as f32 words, as the CPU's cpu_load does) */
     case MP_U8: return ((const float *)p)[i];
     case MP_F64: return (float)((const double *)p)[i];   /* (never asked: CUDA declines f64) */
+    case MP_E4M3: return mp_fp8_to_f32(((const uint8_t *)p)[i], MP_FP8_E4M3);   /* (never asked: data only) */
+    case MP_E5M2: return mp_fp8_to_f32(((const uint8_t *)p)[i], MP_FP8_E5M2);
     }
     return 0.0f;   /* not a dtype */
 }
@@ -37,6 +41,8 @@ inline void store_f32(mp_dtype dt, void *p, size_t i, float v)
     case MP_I32:
     case MP_U8: ((float *)p)[i] = v; break;
     case MP_F64: ((double *)p)[i] = v; break;   /* (never asked: CUDA declines f64) */
+    case MP_E4M3: ((uint8_t *)p)[i] = mp_f32_to_fp8(v, MP_FP8_E4M3, 0); break;   /* (never asked: data only) */
+    case MP_E5M2: ((uint8_t *)p)[i] = mp_f32_to_fp8(v, MP_FP8_E5M2, 0); break;
     }
 }
 

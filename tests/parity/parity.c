@@ -455,8 +455,8 @@ static void cases_vector_paths(void)
                 if (!begin(&c, "cast %s n=1003%s", name, where)) continue;
                 /* integers and u8 saturate, so the range crosses both ends of u8 */
                 int a = buf(&c, sd, n + 1, 0, -300, 300), o = buf(&c, dd, n + 1, 1, 0, 0);
-                REF->cast(REF->ctx, at(c.ref[o], dd, off), dd, at(c.ref[a], sd, off), sd, n);
-                DUT->cast(DUT->ctx, at(c.dev[o], dd, off), dd, at(c.dev[a], sd, off), sd, n);
+                REF->cast(REF->ctx, at(c.ref[o], dd, off), dd, at(c.ref[a], sd, off), sd, n, 0);
+                DUT->cast(DUT->ctx, at(c.dev[o], dd, off), dd, at(c.dev[a], sd, off), sd, n, 0);
                 c.bound = 0;   /* one rounding of the same value: exact */
                 finish(&c);
             }
@@ -1394,6 +1394,85 @@ static void cases_gather_along(void)
     }
 }
 
+/* FP8 casts (kernels/fp8.h's bits on every backend): into e4m3 and e5m2 from
+ * f32, f16, bf16 and i32, saturating and not, and out of them into f32, f16,
+ * bf16 and the other FP8, at an aligned and an unaligned start. The inputs
+ * are random bit patterns of the whole range (NaNs, infs, subnormals) and the
+ * neighbourhoods of the boundaries (the largest finite values, the overflow
+ * midpoints 464 and 61440, the smallest subnormals and their halves). Outputs
+ * are compared bit for bit, NaN codes and payloads included. */
+static void fp8_inputs(mp_dtype dt, void *p, int64_t n)
+{
+    static const float centres[] = {448.0f, 464.0f, 57344.0f, 61440.0f, 0x1p-9f, 0x1p-10f, 0x1p-16f, 0x1p-17f,
+                                    0x1p-6f, 0x1p-14f, 1.0625f};
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)(urand() * 4294967296.0);
+        if (i % 3 == 0) {   /* a boundary, give or take a few ulps of the input dtype */
+            float c = centres[(i / 3) % (int64_t)(sizeof centres / sizeof *centres)];
+            int d = (int)(urand() * 9) - 4;
+            u = dt == MP_F16 ? (uint32_t)(mp_f32_to_f16(c) + d) : dt == MP_BF16 ? (uint32_t)(mp_f32_to_bf16(c) + d)
+                             : mp_f32_bits(c) + (uint32_t)d;
+            if (i % 2) u |= dt == MP_F32 ? 0x80000000u : 0x8000u;
+        }
+        switch (mp_dtype_size(dt)) {
+        case 4: ((uint32_t *)p)[i] = dt == MP_I32 ? (uint32_t)((int32_t)(urand() * 140000) - 70000) : u; break;
+        case 2: ((uint16_t *)p)[i] = (uint16_t)u; break;
+        default: ((uint8_t *)p)[i] = (uint8_t)u; break;
+        }
+    }
+}
+
+static void cases_fp8(void)
+{
+    static const mp_dtype F8[2] = {MP_E4M3, MP_E5M2}, WIDE[4] = {MP_F32, MP_F16, MP_BF16, MP_I32};
+    const int64_t n = 1003;
+    pcase c;
+    for (int f = 0; f < 2; f++)
+        for (int w = 0; w < 4; w++)
+            for (int dir = 0; dir < 2; dir++)   /* 0: into FP8, 1: out of it (into the other FP8 for i32's row) */
+                for (int sat = 0; sat < 2; sat++)
+                    for (int off = 0; off < 2; off++) {
+                        if (dir == 1 && sat) continue;   /* saturate means nothing out of FP8 */
+                        mp_dtype sd = dir ? F8[f] : WIDE[w], dd = dir ? (WIDE[w] == MP_I32 ? F8[1 - f] : WIDE[w]) : F8[f];
+                        char name[48];
+                        snprintf(name, sizeof name, "%s -> %s%s", mp_dtype_name(sd), mp_dtype_name(dd),
+                                 dir == 0 && sat ? " saturating" : "");
+                        if (!begin(&c, "fp8 cast %s n=1003%s", name, off ? " (unaligned)" : "")) continue;
+                        int a = buf(&c, sd, n + 1, 1, 0, 0), o = buf(&c, dd, n + 1, 1, 0, 0);
+                        size_t es = mp_dtype_size(sd);
+                        fp8_inputs(sd, c.ref[a], n + 1);
+                        DUT->from_host(DUT->ctx, c.dev[a], c.ref[a], (size_t)(n + 1) * es);
+                        REF->cast(REF->ctx, at(c.ref[o], dd, off), dd, at(c.ref[a], sd, off), sd, n, sat);
+                        DUT->cast(DUT->ctx, at(c.dev[o], dd, off), dd, at(c.dev[a], sd, off), sd, n, sat);
+                        /* bit for bit here (finish compares values, and NaN is no value) */
+                        size_t bytes = c.size[o];
+                        unsigned char *got = malloc(bytes);
+                        DUT->to_host(DUT->ctx, got, c.dev[o], bytes);
+                        for (size_t i = 0; i < bytes; i++)
+                            if (got[i] != ((unsigned char *)c.ref[o])[i]) {
+                                snprintf(c.fail, sizeof c.fail, "byte %zu of the output: 0x%02x, the CPU's 0x%02x", i,
+                                         got[i], ((unsigned char *)c.ref[o])[i]);
+                                break;
+                            }
+                        free(got);
+                        c.is_out[a] = c.is_out[o] = 0;
+                        finish(&c);
+                    }
+    /* fills: a value that rounds, one that overflows (NaN / inf: not saturating), a negative one */
+    static const double fills[3] = {3.3, 1000.0, -2.5};
+    for (int f = 0; f < 2; f++)
+        for (int v = 0; v < 3; v++) {
+            char name[48];
+            snprintf(name, sizeof name, "%s with %g", mp_dtype_name(F8[f]), fills[v]);
+            if (!begin(&c, "fp8 fill %s n=1003%s", name, "")) continue;
+            int o = buf(&c, F8[f], n, 1, 0, 0);   /* u8-like bytes: finish compares them as codes, exactly */
+            REF->fill(REF->ctx, c.ref[o], F8[f], n, fills[v]);
+            DUT->fill(DUT->ctx, c.dev[o], F8[f], n, fills[v]);
+            c.bound = 0;
+            finish(&c);
+        }
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -1426,6 +1505,7 @@ int main(int argc, char **argv)
     cases_empty();
     cases_scan();
     cases_clamp();
+    cases_fp8();
     cases_optim_and_scaler();   /* last: the self-check's persistent fault is in it */
     if (none) {
         printf("parity: no CUDA device on this machine: %d cases skipped (the harness ran them CPU "

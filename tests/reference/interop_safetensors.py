@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """interop_safetensors.py: mpengine's safetensors files against the reference
 implementation, the `safetensors` package from PyPI (with numpy, and ml_dtypes
-for bfloat16). tests/lua/io_spec.lua drives it in both directions:
+for bfloat16 and the FP8 types float8_e4m3fn / float8_e5m2). tests/lua/io_spec.lua drives it in both directions:
 
   write FILE VALUES.lua    save_file() the reference tensors to FILE, and write
                            their values as a Lua chunk for the spec to compare
@@ -25,8 +25,13 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
+# safetensors.numpy (0.8) reads F8_E4M3 / F8_E5M2 as numpy.float8_e4m3fn /
+# numpy.float8_e5m2, names numpy does not have: they are ml_dtypes' types
+np.float8_e4m3fn, np.float8_e5m2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
+E4M3, E5M2 = ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2
+
 BITS = {np.float64: np.uint64, np.float32: np.uint32, np.float16: np.uint16, ml_dtypes.bfloat16: np.uint16,
-        np.int32: np.int32, np.uint8: np.uint8}
+        np.int32: np.int32, np.uint8: np.uint8, E4M3: np.uint8, E5M2: np.uint8}
 
 # name -> (dtype, shape, bit patterns); names with dots as in a state_dict
 REFERENCE = {
@@ -51,9 +56,20 @@ REFERENCE = {
     "nan.f32": (np.float32, (3,), [0x7f800001, 0xffc00001, 0x7fc12345]),
     "nan.f16": (np.float16, (3,), [0x7c01, 0x7e01, 0xfe00]),
     "nan.bf16": (ml_dtypes.bfloat16, (3,), [0x7f81, 0xffc1, 0x7fc0]),
+    # OCP FP8: 0, -0, 1, -1.5, the largest finite, least subnormal, largest subnormal, ...
+    "f8.e4m3": (E4M3, (2, 8), [
+        0x00, 0x80, 0x38, 0xbc, 0x7e, 0xfe, 0x01, 0x81,               # 0, -0, 1, -1.5, 448, -448, 2^-9, -2^-9
+        0x07, 0x08, 0x40, 0x3f, 0x77, 0x10, 0x7f, 0x30]),             # 7*2^-9, 2^-6, 2, 1.875, 240, 2^-5, nan, 0.5
+    "f8.e5m2": (E5M2, (12,), [
+        0x00, 0x80, 0x3c, 0xbe, 0x7b, 0xfb, 0x01, 0x03,               # 0, -0, 1, -1.5, 57344, -57344, 2^-16, 3*2^-16
+        0x04, 0x7c, 0xfc, 0x7e]),                                     # 2^-14, inf, -inf, nan
+    # FP8 NaNs of every code: only a file round trip keeps these
+    "nan.f8.e4m3": (E4M3, (2,), [0xff, 0x7f]),
+    "nan.f8.e5m2": (E5M2, (6,), [0x7d, 0x7e, 0x7f, 0xfd, 0xfe, 0xff]),
 }
-PAYLOAD_ONLY = {"nan.f32", "nan.f16", "nan.bf16"}
-LUA_DTYPE = {np.float64: "f64", np.float32: "f32", np.float16: "f16", ml_dtypes.bfloat16: "bf16", np.int32: "i32", np.uint8: "u8"}
+PAYLOAD_ONLY = {"nan.f32", "nan.f16", "nan.bf16", "nan.f8.e4m3", "nan.f8.e5m2"}
+LUA_DTYPE = {np.float64: "f64", np.float32: "f32", np.float16: "f16", ml_dtypes.bfloat16: "bf16", np.int32: "i32",
+             np.uint8: "u8", E4M3: "e4m3", E5M2: "e5m2"}
 
 
 def reference_array(name):
