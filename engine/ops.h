@@ -47,6 +47,21 @@ mp_tensor *mp_to(mp_tensor *t, mp_dtype dt, mp_device dev);   /* new reference; 
  * largest finite one to it (with their sign) instead of to NaN (e4m3) or inf
  * (e5m2); mp_to is saturate = false, as PyTorch's .to() */
 mp_tensor *mp_to_sat(mp_tensor *t, mp_dtype dt, mp_device dev, bool saturate);
+/* scaled FP8 (engine/ops_fp8.c). fp8_quantize: x (f32/f16/bf16, k its last
+ * dim) as fmt (MP_E4M3 / MP_E5M2) codes carrying their decode scales (t->quant,
+ * kind MP_QUANT_TENSOR / _1X128 / _128X128); scale: a given f32 {1}
+ * quantization multiplier on x's device (tensor kind; NULL: FP8_MAX / amax per
+ * group); *amax: x's amax, a new f32 {1} tensor on x's device; counts (NULL:
+ * not wanted; else read back, a wait): values saturated, nonzero values
+ * flushed to zero. fp8_matmul: a {m, k} b {n, k} quantized -> a b^T {m, n} of
+ * dtype out; acc_bits 0: f32 sums (fast: the device's fast accumulation),
+ * else the CPU's modelled accumulator with promote_every (0: never) */
+typedef struct { int64_t saturated, flushed; } mp_fp8_counts;
+mp_tensor *mp_fp8_quantize(mp_tensor *x, mp_dtype fmt, mp_quant_kind kind, mp_tensor *scale, mp_tensor **amax,
+                           mp_fp8_counts *counts);
+mp_tensor *mp_fp8_matmul(mp_tensor *a, mp_tensor *b, mp_dtype out, int acc_bits, int64_t promote_every, bool fast);
+/* q's codes as a plain e4m3/e5m2 tensor over the same storage, without scales */
+mp_tensor *mp_fp8_codes(mp_tensor *q);
 /* t (a parameter in an optimizer's arena) as f16/bf16 from the arena's working
  * copy; any other tensor as mp_to */
 mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt);

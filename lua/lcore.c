@@ -316,6 +316,7 @@ int luaopen_mp_core(lua_State *L)
     mp_open_anomaly(L);
     mp_open_shape(L);
     mp_open_rnn(L);
+    mp_open_fp8(L);
     mp_open_inplace(L);
     mp_open_cuda_graph(L);
     return 1;

@@ -36,6 +36,7 @@ void mp_open_function(lua_State *L);                 /* mp.autograd.Function's C
 void mp_open_hooks(lua_State *L);                    /* Tensor:register_hook (lhooks.c; after luaopen_mp_tensor) */
 void mp_open_anomaly(lua_State *L);                  /* mp.autograd's anomaly mode (lanomaly.c) */
 void mp_open_shape(lua_State *L);                    /* shape and indexing ops, mp.X and Tensor:X (lshape.c; after luaopen_mp_tensor) */
+void mp_open_fp8(lua_State *L);                      /* core._fp8_quantize, core._fp8_matmul (lfp8.c) */
 void mp_open_rnn(lua_State *L);                      /* mp.lstm_cell, mp.gru_cell (lrnn.c) */
 void mp_open_inplace(lua_State *L);
 void mp_open_cuda_graph(lua_State *L);               /* mp.cuda.graph (lcuda_graph.c; after mp.cuda is made) */                  /* mp.clamp, Tensor:add_ and the in-place ops (linplace.c; after luaopen_mp_tensor) */

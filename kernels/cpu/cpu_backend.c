@@ -10,6 +10,7 @@
 #include <string.h>
 #include <cblas.h>
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_fp8.h"
 #include "kernels/cpu/cpu_f64.h"
 #include "kernels/block_cache.h"
 
@@ -176,6 +177,8 @@ const mp_backend mp_cpu_backend = {
     .gemm_wide = cpu_gemm_wide,
     .add_widened = cpu_add_widened,
     .gemm_bias = cpu_gemm_bias,
+    .fp8_quantize = cpu_fp8_quantize_entry,
+    .fp8_gemm = cpu_fp8_gemm_entry,
     .attention = cpu_attention,
     .conv2d = cpu_conv2d,
     .conv2d_grad = cpu_conv2d_grad,

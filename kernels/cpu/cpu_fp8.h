@@ -49,4 +49,8 @@ int cpu_fp8_gemm(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_oper
  * acc_bits + 1 bits (acc_bits after the leading one, as f32 has 23) */
 double mp_fp8_round_acc(double hi, double lo, int acc_bits);
 
+/* the backend's entries (kernels/backend.h: fp8_quantize, fp8_gemm) */
+mp_be_fp8_quantize_fn cpu_fp8_quantize_entry;
+mp_be_fp8_gemm_fn cpu_fp8_gemm_entry;
+
 #endif

@@ -235,3 +235,14 @@ int cpu_fp8_gemm(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_oper
     if (out != MP_F32) cpu_store_f32(cx, out, c, acc, m * n);
     return 0;
 }
+
+/* the backend's fp8_gemm: fast (the device's own limited accumulation) is
+ * answered with the model at 14 bits without promotion, as the emulated
+ * cuBLASLt answers FAST_ACCUM */
+int cpu_fp8_gemm_entry(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a, const mp_fp8_operand *b,
+                       int acc_bits, int64_t promote_every, int fast, mp_dtype out, void *c)
+{
+    if (fast && !acc_bits) acc_bits = 14, promote_every = 0;
+    int r = cpu_fp8_gemm(cx, m, n, k, a, b, acc_bits, promote_every, out, c);
+    return r == -2 ? 1 : r;
+}

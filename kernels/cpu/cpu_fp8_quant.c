@@ -170,3 +170,15 @@ int cpu_fp8_quantize(mp_kctx *cx, mp_dtype dt, const void *x, int64_t rows, int6
     st->saturated = sat, st->flushed = flu;
     return 0;
 }
+
+/* the backend's fp8_quantize: the format by its dtype, the statistics as the
+ * entry's three words (the amax's bits, the counts) */
+int cpu_fp8_quantize_entry(mp_kctx *cx, mp_dtype dt, const void *x, int64_t rows, int64_t k, mp_dtype fmt, int g,
+                           const float *given, uint8_t *q, void *scales, unsigned long long *st)
+{
+    mp_fp8_stats s;
+    int r = cpu_fp8_quantize(cx, dt, x, rows, k, fmt == MP_E5M2 ? MP_FP8_E5M2 : MP_FP8_E4M3, (mp_fp8_gran)g, given, q,
+                             scales, &s);
+    st[0] = mp_f32_bits(s.amax), st[1] = (unsigned long long)s.saturated, st[2] = (unsigned long long)s.flushed;
+    return r;
+}

@@ -452,6 +452,8 @@ mp_be_gemm_bias_fn mp_cuda_gemm_bias;   /* cuda_gemm_lt.cu */
 /* the context's cuBLASLt handle (made on first use), NULL when Lt cannot be
  * had (cuda_gemm_lt.cu) */
 struct cublasLtContext *mp_cuda_lt_handle(mp_kctx *cx);
+mp_be_fp8_quantize_fn mp_cuda_fp8_quantize_entry;   /* cuda_fp8_quant.cu */
+mp_be_fp8_gemm_fn mp_cuda_fp8_gemm_entry;           /* cuda_fp8_gemm.cu */
 /* cuda_gemm.cu: a cuBLAS status as the nearest CUDA error; the cuBLAS handle's
  * workspace (made with the handle on first use; NULL and 0 bytes when there is
  * none), which cuBLASLt's calls on the same stream share, and whether the

@@ -160,3 +160,11 @@ extern "C" int mp_cuda_fp8_quantize(mp_kctx *cx, mp_dtype dt, const void *x, int
     MP_LAUNCHED("fp8_quantize");
     return 0;
 }
+
+/* the backend's fp8_quantize (kernels/backend.h) */
+int mp_cuda_fp8_quantize_entry(mp_kctx *cx, mp_dtype dt, const void *x, int64_t rows, int64_t k, mp_dtype fmt, int g,
+                               const float *given, uint8_t *q, void *scales, unsigned long long *st)
+{
+    return mp_cuda_fp8_quantize(cx, dt, x, rows, k, fmt == MP_E5M2 ? MP_FP8_E5M2 : MP_FP8_E4M3, (mp_fp8_gran)g, given,
+                                q, scales, st);
+}

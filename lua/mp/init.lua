@@ -18,6 +18,7 @@ mp.pretty = require "mp.pretty"
 mp.help = require("mp.help").help
 mp.dist = require "mp.dist"
 mp.autograd = require "mp.autograd"
+mp.fp8 = require "mp.fp8"
 
 -- default device: MP_DEVICE, else cuda when present, else cpu
 local env = os.getenv("MP_DEVICE")

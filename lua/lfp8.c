@@ -1,0 +1,66 @@
+/*
+ * lfp8.c: the C half of mp.fp8 (lua/mp/fp8.lua checks the options and calls
+ * these): core._fp8_quantize, core._fp8_matmul and core._fp8_codes over
+ * engine/ops_fp8.c.
+ */
+#include <string.h>
+#include "lua/lbind.h"
+#include "lua/lcore.h"
+
+/* _fp8_quantize(x, format, granularity, scale|nil, counts) -> q, scales, amax
+ * [, saturated, flushed] */
+static int f_quantize(lua_State *L)
+{
+    const char *name = "mp.fp8.quantize";
+    mp_tensor *x = lb_tensor_arg(L, 1, "x", name);
+    mp_dtype fmt = lb_dtype(L, 2, name);
+    const char *g = luaL_checkstring(L, 3);
+    mp_quant_kind kind = !strcmp(g, "tile") ? MP_QUANT_1X128 : !strcmp(g, "block") ? MP_QUANT_128X128 : MP_QUANT_TENSOR;
+    int want = lua_toboolean(L, 5);
+    /* the given scale: a tensor, or a number made one on x's device */
+    mp_tensor *s = NULL;
+    if (lua_type(L, 4) == LUA_TNUMBER) {
+        int64_t one = 1;
+        LT_PUSH(L, name, mp_full(MP_F32, x->dev, 1, &one, lua_tonumber(L, 4)));
+        lua_replace(L, 4);
+    }
+    if (!lua_isnoneornil(L, 4)) s = lb_tensor_arg(L, 4, "scale", name);
+    lua_settop(L, 5);
+    mp_fp8_counts n = {0, 0};
+    mp_tensor *amax = NULL;
+    LT_PUSH(L, name, mp_fp8_quantize(x, fmt, kind, s, &amax, want ? &n : NULL));
+    mp_tensor *q = lt_check(L, lua_gettop(L));
+    LT_PUSH(L, name, amax);   /* pushed first: nothing can fail between its making and here */
+    LT_PUSH(L, name, mp_retain(q->quant.scales));
+    lua_rotate(L, -2, 1);     /* q, scales, amax */
+    if (!want) return 3;
+    lua_pushinteger(L, (lua_Integer)n.saturated);
+    lua_pushinteger(L, (lua_Integer)n.flushed);
+    return 5;
+}
+
+/* _fp8_matmul(a, b, out_dtype, acc_bits, promote_every, fast) -> c */
+static int f_matmul(lua_State *L)
+{
+    const char *name = "mp.fp8.matmul";
+    mp_tensor *a = lb_tensor_arg(L, 1, "a", name), *b = lb_tensor_arg(L, 2, "b", name);
+    mp_dtype out = lb_dtype(L, 3, name);
+    int bits = (int)lb_integer_in(L, 4, "acc_bits", name, 0, 23);
+    int64_t every = lb_integer_in(L, 5, "promote_every", name, 0, INT64_MAX);
+    LT_PUSH(L, name, mp_fp8_matmul(a, b, out, bits, every, lua_toboolean(L, 6)));
+    return 1;
+}
+
+/* _fp8_codes(q) -> q's codes without their scales */
+static int f_codes(lua_State *L)
+{
+    lb_max_args(L, 1, "mp.fp8.codes");
+    mp_tensor *q = lb_tensor_arg(L, 1, "q", "mp.fp8.codes");
+    LT_PUSH(L, "mp.fp8.codes", mp_fp8_codes(q));
+    return 1;
+}
+
+static const luaL_Reg funcs[] = {{"_fp8_quantize", f_quantize}, {"_fp8_matmul", f_matmul}, {"_fp8_codes", f_codes},
+                                 {NULL, NULL}};
+
+void mp_open_fp8(lua_State *L) { luaL_setfuncs(L, funcs, 0); }
