@@ -8,6 +8,7 @@
  * bound of the exact product. FAST_ACCUM, which the emulated cuBLASLt answers
  * with the CPU's 14-bit accumulator model, must give the CPU model's bits.
  */
+#define _GNU_SOURCE   /* dladdr */
 #include <criterion/criterion.h>
 #include <dlfcn.h>
 #include <math.h>
@@ -22,11 +23,19 @@ typedef int (*fp8_gemm_fn)(mp_kctx *, int64_t, int64_t, int64_t, const mp_fp8_op
 static const mp_backend *be;
 static fp8_gemm_fn gemm;
 
+/* the loaded CUDA backend's shared object (the emulated device's, or
+ * build/mp/cuda.so on a GPU), found from one of its table's functions */
+static void *backend_so(void)
+{
+    Dl_info info;
+    if (!be || !dladdr((void *)be->synchronize, &info) || !info.dli_fname) return NULL;
+    return dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+}
+
 static void setup(void)
 {
     be = mp_backend_of(MP_CUDA);
-    const char *path = getenv("MP_CUDA_BACKEND");
-    void *h = be && path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    void *h = backend_so();
     gemm = h ? (fp8_gemm_fn)dlsym(h, "mp_cuda_fp8_gemm") : NULL;
 }
 
@@ -61,7 +70,7 @@ static float *scales(mp_fp8_gran g, int64_t rows, int64_t k, unsigned seed)
 static void compare(int64_t m, int64_t n, int64_t k, mp_fp8_gran ga, mp_fp8_gran gb, mp_fp8_format fb, int fast,
                     mp_dtype out)
 {
-    if (!gemm) cr_skip_test("no CUDA backend (MP_CUDA_BACKEND unset or no GPU)");
+    if (!gemm) cr_skip_test("no CUDA backend (no GPU, MP_CUDA_BACKEND unset)");
     mp_fp8_format fa = MP_FP8_E4M3;
     uint8_t *qa = codes(m * k, fa, 1), *qb = codes(n * k, fb, 2);
     float *sa = scales(ga, m, k, 3), *sb = scales(gb, n, k, 4);
@@ -113,7 +122,7 @@ Test(fp8_cuda, fast_accum_is_the_model) { compare(16, 24, 2048, MP_FP8_TENSOR, M
 /* what cuBLASLt cannot take is declined, not computed another way */
 Test(fp8_cuda, declines_mx_and_unaligned_k)
 {
-    if (!gemm) cr_skip_test("no CUDA backend (MP_CUDA_BACKEND unset or no GPU)");
+    if (!gemm) cr_skip_test("no CUDA backend (no GPU, MP_CUDA_BACKEND unset)");
     uint8_t q[40 * 24] = {0}, e8[40] = {127};
     float one = 1;
     void *dq = up(q, sizeof q), *ds = up(&one, 4), *de = up(e8, sizeof e8), *dc = be->alloc(be->ctx, 4 * 64);
@@ -134,10 +143,9 @@ typedef int (*fp8_quant_fn)(mp_kctx *, mp_dtype, const void *, int64_t, int64_t,
 /* the same codes, scales and statistics as the CPU's, byte for byte */
 static void quant_same(mp_dtype dt, int64_t rows, int64_t k, mp_fp8_format fmt, mp_fp8_gran g, float given)
 {
-    const char *path = getenv("MP_CUDA_BACKEND");
-    void *h = be && path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    void *h = backend_so();
     fp8_quant_fn quant = h ? (fp8_quant_fn)dlsym(h, "mp_cuda_fp8_quantize") : NULL;
-    if (!quant) cr_skip_test("no CUDA backend (MP_CUDA_BACKEND unset or no GPU)");
+    if (!quant) cr_skip_test("no CUDA backend (no GPU, MP_CUDA_BACKEND unset)");
     int64_t n = rows * k, ns = mp_fp8_nscales(g, rows, k);
     size_t es = mp_dtype_size(dt), ss = g == MP_FP8_MX ? 1 : 4;
     unsigned seed = (unsigned)(rows * 31 + k);
