@@ -196,7 +196,7 @@ static int s_to(lua_State *L)
     mp_device dev = t->dev;
     int top = lua_gettop(L);
     bool saturate = false;
-    if (top >= 2 && lua_istable(L, top)) {
+    if (top >= 3 && lua_istable(L, top)) {   /* after a dtype or device: to({}) is a wrong argument */
         lb_check_options(L, top, name, "saturate:boolean", 1);
         lua_getfield(L, top, "saturate");
         saturate = lua_toboolean(L, -1);

@@ -10,6 +10,7 @@
 #include "kernels/block_cache.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/cpu_flush.h"
+#include "kernels/cpu/cpu_fp8_cast.h"
 
 /* The CPU backend's context (backend.h): its caching allocator, and scratch
  * space that kernels take their working memory from (grown on demand, kept
@@ -58,14 +59,6 @@ struct mp_kctx {
  * below 2^18 while the other waited; split from 2^15, its step took 2.30 ->
  * 2.10 ms on 2 threads (2 threads convert 64K f16 in 3.2 us, 1 in 5.4 us). */
 #define MP_PAR_MIN_MEM ((int64_t)1 << 15)
-
-/* FP8 (cpu_fp8_cast.c): the codes' exact f32 values; f32 rounded to nearest
- * even, overflow saturating or not (kernels/fp8.h); f64 -> f32 rounded to odd,
- * so that an f64 then rounds once into FP8 */
-void cpu_fp8_decode(mp_dtype dt, const uint8_t *src, float *dst, int64_t n);
-void cpu_fp8_encode(mp_dtype dt, uint8_t *dst, const float *src, int64_t n, int saturate);
-float cpu_f64_to_f32_odd(double d);
-static inline bool cpu_is_fp8(mp_dtype dt) { return dt == MP_E4M3 || dt == MP_E5M2; }
 
 /* The switches over mp_dtype here and in the kernel files have no default: a
  * new dtype is a compile error (-Wswitch) at each place that must learn it. */

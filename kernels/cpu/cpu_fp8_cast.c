@@ -8,7 +8,7 @@
  */
 #include <math.h>
 #include <pthread.h>
-#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_fp8_cast.h"
 #include "kernels/fp8.h"
 
 static float lut[2][256];   /* [0]: e4m3, [1]: e5m2 */

@@ -461,7 +461,7 @@ Test(st, load_rejects_fields_of_the_wrong_json_type)
 
 Test(st, load_rejects_unknown_dtypes)
 {
-    const char *bad[] = {"U16", "I8", "BOOL", "f32", "f64", "i64", "F8_E4M3", ""};
+    const char *bad[] = {"U16", "I8", "BOOL", "f32", "f64", "i64", "F8_E4M3FNUZ", "F8_E8M0", "f8_e4m3", ""};
     char hdr[200], frag[80];
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         snprintf(hdr, sizeof hdr, "{\"x\": {\"dtype\": \"%s\", \"shape\": [1], \"data_offsets\": [0, 8]}}", bad[i]);
