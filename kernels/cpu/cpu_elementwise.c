@@ -393,6 +393,11 @@ void cpu_unary_grad(mp_kctx *cx, mp_unop op, mp_dtype dt, void *gin, const void 
     for (int64_t i = 0; i < n; i += MP_BLOCK) {
         int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;
         float g[MP_BLOCK], xs[MP_BLOCK], ys[MP_BLOCK], r[MP_BLOCK];
+        if (dt == MP_F32) {   /* in place: the copies through the stack were a fifth of a ReLU backward */
+            const float *fx = x, *fy = y;
+            grad_f32(op, (float *)gin + i, (const float *)gout + i, fx ? fx + i : xs, fy ? fy + i : ys, len, p);
+            continue;
+        }
         cpu_load(dt, gout, i, g, len);
         if (x) cpu_load(dt, x, i, xs, len);
         if (y) cpu_load(dt, y, i, ys, len);
