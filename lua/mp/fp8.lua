@@ -60,4 +60,18 @@ end
 -- codes(q) -> q's e4m3/e5m2 codes as a plain tensor (the same storage), without its scales
 fp8.codes = core._fp8_codes
 
+-- FP8 training (docs/API.md "FP8 training"): the recipes, the holder of their
+-- tensor states, autocast, the linear layer's Function; the trace and the lab
+-- (mp.fp8.trace) are loaded at their first use
+local recipes = require "mp.fp8.recipes"
+local scaler = require "mp.fp8.scaler"
+
+fp8.delayed, fp8.current, fp8.block, fp8.mx = recipes.delayed, recipes.current, recipes.block, recipes.mx
+fp8.Scaler = scaler.new
+fp8.autocast = scaler.autocast
+fp8.linear = scaler.linear
+
+function fp8.load_trace(...) return require("mp.fp8.trace").load_trace(...) end
+function fp8.replay(...) return require("mp.fp8.trace").replay(...) end
+
 return fp8

@@ -11,6 +11,7 @@ local check_size, check_opts = common.check_size, common.check_opts
 local M = require "mp.nn.module"
 local Module = M.Module
 local uniform = common.uniform
+local fp8_active = require "mp.fp8.active"
 
 local layers = {}
 
@@ -30,7 +31,12 @@ function Linear:init(in_features, out_features, opts)
   if opts.bias then self:add_parameter("bias", uniform({ out_features }, bound)) end
 end
 
-function Linear:forward(x) return core.linear(x, self.weight, self.bias) end
+-- inside mp.fp8.autocast the product runs in FP8 (lua/mp/fp8/linear.lua)
+function Linear:forward(x)
+  local f = fp8_active.top()
+  if f then return f.holder:_linear(self, x, f.dtype) end
+  return core.linear(x, self.weight, self.bias)
+end
 
 function Linear:extra_repr()
   return string.format("in_features=%d, out_features=%d, bias=%s", self.in_features, self.out_features,
