@@ -64,12 +64,12 @@ fp8.codes = core._fp8_codes
 -- tensor states, autocast, the linear layer's Function; the trace and the lab
 -- (mp.fp8.trace) are loaded at their first use
 local recipes = require "mp.fp8.recipes"
-local scaler = require "mp.fp8.scaler"
+local holder = require "mp.fp8.holder"
 
 fp8.delayed, fp8.current, fp8.block, fp8.mx = recipes.delayed, recipes.current, recipes.block, recipes.mx
-fp8.Scaler = scaler.new
-fp8.autocast = scaler.autocast
-fp8.linear = scaler.linear
+fp8.Scaler = holder.new
+fp8.autocast = holder.autocast
+fp8.linear = holder.linear
 
 function fp8.load_trace(...) return require("mp.fp8.trace").load_trace(...) end
 function fp8.replay(...) return require("mp.fp8.trace").replay(...) end

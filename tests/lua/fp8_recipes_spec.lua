@@ -1,5 +1,5 @@
 -- fp8_recipes_spec.lua: the FP8 recipes (lua/mp/fp8/recipes.lua), the holder
--- mp.fp8.Scaler and mp.fp8.autocast (lua/mp/fp8/scaler.lua): delayed scaling's
+-- mp.fp8.Scaler and mp.fp8.autocast (lua/mp/fp8/holder.lua): delayed scaling's
 -- scale sequence against a hand computation, its algos, the option errors,
 -- set_recipe, an exact resume, autocast's routing of nn.Linear and its names.
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")

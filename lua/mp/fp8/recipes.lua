@@ -1,7 +1,7 @@
 -- The built-in FP8 scaling recipes (docs/API.md "FP8 recipes"): mp.fp8.delayed,
 -- current, block and mx. A recipe is a stateless policy: each tensor's state
 -- (its amax history, its scale) lives in the tensor state `ts` the holder
--- (scaler.lua) gives it, on the tensor's device, so that observe() and scale()
+-- (holder.lua) gives it, on the tensor's device, so that observe() and scale()
 -- run as device ops without waiting on the host. A user's recipe is any table
 -- with the same fields and methods:
 --
