@@ -61,17 +61,23 @@ end
 fp8.codes = core._fp8_codes
 
 -- FP8 training (docs/API.md "FP8 training"): the recipes, the holder of their
--- tensor states, autocast, the linear layer's Function; the trace and the lab
--- (mp.fp8.trace) are loaded at their first use
-local recipes = require "mp.fp8.recipes"
-local holder = require "mp.fp8.holder"
+-- tensor states, autocast, the linear layer's Function (lua/mp/fp8/), and the
+-- trace and the lab (mp.fp8.trace), each file loaded at the first call that
+-- needs it: `require "mp"` stays as small as it was (a larger Lua heap moves
+-- where the collector runs, and so the peak memory of runs that never use FP8).
+-- The calls are tail calls, so errors still point at the caller's line.
+local function lazy(mod, name)
+  return function(...) return require(mod)[name](...) end
+end
 
-fp8.delayed, fp8.current, fp8.block, fp8.mx = recipes.delayed, recipes.current, recipes.block, recipes.mx
-fp8.Scaler = holder.new
-fp8.autocast = holder.autocast
-fp8.linear = holder.linear
-
-function fp8.load_trace(...) return require("mp.fp8.trace").load_trace(...) end
-function fp8.replay(...) return require("mp.fp8.trace").replay(...) end
+fp8.delayed = lazy("mp.fp8.recipes", "delayed")
+fp8.current = lazy("mp.fp8.recipes", "current")
+fp8.block = lazy("mp.fp8.recipes", "block")
+fp8.mx = lazy("mp.fp8.recipes", "mx")
+fp8.Scaler = lazy("mp.fp8.holder", "new")
+fp8.autocast = lazy("mp.fp8.holder", "autocast")
+fp8.linear = lazy("mp.fp8.holder", "linear")
+fp8.load_trace = lazy("mp.fp8.trace", "load_trace")
+fp8.replay = lazy("mp.fp8.trace", "replay")
 
 return fp8

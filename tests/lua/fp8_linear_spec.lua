@@ -133,6 +133,20 @@ describe("mp.fp8.linear", function()
     assert.are.equal(1, ts.steps_seen)
   end)
 
+  it("current scaling's multiplier used is 1 for a zero or non-finite amax (the quantizer's rule); eval records nothing", function()
+    local fs = mp.fp8.Scaler{recipe = mp.fp8.current{}}
+    mp.fp8.linear(mp.full({1, 3}, 1 / 0), mp.zeros({2, 3}), nil, fs)
+    assert.are.equal(1, fs.by_name["linear.x"].used:item())
+    assert.are.equal(1, fs.by_name["linear.w"].used:item())
+    fs:update()
+    do
+      local _ <close> = mp.no_grad()
+      mp.fp8.linear(mp.ones({1, 3}), mp.ones({2, 3}), nil, fs)
+    end
+    assert.is_nil(fs.by_name["linear.x"].amax)
+    assert.are.equal(0, fs.by_name["linear.x"].numel)
+  end)
+
   it("a bare recipe gets a holder of its own; grads of bf16 inputs stay bf16; no bias", function()
     local r = mp.fp8.current{}
     local x = mp.randn({4, 33}):to("bf16"):requires_grad(true)

@@ -1,6 +1,7 @@
 -- The FP8 autocast regions open now (a stack; mp.fp8.autocast pushes, its guard
--- pops), read by nn.Linear:forward. A file of its own so that mp.nn needs
--- nothing else of mp.fp8: top() is nil outside every region, or
+-- pops), read by nn.Linear:forward through package.loaded (before the first
+-- region this file is not loaded, and no region is open): top() is nil outside
+-- every region, or
 -- {holder =, dtype =} inside one ({off = true} inside mp.fp8.autocast(false)).
 local active = {stack = {}}
 

@@ -116,7 +116,8 @@ function Scaler:_record(ts, amax, scale, numel, counts)
   if scale ~= nil then
     ts.used = R.is_tensor(scale) and scale or core.full({1}, scale, {device = ts.device})
   elseif ts.granularity == "tensor" then
-    ts.used = core.where(amax:gt(0), R.FP8_MAX[ts.format] / amax, 1)
+    -- the quantizer's rule: 1 for a zero or non-finite amax
+    ts.used = core.where(amax:gt(0), core.where(amax:lt(math.huge), R.FP8_MAX[ts.format] / amax, 1), 1)
   else
     ts.used = nil   -- per-group scales
   end

@@ -11,7 +11,6 @@ local check_size, check_opts = common.check_size, common.check_opts
 local M = require "mp.nn.module"
 local Module = M.Module
 local uniform = common.uniform
-local fp8_active = require "mp.fp8.active"
 
 local layers = {}
 
@@ -31,9 +30,11 @@ function Linear:init(in_features, out_features, opts)
   if opts.bias then self:add_parameter("bias", uniform({ out_features }, bound)) end
 end
 
--- inside mp.fp8.autocast the product runs in FP8 (lua/mp/fp8/linear.lua)
+-- inside mp.fp8.autocast the product runs in FP8 (lua/mp/fp8/linear.lua); the
+-- regions' stack is mp.fp8.active's, loaded by the first region (none before)
 function Linear:forward(x)
-  local f = fp8_active.top()
+  local active = package.loaded["mp.fp8.active"]
+  local f = active and active.top()
   if f then return f.holder:_linear(self, x, f.dtype) end
   return core.linear(x, self.weight, self.bias)
 end
