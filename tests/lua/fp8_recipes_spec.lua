@@ -229,6 +229,31 @@ describe("mp.fp8.Scaler and mp.fp8.autocast", function()
     H.raises(function() fs:load_state_dict({recipe = "delayed", tensors = {}}) end, {"load_state_dict", "'delayed'", "'block'"})
   end)
 
+  it("takes a user's recipe: any table with the methods (here a static multiplier of 4)", function()
+    local observed = {}
+    local static = {
+      name = "static4",
+      layout = function(_, kind) return kind == "g" and "e5m2" or "e4m3", "tensor" end,
+      init = function(_, ts) ts.mult = mp.full({1}, 4, {device = ts.device}) end,
+      scale = function(_, ts) return ts.mult end,
+      observe = function(_, ts, a) observed[ts.name] = (observed[ts.name] or 0) + 1 end,
+      state = function(_, ts) return {mult = ts.mult} end,
+      load = function(_, ts, t) ts.mult = t.mult:to(ts.device) end,
+    }
+    local losses, _, fs = run(static, 2)
+    assert.are.equal(2, observed["2.g"])
+    assert.are.equal(4, fs.by_name["0.w"].mult:item())
+    assert.are.equal("static4", fs:state_dict().recipe)
+    for _, l in ipairs(losses) do assert.is_true(l == l and l < 10) end
+    -- the multiplier the step used is the recipe's
+    do
+      local _ <close> = mp.fp8.autocast(fs)
+      local m = mp.nn.Linear(20, 3)
+      m(mp.randn({2, 20}))
+      assert.are.equal(4, fs.by_name["linear1.x"].used:item())
+    end
+  end)
+
   it("mx: every tensor in 32-blocks with E8M0 scales", function()
     local ok = pcall(mp.fp8.quantize, mp.ones({1, 32}), {granularity = "mx"})
     if not ok then return pending("mp.fp8.quantize has no granularity \"mx\" yet (the fp8-kernels2 branch adds it)") end
