@@ -25,6 +25,7 @@ typedef struct {
 typedef struct {
     mp_tensor **amax;
     mp_fp8_counts *counts;
+    mp_tensor **counts_dev;   /* NULL: not wanted; else an f32 {2} tensor on x's device */
 } quant_out;
 
 /* the kernels' granularity of a quantization kind (0 where there is none) */
@@ -65,9 +66,11 @@ static mp_tensor *quantize_fwd(mp_op_ctx *c)
         sdim = 2;
     }
     mp_tensor *q = mp_empty(a->fmt, x->dev, x->ndim, x->shape), *sc = q ? mp_empty(MP_F32, x->dev, sdim, sshape) : NULL;
-    int64_t six = 6;
-    mp_tensor *st = sc ? mp_empty(MP_I32, x->dev, 1, &six) : NULL;   /* three u64 words */
+    int64_t eight = 8, two = 2;
+    mp_tensor *st = sc ? mp_empty(MP_I32, x->dev, 1, &eight) : NULL;   /* four u64 words */
     mp_tensor *am = st ? mp_empty(MP_F32, x->dev, 1, &one) : NULL;
+    mp_tensor *cd = am && out->counts_dev ? mp_empty(MP_F32, x->dev, 1, &two) : NULL;
+    if (am && out->counts_dev && !cd) mp_release(am), am = NULL;
     int r = am ? 0 : -1;
     if (am && x->numel) {
         r = MP_K(x, fp8_quantize, x->dtype, mp_data(x), rows, k, a->fmt, (int)g, given ? mp_data(given) : NULL,
@@ -76,10 +79,12 @@ static mp_tensor *quantize_fwd(mp_op_ctx *c)
     } else if (am) {   /* nothing to read: the scales stay 1, the amax is 0 */
         MP_K(sc, fill, mp_data(sc), MP_F32, sc->numel, 1.0);
         MP_K(am, fill, mp_data(am), MP_F32, 1, 0.0);
+        if (cd) MP_K(cd, fill, mp_data(cd), MP_F32, 2, 0.0);
     }
     if (r == 0 && x->numel) {
         const mp_backend *be = mp_be(x);
         be->copy(be->ctx, mp_data(am), mp_data(st), 4);   /* word 0's low half: the amax's bits (little-endian) */
+        if (cd) be->copy(be->ctx, mp_data(cd), (char *)mp_data(st) + 24, 8);   /* word 3: the counts as two f32 */
         if (out->counts) {
             unsigned long long w[3];
             be->to_host(be->ctx, w, mp_data(st), sizeof w);
@@ -89,10 +94,11 @@ static mp_tensor *quantize_fwd(mp_op_ctx *c)
     if (r == 0) r = mp_set_quant(q, a->kind, sc);
     mp_release(sc), mp_release(st);
     if (r) {
-        mp_release(q), mp_release(am);
+        mp_release(q), mp_release(am), mp_release(cd);
         return NULL;
     }
     *out->amax = am;
+    if (out->counts_dev) *out->counts_dev = cd;
     return q;
 }
 
@@ -101,19 +107,20 @@ static const mp_op quantize_op = {.name = "fp8_quantize", .ac = MP_AC_NONE, .nin
 MP_OP_REGISTER(quantize_op);
 
 mp_tensor *mp_fp8_quantize(mp_tensor *x, mp_dtype fmt, mp_quant_kind kind, mp_tensor *scale, mp_tensor **amax,
-                           mp_fp8_counts *counts)
+                           mp_fp8_counts *counts, mp_tensor **counts_dev)
 {
     quant_args args = {fmt, kind};
-    mp_tensor *am = NULL, *in[2] = {x, scale};
-    quant_out out = {&am, counts};
+    mp_tensor *am = NULL, *cd = NULL, *in[2] = {x, scale};
+    quant_out out = {&am, counts, counts_dev ? &cd : NULL};
     mp_op_ctx c = {.args = &args, .extra = &out};
     mp_tensor *q = mp_apply(&quantize_op, &c, 2, in);
     if (!q) {
-        mp_release(am);
-        am = NULL;
+        mp_release(am), mp_release(cd);
+        am = cd = NULL;
     }
     if (amax) *amax = am;
     else mp_release(am);
+    if (counts_dev) *counts_dev = cd;
     return q;
 }
 

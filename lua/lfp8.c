@@ -8,7 +8,7 @@
 #include "lua/lcore.h"
 
 /* _fp8_quantize(x, format, granularity, scale|nil, counts) -> q, scales, amax
- * [, saturated, flushed] */
+ * [, saturated, flushed] (counts true) | [, counts tensor] (counts "tensor") */
 static int f_quantize(lua_State *L)
 {
     const char *name = "mp.fp8.quantize";
@@ -16,7 +16,7 @@ static int f_quantize(lua_State *L)
     mp_dtype fmt = lb_dtype(L, 2, name);
     const char *g = luaL_checkstring(L, 3);
     mp_quant_kind kind = !strcmp(g, "tile") ? MP_QUANT_1X128 : !strcmp(g, "block") ? MP_QUANT_128X128 : MP_QUANT_TENSOR;
-    int want = lua_toboolean(L, 5);
+    int on_dev = lua_type(L, 5) == LUA_TSTRING, want = !on_dev && lua_toboolean(L, 5);
     /* the given scale: a tensor, or a number made one on x's device */
     mp_tensor *s = NULL;
     if (lua_type(L, 4) == LUA_TNUMBER) {
@@ -27,12 +27,15 @@ static int f_quantize(lua_State *L)
     if (!lua_isnoneornil(L, 4)) s = lb_tensor_arg(L, 4, "scale", name);
     lua_settop(L, 5);
     mp_fp8_counts n = {0, 0};
-    mp_tensor *amax = NULL;
-    LT_PUSH(L, name, mp_fp8_quantize(x, fmt, kind, s, &amax, want ? &n : NULL));
+    mp_tensor *amax = NULL, *cd = NULL;
+    LT_PUSH(L, name, mp_fp8_quantize(x, fmt, kind, s, &amax, want ? &n : NULL, on_dev ? &cd : NULL));
     mp_tensor *q = lt_check(L, lua_gettop(L));
-    LT_PUSH(L, name, amax);   /* pushed first: nothing can fail between its making and here */
+    /* pushed first: nothing can fail between their making and here */
+    LT_PUSH(L, name, amax);
+    if (on_dev) LT_PUSH(L, name, cd);
     LT_PUSH(L, name, mp_retain(q->quant.scales));
-    lua_rotate(L, -2, 1);     /* q, scales, amax */
+    lua_rotate(L, on_dev ? -3 : -2, 1);   /* q, scales, amax [, counts] */
+    if (on_dev) return 4;
     if (!want) return 3;
     lua_pushinteger(L, (lua_Integer)n.saturated);
     lua_pushinteger(L, (lua_Integer)n.flushed);

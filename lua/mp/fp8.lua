@@ -14,7 +14,8 @@ local function bad(name, what, want, got)
 end
 
 -- quantize(x [, {format = "e4m3", granularity = "tensor", scale =, counts = false}])
---   -> q, scales, amax [, {saturated =, flushed =}]
+--   -> q, scales, amax [, {saturated =, flushed =} (counts = true: read back, a host wait)
+--                       | f32 {2} tensor {saturated, flushed} on x's device (counts = "tensor": no wait)]
 function fp8.quantize(x, opts)
   local Q = "mp.fp8.quantize"
   opts = core._options(Q, opts, "format:any granularity:any scale:any counts:any", 3)
@@ -27,8 +28,13 @@ function fp8.quantize(x, opts)
       bad(Q, "scale", "a positive finite number or an f32 tensor of one value", scale)
     end
   end
-  local q, s, amax, sat, flushed = core._fp8_quantize(x, fmt, g, scale, opts.counts and true or false)
-  if opts.counts then return q, s, amax, {saturated = sat, flushed = flushed} end
+  local counts = opts.counts
+  if counts ~= nil and type(counts) ~= "boolean" and counts ~= "tensor" then
+    bad(Q, "counts", 'true, false or "tensor"', counts)
+  end
+  if counts == "tensor" then return core._fp8_quantize(x, fmt, g, scale, "tensor") end
+  local q, s, amax, sat, flushed = core._fp8_quantize(x, fmt, g, scale, counts and true or false)
+  if counts then return q, s, amax, {saturated = sat, flushed = flushed} end
   return q, s, amax
 end
 

@@ -164,9 +164,9 @@ static void quant_same(mp_dtype dt, int64_t rows, int64_t k, mp_fp8_format fmt, 
     cr_assert_eq(cpu_fp8_quantize(mp_backend_of(MP_CPU)->ctx, dt, x, rows, k, fmt, g, given > 0 ? &given : NULL, qc,
                                   sc, &st), 0);
     void *dx = up(x, es * (size_t)n), *dg = given > 0 ? up(&given, 4) : NULL, *dq = be->alloc(be->ctx, (size_t)n);
-    void *ds = be->alloc(be->ctx, ss * (size_t)ns), *dst = be->alloc(be->ctx, 24);
+    void *ds = be->alloc(be->ctx, ss * (size_t)ns), *dst = be->alloc(be->ctx, 32);
     cr_assert_eq(quant(be->ctx, dt, dx, rows, k, fmt, g, dg, dq, ds, dst), 0);
-    unsigned long long w[3];
+    unsigned long long w[4];
     be->to_host(be->ctx, qg, dq, (size_t)n);
     be->to_host(be->ctx, sg, ds, ss * (size_t)ns);
     be->to_host(be->ctx, w, dst, sizeof w);
@@ -180,9 +180,14 @@ static void quant_same(mp_dtype dt, int64_t rows, int64_t k, mp_fp8_format fmt, 
     cr_assert_eq(amax, st.amax);
     cr_assert_eq((int64_t)w[1], st.saturated);
     cr_assert_eq((int64_t)w[2], st.flushed);
+    float f[2];   /* word 3: the counts as f32, made on the device for a device tensor */
+    memcpy(f, &w[3], sizeof f);
+    cr_assert_eq(f[0], (float)st.saturated);
+    cr_assert_eq(f[1], (float)st.flushed);
+    cr_assert(st.flushed > 0, "the test has flushed values (tiny ones)");
     cr_assert(g != MP_FP8_TENSOR || given <= 0 || st.saturated > 0, "the test puts saturated values in");
     be->free(be->ctx, dx, es * (size_t)n), be->free(be->ctx, dq, (size_t)n), be->free(be->ctx, ds, ss * (size_t)ns);
-    be->free(be->ctx, dst, 24);
+    be->free(be->ctx, dst, 32);
     if (dg) be->free(be->ctx, dg, 4);
     free(x), free(qc), free(qg), free(sc), free(sg);
 }

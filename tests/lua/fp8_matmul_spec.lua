@@ -81,8 +81,35 @@ describe("mp.fp8.quantize", function()
     assert.are.equal(0.25, s2:item())
   end)
 
+  it("gives the counts as a device tensor without a wait, the same as the host table", function()
+    -- tensor scale from the amax, a given scale, tiles: each with saturated and flushed values
+    local y = mp.tensor({{300, -224, 2 ^ -12, 1, 0, 2 ^ -30}, {-1e6, 5, 2 ^ -11, 0, 7, -2 ^ -40}})
+    for _, o in ipairs({{scale = 2}, {}, {granularity = "tile"}, {granularity = "block", format = "e5m2"}}) do
+      local oh, od = {counts = true}, {counts = "tensor"}
+      for k, v in pairs(o) do oh[k], od[k] = v, v end
+      local qh, sh, ah, n = mp.fp8.quantize(y, oh)
+      local qd, sd, ad, c = mp.fp8.quantize(y, od)
+      assert.are.equal("f32", c.dtype)
+      assert.are.same({2}, c.shape)
+      assert.are.equal(y.device, c.device)
+      assert.are.same({n.saturated, n.flushed}, c:cpu():totable())
+      assert.are.same(mp.fp8.codes(qh):view("u8"):cpu():totable(), mp.fp8.codes(qd):view("u8"):cpu():totable())
+      assert.are.same(sh:cpu():totable(), sd:cpu():totable())
+      assert.are.equal(ah:item(), ad:item())
+    end
+    -- by hand, times 2: 600 and -2e6 saturate; 2^-11 and 2^-29 flush, 2^-10 ties to the even zero, -2^-39 too
+    local _, _, _, n = mp.fp8.quantize(y, {scale = 2, counts = true})
+    assert.are.same({saturated = 2, flushed = 4}, n)
+    -- summed over micro-batches with + (the recipes' use)
+    local _, _, _, c1 = mp.fp8.quantize(y, {scale = 2, counts = "tensor"})
+    local _, _, _, c2 = mp.fp8.quantize(y, {scale = 2, counts = "tensor"})
+    assert.are.same({4, 8}, (c1 + c2):cpu():totable())
+  end)
+
   it("names the function and the option in its errors", function()
     local function err(f) local ok, e = pcall(f); assert.is_false(ok); return tostring(e) end
+    assert.matches("mp.fp8.quantize: option 'counts' must be true, false or \"tensor\"",
+                   err(function() mp.fp8.quantize(X, {counts = "host"}) end))
     assert.matches("mp.fp8.quantize: option 'format' must be", err(function() mp.fp8.quantize(X, {format = "e3m4"}) end))
     assert.matches("option 'granularity'", err(function() mp.fp8.quantize(X, {granularity = "row"}) end))
     assert.matches("option 'scale'", err(function() mp.fp8.quantize(X, {granularity = "tile", scale = 2}) end))

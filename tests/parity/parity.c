@@ -1492,7 +1492,7 @@ static void cases_fp8_scaled(void)
             if (!begin(&c, "fp8 quantize %s %s 130x272", mp_dtype_name(fmt), G[gi].name)) continue;
             int64_t ns = mp_fp8_nscales(G[gi].g, rows, k);
             int x = buf(&c, MP_F32, rows * k, 0, -3, 3), q = buf(&c, MP_U8, rows * k, 1, 0, 0);
-            int s = buf(&c, G[gi].g == MP_FP8_MX ? MP_U8 : MP_F32, ns, 1, 0, 0), st = buf(&c, MP_U8, 24, 1, 0, 0);
+            int s = buf(&c, G[gi].g == MP_FP8_MX ? MP_U8 : MP_F32, ns, 1, 0, 0), st = buf(&c, MP_U8, 32, 1, 0, 0);
             REF->fp8_quantize(REF->ctx, MP_F32, c.ref[x], rows, k, fmt, G[gi].g, NULL, c.ref[q], c.ref[s], c.ref[st]);
             if (DUT->fp8_quantize(DUT->ctx, MP_F32, c.dev[x], rows, k, fmt, G[gi].g, NULL, c.dev[q], c.dev[s],
                                   c.dev[st]))
@@ -1513,7 +1513,7 @@ static void cases_fp8_scaled(void)
         int qa = buf(&c, MP_U8, m * kk, 0, 0, 0), qb = buf(&c, MP_U8, n * kk, 0, 0, 0);
         int sa = buf(&c, MP_F32, mp_fp8_nscales(P[pi].ga, m, kk), 0, 0, 0);
         int sb = buf(&c, MP_F32, mp_fp8_nscales(P[pi].gb, n, kk), 0, 0, 0);
-        int o = buf(&c, P[pi].out, m * n, 1, 0, 0), st = buf(&c, MP_U8, 24, 0, 0, 0);
+        int o = buf(&c, P[pi].out, m * n, 1, 0, 0), st = buf(&c, MP_U8, 32, 0, 0, 0);
         /* the operands quantized on the CPU, then given to both */
         REF->fp8_quantize(REF->ctx, MP_F32, c.ref[xa], m, kk, MP_E4M3, P[pi].ga, NULL, c.ref[qa], c.ref[sa], c.ref[st]);
         REF->fp8_quantize(REF->ctx, MP_F32, c.ref[xb], n, kk, MP_E4M3, P[pi].gb, NULL, c.ref[qb], c.ref[sb], c.ref[st]);
