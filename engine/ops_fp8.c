@@ -1,7 +1,8 @@
 /*
  * ops_fp8.c: scaled FP8 (kernels/fp8_scaled.h): fp8_quantize, f32/f16/bf16 x
  * -> an e4m3/e5m2 tensor carrying its decode scales (t->quant: value = code
- * x scale, one per tensor, 1x128 tile or 128x128 block along the last dim)
+ * x scale, one per tensor, 1x128 tile or 128x128 block along the last dim,
+ * or an E8M0 power of two per 1x32 OCP MX block)
  * and x's amax as an f32 {1} tensor on x's device (no wait: delayed scaling
  * keeps its amax history there); and fp8_matmul, a {m, k} b {n, k} -> a b^T
  * {m, n} of two such tensors, both read along k (the layout FP8 tensor cores
@@ -35,6 +36,7 @@ static int gran_of(mp_quant_kind k, mp_fp8_gran *g)
     case MP_QUANT_TENSOR: *g = MP_FP8_TENSOR; return 1;
     case MP_QUANT_1X128: *g = MP_FP8_TILE; return 1;
     case MP_QUANT_128X128: *g = MP_FP8_BLOCK; return 1;
+    case MP_QUANT_MX: *g = MP_FP8_MX; return 1;
     case MP_QUANT_NONE: case MP_NQUANT: break;
     }
     return 0;
@@ -65,7 +67,8 @@ static mp_tensor *quantize_fwd(mp_op_ctx *c)
         sshape[0] = (rows + block[0] - 1) / block[0], sshape[1] = (k + block[1] - 1) / block[1];
         sdim = 2;
     }
-    mp_tensor *q = mp_empty(a->fmt, x->dev, x->ndim, x->shape), *sc = q ? mp_empty(MP_F32, x->dev, sdim, sshape) : NULL;
+    mp_dtype sdt = a->kind == MP_QUANT_MX ? MP_U8 : MP_F32;   /* MX: E8M0 bytes */
+    mp_tensor *q = mp_empty(a->fmt, x->dev, x->ndim, x->shape), *sc = q ? mp_empty(sdt, x->dev, sdim, sshape) : NULL;
     int64_t eight = 8, two = 2;
     mp_tensor *st = sc ? mp_empty(MP_I32, x->dev, 1, &eight) : NULL;   /* four u64 words */
     mp_tensor *am = st ? mp_empty(MP_F32, x->dev, 1, &one) : NULL;
@@ -76,8 +79,8 @@ static mp_tensor *quantize_fwd(mp_op_ctx *c)
         r = MP_K(x, fp8_quantize, x->dtype, mp_data(x), rows, k, a->fmt, (int)g, given ? mp_data(given) : NULL,
                  mp_data(q), mp_data(sc), mp_data(st));
         if (r == -1) mp_fail(MP_EOOM, "out of memory");
-    } else if (am) {   /* nothing to read: the scales stay 1, the amax is 0 */
-        MP_K(sc, fill, mp_data(sc), MP_F32, sc->numel, 1.0);
+    } else if (am) {   /* nothing to read: the scales stay 1 (E8M0 127), the amax is 0 */
+        MP_K(sc, fill, mp_data(sc), sdt, sc->numel, sdt == MP_U8 ? 127.0 : 1.0);
         MP_K(am, fill, mp_data(am), MP_F32, 1, 0.0);
         if (cd) MP_K(cd, fill, mp_data(cd), MP_F32, 2, 0.0);
     }
@@ -158,6 +161,12 @@ static mp_tensor *matmul_fwd(mp_op_ctx *c)
     const mm_args *g = MP_OP_ARGS(c, mm_args);
     mp_fp8_operand oa, ob;
     if (operand_of(a, "a", &oa) || operand_of(b, "b", &ob)) return NULL;
+    /* MX blocks multiply with MX blocks only: the CUDA path decodes both with their
+     * power-of-two scales; refused alike on every device */
+    if ((oa.g == MP_FP8_MX) != (ob.g == MP_FP8_MX))
+        return mp_fail(MP_EINVAL, "%s is mx-scaled but %s is %s-scaled: an mx operand multiplies only with another",
+                       oa.g == MP_FP8_MX ? "a" : "b", oa.g == MP_FP8_MX ? "b" : "a",
+                       mp_quant_name(oa.g == MP_FP8_MX ? b->quant.kind : a->quant.kind)), NULL;
     if (a->dev != b->dev)
         return mp_fail(MP_EINVAL, "a is on %s and b on %s", mp_device_name(a->dev), mp_device_name(b->dev)), NULL;
     int64_t m = a->shape[0], k = a->shape[1], n = b->shape[0];

@@ -15,7 +15,10 @@ static int f_quantize(lua_State *L)
     mp_tensor *x = lb_tensor_arg(L, 1, "x", name);
     mp_dtype fmt = lb_dtype(L, 2, name);
     const char *g = luaL_checkstring(L, 3);
-    mp_quant_kind kind = !strcmp(g, "tile") ? MP_QUANT_1X128 : !strcmp(g, "block") ? MP_QUANT_128X128 : MP_QUANT_TENSOR;
+    mp_quant_kind kind = !strcmp(g, "tile")    ? MP_QUANT_1X128
+                         : !strcmp(g, "block") ? MP_QUANT_128X128
+                         : !strcmp(g, "mx")    ? MP_QUANT_MX
+                                               : MP_QUANT_TENSOR;
     int on_dev = lua_type(L, 5) == LUA_TSTRING, want = !on_dev && lua_toboolean(L, 5);
     /* the given scale: a tensor, or a number made one on x's device */
     mp_tensor *s = NULL;

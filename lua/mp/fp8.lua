@@ -5,7 +5,7 @@ local core = require "mp.core"
 local fp8 = {}
 
 local FORMATS = {e4m3 = true, e5m2 = true}
-local GRANULARITIES = {tensor = true, tile = true, block = true}
+local GRANULARITIES = {tensor = true, tile = true, block = true, mx = true}
 local OUT = {f32 = true, bf16 = true, f16 = true}
 
 local function bad(name, what, want, got)
@@ -21,7 +21,7 @@ function fp8.quantize(x, opts)
   opts = core._options(Q, opts, "format:any granularity:any scale:any counts:any", 3)
   local fmt, g, scale = opts.format or "e4m3", opts.granularity or "tensor", opts.scale
   if not FORMATS[fmt] then bad(Q, "format", '"e4m3" or "e5m2"', fmt) end
-  if not GRANULARITIES[g] then bad(Q, "granularity", '"tensor", "tile" or "block"', g) end
+  if not GRANULARITIES[g] then bad(Q, "granularity", '"tensor", "tile", "block" or "mx"', g) end
   if scale ~= nil then
     if g ~= "tensor" then bad(Q, "scale", 'absent unless granularity is "tensor"', scale) end
     if type(scale) == "number" and not (scale > 0 and scale < math.huge) then

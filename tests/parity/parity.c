@@ -1477,7 +1477,8 @@ static void cases_fp8(void)
  * statistics words byte for byte (both backends take the same f32 steps and
  * kernels/fp8.h's conversion), for both formats and every granularity; and
  * the GEMM of the CPU's quantized operands, f32 sums in another order (f32
- * C: nmse 1e-10; bf16 C: one ulp), and the fast accumulation (the emulated
+ * C: nmse 1e-10; bf16 C: one ulp; MX: the CUDA side's own bf16 decoding and
+ * cuBLAS bf16 GEMM against the CPU's), and the fast accumulation (the emulated
  * cuBLASLt answers it with the CPU's 14-bit model: the same bits there; a GPU's
  * own accumulator within nmse 1e-4). */
 static void cases_fp8_scaled(void)
@@ -1502,7 +1503,7 @@ static void cases_fp8_scaled(void)
     static const struct { mp_fp8_gran ga, gb; mp_dtype out; int fast; } P[] = {
         {MP_FP8_TENSOR, MP_FP8_TENSOR, MP_F32, 0}, {MP_FP8_TENSOR, MP_FP8_TENSOR, MP_BF16, 0},
         {MP_FP8_TILE, MP_FP8_BLOCK, MP_F32, 0}, {MP_FP8_TILE, MP_FP8_BLOCK, MP_BF16, 0},
-        {MP_FP8_TENSOR, MP_FP8_TENSOR, MP_F32, 1}};
+        {MP_FP8_TENSOR, MP_FP8_TENSOR, MP_F32, 1}, {MP_FP8_MX, MP_FP8_MX, MP_F32, 0}, {MP_FP8_MX, MP_FP8_MX, MP_BF16, 0}};
     const int64_t m = 40, n = 136, kk = 384;
     for (size_t pi = 0; pi < sizeof P / sizeof *P; pi++) {
         char what[64];
@@ -1511,8 +1512,8 @@ static void cases_fp8_scaled(void)
         if (!begin(&c, "fp8 gemm %s 40x136x384%s", what, "")) continue;
         int xa = buf(&c, MP_F32, m * kk, 0, -2, 2), xb = buf(&c, MP_F32, n * kk, 0, -2, 2);
         int qa = buf(&c, MP_U8, m * kk, 0, 0, 0), qb = buf(&c, MP_U8, n * kk, 0, 0, 0);
-        int sa = buf(&c, MP_F32, mp_fp8_nscales(P[pi].ga, m, kk), 0, 0, 0);
-        int sb = buf(&c, MP_F32, mp_fp8_nscales(P[pi].gb, n, kk), 0, 0, 0);
+        int sa = buf(&c, P[pi].ga == MP_FP8_MX ? MP_U8 : MP_F32, mp_fp8_nscales(P[pi].ga, m, kk), 0, 0, 0);
+        int sb = buf(&c, P[pi].gb == MP_FP8_MX ? MP_U8 : MP_F32, mp_fp8_nscales(P[pi].gb, n, kk), 0, 0, 0);
         int o = buf(&c, P[pi].out, m * n, 1, 0, 0), st = buf(&c, MP_U8, 32, 0, 0, 0);
         /* the operands quantized on the CPU, then given to both */
         REF->fp8_quantize(REF->ctx, MP_F32, c.ref[xa], m, kk, MP_E4M3, P[pi].ga, NULL, c.ref[qa], c.ref[sa], c.ref[st]);
