@@ -139,7 +139,7 @@ mp_tensor *mp_fp8_codes(mp_tensor *q)
 
 typedef struct {
     mp_dtype out;
-    int acc_bits, fast;
+    int acc_bits, fast, acc_round;
     int64_t promote_every;
 } mm_args;
 
@@ -178,6 +178,8 @@ static mp_tensor *matmul_fwd(mp_op_ctx *c)
     if (g->acc_bits < 0 || g->acc_bits > 23 || g->promote_every < 0)
         return mp_fail(MP_EINVAL, "acc_bits must be 1..23 and promote_every >= 0 (got %d, %lld)", g->acc_bits,
                        (long long)g->promote_every), NULL;
+    if (g->acc_round != MP_FP8_ACC_NEAREST && g->acc_round != MP_FP8_ACC_TRUNCATE)
+        return mp_fail(MP_EINVAL, "acc_round must be nearest (0) or truncate (1) (got %d)", g->acc_round), NULL;
     /* the model applies tile and block scales at promotion: no interval may straddle two */
     if (g->acc_bits && (oa.g == MP_FP8_TILE || oa.g == MP_FP8_BLOCK || ob.g == MP_FP8_TILE || ob.g == MP_FP8_BLOCK) &&
         (g->promote_every == 0 || 128 % g->promote_every))
@@ -186,7 +188,8 @@ static mp_tensor *matmul_fwd(mp_op_ctx *c)
     int64_t shape[2] = {m, n};
     mp_tensor *o = mp_empty(g->out, a->dev, 2, shape);
     if (!o) return NULL;
-    int r = MP_K(a, fp8_gemm, m, n, k, &oa, &ob, g->acc_bits, g->promote_every, g->fast, g->out, mp_data(o));
+    int r = MP_K(a, fp8_gemm, m, n, k, &oa, &ob, g->acc_bits, g->promote_every, g->acc_round, g->fast, g->out,
+                 mp_data(o));
     if (r) {
         mp_release(o);
         if (r == -1) return mp_fail(MP_EOOM, "out of memory"), NULL;
@@ -204,9 +207,10 @@ static const mp_op matmul_op = {.name = "fp8_matmul", .ac = MP_AC_NONE, .nin = 2
                                 .moves_bytes = true};
 MP_OP_REGISTER(matmul_op);
 
-mp_tensor *mp_fp8_matmul(mp_tensor *a, mp_tensor *b, mp_dtype out, int acc_bits, int64_t promote_every, bool fast)
+mp_tensor *mp_fp8_matmul(mp_tensor *a, mp_tensor *b, mp_dtype out, int acc_bits, int64_t promote_every,
+                         int acc_round, bool fast)
 {
-    mm_args args = {out, acc_bits, fast ? 1 : 0, promote_every};
+    mm_args args = {out, acc_bits, fast ? 1 : 0, acc_round, promote_every};
     mp_op_ctx c = {.args = &args};
     mp_tensor *in[2] = {a, b};
     return mp_apply(&matmul_op, &c, 2, in);

@@ -45,7 +45,8 @@ static int f_quantize(lua_State *L)
     return 5;
 }
 
-/* _fp8_matmul(a, b, out_dtype, acc_bits, promote_every, fast) -> c */
+/* _fp8_matmul(a, b, out_dtype, acc_bits, promote_every, fast, acc_round) -> c
+ * (acc_round: "nearest" | "truncate") */
 static int f_matmul(lua_State *L)
 {
     const char *name = "mp.fp8.matmul";
@@ -53,7 +54,9 @@ static int f_matmul(lua_State *L)
     mp_dtype out = lb_dtype(L, 3, name);
     int bits = (int)lb_integer_in(L, 4, "acc_bits", name, 0, 23);
     int64_t every = lb_integer_in(L, 5, "promote_every", name, 0, INT64_MAX);
-    LT_PUSH(L, name, mp_fp8_matmul(a, b, out, bits, every, lua_toboolean(L, 6)));
+    const char *rnd = luaL_optstring(L, 7, "nearest");
+    int acc_round = !strcmp(rnd, "truncate") ? MP_FP8_ACC_TRUNCATE : !strcmp(rnd, "nearest") ? MP_FP8_ACC_NEAREST : -1;
+    LT_PUSH(L, name, mp_fp8_matmul(a, b, out, bits, every, acc_round, lua_toboolean(L, 6)));
     return 1;
 }
 

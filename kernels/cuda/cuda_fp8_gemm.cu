@@ -225,7 +225,8 @@ extern "C" int mp_cuda_fp8_gemm(mp_kctx *cx, int64_t m, int64_t n, int64_t k, co
 /* the backend's fp8_gemm (kernels/backend.h): the modelled accumulator is the
  * CPU's alone (declined); fast is cuBLASLt's FAST_ACCUM (MX: f32 sums) */
 int mp_cuda_fp8_gemm_entry(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a,
-                           const mp_fp8_operand *b, int acc_bits, int64_t promote_every, int fast, mp_dtype out, void *c)
+                           const mp_fp8_operand *b, int acc_bits, int64_t promote_every, int acc_round, int fast,
+                           mp_dtype out, void *c)
 {
     if (acc_bits) return 1;
     return mp_cuda_fp8_gemm(cx, m, n, k, a, b, fast, out, c);

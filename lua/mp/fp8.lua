@@ -38,29 +38,33 @@ function fp8.quantize(x, opts)
   return q, s, amax
 end
 
--- matmul(a, b [, {out_dtype = "bf16", accumulate = "f32" | "fast" | {acc_bits =, promote_every =}}])
+-- matmul(a, b [, {out_dtype = "bf16",
+--                  accumulate = "f32" | "fast" | {acc_bits =, promote_every =, acc_round = "nearest" | "truncate"}}])
 --   -> a b^T: a {m, k}, b {n, k}, both from quantize
 function fp8.matmul(a, b, opts)
   local M = "mp.fp8.matmul"
   opts = core._options(M, opts, "out_dtype:any accumulate:any", 3)
   local out, acc = opts.out_dtype or "bf16", opts.accumulate or "f32"
   if not OUT[out] then bad(M, "out_dtype", '"f32", "bf16" or "f16"', out) end
-  local bits, every, fast = 0, 0, false
+  local bits, every, fast, rnd = 0, 0, false, "nearest"
   if acc == "fast" then
     fast = true
   elseif type(acc) == "table" then
-    core._options(M .. ": option 'accumulate'", acc, "acc_bits:any promote_every:any", 3)
-    bits, every = acc.acc_bits, acc.promote_every or 0
+    core._options(M .. ": option 'accumulate'", acc, "acc_bits:any promote_every:any acc_round:any", 3)
+    bits, every, rnd = acc.acc_bits, acc.promote_every or 0, acc.acc_round or "nearest"
     if math.type(bits) ~= "integer" or bits < 1 or bits > 23 then
       bad(M, "accumulate.acc_bits", "an integer from 1 to 23", bits)
     end
     if math.type(every) ~= "integer" or every < 0 then
       bad(M, "accumulate.promote_every", "a non-negative integer (0: never)", every)
     end
+    if rnd ~= "nearest" and rnd ~= "truncate" then
+      bad(M, "accumulate.acc_round", '"nearest" or "truncate"', rnd)
+    end
   elseif acc ~= "f32" then
-    bad(M, "accumulate", '"f32", "fast" or {acc_bits =, promote_every =}', acc)
+    bad(M, "accumulate", '"f32", "fast" or {acc_bits =, promote_every =, acc_round =}', acc)
   end
-  return core._fp8_matmul(a, b, out, bits, every, fast)
+  return core._fp8_matmul(a, b, out, bits, every, fast, rnd)
 end
 
 -- codes(q) -> q's e4m3/e5m2 codes as a plain tensor (the same storage), without its scales

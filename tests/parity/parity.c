@@ -1521,8 +1521,9 @@ static void cases_fp8_scaled(void)
         for (int b = qa; b <= sb; b++) DUT->from_host(DUT->ctx, c.dev[b], c.ref[b], c.size[b]);
         mp_fp8_operand ra = {c.ref[qa], MP_FP8_E4M3, P[pi].ga, c.ref[sa]}, rb = {c.ref[qb], MP_FP8_E4M3, P[pi].gb, c.ref[sb]};
         mp_fp8_operand da = {c.dev[qa], MP_FP8_E4M3, P[pi].ga, c.dev[sa]}, db = {c.dev[qb], MP_FP8_E4M3, P[pi].gb, c.dev[sb]};
-        REF->fp8_gemm(REF->ctx, m, n, kk, &ra, &rb, 0, 0, P[pi].fast, P[pi].out, c.ref[o]);
-        if (DUT->fp8_gemm(DUT->ctx, m, n, kk, &da, &db, 0, 0, P[pi].fast, P[pi].out, c.dev[o])) c.rc_fail = "fp8_gemm";
+        REF->fp8_gemm(REF->ctx, m, n, kk, &ra, &rb, 0, 0, MP_FP8_ACC_NEAREST, P[pi].fast, P[pi].out, c.ref[o]);
+        if (DUT->fp8_gemm(DUT->ctx, m, n, kk, &da, &db, 0, 0, MP_FP8_ACC_NEAREST, P[pi].fast, P[pi].out, c.dev[o]))
+            c.rc_fail = "fp8_gemm";
         c.bound = P[pi].fast ? 1e-4 : P[pi].out == MP_F32 ? 1e-10 : 1e-5;
         c.max_ulps = P[pi].out == MP_BF16 ? 1 : 0;
         finish(&c);
