@@ -110,9 +110,10 @@ describe("mp.fp8.quantize", function()
   end)
 
   it("gives the counts as a device tensor without a wait, the same as the host table", function()
-    -- tensor scale from the amax, a given scale, tiles: each with saturated and flushed values
+    -- tensor scale from the amax, a given scale, tiles, blocks, mx: each with saturated and flushed values
     local y = mp.tensor({{300, -224, 2 ^ -12, 1, 0, 2 ^ -30}, {-1e6, 5, 2 ^ -11, 0, 7, -2 ^ -40}})
-    for _, o in ipairs({{scale = 2}, {}, {granularity = "tile"}, {granularity = "block", format = "e5m2"}}) do
+    for _, o in ipairs({{scale = 2}, {}, {granularity = "tile"}, {granularity = "block", format = "e5m2"},
+                        {granularity = "mx"}}) do
       local oh, od = {counts = true}, {counts = "tensor"}
       for k, v in pairs(o) do oh[k], od[k] = v, v end
       local qh, sh, ah, n = mp.fp8.quantize(y, oh)
