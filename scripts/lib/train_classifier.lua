@@ -196,6 +196,10 @@ return function(spec)
       local right <close> = logits:argmax(2):eq(y):sum()
       correct = correct + right:item()
       n = n + y:numel()
+      -- the forward's intermediate tensors are the collector's to free: a step
+      -- per batch keeps them from piling up between its cycles, whose pace moves
+      -- with the Lua heap's size (by 21 MiB of peak in train_cnn_spec's run)
+      collectgarbage("step")
     end
     model:train()
     return correct / n

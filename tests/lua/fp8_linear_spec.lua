@@ -10,13 +10,17 @@ local function decoded(q, scales, gran)
   local c = mp.fp8.codes(q):to("f32")
   local rows, k = c.shape[1], c.shape[2]
   if gran == "tensor" then return c * scales end
-  local s, cv = scales:to("cpu"):totable(), c:to("cpu"):totable()
+  local s, cv = scales:to("cpu"):to("f32"):totable(), c:to("cpu"):totable()
   local out = {}
   for r = 1, rows do
     local row = {}
     for j = 1, k do
-      local sr = gran == "tile" and s[r] or s[(r - 1) // 128 + 1]
-      row[j] = cv[r][j] * sr[(j - 1) // 128 + 1]
+      if gran == "mx" then   -- 1x32 blocks, E8M0 bytes: 2^(b - 127)
+        row[j] = cv[r][j] * 2.0 ^ (s[r][(j - 1) // 32 + 1] - 127)
+      else
+        local sr = gran == "tile" and s[r] or s[(r - 1) // 128 + 1]
+        row[j] = cv[r][j] * sr[(j - 1) // 128 + 1]
+      end
     end
     out[r] = row
   end
@@ -50,6 +54,7 @@ local recipes = {
   {"delayed (hybrid)", function() return mp.fp8.delayed{history = 4} end},
   {"current", function() return mp.fp8.current{} end},
   {"block", function() return mp.fp8.block{} end},
+  {"mx", function() return mp.fp8.mx{} end},
 }
 
 describe("mp.fp8.linear", function()

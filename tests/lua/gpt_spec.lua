@@ -129,9 +129,6 @@ describe("train_gpt.lua", function()
   end)
 
   it("--amp fp8 --recipe mx trains", function()
-    if not pcall(mp.fp8.quantize, mp.ones({1, 32}), {granularity = "mx"}) then
-      return pending("mp.fp8.quantize has no granularity \"mx\" yet (the fp8-kernels2 branch adds it)")
-    end
     local out, code = run(SMALL .. " --batch 4 --steps 3 --eval-every 3 --amp fp8 --recipe mx")
     assert.are.equal(0, code, out)
   end)

@@ -123,10 +123,6 @@ function Scaler:_record(ts, amax, scale, numel, counts)
   end
   ts.numel = ts.numel + numel
   if counts ~= nil then
-    if not R.is_tensor(counts) then   -- a quantizer without counts = "tensor": the host's numbers
-      counts = core.tensor({counts.saturated, counts.flushed}, {device = ts.device})
-    end
-    counts = counts.dtype == "f32" and counts or counts:to("f32")
     ts.counts = ts.counts and ts.counts + counts or counts
   end
 end
