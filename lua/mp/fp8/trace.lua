@@ -295,6 +295,11 @@ function trace.load(path, who)
             or array_fault(r, "saturated", n, frac, "a fraction")
             or array_fault(r, "flushed", n, frac, "a fraction")
       if not bad then
+        -- amaxes and multipliers are f32 on the device, written in 9 digits: f32 again
+        for k = 1, n do
+          if r.amax[k] then r.amax[k] = f32(r.amax[k]) end
+          if r.scale[k] then r.scale[k] = f32(r.scale[k]) end
+        end
         steps[#steps + 1] = {step = r.step, amax = r.amax, scale = r.scale, saturated = r.saturated,
                              flushed = r.flushed}
       end
@@ -389,7 +394,7 @@ function trace.replay(tr, recipe)
           local got, raw = multiplier(given)
           if not got then
             error(string.format("%s: the recipe's scale gave %s at step %s for %s (expected nil or an f32 tensor of "
-                                .. "one positive finite value)", R, raw and tostring(raw) or shown(given), r.step,
+                                .. "one positive finite value)", R, raw and string.format("%.9g", raw) or shown(given), r.step,
                                 ts.name), 2)
           end
           m = got
