@@ -523,3 +523,29 @@ return {name = "prev",
     assert.is_truthy(out:find("line 3: step is \"two\"", 1, true), out)
   end)
 end)
+
+describe("scripts/fp8_spike.lua", function()
+  it("refuses bad arguments before training", function()
+    for _, c in ipairs {
+      {"--spike 50 --steps 40", "--spike must be at most --steps"},
+      {"--channel 200", "--channel must be at most --dim"},
+      {"--bogus 1", "unknown option --bogus"},
+    } do
+      local out, code = H.script("scripts/fp8_spike.lua")(c[1])
+      assert.are.equal(2, code, c[1] .. ": " .. out)
+      assert.is_truthy(out:find(c[2], 1, true), c[1] .. ": " .. out)
+    end
+  end)
+
+  it("delayed scaling saturates at the injected outlier, current and block do not, and replay predicts it", function()
+    if not (mp.fp8.Scaler and mp.fp8.autocast and mp.fp8.delayed) then
+      return pending("needs mp.fp8.Scaler, mp.fp8.autocast and the built-in recipes (the fp8-recipes branch)")
+    end
+    local out, code = H.script("scripts/fp8_spike.lua")(
+      "--steps 8 --spike 6 --layers 1 --dim 32 --heads 2 --ctx 16 --batch 4 --check")
+    assert.are.equal(0, code, out)
+    assert.is_truthy(out:find("yes: delayed saturates", 1, true), out)
+    assert.is_truthy(out:find("yes: replay predicts delayed saturating", 1, true), out)
+    assert.is_truthy(out:find("yes: replay predicts current not saturating", 1, true), out)
+  end)
+end)
