@@ -103,7 +103,7 @@ local function run(c)
     end
     return x * mask:to(x.dtype)   -- {B, T, dim} times {dim}: one channel of every token
   end)
-  local fs = mp.fp8.Scaler{recipe = c.recipe, telemetry = true}
+  local fs = mp.fp8.Scaler{recipe = c.recipe, telemetry = true, model = model}   -- model: layers by their paths
   local path = string.format("%s/%s.jsonl", dir, c.label:gsub("[^%w_.-]", "_"))
   fs:trace(path, {meta = {script = "fp8_spike.lua", recipe = c.spec, spike = opts.spike, factor = opts.factor,
                           channel = opts.channel, layer = layer, seed = opts.seed}})

@@ -311,6 +311,9 @@ function trace.load(path, who)
   return {header = header, steps = steps}
 end
 
+-- mp.fp8.load_trace(path): load under its public name
+function trace.load_trace(path) return trace.load(path) end
+
 -- ---- replay ----
 local function method_missing(r)
   if type(r) ~= "table" then return "expected a recipe (a table with layout, init, scale and observe; got "
