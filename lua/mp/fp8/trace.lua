@@ -139,13 +139,13 @@ end
 function Tracer:record(fs)
   if not self.f then return end
   local n = #fs.tensors
-  if self.known == 0 then
+  if not self.headed then
     local t = {}
     for k = 1, n do t[k] = describe(fs.tensors[k]) end
     local head = '{"fp8_trace":1,"recipe":' .. json(fs.recipe and tostring(fs.recipe.name) or self.recipe)
                  .. ',"meta":' .. json(self.meta) .. ',"tensors":' .. (n > 0 and json(t) or "[]") .. "}"
     if not self:write(head) then return end
-    self.known = n
+    self.headed, self.known = true, n
   elseif n > self.known then
     local t = {}
     for k = self.known + 1, n do t[#t + 1] = describe(fs.tensors[k]) end
@@ -245,7 +245,7 @@ end
 
 local function frac(v) return v >= 0 and v <= 1 end
 local function any(v) return true end
-local function positive(v) return v > 0 and v < math.huge end
+local function positive(v) return v > 0 or v ~= v end   -- a recipe's NaN or inf multiplier is written as such
 
 -- load(path) -> {header =, steps =}: header as written (tensors gathering the
 -- add_tensors lines), steps[i] = {step =, amax = {...}, scale =, saturated =,
@@ -291,7 +291,7 @@ function trace.load(path, who)
     else
       local n = #tensors
       bad = array_fault(r, "amax", n, any, "a number")
-            or array_fault(r, "scale", n, positive, "a finite number > 0")
+            or array_fault(r, "scale", n, positive, "a number > 0")
             or array_fault(r, "saturated", n, frac, "a fraction")
             or array_fault(r, "flushed", n, frac, "a fraction")
       if not bad then
@@ -414,7 +414,7 @@ function trace.replay(tr, recipe)
           e.saturated[k] = sat
           e.overshoot[k] = sat and v / F.max or nil
           e.underflow[k] = amax > 0 and v <= F.sub / 2   -- every nonzero value rounds to zero
-          e.headroom[k] = amax > 0 and math.log(F.max / v, 2) or math.huge
+          e.headroom[k] = amax ~= amax and amax or (amax > 0 and math.log(F.max / v, 2) or math.huge)
         else
           -- per-group scales (tile, block, mx) from each group's own amax: the
           -- group holding the tensor's amax maps it to the top of the format;
