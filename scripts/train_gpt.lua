@@ -3,8 +3,8 @@
 --
 --   build/mpengine scripts/train_gpt.lua [--layers 2] [--dim 128] [--heads 4] [--ctx 64]
 --       [--batch 32] [--steps 1500] [--accum 1] [--lr 3e-3] [--wd 0.1] [--warmup 30]
---       [--amp off|f16|bf16|fp8] [--recipe delayed|current|block|mx|FILE.lua]
---       [--policy NAME[:ARGS]|PATH] [--seed 0] [--data PATH]
+--       [--amp off|f16|bf16|fp8] [--recipe delayed|current|block|mx[:k=v,...]|FILE.lua]
+--       [--fp8-trace FILE] [--policy NAME[:ARGS]|PATH] [--seed 0] [--data PATH]
 --       [--eval-every 100] [--eval-batches 20] [--save PATH] [--resume PATH]
 --       [--sample N] [--metrics FILE] [--trace FILE]
 --
@@ -22,9 +22,12 @@
 --
 -- --amp fp8 runs every nn.Linear in FP8 under mp.fp8.autocast (the rest in bf16,
 -- as --amp bf16) with the scaling recipe --recipe (default delayed: TE's
--- DelayedScaling, HYBRID formats; or a .lua file returning a recipe); the loss
+-- DelayedScaling, HYBRID formats; NAME:k=v,... sets a built-in's options, e.g.
+-- delayed:history=16,margin=1; or a .lua file returning a recipe); the loss
 -- scaler is --amp bf16's (policy none unless --policy). Checkpoints hold the
--- recipe's state (mp.fp8.Scaler:state_dict) and resume it exactly.
+-- recipe's state (mp.fp8.Scaler:state_dict) and resume it exactly. --fp8-trace FILE
+-- records every FP8 tensor's amax, scale and saturated/flushed fractions at each
+-- step (fs:trace), for scripts/fp8_lab.lua and scripts/plot.lua.
 local mp = mp or require "mp"
 local here = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./")
 local cli = dofile(here .. "lib/cli.lua")
@@ -33,8 +36,8 @@ local GPT = dofile(here .. "models/gpt.lua")
 local function usage(msg)
   io.stderr:write("train_gpt.lua: ", msg, "\n",
     "usage: train_gpt.lua [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B] [--steps N] [--accum K]\n",
-    "                     [--lr LR] [--wd WD] [--warmup W] [--amp off|f16|bf16|fp8] [--recipe NAME|FILE.lua]\n",
-    "                     [--policy NAME[:ARGS]|PATH]\n",
+    "                     [--lr LR] [--wd WD] [--warmup W] [--amp off|f16|bf16|fp8] [--recipe NAME[:k=v,...]|FILE.lua]\n",
+    "                     [--fp8-trace FILE] [--policy NAME[:ARGS]|PATH]\n",
     "                     [--seed S] [--data PATH] [--eval-every N] [--eval-batches N] [--save PATH]\n",
     "                     [--resume PATH] [--sample N] [--metrics FILE] [--trace FILE]\n")
   os.exit(2)
@@ -44,13 +47,14 @@ local opts = cli.parse(arg or {}, {
   layers = "int", dim = "int", heads = "int", ctx = "int", batch = "int", steps = "int", accum = "int",
   lr = "num", wd = "num", warmup = "int", seed = "int", ["eval-every"] = "int", ["eval-batches"] = "int",
   sample = "int", amp = "str", policy = "str", data = "str", save = "str", resume = "str", metrics = "str",
-  trace = "str", recipe = "str",
+  trace = "str", recipe = "str", ["fp8-trace"] = "str",
 }, {
   layers = 2, dim = 128, heads = 4, ctx = 64, batch = 32, steps = 1500, accum = 1, lr = 3e-3, wd = 0.1,
   warmup = 30, seed = 0, ["eval-every"] = 100, ["eval-batches"] = 20, amp = "off",
 }, usage, {seed = true, wd = true, warmup = true, sample = true})
 if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" and opts.amp ~= "fp8" then usage("--amp must be off, f16, bf16 or fp8") end
 if opts.recipe and opts.amp ~= "fp8" then usage("--recipe needs --amp fp8") end
+if opts["fp8-trace"] and opts.amp ~= "fp8" then usage("--fp8-trace needs --amp fp8") end
 if opts.amp == "off" and opts.policy then usage("--policy needs --amp f16 or bf16") end
 if opts.amp == "off" and opts.trace then usage("--trace needs --amp f16 or bf16 (it records the loss scaler's view of each step)") end
 if opts.dim % opts.heads ~= 0 then usage("--dim must be a multiple of --heads") end
@@ -73,6 +77,10 @@ local opt = mp.optim.AdamW(groups, {lr = opts.lr})
 opt:set_schedule(mp.optim.schedule.cosine{warmup = math.min(opts.warmup, opts.steps), total = opts.steps, min_lr = opts.lr * 0.1})
 local scaler = amp_on and mp.amp.GradScaler{policy = policy} or nil
 local fp8s = recipe and mp.fp8.Scaler{recipe = recipe, model = model} or nil
+if fp8s and opts["fp8-trace"] then
+  fp8s:trace(opts["fp8-trace"], {meta = {script = "train_gpt.lua", recipe = recipe_spec, seed = opts.seed,
+                                         batch = opts.batch, accum = opts.accum}})
+end
 if scaler and opts.trace then
   -- the parameters' names in the optimizer's order (its groups one after another)
   local by_tensor, names = {}, {}
@@ -187,6 +195,7 @@ while step < opts.steps do
 end
 if metrics then metrics:close() end
 if scaler then scaler:trace(false) end
+if fp8s then fp8s:trace(false) end
 val = val or validate()
 print(string.format("final val loss: %.3f", val))
 if opts.sample and opts.sample > 0 then

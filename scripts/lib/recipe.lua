@@ -5,19 +5,12 @@ local mp = mp or require "mp"
 
 local cli = {}
 
--- --recipe delayed|current|block|mx | a .lua file returning an FP8 recipe -> the recipe
+-- --recipe delayed|current|block|mx[:k=v,...] | a .lua file returning an FP8 recipe
+-- -> the recipe (the spec read as the FP8 lab reads it: scripts/lib/fp8_recipe.lua)
+local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local parse = dofile(here .. "fp8_recipe.lua")
 function cli.recipe(spec, usage)
-  if spec:find("/", 1, true) or spec:match("%.lua$") then
-    local ok, r = pcall(dofile, spec)
-    if not ok then usage("--recipe " .. spec .. ": " .. tostring(r)) end
-    local fine, err = pcall(mp.fp8.Scaler, {recipe = r})
-    if not fine then usage("--recipe " .. spec .. ": the file must return an FP8 recipe: " .. tostring(err):gsub("^.-:%d+: ", "")) end
-    return r
-  end
-  if spec ~= "delayed" and spec ~= "current" and spec ~= "block" and spec ~= "mx" then
-    usage("--recipe must be delayed, current, block, mx or the path of a .lua file (got " .. spec .. ")")
-  end
-  return mp.fp8[spec]{}
+  return (parse(spec, function(msg) usage("--recipe: " .. msg) end))
 end
 
 -- the recipe's layout, for a script's header: "delayed (x e4m3/tensor, w e4m3/tensor, g e5m2/tensor)"

@@ -223,7 +223,7 @@ describe("train_mlp.lua --amp fp8", function()
       assert.is_true(acc ~= nil and acc > 0.2, out)
     end
     for _, c in ipairs{{"--recipe block", "--recipe needs --amp fp8"},
-                       {"--amp fp8 --recipe bogus", "--recipe must be delayed, current, block, mx"},
+                       {"--amp fp8 --recipe bogus", "--recipe: a recipe must be delayed, current, block or mx"},
                        {"--amp f8", "--amp must be off, f16, bf16 or fp8"}} do
       local o, code = run(c[1] .. " --max-steps 1")
       assert.are.equal(2, code, o)

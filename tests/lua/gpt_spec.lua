@@ -128,6 +128,26 @@ describe("train_gpt.lua", function()
     os.remove(file)
   end)
 
+  it("--amp fp8 --fp8-trace records every FP8 tensor at each step; --recipe takes a built-in's options", function()
+    local trace = tmp("fp8trace.jsonl")
+    local out, code = run(SMALL .. " --batch 4 --steps 3 --eval-every 3 --amp fp8 --recipe delayed:history=2,margin=1"
+                          .. " --fp8-trace " .. trace)
+    assert.are.equal(0, code, out)
+    local tr = mp.fp8.load_trace(trace)
+    assert.are.equal(3, #tr.steps)
+    assert.are.equal("delayed", tr.header.recipe)
+    assert.are.equal("delayed:history=2,margin=1", tr.header.meta.recipe)
+    local names = {}
+    for _, t in ipairs(tr.header.tensors) do names[t.name] = t.kind end
+    assert.are.equal("g", names["h.0.mlp.c_fc.g"])
+    assert.are.equal(#tr.header.tensors, #tr.steps[3].amax)
+    for _, a in ipairs(tr.steps[3].amax) do assert.is_true(a > 0, "every tensor was quantized at step 3") end
+    os.remove(trace)
+    out, code = run(SMALL .. " --steps 2 --fp8-trace " .. trace)
+    assert.are.equal(2, code, out)
+    assert.is_truthy(out:find("--fp8-trace needs --amp fp8", 1, true), out)
+  end)
+
   it("--amp fp8 --recipe mx trains", function()
     local out, code = run(SMALL .. " --batch 4 --steps 3 --eval-every 3 --amp fp8 --recipe mx")
     assert.are.equal(0, code, out)
@@ -157,7 +177,7 @@ describe("train_gpt.lua", function()
   it("rejects bad options, naming them", function()
     for _, c in ipairs {
       { "--recipe block", "--recipe needs --amp fp8" },
-      { "--amp fp8 --recipe tensorwise", "--recipe must be delayed, current, block, mx" },
+      { "--amp fp8 --recipe tensorwise", "--recipe: a recipe must be delayed, current, block or mx" },
       { "--amp fp8 --recipe /nonexistent/r.lua", "/nonexistent/r.lua" },
       { "--bogus 1", "unknown option --bogus" },
       { "--dim 30 --heads 4", "multiple of --heads" },
