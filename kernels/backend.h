@@ -590,12 +590,12 @@ typedef struct mp_kctx mp_kctx;
     X(int, gemm_bias, (mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,         \
       const void *bias, void *c),                                                                                       \
       (cx, dt, m, n, k, a, b, bias, c))                                                                                 \
-    /* linear_gelu's product with its bias and GELU in the GEMM's epilogue:                                            \
+    /* linear_gelu's product with its bias and GELU in the GEMM's epilogue:                                             \
      * pre{m,n} = A{m,k} @ B^T + bias{n} (B is {n,k}) summed in f32, rounded once                                       \
      * to dt and written (the backward's input), and C = GELU of the f32 sum                                            \
      * rounded to dt (form: 0 the erf form, 1 the tanh approximation), in one                                           \
-     * pass. C may differ from GELU of the rounded pre by that rounding (an ulp                                         \
-     * of dt at most times GELU's slope, < 1.13). Returns 0; 1 when declined (the                                       \
+     * pass. C may differ from GELU of the rounded pre by that rounding (half an                                        \
+     * ulp of pre times GELU's slope, < 1.13). Returns 0; 1 when declined (the                                          \
      * engine then runs gemm_bias and the unary GELU); -1 for want of working                                           \
      * memory. NULL: the backend has none. */                                                                           \
     X(int, gemm_bias_gelu, (mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,    \
