@@ -337,9 +337,26 @@ static int linear_grads(mp_node *nd, mp_tensor *x, mp_tensor *w, mp_tensor *g, m
         mp_release(d);
         if (!gin[0]) return -1;
     }
+    bool wants_db = nd->nin > 2 && mp_edge_wants(nd, 2);
+    const mp_backend *be = mp_be(g);
+    if (wants_db && mp_edge_wants(nd, 1) && be->gemm_wgrad_bias && rows > 0) {   /* db in dw's GEMM epilogue */
+        int64_t wshape[2] = {out, in};
+        mp_tensor *dw = mp_empty(g->dtype, g->dev, 2, wshape), *db = dw ? mp_empty(g->dtype, g->dev, 1, &out) : NULL;
+        int rc = db ? MP_K(dw, gemm_wgrad_bias, g->dtype, rows, out, in, mp_data(g), mp_data(x), mp_data(dw), mp_data(db))
+                    : -2;
+        if (rc == 0) {
+            gin[1] = dw, gin[2] = db;
+            return 0;
+        }
+        mp_release(dw), mp_release(db);
+        if (rc == -2) return -1;
+        if (rc < 0)
+            return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
+                           (long long)out, (long long)in, (long long)rows);
+    }
     if (mp_edge_wants(nd, 1) && !(gin[1] = gemm_new(g->dtype, g->dev, 1, 0, 0, out, in, rows, g, 0, x, 0)))
         return -1;   /* dw{out,in} = g^T @ x */
-    if (nd->nin > 2 && mp_edge_wants(nd, 2)) {
+    if (wants_db) {
         int64_t flat[2] = {rows, out};
         mp_tensor *g2 = mp_reshape(g, 2, flat);
         gin[2] = g2 ? mp_reduce(MP_SUM, g2, 1, 0) : NULL;

@@ -10,6 +10,12 @@
  * cuBLASLt's GELU is taken as the tanh approximation (the form PyTorch routes
  * to this epilogue); the erf form is declined, and so is an output width n not
  * a multiple of 8 (the manual: the aux ld, n here, must be divisible by 8).
+ * And gemm_wgrad_bias, linear's weight gradient dw{n,k} = g{m,n}^T x{m,k}
+ * with the bias gradient (g's column sums) in the epilogue (CUBLASLT_EPILOGUE_
+ * BGRADB): column-major, D{k,n} (ld k) = x' {k,m} (ld k, as stored) times
+ * op(g') with g' the stored {n,m} (ld n) transposed, so the sums over the
+ * GEMM's k (the rows m) of op(B)'s columns are db{n}, D's columns; without it
+ * a reduce reads g again.
  *
  * Row-major C{m,n} = A{m,k} @ B{n,k}^T + bias{n}. Read column-major (as
  * cuda_gemm.cu explains), that is D{n,m} = op(B') op(A') + bias broadcast over
@@ -50,7 +56,7 @@
 typedef struct {
     bool used, declined;
     uint64_t last;   /* when last used, for replacement */
-    uint32_t epi;    /* CUBLASLT_EPILOGUE_BIAS or _GELU_AUX_BIAS */
+    uint32_t epi;    /* CUBLASLT_EPILOGUE_BIAS, _GELU_AUX_BIAS or _BGRADB */
     mp_dtype dt;
     int64_t m, n, k;
     unsigned align;
@@ -95,7 +101,8 @@ static void plan_free(lt_plan *p)
 static void plan_make(lt_plan *p, cublasLtHandle_t h, const void *bias, const void *aux, size_t ws_bytes)
 {
     const cudaDataType t = lt_type(p->dt);
-    const int32_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    const bool wgrad = p->epi == CUBLASLT_EPILOGUE_BGRADB;
+    const int32_t opa = wgrad ? CUBLAS_OP_N : CUBLAS_OP_T, opb = wgrad ? CUBLAS_OP_T : CUBLAS_OP_N;
     const uint32_t epi = p->epi, reduce = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, al = p->align;
     const int32_t bias_type = (int32_t)t, aux_type = (int32_t)t;
     const int64_t aux_ld = p->n;   /* the pre-activation as D: {n, m}, ld n */
@@ -116,10 +123,14 @@ static void plan_make(lt_plan *p, cublasLtHandle_t h, const void *bias, const vo
                 cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld) == 0 &&
                 cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
                                                sizeof aux_type) == 0)) &&
-              /* A' = B {k,n}, B' = A {k,m}, C = D {n,m}, column-major */
-              cublasLtMatrixLayoutCreate(&p->la, t, (uint64_t)p->k, (uint64_t)p->n, p->k) == 0 &&
-              cublasLtMatrixLayoutCreate(&p->lb, t, (uint64_t)p->k, (uint64_t)p->m, p->k) == 0 &&
-              cublasLtMatrixLayoutCreate(&p->lc, t, (uint64_t)p->n, (uint64_t)p->m, p->n) == 0 &&
+              /* A' = B {k,n}, B' = A {k,m}, C = D {n,m}, column-major; BGRADB: A' = x {k,m},
+               * B' = g {n,m}, D {k,n} */
+              (wgrad ? cublasLtMatrixLayoutCreate(&p->la, t, (uint64_t)p->k, (uint64_t)p->m, p->k) == 0 &&
+                       cublasLtMatrixLayoutCreate(&p->lb, t, (uint64_t)p->n, (uint64_t)p->m, p->n) == 0 &&
+                       cublasLtMatrixLayoutCreate(&p->lc, t, (uint64_t)p->k, (uint64_t)p->n, p->k) == 0
+                     : cublasLtMatrixLayoutCreate(&p->la, t, (uint64_t)p->k, (uint64_t)p->n, p->k) == 0 &&
+                       cublasLtMatrixLayoutCreate(&p->lb, t, (uint64_t)p->k, (uint64_t)p->m, p->k) == 0 &&
+                       cublasLtMatrixLayoutCreate(&p->lc, t, (uint64_t)p->n, (uint64_t)p->m, p->n) == 0) &&
               cublasLtMatmulPreferenceCreate(&pref) == 0 &&
               cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0 &&
               cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduce,
@@ -200,6 +211,7 @@ static int lt_bias_run(mp_kctx *cx, uint32_t epi, const char *what, mp_dtype dt,
         return 1;
     }
     const float one = 1.0f, zero = 0.0f;
+    /* A' is b, B' is a (BGRADB: x and g) */
     cublasStatus_t st = cublasLtMatmul(s->h, p->op, &one, b, p->la, a, p->lb, &zero, c, p->lc, c, p->lc, &p->algo, ws,
                                        ws_bytes, cx->stream);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_ARCH_MISMATCH) {
@@ -231,5 +243,15 @@ int mp_cuda_gemm_bias_gelu(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64
     if (form != 1.0 || n % 8) return 1;   /* the erf form; an aux ld cuBLASLt refuses */
     int rc = lt_bias_run(cx, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, "gemm_bias_gelu", dt, m, n, k, a, b, bias, c, pre);
     if (rc == 0) MP_LAUNCHED("gemm_bias_gelu");
+    return rc;
+}
+
+int mp_cuda_gemm_wgrad_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *g, const void *x,
+                            void *dw, void *db)
+{
+    if (n <= 0 || k <= 0) return 0;   /* nothing to write */
+    /* lt_bias_run's (a, b) are (B', A'): g and x; its bias pointer is where BGRADB writes db */
+    int rc = lt_bias_run(cx, CUBLASLT_EPILOGUE_BGRADB, "gemm_wgrad_bias", dt, m, n, k, g, x, db, dw, NULL);
+    if (rc == 0) MP_LAUNCHED("gemm_wgrad_bias");
     return rc;
 }

@@ -47,7 +47,11 @@
  * CPU arithmetic for a linear layer), so a wrong layout gives wrong numbers.
  * GELU_AUX_BIAS: the f32 sums plus the bias are rounded to D's type into the
  * auxiliary matrix, and D is the CPU backend's f32 GELU of the unrounded sums
- * in its tanh form (taken as cuBLASLt's), rounded once.
+ * in its tanh form (taken as cuBLASLt's), rounded once. BGRADB: the bias
+ * pointer receives the sums of op(B)'s columns over k (D's columns' count of
+ * them, the bias type unset or D's), summed in double and rounded to f32 and
+ * then D's type, a model of cuBLASLt's f32 reduction, whose order is not
+ * documented.
  *
  * FP8 (e4m3 / e5m2 A and B): the manual's rules for sm_89 / sm_90 are checked
  * (check_fp8: the TN form only, not two e5m2, leading dimensions of 16, f32 /
@@ -171,6 +175,7 @@ struct problem {
     int64_t m, n, k;
     mp_dtype at, dt;
     bool bias, tf32, gelu;         /* gelu: GELU_AUX_BIAS */
+    bool bgradb;                   /* BGRADB: the bias gradient of op(B) written to the bias pointer */
     bool fp8, fast_accum;          /* FP8 A and B (the TN form), FAST_ACCUM */
     mp_fp8_format fa, fb;
     uint64_t signature;
@@ -268,9 +273,14 @@ cublasStatus_t check_problem(const char *call, const desc *op, const layout *A, 
                    "f32-compute combinations of the manual (the only ones emulated)", (int)A->type, (int)B->type,
                    (int)dt, (int)ct, (int)op->scale);
     const uint32_t epi = op->epilogue;
-    if (epi != CUBLASLT_EPILOGUE_DEFAULT && epi != CUBLASLT_EPILOGUE_BIAS && epi != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
-        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "epilogue %u is not emulated (DEFAULT, BIAS and GELU_AUX_BIAS "
-                   "only)", epi);
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT && epi != CUBLASLT_EPILOGUE_BIAS && epi != CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
+        epi != CUBLASLT_EPILOGUE_BGRADB)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "epilogue %u is not emulated (DEFAULT, BIAS, GELU_AUX_BIAS and "
+                   "BGRADB only)", epi);
+    p->bgradb = epi == CUBLASLT_EPILOGUE_BGRADB;
+    if (p->bgradb && op->bias_type != -1 && op->bias_type != (int32_t)dt)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "BGRADB: bias type %d: the bias gradient has D's type %d here",
+                   (int)op->bias_type, (int)dt);
     p->bias = epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     p->gelu = epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     if (p->gelu && (op->aux_ld < (int64_t)D->rows || op->aux_ld % 8))
@@ -389,6 +399,12 @@ bool run_job(const lt_job &j)
         float *cf = (float *)c.data();
         for (size_t e = 0; e < acc.size(); e++) cf[e] = j.alpha * acc[e] + (beta != 0.0f ? beta * cf[e] : 0.0f);
     }
+    if (j.p.bgradb)   /* op(B)'s column sums over k into the bias pointer */
+        for (int64_t q = 0; q < n; q++) {
+            double sum = 0;
+            for (int64_t l = 0; l < k; l++) sum += load_f32(wt, b.data(), (size_t)(l * n + q));
+            store_f32(dt, (char *)j.bias, (size_t)q, (float)sum);
+        }
     if (j.p.gelu) {   /* the f32 pre-activations rounded into aux, their GELU (f32, the tanh form) into D */
         std::vector<float> y((size_t)(m * n));
         cpu.unary(cpu.ctx, MP_GELU, MP_F32, y.data(), c.data(), m * n, 1.0);
@@ -639,7 +655,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
         w.align_abcd |= (uint64_t)a << (16 * i);
     }
     const desc *op = (const desc *)d;
-    w.align_bias = pb.bias ? (op->bias ? alignment_of(op->bias) : 256) : 1;
+    w.align_bias = pb.bias || pb.bgradb ? (op->bias ? alignment_of(op->bias) : 256) : 1;
     memset(&results[0], 0, sizeof results[0]);
     memcpy(&results[0].algo, &w, sizeof w);
     results[0].workspaceSize = w.ws;
@@ -681,7 +697,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     } else {   /* the manual: an implicit heuristic with the default preference (no workspace) */
         w = {};
         w.magic = ALGO_MAGIC, w.problem = pb.signature, w.align_abcd = 0x0100010001000100ull;
-        w.align_bias = pb.bias && op->bias ? alignment_of(op->bias) : 1;
+        w.align_bias = (pb.bias || pb.bgradb) && op->bias ? alignment_of(op->bias) : 1;
         choose_split(pb, default_pref, &w.scheme, &w.ws);
     }
     if (ws_size < w.ws)
@@ -717,6 +733,19 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
         if ((size_t)pb.m > (r.size - (size_t)((const char *)op->bias - r.base)) / es)
             return bad(CUBLAS_STATUS_INVALID_VALUE, call, "the bias of D's %lld rows runs past its allocation",
                        (long long)pb.m);
+        if (alignment_of(op->bias) < w.align_bias)
+            return bad(CUBLAS_STATUS_INVALID_VALUE, call, "the bias %p is %u-byte aligned; the algo was found for a "
+                       "bias pointer aligned to %u", op->bias, alignment_of(op->bias), (unsigned)w.align_bias);
+    }
+    if (pb.bgradb) {   /* n values of D's type, written */
+        region r;
+        const size_t es = mp_dtype_size(pb.dt);
+        if (!op->bias || !find_region(op->bias, &r) || !(r.kind & MEM_DEVICE))
+            return bad(CUBLAS_STATUS_INVALID_VALUE, call, "BGRADB: the bias gradient %p (CUBLASLT_MATMUL_DESC_BIAS_POINTER) "
+                       "is not device memory", op->bias);
+        if ((size_t)pb.n > (r.size - (size_t)((const char *)op->bias - r.base)) / es)
+            return bad(CUBLAS_STATUS_INVALID_VALUE, call, "BGRADB: the bias gradient of D's %lld columns runs past its "
+                       "allocation", (long long)pb.n);
         if (alignment_of(op->bias) < w.align_bias)
             return bad(CUBLAS_STATUS_INVALID_VALUE, call, "the bias %p is %u-byte aligned; the algo was found for a "
                        "bias pointer aligned to %u", op->bias, alignment_of(op->bias), (unsigned)w.align_bias);

@@ -996,6 +996,72 @@ Test(emu, cublaslt_gelu_aux_bias_writes_the_pre_activation_and_its_gelu)
     cudaFree(aux), cudaFree(small);
 }
 
+/* BGRADB (cuda_gemm_lt.cu's gemm_wgrad_bias): D {6, 5} = x {6, 16} g'^T with
+ * g' stored {5, 16} (TRANSB T), and the sums of op(B)'s columns over k = 16
+ * written to the bias pointer; what the manual does not allow refused */
+Test(emu, cublaslt_bgradb_writes_the_bias_gradient_of_b)
+{
+    const int m = 6, n = 5, k = 16;
+    cublasLtHandle_t h;
+    cublasLtCreate(&h);
+    cublasLtMatmulDesc_t op;
+    cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    int32_t t = CUBLAS_OP_T;
+    uint32_t epi = CUBLASLT_EPILOGUE_BGRADB;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &t, sizeof t);
+    cr_assert_eq(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+                 CUBLAS_STATUS_SUCCESS);
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, m, k, m);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, n, k, n);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_16F, m, n, m);
+    std::vector<uint16_t> X(m * k), G(n * k), D(m * n), DB(n);
+    for (int i = 0; i < m * k; i++) X[i] = mp_f32_to_f16((float)((i * 37) % 201) / 100.0f - 1.0f);
+    for (int i = 0; i < n * k; i++) G[i] = mp_f32_to_f16((float)((i * 53) % 199) / 100.0f - 1.0f);
+    void *dX = dev(X.size() * 2), *dG = dev(G.size() * 2), *dD = dev(D.size() * 2), *dDB = dev(DB.size() * 2);
+    void *dsmall = dev(4 * 2);
+    cudaMemcpy(dX, X.data(), X.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dG, G.data(), G.size() * 2, cudaMemcpyHostToDevice);
+    cr_assert_eq(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dDB, sizeof dDB),
+                 CUBLAS_STATUS_SUCCESS);
+    float one = 1, zero = 0;
+    cr_assert_eq(cublasLtMatmul(h, op, &one, dX, la, dG, lb, &zero, dD, ld, dD, ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(sync_error(NULL), cudaSuccess);
+    cudaMemcpy(D.data(), dD, D.size() * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(DB.data(), dDB, DB.size() * 2, cudaMemcpyDeviceToHost);
+    auto ordered = [](uint16_t b) { return b & 0x8000 ? -(int)(b & 0x7fff) : (int)b; };
+    for (int q = 0; q < n; q++) {
+        double sb = 0;
+        for (int l = 0; l < k; l++) sb += mp_f16_to_f32(G[q + l * n]);
+        cr_assert(abs(ordered(mp_f32_to_f16((float)sb)) - ordered(DB[q])) <= 1, "db[%d]: %g vs %g", q, sb,
+                  mp_f16_to_f32(DB[q]));
+        for (int i = 0; i < m; i++) {
+            double s = 0;
+            for (int l = 0; l < k; l++) s += (double)mp_f16_to_f32(X[i + l * m]) * mp_f16_to_f32(G[q + l * n]);
+            cr_assert(abs(ordered(mp_f32_to_f16((float)s)) - ordered(D[i + q * m])) <= 1, "D(%d,%d)", i, q);
+        }
+    }
+    /* the bias gradient: not device memory, too short for D's 5 columns, of another type */
+    void *none = NULL;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &none, sizeof none);
+    cr_assert_eq(cublasLtMatmul(h, op, &one, dX, la, dG, lb, &zero, dD, ld, dD, ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "BGRADB: the bias gradient");
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dsmall, sizeof dsmall);
+    cr_assert_eq(cublasLtMatmul(h, op, &one, dX, la, dG, lb, &zero, dD, ld, dD, ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "runs past");
+    int32_t f32 = CUDA_R_32F;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dDB, sizeof dDB);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32, sizeof f32);
+    cr_assert_eq(cublasLtMatmul(h, op, &one, dX, la, dG, lb, &zero, dD, ld, dD, ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_NOT_SUPPORTED);
+    cudaFree(dX), cudaFree(dG), cudaFree(dD), cudaFree(dDB), cudaFree(dsmall);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(op), cublasLtDestroy(h);
+}
+
 /* FP8 (cuda_fp8_gemm.cu's calls): the TN form with A and B scale pointers
  * and AMAX_D; what the manual does not allow is refused */
 Test(emu, cublaslt_fp8_takes_the_tn_form_with_scale_and_amax_pointers)

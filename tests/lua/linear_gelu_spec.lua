@@ -152,3 +152,28 @@ describe("scripts/models/gpt.lua's MLP", function()
     H.assert_same(b1, b2, "c_fc.bias.grad")
   end)
 end)
+
+describe("mp.linear's backward", function()
+  -- the bias gradient: a reduce over the rows, or on CUDA the weight GEMM's
+  -- epilogue (cuBLASLt BGRADB): f32 sums either way, in different orders
+  for _, dt in ipairs { "f32", "f16", "bf16" } do
+    it(dt .. ": dx, dw and db on the default device as on the CPU (within the sums' rounding)", function()
+      local function grads(device)
+        mp.manual_seed(9)
+        local x = mp.randn { 3, 50, 24 }:to(dt):to(device):requires_grad(true)
+        local w = (mp.randn { 40, 24 } * 0.5):to(dt):to(device):requires_grad(true)
+        local b = (mp.randn { 40 } * 0.5):to(dt):to(device):requires_grad(true)
+        mp.manual_seed(3)
+        local g = mp.randn { 3, 50, 40 }:to(dt):to(device)
+        mp.linear(x, w, b):backward(g)
+        return { x.grad, w.grad, b.grad }
+      end
+      local here, cpu = grads(mp.default_device()), grads("cpu")
+      local rtol = ({ f32 = 1e-5, f16 = 2e-3, bf16 = 1.6e-2 })[dt]
+      for i, name in ipairs { "dx", "dw", "db" } do
+        assert.are.equal(dt, here[i].dtype, name)
+        H.assert_close(H.flat(here[i]:f32():cpu():totable()), H.flat(cpu[i]:f32():totable()), rtol, rtol, name)
+      end
+    end)
+  end
+end)
