@@ -53,13 +53,18 @@ mp_tensor *mp_to_sat(mp_tensor *t, mp_dtype dt, mp_device dev, bool saturate);
  * quantization multiplier on x's device (tensor kind; NULL: FP8_MAX / amax per
  * group); *amax: x's amax, a new f32 {1} tensor on x's device; counts (NULL:
  * not wanted; else read back, a wait): values saturated, nonzero values
- * flushed to zero. fp8_matmul: a {m, k} b {n, k} quantized -> a b^T {m, n} of
+ * flushed to zero; *counts_dev (counts_dev NULL: not wanted): the same two
+ * counts as a new f32 {2} tensor {saturated, flushed} on x's device, no wait
+ * (each exact below 2^24, else rounded to the nearest f32). fp8_matmul: a {m, k} b {n, k} quantized -> a b^T {m, n} of
  * dtype out; acc_bits 0: f32 sums (fast: the device's fast accumulation),
- * else the CPU's modelled accumulator with promote_every (0: never) */
+ * else the CPU's modelled accumulator with promote_every (0: never), its
+ * partial sums rounded as acc_round says (mp_fp8_acc_round: nearest even,
+ * or toward zero) */
 typedef struct { int64_t saturated, flushed; } mp_fp8_counts;
 mp_tensor *mp_fp8_quantize(mp_tensor *x, mp_dtype fmt, mp_quant_kind kind, mp_tensor *scale, mp_tensor **amax,
-                           mp_fp8_counts *counts);
-mp_tensor *mp_fp8_matmul(mp_tensor *a, mp_tensor *b, mp_dtype out, int acc_bits, int64_t promote_every, bool fast);
+                           mp_fp8_counts *counts, mp_tensor **counts_dev);
+mp_tensor *mp_fp8_matmul(mp_tensor *a, mp_tensor *b, mp_dtype out, int acc_bits, int64_t promote_every,
+                         int acc_round, bool fast);
 /* q's codes as a plain e4m3/e5m2 tensor over the same storage, without scales */
 mp_tensor *mp_fp8_codes(mp_tensor *q);
 /* t (a parameter in an optimizer's arena) as f16/bf16 from the arena's working

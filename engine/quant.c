@@ -14,6 +14,7 @@ const char *mp_quant_name(mp_quant_kind k)
     case MP_QUANT_TENSOR: return "tensor";
     case MP_QUANT_1X128: return "1x128";
     case MP_QUANT_128X128: return "128x128";
+    case MP_QUANT_MX: return "mx";
     case MP_NQUANT: break;
     }
     return "?";
@@ -26,6 +27,7 @@ void mp_quant_block(mp_quant_kind k, int64_t block[2])
     case MP_QUANT_NONE: case MP_QUANT_TENSOR: case MP_NQUANT: break;
     case MP_QUANT_1X128: block[0] = 1, block[1] = 128; break;
     case MP_QUANT_128X128: block[0] = block[1] = 128; break;
+    case MP_QUANT_MX: block[0] = 1, block[1] = 32; break;
     }
 }
 
@@ -38,8 +40,10 @@ int mp_set_quant(mp_tensor *t, mp_quant_kind kind, mp_tensor *scales)
                        kind == MP_QUANT_NONE ? "takes no" : "needs");
     if (scales) {
         if (scales == t || scales->st == t->st) return mp_fail(MP_EINVAL, "a tensor cannot hold its own scales");
-        if (scales->dtype != MP_F32 || scales->dev != t->dev || scales->quant.kind != MP_QUANT_NONE)
-            return mp_fail(MP_EINVAL, "scales must be plain f32 on %s (got %s%s on %s)", mp_device_name(t->dev),
+        mp_dtype want_dt = kind == MP_QUANT_MX ? MP_U8 : MP_F32;   /* MX: E8M0 bytes */
+        if (scales->dtype != want_dt || scales->dev != t->dev || scales->quant.kind != MP_QUANT_NONE)
+            return mp_fail(MP_EINVAL, "%s scales must be plain %s on %s (got %s%s on %s)", mp_quant_name(kind),
+                           mp_dtype_name(want_dt), mp_device_name(t->dev),
                            scales->quant.kind != MP_QUANT_NONE ? "quantized " : "", mp_dtype_name(scales->dtype),
                            mp_device_name(scales->dev));
         int64_t block[2], cols = t->ndim ? t->shape[t->ndim - 1] : 1, rows = cols ? t->numel / cols : 0;

@@ -52,7 +52,7 @@ typedef struct mp_node_head {
  * stand for (value = stored * scale). It is where FP8 plugs in (no FP8 dtype
  * exists yet): an e4m3 tensor is an ordinary (dtype, data) pair for every
  * backend entry, plus its scales here, so no entry's signature changes.
- * The scales are an f32 tensor on the tensor's device, never a host number:
+ * The scales are an f32 tensor (u8 E8M0 bytes for MX) on the tensor's device, never a host number:
  * delayed scaling computes them there from an amax history (as the loss
  * scaler keeps its scale on the device), so reading one must not wait.
  * A tensor holds its scales (retained) and releases them with itself; a view
@@ -66,13 +66,14 @@ typedef enum {
     MP_QUANT_1X128,          /* one per 1 x 128 tile along the last dim (activations, DeepSeek-V3's
                               * FP8 recipe): scales {rows, ceil(cols / 128)} */
     MP_QUANT_128X128,        /* one per 128 x 128 block (weights): scales {ceil(rows / 128), ceil(cols / 128)} */
-    /* MX formats' 1 x 32 blocks with e8m0 scales would be a kind of their own */
+    MP_QUANT_MX,             /* OCP MX: one per 1 x 32 block along the last dim, a u8 E8M0 byte b meaning
+                              * 2^(b - 127) (0xff NaN): scales {rows, ceil(cols / 32)} */
     MP_NQUANT
 } mp_quant_kind;   /* rows: the product of all dims but the last; cols: the last dim (1 for a scalar) */
 
 typedef struct {
     mp_quant_kind kind;
-    struct mp_tensor *scales;      /* f32, on the tensor's device, retained; NULL for MP_QUANT_NONE */
+    struct mp_tensor *scales;      /* f32 (u8 for MX), on the tensor's device, retained; NULL for MP_QUANT_NONE */
     int64_t block[2];              /* the rows and columns one scale covers (0 for a per-tensor scale) */
 } mp_quant;
 
@@ -116,13 +117,14 @@ bool mp_value_fits(mp_dtype dt, double v);                  /* the same test, wi
  * creation, copies, backward, optimizer and scaler steps): callers need not ask. */
 mp_tensor *mp_checked(mp_tensor *t);
 
-/* quantization metadata (mp_quant above): "tensor", "1x128", "128x128" ("none") */
+/* quantization metadata (mp_quant above): "tensor", "1x128", "128x128", "mx" ("none") */
 const char *mp_quant_name(mp_quant_kind k);
 /* the rows and columns one scale of kind k covers (0 for per-tensor and none) */
 void mp_quant_block(mp_quant_kind k, int64_t block[2]);
 /* mark t's values as quantized by kind with scales (retained; the ones before
  * released), or plain with MP_QUANT_NONE and NULL. scales must be a plain f32
- * tensor on t's device shaped as the kind says. -1 + error otherwise */
+ * tensor (u8 for MP_QUANT_MX) on t's device shaped as the kind says. -1 +
+ * error otherwise */
 int mp_set_quant(mp_tensor *t, mp_quant_kind kind, mp_tensor *scales);
 
 mp_tensor *mp_empty(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);

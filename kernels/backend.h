@@ -671,17 +671,20 @@ typedef struct mp_kctx mp_kctx;
       (cx, dt, x, src, idx, a, add))                                                                                    \
     /* Scaled FP8 (kernels/fp8_scaled.h: granularities, layouts, the operands). fp8_quantize: x {rows, k}              \
      * (f32/f16/bf16) -> codes q of fmt (MP_E4M3 / MP_E5M2), saturating, and the decode scales of granularity g;      \
-     * given: a device f32 quantization scale (tensor granularity) or NULL (from each group's amax); st: three         \
-     * device words, written: the amax's f32 bits, the saturated and the flushed counts. fp8_gemm: C {m, n} (out:      \
+     * given: a device f32 quantization scale (tensor granularity) or NULL (from each group's amax); st: four          \
+     * device words, written: the amax's f32 bits, the saturated and the flushed counts (u64), and in word 3 the two   \
+     * counts again as f32 {saturated, flushed} (rounded to nearest: exact below 2^24), which the engine copies into   \
+     * a device tensor without a host wait. fp8_gemm: C {m, n} (out:                                                   \
      * f32/bf16/f16) = A {m, k} B {n, k}^T dequantized; acc_bits 0: f32 sums (fast: the device's own limited          \
      * accumulation, where it has one), else the CPU's modelled accumulator (kernels/cpu/cpu_fp8_gemm.c) with          \
-     * promote_every. 0, 1 declined (the engine names what), -1 out of memory. NULL: no FP8 arithmetic. */              \
+     * promote_every and acc_round (mp_fp8_acc_round: partial sums to nearest even or truncated toward zero). 0,      \
+     * 1 declined (the engine names what), -1 out of memory. NULL: no FP8 arithmetic. */                               \
     X(int, fp8_quantize, (mp_kctx *cx, mp_dtype dt, const void *x, int64_t rows, int64_t k, mp_dtype fmt, int g,        \
       const float *given, uint8_t *q, void *scales, unsigned long long *st),                                            \
       (cx, dt, x, rows, k, fmt, g, given, q, scales, st))                                                               \
     X(int, fp8_gemm, (mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a,                            \
-      const mp_fp8_operand *b, int acc_bits, int64_t promote_every, int fast, mp_dtype out, void *c),                   \
-      (cx, m, n, k, a, b, acc_bits, promote_every, fast, out, c))
+      const mp_fp8_operand *b, int acc_bits, int64_t promote_every, int acc_round, int fast, mp_dtype out, void *c),    \
+      (cx, m, n, k, a, b, acc_bits, promote_every, acc_round, fast, out, c))
 
 #define MP_BE_FN_TYPE(ret, name, params, args) typedef ret mp_be_##name##_fn params;
 MP_BACKEND_ENTRIES(MP_BE_FN_TYPE)

@@ -24,6 +24,10 @@
 
 typedef enum { MP_FP8_TENSOR, MP_FP8_TILE, MP_FP8_BLOCK, MP_FP8_MX } mp_fp8_gran;
 
+/* how the modelled accumulator (kernels/cpu/cpu_fp8_gemm.c) rounds its
+ * partial sums: to nearest even, or toward zero (truncation) */
+typedef enum { MP_FP8_ACC_NEAREST, MP_FP8_ACC_TRUNCATE } mp_fp8_acc_round;
+
 #define MP_FP8_TILE_K 128   /* tile and block length along k (DeepSeek-V3's) */
 #define MP_FP8_BLOCK_ROWS 128
 #define MP_FP8_MX_K 32      /* OCP MX block */

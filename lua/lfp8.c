@@ -8,15 +8,18 @@
 #include "lua/lcore.h"
 
 /* _fp8_quantize(x, format, granularity, scale|nil, counts) -> q, scales, amax
- * [, saturated, flushed] */
+ * [, saturated, flushed] (counts true) | [, counts tensor] (counts "tensor") */
 static int f_quantize(lua_State *L)
 {
     const char *name = "mp.fp8.quantize";
     mp_tensor *x = lb_tensor_arg(L, 1, "x", name);
     mp_dtype fmt = lb_dtype(L, 2, name);
     const char *g = luaL_checkstring(L, 3);
-    mp_quant_kind kind = !strcmp(g, "tile") ? MP_QUANT_1X128 : !strcmp(g, "block") ? MP_QUANT_128X128 : MP_QUANT_TENSOR;
-    int want = lua_toboolean(L, 5);
+    mp_quant_kind kind = !strcmp(g, "tile")    ? MP_QUANT_1X128
+                         : !strcmp(g, "block") ? MP_QUANT_128X128
+                         : !strcmp(g, "mx")    ? MP_QUANT_MX
+                                               : MP_QUANT_TENSOR;
+    int on_dev = lua_type(L, 5) == LUA_TSTRING, want = !on_dev && lua_toboolean(L, 5);
     /* the given scale: a tensor, or a number made one on x's device */
     mp_tensor *s = NULL;
     if (lua_type(L, 4) == LUA_TNUMBER) {
@@ -27,19 +30,23 @@ static int f_quantize(lua_State *L)
     if (!lua_isnoneornil(L, 4)) s = lb_tensor_arg(L, 4, "scale", name);
     lua_settop(L, 5);
     mp_fp8_counts n = {0, 0};
-    mp_tensor *amax = NULL;
-    LT_PUSH(L, name, mp_fp8_quantize(x, fmt, kind, s, &amax, want ? &n : NULL));
+    mp_tensor *amax = NULL, *cd = NULL;
+    LT_PUSH(L, name, mp_fp8_quantize(x, fmt, kind, s, &amax, want ? &n : NULL, on_dev ? &cd : NULL));
     mp_tensor *q = lt_check(L, lua_gettop(L));
-    LT_PUSH(L, name, amax);   /* pushed first: nothing can fail between its making and here */
+    /* pushed first: nothing can fail between their making and here */
+    LT_PUSH(L, name, amax);
+    if (on_dev) LT_PUSH(L, name, cd);
     LT_PUSH(L, name, mp_retain(q->quant.scales));
-    lua_rotate(L, -2, 1);     /* q, scales, amax */
+    lua_rotate(L, on_dev ? -3 : -2, 1);   /* q, scales, amax [, counts] */
+    if (on_dev) return 4;
     if (!want) return 3;
     lua_pushinteger(L, (lua_Integer)n.saturated);
     lua_pushinteger(L, (lua_Integer)n.flushed);
     return 5;
 }
 
-/* _fp8_matmul(a, b, out_dtype, acc_bits, promote_every, fast) -> c */
+/* _fp8_matmul(a, b, out_dtype, acc_bits, promote_every, fast, acc_round) -> c
+ * (acc_round: "nearest" | "truncate") */
 static int f_matmul(lua_State *L)
 {
     const char *name = "mp.fp8.matmul";
@@ -47,7 +54,9 @@ static int f_matmul(lua_State *L)
     mp_dtype out = lb_dtype(L, 3, name);
     int bits = (int)lb_integer_in(L, 4, "acc_bits", name, 0, 23);
     int64_t every = lb_integer_in(L, 5, "promote_every", name, 0, INT64_MAX);
-    LT_PUSH(L, name, mp_fp8_matmul(a, b, out, bits, every, lua_toboolean(L, 6)));
+    const char *rnd = luaL_optstring(L, 7, "nearest");
+    int acc_round = !strcmp(rnd, "truncate") ? MP_FP8_ACC_TRUNCATE : !strcmp(rnd, "nearest") ? MP_FP8_ACC_NEAREST : -1;
+    LT_PUSH(L, name, mp_fp8_matmul(a, b, out, bits, every, acc_round, lua_toboolean(L, 6)));
     return 1;
 }
 

@@ -4,9 +4,14 @@
 --   build/mpengine scripts/plot.lua FILE --out PICTURE.png [--lab TRAJECTORIES.jsonl
 --       [--heat POLICY]] [--size W,H] [--gp SCRIPT.gp]
 --
--- FILE is a trace (scaler:trace, --trace; plain or .gz) or a metrics file
--- (--metrics of the training scripts: JSON lines with step, loss and, with --amp,
--- scale and skipped). Panels, top to bottom:
+-- FILE is a trace (scaler:trace, --trace; plain or .gz), an fp8 trace (fs:trace of an
+-- mp.fp8.Scaler; told apart by its header) or a metrics file (--metrics of the
+-- training scripts: JSON lines with step, loss and, with --amp, scale and skipped).
+-- An fp8 trace draws two heat maps, FP8 tensors up and steps across: the fraction
+-- of each tensor's values that saturated (rounded past the format's largest value)
+-- at each step, and the fraction of its nonzero values flushed to zero (a cell is
+-- blank where the tensor was not quantized that step or no counts were recorded).
+-- Otherwise the panels, top to bottom:
 --   loss over steps;
 --   log2 of the loss scale over steps, skipped steps marked (x);
 --   from a trace: each parameter's fraction of gradient values that f16 flushes to
@@ -76,8 +81,27 @@ end
 local rows = lines_of(input)
 if #rows == 0 then usage(input .. " holds no JSON lines") end
 local is_trace = rows[1].trace == "mpengine.scaler"
+local is_fp8 = rows[1].fp8_trace ~= nil
 local steps, names = {}, {}
-if is_trace then
+if is_fp8 then
+  if lab then usage("--lab draws loss-scaling candidates, not an fp8 trace's (scripts/fp8_lab.lua prints those)") end
+  local ok, tr = pcall(require("mp.fp8.trace").load, input, "plot.lua")
+  if not ok then usage((tostring(tr):gsub("^[^:]*:%d+: plot%.lua: ", ""))) end
+  for k, t in ipairs(tr.header.tensors) do names[k] = t.name end
+  if #names == 0 then usage(input .. " holds no FP8 tensors") end
+  local counted = false
+  for _, r in ipairs(tr.steps) do
+    local sat, flu = {}, {}
+    for k = 1, #names do
+      sat[k], flu[k] = r.saturated[k] or 0 / 0, r.flushed[k] or 0 / 0
+      if r.saturated[k] then counted = true end
+    end
+    steps[#steps + 1] = {step = r.step, sat = sat, flu = flu}
+  end
+  if #steps > 0 and not counted then
+    usage(input .. " holds no saturated/flushed counts (the holder's telemetry was off)")
+  end
+elseif is_trace then
   local tr = mp.amp.load_trace(input)
   names = tr.header.params
   for _, r in ipairs(tr.steps) do
@@ -109,7 +133,19 @@ if heat_of then
   end
 end
 
-local panels = 2 + (is_trace and #names > 0 and 1 or 0) + (lab and 1 or 0)
+-- the heat maps: a field of each step, a value per name
+local heats = {}
+if is_fp8 and #names > 0 then
+  heats = {{field = "sat", file = "saturated.dat", label = "FP8 saturated fraction",
+            none = "no value saturated (0 everywhere)"},
+           {field = "flu", file = "flushed.dat", label = "FP8 flushed-to-zero fraction",
+            none = "no nonzero value flushed to zero (0 everywhere)"}}
+elseif is_trace and #names > 0 then
+  heats = {{field = "under", file = "under.dat",
+            label = "f16 underflow fraction" .. (heat_of and (" (" .. heat_of .. ")") or ""),
+            none = "no gradient value flushes to zero at these scales (0 everywhere)"}}
+end
+local panels = (is_fp8 and 0 or 2) + #heats + (lab and 1 or 0)
 height = height or 260 * panels
 
 -- ---- data files for gnuplot ----
@@ -127,28 +163,34 @@ end
 local function num(x) return (x == nil or x ~= x) and "NaN" or string.format("%.9g", x) end
 local function lg(x) return x and x > 0 and math.log(x, 2) or nil end
 
-local series = write("steps.dat", function(f)
+local series = not is_fp8 and write("steps.dat", function(f)
   for _, s in ipairs(steps) do
     f:write(string.format("%d %s %s %s\n", s.step, num(s.loss), num(lg(s.scale)), s.skipped and num(lg(s.scale)) or "NaN"))
   end
 end)
--- the heat map's cells: x the step (as every other panel), y the parameter; drawn
--- as an image when the steps are evenly spaced (a trace records every step), else
--- as one square mark per cell
-local heat_max, even = 0, true
+-- the heat maps' cells: x the step (as every other panel), y the parameter (or
+-- FP8 tensor); drawn as an image when the steps are evenly spaced (a trace
+-- records every step), else as one square mark per cell
+local even = true
 for t, s in ipairs(steps) do
   if t > 2 and s.step - steps[t - 1].step ~= steps[2].step - steps[1].step then even = false end
-  for k = 1, #names do
-    local u = s.under and s.under[k]
-    if u and u == u and u > heat_max then heat_max = u end
-  end
 end
-local heat = is_trace and #names > 0 and write("under.dat", function(f)
-  for k = 1, #names do   -- rows: parameters; columns: steps
-    for _, s in ipairs(steps) do f:write(string.format("%d %d %s\n", s.step, k - 1, num(s.under[k]))) end
-    f:write("\n")
+for _, h in ipairs(heats) do
+  h.max = 0
+  for _, s in ipairs(steps) do
+    for k = 1, #names do
+      local u = s[h.field][k]
+      if u and u == u and u > h.max then h.max = u end
+    end
   end
-end)
+  h.path = write(h.file, function(f)
+    for k = 1, #names do   -- rows: parameters; columns: steps
+      for _, s in ipairs(steps) do f:write(string.format("%d %d %s\n", s.step, k - 1, num(s[h.field][k]))) end
+      f:write("\n")
+    end
+  end)
+end
+local heat = #heats > 0
 local lab_series, lab_lo, lab_hi = {}, math.huge, -math.huge
 if lab then
   local by = {}
@@ -232,6 +274,9 @@ local g = {
   string.format("set xrange [%.9g:%.9g]", xlo, xhi),
   -- keys above the plots, where they cover no line
   "set grid", "set key outside top right horizontal box", "set xlabel 'step'",
+}
+if not is_fp8 then
+  for _, l in ipairs{
   "set ylabel 'loss'",
   loss_log and "set logscale y" or "unset logscale y",
   loss_range,
@@ -241,8 +286,9 @@ local g = {
   yrange(padded(scale_lo, scale_hi, 0.5)),
   "plot " .. q(series) .. " using 1:3 with steps lw 1.5 lc rgb '#2ca02c' title 'scale', "
     .. q(series) .. " using 1:4 with points pt 2 ps 1.2 lc rgb '#d62728' title 'skipped'",
-}
-if heat then
+  } do g[#g + 1] = l end
+end
+for _, h in ipairs(heats) do
   -- at most one label per ~14 pixels of the panel's plot area (font 9): every
   -- k-th parameter's name, so names do not overlap
   local plot_px = (height / panels) * 0.7
@@ -251,21 +297,22 @@ if heat then
   for k, n in ipairs(names) do
     if (k - 1) % k_every == 0 then ytics[#ytics + 1] = string.format("%s %d", q(n), k - 1) end
   end
-  g[#g + 1] = "set ylabel " .. q(k_every > 1 and string.format("parameter (1 in %d named)", k_every) or "parameter")
+  local what = is_fp8 and "FP8 tensor" or "parameter"
+  g[#g + 1] = "set ylabel " .. q(k_every > 1 and string.format("%s (1 in %d named)", what, k_every) or what)
   g[#g + 1] = string.format("set yrange [-0.5:%.1f]", #names - 0.5)
   g[#g + 1] = "set ytics (" .. table.concat(ytics, ", ") .. ")"
-  g[#g + 1] = "set cblabel " .. q("f16 underflow fraction" .. (heat_of and (" (" .. heat_of .. ")") or ""))
+  g[#g + 1] = "set cblabel " .. q(h.label)
   -- an all-zero map (a candidate at the recorded scales: the recorded f16
   -- backward already rounded, so what flushed is a zero, not an underflow) still
   -- draws: a range of its own, cells a pale blue where white means no data
-  g[#g + 1] = heat_max > 0 and "set cbrange [0:*]" or "set cbrange [0:0.01]"
+  g[#g + 1] = h.max > 0 and "set cbrange [0:*]" or "set cbrange [0:0.01]"
   g[#g + 1] = "set palette defined (0 '#eef3fa', 0.25 '#fdd49e', 0.5 '#fc8d59', 1 '#b30000')"
   g[#g + 1] = "unset key"
-  if heat_max == 0 then
-    g[#g + 1] = "set label 1 " .. q("no gradient value flushes to zero at these scales (0 everywhere)")
+  if h.max == 0 then
+    g[#g + 1] = "set label 1 " .. q(h.none)
       .. " at graph 0.5, graph 0.5 center front"
   end
-  g[#g + 1] = "plot " .. q(heat) .. (even and " using 1:2:3 with image notitle"
+  g[#g + 1] = "plot " .. q(h.path) .. (even and " using 1:2:3 with image notitle"
                                     or " using 1:2:3 with points pt 5 ps 0.6 lc palette notitle")
   g[#g + 1] = "unset label 1; unset ytics; set ytics; set key"
 end

@@ -3,7 +3,8 @@
 --
 --   build/mpengine scripts/train_gpt.lua [--layers 2] [--dim 128] [--heads 4] [--ctx 64]
 --       [--batch 32] [--steps 1500] [--accum 1] [--lr 3e-3] [--wd 0.1] [--warmup 30]
---       [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH] [--seed 0] [--data PATH]
+--       [--amp off|f16|bf16|fp8] [--recipe delayed|current|block|mx|FILE.lua]
+--       [--policy NAME[:ARGS]|PATH] [--seed 0] [--data PATH]
 --       [--eval-every 100] [--eval-batches 20] [--save PATH] [--resume PATH]
 --       [--sample N] [--metrics FILE] [--trace FILE]
 --
@@ -18,6 +19,12 @@
 -- lines are `final val loss: X.XXX` and, with --sample N, N generated characters
 -- (temperature 0.8, top-k 40). --trace FILE (with --amp) records the loss scaler's
 -- view of every step, as train_mlp.lua's does.
+--
+-- --amp fp8 runs every nn.Linear in FP8 under mp.fp8.autocast (the rest in bf16,
+-- as --amp bf16) with the scaling recipe --recipe (default delayed: TE's
+-- DelayedScaling, HYBRID formats; or a .lua file returning a recipe); the loss
+-- scaler is --amp bf16's (policy none unless --policy). Checkpoints hold the
+-- recipe's state (mp.fp8.Scaler:state_dict) and resume it exactly.
 local mp = mp or require "mp"
 local here = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./")
 local cli = dofile(here .. "lib/cli.lua")
@@ -26,7 +33,8 @@ local GPT = dofile(here .. "models/gpt.lua")
 local function usage(msg)
   io.stderr:write("train_gpt.lua: ", msg, "\n",
     "usage: train_gpt.lua [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B] [--steps N] [--accum K]\n",
-    "                     [--lr LR] [--wd WD] [--warmup W] [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]\n",
+    "                     [--lr LR] [--wd WD] [--warmup W] [--amp off|f16|bf16|fp8] [--recipe NAME|FILE.lua]\n",
+    "                     [--policy NAME[:ARGS]|PATH]\n",
     "                     [--seed S] [--data PATH] [--eval-every N] [--eval-batches N] [--save PATH]\n",
     "                     [--resume PATH] [--sample N] [--metrics FILE] [--trace FILE]\n")
   os.exit(2)
@@ -36,19 +44,23 @@ local opts = cli.parse(arg or {}, {
   layers = "int", dim = "int", heads = "int", ctx = "int", batch = "int", steps = "int", accum = "int",
   lr = "num", wd = "num", warmup = "int", seed = "int", ["eval-every"] = "int", ["eval-batches"] = "int",
   sample = "int", amp = "str", policy = "str", data = "str", save = "str", resume = "str", metrics = "str",
-  trace = "str",
+  trace = "str", recipe = "str",
 }, {
   layers = 2, dim = 128, heads = 4, ctx = 64, batch = 32, steps = 1500, accum = 1, lr = 3e-3, wd = 0.1,
   warmup = 30, seed = 0, ["eval-every"] = 100, ["eval-batches"] = 20, amp = "off",
 }, usage, {seed = true, wd = true, warmup = true, sample = true})
-if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" then usage("--amp must be off, f16 or bf16") end
+if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" and opts.amp ~= "fp8" then usage("--amp must be off, f16, bf16 or fp8") end
+if opts.recipe and opts.amp ~= "fp8" then usage("--recipe needs --amp fp8") end
 if opts.amp == "off" and opts.policy then usage("--policy needs --amp f16 or bf16") end
 if opts.amp == "off" and opts.trace then usage("--trace needs --amp f16 or bf16 (it records the loss scaler's view of each step)") end
 if opts.dim % opts.heads ~= 0 then usage("--dim must be a multiple of --heads") end
 if opts.wd < 0 then usage("--wd must be >= 0") end
 local amp_on = opts.amp ~= "off"
-local policy_spec = opts.policy or (opts.amp == "bf16" and "none" or "dynamic")
+local policy_spec = opts.policy or ((opts.amp == "bf16" or opts.amp == "fp8") and "none" or "dynamic")
 local policy = amp_on and cli.policy(policy_spec, usage) or nil
+local recipe_spec = opts.amp == "fp8" and (opts.recipe or "delayed") or nil
+local r8 = recipe_spec and dofile(here .. "lib/recipe.lua")
+local recipe = r8 and r8.recipe(recipe_spec, usage)
 
 -- ---- data and model ----
 local text = mp.data.text(opts.data)
@@ -60,6 +72,7 @@ local opt = mp.optim.AdamW(groups, {lr = opts.lr})
 -- (a run shorter than the warmup warms up over the whole run)
 opt:set_schedule(mp.optim.schedule.cosine{warmup = math.min(opts.warmup, opts.steps), total = opts.steps, min_lr = opts.lr * 0.1})
 local scaler = amp_on and mp.amp.GradScaler{policy = policy} or nil
+local fp8s = recipe and mp.fp8.Scaler{recipe = recipe, model = model} or nil
 if scaler and opts.trace then
   -- the parameters' names in the optimizer's order (its groups one after another)
   local by_tensor, names = {}, {}
@@ -73,7 +86,7 @@ end
 local V = cfg.vocab
 
 local function loss_of(x, y)
-  local _ <close> = amp_on and mp.amp.autocast(opts.amp) or nil
+  local _ <close> = fp8s and mp.fp8.autocast(fp8s) or amp_on and mp.amp.autocast(opts.amp) or nil
   return mp.cross_entropy(model(x):reshape{-1, V}, y:reshape{-1})
 end
 
@@ -97,8 +110,8 @@ local function save(path)
   mp.save(path, {model = model:state_dict(), optim = opt:state_dict(), rng = mp.get_rng_state(), step = step,
                  config = {layers = opts.layers, dim = opts.dim, heads = opts.heads, ctx = opts.ctx, vocab = V,
                            batch = opts.batch, accum = opts.accum, amp = opts.amp,
-                           policy = amp_on and policy_spec or nil, seed = opts.seed},
-                 scaler = scaler and scaler:state_dict() or nil})
+                           policy = amp_on and policy_spec or nil, recipe = recipe_spec, seed = opts.seed},
+                 scaler = scaler and scaler:state_dict() or nil, fp8 = fp8s and fp8s:state_dict() or nil})
 end
 cli.clear_stale_saves(print, opts.save, opts.resume)
 if opts.resume then
@@ -109,9 +122,11 @@ if opts.resume then
   end
   if c.vocab ~= V then usage("--resume: the checkpoint's vocabulary differs from this text's") end
   if amp_on and c.policy ~= policy_spec then usage("--resume: the checkpoint has --policy " .. tostring(c.policy)) end
+  if c.recipe ~= recipe_spec then usage("--resume: the checkpoint has --recipe " .. tostring(c.recipe)) end
   model:load_state_dict(ck.model)
   opt:load_state_dict(ck.optim)
   if scaler then scaler:load_state_dict(ck.scaler) end
+  if fp8s then fp8s:load_state_dict(ck.fp8) end
   mp.set_rng_state(ck.rng)
   step = ck.step
   print(string.format("resumed from %s at step %d", opts.resume, step))
@@ -121,9 +136,10 @@ end
 local tty = mp.isatty(1)
 local metrics = opts.metrics and assert(io.open(opts.metrics, opts.resume and "a" or "w"))
 local tokens_per_step = opts.batch * opts.ctx * opts.accum
-print(string.format("gpt: %d layers, d %d, %d heads, ctx %d, vocab %d, %d parameters; %d tokens a step",
+print(string.format("gpt: %d layers, d %d, %d heads, ctx %d, vocab %d, %d parameters; %d tokens a step%s",
   opts.layers, opts.dim, opts.heads, opts.ctx, V, (function() local n = 0
-    for _, p in ipairs(model:parameters()) do n = n + p:numel() end return n end)(), tokens_per_step))
+    for _, p in ipairs(model:parameters()) do n = n + p:numel() end return n end)(), tokens_per_step,
+  recipe and ("; fp8 recipe " .. r8.recipe_line(recipe)) or ""))
 local t_last, step_last, val = mp.clock(), step, nil
 while step < opts.steps do
   opt:zero_grad()
@@ -140,6 +156,7 @@ while step < opts.steps do
     mp.optim.clip_grad_norm(model:parameters(), 1.0)
     scaler:step(opt)
     scaler:update()
+    if fp8s then fp8s:update() end
   else
     mp.optim.clip_grad_norm(model:parameters(), 1.0)
     opt:step()

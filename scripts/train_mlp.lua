@@ -2,7 +2,8 @@
 --
 --   build/mpengine scripts/train_mlp.lua [--epochs N] [--batch B] [--lr LR] [--seed S]
 --       [--save PATH] [--resume PATH] [--metrics FILE] [--max-steps K]
---       [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH] [--trace FILE] [--tiny K]
+--       [--amp off|f16|bf16|fp8] [--recipe delayed|current|block|mx|FILE.lua]
+--       [--policy NAME[:ARGS]|PATH] [--trace FILE] [--tiny K]
 --       [--inject-overflow N]
 --
 -- The same seed gives bit-identical weights on the CPU. --save writes a checkpoint
@@ -51,7 +52,12 @@
 -- loss of every N-th step by 2^12 before scaling, a spike as a rare bad batch makes:
 -- at the usual scales (2^16) its backward overflows f16, at 2^3 and below it fits.
 --
--- --policy needs --amp f16 or bf16. With --amp, the metrics lines carry "scale" (the
+-- --amp fp8 runs every nn.Linear in FP8 under mp.fp8.autocast (the rest as --amp
+-- bf16, policy none unless --policy) with the scaling recipe --recipe (default
+-- delayed; a FILE.lua returns a recipe table); the first line names the recipe and
+-- its layout, and checkpoints hold its state (mp.fp8.Scaler:state_dict).
+--
+-- --policy needs --amp f16, bf16 or fp8. With --amp, the metrics lines carry "scale" (the
 -- scale for the next step) and "skipped" (skipped steps so far), each epoch line shows
 -- the same two, and the run ends with
 --   skipped steps: S of N (overflow a, nan b, forward c)

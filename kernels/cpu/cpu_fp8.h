@@ -38,16 +38,24 @@ int cpu_fp8_quantize(mp_kctx *cx, mp_dtype dt, const void *x, int64_t rows, int6
  *   scale changes along k (tile, block), k is cut into those chunks and each
  *   chunk's f32 sum times its two scales is added to an f32 total.
  * acc_bits in 1..23: the modelled accumulator of cpu_fp8_gemm.c's head, with
- *   promotion every promote_every products (0: never); tile and block scales
+ *   promotion every promote_every products (0: never), partial sums rounded to
+ *   nearest even (cpu_fp8_gemm_round: or truncated); tile and block scales
  *   need promote_every dividing 128, so that no interval straddles two scales.
  * 0, -1 out of memory, -2 bad arguments (the engine checks them first). */
 int cpu_fp8_gemm(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a, const mp_fp8_operand *b,
                  int acc_bits, int64_t promote_every, mp_dtype out, void *c);
+/* the same, the modelled accumulator's partial sums rounded as rnd says
+ * (cpu_fp8_gemm: MP_FP8_ACC_NEAREST) */
+int cpu_fp8_gemm_round(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a,
+                       const mp_fp8_operand *b, int acc_bits, int64_t promote_every, mp_fp8_acc_round rnd,
+                       mp_dtype out, void *c);
 
 /* the model's rounding: hi + lo (an exact sum split as by two-sum, |lo| at
  * most half an ulp of hi) rounded to nearest even to a significand of
  * acc_bits + 1 bits (acc_bits after the leading one, as f32 has 23) */
 double mp_fp8_round_acc(double hi, double lo, int acc_bits);
+/* the same value rounded toward zero (truncated) to acc_bits + 1 bits */
+double mp_fp8_trunc_acc(double hi, double lo, int acc_bits);
 
 /* the backend's entries (kernels/backend.h: fp8_quantize, fp8_gemm) */
 mp_be_fp8_quantize_fn cpu_fp8_quantize_entry;

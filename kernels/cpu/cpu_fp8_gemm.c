@@ -21,8 +21,10 @@
  *   partial = 0; total = 0 (f32)
  *   for each k: partial = round_p(partial + a_k b_k)
  *                 (a_k b_k exact: decoded values, MX scales folded in;
- *                  the sum rounded once, to nearest even, to a significand of
- *                  p bits after the leading one; exponent range unbounded)
+ *                  the exact sum rounded once, to nearest even - or toward
+ *                  zero, truncated, with acc_round = MP_FP8_ACC_TRUNCATE - to
+ *                  a significand of p bits after the leading one; exponent
+ *                  range unbounded)
  *               after every N products, and after the last:
  *                 total = total + (f32) partial * (sa sb)   (two f32 roundings)
  *                 partial = 0
@@ -170,10 +172,28 @@ double mp_fp8_round_acc(double hi, double lo, int acc_bits)
     return r;
 }
 
+double mp_fp8_trunc_acc(double hi, double lo, int acc_bits)
+{
+    uint64_t u;
+    memcpy(&u, &hi, sizeof u);
+    if (hi == 0.0 || !isfinite(hi)) return hi;
+    int drop = 52 - acc_bits;
+    uint64_t mask = ((uint64_t)1 << drop) - 1, rem = u & mask;
+    u &= ~mask;   /* |hi| toward zero */
+    /* hi already on the grid and lo pulling toward zero: the exact sum lies
+     * just inside, so one step of the grid down in magnitude (a borrow from
+     * the exponent is right: the largest value of the binade below) */
+    if (rem == 0 && lo != 0.0 && (lo > 0.0) != (hi > 0.0)) u -= (uint64_t)1 << drop;
+    double r;
+    memcpy(&r, &u, sizeof r);
+    return r;
+}
+
 /* the modelled accumulator (the file's head) over decoded f32 A {m, k}, B {n, k} */
 static void gemm_model(int64_t m, int64_t n, int64_t k, const float *fa, const float *fb, const mp_fp8_operand *a,
-                       const mp_fp8_operand *b, int acc_bits, int64_t pe, float *acc)
+                       const mp_fp8_operand *b, int acc_bits, int64_t pe, mp_fp8_acc_round rnd, float *acc)
 {
+    double (*round_p)(double, double, int) = rnd == MP_FP8_ACC_TRUNCATE ? mp_fp8_trunc_acc : mp_fp8_round_acc;
     #pragma omp parallel for schedule(dynamic, 4)
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
@@ -185,7 +205,7 @@ static void gemm_model(int64_t m, int64_t n, int64_t k, const float *fa, const f
                 for (int64_t q = j0; q < j1; q++) {
                     double p = (double)x[q] * y[q], s = part + p;   /* p exact: a few bits each */
                     double bp = s - part, lo = (part - (s - bp)) + (p - bp);   /* two-sum: s + lo exact */
-                    part = mp_fp8_round_acc(s, lo, acc_bits);
+                    part = round_p(s, lo, acc_bits);
                 }
                 float sc = (a->g == MP_FP8_MX ? 1.0f : scale_at(a, i, j0, k)) *
                            (b->g == MP_FP8_MX ? 1.0f : scale_at(b, j, j0, k));
@@ -215,10 +235,12 @@ static int intervals_fit(const mp_fp8_operand *x, int64_t pe, int64_t k)
     return pe > 0 && MP_FP8_TILE_K % pe == 0;
 }
 
-int cpu_fp8_gemm(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a, const mp_fp8_operand *b,
-                 int acc_bits, int64_t promote_every, mp_dtype out, void *c)
+int cpu_fp8_gemm_round(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a,
+                       const mp_fp8_operand *b, int acc_bits, int64_t promote_every, mp_fp8_acc_round rnd,
+                       mp_dtype out, void *c)
 {
-    if (acc_bits < 0 || acc_bits > 23 || promote_every < 0) return -2;
+    if (acc_bits < 0 || acc_bits > 23 || promote_every < 0 || (rnd != MP_FP8_ACC_NEAREST && rnd != MP_FP8_ACC_TRUNCATE))
+        return -2;
     if (m == 0 || n == 0) return 0;
     float *acc = out == MP_F32 ? c : cpu_scratch(cx, 3, 4 * (size_t)(m * n));
     if (!acc) return -1;
@@ -230,19 +252,25 @@ int cpu_fp8_gemm(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_oper
         if (!intervals_fit(a, pe, k) || !intervals_fit(b, pe, k)) return -2;
         const float *fa = decode_f32(cx, 6, a, m, k), *fb = fa ? decode_f32(cx, 7, b, n, k) : NULL;
         if (!fb) return -1;
-        gemm_model(m, n, k, fa, fb, a, b, acc_bits, pe, acc);
+        gemm_model(m, n, k, fa, fb, a, b, acc_bits, pe, rnd, acc);
     }
     if (out != MP_F32) cpu_store_f32(cx, out, c, acc, m * n);
     return 0;
+}
+
+int cpu_fp8_gemm(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a, const mp_fp8_operand *b,
+                 int acc_bits, int64_t promote_every, mp_dtype out, void *c)
+{
+    return cpu_fp8_gemm_round(cx, m, n, k, a, b, acc_bits, promote_every, MP_FP8_ACC_NEAREST, out, c);
 }
 
 /* the backend's fp8_gemm: fast (the device's own limited accumulation) is
  * answered with the model at 14 bits without promotion, as the emulated
  * cuBLASLt answers FAST_ACCUM */
 int cpu_fp8_gemm_entry(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a, const mp_fp8_operand *b,
-                       int acc_bits, int64_t promote_every, int fast, mp_dtype out, void *c)
+                       int acc_bits, int64_t promote_every, int acc_round, int fast, mp_dtype out, void *c)
 {
-    if (fast && !acc_bits) acc_bits = 14, promote_every = 0;
-    int r = cpu_fp8_gemm(cx, m, n, k, a, b, acc_bits, promote_every, out, c);
+    if (fast && !acc_bits) acc_bits = 14, promote_every = 0, acc_round = MP_FP8_ACC_NEAREST;
+    int r = cpu_fp8_gemm_round(cx, m, n, k, a, b, acc_bits, promote_every, (mp_fp8_acc_round)acc_round, out, c);
     return r == -2 ? 1 : r;
 }

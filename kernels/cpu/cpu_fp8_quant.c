@@ -8,6 +8,7 @@
  */
 #include <float.h>
 #include <math.h>
+#include <string.h>
 #include "kernels/cpu/cpu_fp8.h"
 
 #define SEG 128   /* elements widened to f32 at a time (a tile) */
@@ -172,7 +173,8 @@ int cpu_fp8_quantize(mp_kctx *cx, mp_dtype dt, const void *x, int64_t rows, int6
 }
 
 /* the backend's fp8_quantize: the format by its dtype, the statistics as the
- * entry's three words (the amax's bits, the counts) */
+ * entry's four words (the amax's bits, the counts; word 3 the counts as two
+ * f32, for a device tensor of them) */
 int cpu_fp8_quantize_entry(mp_kctx *cx, mp_dtype dt, const void *x, int64_t rows, int64_t k, mp_dtype fmt, int g,
                            const float *given, uint8_t *q, void *scales, unsigned long long *st)
 {
@@ -180,5 +182,7 @@ int cpu_fp8_quantize_entry(mp_kctx *cx, mp_dtype dt, const void *x, int64_t rows
     int r = cpu_fp8_quantize(cx, dt, x, rows, k, fmt == MP_E5M2 ? MP_FP8_E5M2 : MP_FP8_E4M3, (mp_fp8_gran)g, given, q,
                              scales, &s);
     st[0] = mp_f32_bits(s.amax), st[1] = (unsigned long long)s.saturated, st[2] = (unsigned long long)s.flushed;
+    float f[2] = {(float)s.saturated, (float)s.flushed};
+    memcpy(&st[3], f, sizeof f);
     return r;
 }

@@ -462,6 +462,9 @@ mp_be_fp8_gemm_fn mp_cuda_fp8_gemm_entry;           /* cuda_fp8_gemm.cu */
  * handle lets f32 products use TF32 */
 cudaError_t mp_cuda_blas_error(cublasStatus_t s);
 void *mp_cuda_gemm_workspace(mp_kctx *cx, size_t *bytes, bool *tf32);
+/* the context's cuBLAS handle on cx->stream (f32 sums: no reduced-precision
+ * reductions), NULL with the error noted when it cannot be made */
+cublasHandle_t mp_cuda_blas_handle(mp_kctx *cx);
 mp_be_softmax_fn mp_cuda_softmax;
 mp_be_softmax_grad_fn mp_cuda_softmax_grad;
 mp_be_cross_entropy_fn mp_cuda_cross_entropy;

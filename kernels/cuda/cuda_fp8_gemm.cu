@@ -21,8 +21,19 @@
  * into its 128-chunks, each chunk's product goes unscaled to an f32 scratch
  * T, and promote_k adds T (sa(i, c) sb(j, c)) into an f32 total - the CPU's
  * arithmetic (cpu_fp8_gemm.c) with cuBLASLt's order of the f32 sums inside a
- * chunk; the total is rounded once into C. MX scales are declined (sm_90 has
- * no MX tensor cores; the CPU computes them).
+ * chunk; the total is rounded once into C.
+ *
+ * MX (two MX operands; the engine refuses MX with another granularity).
+ * sm_90 has no MX tensor cores, so mx_gemm is ours: each operand decoded to
+ * bf16 with its E8M0 power of two applied, then cuBLAS's bf16 GEMM with f32
+ * sums into an f32 C (rounded once into C's dtype) - the CPU's folded MX
+ * path (cpu_fp8_gemm.c) with cuBLAS's order of the f32 sums. The decoding
+ * is exact (e4m3 / e5m2 significands fit bf16's 8 bits, a power of two only
+ * moves the exponent) while every scaled element is a bf16 normal number:
+ * block exponents 2^-117..2^119 for e4m3 (2^-9 .. 448 times them), 2^-110 ..
+ * 2^112 for e5m2; past those an element rounds to a bf16 subnormal, zero or
+ * infinity (the CPU stays exact there: it cuts k into the 32-blocks). A NaN
+ * scale (0xff) makes its block NaN. fast_accum changes nothing here: f32 sums.
  *
  * Accumulation. fast_accum = 0 asks Lt for its precise FP8 accumulation
  * (CUBLASLT_MATMUL_DESC_FAST_ACCUM 0: partial sums promoted to f32), 1 lets
@@ -122,13 +133,64 @@ static __global__ void round_k(mp_dtype dt, void *out, const float *acc, int64_t
     tl.commit();
 }
 
-/* 0 done, 1 declined (Lt missing or refusing the problem, MX scales), -1 out
- * of memory; any other failure is noted as the sticky error */
+/* x {rows, k} MX-scaled -> bf16 {rows, k}: each code's value times its
+ * block's 2^(b - 127), rounded to bf16 (exact in bf16's normal range) */
+static __global__ void mx_decode_k(const uint8_t *q, mp_fp8_format fmt, const uint8_t *e8, int64_t rows, int64_t k,
+                                   uint16_t *out)
+{
+    const int64_t nb = (k + MP_FP8_MX_K - 1) / MP_FP8_MX_K;
+    MP_FOR(i, rows * k) {
+        const int64_t r = i / k, j = i % k;
+        const uint8_t b = e8[r * nb + j / MP_FP8_MX_K];
+        const float v = b == 0xff ? __int_as_float(0x7fc00000) : mp_fp8_to_f32(q[i], fmt) * ldexpf(1.0f, (int)b - 127);
+        out[i] = mp_f32_to_bf16(v);
+    }
+}
+
+/* two MX operands (the head): decoded to bf16, cuBLAS's bf16 GEMM into f32 */
+static int mx_gemm(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a, const mp_fp8_operand *b,
+                   mp_dtype out, void *c)
+{
+    cublasHandle_t h = mp_cuda_blas_handle(cx);
+    if (!h) return 0;   /* noted */
+    const size_t la = (2 * (size_t)(m * k) + 255) & ~(size_t)255, lb = (2 * (size_t)(n * k) + 255) & ~(size_t)255;
+    const int64_t mn = m * n;
+    char *s = (char *)mp_cuda_scratch(cx, la + lb + (out == MP_F32 ? 0 : sizeof(float) * (size_t)mn));
+    if (!s) return -1;
+    uint16_t *da = (uint16_t *)s, *db = (uint16_t *)(s + la);
+    float *acc = out == MP_F32 ? (float *)c : (float *)(s + la + lb);
+    MP_LAUNCH(mp_blocks(m * k), MP_THREADS, 0, cx->stream, mx_decode_k, a->q, a->fmt, (const uint8_t *)a->scales, m,
+              k, da);
+    MP_LAUNCH(mp_blocks(n * k), MP_THREADS, 0, cx->stream, mx_decode_k, b->q, b->fmt, (const uint8_t *)b->scales, n,
+              k, db);
+    MP_LAUNCHED("fp8_gemm: mx decode");
+    /* row-major C {m, n} = A B^T is column-major C^T {n, m} = B' A'^T: B read
+     * transposed from its {k, n} column-major storage (ld k), A as stored (ld k) */
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)n, (int)m, (int)k, &one, db, CUDA_R_16BF,
+                                     (int)k, da, CUDA_R_16BF, (int)k, &zero, acc, CUDA_R_32F, (int)n,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        mp_cuda_note(cx, mp_cuda_blas_error(st), "fp8_gemm: mx: cublasGemmEx");
+        return 0;
+    }
+    if (out != MP_F32) {
+        MP_LAUNCH(mp_blocks(mn), MP_THREADS, 0, cx->stream, round_k, out, c, (const float *)acc, mn, cx->flush);
+        MP_LAUNCHED("fp8_gemm: round");
+    }
+    return 0;
+}
+
+/* 0 done, 1 declined (Lt missing or refusing the problem, MX with another
+ * granularity), -1 out of memory; any other failure is noted as the sticky
+ * error */
 extern "C" int mp_cuda_fp8_gemm(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a,
                                 const mp_fp8_operand *b, int fast_accum, mp_dtype out, void *c)
 {
     if (m <= 0 || n <= 0) return 0;
-    if (k <= 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX || a->g == MP_FP8_MX || b->g == MP_FP8_MX) return 1;
+    if (k <= 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX) return 1;
+    if (a->g == MP_FP8_MX || b->g == MP_FP8_MX)
+        return a->g == MP_FP8_MX && b->g == MP_FP8_MX ? mx_gemm(cx, m, n, k, a, b, out, c) : 1;
     cublasLtHandle_t h = mp_cuda_lt_handle(cx);
     if (!h) return 1;
     cublasStatus_t st;
@@ -161,9 +223,10 @@ extern "C" int mp_cuda_fp8_gemm(mp_kctx *cx, int64_t m, int64_t n, int64_t k, co
 }
 
 /* the backend's fp8_gemm (kernels/backend.h): the modelled accumulator is the
- * CPU's alone (declined); fast is cuBLASLt's FAST_ACCUM */
+ * CPU's alone (declined); fast is cuBLASLt's FAST_ACCUM (MX: f32 sums) */
 int mp_cuda_fp8_gemm_entry(mp_kctx *cx, int64_t m, int64_t n, int64_t k, const mp_fp8_operand *a,
-                           const mp_fp8_operand *b, int acc_bits, int64_t promote_every, int fast, mp_dtype out, void *c)
+                           const mp_fp8_operand *b, int acc_bits, int64_t promote_every, int acc_round, int fast,
+                           mp_dtype out, void *c)
 {
     if (acc_bits) return 1;
     return mp_cuda_fp8_gemm(cx, m, n, k, a, b, fast, out, c);

@@ -14,7 +14,10 @@
  * Statistics (device words the caller reads when it wants them): st[0] the
  * amax's f32 bits (|x| bits order as the values do, and a NaN's bits are
  * above inf's, so an atomic max of bits is the amax, NaN when any x is NaN),
- * st[1] the saturated count, st[2] the flushed count, zeroed here first.
+ * st[1] the saturated count, st[2] the flushed count, zeroed here first;
+ * st[3] the two counts as f32 {saturated, flushed}, written by counts_k once
+ * the group kernels are done (the engine copies them into a device tensor:
+ * counts without a host wait).
  */
 #include "kernels/cuda/cuda.h"
 extern "C" {
@@ -23,7 +26,15 @@ extern "C" {
 
 struct q_stats {
     unsigned long long amax, sat, flushed;
+    float counts[2];
 };
+
+/* st[3] from st[1] and st[2] (one thread, after the kernels that count) */
+static __global__ void counts_k(q_stats *st)
+{
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        st->counts[0] = (float)st->sat, st->counts[1] = (float)st->flushed;
+}
 
 /* the multiplier that takes a group of amax a to the format's largest value (cpu_fp8_quant.c's scale_of) */
 static __device__ __forceinline__ float scale_of(float a, float fmax)
@@ -132,7 +143,7 @@ static __global__ void group_k(mp_dtype dt, const void *x, int64_t rows, int64_t
 
 /* codes q {rows, k} and scales (kernels/fp8_scaled.h's layouts) of x on the
  * device; given_scale: a device f32 (tensor granularity only) or NULL;
- * st: three device words for the statistics (the head). 0, or -1 for a
+ * st: four device words for the statistics (the head). 0, or -1 for a
  * granularity that does not exist. */
 extern "C" int mp_cuda_fp8_quantize(mp_kctx *cx, mp_dtype dt, const void *x, int64_t rows, int64_t k,
                                     mp_fp8_format fmt, mp_fp8_gran g, const float *given_scale, uint8_t *q,
@@ -157,6 +168,7 @@ extern "C" int mp_cuda_fp8_quantize(mp_kctx *cx, mp_dtype dt, const void *x, int
         MP_LAUNCH((unsigned)groups, (unsigned)w, 0, cx->stream, group_k, dt, x, rows, k, (int)g, fmt, fmax, emax, q,
                   scales, s);
     }
+    MP_LAUNCH(1, 1, 0, cx->stream, counts_k, s);
     MP_LAUNCHED("fp8_quantize");
     return 0;
 }

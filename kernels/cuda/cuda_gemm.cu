@@ -93,6 +93,8 @@ static cublasHandle_t get_handle(mp_kctx *cx)
     return cx->blas;
 }
 
+cublasHandle_t mp_cuda_blas_handle(mp_kctx *cx) { return get_handle(cx); }
+
 void *mp_cuda_gemm_workspace(mp_kctx *cx, size_t *bytes, bool *tf32)
 {
     cublasMath_t math = CUBLAS_DEFAULT_MATH;

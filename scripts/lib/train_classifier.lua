@@ -17,7 +17,8 @@ return function(spec)
     local pad = string.rep(" ", #spec.name)
     io.stderr:write(spec.name, ": ", msg, "\n",
       "usage: ", spec.name, " [--epochs N] [--batch B] [--lr LR] [--seed S] [--save PATH] [--resume PATH]\n",
-      "       ", pad, " [--metrics FILE] [--max-steps K] [--amp off|f16|bf16] [--policy NAME[:ARGS]|PATH]\n",
+      "       ", pad, " [--metrics FILE] [--max-steps K] [--amp off|f16|bf16|fp8] [--recipe NAME|FILE.lua]\n",
+      "       ", pad, " [--policy NAME[:ARGS]|PATH]\n",
       "       ", pad, " [--trace FILE] [--tiny K] [--inject-overflow N [--inject-rank R]] [--dist]\n")
     os.exit(2)
   end
@@ -28,12 +29,13 @@ return function(spec)
   local opts = cli.parse(arg or {}, {epochs = "int", batch = "int", lr = "num", seed = "int", ["max-steps"] = "int",
                                      save = "str", resume = "str", metrics = "str", amp = "str", policy = "str",
                                      trace = "str", tiny = "int", ["inject-overflow"] = "int",
-                                     ["inject-rank"] = "int", dist = "flag"},
+                                     ["inject-rank"] = "int", dist = "flag", recipe = "str"},
                          {epochs = 1, batch = 128, lr = 1e-3, seed = 0, amp = "off"}, usage,
                          {seed = true, ["inject-rank"] = true})
-  if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" then
-    usage("--amp must be off, f16 or bf16 (got " .. opts.amp .. ")")
+  if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" and opts.amp ~= "fp8" then
+    usage("--amp must be off, f16, bf16 or fp8 (got " .. opts.amp .. ")")
   end
+  if opts.recipe and opts.amp ~= "fp8" then usage("--recipe needs --amp fp8") end
   if opts.amp == "off" and opts.policy then
     usage("--policy needs --amp f16 or bf16 (this run has --amp off, which uses no loss scaler)")
   end
@@ -57,8 +59,17 @@ return function(spec)
   local print = rank == 0 and print or function() end
   local io_write = rank == 0 and function(...) io.stdout:write(...) end or function() end
 
-  local policy_spec = opts.policy or (opts.amp == "bf16" and "none" or "dynamic")
+  local policy_spec = opts.policy or ((opts.amp == "bf16" or opts.amp == "fp8") and "none" or "dynamic")
   local policy = amp_on and cli.policy(policy_spec, usage) or nil
+  -- --amp fp8: nn.Linear in FP8 under mp.fp8.autocast (bf16 for the rest), the recipe's state in checkpoints
+  local recipe_spec = opts.amp == "fp8" and (opts.recipe or "delayed") or nil
+  local r8 = recipe_spec and dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "recipe.lua")
+  local recipe = r8 and r8.recipe(recipe_spec, usage)
+  -- the region of a forward pass: FP8 or mp.amp's
+  local function region(fs)
+    if fs then return mp.fp8.autocast(fs) end
+    return mp.amp.autocast(opts.amp)
+  end
 
   if rank == 0 then cli.clear_stale_saves(print, opts.save, opts.resume) end
 
@@ -72,9 +83,10 @@ return function(spec)
     -- the same mixed precision and the same policy spec (compared as written, e.g. "dynamic",
     -- "static:1024", "scripts/policies/logging.lua"; a checkpoint without "amp" is --amp off)
     local ck_amp, ck_policy = ck.amp or "off", ck.policy
-    if ck_amp ~= opts.amp or (amp_on and ck_policy ~= policy_spec) then
-      usage(string.format("--resume: the checkpoint was made with --amp %s%s; this run has --amp %s%s", ck_amp,
-        ck_policy and (" --policy " .. ck_policy) or "", opts.amp, amp_on and (" --policy " .. policy_spec) or ""))
+    if ck_amp ~= opts.amp or (amp_on and ck_policy ~= policy_spec) or ck.recipe ~= recipe_spec then
+      usage(string.format("--resume: the checkpoint was made with --amp %s%s%s; this run has --amp %s%s%s", ck_amp,
+        ck_policy and (" --policy " .. ck_policy) or "", ck.recipe and (" --recipe " .. ck.recipe) or "", opts.amp,
+        amp_on and (" --policy " .. policy_spec) or "", recipe_spec and (" --recipe " .. recipe_spec) or ""))
     end
     if amp_on and type(ck.scaler) ~= "table" then usage("--resume: the checkpoint has no loss scaler state") end
   end
@@ -92,6 +104,8 @@ return function(spec)
   local function rank_stream(st) return {seed = mp.dist.rank_seed(st.seed), offset = st.offset} end
   if rank > 0 then mp.set_rng_state(rank_stream(mp.get_rng_state())) end
   local scaler, skips = nil, {overflow = 0, nan = 0, forward = 0}
+  local fp8s = recipe and mp.fp8.Scaler{recipe = recipe, model = model} or nil
+  if recipe then print("fp8 recipe " .. r8.recipe_line(recipe)) end
   if amp_on then
     scaler = mp.amp.GradScaler{policy = policy}
     local _, names = model:named_parameters()   -- in optimizer order: on_skip names the parameter
@@ -130,6 +144,7 @@ return function(spec)
       seed = opts.seed, batch_size = opts.batch,
       amp = opts.amp, policy = amp_on and policy_spec or nil,
       scaler = scaler and scaler:state_dict() or nil, skips = scaler and skips or nil,
+      recipe = recipe_spec, fp8 = fp8s and fp8s:state_dict() or nil,
     })
   end
 
@@ -139,6 +154,7 @@ return function(spec)
       scaler:load_state_dict(ck.scaler)
       for k, v in pairs(ck.skips or {}) do skips[k] = v end
     end
+    if fp8s then fp8s:load_state_dict(ck.fp8) end
     opt:load_state_dict(ck.optim)
     mp.set_rng_state(rank > 0 and rank_stream(ck.rng) or ck.rng)
     state.step, state.epoch, state.batch = ck.step, ck.epoch, ck.batch
@@ -170,7 +186,7 @@ return function(spec)
   local function evaluate()
     sync_buffers()
     local _ <close> = mp.no_grad()
-    local _a <close> = amp_on and mp.amp.autocast(opts.amp) or nil
+    local _a <close> = amp_on and region(fp8s) or nil
     model:eval()
     local correct, n = 0, 0
     for x, y in mp.data.loader(test, {batch = opts.batch}) do
@@ -180,6 +196,10 @@ return function(spec)
       local right <close> = logits:argmax(2):eq(y):sum()
       correct = correct + right:item()
       n = n + y:numel()
+      -- the forward's intermediate tensors are the collector's to free: a step
+      -- per batch keeps them from piling up between its cycles, whose pace moves
+      -- with the Lua heap's size (by 21 MiB of peak in train_cnn_spec's run)
+      collectgarbage("step")
     end
     model:train()
     return correct / n
@@ -201,7 +221,7 @@ return function(spec)
         local loss
         if scaler then
           do
-            local _ <close> = mp.amp.autocast(opts.amp)
+            local _ <close> = region(fp8s)
             loss = mp.cross_entropy(model(x:reshape(spec.shape)), y)
           end
           if opts.tiny then loss = loss * 2.0 ^ -opts.tiny end
@@ -212,6 +232,7 @@ return function(spec)
           scaler:scale(spike and loss * 2.0 ^ 12 or loss):backward()
           scaler:step(opt)     -- skipped (false) when a gradient holds inf/NaN
           scaler:update()
+          if fp8s then fp8s:update() end
         else
           loss = mp.cross_entropy(model(x:reshape(spec.shape)), y)
           if opts.tiny then loss = loss * 2.0 ^ -opts.tiny end

@@ -119,7 +119,65 @@ Test(fp8_cuda, tile_by_block) { compare(33, 140, 400, MP_FP8_TILE, MP_FP8_BLOCK,
 Test(fp8_cuda, tile_by_block_bf16_out) { compare(20, 30, 272, MP_FP8_TILE, MP_FP8_BLOCK, MP_FP8_E4M3, 0, MP_BF16); }
 Test(fp8_cuda, fast_accum_is_the_model) { compare(16, 24, 2048, MP_FP8_TENSOR, MP_FP8_TENSOR, MP_FP8_E4M3, 1, MP_F32); }
 
-/* what cuBLASLt cannot take is declined, not computed another way */
+/* two MX operands: the CUDA side decodes them to bf16 with their powers of
+ * two and runs cuBLAS's bf16 GEMM; the CPU folds or chunks. Both f32 sums of
+ * the same exact products: within the f32 bound. E8M0 bytes within lo..hi. */
+static void compare_mx(int64_t m, int64_t n, int64_t k, mp_fp8_format fa, mp_fp8_format fb, int lo, int hi,
+                       mp_dtype out)
+{
+    if (!gemm) cr_skip_test("no CUDA backend (no GPU, MP_CUDA_BACKEND unset)");
+    int64_t nb = (k + 31) / 32;
+    uint8_t *qa = codes(m * k, fa, 5), *qb = codes(n * k, fb, 6);
+    uint8_t *ea = malloc((size_t)(m * nb)), *eb = malloc((size_t)(n * nb));
+    /* block c's exponent in a: a base from lo..hi per c, +-2 per row; in b its
+     * mirror 254 - base, +-2: the products stay near 1 however wide the scales */
+    unsigned seed = 9;
+    int *base = malloc(sizeof *base * (size_t)nb);
+    for (int64_t c = 0; c < nb; c++) base[c] = lo + 2 + rand_r(&seed) % (hi - lo - 3);
+    for (int64_t i = 0; i < m * nb; i++) ea[i] = (uint8_t)(base[i % nb] + rand_r(&seed) % 5 - 2);
+    for (int64_t i = 0; i < n * nb; i++) eb[i] = (uint8_t)(254 - base[i % nb] + rand_r(&seed) % 5 - 2);
+    free(base);
+    mp_fp8_operand ha = {qa, fa, MP_FP8_MX, ea}, hb = {qb, fb, MP_FP8_MX, eb};
+    mp_fp8_operand da = {up(qa, (size_t)(m * k)), fa, MP_FP8_MX, up(ea, (size_t)(m * nb))};
+    mp_fp8_operand db = {up(qb, (size_t)(n * k)), fb, MP_FP8_MX, up(eb, (size_t)(n * nb))};
+    size_t es = mp_dtype_size(out), nc = (size_t)(m * n);
+    void *dc = be->alloc(be->ctx, es * nc), *hc = malloc(es * nc), *cc = malloc(es * nc);
+    cr_assert_eq(gemm(be->ctx, m, n, k, &da, &db, 0, out, dc), 0, "the CUDA MX GEMM declined");
+    be->to_host(be->ctx, hc, dc, es * nc);
+    const char *err = be->error ? be->error(be->ctx) : NULL;
+    cr_assert_null(err, "%s", err);
+    cr_assert_eq(cpu_fp8_gemm(mp_backend_of(MP_CPU)->ctx, m, n, k, &ha, &hb, 0, 0, out, cc), 0);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            size_t e = (size_t)(i * n + j);
+            float x = out == MP_F32 ? ((float *)hc)[e] : mp_bf16_to_f32(((uint16_t *)hc)[e]);
+            float y = out == MP_F32 ? ((float *)cc)[e] : mp_bf16_to_f32(((uint16_t *)cc)[e]);
+            double mag = 0, exact = 0;
+            for (int64_t q = 0; q < k; q++) {
+                double t = ldexp(mp_fp8_to_f32(qa[i * k + q], fa), ea[i * nb + q / 32] - 127) *
+                           ldexp(mp_fp8_to_f32(qb[j * k + q], fb), eb[j * nb + q / 32] - 127);
+                mag += fabs(t), exact += t;
+            }
+            double bound = out == MP_F32 ? 2.0 * (double)(k + 2 * nb + 4) * 0x1p-24 * mag
+                                         : fmax(fabs((double)y) * 0x1p-7, 0x1p-24 * mag * (double)k);
+            cr_assert_leq(fabs((double)x - y), bound, "(%ld, %ld): %.9g vs %.9g", (long)i, (long)j, x, y);
+            if (out == MP_F32)
+                cr_assert_leq(fabs((double)x - exact), (double)(k + 4) * 0x1p-24 * mag, "(%ld, %ld) against the "
+                              "exact sum %.17g: %.9g", (long)i, (long)j, exact, x);
+        }
+    be->free(be->ctx, (void *)da.q, (size_t)(m * k)), be->free(be->ctx, (void *)db.q, (size_t)(n * k));
+    be->free(be->ctx, (void *)da.scales, (size_t)(m * nb)), be->free(be->ctx, (void *)db.scales, (size_t)(n * nb));
+    be->free(be->ctx, dc, es * nc);
+    free(qa), free(qb), free(ea), free(eb), free(hc), free(cc);
+}
+
+Test(fp8_cuda, mx) { compare_mx(40, 36, 384, MP_FP8_E4M3, MP_FP8_E4M3, 117, 137, MP_F32); }
+Test(fp8_cuda, mx_e5m2_both_bf16_out_odd_k) { compare_mx(17, 30, 200, MP_FP8_E5M2, MP_FP8_E5M2, 120, 134, MP_BF16); }
+/* block exponents 2^-100 .. 2^100 (the CPU cuts k into its 32-blocks there;
+ * the CUDA side's bf16 values stay normal) */
+Test(fp8_cuda, mx_wide_scales) { compare_mx(9, 12, 96, MP_FP8_E4M3, MP_FP8_E5M2, 27, 227, MP_F32); }
+
+/* what cuBLASLt cannot take is declined, not computed another way (MX: only with MX) */
 Test(fp8_cuda, declines_mx_and_unaligned_k)
 {
     if (!gemm) cr_skip_test("no CUDA backend (no GPU, MP_CUDA_BACKEND unset)");
@@ -128,7 +186,8 @@ Test(fp8_cuda, declines_mx_and_unaligned_k)
     void *dq = up(q, sizeof q), *ds = up(&one, 4), *de = up(e8, sizeof e8), *dc = be->alloc(be->ctx, 4 * 64);
     mp_fp8_operand t = {dq, MP_FP8_E4M3, MP_FP8_TENSOR, ds}, mx = {dq, MP_FP8_E4M3, MP_FP8_MX, de};
     cr_assert_eq(gemm(be->ctx, 8, 8, 24, &t, &t, 0, MP_F32, dc), 1, "k = 24: lda not a multiple of 16");
-    cr_assert_eq(gemm(be->ctx, 8, 8, 32, &mx, &t, 0, MP_F32, dc), 1, "MX scales");
+    cr_assert_eq(gemm(be->ctx, 8, 8, 32, &mx, &t, 0, MP_F32, dc), 1, "MX with a tensor scale");
+    cr_assert_eq(gemm(be->ctx, 8, 8, 32, &t, &mx, 0, MP_F32, dc), 1, "a tensor scale with MX");
     mp_fp8_operand e5 = {dq, MP_FP8_E5M2, MP_FP8_TENSOR, ds};
     cr_assert_eq(gemm(be->ctx, 8, 8, 32, &e5, &e5, 0, MP_F32, dc), 1, "two e5m2 operands");
     const char *err = be->error ? be->error(be->ctx) : NULL;
@@ -164,9 +223,9 @@ static void quant_same(mp_dtype dt, int64_t rows, int64_t k, mp_fp8_format fmt, 
     cr_assert_eq(cpu_fp8_quantize(mp_backend_of(MP_CPU)->ctx, dt, x, rows, k, fmt, g, given > 0 ? &given : NULL, qc,
                                   sc, &st), 0);
     void *dx = up(x, es * (size_t)n), *dg = given > 0 ? up(&given, 4) : NULL, *dq = be->alloc(be->ctx, (size_t)n);
-    void *ds = be->alloc(be->ctx, ss * (size_t)ns), *dst = be->alloc(be->ctx, 24);
+    void *ds = be->alloc(be->ctx, ss * (size_t)ns), *dst = be->alloc(be->ctx, 32);
     cr_assert_eq(quant(be->ctx, dt, dx, rows, k, fmt, g, dg, dq, ds, dst), 0);
-    unsigned long long w[3];
+    unsigned long long w[4];
     be->to_host(be->ctx, qg, dq, (size_t)n);
     be->to_host(be->ctx, sg, ds, ss * (size_t)ns);
     be->to_host(be->ctx, w, dst, sizeof w);
@@ -180,9 +239,14 @@ static void quant_same(mp_dtype dt, int64_t rows, int64_t k, mp_fp8_format fmt, 
     cr_assert_eq(amax, st.amax);
     cr_assert_eq((int64_t)w[1], st.saturated);
     cr_assert_eq((int64_t)w[2], st.flushed);
+    float f[2];   /* word 3: the counts as f32, made on the device for a device tensor */
+    memcpy(f, &w[3], sizeof f);
+    cr_assert_eq(f[0], (float)st.saturated);
+    cr_assert_eq(f[1], (float)st.flushed);
+    cr_assert(st.flushed > 0, "the test has flushed values (tiny ones)");
     cr_assert(g != MP_FP8_TENSOR || given <= 0 || st.saturated > 0, "the test puts saturated values in");
     be->free(be->ctx, dx, es * (size_t)n), be->free(be->ctx, dq, (size_t)n), be->free(be->ctx, ds, ss * (size_t)ns);
-    be->free(be->ctx, dst, 24);
+    be->free(be->ctx, dst, 32);
     if (dg) be->free(be->ctx, dg, 4);
     free(x), free(qc), free(qg), free(sc), free(sg);
 }

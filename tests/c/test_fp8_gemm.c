@@ -140,8 +140,8 @@ Test(fp8_gemm, low_precision_out)
     free((void *)a.q), free((void *)b.q);
 }
 
-/* integer |x| rounded to p significant bits, to nearest even */
-static int64_t round_int(int64_t x, int p)
+/* integer |x| rounded to p significant bits, to nearest even, or toward zero when trunc */
+static int64_t round_int(int64_t x, int p, int trunc)
 {
     int64_t ax = x < 0 ? -x : x;
     int len = 0;
@@ -149,9 +149,11 @@ static int64_t round_int(int64_t x, int p)
     if (len <= p) return x;
     int drop = len - p;
     int64_t q = ax >> drop, rem = ax & (((int64_t)1 << drop) - 1), half = (int64_t)1 << (drop - 1);
-    if (rem > half || (rem == half && (q & 1))) q++;
+    if (!trunc && (rem > half || (rem == half && (q & 1)))) q++;
     return x < 0 ? -(q << drop) : q << drop;
 }
+
+static int trunc_ref;   /* model_ref truncates instead of rounding to nearest */
 
 /* the model's rules in integers: e4m3 value v = i 2^-9, products i j 2^-18 */
 static float model_ref(const uint8_t *x, const uint8_t *y, int64_t k, int acc_bits, int64_t pe, float sc)
@@ -162,20 +164,21 @@ static float model_ref(const uint8_t *x, const uint8_t *y, int64_t k, int acc_bi
         int64_t part = 0;
         for (int64_t q = j0; q < j0 + pe && q < k; q++) {
             int64_t i = (int64_t)ldexpf(mp_e4m3_to_f32(x[q]), 9), j = (int64_t)ldexpf(mp_e4m3_to_f32(y[q]), 9);
-            part = round_int(part + i * j, acc_bits + 1);
+            part = round_int(part + i * j, acc_bits + 1, trunc_ref);
         }
         total = total + (float)ldexp((double)part, -18) * sc;
     }
     return total;
 }
 
-static void check_model(int acc_bits, int64_t pe, float da, float db, int sequential)
+static void check_model_round(int acc_bits, int64_t pe, float da, float db, int sequential, mp_fp8_acc_round rnd)
 {
     int64_t m = 6, n = 5, k = 4096;
     mp_fp8_operand a = {rand_codes(m * k, MP_FP8_E4M3, 11), MP_FP8_E4M3, MP_FP8_TENSOR, &da};
     mp_fp8_operand b = {rand_codes(n * k, MP_FP8_E4M3, 12), MP_FP8_E4M3, MP_FP8_TENSOR, &db};
     float c[30];
-    cr_assert_eq(cpu_fp8_gemm(cx(), m, n, k, &a, &b, acc_bits, pe, MP_F32, c), 0);
+    trunc_ref = rnd == MP_FP8_ACC_TRUNCATE;
+    cr_assert_eq(cpu_fp8_gemm_round(cx(), m, n, k, &a, &b, acc_bits, pe, rnd, MP_F32, c), 0);
     for (int64_t i = 0; i < m; i++)
         for (int64_t j = 0; j < n; j++) {
             float want;
@@ -192,10 +195,41 @@ static void check_model(int acc_bits, int64_t pe, float da, float db, int sequen
     free((void *)a.q), free((void *)b.q);
 }
 
+static void check_model(int acc_bits, int64_t pe, float da, float db, int sequential)
+{
+    check_model_round(acc_bits, pe, da, db, sequential, MP_FP8_ACC_NEAREST);
+}
+
 Test(fp8_gemm, model_23_bits_is_f32) { check_model(23, 0, 1, 1, 1); }
 Test(fp8_gemm, model_14_bits_no_promotion) { check_model(14, 0, 1, 1, 0); }
 Test(fp8_gemm, model_14_bits_promote_128) { check_model(14, 128, 0.37f, 2.5f, 0); }
 Test(fp8_gemm, model_10_bits_promote_32) { check_model(10, 32, 1.0f, 0.75f, 0); }
+Test(fp8_gemm, model_14_bits_truncated) { check_model_round(14, 0, 1, 1, 0, MP_FP8_ACC_TRUNCATE); }
+Test(fp8_gemm, model_14_bits_truncated_promote_128)
+{
+    check_model_round(14, 128, 0.37f, 2.5f, 0, MP_FP8_ACC_TRUNCATE);
+}
+
+/* a hand-checked sum: 4 + 1.75 = 5.75 with 3 significant bits (acc_bits 2,
+ * grid 4 5 6 7 in [4, 8)) is 6 to nearest and 5 truncated; -5.75 is -6 and
+ * -5; promoted after every product both are 5.75 (f32 sums) */
+Test(fp8_gemm, model_truncation_by_hand)
+{
+    uint8_t x[4] = {mp_f32_to_e4m3(4.0f, 1), mp_f32_to_e4m3(1.75f, 1), mp_f32_to_e4m3(-4.0f, 1),
+                    mp_f32_to_e4m3(-1.75f, 1)};
+    uint8_t y[2] = {mp_f32_to_e4m3(1.0f, 1), mp_f32_to_e4m3(1.0f, 1)};
+    float one = 1, c[2];
+    mp_fp8_operand a = {x, MP_FP8_E4M3, MP_FP8_TENSOR, &one}, b = {y, MP_FP8_E4M3, MP_FP8_TENSOR, &one};
+    cr_assert_eq(cpu_fp8_gemm_round(cx(), 2, 1, 2, &a, &b, 2, 0, MP_FP8_ACC_NEAREST, MP_F32, c), 0);
+    cr_assert_eq(c[0], 6.0f);
+    cr_assert_eq(c[1], -6.0f);
+    cr_assert_eq(cpu_fp8_gemm_round(cx(), 2, 1, 2, &a, &b, 2, 0, MP_FP8_ACC_TRUNCATE, MP_F32, c), 0);
+    cr_assert_eq(c[0], 5.0f);
+    cr_assert_eq(c[1], -5.0f);
+    cr_assert_eq(cpu_fp8_gemm_round(cx(), 2, 1, 2, &a, &b, 2, 1, MP_FP8_ACC_TRUNCATE, MP_F32, c), 0);
+    cr_assert_eq(c[0], 5.75f);
+    cr_assert_eq(cpu_fp8_gemm_round(cx(), 2, 1, 2, &a, &b, 2, 0, (mp_fp8_acc_round)2, MP_F32, c), -2);
+}
 
 /* the 14-bit accumulator without promotion loses what f32 keeps: a long sum
  * of equal terms stops growing once the term is below half its ulp */
@@ -238,4 +272,21 @@ Test(fp8_gemm, round_acc)
     cr_assert_eq(mp_fp8_round_acc(-65538.0, -1e-9, 14), -65540.0);
     cr_assert_eq(mp_fp8_round_acc(-65538.0, 1e-9, 14), -65536.0);
     cr_assert_eq(mp_fp8_round_acc(65535.0, 0.0, 14), 65536.0);
+}
+
+Test(fp8_gemm, trunc_acc)
+{
+    /* toward zero to 15 significant bits: the grid is 4 in [2^16, 2^17), 2
+     * in [2^15, 2^16). On the grid with a tail toward zero, one step in
+     * (across the binade: 2^16 - tail becomes 65534); a tail away from zero
+     * changes nothing */
+    cr_assert_eq(mp_fp8_trunc_acc(65539.0, 0.0, 14), 65536.0);
+    cr_assert_eq(mp_fp8_trunc_acc(-65543.0, 0.0, 14), -65540.0);
+    cr_assert_eq(mp_fp8_trunc_acc(65540.0, 1e-9, 14), 65540.0);
+    cr_assert_eq(mp_fp8_trunc_acc(65540.0, -1e-9, 14), 65536.0);
+    cr_assert_eq(mp_fp8_trunc_acc(-65540.0, 1e-9, 14), -65536.0);
+    cr_assert_eq(mp_fp8_trunc_acc(65536.0, -1e-9, 14), 65534.0);
+    cr_assert_eq(mp_fp8_trunc_acc(-65536.0, 1e-9, 14), -65534.0);
+    cr_assert_eq(mp_fp8_trunc_acc(65535.0, 0.0, 14), 65534.0);
+    cr_assert_eq(mp_fp8_trunc_acc(0.0, 0.0, 14), 0.0);
 }

@@ -8,6 +8,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include "kernels/cpu/cpu_fp8.h"
 #include "kernels/half.h"
 
@@ -190,4 +191,25 @@ Test(fp8_quant, nscales)
     cr_assert_eq(mp_fp8_nscales(MP_FP8_TILE, 3, 257), 9);
     cr_assert_eq(mp_fp8_nscales(MP_FP8_BLOCK, 129, 256), 4);
     cr_assert_eq(mp_fp8_nscales(MP_FP8_MX, 2, 33), 4);
+}
+
+Test(fp8_quant, entry_words)
+{
+    /* the backend entry's four words: the amax's bits, the two counts, and
+     * word 3 the counts as f32 {saturated, flushed} (what a device tensor of
+     * them is copied from) */
+    float x[] = {300, -224, 0x1p-12f, 0x1p-11f, 0x1.8p-11f, 0, -1e6f, 1}, s = 2, d;
+    uint8_t q[8];
+    unsigned long long w[4];
+    memset(w, 0xff, sizeof w);
+    cr_assert_eq(cpu_fp8_quantize_entry(cx(), MP_F32, x, 2, 4, MP_E4M3, MP_FP8_TENSOR, &s, q, &d, w), 0);
+    float amax, f[2];
+    uint32_t bits = (uint32_t)w[0];
+    memcpy(&amax, &bits, 4);
+    memcpy(f, &w[3], sizeof f);
+    cr_assert_eq(amax, 1e6f);
+    cr_assert_eq(w[1], 2);
+    cr_assert_eq(w[2], 2);
+    cr_assert_eq(f[0], 2.0f);
+    cr_assert_eq(f[1], 2.0f);
 }

@@ -67,6 +67,25 @@ Test(quant, set_checks_the_scales_and_none_releases_them)
     cr_assert_eq(mp_memory(MP_CPU).allocs, before);
 }
 
+Test(quant, mx_scales_are_e8m0_bytes_per_1x32)
+{
+    int64_t before = mp_memory(MP_CPU).allocs;
+    mp_tensor *t = full(MP_F16, 3, 70, 1);   /* ceil(70 / 32) = 3 blocks per row */
+    mp_tensor *f32 = full(MP_F32, 3, 3, 1), *short_ = full(MP_U8, 3, 2, 127), *good = full(MP_U8, 3, 3, 127);
+    cr_assert_eq(mp_set_quant(t, MP_QUANT_MX, f32), -1);
+    cr_assert(strstr(mp_error(), "mx scales must be plain u8"), "%s", mp_error());
+    cr_assert_eq(mp_set_quant(t, MP_QUANT_1X128, good), -1, "u8 scales are MX's alone");
+    cr_assert(strstr(mp_error(), "1x128 scales must be plain f32"), "%s", mp_error());
+    cr_assert_eq(mp_set_quant(t, MP_QUANT_MX, short_), -1);
+    cr_assert(strstr(mp_error(), "mx scales of a {3,70} tensor must be {3,3} (got {3,2})"), "%s", mp_error());
+    cr_assert_eq(mp_set_quant(t, MP_QUANT_MX, good), 0, "%s", mp_error());
+    cr_assert_eq(t->quant.block[0], 1);
+    cr_assert_eq(t->quant.block[1], 32);
+    cr_assert_str_eq(mp_quant_name(MP_QUANT_MX), "mx");
+    mp_release(t), mp_release(f32), mp_release(short_), mp_release(good);
+    cr_assert_eq(mp_memory(MP_CPU).allocs, before);
+}
+
 Test(quant, ops_that_do_not_read_it_refuse_it_by_name)
 {
     mp_tensor *t = full(MP_F32, 2, 128, 3), *s = full(MP_F32, 2, 1, 1), *plain = full(MP_F32, 2, 128, 1);

@@ -191,6 +191,47 @@ describe("train_mlp.lua --amp", function()
   end)
 end)
 
+describe("train_mlp.lua --amp fp8", function()
+  it("resumes an FP8 delayed-scaling run mid-epoch bit-identically, the amax histories included", function()
+    local straight, half, resumed = tmp("s8"), tmp("h8"), tmp("r8")
+    local args = "--amp fp8 --recipe delayed --seed 3"
+    local out_s, cs = run(args .. " --max-steps 6 --save " .. straight)
+    assert.are.equal(0, cs, out_s)
+    assert.is_truthy(out_s:find("fp8 recipe delayed (x e4m3/tensor, w e4m3/tensor, g e5m2/tensor)", 1, true), out_s)
+    assert.are.equal(0, select(2, run(args .. " --max-steps 3 --save " .. half)))
+    local out, code = run(args .. " --max-steps 6 --resume " .. half .. " --save " .. resumed)
+    assert.are.equal(0, code, out)
+    local ok, where = same_model(straight, resumed)
+    assert.is_true(ok, where)
+    local a, b = mp.load(straight), mp.load(resumed)
+    for name, st in pairs(a.fp8.tensors) do
+      assert.are.same(st.state.history:totable(), b.fp8.tensors[name].state.history:totable(), name)
+      assert.are.same(st.state.scale:totable(), b.fp8.tensors[name].state.scale:totable(), name)
+    end
+    assert.are.equal(6, a.fp8.tensors["0.x"].steps_seen)
+    local o, c = run("--amp fp8 --recipe current --seed 3 --max-steps 6 --resume " .. half)
+    assert.are.equal(2, c, o)
+    assert.is_truthy(o:find("--recipe delayed; this run has --amp fp8 --policy none --recipe current", 1, true), o)
+    os.remove(straight); os.remove(half); os.remove(resumed)
+  end)
+
+  it("trains under current and block scaling; rejects --recipe without --amp fp8 and unknown recipes", function()
+    for _, r in ipairs{"current", "block"} do
+      local out, code = run("--amp fp8 --recipe " .. r .. " --max-steps 3")
+      assert.are.equal(0, code, out)
+      local acc = tonumber(out:match("final test accuracy: (0%.%d+)"))
+      assert.is_true(acc ~= nil and acc > 0.2, out)
+    end
+    for _, c in ipairs{{"--recipe block", "--recipe needs --amp fp8"},
+                       {"--amp fp8 --recipe bogus", "--recipe must be delayed, current, block, mx"},
+                       {"--amp f8", "--amp must be off, f16, bf16 or fp8"}} do
+      local o, code = run(c[1] .. " --max-steps 1")
+      assert.are.equal(2, code, o)
+      assert.is_truthy(o:find(c[2], 1, true), o)
+    end
+  end)
+end)
+
 describe("underflow.lua --quick", function()
   it("shows f16 without scaling stalling, f16 with scaling matching FP32, and why", function()
     local out, code = sh("scripts/underflow.lua", "--quick")

@@ -71,6 +71,34 @@ describe("mp.fp8.quantize", function()
     assert.are.equal(f32(1 / f32(57344 / f32(max_abs(x, 1, 5, 129, 256)))), sb:cpu():totable()[1][2])
   end)
 
+  it("takes OCP MX blocks of 32 along k with E8M0 byte scales", function()
+    for _, fmt in ipairs({{"e4m3", 8}, {"e5m2", 15}}) do
+      local q, s, amax = mp.fp8.quantize(X, {granularity = "mx", format = fmt[1]})
+      assert.are.equal(fmt[1], q.dtype)
+      assert.are.equal("u8", s.dtype)
+      assert.are.same({5, 10}, s.shape)   -- ceil(300 / 32)
+      assert.are.equal(f32(max_abs(x, 1, 5, 1, 300)), amax:item())
+      local st, codes = s:cpu():totable(), mp.fp8.codes(q):to("f32"):cpu():totable()
+      for i = 1, 5 do
+        for b = 1, 10 do
+          local c0, c1 = (b - 1) * 32 + 1, math.min(b * 32, 300)
+          -- OCP MX v1.0: X = 2^(floor(log2 amax) - emax), emax of the element format
+          local a = f32(max_abs(x, i, i, c0, c1))
+          local e = math.floor(math.log(a, 2)) - fmt[2]
+          if 2.0 ^ (e + fmt[2]) > a then e = e - 1 elseif 2.0 ^ (e + fmt[2] + 1) <= a then e = e + 1 end
+          assert.are.equal(e + 127, st[i][b], i .. "," .. b)
+          -- each code is x / X cast (saturating) to the format
+          local want = (mp.tensor({table.move(x[i], c0, c1, 1, {})}) * 2.0 ^ -e)
+                         :to(fmt[1], {saturate = true}):to("f32"):cpu():totable()[1]
+          for j = c0, c1 do assert.are.equal(want[j - c0 + 1], codes[i][j], i .. "," .. j) end
+        end
+      end
+    end
+    -- an all-zero block has scale 1 (byte 127)
+    local _, sz = mp.fp8.quantize(mp.zeros({2, 40}), {granularity = "mx"})
+    assert.are.same({{127, 127}, {127, 127}}, sz:cpu():totable())
+  end)
+
   it("uses a given scale, counting saturated and flushed values", function()
     local q, s, amax, n = mp.fp8.quantize(mp.tensor({{300, -224, 2 ^ -12, 1}}), {scale = 2, counts = true})
     assert.are.equal(0.5, s:item())
@@ -81,10 +109,39 @@ describe("mp.fp8.quantize", function()
     assert.are.equal(0.25, s2:item())
   end)
 
+  it("gives the counts as a device tensor without a wait, the same as the host table", function()
+    -- tensor scale from the amax, a given scale, tiles, blocks, mx: each with saturated and flushed values
+    local y = mp.tensor({{300, -224, 2 ^ -12, 1, 0, 2 ^ -30}, {-1e6, 5, 2 ^ -11, 0, 7, -2 ^ -40}})
+    for _, o in ipairs({{scale = 2}, {}, {granularity = "tile"}, {granularity = "block", format = "e5m2"},
+                        {granularity = "mx"}}) do
+      local oh, od = {counts = true}, {counts = "tensor"}
+      for k, v in pairs(o) do oh[k], od[k] = v, v end
+      local qh, sh, ah, n = mp.fp8.quantize(y, oh)
+      local qd, sd, ad, c = mp.fp8.quantize(y, od)
+      assert.are.equal("f32", c.dtype)
+      assert.are.same({2}, c.shape)
+      assert.are.equal(y.device, c.device)
+      assert.are.same({n.saturated, n.flushed}, c:cpu():totable())
+      assert.are.same(mp.fp8.codes(qh):view("u8"):cpu():totable(), mp.fp8.codes(qd):view("u8"):cpu():totable())
+      assert.are.same(sh:cpu():totable(), sd:cpu():totable())
+      assert.are.equal(ah:item(), ad:item())
+    end
+    -- by hand, times 2: 600 and -2e6 saturate; 2^-11 and 2^-29 flush, 2^-10 ties to the even zero, -2^-39 too
+    local _, _, _, n = mp.fp8.quantize(y, {scale = 2, counts = true})
+    assert.are.same({saturated = 2, flushed = 4}, n)
+    -- summed over micro-batches with + (the recipes' use)
+    local _, _, _, c1 = mp.fp8.quantize(y, {scale = 2, counts = "tensor"})
+    local _, _, _, c2 = mp.fp8.quantize(y, {scale = 2, counts = "tensor"})
+    assert.are.same({4, 8}, (c1 + c2):cpu():totable())
+  end)
+
   it("names the function and the option in its errors", function()
     local function err(f) local ok, e = pcall(f); assert.is_false(ok); return tostring(e) end
+    assert.matches("mp.fp8.quantize: option 'counts' must be true, false or \"tensor\"",
+                   err(function() mp.fp8.quantize(X, {counts = "host"}) end))
     assert.matches("mp.fp8.quantize: option 'format' must be", err(function() mp.fp8.quantize(X, {format = "e3m4"}) end))
-    assert.matches("option 'granularity'", err(function() mp.fp8.quantize(X, {granularity = "row"}) end))
+    assert.matches("option 'granularity' must be \"tensor\", \"tile\", \"block\" or \"mx\"",
+                   err(function() mp.fp8.quantize(X, {granularity = "row"}) end))
     assert.matches("option 'scale'", err(function() mp.fp8.quantize(X, {granularity = "tile", scale = 2}) end))
     assert.matches("option 'scale'", err(function() mp.fp8.quantize(X, {scale = -1}) end))
     assert.matches("mp.fp8.quantize: .*x must be f32, f16 or bf16",
@@ -139,6 +196,58 @@ describe("mp.fp8.matmul", function()
     end)
   end
 
+  it("multiplies two mx operands with f32 sums (e4m3 and e5m2), and refuses mx with another granularity",
+     function()
+    local function exact_mx(qa, sa, qb, sb)
+      local da, db = mp.fp8.codes(qa):to("f32"):cpu():totable(), mp.fp8.codes(qb):to("f32"):cpu():totable()
+      local ta, tb = sa:cpu():totable(), sb:cpu():totable()
+      local out, mag = {}, {}
+      for i = 1, 6 do
+        out[i], mag[i] = {}, {}
+        for j = 1, 5 do
+          local acc, m = 0, 0
+          for q = 1, 256 do
+            local c = (q - 1) // 32 + 1
+            local t = da[i][q] * 2.0 ^ (ta[i][c] - 127) * db[j][q] * 2.0 ^ (tb[j][c] - 127)
+            acc, m = acc + t, m + math.abs(t)
+          end
+          out[i][j], mag[i][j] = acc, m
+        end
+      end
+      return out, mag
+    end
+    for _, f in ipairs({{"e4m3", "e4m3"}, {"e5m2", "e5m2"}, {"e4m3", "e5m2"}}) do
+      local qa, sa = mp.fp8.quantize(A, {granularity = "mx", format = f[1]})
+      local qb, sb = mp.fp8.quantize(B, {granularity = "mx", format = f[2]})
+      local c = mp.fp8.matmul(qa, qb, {out_dtype = "f32"})
+      local want, mag = exact_mx(qa, sa, qb, sb)
+      local got = c:cpu():totable()
+      for i = 1, 6 do
+        for j = 1, 5 do
+          assert.is_true(math.abs(got[i][j] - want[i][j]) <= 300 * 2 ^ -24 * mag[i][j], f[1] .. f[2] .. i .. "," .. j)
+        end
+      end
+      local h = mp.fp8.matmul(qa, qb)   -- bf16: the f32 result rounded once
+      assert.are.same(c:to("bf16"):to("f32"):cpu():totable(), h:to("f32"):cpu():totable())
+      if ON_CPU then   -- the modelled accumulator folds the powers of two in: 23 bits promoted every 1 is f32
+        local m = mp.fp8.matmul(qa, qb, {out_dtype = "f32", accumulate = {acc_bits = 23, promote_every = 1}})
+        local mt = m:cpu():totable()
+        for i = 1, 6 do
+          for j = 1, 5 do
+            assert.is_true(math.abs(mt[i][j] - want[i][j]) <= 300 * 2 ^ -24 * mag[i][j], "model " .. i .. "," .. j)
+          end
+        end
+      end
+    end
+    local qm = mp.fp8.quantize(A, {granularity = "mx"})
+    local qt = mp.fp8.quantize(B, {granularity = "tile"})
+    local function err(f) local ok, e = pcall(f); assert.is_false(ok); return tostring(e) end
+    assert.matches("mp.fp8.matmul: a is mx%-scaled but b is 1x128%-scaled", err(function() mp.fp8.matmul(qm, qt) end))
+    assert.matches("mp.fp8.matmul: b is mx%-scaled but a is tensor%-scaled",
+                   err(function() mp.fp8.matmul((mp.fp8.quantize(A)), (mp.fp8.quantize(B, {granularity = "mx"}))) end))
+    assert.matches("option 'scale'", err(function() mp.fp8.quantize(A, {granularity = "mx", scale = 2}) end))
+  end)
+
   it("models a limited accumulator on the cpu, and says where it does not run", function()
     local qa = mp.fp8.quantize(A)
     local qb = mp.fp8.quantize(B)
@@ -165,6 +274,41 @@ describe("mp.fp8.matmul", function()
     assert.is_true(far > 2 ^ -6 * top, "3 bits: " .. far / top)
   end)
 
+  it("rounds the modelled accumulator's partial sums to nearest or toward zero", function()
+    -- by hand: 4 + 1.75 = 5.75 kept to 3 significant bits (acc_bits 2: 4 5 6 7 in [4, 8)) is 6 to
+    -- nearest and 5 truncated (-6 and -5 for the negated row); promoted after each product, 5.75
+    local qa = mp.fp8.quantize(mp.tensor({{4, 1.75}, {-4, -1.75}}), {scale = 1})
+    local qb = mp.fp8.quantize(mp.tensor({{1, 1}}), {scale = 1})
+    local function mm(acc) return mp.fp8.matmul(qa, qb, {out_dtype = "f32", accumulate = acc}) end
+    local ok, near = pcall(mm, {acc_bits = 2})
+    if not ok then
+      assert.is_false(ON_CPU, near)
+      assert.matches("the modelled accumulator runs on the cpu only", near)
+      return
+    end
+    assert.are.same({{6}, {-6}}, near:cpu():totable())
+    assert.are.same({{6}, {-6}}, mm({acc_bits = 2, acc_round = "nearest"}):cpu():totable())
+    assert.are.same({{5}, {-5}}, mm({acc_bits = 2, acc_round = "truncate"}):cpu():totable())
+    assert.are.same({{5.75}, {-5.75}}, mm({acc_bits = 2, promote_every = 1, acc_round = "truncate"}):cpu():totable())
+    -- truncation biases long sums toward zero: 7 bits over k = 256 of positive products drift below
+    local pa = mp.fp8.quantize(mp.tensor(values(6, 256, 3)):abs())
+    local pb = mp.fp8.quantize(mp.tensor(values(5, 256, 11)):abs())
+    local f = mp.fp8.matmul(pa, pb, {out_dtype = "f32"}):cpu():totable()
+    local t = mp.fp8.matmul(pa, pb, {out_dtype = "f32", accumulate = {acc_bits = 7, acc_round = "truncate"}})
+    local n = mp.fp8.matmul(pa, pb, {out_dtype = "f32", accumulate = {acc_bits = 7}})
+    t, n = t:cpu():totable(), n:cpu():totable()
+    local below, bias_t, bias_n = 0, 0, 0
+    for i = 1, 6 do
+      for j = 1, 5 do
+        below = below + (t[i][j] <= f[i][j] and 1 or 0)
+        bias_t, bias_n = bias_t + (t[i][j] - f[i][j]) / f[i][j], bias_n + (n[i][j] - f[i][j]) / f[i][j]
+      end
+    end
+    assert.are.equal(30, below, "every truncated sum is at most the f32 one")
+    -- (both lose small terms on a large partial sum; measured: -15% truncated, -3.7% to nearest)
+    assert.is_true(bias_t < 2 * bias_n and bias_n < 0, "mean biases " .. bias_t / 30 .. ", " .. bias_n / 30)
+  end)
+
   it("names the function and the argument in its errors", function()
     local qa, qb = mp.fp8.quantize(A, {granularity = "tile"}), mp.fp8.quantize(B)
     local function err(f) local ok, e = pcall(f); assert.is_false(ok); return tostring(e) end
@@ -176,6 +320,8 @@ describe("mp.fp8.matmul", function()
     assert.matches("option 'out_dtype'", err(function() mp.fp8.matmul(qa, qb, {out_dtype = "i32"}) end))
     assert.matches("option 'accumulate'", err(function() mp.fp8.matmul(qa, qb, {accumulate = "f16"}) end))
     assert.matches("accumulate.acc_bits", err(function() mp.fp8.matmul(qa, qb, {accumulate = {acc_bits = 30}}) end))
+    assert.matches("mp.fp8.matmul: option 'accumulate.acc_round' must be \"nearest\" or \"truncate\" %(got \"up\"%)",
+                   err(function() mp.fp8.matmul(qa, qb, {accumulate = {acc_bits = 14, acc_round = "up"}}) end))
     assert.matches("promote_every must divide 128",
                    err(function() mp.fp8.matmul(qa, qb, {accumulate = {acc_bits = 14, promote_every = 100}}) end))
   end)

@@ -114,8 +114,51 @@ describe("train_gpt.lua", function()
     os.remove(trace)
   end)
 
+  it("--amp fp8 trains under each recipe (and a recipe file), naming it in the header line", function()
+    local file = tmp("recipe.lua")
+    H.spit(file, "return mp.fp8.delayed{history = 4, algo = 'most_recent'}")
+    for _, r in ipairs {"delayed", "current", "block", file} do
+      local out, code = run(SMALL .. " --batch 4 --steps 3 --eval-every 3 --amp fp8 --recipe " .. r)
+      assert.are.equal(0, code, out)
+      local name = r == file and "delayed" or r
+      assert.is_truthy(out:find("; fp8 recipe " .. name .. " %(x e4m3/"), out)
+      local v = tonumber(out:match("final val loss: (%d+%.%d%d%d)\n"))
+      assert.is_true(v ~= nil and v < 10, out)
+    end
+    os.remove(file)
+  end)
+
+  it("--amp fp8 --recipe mx trains", function()
+    local out, code = run(SMALL .. " --batch 4 --steps 3 --eval-every 3 --amp fp8 --recipe mx")
+    assert.are.equal(0, code, out)
+  end)
+
+  it("--amp fp8 saves the recipe's state under the layers' paths, resumes it, and refuses another recipe", function()
+    -- (bit for bit resumes are checked where the run's length does not move the lr
+    -- schedule: train_mlp.lua in amp_scripts_spec.lua, and fp8_recipes_spec.lua)
+    local ck = tmp("ck8")
+    local args = SMALL .. " --batch 4 --eval-every 2 --amp fp8 --recipe delayed"
+    assert.are.equal(0, select(2, run(args .. " --steps 4 --save " .. ck)))
+    local c = mp.load(ck)
+    local st = c.fp8.tensors["h.0.attn.c_attn.x"]
+    assert.is_not_nil(st, "the layers' names are the model's paths")
+    assert.are.equal(4, st.steps_seen)
+    assert.are.equal(1024, st.state.history:numel())
+    assert.is_true(st.state.history[4]:item() > 0 and st.state.history[5]:item() == 0)
+    local out, code = run(args .. " --steps 6 --resume " .. ck)
+    assert.are.equal(0, code, out)
+    assert.is_truthy(out:find("resumed from .- at step 4"), out)
+    out, code = run(SMALL .. " --batch 4 --steps 6 --amp fp8 --recipe current --resume " .. ck)
+    assert.are.equal(2, code, out)
+    assert.is_truthy(out:find("checkpoint has --recipe delayed", 1, true), out)
+    os.remove(ck)
+  end)
+
   it("rejects bad options, naming them", function()
     for _, c in ipairs {
+      { "--recipe block", "--recipe needs --amp fp8" },
+      { "--amp fp8 --recipe tensorwise", "--recipe must be delayed, current, block, mx" },
+      { "--amp fp8 --recipe /nonexistent/r.lua", "/nonexistent/r.lua" },
       { "--bogus 1", "unknown option --bogus" },
       { "--dim 30 --heads 4", "multiple of --heads" },
       { "--amp f32", "--amp must be" },

@@ -70,7 +70,7 @@ describe("train_mlp.lua", function()
       {"--epochs 0", "--epochs must be a positive integer"},
       {"--lr abc", "--lr must be a positive number"},
       {"--bogus 1", "unknown option --bogus"},
-      {"--amp f32", "--amp must be off, f16 or bf16"},
+      {"--amp f32", "--amp must be off, f16, bf16 or fp8"},
       {"--policy dynamic", "--policy needs --amp f16 or bf16"},
       {"--amp off --policy static:1024", "--policy needs --amp f16 or bf16"},
       {"--amp f16 --policy bogus", "--policy must be static, none, dynamic, hysteresis, amax"},

@@ -1557,7 +1557,8 @@ static void cases_fp8(void)
  * statistics words byte for byte (both backends take the same f32 steps and
  * kernels/fp8.h's conversion), for both formats and every granularity; and
  * the GEMM of the CPU's quantized operands, f32 sums in another order (f32
- * C: nmse 1e-10; bf16 C: one ulp), and the fast accumulation (the emulated
+ * C: nmse 1e-10; bf16 C: one ulp; MX: the CUDA side's own bf16 decoding and
+ * cuBLAS bf16 GEMM against the CPU's), and the fast accumulation (the emulated
  * cuBLASLt answers it with the CPU's 14-bit model: the same bits there; a GPU's
  * own accumulator within nmse 1e-4). */
 static void cases_fp8_scaled(void)
@@ -1572,7 +1573,7 @@ static void cases_fp8_scaled(void)
             if (!begin(&c, "fp8 quantize %s %s 130x272", mp_dtype_name(fmt), G[gi].name)) continue;
             int64_t ns = mp_fp8_nscales(G[gi].g, rows, k);
             int x = buf(&c, MP_F32, rows * k, 0, -3, 3), q = buf(&c, MP_U8, rows * k, 1, 0, 0);
-            int s = buf(&c, G[gi].g == MP_FP8_MX ? MP_U8 : MP_F32, ns, 1, 0, 0), st = buf(&c, MP_U8, 24, 1, 0, 0);
+            int s = buf(&c, G[gi].g == MP_FP8_MX ? MP_U8 : MP_F32, ns, 1, 0, 0), st = buf(&c, MP_U8, 32, 1, 0, 0);
             REF->fp8_quantize(REF->ctx, MP_F32, c.ref[x], rows, k, fmt, G[gi].g, NULL, c.ref[q], c.ref[s], c.ref[st]);
             if (DUT->fp8_quantize(DUT->ctx, MP_F32, c.dev[x], rows, k, fmt, G[gi].g, NULL, c.dev[q], c.dev[s],
                                   c.dev[st]))
@@ -1582,7 +1583,7 @@ static void cases_fp8_scaled(void)
     static const struct { mp_fp8_gran ga, gb; mp_dtype out; int fast; } P[] = {
         {MP_FP8_TENSOR, MP_FP8_TENSOR, MP_F32, 0}, {MP_FP8_TENSOR, MP_FP8_TENSOR, MP_BF16, 0},
         {MP_FP8_TILE, MP_FP8_BLOCK, MP_F32, 0}, {MP_FP8_TILE, MP_FP8_BLOCK, MP_BF16, 0},
-        {MP_FP8_TENSOR, MP_FP8_TENSOR, MP_F32, 1}};
+        {MP_FP8_TENSOR, MP_FP8_TENSOR, MP_F32, 1}, {MP_FP8_MX, MP_FP8_MX, MP_F32, 0}, {MP_FP8_MX, MP_FP8_MX, MP_BF16, 0}};
     const int64_t m = 40, n = 136, kk = 384;
     for (size_t pi = 0; pi < sizeof P / sizeof *P; pi++) {
         char what[64];
@@ -1591,17 +1592,18 @@ static void cases_fp8_scaled(void)
         if (!begin(&c, "fp8 gemm %s 40x136x384%s", what, "")) continue;
         int xa = buf(&c, MP_F32, m * kk, 0, -2, 2), xb = buf(&c, MP_F32, n * kk, 0, -2, 2);
         int qa = buf(&c, MP_U8, m * kk, 0, 0, 0), qb = buf(&c, MP_U8, n * kk, 0, 0, 0);
-        int sa = buf(&c, MP_F32, mp_fp8_nscales(P[pi].ga, m, kk), 0, 0, 0);
-        int sb = buf(&c, MP_F32, mp_fp8_nscales(P[pi].gb, n, kk), 0, 0, 0);
-        int o = buf(&c, P[pi].out, m * n, 1, 0, 0), st = buf(&c, MP_U8, 24, 0, 0, 0);
+        int sa = buf(&c, P[pi].ga == MP_FP8_MX ? MP_U8 : MP_F32, mp_fp8_nscales(P[pi].ga, m, kk), 0, 0, 0);
+        int sb = buf(&c, P[pi].gb == MP_FP8_MX ? MP_U8 : MP_F32, mp_fp8_nscales(P[pi].gb, n, kk), 0, 0, 0);
+        int o = buf(&c, P[pi].out, m * n, 1, 0, 0), st = buf(&c, MP_U8, 32, 0, 0, 0);
         /* the operands quantized on the CPU, then given to both */
         REF->fp8_quantize(REF->ctx, MP_F32, c.ref[xa], m, kk, MP_E4M3, P[pi].ga, NULL, c.ref[qa], c.ref[sa], c.ref[st]);
         REF->fp8_quantize(REF->ctx, MP_F32, c.ref[xb], n, kk, MP_E4M3, P[pi].gb, NULL, c.ref[qb], c.ref[sb], c.ref[st]);
         for (int b = qa; b <= sb; b++) DUT->from_host(DUT->ctx, c.dev[b], c.ref[b], c.size[b]);
         mp_fp8_operand ra = {c.ref[qa], MP_FP8_E4M3, P[pi].ga, c.ref[sa]}, rb = {c.ref[qb], MP_FP8_E4M3, P[pi].gb, c.ref[sb]};
         mp_fp8_operand da = {c.dev[qa], MP_FP8_E4M3, P[pi].ga, c.dev[sa]}, db = {c.dev[qb], MP_FP8_E4M3, P[pi].gb, c.dev[sb]};
-        REF->fp8_gemm(REF->ctx, m, n, kk, &ra, &rb, 0, 0, P[pi].fast, P[pi].out, c.ref[o]);
-        if (DUT->fp8_gemm(DUT->ctx, m, n, kk, &da, &db, 0, 0, P[pi].fast, P[pi].out, c.dev[o])) c.rc_fail = "fp8_gemm";
+        REF->fp8_gemm(REF->ctx, m, n, kk, &ra, &rb, 0, 0, MP_FP8_ACC_NEAREST, P[pi].fast, P[pi].out, c.ref[o]);
+        if (DUT->fp8_gemm(DUT->ctx, m, n, kk, &da, &db, 0, 0, MP_FP8_ACC_NEAREST, P[pi].fast, P[pi].out, c.dev[o]))
+            c.rc_fail = "fp8_gemm";
         c.bound = P[pi].fast ? 1e-4 : P[pi].out == MP_F32 ? 1e-10 : 1e-5;
         c.max_ulps = P[pi].out == MP_BF16 ? 1 : 0;
         finish(&c);
