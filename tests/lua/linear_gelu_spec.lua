@@ -153,6 +153,29 @@ describe("scripts/models/gpt.lua's MLP", function()
   end)
 end)
 
+describe("scripts/models/gpt.lua's MLP inside mp.fp8.autocast", function()
+  local GPT = dofile(H.root .. "/scripts/models/gpt.lua")
+  it("runs c_fc as nn.Linear does there (in FP8), not as the fused op", function()
+    mp.manual_seed(1)
+    local model = GPT { vocab = 23, ctx = 8, layers = 1, dim = 16, heads = 2 }
+    local idx = mp.tensor({ { 1, 2, 3, 4, 5, 6, 7, 8 } }, { dtype = "i32" })
+    local r = mp.fp8.current {}
+    local fused_op, calls = mp.linear_gelu, 0
+    mp.linear_gelu = function(...) calls = calls + 1 return fused_op(...) end
+    local ok, err = pcall(function()
+      local _ <close> = mp.fp8.autocast(r)
+      model(idx)
+    end)
+    mp.linear_gelu = fused_op
+    assert(ok, tostring(err))
+    assert.are.equal(0, calls, "the fused op bypassed FP8")
+    local names = {}
+    for _, t in ipairs(r._scaler.tensors) do names[#names + 1] = t.name end
+    assert.are.equal(4 * 3, #names, "c_attn, attn.c_proj, c_fc and mlp.c_proj in FP8 (x, w, g each): "
+                     .. table.concat(names, " "))
+  end)
+end)
+
 describe("mp.linear's backward", function()
   -- the bias gradient: a reduce over the rows, or on CUDA the weight GEMM's
   -- epilogue (cuBLASLt BGRADB): f32 sums either way, in different orders
