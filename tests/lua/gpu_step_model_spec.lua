@@ -1,7 +1,9 @@
 -- gpu_step_model_spec.lua: scripts/bench/gpu/step_model.lua, the model of the
 -- GPT-2-small step that `make bench-gpu` prints before any measurement: its
--- parameter count is gpt.lua's, its FLOPs are the textbook ones, every row's time
--- is its roofline at 50% and the target is their sum.
+-- parameter count is gpt.lua's, its FLOPs are the textbook ones (plus the flash
+-- backward's two recomputed products), every row's time is its roofline at 50%
+-- and the target is their sum; the planned step (fused epilogues, no copies) is
+-- printed under it.
 
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 local root = here .. "../../"
@@ -24,13 +26,53 @@ describe("GPU step model", function()
     assert.are.equal(124475904, M.parameters(M.GPT2_SMALL))   -- GPT-2 small with vocab 50304
   end)
 
-  it("has the GEMMs' 6 N (12 L d^2 + V d) FLOPs and attention's 7 L B T^2 d (causal halves)", function()
+  -- attention, causal tiles halving each product of 2 B T^2 d: 2 forward (S, PV)
+  -- and 7 backward as kernels/cuda/cuda_flash.cu runs it (k_flash_dkv: S, dP, dV,
+  -- dK; k_flash_dq: S, dP, dQ), 5 as planned (S, dP, dV, dK, dQ in one pass)
+  it("has the GEMMs' 6 N (12 L d^2 + V d) FLOPs and attention's 9 L B T^2 d today, 7 as planned", function()
     local cfg = gpt2(8)
     local _, total = M.table(cfg)
+    local _, plan = M.table(cfg, nil, "planned")
     local N, d, L, V, T = 8 * 1024, 768, 12, 50304, 1024
     assert.are.equal(6 * N * (12 * L * d * d + V * d), total.gemm_flops)
-    assert.are.equal(7 * L * 8 * T * T * d, total.attn_flops)
-    assert.is_true(math.abs(total.flops / 1e12 - 6.6) < 0.05)   -- the issue's estimate of the step
+    assert.are.equal(6 * N * (12 * L * d * d + V * d), plan.gemm_flops)
+    assert.are.equal(9 * L * 8 * T * T * d, total.attn_flops)
+    assert.are.equal(7 * L * 8 * T * T * d, plan.attn_flops)
+    assert.is_true(math.abs(plan.flops / 1e12 - 6.6) < 0.05)    -- the issue's estimate of the step
+    assert.is_true(math.abs(total.flops / 1e12 - 6.77) < 0.01)  -- + 2 L B T^2 d = 0.155 TFLOP
+  end)
+
+  -- the passes today that the plan fuses away, each row's bytes from the code it
+  -- stands for (N = B T tokens, f16 h = 2, f32 f = 4 bytes)
+  it("counts the passes the code runs today that the plan fuses away", function()
+    local cfg = gpt2(8)
+    local N, d, L, h, f = 8 * 1024, 768, 12, 2, 4
+    local by = {}
+    for _, r in ipairs(M.kernels(cfg)) do by[r.name] = r end
+    local function row(name, calls, bytes)
+      assert.truthy(by[name], name)
+      assert.are.equal(calls, by[name].calls, name)
+      assert.are.equal(bytes, by[name].bytes, name)
+    end
+    -- c_fc: the erf GELU is no cuBLASLt epilogue: h in, y out; backward g, h in, dh out
+    row("GELU (erf) pass: pre-activation in, activation out", L, 2 * h * N * 4 * d)
+    row("GELU backward pass: g, pre-activation in, dh out", L, 3 * h * N * 4 * d)
+    -- dW in f16 (+ the bias gradient), then widened (h in, f out) and added (f, f in, f out)
+    row("attn.c_proj dW GEMM (f16 dW, bias grad)", L, h * (2 * N * d) + h * (d * d + d))
+    row("attn.c_proj dW: widen to f32 + add into .grad", L, (h + 4 * f) * (d * d + d))
+    -- q, k, v: three narrow copies and three transposes, the output's transpose;
+    -- backward the four transposes, three zero-fills of {B,T,3C} + puts, two adds
+    row("chunk(3, 3): narrow copies of q, k, v", 3 * L, 2 * h * N * d)
+    row("transpose copies {B,T,H,Dh} -> {B,H,T,Dh} (q, k, v)", 3 * L, 2 * h * N * d)
+    row("transpose copy of the attention output", L, 2 * h * N * d)
+    row("transpose copy of the output's gradient", L, 2 * h * N * d)
+    row("transpose copies of dq, dk, dv back to {B,T,H,Dh}", 3 * L, 2 * h * N * d)
+    row("chunk backward: zeros {B,T,3C} + put of a slice", 3 * L, h * (3 * N * d + 2 * N * d))
+    row("chunk backward: sum of the padded gradients", 2 * L, 3 * h * 3 * N * d)
+    for _, r in ipairs(M.kernels(cfg, "planned")) do
+      assert.falsy(r.name:match("chunk") or r.name:match("transpose") or r.name:match("widen")
+                   or r.name:match("GELU %(erf%) pass") or r.name:match("GELU backward pass"), r.name)
+    end
   end)
 
   it("gives each kernel its roofline time at 50% and the target as their sum", function()
@@ -54,7 +96,7 @@ describe("GPU step model", function()
   it("scales the per-token kernels with the batch and keeps the per-parameter ones", function()
     local a, b = M.table(gpt2(4)), M.table(gpt2(8))
     for i, r in ipairs(a) do
-      if r.name:match("^zero_grad") or r.name:match("^scaler") or r.name:match("AdamW") then
+      if r.name:match("^zero_grad") or r.name:match("^scaler") or r.name:match("AdamW") or r.name:match("widen") then
         assert.are.equal(r.bytes, b[i].bytes, r.name)
       else
         assert.is_true(b[i].bytes > 1.5 * r.bytes, r.name)
@@ -70,6 +112,8 @@ describe("GPU step model", function()
     cfg.heads = 5
     assert.has_error(function() M.kernels(cfg) end, "step_model.kernels: cfg.dim (768) must be a multiple of cfg.heads (5)")
     assert.has_error(function() M.kernels("gpt2") end, "step_model.kernels: cfg must be a table")
+    assert.has_error(function() M.kernels(gpt2(2), "fused") end,
+      'step_model.kernels: plan must be "today" or "planned" (got fused)')
   end)
 
   it("prints the table when run as a script", function()
@@ -79,6 +123,9 @@ describe("GPU step model", function()
     f:close()
     assert.truthy(out:find("batch 8 %(124%.5 M parameters%)"), out)
     assert.truthy(out:find("flash attention backward"), out)
-    assert.truthy(out:match("target step %(the sum%)%s+6614%.8"), out)
+    -- today 6769.4 GFLOP, 31.567 ms at batch 8; as planned 24.874 ms (the table before
+    -- it, which took the plan for the code, gave 6614.8 GFLOP and 24.87 ms)
+    assert.truthy(out:match("target step %(the sum%)%s+6769%.4%s+%d+%.%d%s+31%.567"), out)
+    assert.truthy(out:find("as planned %b(): 24%.874 ms"), out)
   end)
 end)

@@ -1,29 +1,44 @@
 -- step_model.lua: a model of the GPT-2-small f16 AMP training step on an H200,
--- made before any measurement: every kernel the step runs (as the CUDA backend is
--- meant to run it, with the fused epilogues and one-pass normalisation that the
--- transformer-speed work asks for), its FLOPs and the bytes it must move, the
--- H200's ceiling for it, and its time at 50% of that ceiling. The sum of those
--- times is the target step time. `make bench-gpu` prints it on any machine
--- (scripts/bench/gpu/run.sh), before it looks for a GPU.
+-- made before any measurement: every kernel the step runs as the CUDA backend
+-- runs it today, its FLOPs and the bytes it must move, the H200's ceiling for it,
+-- and its time at 50% of that ceiling. The sum of those times is the target step
+-- time. `make bench-gpu` prints it on any machine (scripts/bench/gpu/run.sh),
+-- before it looks for a GPU, and under it the sum for the step as the
+-- transformer-speed work plans to run it (M.kernels(cfg, "planned")): the erf
+-- GELU in c_fc's epilogue, GELU's derivative in c_proj's dX epilogue, dW summed
+-- straight into the f32 .grad, a flash backward of 5 products, Q, K, V read in
+-- place from the QKV GEMM's output and O written in the layout c_proj reads.
 --
 --   build/mpengine scripts/bench/gpu/step_model.lua [batch]     -- print the table
---   local M = dofile("scripts/bench/gpu/step_model.lua")         -- M.kernels(cfg), M.table(cfg, hw)
+--   local M = dofile("scripts/bench/gpu/step_model.lua")         -- M.kernels(cfg[, "planned"]), M.table(cfg, hw[, plan])
 --
 -- The step is bench_gpu.lua's (scripts/models/gpt.lua under f16 autocast,
 -- GradScaler(dynamic), AdamW, FP32 master weights): pre-LayerNorm blocks, causal
 -- attention, GELU MLP, the output layer tied to the token embedding. What the
 -- model assumes about each kernel, so that a measured column can be read against it:
 -- - GEMMs take f16 operands (the optimizer writes the f16 working copy of every
---   weight in its own pass, so no cast kernel per step) and sum in f32; the bias,
---   and bias + GELU (keeping the pre-activation for the backward), are epilogues;
---   the backward's dX GEMM of the MLP's output layer applies GELU's derivative in
---   its epilogue; dW GEMMs add their f32 sums straight into the f32 .grad (beta =
---   1, 8 bytes a weight), with the bias gradient reduced in the same epilogue.
--- - Attention is one flash kernel forward (Q, K, V read in place from the QKV
---   GEMM's output, O and the log-sum-exp written) and one backward over key tiles
---   (plus the rowsum(dO * O) pass), causal tiles skipped: 2 B T^2 d FLOPs forward
---   (two products, half of them causal) and 5 B T^2 d backward (S again, dV, dP,
---   dQ, dK).
+--   weight in its own pass, so no cast kernel per step) and sum in f32; the bias
+--   is an epilogue (cuBLASLt's EPILOGUE_BIAS). GPT's GELU is the erf form
+--   (nn.GELU's default), which cuBLASLt's GELU_AUX_BIAS epilogue does not do
+--   (kernels/cuda/cuda_gemm_lt.cu declines it): c_fc is the GEMM with the bias,
+--   then a GELU pass reading the pre-activation (kept for the backward) and
+--   writing the activation (engine/ops_matmul.c linear_gelu); backward, GELU's
+--   derivative is its own pass (unary_grad: g and the pre-activation in, dh out)
+--   before c_fc's GEMMs. dW GEMMs write dW (and the bias gradient, their
+--   epilogue) in f16; engine/backward.c's accumulate_leaf widens that into an f32
+--   tensor and adds it into the f32 .grad (the CUDA backend has no add_widened):
+--   2 + 4 + 4 x 3 bytes a weight after the GEMM's own 2.
+-- - q, k, v: chunk(3, 3) of the QKV GEMM's {B, T, 3C} output is three narrow
+--   copies, each head-split by a transpose copy; the attention's output goes
+--   back by a transpose copy (the reshapes are views) (scripts/models/gpt.lua,
+--   engine/ops_shape.c). Backward: four transpose copies, and chunk's gradient
+--   without the CUDA backend's narrow_pad: for each slice a fill of zeros of
+--   {B, T, 3C} and a put, and the three padded gradients summed by two adds.
+-- - Attention is one flash kernel forward (O and the log-sum-exp written) and
+--   backward k_flash_dot (D = rowsum(dO * O)), k_flash_dkv over key tiles (S, dP,
+--   dV, dK) and k_flash_dq over query tiles (S, dP, dQ), causal tiles skipped
+--   (kernels/cuda/cuda_flash.cu): 2 B T^2 d FLOPs forward (two products, half of
+--   them causal) and 7 B T^2 d backward.
 -- - Layer norm: one pass forward (f32 in and out, mean and rstd kept: its
 --   autocast class is f32) and one backward; the f32 -> f16 cast before each
 --   Linear (autocast) and its backward (f16 -> f32) are passes of their own, as are
@@ -61,7 +76,11 @@ end
 
 -- every kernel of one step: {name, kind = "gemm" | "attn" | "mem", calls, flops, bytes}
 -- (flops and bytes per call). cfg: vocab, ctx, layers, dim, heads, batch.
-function M.kernels(cfg)
+function M.kernels(cfg, plan)
+  if plan ~= nil and plan ~= "today" and plan ~= "planned" then
+    error(string.format("step_model.kernels: plan must be \"today\" or \"planned\" (got %s)", tostring(plan)), 2)
+  end
+  local planned = plan == "planned"
   if type(cfg) ~= "table" then error("step_model.kernels: cfg must be a table", 2) end
   for _, k in ipairs { "vocab", "ctx", "layers", "dim", "heads", "batch" } do positive_int(cfg, k) end
   if cfg.dim % cfg.heads ~= 0 then
@@ -81,8 +100,14 @@ function M.kernels(cfg)
   end
   local function gemm_bwd(name, fin, fout, epi_bytes, dx_note)
     k(name .. " dX GEMM" .. (dx_note or ""), "gemm", L, 2 * N * fin * fout, h * (N * fout + fin * fout + N * fin) + (epi_bytes or 0))
-    k(name .. " dW GEMM (+= f32 .grad, bias grad)", "gemm", L, 2 * N * fin * fout,
-      h * (N * fout + N * fin) + 2 * f * (fin * fout + fout))
+    if planned then
+      k(name .. " dW GEMM (+= f32 .grad, bias grad)", "gemm", L, 2 * N * fin * fout,
+        h * (N * fout + N * fin) + 2 * f * (fin * fout + fout))
+    else
+      k(name .. " dW GEMM (f16 dW, bias grad)", "gemm", L, 2 * N * fin * fout,
+        h * (N * fout + N * fin) + h * (fin * fout + fout))
+      k(name .. " dW: widen to f32 + add into .grad", "mem", L, 0, (h + f + 3 * f) * (fin * fout + fout))
+    end
   end
   local ln_fwd = f * N * d * 2 + f * 2 * N + f * 2 * d              -- x in, y out, mean/rstd out, gamma/beta
   local ln_bwd = f * N * d * 3 + f * 2 * N + f * 2 * d * 2          -- x, dy in, dx out; dgamma/dbeta
@@ -96,10 +121,20 @@ function M.kernels(cfg)
   k("layer norm forward (ln_1, ln_2)", "mem", 2 * L, 0, ln_fwd)
   k("cast f32 -> f16 before c_attn / c_fc", "mem", 2 * L, 0, cast_fwd)
   gemm_fwd("attn.c_attn (+ bias)", d, 3 * d, h * 3 * d)
+  if not planned then
+    k("chunk(3, 3): narrow copies of q, k, v", "mem", 3 * L, 0, 2 * h * N * d)
+    k("transpose copies {B,T,H,Dh} -> {B,H,T,Dh} (q, k, v)", "mem", 3 * L, 0, 2 * h * N * d)
+  end
   k("flash attention forward (causal)", "attn", L, 2 * B * T * T * d, h * 4 * N * d + f * B * H * T)
+  if not planned then k("transpose copy of the attention output", "mem", L, 0, 2 * h * N * d) end
   gemm_fwd("attn.c_proj (+ bias)", d, d, h * d)
   k("residual add (f32 + f16)", "mem", 2 * L, 0, resid)
-  gemm_fwd("mlp.c_fc (+ bias + GELU, pre-activation kept)", d, 4 * d, h * 4 * d + h * N * 4 * d)
+  if planned then
+    gemm_fwd("mlp.c_fc (+ bias + GELU, pre-activation kept)", d, 4 * d, h * 4 * d + h * N * 4 * d)
+  else
+    gemm_fwd("mlp.c_fc (+ bias)", d, 4 * d, h * 4 * d)
+    k("GELU (erf) pass: pre-activation in, activation out", "mem", L, 0, 2 * h * N * 4 * d)
+  end
   gemm_fwd("mlp.c_proj (+ bias)", 4 * d, d, h * d)
   k("layer norm forward (ln_f) + cast", "mem", 1, 0, ln_fwd + cast_fwd)
   k("lm_head GEMM (tied wte)", "gemm", 1, 2 * N * d * V, h * (N * d + V * d + N * V))
@@ -107,15 +142,35 @@ function M.kernels(cfg)
   -- backward
   k("cross-entropy backward (f16 dlogits)", "mem", 1, 0, 2 * h * N * V + f * N * 2)
   k("lm_head dX GEMM", "gemm", 1, 2 * N * d * V, h * (N * V + V * d + N * d))
-  k("lm_head dW GEMM (+= f32 wte.grad)", "gemm", 1, 2 * N * d * V, h * (N * V + N * d) + 2 * f * V * d)
+  if planned then
+    k("lm_head dW GEMM (+= f32 wte.grad)", "gemm", 1, 2 * N * d * V, h * (N * V + N * d) + 2 * f * V * d)
+  else
+    k("lm_head dW GEMM (f16 dW)", "gemm", 1, 2 * N * d * V, h * (N * V + N * d) + h * V * d)
+    k("lm_head dW: widen to f32 + add into wte.grad", "mem", 1, 0, (h + f + 3 * f) * V * d)
+  end
   k("cast backward f16 -> f32 + layer norm backward (ln_f)", "mem", 1, 0, (h + f) * N * d + ln_bwd)
   k("narrow the residual gradient f32 -> f16", "mem", 2 * L, 0, narrow)
-  gemm_bwd("mlp.c_proj", 4 * d, d, h * N * 4 * d, " (+ GELU' epilogue)")
+  if planned then
+    gemm_bwd("mlp.c_proj", 4 * d, d, h * N * 4 * d, " (+ GELU' epilogue)")
+  else
+    gemm_bwd("mlp.c_proj", 4 * d, d)
+    k("GELU backward pass: g, pre-activation in, dh out", "mem", L, 0, 3 * h * N * 4 * d)
+  end
   gemm_bwd("mlp.c_fc", d, 4 * d)
   gemm_bwd("attn.c_proj", d, d)
+  if not planned then k("transpose copy of the output's gradient", "mem", L, 0, 2 * h * N * d) end
   k("attention backward: rowsum(dO * O)", "mem", L, 0, 2 * h * N * d + f * B * H * T)
-  k("flash attention backward (causal, dQ without atomics)", "attn", L, 5 * B * T * T * d,
-    h * 8 * N * d + f * 2 * B * H * T)
+  if planned then
+    k("flash attention backward (causal, dQ without atomics)", "attn", L, 5 * B * T * T * d,
+      h * 8 * N * d + f * 2 * B * H * T)
+  else   -- dkv: q, k, v, dO in, dk, dv out; dq: q, k, v, dO in, dq out; both read lse and D
+    k("flash attention backward dK, dV (S, dP, dV, dK)", "attn", L, 4 * B * T * T * d,
+      h * 6 * N * d + f * 2 * B * H * T)
+    k("flash attention backward dQ (S, dP, dQ)", "attn", L, 3 * B * T * T * d, h * 5 * N * d + f * 2 * B * H * T)
+    k("transpose copies of dq, dk, dv back to {B,T,H,Dh}", "mem", 3 * L, 0, 2 * h * N * d)
+    k("chunk backward: zeros {B,T,3C} + put of a slice", "mem", 3 * L, 0, h * (3 * N * d + 2 * N * d))
+    k("chunk backward: sum of the padded gradients", "mem", 2 * L, 0, 3 * h * 3 * N * d)
+  end
   gemm_bwd("attn.c_attn", d, 3 * d)
   k("cast backward f16 -> f32 (ln_1, ln_2 outputs)", "mem", 2 * L, 0, (h + f) * N * d)
   k("layer norm backward (ln_1, ln_2)", "mem", 2 * L, 0, ln_bwd)
@@ -129,10 +184,10 @@ function M.kernels(cfg)
 end
 
 -- the table: each kernel with its time at hw.at of its ceiling, and the sum
-function M.table(cfg, hw)
+function M.table(cfg, hw, plan)
   hw = hw or M.H200
   local rows, total = {}, { flops = 0, bytes = 0, ms = 0, gemm_flops = 0, attn_flops = 0 }
-  for _, kr in ipairs(M.kernels(cfg)) do
+  for _, kr in ipairs(M.kernels(cfg, plan)) do
     local t_c = kr.flops / (hw.at * hw.flops)
     local t_m = kr.bytes / (hw.at * hw.bw)
     local per = math.max(t_c, t_m)
@@ -165,6 +220,9 @@ function M.print(cfg, hw)
   print(string.format("   GEMMs %.2f TFLOP, attention %.2f TFLOP; at the target: %.0f tokens/s, MFU %.1f%% of 989 TFLOP/s "
     .. "(6 N + 6 L T d per token, as bench_gpu.lua counts)", total.gemm_flops / 1e12, total.attn_flops / 1e12,
     tokens / (total.ms / 1e3), 100 * tokens / (total.ms / 1e3) * (6 * P + 6 * cfg.layers * cfg.ctx * cfg.dim) / 989e12))
+  local _, plan = M.table(cfg, hw, "planned")
+  print(string.format("   as planned (c_fc's GELU and GELU' in the GEMM epilogues, dW into the f32 .grad, a 5-product "
+    .. "flash backward, no q/k/v/output copies): %.3f ms, %.0f MB", plan.ms, plan.bytes / 1e6))
   print("   measured column: only on a GPU (not measured here)")
   return rows, total
 end
