@@ -79,7 +79,11 @@ static mp_tensor *attention_fwd(mp_op_ctx *c)
     if (!(p >= 0 && p < 1)) return mp_fail(MP_EINVAL, "dropout must be in [0, 1) (got %g)", p), NULL;
     mp_attn_args a;
     if (p > 0) {   /* reserve the draws of every (row, query, key) from the one random stream */
-        if (mp_capture_refuse("draw attention dropout's random numbers", "a replay would draw the same numbers again (draw them before the capture, or leave dropout out of the captured step)")) return NULL;
+        /* no mask can be drawn beforehand: the kernels draw their own (seed, offset) */
+        if (mp_capture_refuse("draw attention dropout's random numbers",
+                              "a replay would draw the same numbers again (pass dropout = 0 to mp.attention in the "
+                              "captured step, or run that step eagerly)"))
+            return NULL;
         uint64_t seed, off;
         mp_rng_get(&seed, &off);
         args->seed = seed, args->offset = off;

@@ -239,6 +239,23 @@ describe("mp.cuda.graph", function()
     refused(function() return s.step() end, {"mp.cuda.graph", "read device memory"}, s)
   end)
 
+  it("refuses mp.attention with dropout inside the capture, saying what to do instead", function()
+    if not needs_graphs() then return end
+    local r = rig()
+    r.step()
+    mp.manual_seed(3)
+    local q, k, v = mp.randn({1, 2, 16, 16}, {device = "cuda"}), mp.randn({1, 2, 16, 16}, {device = "cuda"}),
+                    mp.randn({1, 2, 16, 16}, {device = "cuda"})
+    refused(function() r.step(); return mp.attention(q, k, v, {causal = true, dropout = 0.1}) end,
+            {"mp.cuda.graph", "attention dropout", "random numbers", "dropout = 0", "eagerly"}, r)
+    -- the error's advice holds: dropout = 0 captures, and the replay is the eager value
+    local out = mp.zeros({1, 2, 16, 16}, {device = "cuda"})
+    local g = mp.cuda.graph(function() out:copy_(mp.attention(q, k, v, {causal = true, dropout = 0})) end)
+    g:replay()
+    H.assert_same(out:totable(), mp.attention(q, k, v, {causal = true}):totable(), "replayed attention")
+    g:free()
+  end)
+
   it("refuses an op on a cpu tensor, and a capture that queued nothing on the device", function()
     if not needs_graphs() then return end
     local a = mp.ones({3}, {device = "cpu"})
