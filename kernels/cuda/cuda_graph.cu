@@ -14,7 +14,11 @@
  * put there: the graph owns a private pool, as PyTorch's graphs do.
  * - A block asked for during the capture comes from the graph's free blocks of
  *   its class, else a free block of its class in the cache (kernels/
- *   block_cache.h; exact class only, so the block's size is its class), else
+ *   block_cache.h), else, as the cache's own take does, a free block of one of
+ *   the next classes up to twice its size, the graph's then the cache's (owned
+ *   under its own class, so the block's size is its class, and lent to no
+ *   one: the eager step that warmed the cache took such blocks, and a capture
+ *   that took only exact classes missed where it did not), else
  *   from cudaMalloc. A capture in thread-local mode refuses cudaMalloc (it is
  *   not stream work and would not be recorded), so the call is made in relaxed
  *   mode: the block is simply the graph's from then on. So a capture of a step
@@ -98,12 +102,16 @@ void *mp_cuda_alloc(mp_kctx *cx, size_t nbytes)
     size_t size;
     int k = mp_cache_class(nbytes, &size);
     if (k < 0) return NULL;
-    if ((size_t)k < g->free_blocks.size() && !g->free_blocks[k].empty()) {   /* the pool's own: owned already */
-        void *p = g->free_blocks[k].back();
-        g->free_blocks[k].pop_back();
-        return p;
-    }
-    void *p = take_exact(&cx->cache, k);
+    int top = k + MP_CACHE_LEND_CLASSES < MP_CACHE_CLASSES - 1 ? k + MP_CACHE_LEND_CLASSES : MP_CACHE_CLASSES - 1;
+    for (int j = k; j <= top; j++)   /* the pool's own (owned already), the exact class first */
+        if ((size_t)j < g->free_blocks.size() && !g->free_blocks[j].empty()) {
+            void *p = g->free_blocks[j].back();
+            g->free_blocks[j].pop_back();
+            return p;
+        }
+    void *p = NULL;
+    for (int j = k; j <= top && !p; j++)   /* then the cache's */
+        if ((p = take_exact(&cx->cache, j))) k = j;   /* owned below under its own class */
     if (!p) {
         /* a miss: cudaMalloc, which the capture allows only with the thread's mode relaxed */
         cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;

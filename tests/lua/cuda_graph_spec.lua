@@ -199,6 +199,26 @@ describe("mp.cuda.graph", function()
     assert.are.equal("mp.cuda.graph (freed)", tostring(g))
   end)
 
+  -- lcuda_graph.c: the warm-up's garbage, collected before the capture, is the
+  -- pool the capture takes its blocks from (kernels/cuda/cuda_graph.cu pool_alloc:
+  -- the pool's own free blocks, then the cache's exact size class, a cudaMalloc
+  -- only on a miss)
+  it("needs no new device memory for a capture after warm-up steps", function()
+    if not needs_graphs() then return end
+    for _, warm in ipairs{1, 2} do
+      local r, bs = rig(), batches(1)
+      r.x:copy_(bs[1])
+      for _ = 1, warm do r.step() end
+      collectgarbage()
+      local c0 = mp.counters()
+      local g = mp.cuda.graph(r.step)
+      local c1 = mp.counters()
+      assert.are.equal(c0.device_mallocs, c1.device_mallocs, warm .. " warm-up step(s): device mallocs in the capture")
+      assert.is_true(mp.cuda.memory().graphs > 0)
+      g:free()
+    end
+  end)
+
   -- a failed capture: the error names mp.cuda.graph and the operation, and the
   -- engine goes on as if the capture had not been tried
   local function refused(fn, words, r)
