@@ -69,6 +69,7 @@ static int f_log_softmax(lua_State *L)
 
 static int f_linear(lua_State *L)
 {
+    if (lfp8_route(L, "linear")) return 1;
     mp_tensor *x = lt_check(L, 1), *w = lt_check(L, 2), *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3);
     RETURN_TENSOR(L, "mp.linear", mp_linear(x, w, b));
 }
