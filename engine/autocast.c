@@ -169,6 +169,10 @@ mp_tensor *mp_autocast_arg(const mp_op *op, mp_tensor *t)
         return t ? mp_retain(t) : NULL;
     if (seed()) return NULL;
     mp_ac_class c = mp_autocast_class(op->name);
+    /* an f32 op that widens 16-bit inputs in its kernels: the values of an f32
+     * cast (widening is exact) without the f32 copy, and its gradient rounded
+     * once to the input's dtype as the cast's backward would */
+    if (c == MP_AC_F32 && op->widens_itself && (t->dtype == MP_F16 || t->dtype == MP_BF16)) return mp_retain(t);
     mp_dtype want = c == MP_AC_LOW ? low : c == MP_AC_F32 ? MP_F32 : t->dtype;
     if (want == t->dtype) return mp_retain(t);
     /* a master weight, cast while recording: a cast made under no_grad has no

@@ -90,6 +90,10 @@ struct mp_op {
                                     * differentiate it again (engine/backward.c) */
     bool moves_bytes;              /* a cast, copy or layout op: takes the data-only dtypes (FP8,
                                     * mp_is_storage_only); false: mp_apply refuses them */
+    bool widens_itself;            /* an f32-class op whose kernels read f16/bf16 inputs and compute
+                                    * in f32 themselves (f32 results; a gradient of the input's dtype
+                                    * rounded once from f32): autocast hands it a 16-bit input as
+                                    * it is, with no f32 copy (engine/autocast.c) */
 };
 
 /* the op's argument struct, checked against the description's args_size */

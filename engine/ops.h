@@ -118,6 +118,9 @@ mp_tensor *mp_binary(mp_binop op, mp_tensor *a, mp_tensor *b);
 /* a OP s, or s OP a when scalar_first */
 mp_tensor *mp_binary_scalar(mp_binop op, mp_tensor *a, double s, int scalar_first);
 mp_tensor *mp_unary(mp_unop op, mp_tensor *a, double p);
+/* g * gelu'(x) as the recording op gelu_backward (form: 0 erf, 1 tanh), for
+ * gradients that are differentiated again */
+mp_tensor *mp_gelu_backward(mp_tensor *g, mp_tensor *x, double form);
 int mp_broadcast(const mp_tensor *a, const mp_tensor *b, mp_bcast *bc);
 
 /* reductions; dim 0 means all dims (a scalar result) */
@@ -179,6 +182,10 @@ mp_tensor *mp_gru_cell(mp_tensor *gi, mp_tensor *gh, mp_tensor *h_prev);
 
 /* x{.., in} @ w{out, in}^T + b{out}; b may be NULL */
 mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b);
+/* gelu(x @ w^T + b) as one op (ops_matmul.c: the values of mp_linear then
+ * mp_unary(MP_GELU), the GELU in the GEMM's epilogue where the backend has
+ * one); tanh_form: GELU's tanh approximation, else the erf form; b may be NULL */
+mp_tensor *mp_linear_gelu(mp_tensor *x, mp_tensor *w, mp_tensor *b, bool tanh_form);
 
 /* ops_dims.c: a size-1 dim inserted at dim (1..ndim+1, negative from the end:
  * -1 after the last), size-1 dims dropped (dim 0: all of them; a dim of

@@ -382,6 +382,8 @@ static mp_tensor *slope(mp_unop op, mp_tensor *g, mp_tensor *x, double p)
     return mp_apply(op == MP_RELU ? &relu_slope : op == MP_ABS ? &abs_slope : &gelu_slope, &c, 2, in);
 }
 
+mp_tensor *mp_gelu_backward(mp_tensor *g, mp_tensor *x, double form) { return slope(MP_GELU, g, x, form); }
+
 /* ---- the formulas: grad_f32's, one op a step ---- */
 
 /* g * op'(x) from recording ops, so that it can be differentiated again (with

@@ -305,10 +305,10 @@ mp_tensor *mp_matmul(mp_tensor *a, mp_tensor *b)
 
 /* ---- linear: x{.., in} @ w{out, in}^T + b{out} ---- */
 
-/* linear_backward from recording ops (create_graph), on g as {rows, out} */
-static int linear_backward_graph(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+/* linear's gradients from recording ops (create_graph), g as {rows, out}:
+ * for the inputs x, w (and b) whose edges of nd want one */
+static int linear_grads_graph(mp_node *nd, mp_tensor *x, mp_tensor *w, mp_tensor *g, mp_tensor **gin)
 {
-    mp_tensor *x = nd->saved[0], *w = nd->saved[1];
     int64_t out = w->shape[0], in = w->shape[1], flat[2] = {-1, out}, xflat[2] = {-1, in};
     mp_tensor *g2 = mp_reshape(g, 2, flat);
     if (!g2) return -1;
@@ -326,10 +326,10 @@ static int linear_backward_graph(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return rc;
 }
 
-static int linear_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+/* linear's gradients with the backend's GEMMs and one reduce over the rows for
+ * the bias, g {rows.., out} of x's dtype */
+static int linear_grads(mp_node *nd, mp_tensor *x, mp_tensor *w, mp_tensor *g, mp_tensor **gin)
 {
-    if (mp_grad_enabled()) return linear_backward_graph(nd, g, gin);
-    mp_tensor *x = nd->saved[0], *w = nd->saved[1];
     int64_t out = w->shape[0], in = w->shape[1], rows = x->numel / in;
     if (mp_edge_wants(nd, 0)) {   /* dx{rows,in} = g{rows,out} @ w{out,in} */
         mp_tensor *d = gemm_new(g->dtype, g->dev, 0, 0, 0, rows, in, out, g, 0, w, 0);
@@ -337,9 +337,26 @@ static int linear_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
         mp_release(d);
         if (!gin[0]) return -1;
     }
+    bool wants_db = nd->nin > 2 && mp_edge_wants(nd, 2);
+    const mp_backend *be = mp_be(g);
+    if (wants_db && mp_edge_wants(nd, 1) && be->gemm_wgrad_bias && rows > 0) {   /* db in dw's GEMM epilogue */
+        int64_t wshape[2] = {out, in};
+        mp_tensor *dw = mp_empty(g->dtype, g->dev, 2, wshape), *db = dw ? mp_empty(g->dtype, g->dev, 1, &out) : NULL;
+        int rc = db ? MP_K(dw, gemm_wgrad_bias, g->dtype, rows, out, in, mp_data(g), mp_data(x), mp_data(dw), mp_data(db))
+                    : -2;
+        if (rc == 0) {
+            gin[1] = dw, gin[2] = db;
+            return 0;
+        }
+        mp_release(dw), mp_release(db);
+        if (rc == -2) return -1;
+        if (rc < 0)
+            return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
+                           (long long)out, (long long)in, (long long)rows);
+    }
     if (mp_edge_wants(nd, 1) && !(gin[1] = gemm_new(g->dtype, g->dev, 1, 0, 0, out, in, rows, g, 0, x, 0)))
         return -1;   /* dw{out,in} = g^T @ x */
-    if (nd->nin > 2 && mp_edge_wants(nd, 2)) {
+    if (wants_db) {
         int64_t flat[2] = {rows, out};
         mp_tensor *g2 = mp_reshape(g, 2, flat);
         gin[2] = g2 ? mp_reduce(MP_SUM, g2, 1, 0) : NULL;
@@ -349,22 +366,35 @@ static int linear_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
     return 0;
 }
 
-static mp_tensor *linear_fwd(mp_op_ctx *c)
+static int linear_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
 {
-    mp_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2];
+    if (mp_grad_enabled()) return linear_grads_graph(nd, nd->saved[0], nd->saved[1], g, gin);
+    return linear_grads(nd, nd->saved[0], nd->saved[1], g, gin);
+}
+
+/* the shapes, dtypes and devices of linear's x, w, b (b may be NULL); 0 or -1 */
+static int linear_check(const mp_tensor *x, const mp_tensor *w, const mp_tensor *b)
+{
     char b1[128], b2[128];
-    if (check_pair(x, w) || (b && check_pair(x, b))) return NULL;
+    if (check_pair(x, w) || (b && check_pair(x, b))) return -1;
     if (w->ndim != 2)
         return mp_fail(MP_EINVAL, "weight must be 2-d {out, in} (got %s)",
-                       mp_shape_str(w->ndim, w->shape, b1, sizeof b1)), NULL;
+                       mp_shape_str(w->ndim, w->shape, b1, sizeof b1)), -1;
     if (x->ndim < 1 || x->shape[x->ndim - 1] != w->shape[1])
         return mp_fail(MP_EINVAL, "input %s does not match weight %s (last dim must be %lld)",
                        mp_shape_str(x->ndim, x->shape, b1, sizeof b1),
-                       mp_shape_str(w->ndim, w->shape, b2, sizeof b2), (long long)w->shape[1]), NULL;
+                       mp_shape_str(w->ndim, w->shape, b2, sizeof b2), (long long)w->shape[1]), -1;
     if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
         return mp_fail(MP_EINVAL, "bias %s does not match weight %s (expected {%lld})",
                        mp_shape_str(b->ndim, b->shape, b1, sizeof b1),
-                       mp_shape_str(w->ndim, w->shape, b2, sizeof b2), (long long)w->shape[0]), NULL;
+                       mp_shape_str(w->ndim, w->shape, b2, sizeof b2), (long long)w->shape[0]), -1;
+    return 0;
+}
+
+/* y = x @ w^T + b as a new tensor of x's dtype (b may be NULL), checked first */
+static mp_tensor *linear_product(mp_tensor *x, mp_tensor *w, mp_tensor *b)
+{
+    if (linear_check(x, w, b)) return NULL;
     int64_t out = w->shape[0], in = w->shape[1], rows = x->numel / in, shape[MP_MAXDIM];
     for (int d = 0; d < x->ndim; d++) shape[d] = d == x->ndim - 1 ? out : x->shape[d];
     mp_tensor *y = mp_empty(x->dtype, x->dev, x->ndim, shape);
@@ -377,10 +407,7 @@ static mp_tensor *linear_fwd(mp_op_ctx *c)
         return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
                        (long long)rows, (long long)out, (long long)in), NULL;
     }
-    if (rc == 0) {   /* the bias in the GEMM's epilogue */
-        if (mp_keep(c, 0, x) || mp_keep(c, 1, w)) mp_release(y), y = NULL;
-        return y;
-    }
+    if (rc == 0) return y;   /* the bias in the GEMM's epilogue */
     float beta = 0.0f;
     if (b) {   /* every row of y starts as the bias: 0 + b broadcast over the rows */
         mp_tensor *zero = mp_full(x->dtype, x->dev, 1, &out, 0);
@@ -395,7 +422,13 @@ static mp_tensor *linear_fwd(mp_op_ctx *c)
         return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
                        (long long)rows, (long long)out, (long long)in), NULL;
     }
-    if (mp_keep(c, 0, x) || mp_keep(c, 1, w)) mp_release(y), y = NULL;
+    return y;
+}
+
+static mp_tensor *linear_fwd(mp_op_ctx *c)
+{
+    mp_tensor *x = c->in[0], *w = c->in[1], *y = linear_product(x, w, c->in[2]);
+    if (y && (mp_keep(c, 0, x) || mp_keep(c, 1, w))) mp_release(y), y = NULL;
     return y;
 }
 
@@ -408,4 +441,89 @@ mp_tensor *mp_linear(mp_tensor *x, mp_tensor *w, mp_tensor *b)
     mp_op_ctx c = {0};
     mp_tensor *in[3] = {x, w, b};
     return mp_apply(&linear_op, &c, 3, in);
+}
+
+/* ---- linear_gelu: gelu(x @ w^T + b), one op ----
+ *
+ * The MLP's first layer and its activation as one op, so a backend can write
+ * the activation in the GEMM's epilogue (gemm_bias_gelu: cuBLASLt's
+ * GELU_AUX_BIAS, which also writes the pre-activation for the backward) in
+ * place of a GEMM, then a pass reading the product back and writing the GELU.
+ * Without such an epilogue (the CPU, the erf form on CUDA) it is linear's
+ * product (bias in the GEMM's epilogue where there is one) and then one GELU
+ * pass: the values of mp_linear then mp_unary(MP_GELU) bit for bit, both
+ * rounded to x's dtype at the same two places. Its autocast class is linear's
+ * (low), and GELU's (none) keeps the dtype it is given, so under autocast too
+ * the values are linear's then gelu's.
+ *
+ * Saved: x, w, b (for a backward that builds a graph) and the pre-activation
+ * h = x @ w^T + b, which the two ops kept as gelu's input: no more memory than
+ * before. Backward: dh = g * gelu'(h) (the unary_grad kernel, gelu's backward),
+ * then linear's gradients of dh. With create_graph it recomputes h with
+ * mp_linear (the saved h is cut from x, w and b) and builds dh from
+ * gelu_backward, so the gradient can be differentiated again. */
+
+typedef struct { double form; } linear_gelu_args;   /* 0: the erf form; 1: the tanh approximation */
+
+static int linear_gelu_backward(mp_node *nd, mp_tensor *g, mp_tensor **gin)
+{
+    mp_tensor *x = nd->saved[0], *w = nd->saved[1], *b = nd->saved[2], *h = nd->saved[3];
+    double form = MP_NODE_ARGS(nd, linear_gelu_args)->form;
+    if (mp_grad_enabled()) {
+        mp_tensor *h2 = mp_linear(x, w, b), *dh = h2 ? mp_gelu_backward(g, h2, form) : NULL;
+        mp_release(h2);
+        int rc = dh ? linear_grads_graph(nd, x, w, dh, gin) : -1;
+        mp_release(dh);
+        return rc;
+    }
+    mp_tensor *dh = mp_empty(g->dtype, g->dev, g->ndim, g->shape);
+    if (!dh) return -1;
+    MP_K(dh, unary_grad, MP_GELU, g->dtype, mp_data(dh), mp_data(g), mp_data(h), NULL, g->numel, form);
+    int rc = linear_grads(nd, x, w, dh, gin);
+    mp_release(dh);
+    return rc;
+}
+
+static mp_tensor *linear_gelu_fwd(mp_op_ctx *c)
+{
+    mp_tensor *x = c->in[0], *w = c->in[1], *b = c->in[2], *h = NULL, *y = NULL;
+    double form = MP_OP_ARGS(c, linear_gelu_args)->form;
+    if (linear_check(x, w, b)) return NULL;
+    const mp_backend *be = mp_be(x);
+    if (b && be->gemm_bias_gelu) {   /* both in the GEMM's epilogue */
+        int64_t out = w->shape[0], in = w->shape[1], rows = x->numel / in, shape[MP_MAXDIM];
+        for (int d = 0; d < x->ndim; d++) shape[d] = d == x->ndim - 1 ? out : x->shape[d];
+        h = mp_empty(x->dtype, x->dev, x->ndim, shape);
+        y = h ? mp_empty(x->dtype, x->dev, x->ndim, shape) : NULL;
+        if (!y) { mp_release(h); return NULL; }
+        int rc = MP_K(y, gemm_bias_gelu, x->dtype, rows, out, in, mp_data(x), mp_data(w), mp_data(b), form, mp_data(y),
+                      mp_data(h));
+        if (rc < 0) {
+            mp_release(h), mp_release(y);
+            return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
+                           (long long)rows, (long long)out, (long long)in), NULL;
+        }
+        if (rc > 0) mp_release(h), mp_release(y), h = y = NULL;   /* declined: the two passes below */
+    }
+    if (!y) {
+        if (!(h = linear_product(x, w, b))) return NULL;
+        if (!(y = mp_empty(h->dtype, h->dev, h->ndim, h->shape))) { mp_release(h); return NULL; }
+        MP_K(y, unary, MP_GELU, h->dtype, mp_data(y), mp_data(h), h->numel, form);
+    }
+    if (mp_keep(c, 0, x) || mp_keep(c, 1, w) || mp_keep(c, 2, b) || mp_keep(c, 3, h)) mp_release(y), y = NULL;
+    mp_release(h);
+    return y;
+}
+
+static const mp_op linear_gelu_op = {.name = "linear_gelu", .ac = MP_AC_LOW, .nin = 3, .forward = linear_gelu_fwd,
+                                     .backward = linear_gelu_backward, .args_size = sizeof(linear_gelu_args),
+                                     .double_backward = true};
+MP_OP_REGISTER(linear_gelu_op);
+
+mp_tensor *mp_linear_gelu(mp_tensor *x, mp_tensor *w, mp_tensor *b, bool tanh_form)
+{
+    linear_gelu_args args = {.form = tanh_form ? 1.0 : 0.0};
+    mp_op_ctx c = {.args = &args};
+    mp_tensor *in[3] = {x, w, b};
+    return mp_apply(&linear_gelu_op, &c, 3, in);
 }

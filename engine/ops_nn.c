@@ -253,10 +253,18 @@ static mp_tensor *cross_entropy_fwd(mp_op_ctx *c)
     return o;
 }
 
-/* the targets are an input without a gradient (integers cut the graph) */
+/* the targets are an input without a gradient (integers cut the graph).
+ * widens_itself: the kernels read 16-bit logits and sum in f32 (the loss and
+ * the row's log-sum-exp are f32), and write dlogits in the logits' dtype from
+ * the same f32 values, so under autocast the f16/bf16 logits of a large
+ * vocabulary are neither copied to f32 forward nor given an f32 gradient
+ * backward (two {rows, vocab} f32 tensors that were both alive during the
+ * backward), with the values of the cast: the same loss, and the gradient
+ * rounded once to the logits' dtype as the cast's backward rounded it */
 static const mp_op cross_entropy_op = {.name = "cross_entropy", .ac = MP_AC_F32, .nin = 2,
                                        .forward = cross_entropy_fwd, .backward = ce_backward,
-                                       .args_size = sizeof(cross_entropy_args), .double_backward = true};
+                                       .args_size = sizeof(cross_entropy_args), .double_backward = true,
+                                       .widens_itself = true};
 MP_OP_REGISTER(cross_entropy_op);
 
 mp_tensor *mp_cross_entropy(mp_tensor *x, mp_tensor *target, mp_reduction red)

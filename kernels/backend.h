@@ -590,6 +590,26 @@ typedef struct mp_kctx mp_kctx;
     X(int, gemm_bias, (mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,         \
       const void *bias, void *c),                                                                                       \
       (cx, dt, m, n, k, a, b, bias, c))                                                                                 \
+    /* linear_gelu's product with its bias and GELU in the GEMM's epilogue:                                             \
+     * pre{m,n} = A{m,k} @ B^T + bias{n} (B is {n,k}) summed in f32, rounded once                                       \
+     * to dt and written (the backward's input), and C = GELU of the f32 sum                                            \
+     * rounded to dt (form: 0 the erf form, 1 the tanh approximation), in one                                           \
+     * pass. C may differ from GELU of the rounded pre by that rounding (half an                                        \
+     * ulp of pre times GELU's slope, < 1.13). Returns 0; 1 when declined (the                                          \
+     * engine then runs gemm_bias and the unary GELU); -1 for want of working                                           \
+     * memory. NULL: the backend has none. */                                                                           \
+    X(int, gemm_bias_gelu, (mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,    \
+      const void *bias, double form, void *c, void *pre),                                                               \
+      (cx, dt, m, n, k, a, b, bias, form, c, pre))                                                                      \
+    /* linear's weight gradient with its bias gradient in the GEMM's epilogue:                                          \
+     * dw{n,k} = g{m,n}^T @ x{m,k} and db{n} = g's column sums over its m rows,                                         \
+     * each summed in f32 and rounded once to dt (cuBLASLt's BGRADB), so g is                                           \
+     * not read again by a reduce. Returns 0; 1 when declined (the engine runs                                          \
+     * the GEMM and a reduce over the rows); -1 for want of working memory.                                             \
+     * NULL: the backend has none. */                                                                                   \
+    X(int, gemm_wgrad_bias, (mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *g, const void *x,   \
+      void *dw, void *db),                                                                                              \
+      (cx, dt, m, n, k, g, x, dw, db))                                                                                  \
     /* asynchronous backends: check n indices (i32, this device) against [0, limit)                                     \
      * on the device, without waiting: a bad one is reported by error() later, as                                       \
      * "<what>: <value> at position <i> out of range [0, limit)", and the gather,                                       \

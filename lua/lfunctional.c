@@ -34,20 +34,28 @@ static void bind_described(lua_State *L)
     }
 }
 
-/* mp.gelu(x [, {approximate="none"|"tanh"}]) */
-static int f_gelu(lua_State *L)
+/* GELU's options table at index i of the function name: 1 for approximate =
+ * "tanh", 0 for "none" or none given; raises on anything else */
+static int gelu_form(lua_State *L, int i, const char *name)
 {
-    mp_tensor *x = lt_check(L, 1);
-    double tanh_form = 0;
-    if (lb_check_options(L, 2, "mp.gelu", "approximate:string", 1)) {
-        lua_getfield(L, 2, "approximate");
+    int tanh_form = 0;
+    if (lb_check_options(L, i, name, "approximate:string", 1)) {
+        lua_getfield(L, i, "approximate");
         const char *a = lua_isnil(L, -1) ? "none" : lua_tostring(L, -1);
         if (!a || (strcmp(a, "none") && strcmp(a, "tanh")))
-            return luaL_error(L, "mp.gelu: approximate must be \"none\" or \"tanh\" (got %s)",
+            return luaL_error(L, "%s: approximate must be \"none\" or \"tanh\" (got %s)", name,
                               a ? a : luaL_typename(L, -1));
         tanh_form = strcmp(a, "tanh") == 0;
         lua_pop(L, 1);
     }
+    return tanh_form;
+}
+
+/* mp.gelu(x [, {approximate="none"|"tanh"}]) */
+static int f_gelu(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1);
+    double tanh_form = gelu_form(L, 2, "mp.gelu");
     RETURN_TENSOR(L, "mp.gelu", mp_unary(MP_GELU, x, tanh_form));
 }
 
@@ -72,6 +80,14 @@ static int f_linear(lua_State *L)
     if (lfp8_route(L, "linear")) return 1;
     mp_tensor *x = lt_check(L, 1), *w = lt_check(L, 2), *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3);
     RETURN_TENSOR(L, "mp.linear", mp_linear(x, w, b));
+}
+
+/* mp.linear_gelu(x, w [, b] [, {approximate="none"|"tanh"}]) */
+static int f_linear_gelu(lua_State *L)
+{
+    mp_tensor *x = lt_check(L, 1), *w = lt_check(L, 2), *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3);
+    int tanh_form = gelu_form(L, 4, "mp.linear_gelu");
+    RETURN_TENSOR(L, "mp.linear_gelu", mp_linear_gelu(x, w, b, tanh_form));
 }
 
 static int f_layer_norm(lua_State *L)
@@ -331,7 +347,7 @@ static int f_is_grad_enabled(lua_State *L)
 
 static const luaL_Reg funcs[] = {
     {"gelu", f_gelu},
-    {"softmax", f_softmax}, {"log_softmax", f_log_softmax}, {"linear", f_linear},
+    {"softmax", f_softmax}, {"log_softmax", f_log_softmax}, {"linear", f_linear}, {"linear_gelu", f_linear_gelu},
     {"layer_norm", f_layer_norm}, {"rms_norm", f_rms_norm}, {"embedding", f_embedding}, {"dropout", f_dropout},
     {"cross_entropy", f_cross_entropy}, {"mse_loss", f_mse_loss}, {"cat", f_cat}, {"where", f_where}, {"pow", f_pow},
     {"attention", f_attention}, {"conv2d", f_conv2d}, {"max_pool2d", f_max_pool2d}, {"avg_pool2d", f_avg_pool2d},

@@ -449,6 +449,8 @@ mp_be_gather_fn mp_cuda_gather;
 mp_be_scatter_add_fn mp_cuda_scatter_add;
 mp_be_gemm_fn mp_cuda_gemm;
 mp_be_gemm_bias_fn mp_cuda_gemm_bias;   /* cuda_gemm_lt.cu */
+mp_be_gemm_bias_gelu_fn mp_cuda_gemm_bias_gelu;   /* cuda_gemm_lt.cu */
+mp_be_gemm_wgrad_bias_fn mp_cuda_gemm_wgrad_bias;   /* cuda_gemm_lt.cu */
 /* the context's cuBLASLt handle (made on first use), NULL when Lt cannot be
  * had (cuda_gemm_lt.cu) */
 struct cublasLtContext *mp_cuda_lt_handle(mp_kctx *cx);

@@ -451,6 +451,8 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.layer_norm_grad = mp_cuda_layer_norm_grad;
     table.gemm = mp_cuda_gemm;
     table.gemm_bias = mp_cuda_gemm_bias;
+    table.gemm_bias_gelu = mp_cuda_gemm_bias_gelu;
+    table.gemm_wgrad_bias = mp_cuda_gemm_wgrad_bias;
     table.fp8_quantize = mp_cuda_fp8_quantize_entry;
     table.fp8_gemm = mp_cuda_fp8_gemm_entry;
     table.attention = mp_cuda_attention;

@@ -2,7 +2,20 @@
  * cuda_gemm_lt.cu: the backend's gemm_bias, a linear layer's product with its
  * bias in cuBLASLt's epilogue (CUBLASLT_EPILOGUE_BIAS), in one pass over the
  * output: without it the engine fills y with the bias (a broadcast add) and
- * the GEMM re-reads y with beta = 1.
+ * the GEMM re-reads y with beta = 1. And gemm_bias_gelu, linear_gelu's
+ * product with the bias and GELU in the epilogue (CUBLASLT_EPILOGUE_GELU_AUX_
+ * BIAS): D = GELU(sum + bias) and the pre-activation sum + bias written as the
+ * auxiliary matrix (the backward's input), both in one pass, where the engine
+ * otherwise runs gemm_bias and then a GELU kernel reading the product back.
+ * cuBLASLt's GELU is taken as the tanh approximation (the form PyTorch routes
+ * to this epilogue); the erf form is declined, and so is an output width n not
+ * a multiple of 8 (the manual: the aux ld, n here, must be divisible by 8).
+ * And gemm_wgrad_bias, linear's weight gradient dw{n,k} = g{m,n}^T x{m,k}
+ * with the bias gradient (g's column sums) in the epilogue (CUBLASLT_EPILOGUE_
+ * BGRADB): column-major, D{k,n} (ld k) = x' {k,m} (ld k, as stored) times
+ * op(g') with g' the stored {n,m} (ld n) transposed, so the sums over the
+ * GEMM's k (the rows m) of op(B)'s columns are db{n}, D's columns; without it
+ * a reduce reads g again.
  *
  * Row-major C{m,n} = A{m,k} @ B{n,k}^T + bias{n}. Read column-major (as
  * cuda_gemm.cu explains), that is D{n,m} = op(B') op(A') + bias broadcast over
@@ -43,6 +56,7 @@
 typedef struct {
     bool used, declined;
     uint64_t last;   /* when last used, for replacement */
+    uint32_t epi;    /* CUBLASLT_EPILOGUE_BIAS, _GELU_AUX_BIAS or _BGRADB */
     mp_dtype dt;
     int64_t m, n, k;
     unsigned align;
@@ -84,12 +98,14 @@ static void plan_free(lt_plan *p)
 
 /* the descriptor, layouts and algo for a shape (see the head); declined when
  * Lt refuses any of it or finds no algo */
-static void plan_make(lt_plan *p, cublasLtHandle_t h, const void *bias, size_t ws_bytes)
+static void plan_make(lt_plan *p, cublasLtHandle_t h, const void *bias, const void *aux, size_t ws_bytes)
 {
     const cudaDataType t = lt_type(p->dt);
-    const int32_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
-    const uint32_t epi = CUBLASLT_EPILOGUE_BIAS, reduce = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, al = p->align;
-    const int32_t bias_type = (int32_t)t;
+    const bool wgrad = p->epi == CUBLASLT_EPILOGUE_BGRADB;
+    const int32_t opa = wgrad ? CUBLAS_OP_N : CUBLAS_OP_T, opb = wgrad ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const uint32_t epi = p->epi, reduce = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, al = p->align;
+    const int32_t bias_type = (int32_t)t, aux_type = (int32_t)t;
+    const int64_t aux_ld = p->n;   /* the pre-activation as D: {n, m}, ld n */
     const uint64_t ws = ws_bytes;
     cublasLtMatmulPreference_t pref = NULL;
     int found = 0;
@@ -102,10 +118,19 @@ static void plan_make(lt_plan *p, cublasLtHandle_t h, const void *bias, size_t w
                                              sizeof bias_type) == 0 &&
               /* the heuristic reads the bias pointer's alignment from here */
               cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) == 0 &&
-              /* A' = B {k,n}, B' = A {k,m}, C = D {n,m}, column-major */
-              cublasLtMatrixLayoutCreate(&p->la, t, (uint64_t)p->k, (uint64_t)p->n, p->k) == 0 &&
-              cublasLtMatrixLayoutCreate(&p->lb, t, (uint64_t)p->k, (uint64_t)p->m, p->k) == 0 &&
-              cublasLtMatrixLayoutCreate(&p->lc, t, (uint64_t)p->n, (uint64_t)p->m, p->n) == 0 &&
+              (epi != CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+               (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux) == 0 &&
+                cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld) == 0 &&
+                cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &aux_type,
+                                               sizeof aux_type) == 0)) &&
+              /* A' = B {k,n}, B' = A {k,m}, C = D {n,m}, column-major; BGRADB: A' = x {k,m},
+               * B' = g {n,m}, D {k,n} */
+              (wgrad ? cublasLtMatrixLayoutCreate(&p->la, t, (uint64_t)p->k, (uint64_t)p->m, p->k) == 0 &&
+                       cublasLtMatrixLayoutCreate(&p->lb, t, (uint64_t)p->n, (uint64_t)p->m, p->n) == 0 &&
+                       cublasLtMatrixLayoutCreate(&p->lc, t, (uint64_t)p->k, (uint64_t)p->n, p->k) == 0
+                     : cublasLtMatrixLayoutCreate(&p->la, t, (uint64_t)p->k, (uint64_t)p->n, p->k) == 0 &&
+                       cublasLtMatrixLayoutCreate(&p->lb, t, (uint64_t)p->k, (uint64_t)p->m, p->k) == 0 &&
+                       cublasLtMatrixLayoutCreate(&p->lc, t, (uint64_t)p->n, (uint64_t)p->m, p->n) == 0) &&
               cublasLtMatmulPreferenceCreate(&pref) == 0 &&
               cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0 &&
               cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduce,
@@ -122,23 +147,23 @@ static void plan_make(lt_plan *p, cublasLtHandle_t h, const void *bias, size_t w
 }
 
 /* the plan for a shape, made when it is new (the least recently used one replaced) */
-static lt_plan *plan_for(lt_state *s, mp_dtype dt, int64_t m, int64_t n, int64_t k, unsigned align,
-                         cublasComputeType_t compute, const void *bias, size_t ws_bytes)
+static lt_plan *plan_for(lt_state *s, uint32_t epi, mp_dtype dt, int64_t m, int64_t n, int64_t k, unsigned align,
+                         cublasComputeType_t compute, const void *bias, const void *aux, size_t ws_bytes)
 {
     lt_plan *victim = &s->plans[0];
     s->tick++;
     for (int i = 0; i < LT_PLANS; i++) {
         lt_plan *p = &s->plans[i];
-        if (p->used && p->dt == dt && p->m == m && p->n == n && p->k == k && p->align == align && p->compute == compute) {
+        if (p->used && p->epi == epi && p->dt == dt && p->m == m && p->n == n && p->k == k && p->align == align && p->compute == compute) {
             p->last = s->tick;
             return p;
         }
         if (!p->used || (victim->used && p->last < victim->last)) victim = p;
     }
     plan_free(victim);
-    victim->used = true, victim->last = s->tick;
+    victim->used = true, victim->last = s->tick, victim->epi = epi;
     victim->dt = dt, victim->m = m, victim->n = n, victim->k = k, victim->align = align, victim->compute = compute;
-    plan_make(victim, s->h, bias, ws_bytes);
+    plan_make(victim, s->h, bias, aux, ws_bytes);
     return victim;
 }
 
@@ -163,10 +188,11 @@ cublasLtHandle_t mp_cuda_lt_handle(mp_kctx *cx)
     return s ? s->h : NULL;
 }
 
-int mp_cuda_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
-                      const void *bias, void *c)
+/* D = epilogue(A B^T + bias) through the plan for epi (aux: GELU_AUX_BIAS's
+ * pre-activation, else NULL); 0 done, 1 declined */
+static int lt_bias_run(mp_kctx *cx, uint32_t epi, const char *what, mp_dtype dt, int64_t m, int64_t n, int64_t k,
+                       const void *a, const void *b, const void *bias, void *c, void *aux)
 {
-    if (m <= 0 || n <= 0) return 0;   /* nothing to write */
     if (k <= 0 || m > INT_MAX || n > INT_MAX || k > INT_MAX || (dt != MP_F32 && dt != MP_F16 && dt != MP_BF16)) return 1;
     lt_state *s = lt_of(cx);
     if (!s) return 1;
@@ -174,15 +200,18 @@ int mp_cuda_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k,
     bool tf32;
     void *ws = mp_cuda_gemm_workspace(cx, &ws_bytes, &tf32);
     const cublasComputeType_t compute = dt == MP_F32 && tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    const void *ptrs[4] = {a, b, bias, c};
-    lt_plan *p = plan_for(s, dt, m, n, k, alignment(ptrs, 4), compute, bias, ws_bytes);
+    const void *ptrs[5] = {a, b, bias, c, aux};
+    lt_plan *p = plan_for(s, epi, dt, m, n, k, alignment(ptrs, aux ? 5 : 4), compute, bias, aux, ws_bytes);
     if (p->declined) return 1;
     if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias) !=
-        CUBLAS_STATUS_SUCCESS) {
+            CUBLAS_STATUS_SUCCESS ||
+        (aux && cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux) !=
+                    CUBLAS_STATUS_SUCCESS)) {
         p->declined = true;
         return 1;
     }
     const float one = 1.0f, zero = 0.0f;
+    /* A' is b, B' is a (BGRADB: x and g) */
     cublasStatus_t st = cublasLtMatmul(s->h, p->op, &one, b, p->la, a, p->lb, &zero, c, p->lc, c, p->lc, &p->algo, ws,
                                        ws_bytes, cx->stream);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_ARCH_MISMATCH) {
@@ -190,9 +219,39 @@ int mp_cuda_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k,
         return 1;
     }
     if (st != CUBLAS_STATUS_SUCCESS) {
-        mp_cuda_note(cx, mp_cuda_blas_error(st), "gemm_bias: cublasLtMatmul");
+        char where[64];
+        snprintf(where, sizeof where, "%s: cublasLtMatmul", what);
+        mp_cuda_note(cx, mp_cuda_blas_error(st), where);
         return 0;
     }
-    MP_LAUNCHED("gemm_bias");
     return 0;
+}
+
+int mp_cuda_gemm_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
+                      const void *bias, void *c)
+{
+    if (m <= 0 || n <= 0) return 0;   /* nothing to write */
+    int rc = lt_bias_run(cx, CUBLASLT_EPILOGUE_BIAS, "gemm_bias", dt, m, n, k, a, b, bias, c, NULL);
+    if (rc == 0) MP_LAUNCHED("gemm_bias");
+    return rc;
+}
+
+int mp_cuda_gemm_bias_gelu(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *a, const void *b,
+                           const void *bias, double form, void *c, void *pre)
+{
+    if (m <= 0 || n <= 0) return 0;   /* nothing to write */
+    if (form != 1.0 || n % 8) return 1;   /* the erf form; an aux ld cuBLASLt refuses */
+    int rc = lt_bias_run(cx, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, "gemm_bias_gelu", dt, m, n, k, a, b, bias, c, pre);
+    if (rc == 0) MP_LAUNCHED("gemm_bias_gelu");
+    return rc;
+}
+
+int mp_cuda_gemm_wgrad_bias(mp_kctx *cx, mp_dtype dt, int64_t m, int64_t n, int64_t k, const void *g, const void *x,
+                            void *dw, void *db)
+{
+    if (n <= 0 || k <= 0) return 0;   /* nothing to write */
+    /* lt_bias_run's (a, b) are (B', A'): g and x; its bias pointer is where BGRADB writes db */
+    int rc = lt_bias_run(cx, CUBLASLT_EPILOGUE_BGRADB, "gemm_wgrad_bias", dt, m, n, k, g, x, db, dw, NULL);
+    if (rc == 0) MP_LAUNCHED("gemm_wgrad_bias");
+    return rc;
 }

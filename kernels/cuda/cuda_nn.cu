@@ -163,14 +163,14 @@ struct LseCombine {
     }
 };
 
-/* run g (G elements from g*G) of a row of n values of type T: one 128-bit load
- * when vec (the row 16-byte aligned, n a multiple of G), else element by
- * element, the places past the row's end set to 0 */
+/* run g (G elements from g*G) of a row of n values of type T: one load of G
+ * elements when vec (the row aligned to that, n a multiple of G), else element
+ * by element, the places past the row's end set to 0 */
 template <class T, int G>
 __device__ __forceinline__ void row_run(const void *row, int64_t g, int64_t n, int vec, float (&v)[G])
 {
     if (vec) {
-        mp_ldv<T, G>((const char *)row + g * 16, v);
+        mp_ldv<T, G>((const char *)row + g * (G * mp_ty<T>::S), v);
         return;
     }
 #pragma unroll
@@ -178,18 +178,23 @@ __device__ __forceinline__ void row_run(const void *row, int64_t g, int64_t n, i
 }
 
 /* the tile of rows whose threads each take runs of G */
-template <class T>
+template <int G>
 Tile ce_tile(int64_t classes)
 {
-    constexpr int G = 16 / mp_ty<T>::S;
     return tile_for((classes + G - 1) / G, 1);
 }
+
+/* the forward's runs: 4 elements for every dtype (16-byte loads of f32, 8-byte
+ * ones of f16/bf16), so a 16-bit row's log-sum-exp is summed in the order of
+ * its f32 cast's, bit for bit: autocast hands cross_entropy 16-bit logits as
+ * they are (engine/op.h, widens_itself), and its values stay the cast's */
+#define CE_RUN 4
 
 template <class T>
 __global__ void k_cross_entropy(float *loss, float *lse, const void *x, const int32_t *target, int64_t rows,
                                 int64_t classes, Tile t, int vec)
 {
-    constexpr int G = 16 / mp_ty<T>::S;
+    constexpr int G = CE_RUN;
     __shared__ Lse sh[MP_THREADS];
     const int64_t runs = (classes + G - 1) / G;
     int tx, ty;
@@ -457,10 +462,9 @@ int mp_cuda_cross_entropy(mp_kctx *cx, mp_dtype dt, float *loss, float *lse, con
                            int64_t rows, int64_t classes)
 {
     if (rows <= 0 || classes <= 0) return 0;
-    const int64_t run = 16 / (int64_t)mp_dtype_size(dt);
-    const int vec = mp_al16(x) && classes % run == 0;
+    const int vec = ((uintptr_t)x % (CE_RUN * mp_dtype_size(dt))) == 0 && classes % CE_RUN == 0;
     MP_BY_FLOAT(dt, T, {
-        Tile t = ce_tile<T>(classes);
+        Tile t = ce_tile<CE_RUN>(classes);
         MP_LAUNCH(grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_cross_entropy<T>, loss, lse, x,
                   target, rows, classes, t, vec);
     });
@@ -475,7 +479,7 @@ int mp_cuda_cross_entropy_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *x
     const int64_t run = 16 / (int64_t)mp_dtype_size(dt);
     const int vec = mp_al16(x) && mp_al16(gx) && classes % run == 0;
     MP_BY_FLOAT(dt, T, {
-        Tile t = ce_tile<T>(classes);
+        Tile t = ce_tile<16 / mp_ty<T>::S>(classes);
         MP_LAUNCH(grid_for((rows + t.txn - 1) / t.txn), MP_THREADS, 0, cx->stream, k_cross_entropy_grad<T>, gx, x, lse,
                   target, scale, rows, classes, t, vec, cx->flush);
     });

@@ -11,6 +11,10 @@
  * (A, B, C/D, compute, scale) types one of the manual's f32-compute
  * combinations; the bias vector (CUBLASLT_EPILOGUE_BIAS) of D's rows, of D's
  * type (the BIAS_DATA_TYPE default, -1, or that type), in device memory; the
+ * GELU_AUX_BIAS epilogue's auxiliary matrix (the pre-activation) of D's
+ * shape and type (AUX_DATA_TYPE unset, -1, or D's type), its AUX_LD at least
+ * D's rows and divisible by 8, as the manual states, inside its device
+ * allocation; the
  * workspace 256-byte aligned device memory of at least what the algo needs;
  * alpha and beta on the host in host pointer mode; every matrix inside its
  * allocation. What is not emulated (other epilogues, orders, batches, pointer
@@ -41,6 +45,13 @@
  * the CPU backend's gemm: the bias is added to the f32 sums before the one
  * rounding (a C holding the bias rows, accumulated with beta 1: the engine's
  * CPU arithmetic for a linear layer), so a wrong layout gives wrong numbers.
+ * GELU_AUX_BIAS: the f32 sums plus the bias are rounded to D's type into the
+ * auxiliary matrix, and D is the CPU backend's f32 GELU of the unrounded sums
+ * in its tanh form (taken as cuBLASLt's), rounded once. BGRADB: the bias
+ * pointer receives the sums of op(B)'s columns over k (D's columns' count of
+ * them, the bias type unset or D's), summed in double and rounded to f32 and
+ * then D's type, a model of cuBLASLt's f32 reduction, whose order is not
+ * documented.
  *
  * FP8 (e4m3 / e5m2 A and B): the manual's rules for sm_89 / sm_90 are checked
  * (check_fp8: the TN form only, not two e5m2, leading dimensions of 16, f32 /
@@ -80,6 +91,9 @@ struct desc {
     int64_t bias_stride;
     const void *scale_a, *scale_b, *scale_d, *amax_d;   /* FP8: device f32 pointers, NULL unset */
     int8_t fast_accum;
+    void *aux;           /* GELU_AUX_BIAS: the pre-activation's matrix */
+    int64_t aux_ld;
+    int32_t aux_type;    /* -1: D's */
 };
 
 struct layout {
@@ -160,7 +174,8 @@ struct problem {
     bool ta, tb;
     int64_t m, n, k;
     mp_dtype at, dt;
-    bool bias, tf32;
+    bool bias, tf32, gelu;         /* gelu: GELU_AUX_BIAS */
+    bool bgradb;                   /* BGRADB: the bias gradient of op(B) written to the bias pointer */
     bool fp8, fast_accum;          /* FP8 A and B (the TN form), FAST_ACCUM */
     mp_fp8_format fa, fb;
     uint64_t signature;
@@ -258,9 +273,22 @@ cublasStatus_t check_problem(const char *call, const desc *op, const layout *A, 
                    "f32-compute combinations of the manual (the only ones emulated)", (int)A->type, (int)B->type,
                    (int)dt, (int)ct, (int)op->scale);
     const uint32_t epi = op->epilogue;
-    if (epi != CUBLASLT_EPILOGUE_DEFAULT && epi != CUBLASLT_EPILOGUE_BIAS)
-        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "epilogue %u is not emulated (DEFAULT and BIAS only)", epi);
-    p->bias = epi == CUBLASLT_EPILOGUE_BIAS;
+    if (epi != CUBLASLT_EPILOGUE_DEFAULT && epi != CUBLASLT_EPILOGUE_BIAS && epi != CUBLASLT_EPILOGUE_GELU_AUX_BIAS &&
+        epi != CUBLASLT_EPILOGUE_BGRADB)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "epilogue %u is not emulated (DEFAULT, BIAS, GELU_AUX_BIAS and "
+                   "BGRADB only)", epi);
+    p->bgradb = epi == CUBLASLT_EPILOGUE_BGRADB;
+    if (p->bgradb && op->bias_type != -1 && op->bias_type != (int32_t)dt)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "BGRADB: bias type %d: the bias gradient has D's type %d here",
+                   (int)op->bias_type, (int)dt);
+    p->bias = epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    p->gelu = epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    if (p->gelu && (op->aux_ld < (int64_t)D->rows || op->aux_ld % 8))
+        return bad(CUBLAS_STATUS_INVALID_VALUE, call, "GELU_AUX_BIAS: AUX_LD %lld must be at least D's %llu rows and "
+                   "divisible by 8", (long long)op->aux_ld, (unsigned long long)D->rows);
+    if (p->gelu && op->aux_type != -1 && op->aux_type != (int32_t)dt)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "GELU_AUX_BIAS: aux type %d: the aux matrix has D's type %d here",
+                   (int)op->aux_type, (int)dt);
     if (p->bias && op->bias_type != -1 && op->bias_type != (int32_t)dt)
         return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "bias type %d: the bias has D's type %d here", (int)op->bias_type,
                    (int)dt);
@@ -304,6 +332,8 @@ struct lt_job {
     int64_t lda, ldb, ldc, ldd;
     float alpha, beta;
     uint64_t scheme;   /* 0: one pass; else how the runs of SPLIT_K are reduced */
+    char *aux;         /* GELU_AUX_BIAS's pre-activation, ld ldaux */
+    int64_t ldaux;
 };
 
 bool run_job(const lt_job &j)
@@ -317,7 +347,7 @@ bool run_job(const lt_job &j)
      * way: computed in the CPU's order, as emu_cublas.cc does when reductions
      * in 16 bits are disallowed; reductions in D's type change the numbers */
     const bool split16 = j.scheme == CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE || j.scheme == CUBLASLT_REDUCTION_SCHEME_INPLACE;
-    const bool native = at == dt && !j.p.tf32 && !split16 && (j.beta == 0.0f || !j.p.bias);
+    const bool native = at == dt && !j.p.tf32 && !split16 && (j.beta == 0.0f || !j.p.bias) && !j.p.gelu;
     const mp_dtype wt = native ? at : MP_F32;
     const size_t es = mp_dtype_size(wt);
     std::vector<char> a((size_t)(m * k) * es + 1), b((size_t)(k * n) * es + 1), c((size_t)(m * n) * es + 1);
@@ -368,6 +398,22 @@ bool run_job(const lt_job &j)
         }
         float *cf = (float *)c.data();
         for (size_t e = 0; e < acc.size(); e++) cf[e] = j.alpha * acc[e] + (beta != 0.0f ? beta * cf[e] : 0.0f);
+    }
+    if (j.p.bgradb)   /* op(B)'s column sums over k into the bias pointer */
+        for (int64_t q = 0; q < n; q++) {
+            double sum = 0;
+            for (int64_t l = 0; l < k; l++) sum += load_f32(wt, b.data(), (size_t)(l * n + q));
+            store_f32(dt, (char *)j.bias, (size_t)q, (float)sum);
+        }
+    if (j.p.gelu) {   /* the f32 pre-activations rounded into aux, their GELU (f32, the tanh form) into D */
+        std::vector<float> y((size_t)(m * n));
+        cpu.unary(cpu.ctx, MP_GELU, MP_F32, y.data(), c.data(), m * n, 1.0);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t q = 0; q < n; q++) {
+                store_f32(dt, j.aux, (size_t)(i + q * j.ldaux), ((const float *)c.data())[i * n + q]);
+                store_f32(dt, j.D, (size_t)(i + q * j.ldd), y[(size_t)(i * n + q)]);
+            }
+        return true;
     }
     for (int64_t i = 0; i < m; i++)
         for (int64_t q = 0; q < n; q++) {
@@ -453,6 +499,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
     o->transa = o->transb = o->transc = CUBLAS_OP_N, o->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     o->bias = NULL, o->bias_type = -1, o->bias_stride = 0;
     o->scale_a = o->scale_b = o->scale_d = o->amax_d = NULL, o->fast_accum = 0;
+    o->aux = NULL, o->aux_ld = 0, o->aux_type = -1;
     *d = (cublasLtMatmulDesc_t)o;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -494,6 +541,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMa
     case CUBLASLT_MATMUL_DESC_D_SCALE_POINTER: ok = take(call, attr, buf, size, &o->scale_d); break;
     case CUBLASLT_MATMUL_DESC_AMAX_D_POINTER: ok = take(call, attr, buf, size, &o->amax_d); break;
     case CUBLASLT_MATMUL_DESC_FAST_ACCUM: ok = take(call, attr, buf, size, &o->fast_accum); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER: ok = take(call, attr, buf, size, &o->aux); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD: ok = take(call, attr, buf, size, &o->aux_ld); break;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE: ok = take(call, attr, buf, size, &o->aux_type); break;
     default: return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "attribute %d is not emulated", (int)attr);
     }
     return ok ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
@@ -605,7 +655,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmul
         w.align_abcd |= (uint64_t)a << (16 * i);
     }
     const desc *op = (const desc *)d;
-    w.align_bias = pb.bias ? (op->bias ? alignment_of(op->bias) : 256) : 1;
+    w.align_bias = pb.bias || pb.bgradb ? (op->bias ? alignment_of(op->bias) : 256) : 1;
     memset(&results[0], 0, sizeof results[0]);
     memcpy(&results[0].algo, &w, sizeof w);
     results[0].workspaceSize = w.ws;
@@ -647,7 +697,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     } else {   /* the manual: an implicit heuristic with the default preference (no workspace) */
         w = {};
         w.magic = ALGO_MAGIC, w.problem = pb.signature, w.align_abcd = 0x0100010001000100ull;
-        w.align_bias = pb.bias && op->bias ? alignment_of(op->bias) : 1;
+        w.align_bias = (pb.bias || pb.bgradb) && op->bias ? alignment_of(op->bias) : 1;
         choose_split(pb, default_pref, &w.scheme, &w.ws);
     }
     if (ws_size < w.ws)
@@ -687,6 +737,26 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
             return bad(CUBLAS_STATUS_INVALID_VALUE, call, "the bias %p is %u-byte aligned; the algo was found for a "
                        "bias pointer aligned to %u", op->bias, alignment_of(op->bias), (unsigned)w.align_bias);
     }
+    if (pb.bgradb) {   /* n values of D's type, written */
+        region r;
+        const size_t es = mp_dtype_size(pb.dt);
+        if (!op->bias || !find_region(op->bias, &r) || !(r.kind & MEM_DEVICE))
+            return bad(CUBLAS_STATUS_INVALID_VALUE, call, "BGRADB: the bias gradient %p (CUBLASLT_MATMUL_DESC_BIAS_POINTER) "
+                       "is not device memory", op->bias);
+        if ((size_t)pb.n > (r.size - (size_t)((const char *)op->bias - r.base)) / es)
+            return bad(CUBLAS_STATUS_INVALID_VALUE, call, "BGRADB: the bias gradient of D's %lld columns runs past its "
+                       "allocation", (long long)pb.n);
+        if (alignment_of(op->bias) < w.align_bias)
+            return bad(CUBLAS_STATUS_INVALID_VALUE, call, "the bias %p is %u-byte aligned; the algo was found for a "
+                       "bias pointer aligned to %u", op->bias, alignment_of(op->bias), (unsigned)w.align_bias);
+    }
+    if (pb.gelu) {   /* D's shape and type through AUX_LD, in device memory */
+        layout la_aux = *ld;
+        la_aux.ld = op->aux_ld;
+        if (!op->aux)
+            return bad(CUBLAS_STATUS_INVALID_VALUE, call, "GELU_AUX_BIAS without an EPILOGUE_AUX_POINTER");
+        if (!matrix_ok(call, "the aux matrix", op->aux, &la_aux)) return CUBLAS_STATUS_INVALID_VALUE;
+    }
     if (pb.fp8) {
         if (b != 0.0f) return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8 with beta %g: only beta 0 is emulated", b);
         const void *fp[3] = {op->scale_a, op->scale_b, op->amax_d};
@@ -700,7 +770,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     }
     if (pb.m == 0 || pb.n == 0) return CUBLAS_STATUS_SUCCESS;
     lt_job j = {pb, (const char *)A, (const char *)B, (const char *)C, (const char *)op->bias, (char *)D, la->ld, lb->ld,
-                lc->ld, ld->ld, a, b, w.scheme};
+                lc->ld, ld->ld, a, b, w.scheme, (char *)op->aux, op->aux_ld};
     /* queued, or recorded as a graph node when the stream is capturing, as cublasGemmEx's */
     const desc opv = *op;   /* its pointers as they are now: the descriptor may change before the product runs */
     bool queued = queue_product(stream, "cublasLtMatmul", [j, opv] {

@@ -930,6 +930,138 @@ Test(emu, cublaslt_refuses_what_its_manual_does_not_allow_naming_it)
     cublasLtMatrixLayoutDestroy(l17), cublasLtMatrixLayoutDestroy(lc), cublasLtMatrixLayoutDestroy(thin);
 }
 
+/* GELU_AUX_BIAS (cuda_gemm_lt.cu's gemm_bias_gelu): the f32 sums plus the
+ * bias rounded once into the aux matrix, and D the tanh-form GELU of the
+ * unrounded sums rounded once; the manual's aux rules refused */
+Test(emu, cublaslt_gelu_aux_bias_writes_the_pre_activation_and_its_gelu)
+{
+    lt_case c(16, 5, 24);
+    uint32_t epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    cr_assert_eq(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+                 CUBLAS_STATUS_SUCCESS);
+    void *aux = dev((size_t)16 * 5 * 2), *small = dev((size_t)16 * 4 * 2);
+    int64_t ld = 16;
+    cr_assert_eq(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux),
+                 CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld),
+                 CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulAlgo_t algo;
+    size_t need;
+    cr_assert_eq(c.heuristic(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, 0, &algo, &need), CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(c.run(&algo, c.dA, c.dD, 0), CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(sync_error(NULL), cudaSuccess);
+    std::vector<uint16_t> D(16 * 5), P(16 * 5);
+    cudaMemcpy(D.data(), c.dD, D.size() * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(P.data(), aux, P.size() * 2, cudaMemcpyDeviceToHost);
+    auto ordered = [](uint16_t b) { return b & 0x8000 ? -(int)(b & 0x7fff) : (int)b; };
+    int worst_pre = 0, worst_y = 0, differs = 0;
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 5; j++) {
+            double s = mp_f16_to_f32(c.bias[i]);
+            for (int l = 0; l < 24; l++)
+                s += (double)mp_f16_to_f32(c.A[(size_t)l + (size_t)i * 24]) * mp_f16_to_f32(c.B[(size_t)l + (size_t)j * 24]);
+            double y = 0.5 * s * (1.0 + tanh(0.7978845608028654 * (s + 0.044715 * s * s * s)));
+            int dp = abs(ordered(mp_f32_to_f16((float)s)) - ordered(P[(size_t)i + (size_t)j * 16]));
+            int dy = abs(ordered(mp_f32_to_f16((float)y)) - ordered(D[(size_t)i + (size_t)j * 16]));
+            worst_pre = dp > worst_pre ? dp : worst_pre, worst_y = dy > worst_y ? dy : worst_y;
+            differs += D[(size_t)i + (size_t)j * 16] != P[(size_t)i + (size_t)j * 16];
+        }
+    cr_assert(worst_pre <= 1, "the pre-activation: %d ulps at worst", worst_pre);
+    cr_assert(worst_y <= 1, "its GELU: %d ulps at worst", worst_y);
+    cr_assert(differs > 40, "D is the GELU, not the pre-activation (%d of 80 differ)", differs);
+    /* an aux ld not divisible by 8, then one below D's rows */
+    ld = 20;
+    cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
+    cr_assert_eq(c.run(NULL, c.dA, c.dD, 0), CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "AUX_LD 20");
+    ld = 8;
+    cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
+    cr_assert_eq(c.run(NULL, c.dA, c.dD, 0), CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "divisible by 8");
+    ld = 16;
+    cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
+    /* an aux type other than D's */
+    int32_t f32 = CUDA_R_32F, unset = -1;
+    cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &f32, sizeof f32);
+    cr_assert_eq(c.run(NULL, c.dA, c.dD, 0), CUBLAS_STATUS_NOT_SUPPORTED);
+    cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &unset, sizeof unset);
+    /* an aux matrix past its allocation, then none */
+    cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &small, sizeof small);
+    cr_assert_eq(c.run(NULL, c.dA, c.dD, 0), CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "the aux matrix spans");
+    void *none = NULL;
+    cublasLtMatmulDescSetAttribute(c.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &none, sizeof none);
+    cr_assert_eq(c.run(NULL, c.dA, c.dD, 0), CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "EPILOGUE_AUX_POINTER");
+    cudaFree(aux), cudaFree(small);
+}
+
+/* BGRADB (cuda_gemm_lt.cu's gemm_wgrad_bias): D {6, 5} = x {6, 16} g'^T with
+ * g' stored {5, 16} (TRANSB T), and the sums of op(B)'s columns over k = 16
+ * written to the bias pointer; what the manual does not allow refused */
+Test(emu, cublaslt_bgradb_writes_the_bias_gradient_of_b)
+{
+    const int m = 6, n = 5, k = 16;
+    cublasLtHandle_t h;
+    cublasLtCreate(&h);
+    cublasLtMatmulDesc_t op;
+    cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    int32_t t = CUBLAS_OP_T;
+    uint32_t epi = CUBLASLT_EPILOGUE_BGRADB;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &t, sizeof t);
+    cr_assert_eq(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi),
+                 CUBLAS_STATUS_SUCCESS);
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_16F, m, k, m);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_16F, n, k, n);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_16F, m, n, m);
+    std::vector<uint16_t> X(m * k), G(n * k), D(m * n), DB(n);
+    for (int i = 0; i < m * k; i++) X[i] = mp_f32_to_f16((float)((i * 37) % 201) / 100.0f - 1.0f);
+    for (int i = 0; i < n * k; i++) G[i] = mp_f32_to_f16((float)((i * 53) % 199) / 100.0f - 1.0f);
+    void *dX = dev(X.size() * 2), *dG = dev(G.size() * 2), *dD = dev(D.size() * 2), *dDB = dev(DB.size() * 2);
+    void *dsmall = dev(4 * 2);
+    cudaMemcpy(dX, X.data(), X.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dG, G.data(), G.size() * 2, cudaMemcpyHostToDevice);
+    cr_assert_eq(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dDB, sizeof dDB),
+                 CUBLAS_STATUS_SUCCESS);
+    float one = 1, zero = 0;
+    cr_assert_eq(cublasLtMatmul(h, op, &one, dX, la, dG, lb, &zero, dD, ld, dD, ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_SUCCESS);
+    cr_assert_eq(sync_error(NULL), cudaSuccess);
+    cudaMemcpy(D.data(), dD, D.size() * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(DB.data(), dDB, DB.size() * 2, cudaMemcpyDeviceToHost);
+    auto ordered = [](uint16_t b) { return b & 0x8000 ? -(int)(b & 0x7fff) : (int)b; };
+    for (int q = 0; q < n; q++) {
+        double sb = 0;
+        for (int l = 0; l < k; l++) sb += mp_f16_to_f32(G[q + l * n]);
+        cr_assert(abs(ordered(mp_f32_to_f16((float)sb)) - ordered(DB[q])) <= 1, "db[%d]: %g vs %g", q, sb,
+                  mp_f16_to_f32(DB[q]));
+        for (int i = 0; i < m; i++) {
+            double s = 0;
+            for (int l = 0; l < k; l++) s += (double)mp_f16_to_f32(X[i + l * m]) * mp_f16_to_f32(G[q + l * n]);
+            cr_assert(abs(ordered(mp_f32_to_f16((float)s)) - ordered(D[i + q * m])) <= 1, "D(%d,%d)", i, q);
+        }
+    }
+    /* the bias gradient: not device memory, too short for D's 5 columns, of another type */
+    void *none = NULL;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &none, sizeof none);
+    cr_assert_eq(cublasLtMatmul(h, op, &one, dX, la, dG, lb, &zero, dD, ld, dD, ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "BGRADB: the bias gradient");
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dsmall, sizeof dsmall);
+    cr_assert_eq(cublasLtMatmul(h, op, &one, dX, la, dG, lb, &zero, dD, ld, dD, ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_INVALID_VALUE);
+    CONTAINS(text(cudaErrorInvalidValue), "runs past");
+    int32_t f32 = CUDA_R_32F;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dDB, sizeof dDB);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &f32, sizeof f32);
+    cr_assert_eq(cublasLtMatmul(h, op, &one, dX, la, dG, lb, &zero, dD, ld, dD, ld, NULL, NULL, 0, 0),
+                 CUBLAS_STATUS_NOT_SUPPORTED);
+    cudaFree(dX), cudaFree(dG), cudaFree(dD), cudaFree(dDB), cudaFree(dsmall);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(op), cublasLtDestroy(h);
+}
+
 /* FP8 (cuda_fp8_gemm.cu's calls): the TN form with A and B scale pointers
  * and AMAX_D; what the manual does not allow is refused */
 Test(emu, cublaslt_fp8_takes_the_tn_form_with_scale_and_amax_pointers)

@@ -273,7 +273,7 @@ local NOT_TENSOR_FIRST = {
 local FUNCTION_ONLY = {
   -- torch.nn.functional's: the first argument is a layer's input, and PyTorch has no
   -- Tensor method for them either; the layer (mp.nn) is their other form
-  linear = "nn functional", layer_norm = "nn functional", rms_norm = "nn functional", batch_norm = "nn functional",
+  linear = "nn functional", linear_gelu = "nn functional (linear then gelu as one op)", layer_norm = "nn functional", rms_norm = "nn functional", batch_norm = "nn functional",
   embedding = "nn functional (its first argument is the indices)", dropout = "nn functional",
   cross_entropy = "nn functional (a loss)", mse_loss = "nn functional (a loss)",
   attention = "nn functional", conv2d = "nn functional", max_pool2d = "nn functional",

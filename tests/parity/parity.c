@@ -627,6 +627,86 @@ static void cases_gemm(void)
             finish(&c);
         }
     }
+    /* gemm_bias_gelu (linear_gelu's bias and GELU in the epilogue) against
+     * the engine's other way: the bias rows, a gemm onto them, then the unary
+     * GELU of the rounded product. The pre-activation matches as gemm_bias's
+     * product; the GELU is of the f32 sum, not of the rounded product (the
+     * contract of kernels/backend.h): the nmse bound takes that rounding. The
+     * tanh form with widths of 8s (the epilogue's), then what CUDA declines: a
+     * width not a multiple of 8 and the erf form (said on stdout) */
+    static const struct { int64_t m, n, k; int off; double form; } lg[] = {
+        {37, 32, 53, 0, 1}, {64, 120, 128, 0, 1}, {5, 8, 1, 0, 1}, {24, 40, 4096, 0, 1},
+        {37, 32, 53, 1, 1}, {37, 29, 53, 0, 1}, {37, 32, 53, 0, 0},
+    };
+    for (int d = 0; d < 3; d++) {
+        mp_dtype dt = FLOATS[d];
+        for (size_t si = 0; si < sizeof lg / sizeof lg[0]; si++) {
+            int64_t m = lg[si].m, n = lg[si].n, k = lg[si].k, off = lg[si].off;
+            double form = lg[si].form;
+            char what[96];
+            snprintf(what, sizeof what, "{%lldx%lld}@{%lldx%lld}^T %s%s", (long long)m, (long long)k, (long long)n,
+                     (long long)k, form ? "tanh" : "erf", off ? " (views one element in)" : "");
+            if (!DUT->gemm_bias_gelu) { skipped++; continue; }
+            if (!begin(&c, "gemm_bias_gelu %s %s", what, mp_dtype_name(dt))) continue;
+            int a = buf(&c, dt, m * k + off, 0, -1, 1), w = buf(&c, dt, n * k + off, 0, -1, 1);
+            int bias = buf(&c, dt, n + off, 0, -1, 1), pre = buf(&c, dt, m * n + off, 1, 0, 0);
+            int y = buf(&c, dt, m * n + off, 1, 0, 0);
+            size_t es = mp_dtype_size(dt), at = es * (size_t)off;
+            char *rows = malloc(es * (size_t)(m * n));
+            for (int64_t r = 0; r < m; r++) memcpy(rows + (size_t)(r * n) * es, (char *)c.ref[bias] + at, es * (size_t)n);
+            memcpy((char *)c.ref[pre] + at, rows, es * (size_t)(m * n));
+            REF->gemm(REF->ctx, dt, 0, 1, 1, m, n, k, 1.0f, (char *)c.ref[a] + at, 0, (char *)c.ref[w] + at, 0, 1.0f,
+                      (char *)c.ref[pre] + at, 0);
+            REF->unary(REF->ctx, MP_GELU, dt, (char *)c.ref[y] + at, (char *)c.ref[pre] + at, m * n, form);
+            int rc = DUT->gemm_bias_gelu(DUT->ctx, dt, m, n, k, (char *)c.dev[a] + at, (char *)c.dev[w] + at,
+                                         (char *)c.dev[bias] + at, form, (char *)c.dev[y] + at, (char *)c.dev[pre] + at);
+            if (rc == 1) {
+                printf("  (%s: declined by the device; its fill + gemm + GELU checked)\n", c.name);
+                DUT->from_host(DUT->ctx, (char *)c.dev[pre] + at, rows, es * (size_t)(m * n));
+                DUT->gemm(DUT->ctx, dt, 0, 1, 1, m, n, k, 1.0f, (char *)c.dev[a] + at, 0, (char *)c.dev[w] + at, 0,
+                          1.0f, (char *)c.dev[pre] + at, 0);
+                DUT->unary(DUT->ctx, MP_GELU, dt, (char *)c.dev[y] + at, (char *)c.dev[pre] + at, m * n, form);
+            } else if (rc < 0) c.rc_fail = "gemm_bias_gelu";
+            free(rows);
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+        }
+    }
+    /* gemm_wgrad_bias (linear's dw with db in the epilogue) against the
+     * engine's other way: the gemm g^T x, then a reduce of g over its rows.
+     * Shapes: rows and widths not multiples of 8, one row, a long reduction
+     * (4096 rows, where db's f32 sums of many terms differ from the reduce's
+     * in the last bits: the nmse bound), views one element in */
+    static const struct { int64_t m, n, k; int off; } wg[] = {
+        {53, 29, 37, 0}, {1, 8, 5, 0}, {128, 40, 24, 0}, {4096, 24, 16, 0}, {53, 29, 37, 1},
+    };
+    for (int d = 0; d < 3; d++) {
+        mp_dtype dt = FLOATS[d];
+        for (size_t si = 0; si < sizeof wg / sizeof wg[0]; si++) {
+            int64_t m = wg[si].m, n = wg[si].n, k = wg[si].k, off = wg[si].off;
+            char what[96];
+            snprintf(what, sizeof what, "g{%lldx%lld}^T x{%lldx%lld}%s", (long long)m, (long long)n, (long long)m,
+                     (long long)k, off ? " (views one element in)" : "");
+            if (!DUT->gemm_wgrad_bias) { skipped++; continue; }
+            if (!begin(&c, "gemm_wgrad_bias %s %s", what, mp_dtype_name(dt))) continue;
+            int g = buf(&c, dt, m * n + off, 0, -1, 1), x = buf(&c, dt, m * k + off, 0, -1, 1);
+            int dw = buf(&c, dt, n * k + off, 1, 0, 0), db = buf(&c, dt, n + off, 1, 0, 0);
+            size_t at = mp_dtype_size(dt) * (size_t)off;
+            REF->gemm(REF->ctx, dt, 1, 0, 1, n, k, m, 1.0f, (char *)c.ref[g] + at, 0, (char *)c.ref[x] + at, 0, 0.0f,
+                      (char *)c.ref[dw] + at, 0);
+            REF->reduce(REF->ctx, MP_SUM, dt, (char *)c.ref[db] + at, (char *)c.ref[g] + at, 1, m, n);
+            int rc = DUT->gemm_wgrad_bias(DUT->ctx, dt, m, n, k, (char *)c.dev[g] + at, (char *)c.dev[x] + at,
+                                          (char *)c.dev[dw] + at, (char *)c.dev[db] + at);
+            if (rc == 1) {
+                printf("  (%s: declined by the device; its gemm + reduce checked)\n", c.name);
+                DUT->gemm(DUT->ctx, dt, 1, 0, 1, n, k, m, 1.0f, (char *)c.dev[g] + at, 0, (char *)c.dev[x] + at, 0,
+                          0.0f, (char *)c.dev[dw] + at, 0);
+                DUT->reduce(DUT->ctx, MP_SUM, dt, (char *)c.dev[db] + at, (char *)c.dev[g] + at, 1, m, n);
+            } else if (rc < 0) c.rc_fail = "gemm_wgrad_bias";
+            c.bound = bound_for(dt, 1e-10, 1e-5);
+            finish(&c);
+        }
+    }
 }
 
 /* The backward again into fresh buffers gives the same bits: dQ, dK and dV are
