@@ -70,7 +70,7 @@ static int f_codes(lua_State *L)
     return 1;
 }
 
-/* The FP8 route of the functional GEMMs (mp.linear, mp.matmul, Tensor:matmul)
+/* The FP8 route of the functional GEMMs (mp.linear, mp.linear_gelu, mp.matmul, Tensor:matmul)
  * inside mp.fp8.autocast(..., {matmul = true}): the region installs a Lua
  * function (core._fp8_route(fn)) and removes it when the last such region
  * closes (core._fp8_route(nil)). Outside those regions the ops pay one test of

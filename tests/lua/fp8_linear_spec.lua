@@ -341,6 +341,30 @@ describe("mp.fp8.autocast{matmul = true}", function()
     assert(ok, err)
   end)
 
+  it("mp.linear_gelu: the FP8 linear (states mp.linear_gelu<i>) then mp.gelu; its own errors pass through", function()
+    mp.manual_seed(15)
+    local x = mp.randn({5, 48}):requires_grad(true)
+    local w, b = mp.randn({24, 48}) * 0.2, mp.randn({24})
+    local fs = mp.fp8.Scaler{recipe = mp.fp8.current{}}
+    local y
+    do
+      local _ <close> = mp.fp8.autocast(fs, {matmul = true})
+      y = mp.linear_gelu(x, w, b, {approximate = "tanh"})
+      H.raises(function() mp.linear_gelu(x, w, b, {approximate = "erf"}) end, {"mp.linear_gelu", "approximate"})
+    end
+    assert.is_not_nil(fs.by_name["mp.linear_gelu1.w"])
+    assert.is_nil(fs.by_name["mp.linear_gelu2.w"], "a call the op refuses makes no states")
+    local want
+    do
+      local _ <close> = mp.amp.autocast("bf16")
+      want = mp.gelu(mp.fp8.linear(x, w, b, mp.fp8.current{}, {name = "r"}), {approximate = "tanh"})
+    end
+    assert.are.equal(want.dtype, y.dtype)
+    assert.are.same(want:to("f32"):totable(), y:to("f32"):totable())
+    y:to("f32"):sum():backward()
+    assert.are.same({5, 48}, x.grad.shape)
+  end)
+
   it("numbers the calls from the outermost region's opening (micro-batches share states); refuses a bad option", function()
     local fs = mp.fp8.Scaler{recipe = mp.fp8.current{}}
     local x, w = mp.randn({4, 16}), mp.randn({8, 16})
