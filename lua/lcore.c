@@ -159,6 +159,7 @@ static int m_manual_seed(lua_State *L)
 
 static int m_matmul(lua_State *L)
 {
+    if (lfp8_route(L, "matmul")) return 1;
     mp_tensor *a = lt_check(L, 1), *b = lt_check(L, 2);
     LT_PUSH(L, "mp.matmul", mp_matmul(a, b));
     return 1;

@@ -37,6 +37,9 @@ void mp_open_hooks(lua_State *L);                    /* Tensor:register_hook (lh
 void mp_open_anomaly(lua_State *L);                  /* mp.autograd's anomaly mode (lanomaly.c) */
 void mp_open_shape(lua_State *L);                    /* shape and indexing ops, mp.X and Tensor:X (lshape.c; after luaopen_mp_tensor) */
 void mp_open_fp8(lua_State *L);                      /* core._fp8_quantize, core._fp8_matmul (lfp8.c) */
+/* mp.linear, mp.linear_gelu, mp.matmul, Tensor:matmul ask first: 1 with the FP8 result on top
+ * of the stack, 0 to run the op as usual (lfp8.c; mp.fp8.autocast's matmul option) */
+int lfp8_route(lua_State *L, const char *op);
 void mp_open_rnn(lua_State *L);                      /* mp.lstm_cell, mp.gru_cell (lrnn.c) */
 void mp_open_inplace(lua_State *L);
 void mp_open_cuda_graph(lua_State *L);               /* mp.cuda.graph (lcuda_graph.c; after mp.cuda is made) */                  /* mp.clamp, Tensor:add_ and the in-place ops (linplace.c; after luaopen_mp_tensor) */

@@ -6,6 +6,7 @@
 #include <string.h>
 #include "lua/lbind.h"
 #include "lua/lcore.h"
+#include "engine/autocast.h"
 
 /* _fp8_quantize(x, format, granularity, scale|nil, counts) -> q, scales, amax
  * [, saturated, flushed] (counts true) | [, counts tensor] (counts "tensor") */
@@ -69,7 +70,49 @@ static int f_codes(lua_State *L)
     return 1;
 }
 
+/* The FP8 route of the functional GEMMs (mp.linear, mp.linear_gelu, mp.matmul, Tensor:matmul)
+ * inside mp.fp8.autocast(..., {matmul = true}): the region installs a Lua
+ * function (core._fp8_route(fn)) and removes it when the last such region
+ * closes (core._fp8_route(nil)). Outside those regions the ops pay one test of
+ * route_on: no Lua call, no lookup. With it on, an op of autocast's low class
+ * under an active region calls fn(op, args...); a nil result (a batched
+ * matmul, a region without the option) runs the op as before. */
+#define ROUTE_KEY "mp.fp8_route"
+static int route_on;   /* how many states have a route installed (the function itself is in each one's registry) */
+
+int lfp8_route(lua_State *L, const char *op)
+{
+    if (!route_on) return 0;
+    if (!mp_autocast_active(NULL) || mp_autocast_class(op) != MP_AC_LOW) return 0;
+    if (lua_getfield(L, LUA_REGISTRYINDEX, ROUTE_KEY) != LUA_TFUNCTION) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    int n = lua_gettop(L) - 1;
+    lua_pushstring(L, op);
+    for (int i = 1; i <= n; i++) lua_pushvalue(L, i);
+    lua_call(L, n + 1, 1);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    return 1;
+}
+
+/* _fp8_route(fn | nil) */
+static int f_route(lua_State *L)
+{
+    bool on = !lua_isnoneornil(L, 1);
+    if (on) luaL_checktype(L, 1, LUA_TFUNCTION);
+    lua_settop(L, 1);
+    bool was = lua_getfield(L, LUA_REGISTRYINDEX, ROUTE_KEY) == LUA_TFUNCTION;
+    lua_pop(L, 1);
+    lua_setfield(L, LUA_REGISTRYINDEX, ROUTE_KEY);
+    route_on += (int)on - (int)was;   /* the states with a route installed */
+    return 0;
+}
+
 static const luaL_Reg funcs[] = {{"_fp8_quantize", f_quantize}, {"_fp8_matmul", f_matmul}, {"_fp8_codes", f_codes},
-                                 {NULL, NULL}};
+                                 {"_fp8_route", f_route}, {NULL, NULL}};
 
 void mp_open_fp8(lua_State *L) { luaL_setfuncs(L, funcs, 0); }

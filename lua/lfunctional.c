@@ -77,6 +77,7 @@ static int f_log_softmax(lua_State *L)
 
 static int f_linear(lua_State *L)
 {
+    if (lfp8_route(L, "linear")) return 1;
     mp_tensor *x = lt_check(L, 1), *w = lt_check(L, 2), *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3);
     RETURN_TENSOR(L, "mp.linear", mp_linear(x, w, b));
 }
@@ -84,6 +85,7 @@ static int f_linear(lua_State *L)
 /* mp.linear_gelu(x, w [, b] [, {approximate="none"|"tanh"}]) */
 static int f_linear_gelu(lua_State *L)
 {
+    if (lfp8_route(L, "linear_gelu")) return 1;
     mp_tensor *x = lt_check(L, 1), *w = lt_check(L, 2), *b = lua_isnoneornil(L, 3) ? NULL : lt_check(L, 3);
     int tanh_form = gelu_form(L, 4, "mp.linear_gelu");
     RETURN_TENSOR(L, "mp.linear_gelu", mp_linear_gelu(x, w, b, tanh_form));

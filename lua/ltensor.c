@@ -180,6 +180,7 @@ static int t_pow_mm(lua_State *L) { return lt_pow(L, "Tensor:__pow"); }
 
 static int t_matmul(lua_State *L)
 {
+    if (lfp8_route(L, "matmul")) return 1;
     mp_tensor *a = lt_check(L, 1), *b = lt_check(L, 2);
     TENSOR_RETURN(L, "Tensor:matmul", mp_matmul(a, b));
 }

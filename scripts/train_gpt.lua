@@ -4,7 +4,7 @@
 --   build/mpengine scripts/train_gpt.lua [--layers 2] [--dim 128] [--heads 4] [--ctx 64]
 --       [--batch 32] [--steps 1500] [--accum 1] [--lr 3e-3] [--wd 0.1] [--warmup 30]
 --       [--amp off|f16|bf16|fp8] [--recipe delayed|current|block|mx[:k=v,...]|FILE.lua]
---       [--fp8-trace FILE] [--policy NAME[:ARGS]|PATH] [--seed 0] [--data PATH]
+--       [--fp8-trace FILE] [--fp8-matmul] [--policy NAME[:ARGS]|PATH] [--seed 0] [--data PATH]
 --       [--eval-every 100] [--eval-batches 20] [--save PATH] [--resume PATH]
 --       [--sample N] [--metrics FILE] [--trace FILE]
 --
@@ -27,7 +27,11 @@
 -- scaler is --amp bf16's (policy none unless --policy). Checkpoints hold the
 -- recipe's state (mp.fp8.Scaler:state_dict) and resume it exactly. --fp8-trace FILE
 -- records every FP8 tensor's amax, scale and saturated/flushed fractions at each
--- step (fs:trace), for scripts/fp8_lab.lua and scripts/plot.lua.
+-- step (fs:trace), for scripts/fp8_lab.lua and scripts/plot.lua. --fp8-matmul
+-- (with --amp fp8) also runs the tied output layer (the functional mp.linear
+-- against wte.weight) in FP8: mp.fp8.autocast's matmul option, its states
+-- "mp.linear1.x/w/g"; without it the head stays bf16, as Transformer Engine and
+-- DeepSeek-V3 keep it.
 local mp = mp or require "mp"
 local here = (debug.getinfo(1, "S").source:match("^@(.*/)") or "./")
 local cli = dofile(here .. "lib/cli.lua")
@@ -37,7 +41,7 @@ local function usage(msg)
   io.stderr:write("train_gpt.lua: ", msg, "\n",
     "usage: train_gpt.lua [--layers L] [--dim D] [--heads H] [--ctx T] [--batch B] [--steps N] [--accum K]\n",
     "                     [--lr LR] [--wd WD] [--warmup W] [--amp off|f16|bf16|fp8] [--recipe NAME[:k=v,...]|FILE.lua]\n",
-    "                     [--fp8-trace FILE] [--policy NAME[:ARGS]|PATH]\n",
+    "                     [--fp8-trace FILE] [--fp8-matmul] [--policy NAME[:ARGS]|PATH]\n",
     "                     [--seed S] [--data PATH] [--eval-every N] [--eval-batches N] [--save PATH]\n",
     "                     [--resume PATH] [--sample N] [--metrics FILE] [--trace FILE]\n")
   os.exit(2)
@@ -47,7 +51,7 @@ local opts = cli.parse(arg or {}, {
   layers = "int", dim = "int", heads = "int", ctx = "int", batch = "int", steps = "int", accum = "int",
   lr = "num", wd = "num", warmup = "int", seed = "int", ["eval-every"] = "int", ["eval-batches"] = "int",
   sample = "int", amp = "str", policy = "str", data = "str", save = "str", resume = "str", metrics = "str",
-  trace = "str", recipe = "str", ["fp8-trace"] = "str",
+  trace = "str", recipe = "str", ["fp8-trace"] = "str", ["fp8-matmul"] = "flag",
 }, {
   layers = 2, dim = 128, heads = 4, ctx = 64, batch = 32, steps = 1500, accum = 1, lr = 3e-3, wd = 0.1,
   warmup = 30, seed = 0, ["eval-every"] = 100, ["eval-batches"] = 20, amp = "off",
@@ -55,6 +59,8 @@ local opts = cli.parse(arg or {}, {
 if opts.amp ~= "off" and opts.amp ~= "f16" and opts.amp ~= "bf16" and opts.amp ~= "fp8" then usage("--amp must be off, f16, bf16 or fp8") end
 if opts.recipe and opts.amp ~= "fp8" then usage("--recipe needs --amp fp8") end
 if opts["fp8-trace"] and opts.amp ~= "fp8" then usage("--fp8-trace needs --amp fp8") end
+if opts["fp8-matmul"] and opts.amp ~= "fp8" then usage("--fp8-matmul needs --amp fp8") end
+local fp8_region = {matmul = opts["fp8-matmul"] == true}
 if opts.amp == "off" and opts.policy then usage("--policy needs --amp f16 or bf16") end
 if opts.amp == "off" and opts.trace then usage("--trace needs --amp f16 or bf16 (it records the loss scaler's view of each step)") end
 if opts.dim % opts.heads ~= 0 then usage("--dim must be a multiple of --heads") end
@@ -94,7 +100,7 @@ end
 local V = cfg.vocab
 
 local function loss_of(x, y)
-  local _ <close> = fp8s and mp.fp8.autocast(fp8s) or amp_on and mp.amp.autocast(opts.amp) or nil
+  local _ <close> = fp8s and mp.fp8.autocast(fp8s, fp8_region) or amp_on and mp.amp.autocast(opts.amp) or nil
   return mp.cross_entropy(model(x):reshape{-1, V}, y:reshape{-1})
 end
 
@@ -118,7 +124,8 @@ local function save(path)
   mp.save(path, {model = model:state_dict(), optim = opt:state_dict(), rng = mp.get_rng_state(), step = step,
                  config = {layers = opts.layers, dim = opts.dim, heads = opts.heads, ctx = opts.ctx, vocab = V,
                            batch = opts.batch, accum = opts.accum, amp = opts.amp,
-                           policy = amp_on and policy_spec or nil, recipe = recipe_spec, seed = opts.seed},
+                           policy = amp_on and policy_spec or nil, recipe = recipe_spec, seed = opts.seed,
+                           fp8_matmul = opts["fp8-matmul"] or nil},
                  scaler = scaler and scaler:state_dict() or nil, fp8 = fp8s and fp8s:state_dict() or nil})
 end
 cli.clear_stale_saves(print, opts.save, opts.resume)
@@ -131,6 +138,9 @@ if opts.resume then
   if c.vocab ~= V then usage("--resume: the checkpoint's vocabulary differs from this text's") end
   if amp_on and c.policy ~= policy_spec then usage("--resume: the checkpoint has --policy " .. tostring(c.policy)) end
   if c.recipe ~= recipe_spec then usage("--resume: the checkpoint has --recipe " .. tostring(c.recipe)) end
+  if c.fp8_matmul ~= (opts["fp8-matmul"] or nil) then
+    usage("--resume: the checkpoint was " .. (c.fp8_matmul and "" or "not ") .. "trained with --fp8-matmul")
+  end
   model:load_state_dict(ck.model)
   opt:load_state_dict(ck.optim)
   if scaler then scaler:load_state_dict(ck.scaler) end
@@ -147,7 +157,8 @@ local tokens_per_step = opts.batch * opts.ctx * opts.accum
 print(string.format("gpt: %d layers, d %d, %d heads, ctx %d, vocab %d, %d parameters; %d tokens a step%s",
   opts.layers, opts.dim, opts.heads, opts.ctx, V, (function() local n = 0
     for _, p in ipairs(model:parameters()) do n = n + p:numel() end return n end)(), tokens_per_step,
-  recipe and ("; fp8 recipe " .. r8.recipe_line(recipe)) or ""))
+  recipe and ("; fp8 recipe " .. r8.recipe_line(recipe) .. (fp8_region.matmul and "; tied head in fp8" or ""))
+    or ""))
 local t_last, step_last, val = mp.clock(), step, nil
 while step < opts.steps do
   opt:zero_grad()

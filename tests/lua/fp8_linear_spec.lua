@@ -174,3 +174,216 @@ describe("mp.fp8.linear", function()
     H.raises(function() mp.fp8.linear(mp.randn({2, 5}), w, nil, mp.fp8.current{}) end, {"last dim is 5", "4"})
   end)
 end)
+
+-- mp.fp8.autocast(r, {matmul = true}): the functional mp.linear, mp.matmul and
+-- Tensor:matmul run through the FP8 linear Function (lua/lfp8.c's route,
+-- lua/mp/fp8/holder.lua), states "mp.linear<i>" / "mp.matmul<i>"
+describe("mp.fp8.autocast{matmul = true}", function()
+  local function grads_ref(fs, layer, x2, w, g2)
+    local G = ref_quant(fs, layer, "g", g2)
+    local WT = ref_quant(fs, layer, "w", w:transpose(1, 2))
+    local GT = ref_quant(fs, layer, "g", g2:transpose(1, 2))
+    local XT = ref_quant(fs, layer, "x", x2:transpose(1, 2))
+    return mp.matmul(G, WT:transpose(1, 2)), mp.matmul(G:abs(), WT:abs():transpose(1, 2)),
+           mp.matmul(GT, XT:transpose(1, 2)), mp.matmul(GT:abs(), XT:abs():transpose(1, 2))
+  end
+
+  for _, case in ipairs({recipes[1], recipes[3]}) do
+    it(case[1] .. ": mp.linear's forward and grads equal the decoded reference", function()
+      mp.manual_seed(11)
+      local fs = mp.fp8.Scaler{recipe = case[2]()}
+      local x0 = mp.randn({3, 50, 144})
+      local w = (mp.randn({70, 144}) * 0.1):requires_grad(true)
+      local b = mp.randn({70}):requires_grad(true)
+      for step = 1, 2 do
+        w.grad, b.grad = nil, nil
+        local x = x0:clone():requires_grad(true)
+        local y
+        do
+          local _ <close> = mp.fp8.autocast(fs, {matmul = true})
+          y = mp.linear(x, w, b)
+        end
+        assert.are.equal("fp8_linear", y.grad_fn)
+        assert.are.equal("bf16", y.dtype)
+        assert.are.same({3, 50, 70}, y.shape)
+        local r = mp.randn({3, 50, 70})
+        if step == 2 then
+          local x2 = x0:reshape{-1, 144}:to("bf16")
+          local X = ref_quant(fs, "mp.linear1", "x", x2)
+          local W = ref_quant(fs, "mp.linear1", "w", w:detach())
+          local want = (mp.matmul(X, W:transpose(1, 2)) + b:detach()):to("bf16"):to("f32")
+          local bound = mp.matmul(X:abs(), W:abs():transpose(1, 2)) + b:detach():abs()
+          -- one bf16 rounding of the f32 product: half an ulp of bf16 each side
+          assert_product(y:reshape{-1, 70}:to("f32"), want, bound, 2 ^ -8, "y")
+          ;(y:to("f32") * r):sum():backward()
+          local g2 = r:reshape{-1, 70}:to("bf16")
+          local dx, dxb, dw, dwb = grads_ref(fs, "mp.linear1", x2, w:detach(), g2)
+          assert_product(x.grad:reshape{-1, 144}, dx, dxb, 1e-5, "dx")
+          assert_product(w.grad, dw, dwb, 1e-5, "dw")
+          H.assert_close(b.grad:totable(), g2:to("f32"):sum(1):totable(), 1e-6, 1e-5, "db")
+        else
+          (y:to("f32") * r):sum():backward()
+        end
+        fs:update()
+      end
+      assert.are.same({"mp.linear1.x", "mp.linear1.w", "mp.linear1.g"},
+                      {fs.tensors[1].name, fs.tensors[2].name, fs.tensors[3].name})
+      assert.are.equal(3, #fs.tensors)   -- the same call each step: the same states
+      assert.are.equal(2, fs.by_name["mp.linear1.x"].steps_seen)
+    end)
+
+    it(case[1] .. ": 2-D mp.matmul and Tensor:matmul, forward and both grads against the decoded reference", function()
+      mp.manual_seed(12)
+      local fs = mp.fp8.Scaler{recipe = case[2]()}
+      local a0, b0 = mp.randn({40, 136}), mp.randn({136, 30}) * 0.5
+      for step = 1, 2 do
+        local a, b = a0:clone():requires_grad(true), b0:clone():requires_grad(true)
+        local y, y2
+        do
+          local _ <close> = mp.fp8.autocast(fs, {matmul = true})
+          y = mp.matmul(a, b)
+          y2 = a:matmul(b)
+        end
+        assert.are.equal("fp8_linear", y.grad_fn)
+        assert.are.equal("fp8_linear", y2.grad_fn)
+        assert.are.same({40, 30}, y.shape)
+        local r = mp.randn({40, 30})
+        if step == 2 then
+          local x2 = a0:to("bf16")
+          local w = b0:transpose(1, 2)
+          local X = ref_quant(fs, "mp.matmul1", "x", x2)
+          local W = ref_quant(fs, "mp.matmul1", "w", w)
+          local want = mp.matmul(X, W:transpose(1, 2)):to("bf16"):to("f32")
+          assert_product(y:to("f32"), want, mp.matmul(X:abs(), W:abs():transpose(1, 2)), 2 ^ -8, "y")
+          ;(y:to("f32") * r):sum():backward()
+          local g2 = r:to("bf16")
+          local da, dab, dw, dwb = grads_ref(fs, "mp.matmul1", x2, w, g2)
+          assert_product(a.grad, da, dab, 1e-5, "da")
+          assert_product(b.grad, dw:transpose(1, 2), dwb:transpose(1, 2), 1e-5, "db")
+          assert.is_true(rel(b.grad, mp.matmul(a0:transpose(1, 2), r)) < 0.15, "db near the f32 one")
+        else
+          (y:to("f32") * r + y2:to("f32") * r):sum():backward()
+        end
+        fs:update()
+      end
+      assert.are.equal(6, #fs.tensors)   -- mp.matmul1 and mp.matmul2, the same each step
+      assert.is_not_nil(fs.by_name["mp.matmul2.x"])
+    end)
+  end
+
+  it("off by default, in a region of mp.amp.autocast(false) and in mp.fp8.autocast(false): the plain autocast's result", function()
+    mp.manual_seed(13)
+    local x, w, b = mp.randn({6, 32}):requires_grad(true), mp.randn({16, 32}), mp.randn({16})
+    local m = mp.randn({32, 8})
+    local ref_y, ref_m
+    do
+      local _ <close> = mp.amp.autocast("bf16")
+      ref_y, ref_m = mp.linear(x, w, b), mp.matmul(x, m)
+    end
+    local r = mp.fp8.delayed{}
+    local function same(y, want)
+      assert.are_not.equal("fp8_linear", y.grad_fn)
+      assert.are.equal(want.dtype, y.dtype)
+      assert.are.same(want:to("f32"):totable(), y:to("f32"):totable())
+    end
+    do
+      local _ <close> = mp.fp8.autocast(r)
+      same(mp.linear(x, w, b), ref_y)
+      same(mp.matmul(x, m), ref_m)
+      same(x:matmul(m), ref_m)
+    end
+    do
+      local _ <close> = mp.fp8.autocast(r, {matmul = true})
+      do
+        local _ <close> = mp.fp8.autocast(false)
+        same(mp.linear(x, w, b), ref_y)
+      end
+      do
+        local _ <close> = mp.amp.autocast(false)
+        local y = mp.linear(x, w, b)
+        assert.are_not.equal("fp8_linear", y.grad_fn)
+        assert.are.equal("f32", y.dtype)
+      end
+      assert.are.equal("fp8_linear", mp.linear(x, w, b).grad_fn)
+    end
+    -- closed: nothing routed any more
+    local y = mp.linear(x, w, b)
+    assert.are.equal("f32", y.dtype)
+    assert.are_not.equal("fp8_linear", y.grad_fn)
+  end)
+
+  it("batched matmuls stay bf16 (plain autocast's result); an f32-class registration keeps an op out", function()
+    mp.manual_seed(14)
+    local a, b = mp.randn({2, 5, 32}):requires_grad(true), mp.randn({2, 32, 8})
+    local want
+    do
+      local _ <close> = mp.amp.autocast("bf16")
+      want = mp.matmul(a, b)
+    end
+    local fs = mp.fp8.Scaler{recipe = mp.fp8.current{}}
+    do
+      local _ <close> = mp.fp8.autocast(fs, {matmul = true})
+      local y = mp.matmul(a, b)
+      assert.are_not.equal("fp8_linear", y.grad_fn)
+      assert.are.equal("bf16", y.dtype)
+      assert.are.same(want:to("f32"):totable(), y:to("f32"):totable())
+    end
+    assert.are.equal(0, #fs.tensors)
+    local was = mp.amp.classes().matmul
+    mp.amp.register("matmul", "f32")
+    local ok, err = pcall(function()
+      local _ <close> = mp.fp8.autocast(fs, {matmul = true})
+      local y = mp.matmul(mp.randn({4, 32}):requires_grad(true), mp.randn({32, 8}))
+      assert.are.equal("f32", y.dtype)
+      assert.are_not.equal("fp8_linear", y.grad_fn)
+    end)
+    mp.amp.register("matmul", was)
+    assert(ok, err)
+  end)
+
+  it("mp.linear_gelu: the FP8 linear (states mp.linear_gelu<i>) then mp.gelu; its own errors pass through", function()
+    mp.manual_seed(15)
+    local x = mp.randn({5, 48}):requires_grad(true)
+    local w, b = mp.randn({24, 48}) * 0.2, mp.randn({24})
+    local fs = mp.fp8.Scaler{recipe = mp.fp8.current{}}
+    local y
+    do
+      local _ <close> = mp.fp8.autocast(fs, {matmul = true})
+      y = mp.linear_gelu(x, w, b, {approximate = "tanh"})
+      H.raises(function() mp.linear_gelu(x, w, b, {approximate = "erf"}) end, {"mp.linear_gelu", "approximate"})
+    end
+    assert.is_not_nil(fs.by_name["mp.linear_gelu1.w"])
+    assert.is_nil(fs.by_name["mp.linear_gelu2.w"], "a call the op refuses makes no states")
+    local want
+    do
+      local _ <close> = mp.amp.autocast("bf16")
+      want = mp.gelu(mp.fp8.linear(x, w, b, mp.fp8.current{}, {name = "r"}), {approximate = "tanh"})
+    end
+    assert.are.equal(want.dtype, y.dtype)
+    assert.are.same(want:to("f32"):totable(), y:to("f32"):totable())
+    y:to("f32"):sum():backward()
+    assert.are.same({5, 48}, x.grad.shape)
+  end)
+
+  it("numbers the calls from the outermost region's opening (micro-batches share states); refuses a bad option", function()
+    local fs = mp.fp8.Scaler{recipe = mp.fp8.current{}}
+    local x, w = mp.randn({4, 16}), mp.randn({8, 16})
+    for _ = 1, 3 do
+      local _ <close> = mp.fp8.autocast(fs, {matmul = true})
+      mp.linear(x, w)
+      do
+        local _ <close> = mp.fp8.autocast(fs, {matmul = true})   -- nested: the count goes on
+        mp.linear(x, w)
+      end
+    end
+    assert.are.equal(6, #fs.tensors)
+    assert.are.equal(3, fs.by_name["mp.linear2.x"].numel // 64)
+    H.raises(function() mp.fp8.autocast(fs, {matmul = "yes"}) end, {"mp.fp8.autocast", "matmul", "true or false"})
+    H.raises(function() mp.fp8.autocast(fs, {matmul = 1}) end, {"mp.fp8.autocast", "matmul"})
+    H.raises(function() mp.fp8.autocast(fs, {matmull = true}) end, {"mp.fp8.autocast", "matmull"})
+    -- an op's own errors pass through unrouted
+    local _ <close> = mp.fp8.autocast(fs, {matmul = true})
+    H.raises(function() mp.linear(mp.randn({4, 5}), w) end, {"mp.linear"})
+    H.raises(function() mp.matmul(mp.randn({4, 5}), mp.randn({4, 5})) end, {"mp.matmul"})
+  end)
+end)

@@ -58,6 +58,7 @@ function M.new(opts)
   check_recipe(o.recipe, N, "option 'recipe'")
   local self = setmetatable({recipe = o.recipe, telemetry = o.telemetry == true, tensors = {}, by_name = {},
                              _layers = {}, _names = setmetatable({}, {__mode = "k"}), _unnamed = 0,
+                             _calls = {linear = 0, linear_gelu = 0, matmul = 0},
                              _pending = nil}, Scaler)
   if o.model ~= nil then
     if type(o.model) ~= "table" or type(o.model.named_children) ~= "function" then
@@ -226,6 +227,65 @@ function M.linear(x, w, b, fs, opts) return L.linear(Scaler_api, x, w, b, fs, op
 
 ---------------------------------------------------------------- autocast
 
+-- The functional GEMMs inside a region opened with {matmul = true}: lua/lfp8.c
+-- calls route(op, args...) for mp.linear, mp.linear_gelu (the FP8 linear, then
+-- mp.gelu), mp.matmul and Tensor:matmul when an autocast region is active and
+-- the op's class is low (a region of mp.amp.autocast(false) inside, or
+-- mp.amp.register(op, "f32"), leaves it alone). nil runs the op as it is: outside such a region, for a batched
+-- matmul, and for arguments the op itself will reject with its own message.
+-- Each call gets the states of the layer "mp.<op><i>" ("mp.linear1"), i
+-- counting that op's calls from the opening of the holder's outermost region:
+-- the same calls in the same order every step (and every micro-batch) meet the
+-- same states.
+local function tensor(v) return R.is_tensor(v) end
+
+local function next_name(fs, op)
+  local n = fs._calls[op] + 1
+  fs._calls[op] = n
+  return "mp." .. op .. n
+end
+
+-- GELU's options as mp.linear_gelu takes them (anything else: its own error)
+local function gelu_opts(g)
+  if g == nil then return true end
+  if type(g) ~= "table" then return false end
+  for k, v in pairs(g) do
+    if k ~= "approximate" or (v ~= "none" and v ~= "tanh") then return false end
+  end
+  return true
+end
+
+local function route(op, a, b, c, opts)
+  local f = active.top()
+  if not (f and f.matmul and tensor(a) and tensor(b)) or #b.shape ~= 2 then return nil end
+  local fs = f.holder
+  if op == "linear" or op == "linear_gelu" then
+    if #a.shape < 1 or a.shape[#a.shape] ~= b.shape[2] then return nil end
+    if c ~= nil and not (tensor(c) and #c.shape == 1 and c.shape[1] == b.shape[1]) then return nil end
+    if op == "linear" then return L.Function(a, b, c, fs, next_name(fs, op), f.dtype, core.is_grad_enabled()) end
+    if not gelu_opts(opts) then return nil end
+    return core.gelu(L.Function(a, b, c, fs, next_name(fs, op), f.dtype, core.is_grad_enabled()), opts)
+  end
+  -- matmul: a {m, k} as the activations ("x"), b {k, n} as the weight ("w"):
+  -- the linear's product with w = b^T (a copy: tensors are contiguous here; its
+  -- gradient reaches b through the transpose)
+  if #a.shape ~= 2 or a.shape[2] ~= b.shape[1] then return nil end
+  return L.Function(a, b:transpose(1, 2), nil, fs, next_name(fs, op), f.dtype, core.is_grad_enabled())
+end
+
+-- the route is installed while a region with the option is on the stack
+local routed = false
+local function set_route()
+  local want = false
+  for _, e in ipairs(active.stack) do
+    if e.matmul then want = true end
+  end
+  if want ~= routed then
+    core._fp8_route(want and route or nil)
+    routed = want
+  end
+end
+
 local Guard = {}
 Guard.__index = Guard
 Guard.__name = "mp.fp8.AutocastGuard"
@@ -236,12 +296,13 @@ function Guard:close()
   local s = active.stack
   -- regions close innermost first; one closed out of order takes those above it along
   for i = #s, self.depth, -1 do s[i] = nil end
+  if routed then set_route() end
   if self.amp then self.amp:close() end
 end
 
 Guard.__close = Guard.close
 
--- mp.fp8.autocast(fs_or_recipe [, {dtype = "bf16", model =}]) / mp.fp8.autocast(false)
+-- mp.fp8.autocast(fs_or_recipe [, {dtype = "bf16", model =, matmul = false}]) / mp.fp8.autocast(false)
 function M.autocast(v, opts)
   local N = "mp.fp8.autocast"
   local s = active.stack
@@ -251,10 +312,14 @@ function M.autocast(v, opts)
     return setmetatable({depth = #s}, Guard)
   end
   local fs = M.holder(v, N)
-  local o = core._options(N, opts, "dtype:any model:any", 2)
+  local o = core._options(N, opts, "dtype:any model:any matmul:any", 2)
   local dtype = o.dtype or "bf16"
   if dtype ~= "bf16" and dtype ~= "f16" then
     error(string.format('%s: option \'dtype\' must be "bf16" or "f16" (got %s)', N, tostring(dtype)), 2)
+  end
+  if o.matmul ~= nil and type(o.matmul) ~= "boolean" then
+    error(string.format("%s: option 'matmul' must be true or false (got %s)", N,
+                        type(o.matmul) == "string" and string.format("%q", o.matmul) or tostring(o.matmul)), 2)
   end
   if o.model ~= nil then
     if type(o.model) ~= "table" or type(o.model.named_children) ~= "function" then
@@ -263,7 +328,16 @@ function M.autocast(v, opts)
     name_modules(fs, o.model)
   end
   local amp = core._autocast(dtype)
-  s[#s + 1] = {holder = fs, dtype = dtype}
+  local outer = false
+  for _, e in ipairs(s) do
+    if e.holder == fs then outer = true end
+  end
+  if not outer then
+    local c = fs._calls
+    c.linear, c.linear_gelu, c.matmul = 0, 0, 0
+  end
+  s[#s + 1] = {holder = fs, dtype = dtype, matmul = o.matmul == true}
+  if o.matmul then set_route() end
   return setmetatable({depth = #s, amp = amp}, Guard)
 end
 
