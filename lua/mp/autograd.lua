@@ -257,5 +257,6 @@ end
 
 local check = require "mp.autograd.gradcheck"
 M.gradcheck, M.gradgradcheck = check.gradcheck, check.gradgradcheck
+M._is_tensor = is_tensor   -- for mp's own Lua files (mp.fp8's option checks)
 
 return M

@@ -25,12 +25,7 @@ local function bad(name, what, want, got)
   error(string.format("%s: option '%s' must be %s (got %s)", name, what, want, show(got)), 3)
 end
 
-local tensor_mt
-local function is_tensor(v)
-  if type(v) ~= "userdata" then return false end
-  tensor_mt = tensor_mt or getmetatable(core.zeros{1})
-  return getmetatable(v) == tensor_mt
-end
+local is_tensor = require("mp.autograd")._is_tensor
 R.is_tensor = is_tensor
 
 local function check_format(N, f, allowed)
