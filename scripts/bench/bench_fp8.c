@@ -6,11 +6,13 @@
  * 4096, inputs quantized to e4m3 with one scale each, C against the f64
  * product of the decoded values (relative Frobenius error) for f32
  * accumulation, a 14-bit accumulator without promotion and the same promoted
- * to f32 every 128 products. Each time is the median of several runs.
+ * to f32 every 128 products. The quantizer's own rows come first (GB/s of
+ * f32 / bf16 input per granularity); `bench_fp8 quantize` prints only those. Each time is the median of several runs.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "kernels/cpu/cpu_fp8.h"
 #include "scripts/bench/bench_clock.h"
 
@@ -75,6 +77,41 @@ static void bench_shape(int64_t m, int64_t n, int64_t k)
     free(a.q), free(a.d), free(b.q), free(b.d), free(at.q), free(at.d), free(bt.q), free(bt.d);
 }
 
+/* the quantizer alone (kernels/cpu/cpu_fp8_quant.c), e4m3, on a {rows, k}
+ * input of dtype dt: GB/s of input read per granularity (the tensor
+ * granularity without a scale reads it twice, once for the amax) */
+static void bench_quantize(mp_dtype dt, int64_t rows, int64_t k, int reps)
+{
+    static const struct { const char *name; mp_fp8_gran g; } G[] = {
+        {"tensor", MP_FP8_TENSOR}, {"1x128", MP_FP8_TILE}, {"128x128", MP_FP8_BLOCK}, {"mx32", MP_FP8_MX}};
+    int64_t n = rows * k;
+    float *x = normal(n, 0, 5);
+    size_t es = dt == MP_F32 ? 4 : 2;
+    void *in = x;
+    if (dt != MP_F32) {
+        uint16_t *h = malloc(2 * (size_t)n);
+        for (int64_t i = 0; i < n; i++) h[i] = dt == MP_BF16 ? mp_f32_to_bf16(x[i]) : mp_f32_to_f16(x[i]);
+        in = h;
+    }
+    uint8_t *q = malloc((size_t)n);
+    float *d = malloc(sizeof(float) * (size_t)mp_fp8_nscales(MP_FP8_TILE, rows, k));
+    printf("quantize %s %lldx%lld -> e4m3:", dt == MP_F32 ? "f32" : dt == MP_BF16 ? "bf16" : "f16", (long long)rows,
+           (long long)k);
+    for (int gi = 0; gi < 4; gi++) {
+        double t[REPS];
+        mp_fp8_stats st;
+        for (int r = 0; r < REPS + 1; r++) {
+            double t0 = now();
+            for (int i = 0; i < reps; i++)
+                cpu_fp8_quantize(cx(), dt, in, rows, k, MP_FP8_E4M3, G[gi].g, NULL, q, d, &st);
+            if (r) t[r - 1] = (now() - t0) / reps;
+        }
+        printf(" %s %.2f GB/s%s", G[gi].name, (double)es * n / median(t, REPS) / 1e9, gi < 3 ? " |" : "\n");
+    }
+    if (in != x) free(in);
+    free(x), free(q), free(d);
+}
+
 /* relative Frobenius error of C against the f64 product of the decoded
  * values, and the largest elementwise relative error (DeepSeek-V3 quotes a
  * maximum relative error; near-zero elements of a mean-zero product make it
@@ -115,8 +152,16 @@ static void accumulator(double mean)
     free(x), free(w), free(c), free(ref), free(a.q), free(a.d), free(b.q), free(b.d);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    /* "quantize [ROWS]": the quantizer's rows only, ROWS x 4096 (default 1024;
+     * fewer for valgrind's instruction counts) */
+    int only_quantize = argc > 1 && !strcmp(argv[1], "quantize");
+    int64_t rows = only_quantize && argc > 2 ? atoll(argv[2]) : 1024;
+    if (rows < 1) rows = 1024;
+    bench_quantize(MP_F32, rows, 4096, only_quantize ? 1 : 5);
+    bench_quantize(MP_BF16, rows, 4096, only_quantize ? 1 : 5);
+    if (only_quantize) return 0;
     bench_shape(1024, 1024, 1024);
     bench_shape(1024, 1024, 4096);
     accumulator(0.0);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/cpu/cpu_fp8.h"
+#include "kernels/cpu/cpu_fp8_seg.h"
 #include "kernels/half.h"
 
 static mp_kctx *cx(void) { return mp_cpu_backend.ctx; }
@@ -212,4 +213,66 @@ Test(fp8_quant, entry_words)
     cr_assert_eq(w[2], 2);
     cr_assert_eq(f[0], 2.0f);
     cr_assert_eq(f[1], 2.0f);
+}
+
+/* The quantizer's fast loops (cpu_fp8_seg.c: portable and, where the CPU has
+ * it, AVX-512) against the reference loop on a dense sample of f32 patterns:
+ * both signs, every exponent (f32 subnormals, zeros, inf, NaNs included), all
+ * 256 values of the top eight mantissa bits (which hold every rounding
+ * boundary of both formats: the halfway points of e4m3/e5m2 normals and
+ * subnormals, the subnormal edges, the largest finite values and the points
+ * past them) and low bits at and beside those boundaries; five multipliers,
+ * segments of lengths that leave vector tails. Codes byte for byte; amax, NaN
+ * flag and counts per segment. scripts/bench/fp8_quant_exhaustive.c walks all
+ * 2^32 patterns. */
+Test(fp8_quant, fast_paths_match_reference, .timeout = 120)
+{
+    static const uint32_t low[] = {0, 1, 2, 0x3fff, 0x4000, 0x4001, 0x7ffe, 0x7fff,
+                                   0x1234, 0x5a5a, 0x0f0f, 0x6001, 0x2000, 0x7000, 0x0800, 0x0100};
+    static const float mult[] = {1.0f, 0.75f, 3.0f, 0x1p-20f, 0x1p40f};
+    static const int64_t lens[] = {4096, 1, 15, 17, 127, 33, 128, 4000};
+    const int64_t n = 2 * 256 * 256 * 16;
+    float *x = malloc(sizeof *x * (size_t)n);
+    uint8_t *qr = malloc((size_t)n), *qp = malloc((size_t)n);
+    int64_t i = 0;
+    for (uint32_t sg = 0; sg < 2; sg++)
+        for (uint32_t e = 0; e < 256; e++)
+            for (uint32_t top = 0; top < 256; top++)
+                for (int l = 0; l < 16; l++, i++) {
+                    uint32_t u = sg << 31 | e << 23 | top << 15 | low[l];
+                    memcpy(&x[i], &u, 4);
+                }
+    int np;
+    const cpu_fp8_seg_path *paths = cpu_fp8_seg_paths(&np);
+    cr_assert_geq(np, 2, "at least the reference and the portable loop");
+    cr_assert_str_eq(paths[0].name, "reference");
+    cr_assert_eq(cpu_fp8_seg_best(), &paths[np - 1], "the quantizer takes the last path");
+    mp_fp8_format fmts[2] = {MP_FP8_E4M3, MP_FP8_E5M2};
+    for (int p = 1; p < np; p++)
+        for (int f = 0; f < 2; f++)
+            for (int m = 0; m < 5; m++) {
+                int64_t segs = 0, sat = 0, flu = 0, nan = 0;
+                for (int64_t off = 0, li = 0; off < n; off += lens[li % 8], li++) {
+                    int64_t len = n - off < lens[li % 8] ? n - off : lens[li % 8];
+                    cpu_fp8_seen a = {0}, b = {0};
+                    paths[0].amax(x + off, len, &a);
+                    paths[0].codes(x + off, len, mult[m], fmts[f], qr + off, &a);
+                    paths[p].amax(x + off, len, &b);
+                    paths[p].codes(x + off, len, mult[m], fmts[f], qp + off, &b);
+                    cr_assert_eq(mp_f32_bits(a.amax), mp_f32_bits(b.amax), "%s amax at %ld", paths[p].name, (long)off);
+                    cr_assert_eq(a.nan, b.nan, "%s NaN flag at %ld", paths[p].name, (long)off);
+                    cr_assert_eq(a.saturated, b.saturated, "%s saturated at %ld", paths[p].name, (long)off);
+                    cr_assert_eq(a.flushed, b.flushed, "%s flushed at %ld", paths[p].name, (long)off);
+                    segs++, sat += a.saturated, flu += a.flushed, nan += a.nan;
+                }
+                for (int64_t j = 0; j < n; j++)
+                    cr_assert_eq(qr[j], qp[j], "%s fmt %d x %g: pattern 0x%08x: 0x%02x, reference 0x%02x",
+                                 paths[p].name, f, mult[m], mp_f32_bits(x[j]), qp[j], qr[j]);
+                /* the sample reaches what it is meant to: saturations, flushes, NaNs */
+                cr_assert_gt(sat, 0);
+                cr_assert_gt(flu, 0);
+                cr_assert_gt(nan, 0);
+                cr_assert_gt(segs, 1000);
+            }
+    free(x), free(qr), free(qp);
 }
