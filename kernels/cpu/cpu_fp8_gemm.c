@@ -90,7 +90,9 @@ static void decode_bf16(const mp_fp8_operand *x, int64_t rows, int64_t k, int64_
                         uint16_t *dst)
 {
     uint16_t t[256];
+    float tf[256];   /* folding: the codes' values as f32, each block's scale read once */
     bf16_table(x->fmt, t);
+    for (int c = 0; c < 256; c++) tf[c] = mp_fp8_to_f32((uint8_t)c, x->fmt);
     #pragma omp parallel for if (rows * len > MP_PAR_MIN_MEM) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *q = x->q + r * k + j0;
@@ -99,9 +101,12 @@ static void decode_bf16(const mp_fp8_operand *x, int64_t rows, int64_t k, int64_
             for (int64_t j = 0; j < len; j++) d[j] = t[q[j]];
             continue;
         }
-        for (int64_t j = 0; j < len; j++) {
-            float v = mp_fp8_to_f32(q[j], x->fmt) * scale_at(x, r, j0 + j, k);
-            d[j] = (uint16_t)(mp_f32_bits(v) >> 16);
+        for (int64_t j = 0; j < len;) {
+            /* the rest of the MX block holding column j0 + j shares its scale */
+            int64_t end = j + MP_FP8_MX_K - (j0 + j) % MP_FP8_MX_K;
+            if (end > len) end = len;
+            float s = scale_at(x, r, j0 + j, k);
+            for (; j < end; j++) d[j] = (uint16_t)(mp_f32_bits(tf[q[j]] * s) >> 16);
         }
     }
 }
