@@ -99,7 +99,10 @@ static inline __attribute__((always_inline)) void codes_body(const float *x, int
         float v = x[j] * sc;
         uint32_t b = bits_of(v);
         int32_t ax = (int32_t)(b & 0x7fffffffu), sign = (int32_t)((b >> 24) & 0x80u);
-        int32_t cn = ((ax + ((1 << (sh - 1)) - 1) + ((ax >> sh) & 1)) >> sh) - rebias;
+        /* unsigned: a NaN's bits plus the rounding increment pass 2^31 (the result is
+         * not used for a NaN, but a signed overflow would be undefined) */
+        int32_t cn = (int32_t)(((uint32_t)ax + (uint32_t)((1 << (sh - 1)) - 1) + (uint32_t)((ax >> sh) & 1)) >> sh)
+                     - rebias;
         int32_t r = rbase - (ax >> 23);
         r = r < 1 ? 1 : r > 31 ? 31 : r;
         int32_t m = (ax & 0x7fffff) | 0x800000;
