@@ -445,6 +445,7 @@ mp_be_scan_fn mp_cuda_scan;   /* cuda_scan.cu */
 mp_be_permute_fn mp_cuda_permute;
 mp_be_narrow_fn mp_cuda_narrow;
 mp_be_narrow_put_fn mp_cuda_narrow_put;
+mp_be_narrow_pad_fn mp_cuda_narrow_pad;
 mp_be_gather_fn mp_cuda_gather;
 mp_be_scatter_add_fn mp_cuda_scatter_add;
 mp_be_gemm_fn mp_cuda_gemm;

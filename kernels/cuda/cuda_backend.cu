@@ -477,6 +477,7 @@ extern "C" const mp_backend *mp_cuda_backend_init(char *why, size_t cap)
     table.scatter_add = mp_cuda_scatter_add;
     table.narrow = mp_cuda_narrow;
     table.narrow_put = mp_cuda_narrow_put;
+    table.narrow_pad = mp_cuda_narrow_pad;
     table.gather_along = mp_cuda_gather_along;
     table.scatter_along = mp_cuda_scatter_along;
     table.coll_id = mp_cuda_coll_id;

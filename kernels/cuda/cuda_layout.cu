@@ -1,7 +1,8 @@
 /*
  * cuda_layout.cu: reductions over the middle axis of an {outer, n, inner} view
  * (sum, mean, max, argmax, min, argmin), max's backward (put_along), and the copies that
- * change layout: permute, narrow, narrow_put, gather and scatter_add.
+ * change layout: permute, narrow, narrow_put, narrow_pad (narrow's gradient),
+ * gather and scatter_add.
  *
  * Reductions: call each of the outer*inner outputs a column. A block owns a tile
  * of columns, and the threads of a column split its n values; their partial
@@ -15,7 +16,8 @@
  * buffer: safe because this backend runs every kernel on the one stream.
  *
  * The copies move whole elements as 1, 2 or 4-byte words, so they serve every
- * dtype. scatter_add adds with atomics (see there).
+ * dtype (narrow_pad: words of up to 16 bytes, see there). scatter_add adds with
+ * atomics (see there).
  *
  * Indices (gather, scatter_add, put_along) outside [0, n) are left out: gather
  * writes zeros for them, the others skip them, so a bad index never reads or
@@ -262,6 +264,90 @@ __global__ void k_scatter_u8(uint8_t *out, const uint8_t *src, const int32_t *id
     }
 }
 
+/* ---- narrow's gradient (narrow_pad) ----
+ * The output is outer rows of `row` units; the slice is the units [lo, lo + w)
+ * of each row, fed by the source's rows of w units. A unit u of row r = u / row
+ * is inside when j = u - r row - lo < w, compared unsigned: a unit before the
+ * slice wraps to a j past it. One division per unit, in 32 bits wherever the
+ * units fit (pad_index), as the broadcasts of cuda_elementwise.cu. */
+
+/* I: uint32_t when the units of out (so of in) are fewer than 2^31 (the
+ * grid-stride steps cannot wrap then), else uint64_t */
+#define PAD_FOR(I, u, n) for (I u = (I)blockIdx.x * blockDim.x + threadIdx.x; u < (n); u += (I)gridDim.x * blockDim.x)
+
+/* add 0: every unit of out written once, zero or the source's; U a word of
+ * 1 to 16 bytes (uint4: 16), so any dtype's bytes */
+template <class U, class I>
+__global__ void k_narrow_pad(U *out, const U *in, I total, I row, I lo, I w)
+{
+    PAD_FOR(I, u, total) {
+        I r = u / row, j = u - r * row - lo;
+        if (j < w) out[u] = in[r * w + j];
+        else out[u] = U{};   /* all-zero bits: +0 in every dtype */
+    }
+}
+
+/* add 1, a float dtype T, one element a unit: out + in inside the slice,
+ * out + 0 outside, each the f32 add and rounding binary's add makes (and
+ * tallies). Outside, out + 0 is out itself but for -0 (+0 after) and NaN
+ * payloads, so a unit is written there only when its bits change: the bits
+ * of writing every one, without writing what the add leaves as it was. */
+template <class T, class I>
+__global__ void k_narrow_pad_add(void *out, const void *in, I total, I row, I lo, I w, unsigned long long *fc)
+{
+    typedef typename mp_ty<T>::W W;
+    mp_tally t(fc);
+    PAD_FOR(I, u, total) {
+        I r = u / row, j = u - r * row - lo;
+        bool inside = j < w;
+        uint32_t old = ((const W *)out)[u];
+        float v = mp_ty<T>::tof(old) + (inside ? mp_get<T>(in, (int64_t)(r * w + j)) : 0.0f);
+        uint32_t b = mp_ty<T>::bits(v);
+        t.note<T>(v, b);
+        if (inside || b != old) ((W *)out)[u] = (W)b;
+    }
+    t.commit();
+}
+
+/* the same 16 bytes at a time: a unit is G = 16 / sizeof(T) elements (row, lo
+ * and w multiples of G, out and in 16-byte aligned: a unit never straddles the
+ * slice's edge or a row's end), each element as k_narrow_pad_add's */
+template <class T, class I>
+__global__ void k_narrow_pad_add_vec(void *out, const void *in, I total, I row, I lo, I w, unsigned long long *fc)
+{
+    constexpr int S = mp_ty<T>::S, G = 16 / S;
+    mp_tally t(fc);
+    PAD_FOR(I, u, total) {
+        I r = u / row, j = u - r * row - lo;
+        bool inside = j < w, changed = inside;
+        uint32_t o[G], b[G];
+        float y[G];
+        mp_ldbits<S, G>((const char *)out + (int64_t)u * 16, o);
+        if (inside) mp_ldv<T, G>((const char *)in + (int64_t)(r * w + j) * 16, y);
+        else for (int k = 0; k < G; k++) y[k] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < G; k++) {
+            float v = mp_ty<T>::tof(o[k]) + y[k];
+            b[k] = mp_ty<T>::bits(v);
+            t.note<T>(v, b[k]);
+            changed |= b[k] != o[k];
+        }
+        if (changed) mp_stbits<S, G>((char *)out + (int64_t)u * 16, b);
+    }
+    t.commit();
+}
+
+/* add 1, i32 and u8: out + 0 is out, so only the slice's elements, each added
+ * wrapping (W unsigned) as the CPU's integer add; total = outer * w */
+template <class W, class I>
+__global__ void k_narrow_pad_add_int(W *out, const W *in, I total, I row, I lo, I w)
+{
+    PAD_FOR(I, e, total) {
+        I r = e / w;
+        out[r * row + lo + (e - r * w)] += in[e];
+    }
+}
+
 } /* namespace */
 
 void mp_cuda_reduce(mp_kctx *cx, mp_redop op, mp_dtype dt, void *out, const void *a, int64_t outer, int64_t n, int64_t inner)
@@ -323,6 +409,85 @@ void mp_cuda_narrow_put(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int
     BY_WORD(dt, MP_LAUNCH(mp_blocks(outer * w), MP_THREADS, 0, cx->stream, k_rows<W>, (W *)out + start * inner,
                           n * inner, (const W *)in, w, outer, w));
     MP_LAUNCHED("narrow_put");
+}
+
+/* the widest word of 16, 8, 4, 2 or 1 bytes that divides a row, the slice's
+ * start and width (in bytes) and both addresses */
+static int pad_word(size_t row, size_t lo, size_t w, const void *out, const void *in)
+{
+    uintptr_t all = (uintptr_t)row | (uintptr_t)lo | (uintptr_t)w | (uintptr_t)out | (uintptr_t)in;
+    int b = 16;
+    while (b > 1 && (all & (uintptr_t)(b - 1))) b /= 2;
+    return b;
+}
+
+/* narrow's gradient (backend.h narrow_pad): one kernel. add 0 moves bytes, so
+ * every dtype, in the widest word the shape and addresses allow (uint4 for
+ * GPT's q, k, v: rows of 3C, a slice of C). add 1 computes: f32, f16 and bf16
+ * as binary's add (16 bytes at a time where row, start and width are whole
+ * vectors), i32 and u8 wrapping; FP8 (no op computes in it) and f64 (none on
+ * CUDA) are left as they are. */
+void mp_cuda_narrow_pad(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
+                        int64_t len, int64_t inner, int add)
+{
+    const int64_t row = n * inner, lo = start * inner, w = len * inner, total = outer * row;
+    if (total <= 0) return;
+    const size_t es = mp_dtype_size(dt);
+    const bool narrow = total < ((int64_t)1 << 31);
+    cudaStream_t s = cx->stream;
+    if (!add) {
+        /* es divides a row, the start, the width and both addresses, so the
+         * word b is at least an element */
+        const int b = pad_word((size_t)row * es, (size_t)lo * es, (size_t)w * es, out, in);
+        const int64_t ur = row * (int64_t)es / b, ul = lo * (int64_t)es / b, uw = w * (int64_t)es / b, units = outer * ur;
+#define PAD(U)                                                                                                    \
+    do {                                                                                                          \
+        if (narrow)                                                                                               \
+            MP_LAUNCH(mp_blocks(units), MP_THREADS, 0, s, k_narrow_pad<U, uint32_t>, (U *)out, (const U *)in,      \
+                      (uint32_t)units, (uint32_t)ur, (uint32_t)ul, (uint32_t)uw);                                 \
+        else                                                                                                      \
+            MP_LAUNCH(mp_blocks(units), MP_THREADS, 0, s, k_narrow_pad<U, uint64_t>, (U *)out, (const U *)in,      \
+                      (uint64_t)units, (uint64_t)ur, (uint64_t)ul, (uint64_t)uw);                                 \
+    } while (0)
+        switch (b) {
+        case 16: PAD(uint4); break;
+        case 8: PAD(uint2); break;
+        case 4: PAD(uint32_t); break;
+        case 2: PAD(uint16_t); break;
+        default: PAD(uint8_t); break;
+        }
+#undef PAD
+        MP_LAUNCHED("narrow_pad");
+        return;
+    }
+    if (dt == MP_I32 || dt == MP_U8) {   /* the slice's elements only */
+        const int64_t cnt = outer * w;
+        if (cnt <= 0) return;
+        BY_WORD(dt, if (narrow) MP_LAUNCH(mp_blocks(cnt), MP_THREADS, 0, s, k_narrow_pad_add_int<W, uint32_t>, (W *)out,
+                                          (const W *)in, (uint32_t)cnt, (uint32_t)row, (uint32_t)lo, (uint32_t)w);
+                    else MP_LAUNCH(mp_blocks(cnt), MP_THREADS, 0, s, k_narrow_pad_add_int<W, uint64_t>, (W *)out,
+                                   (const W *)in, (uint64_t)cnt, (uint64_t)row, (uint64_t)lo, (uint64_t)w));
+        MP_LAUNCHED("narrow_pad (add)");
+        return;
+    }
+    unsigned long long *fc = cx->flush;
+#define PAD_ADD(K, units, ...)                                                                                    \
+    do {                                                                                                          \
+        if (narrow) MP_LAUNCH(mp_blocks(units), MP_THREADS, 0, s, K<__VA_ARGS__, uint32_t>, out, in, (uint32_t)(units), \
+                              (uint32_t)ur, (uint32_t)ul, (uint32_t)uw, fc);                                     \
+        else MP_LAUNCH(mp_blocks(units), MP_THREADS, 0, s, K<__VA_ARGS__, uint64_t>, out, in, (uint64_t)(units),  \
+                       (uint64_t)ur, (uint64_t)ul, (uint64_t)uw, fc);                                            \
+    } while (0)
+    const int64_t g = 16 / (int64_t)es;   /* elements a vector (f32, f16, bf16; MP_BY_FLOAT runs nothing else) */
+    if (row % g == 0 && lo % g == 0 && w % g == 0 && mp_al16(out) && mp_al16(in)) {
+        const int64_t ur = row / g, ul = lo / g, uw = w / g;
+        MP_BY_FLOAT(dt, T, PAD_ADD(k_narrow_pad_add_vec, outer * ur, T));
+    } else {
+        const int64_t ur = row, ul = lo, uw = w;
+        MP_BY_FLOAT(dt, T, PAD_ADD(k_narrow_pad_add, total, T));
+    }
+#undef PAD_ADD
+    MP_LAUNCHED("narrow_pad (add)");
 }
 
 void mp_cuda_gather(mp_kctx *cx, mp_dtype dt, void *out, const void *in, const int32_t *idx, int64_t nidx, int64_t outer,

@@ -1476,6 +1476,99 @@ static void cases_gather_along(void)
     }
 }
 
+/* narrow's gradient (narrow_pad), add 0 (zeros outside the slice, the source
+ * inside) and add 1 (out + 0 outside, out + in inside, in place), against the
+ * CPU's bit for bit, and add 1's flush counts (every element is an add that
+ * rounds: those outside too). Slices at the start, middle and end, the whole
+ * row, an empty one; inner 1 and more; rows, starts and widths of whole 16-byte
+ * vectors (CUDA's vector paths), of 8 or 4 bytes, odd ones (its element path)
+ * and a view one element in (misaligned). -0 is planted on both sides (-0 + 0
+ * is +0: outside, the one change add 1 makes), and sums that overflow: f16/bf16
+ * to inf (counted), i32 and u8 wrapping. add 0 takes an FP8 dtype too (bytes).
+ * A stream of its own, so the cases after it keep their inputs. */
+static void plant(mp_dtype dt, void *p, int64_t n, int64_t every, int big)
+{
+    for (int64_t i = 0; i < n; i += every)
+        switch (dt) {
+        case MP_F32: ((float *)p)[i] = big ? 3e38f : -0.0f; break;
+        case MP_F16: ((uint16_t *)p)[i] = big ? mp_f32_to_f16(40000.0f) : 0x8000; break;
+        case MP_BF16: ((uint16_t *)p)[i] = big ? mp_f32_to_bf16(2e38f) : 0x8000; break;
+        case MP_I32: ((int32_t *)p)[i] = big ? 2147483000 : -7; break;
+        default: ((uint8_t *)p)[i] = big ? 250 : 0; break;
+        }
+}
+
+/* bytes of output k that differ from the CPU's (c->fail names the first) */
+static void compare_bytes(pcase *c, int k)
+{
+    unsigned char *got = malloc(c->size[k]);
+    DUT->to_host(DUT->ctx, got, c->dev[k], c->size[k]);
+    for (size_t i = 0; i < c->size[k]; i++)
+        if (got[i] != ((unsigned char *)c->ref[k])[i]) {
+            snprintf(c->fail, sizeof c->fail, "byte %zu of output %d: 0x%02x, the CPU's 0x%02x", i, k, got[i],
+                     ((unsigned char *)c->ref[k])[i]);
+            break;
+        }
+    free(got);
+}
+
+static void cases_narrow_pad(void)
+{
+    static const struct { int64_t outer, n, start, len, inner; int off; } S[] = {
+        {3, 10, 2, 4, 4, 0}, {5, 7, 0, 3, 1, 0}, {4, 9, 6, 3, 1, 0}, {2, 6, 0, 6, 3, 0}, {6, 24, 8, 8, 1, 0},
+        {4, 96, 32, 32, 8, 0}, {3, 12, 4, 4, 1, 0}, {2, 5, 1, 3, 7, 0}, {3, 24, 8, 8, 1, 1}, {2, 8, 3, 0, 2, 0},
+        {1, 1, 0, 1, 1, 0},
+    };
+    static const mp_dtype ALL[6] = {MP_F32, MP_F16, MP_BF16, MP_I32, MP_U8, MP_E4M3};
+    uint64_t outer_rng = rng;
+    rng = 0x452821E638D01377ULL;
+    pcase c;
+    for (int add = 0; add <= 1; add++)
+        for (size_t si = 0; si < sizeof S / sizeof S[0]; si++)
+            for (int d = 0; d < (add ? 5 : 6); d++) {
+                mp_dtype dt = ALL[d];
+                int64_t ou = S[si].outer, n = S[si].n, st = S[si].start, len = S[si].len, in = S[si].inner;
+                int off = S[si].off;
+                char what[112];
+                snprintf(what, sizeof what, "add %d {%lld,%lld,%lld} slice [%lld,%lld) %s%s", add, (long long)ou,
+                         (long long)n, (long long)in, (long long)st, (long long)(st + len), mp_dtype_name(dt),
+                         off ? " (views one element in)" : "");
+                if (!DUT->narrow_pad) { absent++; continue; }
+                if (!begin(&c, "narrow_pad %s%s", what, "")) continue;
+                bool ints = dt == MP_I32 || dt == MP_U8 || dt == MP_E4M3;
+                int64_t no = ou * n * in, ni = ou * len * in;
+                int g = buf(&c, dt, ni + off, 0, ints ? 0 : -2, ints ? 200 : 2);
+                int o = buf(&c, dt, no + off, 0, ints ? 0 : -2, ints ? 200 : 2);
+                c.is_out[o] = 1;   /* random to start with: add 0 must write every element */
+                if (add) {   /* -0 and large values in both (host copies, then the device's) */
+                    plant(dt, (char *)c.ref[o] + (size_t)off * mp_dtype_size(dt), no, 5, 0);
+                    plant(dt, (char *)c.ref[g] + (size_t)off * mp_dtype_size(dt), ni, 3, 0);
+                    plant(dt, (char *)c.ref[o] + (size_t)(off + st * in) * mp_dtype_size(dt), len * in > 0 ? 1 : 0, 1, 1);
+                    plant(dt, (char *)c.ref[g] + (size_t)off * mp_dtype_size(dt), len * in > 0 ? 1 : 0, 1, 1);
+                    DUT->from_host(DUT->ctx, c.dev[o], c.ref[o], c.size[o]);
+                    DUT->from_host(DUT->ctx, c.dev[g], c.ref[g], c.size[g]);
+                }
+                int64_t rc[MP_FLUSH_SLOTS][3], dc[MP_FLUSH_SLOTS][3];
+                REF->flush_read(REF->ctx, NULL, 1), REF->flush_slot(REF->ctx, 0);
+                REF->narrow_pad(REF->ctx, dt, at(c.ref[o], dt, off), at(c.ref[g], dt, off), ou, n, st, len, in, add);
+                REF->flush_slot(REF->ctx, -1), REF->flush_read(REF->ctx, rc, 1);
+                DUT->flush_read(DUT->ctx, NULL, 1), DUT->flush_slot(DUT->ctx, 0);
+                DUT->narrow_pad(DUT->ctx, dt, at(c.dev[o], dt, off), at(c.dev[g], dt, off), ou, n, st, len, in, add);
+                DUT->flush_slot(DUT->ctx, -1), DUT->flush_read(DUT->ctx, dc, 1);
+                if (add && (dt == MP_F16 || dt == MP_BF16) && rc[0][0] != no)
+                    snprintf(c.fail, sizeof c.fail, "the CPU counted %lld roundings, not %lld", (long long)rc[0][0],
+                             (long long)no);
+                for (int k = 0; k < 3 && !c.fail[0]; k++)
+                    if (rc[0][k] != dc[0][k])
+                        snprintf(c.fail, sizeof c.fail, "flush count %d: %lld, the CPU's %lld", k, (long long)dc[0][k],
+                                 (long long)rc[0][k]);
+                if (!c.fail[0]) compare_bytes(&c, o);
+                c.bound = 0;
+                finish(&c);
+            }
+    rng = outer_rng;
+}
+
 /* FP8 casts (kernels/fp8.h's bits on every backend): into e4m3 and e5m2 from
  * f32, f16, bf16 and i32, saturating and not, and out of them into f32, f16,
  * bf16 and the other FP8, at an aligned and an unaligned start. The inputs
@@ -1641,6 +1734,7 @@ int main(int argc, char **argv)
     cases_integers_and_creation();
     cases_topk_i32();
     cases_gather_along();
+    cases_narrow_pad();
     cases_empty();
     cases_scan();
     cases_clamp();
