@@ -32,8 +32,12 @@
 --   copies, each head-split by a transpose copy; the attention's output goes
 --   back by a transpose copy (the reshapes are views) (scripts/models/gpt.lua,
 --   engine/ops_shape.c). Backward: four transpose copies, and chunk's gradient
---   without the CUDA backend's narrow_pad: for each slice a fill of zeros of
---   {B, T, 3C} and a put, and the three padded gradients summed by two adds.
+--   by the backend's narrow_pad (kernels/cuda/cuda_layout.cu): the first slice's
+--   padded to {B, T, 3C} in one pass (the slice read, every element written once),
+--   the other two added into that sum in place (engine/backward.c
+--   narrow_into_node): the whole sum read (+ 0 outside the slice: an element
+--   there is written back only when its bits change, a -0, left out here), the
+--   slice's gradient read and the slice written.
 -- - Attention is one flash kernel forward (O and the log-sum-exp written) and
 --   backward k_flash_dot (D = rowsum(dO * O)), k_flash_dkv over key tiles (S, dP,
 --   dV, dK) and k_flash_dq over query tiles (S, dP, dQ), causal tiles skipped
@@ -168,8 +172,8 @@ function M.kernels(cfg, plan)
       h * 6 * N * d + f * 2 * B * H * T)
     k("flash attention backward dQ (S, dP, dQ)", "attn", L, 3 * B * T * T * d, h * 5 * N * d + f * 2 * B * H * T)
     k("transpose copies of dq, dk, dv back to {B,T,H,Dh}", "mem", 3 * L, 0, 2 * h * N * d)
-    k("chunk backward: zeros {B,T,3C} + put of a slice", "mem", 3 * L, 0, h * (3 * N * d + 2 * N * d))
-    k("chunk backward: sum of the padded gradients", "mem", 2 * L, 0, 3 * h * 3 * N * d)
+    k("chunk backward: a slice padded to {B,T,3C} (narrow_pad)", "mem", L, 0, h * (N * d + 3 * N * d))
+    k("chunk backward: 2 slices added in place (narrow_pad add)", "mem", 2 * L, 0, h * (3 * N * d + N * d + N * d))
   end
   gemm_bwd("attn.c_attn", d, 3 * d)
   k("cast backward f16 -> f32 (ln_1, ln_2 outputs)", "mem", 2 * L, 0, (h + f) * N * d)
