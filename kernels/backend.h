@@ -220,7 +220,7 @@ typedef struct {
     float dropout;           /* p: probabilities dropped with Philox draws at (seed, offset + (r*tq + i)*tk + j) */
     uint64_t seed, offset;
     int rng_graph;           /* the draws are the open capture's: offset relative to its start, the seed that of
-                                each replay (backend.h graph_replay); 0: seed and offset as given */
+                                each replay (graph_replay below); 0: seed and offset as given */
 } mp_attn_args;
 
 /* 2-d convolution over NCHW tensors (kernels/cpu/cpu_conv.c): x {n, c, h, w},
