@@ -11,8 +11,12 @@
  * gradients) are what each replay rewrites. What cannot be recorded is
  * refused with an error naming it (mp_capture_refuse, capture_guard.h): anything that waits
  * for the device or reads its memory on the host, a copy of host memory (the
- * replay would copy whatever the buffer then holds), random numbers (a replay
- * would draw the same ones), an op on a CPU tensor (it would run once, now).
+ * replay would copy whatever the buffer then holds), an op on a CPU tensor or
+ * a random draw on the CPU (it would run once, now), setting the seed (the
+ * replays would not). Random draws on the device are recorded: each replay
+ * draws what the eager step would draw at the random stream's position when
+ * the replay is queued, and moves the stream on as that step would; the
+ * capture itself leaves the stream where it was (capture.c).
  * One capture at a time, on one device.
  */
 #ifndef MP_CAPTURE_H

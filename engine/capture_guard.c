@@ -5,10 +5,17 @@
 #include "engine/error.h"
 
 static bool open_now;
+static unsigned serial;   /* captures opened so far */
 
 bool mp_capturing(void) { return open_now; }
 
-void mp_capture_mark(bool open) { open_now = open; }
+unsigned mp_capture_serial(void) { return open_now ? serial : 0; }
+
+void mp_capture_mark(bool open)
+{
+    open_now = open;
+    if (open && ++serial == 0) serial = 1;   /* 0 stays "none" */
+}
 
 int mp_capture_refuse(const char *what, const char *why)
 {

@@ -12,6 +12,10 @@
 
 /* whether a capture is open */
 bool mp_capturing(void);
+/* the open capture's number (different for each capture), 0 when none is:
+ * what an op keeps to know whether its backward runs in the capture of its
+ * forward (attention's dropout, ops_attention.c) */
+unsigned mp_capture_serial(void);
 /* when a capture is open: -1 with "cannot <what> inside a CUDA graph capture
  * (mp.cuda.graph): <why>"; else 0 */
 int mp_capture_refuse(const char *what, const char *why);

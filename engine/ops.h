@@ -32,10 +32,22 @@ mp_tensor *mp_rand(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
 mp_tensor *mp_randn(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape);
 mp_tensor *mp_from_f64(mp_dtype dt, mp_device dev, int ndim, const int64_t *shape,
                        const double *values);
-void mp_manual_seed(uint64_t seed);
-/* the random stream's position, for checkpoints */
+/* -1 inside a capture: the replays would not seed again (capture_guard.h) */
+int mp_manual_seed(uint64_t seed);
+/* the random stream's position, for checkpoints. A capture's draws leave it
+ * where it was; each replay of the graph advances it (mp_rng_reserve) */
 void mp_rng_get(uint64_t *seed, uint64_t *offset);
 void mp_rng_set(uint64_t seed, uint64_t offset);
+/* n counters of the stream for one draw on a device: false with the stream's
+ * (seed, offset), which then moves on by n; true inside a capture, with offset
+ * relative to the capture's start (its own count) and the stream unmoved: each
+ * replay draws at the stream's position of its time (kernels/backend.h
+ * graph_replay, engine/capture.c) */
+bool mp_rng_reserve(uint64_t n, uint64_t *seed, uint64_t *offset);
+/* capture.c's: a capture opens (its count from 0), and closes (the counters
+ * it reserved, which each replay takes from the stream) */
+void mp_rng_capture_begin(void);
+uint64_t mp_rng_capture_end(void);
 
 /* reading values back: `count` elements from flat index `start`, as doubles */
 int mp_read_f64(const mp_tensor *t, int64_t start, int64_t count, double *out);

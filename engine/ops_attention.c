@@ -16,6 +16,7 @@ typedef struct {
     bool scale_given;              /* else the forward sets scale to 1 / sqrt(d) */
     double scale, dropout;
     uint64_t seed, offset;         /* set by the forward when dropout > 0: the draws it reserved */
+    unsigned capture;              /* reserved inside that capture (mp_capture_serial; offset relative), or 0 */
 } attention_args;
 
 /* saved: q, k, v, out, lse */
@@ -30,13 +31,20 @@ static void args_of(const mp_tensor *q, const mp_tensor *k, const attention_args
     a->causal = p->causal;
     a->seed = p->seed;
     a->offset = p->offset;
+    a->rng_graph = p->capture != 0;
 }
 
 static int attention_backward(mp_node *n, mp_tensor *g, mp_tensor **gin)
 {
     mp_tensor *q = n->saved[0], *k = n->saved[1], *v = n->saved[2], *o = n->saved[3], *lse = n->saved[4];
+    const attention_args *p = MP_NODE_ARGS(n, attention_args);
+    /* a captured forward's masks are each replay's: only that capture's backward can draw them again (an eager
+     * forward's are fixed, and a capture may record its backward) */
+    if (p->capture && p->capture != mp_capture_serial())
+        return mp_fail(MP_EINVAL, "the backward of an attention with dropout whose forward was captured in a CUDA "
+                                  "graph must be captured in the same graph (its dropout masks are each replay's)");
     mp_attn_args a;
-    args_of(q, k, MP_NODE_ARGS(n, attention_args), &a);
+    args_of(q, k, p, &a);
     mp_tensor *gc = mp_to_raw(g, q->dtype, q->dev);   /* the gradient in the op's dtype */
     mp_tensor *dq = gc ? mp_empty(q->dtype, q->dev, q->ndim, q->shape) : NULL;
     mp_tensor *dk = dq ? mp_empty(k->dtype, k->dev, k->ndim, k->shape) : NULL;
@@ -79,15 +87,10 @@ static mp_tensor *attention_fwd(mp_op_ctx *c)
     if (!(p >= 0 && p < 1)) return mp_fail(MP_EINVAL, "dropout must be in [0, 1) (got %g)", p), NULL;
     mp_attn_args a;
     if (p > 0) {   /* reserve the draws of every (row, query, key) from the one random stream */
-        /* no mask can be drawn beforehand: the kernels draw their own (seed, offset) */
-        if (mp_capture_refuse("draw attention dropout's random numbers",
-                              "a replay would draw the same numbers again (pass dropout = 0 to mp.attention in the "
-                              "captured step, or run that step eagerly)"))
-            return NULL;
-        uint64_t seed, off;
-        mp_rng_get(&seed, &off);
-        args->seed = seed, args->offset = off;
-        mp_rng_set(seed, off + (uint64_t)(q->numel / q->shape[q->ndim - 1]) * (uint64_t)k->shape[k->ndim - 2]);
+        /* no mask is drawn beforehand: the kernels draw their own (seed, offset); inside a capture, relative to
+         * its start, and each replay draws anew (mp_rng_reserve) */
+        uint64_t n = (uint64_t)(q->numel / q->shape[q->ndim - 1]) * (uint64_t)k->shape[k->ndim - 2];
+        args->capture = mp_rng_reserve(n, &args->seed, &args->offset) ? mp_capture_serial() : 0;
     }
     args_of(q, k, args, &a);
     int64_t rows = a.bh * a.tq;

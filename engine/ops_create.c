@@ -28,24 +28,59 @@ mp_tensor *mp_arange(int64_t n, mp_dtype dt, mp_device dev)
 }
 
 /* One global counter-based stream: a draw of n numbers takes the n counters
- * after `offset`, so (seed, offset) is the whole state of the generator. */
+ * after `offset`, so (seed, offset) is the whole state of the generator.
+ * Inside a capture the device draws are counted apart (graph_used), relative
+ * to the capture's start, and the stream does not move: nothing of the capture
+ * runs, and each replay draws at the stream's position when it is queued and
+ * moves it on by graph_used (capture.c), as PyTorch's CUDA generator keeps an
+ * intra-graph offset during capture and a whole-graph increment per replay. */
 static uint64_t rng_seed = 0x853c49e6748fea9bULL, rng_offset;
+static bool graph_open;
+static uint64_t graph_used;
 
-void mp_manual_seed(uint64_t seed) { rng_seed = seed, rng_offset = 0; }
+int mp_manual_seed(uint64_t seed)
+{
+    if (mp_capture_refuse("set the random seed",
+                          "the replays would not set it again (seed before the capture, or between replays)"))
+        return -1;
+    rng_seed = seed, rng_offset = 0;
+    return 0;
+}
+
 void mp_rng_get(uint64_t *seed, uint64_t *offset) { *seed = rng_seed, *offset = rng_offset; }
 void mp_rng_set(uint64_t seed, uint64_t offset) { rng_seed = seed, rng_offset = offset; }
+
+bool mp_rng_reserve(uint64_t n, uint64_t *seed, uint64_t *offset)
+{
+    *seed = rng_seed;
+    if (graph_open) return *offset = graph_used, graph_used += n, true;
+    *offset = rng_offset, rng_offset += n;
+    return false;
+}
+
+void mp_rng_capture_begin(void) { graph_open = true, graph_used = 0; }
+
+uint64_t mp_rng_capture_end(void)
+{
+    graph_open = false;
+    return graph_used;
+}
 
 static mp_tensor *random_tensor(int normal, mp_dtype dt, mp_device dev, int ndim, const int64_t *shape)
 {
     if (!mp_is_float(dt) || mp_is_storage_only(dt))
         return mp_fail(MP_EINVAL, "random values need a float dtype that computes (got %s; draw in f32 and cast)",
                        mp_dtype_name(dt)), NULL;
-    if (mp_capture_refuse("draw random numbers", "a replay would draw the same numbers again (draw them before the capture, or leave dropout out of the captured step)")) return NULL;
+    /* on the device a capture records the draw, and each replay draws anew (mp_rng_reserve) */
+    if (dev == MP_CPU && mp_capture_refuse("draw random numbers on the cpu", "it would run once, now, and no replay "
+                                           "would repeat it (draw them on the cuda device, or before the capture)"))
+        return NULL;
     mp_tensor *t = mp_empty(dt, dev, ndim, shape);
     if (!t) return NULL;
     const mp_backend *be = mp_be(t);
-    (normal ? be->rand_normal : be->rand_uniform)(be->ctx, mp_data(t), dt, t->numel, rng_seed, rng_offset);
-    rng_offset += (uint64_t)t->numel;
+    uint64_t seed, offset;
+    mp_rng_reserve((uint64_t)t->numel, &seed, &offset);
+    (normal ? be->rand_normal : be->rand_uniform)(be->ctx, mp_data(t), dt, t->numel, seed, offset);
     return mp_checked(t);
 }
 

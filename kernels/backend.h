@@ -219,6 +219,8 @@ typedef struct {
     int causal;              /* query i sees keys j <= i */
     float dropout;           /* p: probabilities dropped with Philox draws at (seed, offset + (r*tq + i)*tk + j) */
     uint64_t seed, offset;
+    int rng_graph;           /* the draws are the open capture's: offset relative to its start, the seed that of
+                                each replay (graph_replay below); 0: seed and offset as given */
 } mp_attn_args;
 
 /* 2-d convolution over NCHW tensors (kernels/cpu/cpu_conv.c): x {n, c, h, w},
@@ -323,10 +325,17 @@ typedef struct mp_kctx mp_kctx;
      * closes the capture: the graph ready to replay, or NULL with the reason                                           \
      * (abort: dropped, no reason), its pool then given back. graph_replay queues                                       \
      * the recorded work again (0, or -1 with why); graph_bytes: the bytes the                                          \
-     * live graphs' pools hold, in use or free */                                                                       \
+     * live graphs' pools hold, in use or free.                                                                         \
+     * Random numbers of a capture: a draw queued while a capture is open                                               \
+     * (rand_uniform, rand_normal; attention and attention_grad whose args say                                          \
+     * rng_graph) ignores its seed and takes its offset as relative to the                                              \
+     * capture's start; each replay draws at the seed and offset graph_replay is                                        \
+     * given plus that relative offset, as the same draws made eagerly at that                                          \
+     * generator state would (PyTorch's philox state of a captured graph) */                                            \
     X(int, graph_begin, (mp_kctx *cx, char *why, size_t cap), (cx, why, cap))                                           \
     X(void *, graph_end, (mp_kctx *cx, int abort, char *why, size_t cap), (cx, abort, why, cap))                        \
-    X(int, graph_replay, (mp_kctx *cx, void *graph, char *why, size_t cap), (cx, graph, why, cap))                      \
+    X(int, graph_replay, (mp_kctx *cx, void *graph, uint64_t seed, uint64_t offset, char *why, size_t cap),             \
+      (cx, graph, seed, offset, why, cap))                                                                              \
     X(void, graph_free, (mp_kctx *cx, void *graph), (cx, graph))                                                        \
     X(size_t, graph_bytes, (mp_kctx *cx), (cx))                                                                         \
     /* Collectives across processes on this device's memory, queued on the                                              \
@@ -364,7 +373,7 @@ typedef struct mp_kctx mp_kctx;
     X(void, fill, (mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, double value), (cx, dst, dt, n, value))              \
     X(void, arange, (mp_kctx *cx, void *dst, mp_dtype dt, int64_t n), (cx, dst, dt, n))                                 \
     /* counter-based random numbers: element i depends only on (seed, offset + i),                                      \
-     * so every backend draws the same stream */                                                                        \
+     * so every backend draws the same stream (inside a capture: see graph_replay) */                                   \
     X(void, rand_uniform, (mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset),             \
       (cx, dst, dt, n, seed, offset))                                                                                   \
     X(void, rand_normal, (mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset),              \

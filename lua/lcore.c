@@ -153,7 +153,8 @@ static int m_manual_seed(lua_State *L)
 {
     if (!lua_isinteger(L, 1))
         return luaL_error(L, "mp.manual_seed: seed must be an integer (got %s)", luaL_typename(L, 1));
-    mp_manual_seed((uint64_t)lua_tointeger(L, 1));
+    mp_clear_error();
+    if (mp_manual_seed((uint64_t)lua_tointeger(L, 1))) return lt_error(L, "mp.manual_seed");
     return 0;
 }
 

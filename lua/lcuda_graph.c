@@ -32,6 +32,11 @@
  * and the skip decision live on the device (GradScaler{sync = false}) and do
  * advance with each replay.
  *
+ * Random numbers (dropout, mp.rand, attention's dropout) are recorded: each
+ * replay draws what the eager step would at the generator's state when it is
+ * queued, and moves the state on as that step would; the capture itself leaves
+ * it where it was (engine/capture.c). mp.manual_seed inside fn is refused.
+ *
  * A failed capture (fn raised an error, e.g. a refused :item()) is dropped: the
  * error names mp.cuda.graph and what failed, no memory stays reserved, the
  * tensors fn made hold unspecified values, and the device queue is as before.

@@ -130,6 +130,22 @@ bool mp_cuda_capturing(const mp_kctx *cx);
 /* a block the cache gives back to the system during a capture, when
  * cudaFree may not be called: freed when the capture ends */
 void mp_cuda_defer_free(mp_kctx *cx, void *p);
+/* Random numbers in a captured graph (backend.h graph_replay): a kernel of the
+ * capture cannot keep the (seed, offset) it was launched with, each replay
+ * draws at the generator state of its own time. The open graph keeps a device
+ * pair {seed, base offset} that graph_replay rewrites before each launch (a
+ * kernel of its own, queued, by value: no copy from host memory); a random
+ * kernel of the capture is given that pair and its offset relative to the
+ * capture's start, and reads the pair when it runs (mp_rng_from).
+ * mp_cuda_rng_pair: the pair a random launch passes, NULL for an eager one
+ * (graph false); -1 (the error noted as `what`'s) when graph is asked with no
+ * capture open or no device memory for the pair (taken at the first draw). */
+int mp_cuda_rng_pair(mp_kctx *cx, bool graph, const uint64_t **pair, const char *what);
+/* in a kernel: the seed and the absolute offset of a draw given pair */
+__device__ __forceinline__ void mp_rng_from(const uint64_t *pair, uint64_t &seed, uint64_t &offset)
+{
+    if (pair) seed = pair[0], offset += pair[1];
+}
 
 #define MP_THREADS 256
 

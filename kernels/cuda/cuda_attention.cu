@@ -2,7 +2,9 @@
  * cuda_attention.cu: scaled dot-product attention without the t x t scores in
  * memory, the numerics of kernels/cpu/cpu_attention.c (f32 compute, an online
  * softmax, each row's log-sum-exp for the backward, Philox dropout at the same
- * counters, causal = keys j <= i).
+ * counters, causal = keys j <= i). Inside a CUDA graph capture (args
+ * rng_graph) the dropout's seed and base offset are the graph's pair, read when
+ * the kernels run (cuda.h mp_cuda_rng_pair).
  *
  * f16 and bf16 with head dims 64 and 128 go to the tensor-core kernels of
  * cuda_flash.cu (FlashAttention-2 style, a deterministic backward). The rest
@@ -53,8 +55,9 @@ __device__ __forceinline__ void load_tile(mp_dtype dt, const void *k, const void
 }
 
 __global__ void k_attention(mp_dtype dt, void *out, float *lse, const void *q, const void *k, const void *v,
-                            mp_attn_args a, unsigned long long *fc)
+                            mp_attn_args a, const uint64_t *pair, unsigned long long *fc)
 {
+    mp_rng_from(pair, a.seed, a.offset);
     MP_DYNAMIC_SHARED(float, sh);
     const int64_t d = a.d, r = blockIdx.x, i = (int64_t)blockIdx.y * ROWS + threadIdx.x;
     const int kt = key_tile(d);
@@ -90,8 +93,9 @@ __global__ void k_attention(mp_dtype dt, void *out, float *lse, const void *q, c
 /* dq of each query row (its own thread); dk, dv added into f32 sums dk32, dv32 */
 __global__ void k_attention_grad(mp_dtype dt, void *dq, float *dk32, float *dv32, const void *dout, const void *q,
                                  const void *k, const void *v, const void *out, const float *lse, mp_attn_args a,
-                                 unsigned long long *fc)
+                                 const uint64_t *pair, unsigned long long *fc)
 {
+    mp_rng_from(pair, a.seed, a.offset);
     MP_DYNAMIC_SHARED(float, sh);
     const int64_t d = a.d, r = blockIdx.x, i = (int64_t)blockIdx.y * ROWS + threadIdx.x;
     const int kt = key_tile(d);
@@ -151,10 +155,13 @@ int mp_cuda_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const voi
         return 0;
     }
     if (mp_cuda_flash_takes(dt, a->d)) return mp_cuda_flash_attention(cx, dt, out, lse, q, k, v, a);
-    if (a->bh <= 0 || a->tq <= 0) return 0;
+    const uint64_t *pair;
+    if (a->bh <= 0 || a->tq <= 0 ||
+        mp_cuda_rng_pair(cx, a->dropout > 0 && a->rng_graph, &pair, "attention (the graph's random state)"))
+        return 0;   /* an error is noted: the engine reports it after the op */
     dim3 grid((unsigned)a->bh, (unsigned)((a->tq + ROWS - 1) / ROWS));
     size_t shared = sizeof(float) * 2 * (size_t)key_tile(a->d) * (size_t)a->d;
-    MP_LAUNCH(grid, ROWS, shared, cx->stream, k_attention, dt, out, lse, q, k, v, *a, cx->flush);
+    MP_LAUNCH(grid, ROWS, shared, cx->stream, k_attention, dt, out, lse, q, k, v, *a, pair, cx->flush);
     MP_LAUNCHED("attention");
     return 0;
 }
@@ -168,6 +175,9 @@ int mp_cuda_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *d
     }
     if (mp_cuda_flash_takes(dt, a->d))
         return mp_cuda_flash_attention_grad(cx, dt, dq, dk, dv, dout, q, k, v, out, lse, a);
+    const uint64_t *pair;
+    if (mp_cuda_rng_pair(cx, a->dropout > 0 && a->rng_graph, &pair, "attention_grad (the graph's random state)"))
+        return 0;
     int64_t nk = a->bh * a->tk * a->d;
     float *sums = (float *)mp_cuda_scratch(cx, sizeof(float) * 2 * (size_t)nk);
     if (!sums) return -1;
@@ -176,7 +186,7 @@ int mp_cuda_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, void *d
         dim3 grid((unsigned)a->bh, (unsigned)((a->tq + ROWS - 1) / ROWS));
         size_t shared = sizeof(float) * 2 * (size_t)key_tile(a->d) * (size_t)a->d;
         MP_LAUNCH_UNORDERED(grid, ROWS, shared, cx->stream, k_attention_grad, dt, dq, sums, sums + nk, dout, q, k, v,
-                            out, lse, *a, cx->flush);
+                            out, lse, *a, pair, cx->flush);
         MP_LAUNCHED("attention_grad");
     }
     if (nk > 0) {

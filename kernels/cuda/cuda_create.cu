@@ -19,7 +19,9 @@
  * - Every rounding to f16/bf16 is tallied for flush counting (cuda.h).
  * - rand_uniform, rand_normal: Philox4x32-10 with counter offset + i and key
  *   seed, so element i is the same value on every backend (the normal values
- *   agree up to the rounding of logf, cosf and sqrtf).
+ *   agree up to the rounding of logf, cosf and sqrtf). Queued inside a capture,
+ *   the kernel reads the seed and the base of its offset from the graph's pair
+ *   when it runs (cuda.h mp_cuda_rng_pair): each replay draws anew.
  */
 #include <string.h>
 #include "kernels/cuda/cuda.h"
@@ -166,8 +168,9 @@ void mp_cuda_arange(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n)
 /* uniform: as many random bits as the dtype's significand holds (24 for f32,
  * 11 for f16, 8 for bf16), so rounding to the dtype never gives 1 */
 static __global__ void rand_uniform_k(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset,
-                                      unsigned long long *fc)
+                                      const uint64_t *pair, unsigned long long *fc)
 {
+    mp_rng_from(pair, seed, offset);
     int bits = mp_uniform_bits(dt);
     mp_tally t(fc);
     MP_FOR(i, n) mp_stc(dt, dst, i, mp_philox_uniform(seed, offset + (uint64_t)i, bits), t);
@@ -176,8 +179,9 @@ static __global__ void rand_uniform_k(void *dst, mp_dtype dt, int64_t n, uint64_
 
 /* Box-Muller; 1 - u keeps the log's argument in (0, 1] */
 static __global__ void rand_normal_k(void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset,
-                                     unsigned long long *fc)
+                                     const uint64_t *pair, unsigned long long *fc)
 {
+    mp_rng_from(pair, seed, offset);
     mp_tally t(fc);
     MP_FOR(i, n) mp_stc(dt, dst, i, mp_philox_normal(seed, offset + (uint64_t)i), t);
     t.commit();
@@ -185,14 +189,16 @@ static __global__ void rand_normal_k(void *dst, mp_dtype dt, int64_t n, uint64_t
 
 void mp_cuda_rand_uniform(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
-    if (n <= 0) return;
-    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, rand_uniform_k, dst, dt, n, seed, offset, cx->flush);
+    const uint64_t *pair;
+    if (n <= 0 || mp_cuda_rng_pair(cx, mp_cuda_capturing(cx), &pair, "rand_uniform (the graph's random state)")) return;
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, rand_uniform_k, dst, dt, n, seed, offset, pair, cx->flush);
     MP_LAUNCHED("rand_uniform");
 }
 
 void mp_cuda_rand_normal(mp_kctx *cx, void *dst, mp_dtype dt, int64_t n, uint64_t seed, uint64_t offset)
 {
-    if (n <= 0) return;
-    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, rand_normal_k, dst, dt, n, seed, offset, cx->flush);
+    const uint64_t *pair;
+    if (n <= 0 || mp_cuda_rng_pair(cx, mp_cuda_capturing(cx), &pair, "rand_normal (the graph's random state)")) return;
+    MP_LAUNCH(mp_blocks(n), MP_THREADS, 0, cx->stream, rand_normal_k, dst, dt, n, seed, offset, pair, cx->flush);
     MP_LAUNCHED("rand_normal");
 }

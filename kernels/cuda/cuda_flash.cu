@@ -4,8 +4,10 @@
  * here and keeps its simple kernel for the rest). The numerics are those of
  * kernels/cpu/cpu_attention.c: scores scaled in f32, an online softmax with
  * f32 row maxima and sums, each row's log-sum-exp for the backward, causal =
- * keys j <= i, Philox dropout at the CPU's counters, the softmax normaliser
- * that of the undropped probabilities.
+ * keys j <= i, Philox dropout at the CPU's counters (inside a CUDA graph
+ * capture, their seed and base read from the graph's pair when the kernel
+ * runs: cuda.h mp_cuda_rng_pair), the softmax normaliser that of the undropped
+ * probabilities.
  *
  * Forward (k_flash): a block per (head, 64 query rows), 4 warps of 16 rows.
  * Key and value tiles of 64 rows are staged in shared memory; each warp keeps
@@ -138,8 +140,9 @@ template <int D> constexpr size_t fwd_shared() { return 2 * FB * D * 2 + FB * D 
 
 template <class T, int D>
 __global__ void __launch_bounds__(FT) k_flash(T *out, float *lse, const T *q, const T *k, const T *v, mp_attn_args a,
-                                              bool vec, unsigned long long *fc)
+                                              const uint64_t *pair, bool vec, unsigned long long *fc)
 {
+    mp_rng_from(pair, a.seed, a.offset);
     MP_DYNAMIC_SHARED(float, sh);
     uint16_t *ks = (uint16_t *)sh, *vs = ks + FB * D;
     float *os = (float *)(vs + FB * D), *ss = os + FB * D;
@@ -258,9 +261,10 @@ template <int D> constexpr size_t dkv_shared() { return 4 * FB * D * 2 + 2 * FB 
 
 template <class T, int D>
 __global__ void __launch_bounds__(FT) k_flash_dkv(T *dk, T *dv, const T *q, const T *k, const T *v, const T *dout,
-                                                  const float *lse, const float *dvec, mp_attn_args a, bool vec,
-                                                  unsigned long long *fc)
+                                                  const float *lse, const float *dvec, mp_attn_args a,
+                                                  const uint64_t *pair, bool vec, unsigned long long *fc)
 {
+    mp_rng_from(pair, a.seed, a.offset);
     MP_DYNAMIC_SHARED(float, sh);
     uint16_t *qs = (uint16_t *)sh, *gs = qs + FB * D, *ks = gs + FB * D, *vs = ks + FB * D;
     float *ls = (float *)(vs + FB * D), *dd = ls + FB, *st = dd + FB, *dpt = st + FW * 16 * FB;
@@ -346,9 +350,10 @@ template <int D> constexpr size_t dq_shared() { return 4 * FB * D * 2 + FW * 16 
 
 template <class T, int D>
 __global__ void __launch_bounds__(FT) k_flash_dq(T *dq, const T *q, const T *k, const T *v, const T *dout,
-                                                 const float *lse, const float *dvec, mp_attn_args a, bool vec,
-                                                 unsigned long long *fc)
+                                                 const float *lse, const float *dvec, mp_attn_args a,
+                                                 const uint64_t *pair, bool vec, unsigned long long *fc)
 {
+    mp_rng_from(pair, a.seed, a.offset);
     MP_DYNAMIC_SHARED(float, sh);
     const int w = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32, lr = lane / 2, h = lane % 2;
     uint16_t *qw = (uint16_t *)sh + 32 * w * D, *gw = qw + 16 * D;   /* the warp's Q rows, then its dO rows */
@@ -420,7 +425,8 @@ __global__ void __launch_bounds__(FT) k_flash_dq(T *dq, const T *q, const T *k, 
 bool mp_cuda_flash_takes(mp_dtype dt, int64_t d) { return (dt == MP_F16 || dt == MP_BF16) && (d == 64 || d == 128); }
 
 template <class T, int D>
-static void flash_fwd(mp_kctx *cx, void *out, float *lse, const void *q, const void *k, const void *v, const mp_attn_args *a)
+static void flash_fwd(mp_kctx *cx, void *out, float *lse, const void *q, const void *k, const void *v,
+                      const mp_attn_args *a, const uint64_t *pair)
 {
     const size_t shared = fwd_shared<D>();
     MP_CUDA_CHECK(cudaFuncSetAttribute((const void *)k_flash<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -428,19 +434,22 @@ static void flash_fwd(mp_kctx *cx, void *out, float *lse, const void *q, const v
     dim3 grid((unsigned)a->bh, (unsigned)((a->tq + FB - 1) / FB));
     const bool vec = mp_al16(q) && mp_al16(k) && mp_al16(v);
     MP_LAUNCH(grid, FT, shared, cx->stream, k_flash<T, D>, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, *a,
-              vec, cx->flush);
+              pair, vec, cx->flush);
 }
 
 int mp_cuda_flash_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, const void *q, const void *k,
                             const void *v, const mp_attn_args *a)
 {
-    if (a->bh <= 0 || a->tq <= 0) return 0;
+    const uint64_t *pair;
+    if (a->bh <= 0 || a->tq <= 0 ||
+        mp_cuda_rng_pair(cx, a->dropout > 0 && a->rng_graph, &pair, "attention (the graph's random state)"))
+        return 0;   /* an error is noted: the engine reports it after the op */
     if (dt == MP_F16) {
-        if (a->d == 64) flash_fwd<__half, 64>(cx, out, lse, q, k, v, a);
-        else flash_fwd<__half, 128>(cx, out, lse, q, k, v, a);
+        if (a->d == 64) flash_fwd<__half, 64>(cx, out, lse, q, k, v, a, pair);
+        else flash_fwd<__half, 128>(cx, out, lse, q, k, v, a, pair);
     } else {
-        if (a->d == 64) flash_fwd<__nv_bfloat16, 64>(cx, out, lse, q, k, v, a);
-        else flash_fwd<__nv_bfloat16, 128>(cx, out, lse, q, k, v, a);
+        if (a->d == 64) flash_fwd<__nv_bfloat16, 64>(cx, out, lse, q, k, v, a, pair);
+        else flash_fwd<__nv_bfloat16, 128>(cx, out, lse, q, k, v, a, pair);
     }
     MP_LAUNCHED("attention");
     return 0;
@@ -448,7 +457,7 @@ int mp_cuda_flash_attention(mp_kctx *cx, mp_dtype dt, void *out, float *lse, con
 
 template <class T, int D>
 static int flash_bwd(mp_kctx *cx, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
-                     const void *v, const void *out, const float *lse, const mp_attn_args *a)
+                     const void *v, const void *out, const float *lse, const mp_attn_args *a, const uint64_t *pair)
 {
     const int64_t rows = a->bh * a->tq;
     float *dvec = (float *)mp_cuda_scratch(cx, sizeof(float) * (size_t)rows);
@@ -463,7 +472,7 @@ static int flash_bwd(mp_kctx *cx, void *dq, void *dk, void *dv, const void *dout
                                            (int)shared), "attention_grad (shared memory)");
         dim3 grid((unsigned)a->bh, (unsigned)((a->tk + FB - 1) / FB));
         MP_LAUNCH(grid, FT, shared, cx->stream, k_flash_dkv<T, D>, (T *)dk, (T *)dv, (const T *)q, (const T *)k,
-                  (const T *)v, (const T *)dout, lse, (const float *)dvec, *a, vec, cx->flush);
+                  (const T *)v, (const T *)dout, lse, (const float *)dvec, *a, pair, vec, cx->flush);
     }
     if (a->tq > 0) {   /* dQ: zeros where there are no keys */
         const size_t shared = dq_shared<D>();
@@ -471,7 +480,7 @@ static int flash_bwd(mp_kctx *cx, void *dq, void *dk, void *dv, const void *dout
                                            (int)shared), "attention_grad (shared memory)");
         dim3 grid((unsigned)a->bh, (unsigned)((a->tq + FB - 1) / FB));
         MP_LAUNCH(grid, FT, shared, cx->stream, k_flash_dq<T, D>, (T *)dq, (const T *)q, (const T *)k, (const T *)v,
-                  (const T *)dout, lse, (const float *)dvec, *a, vec, cx->flush);
+                  (const T *)dout, lse, (const float *)dvec, *a, pair, vec, cx->flush);
     }
     MP_LAUNCHED("attention_grad");
     return 0;
@@ -481,10 +490,13 @@ int mp_cuda_flash_attention_grad(mp_kctx *cx, mp_dtype dt, void *dq, void *dk, v
                                  const void *q, const void *k, const void *v, const void *out, const float *lse,
                                  const mp_attn_args *a)
 {
-    if (a->bh <= 0) return 0;
+    const uint64_t *pair;
+    if (a->bh <= 0 ||
+        mp_cuda_rng_pair(cx, a->dropout > 0 && a->rng_graph, &pair, "attention_grad (the graph's random state)"))
+        return 0;
     if (dt == MP_F16)
-        return a->d == 64 ? flash_bwd<__half, 64>(cx, dq, dk, dv, dout, q, k, v, out, lse, a)
-                          : flash_bwd<__half, 128>(cx, dq, dk, dv, dout, q, k, v, out, lse, a);
-    return a->d == 64 ? flash_bwd<__nv_bfloat16, 64>(cx, dq, dk, dv, dout, q, k, v, out, lse, a)
-                      : flash_bwd<__nv_bfloat16, 128>(cx, dq, dk, dv, dout, q, k, v, out, lse, a);
+        return a->d == 64 ? flash_bwd<__half, 64>(cx, dq, dk, dv, dout, q, k, v, out, lse, a, pair)
+                          : flash_bwd<__half, 128>(cx, dq, dk, dv, dout, q, k, v, out, lse, a, pair);
+    return a->d == 64 ? flash_bwd<__nv_bfloat16, 64>(cx, dq, dk, dv, dout, q, k, v, out, lse, a, pair)
+                      : flash_bwd<__nv_bfloat16, 128>(cx, dq, dk, dv, dout, q, k, v, out, lse, a, pair);
 }

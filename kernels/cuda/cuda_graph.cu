@@ -47,6 +47,15 @@
  *
  * The accounting: every block of a pool stays counted in the cache's held
  * bytes (and the peak) as in use; graph_bytes reports the pools' bytes.
+ *
+ * Random numbers (cuda.h mp_cuda_rng_pair). The first random draw of a capture
+ * takes a block of the pool for the graph's pair {seed, base offset}, in use
+ * until the graph goes; the captured random kernels read it when they run, and
+ * graph_replay queues set_rng (a one-thread kernel whose arguments carry the
+ * replay's seed and offset) just before the graph, on the same stream: each
+ * replay's draws are those of its own generator state, and nothing waits and
+ * nothing is copied from host memory that a later replay could overwrite. A
+ * graph that drew nothing has no pair and ignores the seed and offset.
  */
 #include <stdio.h>
 #include <string.h>
@@ -58,6 +67,7 @@ struct mp_cuda_graph {
     cudaGraphExec_t exec;
     std::vector<std::vector<void *>> free_blocks;   /* by class: the pool's free blocks */
     size_t bytes;                                   /* of every block it owns, free or in use */
+    uint64_t *rng;                                  /* the pair {seed, base offset}, or NULL: no draws */
 };
 
 struct mp_cuda_graphs {
@@ -155,10 +165,36 @@ void mp_cuda_free(mp_kctx *cx, void *p, size_t nbytes)
     mp_cache_free(&cx->cache, p, nbytes);
 }
 
+#define RNG_PAIR_BYTES (2 * sizeof(uint64_t))
+
+int mp_cuda_rng_pair(mp_kctx *cx, bool graph, const uint64_t **pair, const char *what)
+{
+    *pair = NULL;
+    if (!graph) return 0;
+    mp_cuda_graph *g = cx->graphs ? cx->graphs->open : NULL;
+    if (!g) {   /* the engine asks only inside a capture: a draw relative to none has no seed */
+        MP_CUDA_CHECK(cudaErrorInvalidValue, what);
+        return -1;
+    }
+    if (!g->rng && !(g->rng = (uint64_t *)mp_cuda_alloc(cx, RNG_PAIR_BYTES))) {
+        MP_CUDA_CHECK(cudaErrorMemoryAllocation, what);
+        return -1;
+    }
+    *pair = g->rng;
+    return 0;
+}
+
+/* the replay's generator state into the graph's pair, queued before the graph */
+static __global__ void set_rng_k(uint64_t *pair, uint64_t seed, uint64_t offset)
+{
+    pair[0] = seed, pair[1] = offset;
+}
+
 /* the graph goes: its free blocks back to the cache, its blocks in use forgotten */
 static void drop(mp_kctx *cx, mp_cuda_graph *g)
 {
     mp_cuda_graphs *gs = cx->graphs;
+    if (g->rng) mp_cuda_free(cx, g->rng, RNG_PAIR_BYTES);   /* into the pool's free blocks, given back below */
     for (size_t k = 0; k < g->free_blocks.size(); k++)
         for (void *p : g->free_blocks[k]) mp_cache_free(&cx->cache, p, mp_cache_size((int)k));
     for (auto it = gs->owner.begin(); it != gs->owner.end();)
@@ -218,13 +254,20 @@ void *mp_cuda_graph_end(mp_kctx *cx, int abort, char *why, size_t cap)
     return g;
 }
 
-int mp_cuda_graph_replay(mp_kctx *cx, void *graph, char *why, size_t cap)
+int mp_cuda_graph_replay(mp_kctx *cx, void *graph, uint64_t seed, uint64_t offset, char *why, size_t cap)
 {
     if (mp_cuda_capturing(cx)) return snprintf(why, cap, "a capture is open"), -1;
-    cudaError_t e = cudaGraphLaunch(((mp_cuda_graph *)graph)->exec, cx->stream);
+    mp_cuda_graph *g = (mp_cuda_graph *)graph;
+    cudaError_t e = cudaSuccess;
+    const char *what = "cudaGraphLaunch";
+    if (g->rng) {
+        MP_LAUNCH(1, 1, 0, cx->stream, set_rng_k, g->rng, seed, offset);
+        e = cudaGetLastError(), what = "the replay's random state (set_rng)";
+    }
+    if (e == cudaSuccess) e = cudaGraphLaunch(g->exec, cx->stream), what = "cudaGraphLaunch";
     if (e != cudaSuccess) {
         cudaGetLastError();
-        return snprintf(why, cap, "cudaGraphLaunch: %s", cudaGetErrorString(e)), -1;
+        return snprintf(why, cap, "%s: %s", what, cudaGetErrorString(e)), -1;
     }
     return 0;
 }

@@ -29,12 +29,17 @@ if cuda then
 end
 
 -- a small MLP, Adam, an f16 autocast step through GradScaler{sync = false}
--- (nothing read on the host) reading a fixed input buffer x
-local function rig(hidden)
+-- (nothing read on the host) reading a fixed input buffer x; dropout: an
+-- nn.Dropout of that p after the ReLU
+local function rig(hidden, dropout)
   mp.manual_seed(7)
   local nin, nc, b = 20, 5, 16
   local r = {}
-  r.model = nn.Sequential(nn.Linear(nin, hidden or 32), nn.ReLU(), nn.Linear(hidden or 32, nc))
+  if dropout then
+    r.model = nn.Sequential(nn.Linear(nin, hidden or 32), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden or 32, nc))
+  else
+    r.model = nn.Sequential(nn.Linear(nin, hidden or 32), nn.ReLU(), nn.Linear(hidden or 32, nc))
+  end
   r.model:to("cuda")
   r.opt = mp.optim.Adam(r.model:parameters(), {lr = 1e-2})
   r.scaler = mp.amp.GradScaler{policy = mp.amp.policy.dynamic{interval = 2}, sync = false}
@@ -243,14 +248,21 @@ describe("mp.cuda.graph", function()
     refused(function() return r.step():item() end, {"mp.cuda.graph", "capture", "item", "read device memory"}, r)
   end)
 
-  it("refuses a host copy, synchronize and random numbers inside the capture", function()
+  it("refuses a host copy, synchronize, random numbers on the cpu and setting the seed inside the capture", function()
     if not needs_graphs() then return end
     local r = rig()
     r.step()
     local host = mp.randn({16, 20}, {device = "cpu"})
     refused(function() r.x:copy_(host); return r.step() end, {"mp.cuda.graph", "copy host memory", "copy_"}, r)
     refused(function() r.step(); mp.cuda.synchronize() end, {"mp.cuda.graph", "synchronize"}, r)
-    refused(function() return mp.rand({4}, {device = "cuda"}) end, {"mp.cuda.graph", "random numbers"}, r)
+    refused(function() r.step(); return mp.rand({4}, {device = "cpu"}) end,
+            {"mp.cuda.graph", "random numbers on the cpu", "no replay would repeat it"}, r)
+    local s0 = mp.get_rng_state()
+    refused(function() r.step(); mp.manual_seed(1) end, {"mp.cuda.graph", "mp.manual_seed", "set the random seed"}, r)
+    refused(function() r.step(); mp.set_rng_state({seed = 1, offset = 0}) end,
+            {"mp.cuda.graph", "mp.set_rng_state", "random generator's state"}, r)
+    local s1 = mp.get_rng_state()   -- neither was set (and the step draws nothing)
+    assert.are.same({s0.seed, s0.offset}, {s1.seed, s1.offset})
     refused(function() return r.x:totable() end, {"mp.cuda.graph", "read device memory"}, r)
     -- GradScaler{sync = true} reads the step's outcome on the host
     local s = rig()
@@ -259,20 +271,217 @@ describe("mp.cuda.graph", function()
     refused(function() return s.step() end, {"mp.cuda.graph", "read device memory"}, s)
   end)
 
-  it("refuses mp.attention with dropout inside the capture, saying what to do instead", function()
+  -- random numbers in a capture (cuda_graph.cu, capture.c): each replay draws
+  -- what the eager step would draw at the generator's state when the replay is
+  -- queued, and moves the state on as that step would; the capture itself
+  -- draws nothing and leaves the state where it was (as PyTorch's graphs)
+  local function state() local s = mp.get_rng_state(); return {s.seed, s.offset} end
+
+  it("draws random numbers anew at each replay, those eager draws give at the generator's state", function()
     if not needs_graphs() then return end
-    local r = rig()
-    r.step()
+    local x = mp.zeros({1000}, {device = "cuda"})
+    local function step()   -- two draws: the second's offset is relative to the first's
+      x:copy_(mp.rand({1000}, {device = "cuda"}))
+      return mp.randn({37}, {device = "cuda"}) * 2
+    end
+    step()   -- the warm-up: the cache has the step's blocks
+    mp.manual_seed(5)
+    local s0 = state()
+    local g = mp.cuda.graph(step)
+    assert.are.same(s0, state(), "the capture draws nothing from the generator")
+    local rx, ry = {}, {}
+    collectgarbage()
+    local c0 = mp.counters()
+    for i = 1, 3 do
+      local y = g:replay()
+      rx[i], ry[i] = x:totable(), y:totable()
+    end
+    assert.are.equal(c0.device_mallocs, mp.counters().device_mallocs, "device mallocs in the replays")
+    local s3 = state()
+    assert.are.same({s0[1], s0[2] + 3 * 1037}, s3, "each replay takes the step's 1037 draws")
+    assert.are_not.same(rx[1], rx[2], "two replays, two draws")
+    assert.are_not.same(ry[2], ry[3], "two replays, two draws")
+    mp.set_rng_state({seed = s0[1], offset = s0[2]})
+    for i = 1, 3 do
+      local y = step()
+      H.assert_same(rx[i], x:totable(), "rand of replay " .. i)
+      H.assert_same(ry[i], y:totable(), "randn of replay " .. i)
+    end
+    assert.are.same(s3, state(), "the generator after the eager steps")
+    -- a seed set between replays is the replay's, as the eager step's
+    mp.manual_seed(77)
+    local y = g:replay()
+    local gx, gy = x:totable(), y:totable()
+    mp.manual_seed(77)
+    y = step()
+    H.assert_same(gx, x:totable(), "rand after manual_seed")
+    H.assert_same(gy, y:totable(), "randn after manual_seed")
+    assert.are_not.same(gx, rx[1])
+    g:free()
+  end)
+
+  it("replays an MLP step with nn.Dropout as eager steps, masks, losses, parameters and generator", function()
+    if not needs_graphs() then return end
+    local N, bs = 4, batches(4)
+    local eager, le, se = rig(32, 0.3), {}, {}
+    for i = 1, N do
+      eager.x:copy_(bs[i])
+      le[i] = eager.step():item()
+      se[i] = state()
+    end
+    assert.is_true(se[3][2] - se[2][2] == 16 * 32, "each step draws its dropout mask")
+    local r = rig(32, 0.3)
+    r.x:copy_(bs[1])
+    local lg = {r.step():item()}   -- the warm-up
+    assert.are.same(se[1], state())
+    local g = mp.cuda.graph(r.step)
+    assert.are.same(se[1], state(), "the capture draws nothing from the generator")
+    collectgarbage()
+    local c0 = mp.counters()
+    for i = 2, N do
+      r.x:copy_(bs[i])
+      lg[i] = g:replay():item()
+      assert.are.same(se[i], state(), "the generator after replay " .. (i - 1))
+    end
+    assert.are.equal(c0.device_mallocs, mp.counters().device_mallocs, "device mallocs in the replays")
+    H.assert_same(lg, le, "losses")
+    local pe, pr = eager.model:parameters(), r.model:parameters()
+    for i = 1, #pe do H.assert_same(pr[i]:totable(), pe[i]:totable(), "parameter " .. i) end
+    for i = 1, #pe do H.assert_same(pr[i].grad:totable(), pe[i].grad:totable(), "gradient " .. i) end
+    -- the masks matter: the same batch and weights with another mask give another loss
+    local w = {}
+    for i = 1, #pr do w[i] = pr[i]:clone() end
+    mp.manual_seed(1)
+    r.x:copy_(bs[1])
+    local l1 = g:replay():item()
+    do
+      local _ <close> = mp.no_grad()
+      for i = 1, #pr do pr[i]:copy_(w[i]) end
+    end
+    mp.manual_seed(2)
+    local l2 = g:replay():item()
+    assert.are_not.equal(l1, l2, "two seeds, two masks, two losses")
+    g:free()
+  end)
+
+  it("replays a tiny GPT step with mp.attention dropout (tensor-core kernels) and nn.Dropout as eager steps", function()
+    if not needs_graphs() then return end
+    local V, T, B, D = 32, 8, 2, 64   -- one head of dim 64 in f16: the flash kernels
+    local function gpt_rig()
+      mp.manual_seed(13)
+      local r = {wte = nn.Embedding(V, D), wpe = nn.Embedding(T, D), qkv = nn.Linear(D, 3 * D),
+                 proj = nn.Linear(D, D), drop = nn.Dropout(0.1), head = nn.Linear(D, V)}
+      r.params = {}
+      for _, m in ipairs{r.wte, r.wpe, r.qkv, r.proj, r.head} do
+        m:to("cuda")
+        for _, p in ipairs(m:parameters()) do r.params[#r.params + 1] = p end
+      end
+      r.opt = mp.optim.Adam(r.params, {lr = 1e-2})
+      r.scaler = mp.amp.GradScaler{sync = false}
+      r.idx = mp.zeros({B, T}, {dtype = "i32", device = "cuda"})
+      r.tgt = mp.zeros({B * T}, {dtype = "i32", device = "cuda"})
+      r.pos = mp.arange(T, {dtype = "i32", device = "cuda"})
+      function r.step()
+        r.opt:zero_grad()
+        local loss
+        do
+          local _ <close> = mp.amp.autocast("f16")
+          local h = r.wte(r.idx) + r.wpe(r.pos)
+          local q, k, v = r.qkv(h):chunk(3, 3)
+          local function head(t) return t:reshape{B, 1, T, D} end
+          local y = mp.attention(head(q), head(k), head(v), {causal = true, dropout = 0.2})
+          h = h + r.drop(r.proj(y:reshape{B, T, D}))
+          loss = mp.cross_entropy(r.head(h):reshape{B * T, V}, r.tgt)
+        end
+        r.scaler:scale(loss):backward()
+        r.scaler:step(r.opt)
+        r.scaler:update()
+        return loss
+      end
+      return r
+    end
+    -- no token twice in a batch (the embedding's backward adds a repeated token's rows with float atomics)
+    local data, seed = {}, 4242
+    for i = 1, 4 do
+      local ids = {}
+      for j = 1, V do ids[j] = j - 1 end
+      for j = V, 2, -1 do
+        seed = (seed * 1103515245 + 12345) % 2147483648
+        local k = seed % j + 1
+        ids[j], ids[k] = ids[k], ids[j]
+      end
+      data[i] = mp.tensor({table.unpack(ids, 1, B * T + 1)}, {dtype = "i32", device = "cpu"})
+    end
+    local function feed(r, i)
+      r.idx:copy_(data[i]:narrow(1, 1, B * T):reshape({B, T}))
+      r.tgt:copy_(data[i]:narrow(1, 2, B * T))
+    end
+    local eager, le, se = gpt_rig(), {}, {}
+    for i = 1, 4 do feed(eager, i); le[i] = eager.step():item(); se[i] = state() end
+    assert.are.equal(B * T * T + B * T * D, se[3][2] - se[2][2], "a step draws the attention's and the dropout's")
+    local r = gpt_rig()
+    feed(r, 1)
+    local lg = {r.step():item()}
+    local g = mp.cuda.graph(r.step)
+    assert.are.same(se[1], state(), "the capture draws nothing from the generator")
+    for i = 2, 4 do
+      feed(r, i)
+      lg[i] = g:replay():item()
+      assert.are.same(se[i], state(), "the generator after replay " .. (i - 1))
+    end
+    H.assert_same(lg, le, "losses")
+    for i = 1, #eager.params do
+      H.assert_same(r.params[i]:totable(), eager.params[i]:totable(), "parameter " .. i)
+    end
+    g:free()
+  end)
+
+  it("records mp.attention's dropout; a captured forward's backward only in its capture", function()
+    if not needs_graphs() then return end
     mp.manual_seed(3)
     local q, k, v = mp.randn({1, 2, 16, 16}, {device = "cuda"}), mp.randn({1, 2, 16, 16}, {device = "cuda"}),
                     mp.randn({1, 2, 16, 16}, {device = "cuda"})
-    refused(function() r.step(); return mp.attention(q, k, v, {causal = true, dropout = 0.1}) end,
-            {"mp.cuda.graph", "attention dropout", "random numbers", "dropout = 0", "eagerly"}, r)
-    -- the error's advice holds: dropout = 0 captures, and the replay is the eager value
     local out = mp.zeros({1, 2, 16, 16}, {device = "cuda"})
-    local g = mp.cuda.graph(function() out:copy_(mp.attention(q, k, v, {causal = true, dropout = 0})) end)
+    local function step() out:copy_(mp.attention(q, k, v, {causal = true, dropout = 0.3})) end
+    step()
+    local s0 = state()
+    local g = mp.cuda.graph(step)   -- f32, head dim 16: the simple fused kernel
+    local got = {}
+    for i = 1, 3 do g:replay(); got[i] = out:totable() end
+    local s3 = state()
+    assert.are_not.same(got[1], got[2], "two replays, two masks")
+    mp.set_rng_state({seed = s0[1], offset = s0[2]})
+    for i = 1, 3 do step(); H.assert_same(got[i], out:totable(), "replay " .. i) end
+    assert.are.same(s3, state())
+    g:free()
+    -- the backward of a captured forward outside the capture: its masks are the replays'
+    local qg = mp.randn({1, 2, 16, 16}, {device = "cuda"}):requires_grad(true)
+    local o
+    local g2 = mp.cuda.graph(function() o = mp.attention(qg, k, v, {dropout = 0.3}); return o end)
+    g2:replay()
+    H.raises(function() o:sum():backward() end, {"attention", "dropout", "captured in a CUDA graph", "same graph"})
+    g2:free()
+  end)
+
+  it("captures the backward of an eager attention dropout: the forward's masks, at every replay", function()
+    if not needs_graphs() then return end
+    mp.manual_seed(8)
+    local q = mp.randn({1, 2, 16, 16}, {device = "cuda"}):requires_grad(true)
+    local k, v = mp.randn({1, 2, 16, 16}, {device = "cuda"}), mp.randn({1, 2, 16, 16}, {device = "cuda"})
+    local s0 = state()
+    local o = mp.attention(q, k, v, {causal = true, dropout = 0.3})
+    local s1 = state()
+    local g = mp.cuda.graph(function() o:sum():backward(); return q.grad end)
+    local gq = g:replay()
+    local got = gq:totable()
     g:replay()
-    H.assert_same(out:totable(), mp.attention(q, k, v, {causal = true}):totable(), "replayed attention")
+    H.assert_same(gq:totable(), got, "the second replay")
+    assert.are.same(s1, state(), "the graph draws nothing")
+    -- the same forward, eagerly, and its backward (dq: one thread per row, no atomics)
+    mp.set_rng_state({seed = s0[1], offset = s0[2]})
+    local q2 = q:detach():clone():requires_grad(true)
+    mp.attention(q2, k, v, {causal = true, dropout = 0.3}):sum():backward()
+    H.assert_same(got, q2.grad:totable(), "dq")
     g:free()
   end)
 
