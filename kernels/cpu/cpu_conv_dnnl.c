@@ -50,11 +50,16 @@
 #include <string.h>
 #include "kernels/cpu/cpu_dnnl.h"
 
-#define PLANS 64   /* a ResNet step has ~30 distinct (shape, direction) pairs */
+#define PLANS 128  /* a ResNet step has ~30 distinct (shape, direction) pairs, each with up to 2 chunk plans */
 /* the weight gradient's chunks of images, at most (fewer where their partial
  * sums would pass WBYTES): weights() */
 #define WCHUNKS 8   /* 16 chunks of 2 images (batch 32) were 6% slower on a bf16 ResNet step */
 #define WBYTES ((size_t)64 << 20)
+/* forward and backward data run on chunks of images whose blocked input and
+ * output take at most CBYTES together, so that they stay in a core's L2
+ * between the reorders and the kernel (chunked()) */
+#define CBYTES ((size_t)1 << 20)
+#define CTHREADS 64   /* the most threads chunked() runs on (more: the whole batch) */
 
 /* scratch slots (cpu.h: 4-12 are convolution's; cpu_conv.c's im2col path
  * uses them only when this file declined) */
@@ -94,6 +99,7 @@ struct cpu_conv_plans {
     plan plans[PLANS];
     int next;
     dnnl_stream_t streams[WCHUNKS];   /* one per chunk of the weight gradient (WCHUNKS) */
+    dnnl_stream_t tstreams[CTHREADS]; /* one per thread of chunked() */
 };
 
 /* NCHW {n, c, h, w} and weights {k, c/g, r, s} (grouped: {g, k/g, c/g, r, s}) */
@@ -400,15 +406,20 @@ static int run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], void
     return ok ? 0 : 1;
 }
 
-/* a reorder (operand o's, either way) between buffers from and to over pad */
-static int reorder(struct cpu_dnnl *d, operand *o, int out, void *from, void *to, void *pad)
+/* a reorder (operand o's, either way) between buffers from and to over pad, on stream st */
+static int reorder_on(struct cpu_dnnl *d, dnnl_stream_t st, operand *o, int out, void *from, void *to, void *pad)
 {
     dnnl_memory_t f = NULL, t = NULL;
     int ok = !mem(&f, out ? &o->inner : &o->user, d, from) && !mem(&t, out ? &o->user : &o->inner, d, to) &&
-             !exec_reorder(d, d->stream, o, out, f, t, pad) && dnnl_stream_wait(d->stream) == dnnl_success;
+             !exec_reorder(d, st, o, out, f, t, pad) && dnnl_stream_wait(st) == dnnl_success;
     if (f) dnnl_memory_destroy(f);
     if (t) dnnl_memory_destroy(t);
     return !ok;
+}
+
+static int reorder(struct cpu_dnnl *d, operand *o, int out, void *from, void *to, void *pad)
+{
+    return reorder_on(d, d->stream, o, out, from, to, pad);
 }
 
 static void key_of(conv_key *key, int dir, int dt, int odt, int64_t n, const mp_conv_args *a)
@@ -423,6 +434,111 @@ static void key_of(conv_key *key, int dir, int dt, int odt, int64_t n, const mp_
     if (dir == BWD_WEIGHTS) key->batch = a->n;
 }
 
+/* Forward and backward data in chunks of images. Their kernels give each
+ * output element to one thread, whole, in an order that is the same whatever
+ * batch or thread count the plan was made for, so the batch can go in
+ * chunks with the same bits (tests/c/test_conv.c checks them against the
+ * whole batch's). A chunk holds the images whose blocked input and output
+ * take CBYTES together; each is run by one thread on a single-threaded plan:
+ * its input reordered into the thread's buffer, the kernel, its output
+ * reordered out, all within the core's L2. On the whole batch each of those
+ * passes went through memory (batch 128: 16 MiB an activation of the wide
+ * ResNet's first stage), the reorders' share of a step growing with the
+ * batch. The weights go into the plan's layout once, for all chunks. The
+ * chunking depends on the shape only; where it leaves fewer chunks than
+ * threads the whole batch runs on threaded plans as before. */
+typedef struct {
+    plan *pf, *pl;            /* the chunks' plans: the first ones, the last (pf when as long) */
+    int64_t chunks, per, last;
+    size_t wb, each;          /* the weights' blocked copy (0: none); a thread's work bytes */
+    conv_key kf, kl;          /* pf's and pl's keys (a later find may take their slots) */
+} cplan;
+
+/* cp's plans still in their slots */
+static int chunks_kept(const cplan *cp)
+{
+    return !memcmp(&cp->pf->key, &cp->kf, sizeof cp->kf) && !memcmp(&cp->pl->key, &cp->kl, sizeof cp->kl);
+}
+
+/* tests: 0 takes the whole batch (whose bits the chunks must give) */
+static int chunks_on = 1;
+static long chunk_runs;
+int cpu_conv_dnnl_chunks(int on)
+{
+    int was = chunks_on;
+    chunks_on = on;
+    return was;
+}
+long cpu_conv_dnnl_chunk_runs(void) { return chunk_runs; }
+
+/* the chunking of direction dir (FWD, BWD_DATA) of a and its plans: 0, or 1
+ * (the whole batch instead) */
+static int chunk_plans(struct cpu_dnnl *d, int dir, int dt, int odt, int bias, const mp_conv_args *a, cplan *cp)
+{
+    struct cpu_conv_plans *c = d->conv;
+    int nt = omp_get_max_threads();
+    size_t es = dt == dnnl_bf16 ? 2 : 4, oes = odt == dnnl_bf16 ? 2 : 4;
+    size_t x = (size_t)((a->c + 15) / 16 * 16 * a->h * a->w), y = (size_t)((a->k + 15) / 16 * 16 * a->oh * a->ow);
+    size_t img = dir == FWD ? x * es + y * oes : y * es + x * oes;
+    int64_t per = img ? (int64_t)(CBYTES / img) : a->n;
+    if (per < 1) per = 1;
+    if (!chunks_on || nt > CTHREADS || per >= a->n || (a->n + per - 1) / per < nt) return 1;
+    cp->per = per, cp->chunks = (a->n + per - 1) / per;
+    int64_t last = cp->last = a->n - (cp->chunks - 1) * per;
+    conv_key *kf = &cp->kf, *kl = &cp->kl;
+    key_of(kf, dir, dt, odt, per, a);
+    key_of(kl, dir, dt, odt, last, a);
+    kf->threads = kl->threads = 1, kf->bias = kl->bias = bias;
+    plan *pf = cp->pf = find(c, d, kf), *pl = cp->pl = last == per ? pf : find(c, d, kl);
+    /* the second find may have taken the first's slot */
+    if (pf->used != 1 || pl->used != 1 || !chunks_kept(cp) ||
+        !pf->op[1].reorder != !pl->op[1].reorder || !dnnl_memory_desc_equal(&pf->op[1].inner, &pl->op[1].inner))
+        return 1;
+    for (int t = 0; t < nt; t++)
+        if (!c->tstreams[t] && dnnl_stream_create(&c->tstreams[t], d->engine, dnnl_stream_default_flags) != dnnl_success)
+            return 1;
+    cp->wb = inner_bytes(pf, 1), cp->each = 0;
+    for (int j = 0; j < 2; j++) {
+        plan *p = j ? pl : pf;
+        size_t b = pad_bytes(p) + inner_bytes(p, 0) + inner_bytes(p, 2);
+        if (b > cp->each) cp->each = b;
+    }
+    return 0;
+}
+
+/* chunked()'s bytes of work */
+static size_t chunk_bytes(const cplan *cp) { return cp->wb + (size_t)omp_get_max_threads() * cp->each; }
+
+/* the chunks of cp over in0 and out (plain; in_img, out_img: an image's
+ * bytes) with the weights in1 (plain) and the bias, in buf (chunk_bytes).
+ * share (or NULL): where the blocked input goes - the whole batch's copy, in
+ * the plans' layout with images outermost (share_img bytes an image) - for a
+ * later use (the weight gradient's gy). 0, or 1 when oneDNN failed. */
+static int chunked(struct cpu_dnnl *d, const cplan *cp, const void *in0, const void *in1, void *out, size_t in_img,
+                   size_t out_img, const float *bias, char *buf, char *share, size_t share_img)
+{
+    struct cpu_conv_plans *c = d->conv;
+    char *wblk = buf, *work = buf + cp->wb;
+    if (cp->wb && reorder(d, &cp->pf->op[1], 0, (void *)in1, wblk, work)) return 1;
+    int failed = 0;
+    chunk_runs++;
+    #pragma omp parallel for schedule(static) reduction(|: failed)
+    for (int64_t i = 0; i < cp->chunks; i++) {
+        int t = omp_get_thread_num();
+        plan *p = i == cp->chunks - 1 ? cp->pl : cp->pf;
+        char *mine = work + (size_t)t * cp->each;
+        void *ptr[3] = {(char *)in0 + (size_t)(i * cp->per) * in_img, (void *)in1,
+                        (char *)out + (size_t)(i * cp->per) * out_img};
+        void *blk[3] = {share ? share + (size_t)(i * cp->per) * share_img : NULL, cp->wb ? wblk : NULL, NULL};
+        if (share && reorder_on(d, c->tstreams[t], &p->op[0], 0, ptr[0], blk[0], mine)) {
+            failed |= 1;
+            continue;
+        }
+        failed |= run(d, c->tstreams[t], p, ptr, blk, bias, mine);
+    }
+    return failed;
+}
+
 /* The weight gradient: oneDNN's kernels split the sum over images among the
  * threads they were made for, so their bits would depend on the thread
  * count. Instead the images go in WCHUNKS chunks (fewer when the partial sums
@@ -430,8 +546,10 @@ static void key_of(conv_key *key, int dir, int dt, int odt, int64_t n, const mp_
  * partial, the chunks in parallel; the partials are then added in chunk
  * order. The chunking depends on the shape only.
  * Where images are outermost in the chunk plans' layouts (with_images), x and
- * gy are reordered once for the whole batch (threaded; gy's copy may come
- * from backward data) and each chunk reads its slice. The partials stay in
+ * gy have copies for the whole batch in them (gy's may come from backward
+ * data), each chunk reordering its slice just before its kernel reads it,
+ * while it is in cache (one threaded reorder of the whole batch before the
+ * chunks went through memory at batch 128). The partials stay in
  * the plans' blocked layout of the gradient, are added there element by
  * element (the same f32 additions in the same order as in the plain layout:
  * the same bits; padding lanes are added too, and dropped by the one reorder
@@ -512,20 +630,21 @@ static int weights(struct cpu_dnnl *d, const wplan *w, const void *x, const void
     size_t each = w->wb + w->part;
     char *whole[2] = {buf + whole_bytes(w, 1), buf}, *part = whole[0] + whole_bytes(w, 0);
     size_t img[2];   /* an image's bytes in the whole-batch copies */
-    const void *src[2] = {x, gy};
-    for (int i = 0; i < 2; i++) {
-        if (!w->whole[i]) continue;
-        img[i] = dnnl_memory_desc_get_size(&pf->whole[i].inner) / (size_t)a->n;
-        if (!(i == 1 && gy_there) && reorder(d, &pf->whole[i], 0, (void *)src[i], whole[i], part)) return 1;
-    }
+    for (int i = 0; i < 2; i++)
+        if (w->whole[i]) img[i] = dnnl_memory_desc_get_size(&pf->whole[i].inner) / (size_t)a->n;
     int blocked = w->sum != &pf->op[2].user, failed = 0;
     #pragma omp parallel for schedule(static) reduction(|: failed)
     for (int64_t i = 0; i < w->chunks; i++) {
         char *mine = part + (size_t)i * each;
+        plan *p = i == w->chunks - 1 ? pl : pf;
         void *ptr[3] = {(char *)x + (size_t)(i * w->per * chw) * es, (char *)gy + (size_t)(i * w->per * kohw) * es, mine + w->wb};
         void *blk[3] = {w->whole[0] ? whole[0] + (size_t)(i * w->per) * img[0] : NULL,
                         w->whole[1] ? whole[1] + (size_t)(i * w->per) * img[1] : NULL, blocked ? mine + w->wb : NULL};
-        failed |= run(d, c->streams[i], i == w->chunks - 1 ? pl : pf, ptr, blk, NULL, mine);
+        /* the chunk's slices of the copies, just before its kernel reads them */
+        int bad = 0;
+        for (int j = 0; j < 2 && !bad; j++)
+            bad = blk[j] && !(j == 1 && gy_there) && reorder_on(d, c->streams[i], &p->op[j], 0, ptr[j], blk[j], mine);
+        failed |= bad || run(d, c->streams[i], p, ptr, blk, NULL, mine);
     }
     if (failed) return 1;
     /* the partials added in chunk order, into the first (blocked) or into gw */
@@ -563,20 +682,31 @@ int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void 
     size_t es = dt == MP_BF16 ? 2 : 4;
     plan *p = NULL;
     conv_key key;
-    if (gx) {
+    cplan cp;
+    int chunks = gx && !chunk_plans(d, BWD_DATA, kdt, odt, 0, a, &cp);
+    if (gx && !chunks) {
         key_of(&key, BWD_DATA, kdt, odt, a->n, a);
         p = find(d->conv, d, &key);
         if (p->used != 1) p = NULL;
     }
     wplan wp;
     int wok = gw && !weight_plans(d, kdt, a, &wp);
-    /* the weights' plans may have taken backward data's slot */
+    /* the weights' plans may have taken backward data's slots */
     if (p && memcmp(&p->key, &key, sizeof key)) p = NULL;
-    if (!p && !wok) return 0;
-    /* gy's blocked copy, shared where backward data's layout is the chunks' */
-    int share = p && wok && wp.whole[1] && p->op[0].reorder && dnnl_memory_desc_equal(&p->op[0].inner, &wp.pf->whole[1].inner);
+    if (chunks && !chunks_kept(&cp)) chunks = 0;
+    if (!p && !chunks && !wok) return 0;
+    /* gy's blocked copy, shared where backward data's layout is the weight
+     * gradient's chunks' (in chunks: each chunk's slice of it) */
+    int share = 0;
+    if (p) share = wok && wp.whole[1] && p->op[0].reorder && dnnl_memory_desc_equal(&p->op[0].inner, &wp.pf->whole[1].inner);
+    if (chunks && wok && wp.whole[1] && cp.pf->op[0].reorder) {
+        dnnl_memory_desc_t m;
+        share = with_images(&wp.pf->whole[1].inner, cp.per, &m) && dnnl_memory_desc_equal(&m, &cp.pf->op[0].inner) &&
+                with_images(&wp.pf->whole[1].inner, cp.last, &m) && dnnl_memory_desc_equal(&m, &cp.pl->op[0].inner);
+    }
     size_t gyb = share ? whole_bytes(&wp, 1) : 0, need = 0;
     if (p) need = gyb + pad_bytes(p) + (share ? 0 : inner_bytes(p, 0)) + inner_bytes(p, 1) + inner_bytes(p, 2);
+    if (chunks) need = gyb + chunk_bytes(&cp);
     if (wok && whole_bytes(&wp, 0) + whole_bytes(&wp, 1) + (wp.wb + wp.part) * (size_t)wp.chunks > need)
         need = whole_bytes(&wp, 0) + whole_bytes(&wp, 1) + (wp.wb + wp.part) * (size_t)wp.chunks;
     /* laid out [gy's copy | the rest]: backward data's work, then the weights' */
@@ -584,13 +714,24 @@ int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void 
     const void *gy32 = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN0, dt, gy, ny) : gy;
     if (!buf || !gy32) return -1;
     int wrote = 0;
-    if (p) {
+    if (p || chunks) {
         const void *w32 = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN1, dt, w, nw) : w;
         void *out = direct ? gx : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)nx);
         if (!w32 || !out) return -1;
-        void *ptr[3] = {(void *)gy32, (void *)w32, out}, *blk[3] = {share ? buf : NULL, NULL, NULL};
-        if (share && reorder(d, &p->op[0], 0, (void *)gy32, buf, buf + gyb)) share = 0, blk[0] = NULL;
-        if (!run(d, d->stream, p, ptr, blk, NULL, buf + gyb)) {
+        int failed;
+        if (chunks) {
+            size_t img = share ? dnnl_memory_desc_get_size(&wp.pf->whole[1].inner) / (size_t)a->n : 0;
+            failed = chunked(d, &cp, gy32, w32, out, (size_t)(a->k * a->oh * a->ow) * (kdt == dnnl_bf16 ? 2 : 4),
+                             (size_t)(a->c * a->h * a->w) * (odt == dnnl_bf16 ? 2 : 4), NULL, buf + gyb,
+                             share ? buf : NULL, img);
+            /* a failed chunk may have left its slice of gy's copy unwritten */
+            if (failed) share = 0;
+        } else {
+            void *ptr[3] = {(void *)gy32, (void *)w32, out}, *blk[3] = {share ? buf : NULL, NULL, NULL};
+            if (share && reorder(d, &p->op[0], 0, (void *)gy32, buf, buf + gyb)) share = 0, blk[0] = NULL;
+            failed = run(d, d->stream, p, ptr, blk, NULL, buf + gyb);
+        }
+        if (!failed) {
             if (!direct) cpu_store_f32(cx, dt, gx, out, nx);
             wrote |= 1;
         }
@@ -627,25 +768,31 @@ int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0,
      * is on (cpu_store counts) */
     int odt = dt == MP_BF16 && !cx->flush.on ? dnnl_bf16 : dnnl_f32, direct = dt == MP_F32 || odt == dnnl_bf16;
     int64_t nx = a->n * a->c * a->h * a->w, ny = a->n * a->k * a->oh * a->ow, nw = a->k * (a->c / a->groups) * a->r * a->s;
+    cplan cp;
+    int chunks = !chunk_plans(d, FWD, kdt, odt, b != NULL, a, &cp);
     conv_key key;
     key_of(&key, FWD, kdt, odt, a->n, a);
     key.bias = b != NULL;
-    plan *p = find(d->conv, d, &key);
-    if (p->used != 1) return 1;
+    plan *p = chunks ? NULL : find(d->conv, d, &key);
+    if (p && p->used != 1) return 1;
     void *ptr[3];
     ptr[0] = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN0, dt, in0, nx) : (void *)in0;
     ptr[1] = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN1, dt, in1, nw) : (void *)in1;
     ptr[2] = direct ? out : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)ny);
     if (!ptr[0] || !ptr[1] || !ptr[2]) return -1;
     float *bias = NULL;
-    if (p->key.bias) {
+    if (b) {
         bias = dt == MP_F32 ? (float *)b : cpu_scratch(cx, S_BIAS, sizeof(float) * (size_t)a->k);
         if (!bias) return -1;
         if (dt != MP_F32) cpu_load(dt, b, 0, bias, a->k);
     }
-    char *work = cpu_scratch(cx, S_R0, work_bytes(p) + 64);
+    char *work = cpu_scratch(cx, S_R0, (chunks ? chunk_bytes(&cp) : work_bytes(p)) + 64);
     if (!work) return -1;
-    if (run(d, d->stream, p, ptr, NULL, bias, work)) return 1;
+    size_t ies = kdt == dnnl_bf16 ? 2 : 4, oes = odt == dnnl_bf16 ? 2 : 4;
+    if (chunks ? chunked(d, &cp, ptr[0], ptr[1], ptr[2], (size_t)(a->c * a->h * a->w) * ies,
+                         (size_t)(a->k * a->oh * a->ow) * oes, bias, work, NULL, 0)
+               : run(d, d->stream, p, ptr, NULL, bias, work))
+        return 1;
     if (!direct) cpu_store_f32(cx, dt, out, ptr[2], ny);
     return 0;
 }

@@ -39,6 +39,11 @@ int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void 
  * add their partials in the plain layout (the blocked path's bits must be the
  * same); returns the previous setting */
 int cpu_conv_dnnl_blocked(int on);
+/* tests: 0 runs forward and backward data on the whole batch instead of in
+ * chunks of images (the bits must be the same); returns the previous setting.
+ * cpu_conv_dnnl_chunk_runs: how many runs went in chunks so far. */
+int cpu_conv_dnnl_chunks(int on);
+long cpu_conv_dnnl_chunk_runs(void);
 
 /* cpu_conv_layout.c: the activations' reorders between NCHW and oneDNN's
  * nChw16c / nhwc, as AVX-512 transposes. Element (i, c, p) of the layout

@@ -5,7 +5,8 @@
  * in f32, f16 and bf16, with oneDNN and without it (the im2col path: OpenBLAS
  * for f32, widening for bf16), over shapes with stride, padding, dilation,
  * groups and depthwise, 1 x 1 projections, no images, a batch cut into chunks
- * (im2col) and into chunks with a shorter last one (oneDNN's weight gradient).
+ * (im2col) and into chunks with a shorter last one (oneDNN's weight gradient,
+ * forward and backward data: the same bits as the whole batch's).
  *
  * Bound: f32 accumulation over K terms, in any order (the im2col GEMM's, or
  * oneDNN's blocks of channels and taps; for the weight gradient, K = n oh ow:
@@ -260,6 +261,48 @@ Test(conv, blocked_weight_gradient_has_the_plain_paths_bits)
             cr_assert(!memcmp(gw, gw0, es * (size_t)nw), "%s shape %zu: gw differs from the plain path's", dn(dt), s);
             free(x), free(w), free(gy), free(gx), free(gw), free(gx0), free(gw0);
         }
+}
+
+/* Forward and backward data run on chunks of images (single-threaded plans,
+ * one chunk a thread) where the batch is big enough; the bits must be those
+ * of the whole batch on threaded plans, bias, padding lanes (3 input
+ * channels) and a shorter last chunk (ResNet shape 1: 10 + 10 + 10 + 2
+ * images) included, with the weight gradient sharing the chunks' gy copy. */
+Test(conv, chunked_forward_and_backward_data_have_the_whole_batchs_bits)
+{
+    static const mp_dtype dts[] = {MP_F32, MP_F16, MP_BF16};
+    int was = omp_get_max_threads();
+    omp_set_num_threads(2);
+    for (size_t d = 0; d < 3; d++)
+        for (size_t s = 0; s < MORE_SHAPES; s++) {
+            mp_conv_args a = more_shape(s);
+            mp_dtype dt = dts[d];
+            int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
+            unsigned seed = (unsigned)s + 23;
+            void *x = rand_buf(dt, nx, &seed), *w = rand_buf(dt, nw, &seed), *b = rand_buf(dt, a.k, &seed);
+            void *gy = rand_buf(dt, ny, &seed);
+            long runs = cpu_conv_dnnl_chunk_runs();
+            char *chunked[4], *whole[4];
+            poison_scratch();
+            outputs(dt, &a, x, w, b, gy, chunked, 2);
+            /* shapes 0 and 1 are big enough: forward and backward data in chunks */
+            if (s < 2) cr_assert_eq(cpu_conv_dnnl_chunk_runs() - runs, 2, "%s shape %zu: not in chunks", dn(dt), s);
+            int on = cpu_conv_dnnl_chunks(0);
+            runs = cpu_conv_dnnl_chunk_runs();
+            poison_scratch();
+            outputs(dt, &a, x, w, b, gy, whole, 2);
+            cr_assert_eq(cpu_conv_dnnl_chunk_runs(), runs, "%s shape %zu: chunks while off", dn(dt), s);
+            cpu_conv_dnnl_chunks(on);
+            size_t es = mp_dtype_size(dt), bytes[4] = {es * (size_t)ny, es * (size_t)nx, es * (size_t)nw, 4 * (size_t)a.k};
+            static const char *names[4] = {"y", "gx", "gw", "gb"};
+            for (int i = 0; i < 4; i++) {
+                cr_assert(!memcmp(chunked[i], whole[i], bytes[i]), "%s shape %zu: %s differs from the whole batch's",
+                          dn(dt), s, names[i]);
+                free(chunked[i]), free(whole[i]);
+            }
+            free(x), free(w), free(b), free(gy);
+        }
+    omp_set_num_threads(was);
 }
 
 /* the ResNet's f32 shapes take oneDNN's primitives (x86-64 has its JIT
