@@ -22,10 +22,13 @@
  * (NCHW <-> nChw16c, nhwc) are cpu_conv_layout.c's AVX-512 transposes, the
  * same bits as oneDNN's (exec_reorder). The blocked copies live in scratch (cpu_scratch), as do the
  * primitives' scratchpads (user mode: oneDNN's own is shared between threads).
- * The gradients (cpu_conv_dnnl_grad) reorder gy once for both primitives
- * where they take the same layout; the weight gradient reorders x and gy once
- * for the whole batch and keeps its partial sums in its blocked layout, with
- * one reorder of their sum (weights()).
+ * Forward and backward data run on chunks of images small enough that each
+ * chunk's blocked copies stay in a core's L2 (chunk_plans()). The gradients
+ * (cpu_conv_dnnl_grad) reorder gy once for both primitives where they take
+ * the same layout (backward data's chunks writing their slices of the weight
+ * gradient's copy); the weight gradient's chunks reorder their slices of x
+ * and gy and keep their partial sums in the blocked layout, with one reorder
+ * of their sum (weights()).
  *
  * A plan (the primitive, its reorders, their buffer sizes) is made once per
  * shape, dtype, direction and thread count and kept in the CPU context. Where
