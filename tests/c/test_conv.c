@@ -265,19 +265,26 @@ Test(conv, blocked_weight_gradient_has_the_plain_paths_bits)
 
 /* Forward and backward data run on chunks of images (single-threaded plans,
  * one chunk a thread) where the batch is big enough; the bits must be those
- * of the whole batch on threaded plans, bias, padding lanes (3 input
- * channels) and a shorter last chunk (ResNet shape 1: 10 + 10 + 10 + 2
- * images) included, with the weight gradient sharing the chunks' gy copy. */
+ * of the whole batch on threaded plans: the ResNet's shapes (bias, padding
+ * lanes of 3 input channels; chunks of 8 images: 4 of them), a shorter last
+ * chunk (37 images: 4 chunks of 8 and one of 5), depthwise (9 images: 4 + 4 +
+ * 1), with the weight gradient sharing the chunks' gy copy. */
 Test(conv, chunked_forward_and_backward_data_have_the_whole_batchs_bits)
 {
     static const mp_dtype dts[] = {MP_F32, MP_F16, MP_BF16};
+    mp_conv_args cases[3] = {resnet[0], resnet[1], resnet[1]};
+    cases[2].n = 37;
+    mp_conv_args dw = {.n = 9, .c = 32, .h = 32, .w = 32, .k = 32, .r = 3, .s = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1,
+                       .dh = 1, .dw = 1, .groups = 32};
     int was = omp_get_max_threads();
     omp_set_num_threads(2);
     for (size_t d = 0; d < 3; d++)
-        for (size_t s = 0; s < MORE_SHAPES; s++) {
-            mp_conv_args a = more_shape(s);
+        for (size_t s = 0; s < 4; s++) {
+            mp_conv_args a = s < 3 ? cases[s] : dw;
             mp_dtype dt = dts[d];
-            int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
+            a.oh = (a.h + 2 * a.ph - a.dh * (a.r - 1) - 1) / a.sh + 1;
+            a.ow = (a.w + 2 * a.pw - a.dw * (a.s - 1) - 1) / a.sw + 1;
+            int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c / a.groups * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
             unsigned seed = (unsigned)s + 23;
             void *x = rand_buf(dt, nx, &seed), *w = rand_buf(dt, nw, &seed), *b = rand_buf(dt, a.k, &seed);
             void *gy = rand_buf(dt, ny, &seed);
@@ -285,8 +292,7 @@ Test(conv, chunked_forward_and_backward_data_have_the_whole_batchs_bits)
             char *chunked[4], *whole[4];
             poison_scratch();
             outputs(dt, &a, x, w, b, gy, chunked, 2);
-            /* shapes 0 and 1 are big enough: forward and backward data in chunks */
-            if (s < 2) cr_assert_eq(cpu_conv_dnnl_chunk_runs() - runs, 2, "%s shape %zu: not in chunks", dn(dt), s);
+            cr_assert_eq(cpu_conv_dnnl_chunk_runs() - runs, 2, "%s shape %zu: not in chunks", dn(dt), s);
             int on = cpu_conv_dnnl_chunks(0);
             runs = cpu_conv_dnnl_chunk_runs();
             poison_scratch();
