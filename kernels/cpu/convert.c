@@ -381,23 +381,6 @@ AVX512_F16C_FN static void f32_to_f16_512_stream(void *dst, const void *src, int
     f32_to_f16_512(dst, src, n, 1);
 }
 
-/* dst = src rounded to f16, wide = dst widened, from the same register: one
- * pass where the two calls read dst back (an optimizer's working copy and the
- * f32 copy the GEMMs keep of it); the same instructions as the two calls */
-AVX512_F16C_FN static void f32_to_f16_wide_512(uint16_t *d, float *w, const float *s, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT);
-        _mm256_storeu_si256((__m256i *)(d + i), h);
-        _mm512_storeu_ps(w + i, _mm512_cvtph_ps(h));
-    }
-    for (; i < n; i++) {
-        d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
-        w[i] = _cvtsh_ss(d[i]);
-    }
-}
-
 int mp_cpu_has_avx512_f16c(void)
 {
     static int has = -1;   /* racing threads all store the same answer */
@@ -489,18 +472,6 @@ void mp_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n)
         mp_cpu_f16_to_f32_f16c(dst, src, n);
     else
         mp_cpu_f16_to_f32_portable(dst, src, n);
-}
-
-void mp_cpu_f32_to_f16_wide(uint16_t *dst, float *wide, const float *src, int64_t n)
-{
-#ifdef MP_X86
-    if (mp_cpu_has_avx512_f16c() && n <= PAR_MIN) {   /* a block: on this thread */
-        f32_to_f16_wide_512(dst, wide, src, n);
-        return;
-    }
-#endif
-    mp_cpu_f32_to_f16(dst, src, n);
-    mp_cpu_f16_to_f32(wide, dst, n);
 }
 
 void mp_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n)

@@ -16,8 +16,6 @@ int mp_cpu_has_f16c(void);
 
 void mp_cpu_f16_to_f32(float *dst, const uint16_t *src, int64_t n);
 void mp_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n);
-/* mp_cpu_f32_to_f16 into dst, then dst widened into wide: the same bits in one pass */
-void mp_cpu_f32_to_f16_wide(uint16_t *dst, float *wide, const float *src, int64_t n);
 void mp_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
 void mp_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
 

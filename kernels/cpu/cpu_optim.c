@@ -28,14 +28,11 @@ static inline void lowp_block(void *lowp, mp_dtype dt, float *wide, const float 
 {
     if (!lowp) return;
     uint16_t *l = (uint16_t *)lowp + b;
-    if (wide && dt == MP_F16) {   /* both from the same registers */
-        mp_cpu_f32_to_f16_wide(l, wide + b, p + b, e - b);
-        return;
-    }
     if (dt == MP_BF16) mp_cpu_f32_to_bf16(l, p + b, e - b);
     else mp_cpu_f32_to_f16(l, p + b, e - b);
     if (!wide) return;
-    mp_cpu_bf16_to_f32(wide + b, l, e - b);   /* from L1: the block was just written */
+    if (dt == MP_BF16) mp_cpu_bf16_to_f32(wide + b, l, e - b);   /* from L1: the block was just written */
+    else mp_cpu_f16_to_f32(wide + b, l, e - b);
 }
 
 /* for (i in [0, n)) BODY, as blocks of MP_BLOCK split over threads, each block's
