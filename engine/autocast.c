@@ -193,5 +193,9 @@ mp_tensor *mp_autocast_arg(const mp_op *op, mp_tensor *t)
      * optimizer comes from the working copy the optimizer step wrote */
     mp_tensor *r = cacheable ? mp_arena_cast(t, want) : mp_to(t, want, t->dev);
     if (r && cacheable) cache_add(s, t, r);
+    /* data (no gradient wanted): a GEMM's input in the forward and again in the
+     * weight gradient's GEMM, kept widened once between them (engine/ops_matmul.c),
+     * for 4 bytes an element, what the f32 data it was cast from costs */
+    else if (r && !t->requires_grad && (want == MP_F16 || want == MP_BF16)) r->st->keep_wide = true;
     return r;
 }

@@ -376,10 +376,80 @@ static void mark_paths(const walk_ctx *w, mp_node **order, size_t n, bool *used)
     }
 }
 
+/* the plain walk running on this thread, for mp_backward_sink; each of its
+ * nodes' walk byte counts the edges to it from the walk's nodes (up to 2) */
+static _Thread_local const walk_ctx *sink_walk;
+
+mp_tensor *mp_backward_sink(mp_node *x, int i)
+{
+    mp_node *y = x->in[i].node;
+    if (!sink_walk || !y || y->walk != 1 || y->grad || y->hooks || y->nin != 1 || !y->in[0].leaf ||
+        y->in[0].leaf->hooks || (x->in[i].dtype != MP_F16 && x->in[i].dtype != MP_BF16) || mp_state_get()->anomaly.on)
+        return NULL;
+    for (mp_backward_listener *l = listeners; l; l = l->next)
+        if (l->gradients) return NULL;
+    return mp_cast_grad_target(y, y->in[0].leaf);
+}
+
+static int by_address(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t)*(mp_tensor *const *)a, y = (uintptr_t)*(mp_tensor *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* the leaf edges of order[0..n) sorted by leaf, into *out; their number, or
+ * -1 out of memory */
+static long leaf_edges(mp_node *const *order, size_t n, mp_tensor ***out)
+{
+    size_t count = 0, j = 0;
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < order[i]->nin; k++) count += order[i]->in[k].leaf != NULL;
+    mp_tensor **a = malloc((count ? count : 1) * sizeof *a);
+    if (!a) return -1;
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < order[i]->nin; k++)
+            if (order[i]->in[k].leaf) a[j++] = order[i]->in[k].leaf;
+    qsort(a, count, sizeof *a, by_address);
+    *out = a;
+    return (long)count;
+}
+
+/* for mp_backward_sink: each node's walk byte set to the number of edges to it
+ * from the walk's nodes (up to 2), and a cast of a leaf whose leaf other edges
+ * feed too (another cast of it, or an op on it) to 2 as well. The sum of
+ * several gradients into a .grad depends on their order; a cast's only
+ * consumer is recorded right after it (autocast casts inside the consumer's
+ * apply), so its turn is next to the cast's and the order would stay, but a
+ * leaf fed once needs no such argument. */
+static void count_feeds(mp_node *const *order, size_t n)
+{
+    for (size_t i = 0; i < n; i++) order[i]->walk = 0;
+    for (size_t i = 0; i < n; i++)
+        for (int k = 0; k < order[i]->nin; k++) {
+            mp_node *y = order[i]->in[k].node;
+            if (y && y->walk < 2) y->walk++;
+        }
+    mp_tensor **leaves = NULL;
+    long nl = leaf_edges(order, n, &leaves);
+    for (size_t i = 0; i < n; i++) {
+        mp_node *y = order[i];
+        mp_tensor *leaf = y->nin == 1 ? y->in[0].leaf : NULL;
+        if (y->walk != 1 || !leaf) continue;
+        mp_tensor **hit = nl > 0 ? bsearch(&leaf, leaves, (size_t)nl, sizeof *leaves, by_address) : NULL;
+        if (!hit || (hit > leaves && hit[-1] == leaf) || (hit + 1 < leaves + nl && hit[1] == leaf))
+            y->walk = 2;   /* fed by other edges too (or unknown: out of memory) */
+    }
+    free(leaves);
+}
+
 /* the walk over order (n nodes), whose roots' gradients are set */
 static int walk(const walk_ctx *w, mp_node **order, size_t n)
 {
     int rc = 0;
+    const walk_ctx *was_sink = sink_walk;
+    bool plain = !w->ins && !w->create && !w->nwait;
+    sink_walk = plain ? w : NULL;
+    if (plain) count_feeds(order, n);
     if (!w->ins)
         for (mp_backward_listener *l = listeners; l; l = l->next)
             if (l->begin) l->begin(order, n);
@@ -403,6 +473,7 @@ static int walk(const walk_ctx *w, mp_node **order, size_t n)
         for (mp_backward_listener *l = listeners; l && rc == 0 && !w->ins; l = l->next)
             if (l->node_done) rc = l->node_done(x);
     }
+    sink_walk = was_sink;
     for (size_t i = 0; i < n; i++) {   /* after a failure, drop partial sums */
         mp_release(order[i]->grad);
         order[i]->grad = NULL;

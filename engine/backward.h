@@ -39,6 +39,18 @@ typedef struct mp_backward_listener {
  * now on; registering it again changes nothing */
 void mp_backward_listen(mp_backward_listener *l);
 
+/* During a node's backward: the f32 .grad that the gradient of x's edge i
+ * may be added into straight away, or NULL. Given when the edge leads to an
+ * autocast cast of an f32 leaf (engine/ops.h mp_cast_grad_target) that no
+ * other node of the walk feeds and no one is to see between: a plain walk
+ * (mp_backward_ex, neither create_graph nor hooked leaves), no hooks on the
+ * cast or the leaf, no anomaly check, no listener reading gradients. The
+ * backward then adds the gradient rounded to the edge's dtype, widened (the
+ * bits the cast's own backward, mp_cast_backward_into, would add), bumps the
+ * .grad's version, and leaves the edge's gradient NULL: the cast gets none
+ * and does not run. */
+mp_tensor *mp_backward_sink(mp_node *x, int i);
+
 /* backward from t; grad NULL means ones (t must then have one element) */
 int mp_backward(mp_tensor *t, mp_tensor *grad);
 

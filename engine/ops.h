@@ -86,6 +86,9 @@ mp_tensor *mp_arena_cast(mp_tensor *t, mp_dtype dt);
  * ops_create.c; engine/backward.c calls it): 0 done, 1 not such a node */
 struct mp_node;
 int mp_cast_backward_into(struct mp_node *n, mp_tensor *leaf);
+/* leaf's .grad when n is a cast of the f32 leaf into f16/bf16 whose gradient
+ * mp_cast_backward_into would add there (before that gradient exists), else NULL */
+mp_tensor *mp_cast_grad_target(const struct mp_node *n, const mp_tensor *leaf);
 /* a narrow's gradient added in place into acc, its input's sum so far
  * (engine/ops_shape.c); 1 declined, 0 done */
 int mp_narrow_backward_into(struct mp_node *n, mp_tensor *acc);

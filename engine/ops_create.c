@@ -221,6 +221,16 @@ int mp_cast_backward_into(mp_node *n, mp_tensor *leaf)
     return 0;
 }
 
+mp_tensor *mp_cast_grad_target(const mp_node *n, const mp_tensor *leaf)
+{
+    mp_tensor *acc = leaf->grad;
+    const mp_edge *e = &n->in[0];
+    if (n->op != &to_op || n->nin != 1 || e->leaf != leaf || !acc || e->dtype != MP_F32 || acc->dtype != MP_F32 ||
+        acc->dev != e->dev || acc->ndim != e->ndim || memcmp(acc->shape, e->shape, sizeof(int64_t) * (size_t)e->ndim))
+        return NULL;
+    return acc;
+}
+
 typedef struct { mp_dtype dtype; mp_device dev; int saturate; } to_args;
 
 static mp_tensor *to_fwd(mp_op_ctx *c)

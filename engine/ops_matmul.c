@@ -23,6 +23,7 @@
 #include "engine/ops.h"
 #include "engine/error.h"
 #include "engine/op.h"
+#include "engine/backward.h"
 
 /* the f32 copy of t's values for a GEMM (engine/tensor.h: mp_storage.wide),
  * widened now if its storage changed since; NULL when t has none to keep (not
@@ -57,10 +58,26 @@ static int gemm_run(const mp_tensor *c, mp_dtype dt, int ta, int tb, int64_t bat
     const float *wa = a->dtype == dt ? wide_operand(a) : NULL, *wb = b->dtype == dt ? wide_operand(b) : NULL;
     if (wa || wb) {
         int rc = MP_K(c, gemm_wide, dt, ta, tb, batch, m, n, k, alpha, wa ? (const void *)wa : mp_data(a), wa != NULL,
-                      sa, wb ? (const void *)wb : mp_data(b), wb != NULL, sb, beta, cdata, sc);
+                      sa, wb ? (const void *)wb : mp_data(b), wb != NULL, sb, beta, cdata, sc, NULL, NULL);
         if (rc <= 0) return rc;
     }
     return MP_K(c, gemm, dt, ta, tb, batch, m, n, k, alpha, mp_data(a), sa, mp_data(b), sb, beta, cdata, sc);
+}
+
+/* the 2-D product op(A) @ op(B) in dtype dt on be's gemm_wide with one of its
+ * epilogues (kernels/backend.h): bias {n} (dt) starting C's sums, or acc
+ * {m,n} (f32) taking C's rounded values added (cdata unused); operands with a
+ * kept widened copy go widened. 0 done, 1 declined (no gemm_wide for dt, or
+ * the backend's), -1 for want of working memory */
+static int gemm_epilogue(const mp_backend *be, mp_dtype dt, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                         const mp_tensor *a, const mp_tensor *b, const void *bias, void *cdata, float *acc)
+{
+    if (!be->gemm_wide || (be->supports && !be->supports(be->ctx, "gemm_wide", dt)) || a->dtype != dt ||
+        b->dtype != dt)
+        return 1;
+    const float *wa = wide_operand(a), *wb = wide_operand(b);
+    return be->gemm_wide(be->ctx, dt, ta, tb, 1, m, n, k, 1.0f, wa ? (const void *)wa : mp_data(a), wa != NULL, 0,
+                         wb ? (const void *)wb : mp_data(b), wb != NULL, 0, 0.0f, cdata, m * n, bias, acc);
 }
 
 /* C{batch,m,n} = op(A) @ op(B) as a new tensor (2-D when batch is 0) */
@@ -354,7 +371,17 @@ static int linear_grads(mp_node *nd, mp_tensor *x, mp_tensor *w, mp_tensor *g, m
             return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
                            (long long)out, (long long)in, (long long)rows);
     }
-    if (mp_edge_wants(nd, 1) && !(gin[1] = gemm_new(g->dtype, g->dev, 1, 0, 0, out, in, rows, g, 0, x, 0)))
+    /* dw straight into the f32 .grad of the master weight that w is the cast of,
+     * where the walk says nothing else is to see dw (engine/backward.h
+     * mp_backward_sink): rounded to g's dtype and added as the cast's backward
+     * would, without dw written and read back */
+    mp_tensor *sink = mp_edge_wants(nd, 1) ? mp_backward_sink(nd, 1) : NULL;
+    int rc = sink ? gemm_epilogue(be, g->dtype, 1, 0, out, in, rows, g, x, NULL, NULL, mp_data(sink)) : 1;
+    if (rc < 0)
+        return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",
+                       (long long)out, (long long)in, (long long)rows);
+    if (rc == 0) sink->st->version++;   /* an in-place write, as the cast's add */
+    else if (mp_edge_wants(nd, 1) && !(gin[1] = gemm_new(g->dtype, g->dev, 1, 0, 0, out, in, rows, g, 0, x, 0)))
         return -1;   /* dw{out,in} = g^T @ x */
     if (wants_db) {
         int64_t flat[2] = {rows, out};
@@ -402,6 +429,7 @@ static mp_tensor *linear_product(mp_tensor *x, mp_tensor *w, mp_tensor *b)
     const mp_backend *be = mp_be(y);
     int rc = b && be->gemm_bias ? MP_K(y, gemm_bias, x->dtype, rows, out, in, mp_data(x), mp_data(w), mp_data(b), mp_data(y))
                                 : 1;
+    if (rc == 1 && b) rc = gemm_epilogue(be, x->dtype, 0, 1, rows, out, in, x, w, mp_data(b), mp_data(y), NULL);
     if (rc < 0) {
         mp_release(y);
         return mp_fail(MP_EOOM, "out of memory: no working memory for a %lldx%lldx%lld product",

@@ -580,11 +580,17 @@ typedef struct mp_kctx mp_kctx;
      * widening those operands again. Returns 0, 1 when declined (the engine then                                       \
      * calls gemm), -1 for want of working memory. NULL: the backend has none;                                          \
      * supports(cx, "gemm_wide", dt) says for which dt the engine should keep                                           \
-     * widened copies (those whose gemm widens: f16 on the CPU). */                                                     \
+     * widened copies (those whose gemm widens: f16 on the CPU). With batch 1,                                          \
+     * two epilogues (NULL: none): bias (dt, {n}) starts every row's f32 sums                                           \
+     * from the bias, beta ignored: the values of C filled with 0 + bias (dt's                                          \
+     * add) and then beta 1, without C written and widened back; acc (f32,                                              \
+     * {m,n}) takes C's values instead of C (c unused): acc += C rounded to dt,                                         \
+     * widened, an f32 add: the values of writing C then add_widened, without C                                         \
+     * written and read back (a weight gradient into its f32 .grad). */                                                 \
     X(int, gemm_wide, (mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,        \
       float alpha, const void *a, int wa, int64_t sa, const void *b, int wb, int64_t sb, float beta, void *c,           \
-      int64_t sc),                                                                                                      \
-      (cx, dt, ta, tb, batch, m, n, k, alpha, a, wa, sa, b, wb, sb, beta, c, sc))                                       \
+      int64_t sc, const void *bias, float *acc),                                                                        \
+      (cx, dt, ta, tb, batch, m, n, k, alpha, a, wa, sa, b, wb, sb, beta, c, sc, bias, acc))                            \
     /* acc{n} (f32) += x{n} widened from dt (f16/bf16), in one pass: the gradient                                       \
      * of an f32 leaf's cast added into its .grad (engine/backward.c) without a                                         \
      * widened tensor between. The widening is exact and the add is binary's f32                                        \

@@ -15,6 +15,12 @@
 --    pass (engine/ops_create.c mp_cast_backward_into). A hook on the leaf
 --    takes the old way (a widened tensor, then an add), so two runs, one with
 --    no-op hooks, must give the same .grad and parameters bit for bit.
+-- 3. A linear layer's weight gradient goes straight into the f32 .grad of the
+--    master weight it was cast from, rounded and added in the GEMM's last pass
+--    (engine/backward.h mp_backward_sink, backend gemm_wide's acc), when that
+--    cast feeds nothing else in the walk; its bias in the GEMM's sums (gemm_wide's
+--    bias). Against anomaly mode (the old way), with a weight used twice in one
+--    region, weights cast in two regions, and .grad holding a sum.
 -- LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUA_CPATH="build/?.so;;" busted --no-auto-insulate tests/lua/amp_wide_spec.lua
 
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
@@ -50,7 +56,7 @@ describe("f16 autocast weights widened once", function()
     mp.manual_seed(11)
     -- past the conversions' thread split (2^18), lengths no multiple of 16
     local w1 = mp.randn({300, 907}, {requires_grad = true})
-    local b = mp.randn({300}, {requires_grad = true})
+    local b = (mp.randn({300}) * 0.1):requires_grad(true)
     local w2 = mp.randn({37, 300}, {requires_grad = true})
     local x = mp.randn({29, 907})
     same_as_reference(x, w1, b, w2, "without an optimizer")
@@ -105,7 +111,7 @@ describe("the widened copy the optimizer step writes", function()
       mp.manual_seed(12)
       -- past the step's thread split, lengths no multiple of its blocks (1024)
       local w1 = mp.randn({300, 907}, {requires_grad = true})
-      local b = mp.randn({300}, {requires_grad = true})
+      local b = (mp.randn({300}) * 0.1):requires_grad(true)
       local w2 = mp.randn({37, 300}, {requires_grad = true})
       local x = mp.randn({29, 907})
       local opt = kinds[kind]{w1, b, w2}
@@ -201,5 +207,49 @@ describe("the gradient of a cast f32 leaf added into .grad in one pass", functio
     local _a <close> = mp.amp.autocast("f16")
     mp.linear(x, v):f32():sum():backward()
     H.assert_same(w.grad:totable(), v.grad:totable(), "under anomaly mode")
+  end)
+end)
+
+describe("a weight gradient added into .grad by the GEMM", function()
+  -- y for x through w (one cast used twice in one region: the linear's turn
+  -- comes first in the backward, before the cast has the other use's gradient),
+  -- then u and v each cast in two regions, and z once (straight into .grad)
+  local function run(anomaly)
+    mp.manual_seed(21)
+    local w = (mp.randn({64, 300}) * 0.1):requires_grad(true)
+    local v = (mp.randn({300, 64}) * 0.1):requires_grad(true)
+    local u = (mp.randn({64, 300}) * 0.1):requires_grad(true)
+    local b = (mp.randn({300}) * 0.1):requires_grad(true)
+    local z = (mp.randn({40, 300}) * 0.1):requires_grad(true)
+    local x = mp.randn({129, 64})
+    for _, p in ipairs{w, v, u, b, z} do   -- .grad holding a sum already
+      p.grad = mp.randn(p.shape) * 1e-3
+    end
+    for _ = 1, 2 do
+      local h, k
+      do
+        local _ <close> = mp.amp.autocast("f16")
+        h = mp.linear(mp.relu(mp.matmul(x, w)), w)   -- w twice: one cast, the linear's use last
+        h = mp.linear(h, v, b):f32()
+      end
+      do
+        local _ <close> = mp.amp.autocast("f16")
+        k = mp.linear(h, u)
+      end
+      local y
+      do
+        local _ <close> = mp.amp.autocast("f16")
+        y = mp.linear(mp.linear(mp.linear(h, u) + k, v), z)   -- second casts of u and v; z's only
+      end
+      local _ <close> = anomaly and mp.autograd.detect_anomaly() or nil
+      (y:f32() * y:f32()):mean():backward()
+    end
+    return {w.grad:totable(), v.grad:totable(), u.grad:totable(), b.grad:totable(), z.grad:totable()}
+  end
+
+  -- anomaly mode takes the old way: each cast's gradient widened, then added
+  it("is the cast's widened add bit for bit, with shared casts and casts in several regions", function()
+    local got, want = run(false), run(true)
+    for i, name in ipairs{"w", "v", "u", "b", "z"} do H.assert_same(got[i], want[i], name .. ".grad") end
   end)
 end)

@@ -1,0 +1,120 @@
+/*
+ * test_gemm_wide.c: the epilogues of the f16 product with operands given
+ * widened (kernels/cpu/cpu_gemm.c, backend gemm_wide) against the two steps
+ * each stands in for, bit for bit:
+ *   bias  C filled with 0 + bias in f16 (binary's add, then the store), then
+ *         the product accumulated onto it with beta 1 (cpu_gemm);
+ *   acc   C written in f16 (cpu_gemm), then added widened into an f32 array
+ *         (cpu_add_widened: a cast's gradient into its leaf's .grad).
+ * With the widened operands and without; sizes past the passes' thread split
+ * (2^15) and not multiples of the 1024-blocks; biases and products with
+ * signed zeros, f16 subnormals, infinities and a NaN.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/cpu/cpu.h"
+#include "kernels/half.h"
+
+/* n f16 values, multiples of 1/64 in [-8, 8], some of them zeros of either sign */
+static uint16_t *rand_f16(int64_t n, unsigned *seed)
+{
+    uint16_t *p = malloc(2 * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) {
+        int r = rand_r(seed) % 1025 - 512;
+        p[i] = r == 0 && (rand_r(seed) & 1) ? 0x8000 : mp_f32_to_f16((float)r / 64.0f);
+    }
+    return p;
+}
+
+static float *widened(const uint16_t *h, int64_t n)
+{
+    float *f = malloc(4 * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) f[i] = mp_f16_to_f32(h[i]);
+    return f;
+}
+
+/* C{m,n} = A{m,k} @ B{n,k}^T + bias, as gemm_wide's bias epilogue and as the engine did before it */
+static void check_bias(int64_t m, int64_t n, int64_t k, int wide_a, int wide_b)
+{
+    unsigned seed = (unsigned)(m * 7 + n * 3 + k + wide_a + 2 * wide_b);
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    uint16_t *a = rand_f16(m * k, &seed), *b = rand_f16(n * k, &seed), *bias = rand_f16(n, &seed);
+    const uint16_t odd[] = {0x8000, 0x0000, 0x0001, 0x83ff, 0x7c00, 0xfc00, 0x7e00, 0x7bff};
+    for (int64_t i = 0; i < n && i < 8; i++) bias[i] = odd[i];   /* -0, +0, subnormals, +-inf, NaN, the largest */
+    float *fa = widened(a, m * k), *fb = widened(b, n * k);
+    uint16_t *got = malloc(2 * (size_t)(m * n)), *want = malloc(2 * (size_t)(m * n));
+    memset(got, 0xff, 2 * (size_t)(m * n));
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t q = 0; q < n; q++) {
+            float s = 0.0f + mp_f16_to_f32(bias[q]);
+            cpu_store(cx, MP_F16, want, r * n + q, &s, 1);
+        }
+    cr_assert_eq(cpu_gemm(cx, MP_F16, 0, 1, 1, m, n, k, 1.0f, a, 0, b, 0, 1.0f, want, m * n), 0);
+    cr_assert_eq(cpu_gemm_wide(cx, MP_F16, 0, 1, 1, m, n, k, 1.0f, wide_a ? (void *)fa : a, wide_a, 0,
+                               wide_b ? (void *)fb : b, wide_b, 0, 0.0f, got, m * n, bias, NULL), 0);
+    for (int64_t i = 0; i < m * n; i++)
+        cr_assert_eq(got[i], want[i], "bias %ldx%ldx%ld (wide %d%d) at %ld: got 0x%04x, want 0x%04x", (long)m, (long)n,
+                     (long)k, wide_a, wide_b, (long)i, got[i], want[i]);
+    free(a), free(b), free(bias), free(fa), free(fb), free(got), free(want);
+}
+
+/* acc{m,n} += (A{k,m}^T @ B{k,n}) rounded to f16: a weight gradient into its f32 .grad */
+static void check_acc(int64_t m, int64_t n, int64_t k, int wide_a, int wide_b)
+{
+    unsigned seed = (unsigned)(m * 5 + n * 11 + k + wide_a + 2 * wide_b);
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    uint16_t *a = rand_f16(k * m, &seed), *b = rand_f16(k * n, &seed), *c = malloc(2 * (size_t)(m * n));
+    float *fa = widened(a, k * m), *fb = widened(b, k * n);
+    float *got = malloc(4 * (size_t)(m * n)), *want = malloc(4 * (size_t)(m * n));
+    for (int64_t i = 0; i < m * n; i++) {   /* a .grad holding a sum already, with a few overflowing products */
+        got[i] = want[i] = (float)(rand_r(&seed) % 2001 - 1000) / 3.0f;
+        if (i % 997 == 5) got[i] = want[i] = 65000.0f;
+    }
+    if (m * k > 3) a[3] = 0x7c00;   /* an infinity: a row of infinite products and a NaN where it meets a zero */
+    if (m * k > 3) fa[3] = INFINITY;
+    cr_assert_eq(cpu_gemm(cx, MP_F16, 1, 0, 1, m, n, k, 1.0f, a, 0, b, 0, 0.0f, c, m * n), 0);
+    cpu_add_widened(cx, want, c, MP_F16, m * n);
+    cr_assert_eq(cpu_gemm_wide(cx, MP_F16, 1, 0, 1, m, n, k, 1.0f, wide_a ? (void *)fa : a, wide_a, 0,
+                               wide_b ? (void *)fb : b, wide_b, 0, 0.0f, NULL, m * n, NULL, got), 0);
+    for (int64_t i = 0; i < m * n; i++) {
+        uint32_t g, w;
+        memcpy(&g, &got[i], 4), memcpy(&w, &want[i], 4);
+        cr_assert_eq(g, w, "acc %ldx%ldx%ld (wide %d%d) at %ld: got %.9g, want %.9g", (long)m, (long)n, (long)k, wide_a,
+                     wide_b, (long)i, got[i], want[i]);
+    }
+    free(a), free(b), free(c), free(fa), free(fb), free(got), free(want);
+}
+
+Test(gemm_wide, bias_epilogue_is_the_fill_then_the_product)
+{
+    for (int w = 0; w < 4; w++) {
+        check_bias(37, 29, 53, w & 1, w >> 1);
+        check_bias(128, 300, 257, w & 1, w >> 1);   /* C past the thread split */
+    }
+    check_bias(1, 1, 1, 0, 1);
+    check_bias(3, 8, 2, 0, 0);
+}
+
+Test(gemm_wide, acc_epilogue_is_the_product_then_the_widened_add)
+{
+    for (int w = 0; w < 4; w++) {
+        check_acc(37, 29, 53, w & 1, w >> 1);
+        check_acc(300, 257, 128, w & 1, w >> 1);   /* past the thread split, blocks with a tail */
+    }
+    check_acc(1, 1, 1, 1, 0);
+}
+
+/* what the epilogues do not take is declined, nothing written: a batch, bf16 */
+Test(gemm_wide, declines_a_batch_and_bf16)
+{
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    uint16_t a[12] = {0}, b[12] = {0}, c[8], bias[2] = {0};
+    float acc[8];
+    for (int i = 0; i < 8; i++) c[i] = 0x3c00, acc[i] = 1.0f;
+    cr_assert_eq(cpu_gemm_wide(cx, MP_F16, 0, 1, 2, 2, 2, 3, 1.0f, a, 0, 6, b, 0, 6, 0.0f, c, 4, bias, NULL), 1);
+    cr_assert_eq(cpu_gemm_wide(cx, MP_F16, 0, 1, 2, 2, 2, 3, 1.0f, a, 0, 6, b, 0, 6, 0.0f, c, 4, NULL, acc), 1);
+    cr_assert_eq(cpu_gemm_wide(cx, MP_BF16, 0, 1, 1, 2, 2, 3, 1.0f, a, 0, 0, b, 0, 0, 0.0f, c, 4, bias, NULL), 1);
+    for (int i = 0; i < 8; i++) cr_assert(c[i] == 0x3c00 && acc[i] == 1.0f, "nothing written");
+}
