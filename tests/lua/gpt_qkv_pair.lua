@@ -6,7 +6,7 @@
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 local mp = require "mp"
 
-local CFG = { vocab = 40, ctx = 64, layers = 2, dim = 128, heads = 2 }
+local CFG = { vocab = 40, ctx = 64, layers = 1, dim = 128, heads = 2 }   -- head dim 64
 local BATCH, STEPS = 2, 3
 
 -- the attention as gpt.lua built it before: three narrow copies, three transposes
