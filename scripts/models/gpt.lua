@@ -23,12 +23,21 @@ function Attention:init(dim, heads)
   self.c_attn = nn.Linear(dim, 3 * dim)
   self.c_proj = nn.Linear(dim, dim)
 end
+-- q, k, v: c_attn's {B, T, 3C} output read as {B, T, 3, H, Dh}, permuted once to
+-- {3, B, H, T, Dh}, and cut along that leading 3 into three slabs of {B, H, T, Dh}
+-- that share the permuted tensor's storage (chunk along dim 1 and reshape are
+-- views), so one copy where chunk(3, 3) along the features made three and each
+-- head split by a transpose three more. The same values and, in the backward, the
+-- same gradient bits (the slabs' gradients padded and summed into one {3, B, H, T,
+-- Dh} tensor, then one permute back, where the three were transposed back and
+-- padded into {B, T, 3C}): tests/lua/gpt_qkv_spec.lua.
 function Attention:forward(x)
   local B, T, C = x.shape[1], x.shape[2], x.shape[3]
   local H = self.heads
-  local q, k, v = self.c_attn(x):chunk(3, 3)
-  local function heads(t) return t:reshape { B, T, H, C // H }:transpose(2, 3) end   -- {B, H, T, Dh}
-  local y = mp.attention(heads(q), heads(k), heads(v), { causal = true })
+  local heads = { B, H, T, C // H }
+  local qkv = self.c_attn(x):reshape { B, T, 3, H, C // H }:permute(3, 1, 4, 2, 5)   -- {3, B, H, T, Dh}
+  local q, k, v = qkv:chunk(3, 1)
+  local y = mp.attention(q:reshape(heads), k:reshape(heads), v:reshape(heads), { causal = true })
   return self.c_proj(y:transpose(2, 3):reshape { B, T, C })
 end
 

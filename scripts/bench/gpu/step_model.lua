@@ -28,16 +28,18 @@
 --   epilogue) in f16; engine/backward.c's accumulate_leaf widens that into an f32
 --   tensor and adds it into the f32 .grad (the CUDA backend has no add_widened):
 --   2 + 4 + 4 x 3 bytes a weight after the GEMM's own 2.
--- - q, k, v: chunk(3, 3) of the QKV GEMM's {B, T, 3C} output is three narrow
---   copies, each head-split by a transpose copy; the attention's output goes
---   back by a transpose copy (the reshapes are views) (scripts/models/gpt.lua,
---   engine/ops_shape.c). Backward: four transpose copies, and chunk's gradient
---   by the backend's narrow_pad (kernels/cuda/cuda_layout.cu): the first slice's
---   padded to {B, T, 3C} in one pass (the slice read, every element written once),
---   the other two added into that sum in place (engine/backward.c
---   narrow_into_node): the whole sum read (+ 0 outside the slice: an element
---   there is written back only when its bits change, a -0, left out here), the
---   slice's gradient read and the slice written.
+-- - q, k, v: the QKV GEMM's {B, T, 3C} output, viewed as {B, T, 3, H, Dh}, is
+--   permuted to {3, B, H, T, Dh} in one copy, and q, k, v are chunk(3, 1)'s
+--   slabs of it, views (scripts/models/gpt.lua; engine/ops_shape.c: a narrow
+--   with nothing outside it shares storage); the attention's output goes back by
+--   a transpose copy (the reshapes are views). Backward: the output's gradient
+--   transposed, chunk's gradient by the backend's narrow_pad
+--   (kernels/cuda/cuda_layout.cu): the first slab's padded to {3, B, H, T, Dh}
+--   in one pass (the slab read, every element written once), the other two
+--   added into that sum in place (engine/backward.c narrow_into_node): the whole
+--   sum read (+ 0 outside the slab: an element there is written back only when
+--   its bits change, a -0, left out here), the slab's gradient read and the slab
+--   written; then one permute back to {B, T, 3, H, Dh}.
 -- - Attention is one flash kernel forward (O and the log-sum-exp written) and
 --   backward k_flash_dot (D = rowsum(dO * O)), k_flash_dkv over key tiles (S, dP,
 --   dV, dK) and k_flash_dq over query tiles (S, dP, dQ), causal tiles skipped
@@ -126,8 +128,7 @@ function M.kernels(cfg, plan)
   k("cast f32 -> f16 before c_attn / c_fc", "mem", 2 * L, 0, cast_fwd)
   gemm_fwd("attn.c_attn (+ bias)", d, 3 * d, h * 3 * d)
   if not planned then
-    k("chunk(3, 3): narrow copies of q, k, v", "mem", 3 * L, 0, 2 * h * N * d)
-    k("transpose copies {B,T,H,Dh} -> {B,H,T,Dh} (q, k, v)", "mem", 3 * L, 0, 2 * h * N * d)
+    k("permute {B,T,3,H,Dh} -> {3,B,H,T,Dh} (q, k, v its slabs)", "mem", L, 0, 2 * h * 3 * N * d)
   end
   k("flash attention forward (causal)", "attn", L, 2 * B * T * T * d, h * 4 * N * d + f * B * H * T)
   if not planned then k("transpose copy of the attention output", "mem", L, 0, 2 * h * N * d) end
@@ -171,9 +172,9 @@ function M.kernels(cfg, plan)
     k("flash attention backward dK, dV (S, dP, dV, dK)", "attn", L, 4 * B * T * T * d,
       h * 6 * N * d + f * 2 * B * H * T)
     k("flash attention backward dQ (S, dP, dQ)", "attn", L, 3 * B * T * T * d, h * 5 * N * d + f * 2 * B * H * T)
-    k("transpose copies of dq, dk, dv back to {B,T,H,Dh}", "mem", 3 * L, 0, 2 * h * N * d)
-    k("chunk backward: a slice padded to {B,T,3C} (narrow_pad)", "mem", L, 0, h * (N * d + 3 * N * d))
-    k("chunk backward: 2 slices added in place (narrow_pad add)", "mem", 2 * L, 0, h * (3 * N * d + N * d + N * d))
+    k("chunk backward: a slab padded to {3,B,H,T,Dh} (narrow_pad)", "mem", L, 0, h * (N * d + 3 * N * d))
+    k("chunk backward: 2 slabs added in place (narrow_pad add)", "mem", 2 * L, 0, h * (3 * N * d + N * d + N * d))
+    k("permute backward {3,B,H,T,Dh} -> {B,T,3,H,Dh}", "mem", L, 0, 2 * h * 3 * N * d)
   end
   gemm_bwd("attn.c_attn", d, 3 * d)
   k("cast backward f16 -> f32 (ln_1, ln_2 outputs)", "mem", 2 * L, 0, (h + f) * N * d)
