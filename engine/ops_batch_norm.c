@@ -219,8 +219,7 @@ static mp_tensor *bn_act_fwd(mp_op_ctx *c)
 
 static const mp_op batch_norm_act_op = {.name = "batch_norm_act", .ac = MP_AC_NONE, .nin = 4, .forward = bn_act_fwd,
                                         .backward = bn_act_backward, .args_size = sizeof(batch_norm_args),
-                                        .needs = {MP_BE_ENTRY(batch_norm_act), MP_BE_ENTRY(batch_norm_grad),
-                                                  MP_BE_ENTRY(unary_grad)}};
+                                        .needs = {MP_BE_ENTRY(batch_norm_act), MP_BE_ENTRY(batch_norm_grad)}};
 MP_OP_REGISTER(batch_norm_act_op);
 
 /* the entry's cases: a backend with it, a dtype its f32 blocks compute

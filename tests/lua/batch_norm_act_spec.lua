@@ -115,6 +115,8 @@ describe("mp.batch_norm's residual and activation", function()
     H.raises(function()
       mp.batch_norm(x, rm, rv, nil, nil, { training = true, residual = mp.ones({ 4, 3, 2 }, { dtype = "i32" }) })
     end, { "mp.batch_norm", "residual", "float" })
+    H.raises(function() mp.batch_norm(x:to("f64"), nil, nil, nil, nil, { training = true, activation = "relu" }) end,
+             { "batch_norm", "f64" })
     H.assert_same(rm:totable(), { 0, 0, 0 }, "running_mean after the errors")
     local bn = nn.BatchNorm2d(3)
     local x4 = mp.randn { 2, 3, 2, 2 }
