@@ -168,6 +168,18 @@ MP_SIMD static void affine_act(float *y, const float *x, const float *z, int64_t
         affine(y, x, n, a, b);
 }
 
+/* the ReLU of n f16/bf16 values in place, on their bits: a value below 0 (sign
+ * set, not -0, not NaN: magnitude bits in (0, inf]) becomes +0, the rest stay,
+ * as widening, x < 0 ? 0 : x and the exact rounding back give */
+MP_SIMD static void relu16(mp_dtype dt, uint16_t *p, int64_t n)
+{
+    const uint16_t inf = dt == MP_F16 ? 0x7c00 : 0x7f80;
+    for (int64_t j = 0; j < n; j++) {
+        uint16_t h = p[j], m = h & 0x7fff;
+        p[j] = (h & 0x8000) && m != 0 && m <= inf ? 0 : h;
+    }
+}
+
 /* f16/bf16: y's piece (batch norm's rounded output) plus z's, rounded, then
  * its ReLU, in place: the separate kernels' roundings (the head comment) */
 static void act_lowp(mp_kctx *cx, mp_dtype dt, void *y, const void *z, int64_t off, int64_t len, int relu)
@@ -175,7 +187,8 @@ static void act_lowp(mp_kctx *cx, mp_dtype dt, void *y, const void *z, int64_t o
     uint16_t *yp = (uint16_t *)y + off;
     if (z) cpu_add_serial(cx, dt, yp, yp, (const uint16_t *)z + off, 1, len);
     if (!relu) return;
-    float v[MP_BLOCK];
+    if (!cx || !cx->flush.on) { relu16(dt, yp, len); return; }
+    float v[MP_BLOCK];   /* flushes counted: through cpu_store, as cpu_unary's ReLU counts them then */
     for (int64_t e = 0, k; e < len; e += k) {
         k = len - e < MP_BLOCK ? len - e : MP_BLOCK;
         cpu_load(dt, yp, e, v, k);

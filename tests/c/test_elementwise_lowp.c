@@ -28,7 +28,8 @@
  *   pieces in the same order, so nothing may differ: a bit-for-bit check.
  * - cpu_batch_norm_act (the sum and ReLU in batch norm's output pass) against
  *   cpu_batch_norm, cpu_binary's add and cpu_unary's ReLU in turn, f32, bf16
- *   and f16, both paths, 1 and 2 threads.
+ *   and f16, both paths, 1 and 2 threads, flushes counted or not; sums that
+ *   are infinite, NaN, -0 and underflowing.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -545,13 +546,17 @@ Test(batch_norm_lowp, act_is_the_three_kernels)
                 xf[i] = ch == 1 ? 0.75f : r % 5 == 0 ? 0.0f : (float)r / 3000.0f;   /* channel 1 constant: bn gives b */
                 zf[i] = ch == 1 ? -b[1] : r % 7 == 0 ? 0.0f : (float)(rand_r(&seed) % 2001 - 1000) / 700.0f;
             }
+            zf[0] = -INFINITY, zf[1] = INFINITY, zf[2] = NAN, zf[3] = -NAN, zf[4] = -0.0f, zf[5] = 1e-30f;
+            zf[6] = -1e-30f;   /* underflows to -0 in f16 (bf16: a subnormal) unless the sum is larger */
             void *x = malloc(bytes), *z = malloc(bytes), *ya = malloc(bytes), *yr = malloc(bytes);
             cpu_store(NULL, dt, x, 0, xf, total), cpu_store(NULL, dt, z, 0, zf, total);
             mp_bcast bc = { .ndim = 1, .shape = { total }, .sa = { 1 }, .sb = { 1 } };
             for (int mode = 1; mode < 4; mode++)   /* bit 0: z, bit 1: the ReLU */
                 for (int wide = 0; wide < 2; wide++)
-                    for (int threads = 1; threads <= 2; threads++) {
-                        int with_z = mode & 1, relu = mode >> 1;
+                    for (int threads = 1; threads <= 2; threads++)
+                    for (int flush = 0; flush < 2; flush++) {   /* flushes counted: the widening paths */
+                        int with_z = mode & 1, relu = mode >> 1, on = cx->flush.on;
+                        cx->flush.on = flush;
                         float st[2][4][16] = { { { 0 } } };   /* mean, rstd, running mean, running var (c <= 16) */
                         for (int k = 0; k < 2; k++)
                             for (int64_t i = 0; i < c; i++) st[k][2][i] = 0.1f * (float)i, st[k][3][i] = 1.0f;
@@ -565,8 +570,10 @@ Test(batch_norm_lowp, act_is_the_three_kernels)
                         if (relu) cpu_unary(cx, MP_RELU, dt, yr, yr, total, 0.0);
                         omp_set_num_threads(nt);
                         cpu_batch_norm_wide_enable(was);
-                        cr_assert(!memcmp(ya, yr, bytes), "dtype %d %ldx%ldx%ld z %d relu %d wide %d threads %d: y",
-                                  (int)dt, (long)n, (long)c, (long)hw, with_z, relu, wide, threads);
+                        cx->flush.on = on;
+                        cr_assert(!memcmp(ya, yr, bytes),
+                                  "dtype %d %ldx%ldx%ld z %d relu %d wide %d threads %d flush %d: y", (int)dt, (long)n,
+                                  (long)c, (long)hw, with_z, relu, wide, threads, flush);
                         cr_assert(!memcmp(st[0], st[1], sizeof st[0]), "dtype %d %ldx%ldx%ld: statistics", (int)dt,
                                   (long)n, (long)c, (long)hw);
                     }
