@@ -186,6 +186,10 @@ mp_tensor *mp_adaptive_avg_pool2d(mp_tensor *x, const int64_t out[2]);
  * when training (may then be NULL); w, b may be NULL */
 mp_tensor *mp_batch_norm(mp_tensor *x, mp_tensor *running_mean, mp_tensor *running_var, mp_tensor *w, mp_tensor *b,
                          bool training, double momentum, double eps);
+/* relu(batch_norm(x) + z) (z may be NULL; relu false: no ReLU) as one op where
+ * the backend fuses them (ops_batch_norm.c): the values of the three ops */
+mp_tensor *mp_batch_norm_act(mp_tensor *x, mp_tensor *running_mean, mp_tensor *running_var, mp_tensor *w, mp_tensor *b,
+                             mp_tensor *z, bool relu, bool training, double momentum, double eps);
 #define MP_BATCH_NORM_MOMENTUM 0.1   /* PyTorch's defaults, the one default of mp.batch_norm and nn.BatchNorm2d */
 #define MP_BATCH_NORM_EPS 1e-5
 mp_tensor *mp_attention(mp_tensor *q, mp_tensor *k, mp_tensor *v, bool causal, const double *scale, double dropout);

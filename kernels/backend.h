@@ -558,6 +558,16 @@ typedef struct mp_kctx mp_kctx;
       const void *x, const float *mean, const float *rstd, const float *w, int64_t n, int64_t c, int64_t hw,            \
       int training),                                                                                                    \
       (cx, dt, gx, gw, gb, gy, x, mean, rstd, w, n, c, hw, training))                                                   \
+    /* batch_norm with the block's next steps in its output pass: y = relu(bn(x) + z)                                   \
+     * (z {n, c, hw} of dtype dt, or NULL: none; relu 0: no ReLU), the same bits as                                     \
+     * batch_norm, then the binary add, then the unary ReLU (each rounded to dt                                         \
+     * as those kernels round); mean, rstd and the running statistics as                                                \
+     * batch_norm; dt f32, f16 or bf16. NULL: the backend has none (the engine                                          \
+     * runs the three). */                                                                                              \
+    X(int, batch_norm_act, (mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,           \
+      float *running_var, const void *x, const float *w, const float *b, const void *z, int64_t n, int64_t c,           \
+      int64_t hw, int training, float momentum, float eps, int relu),                                                   \
+      (cx, dt, y, mean, rstd, running_mean, running_var, x, w, b, z, n, c, hw, training, momentum, eps, relu))          \
     /* the k largest (largest) or smallest values of each of rows rows of n, in                                         \
      * order, into values {rows, k} (dtype dt) and their 0-based positions into                                         \
      * idx {rows, k}; ties in index order, NaN above every number (PyTorch's                                            \

@@ -280,23 +280,34 @@ static int f_adaptive_avg_pool2d(lua_State *L)
     RETURN_TENSOR(L, name, mp_adaptive_avg_pool2d(x, out));
 }
 
-/* mp.batch_norm(x, running_mean, running_var [, w, b], {training = false, momentum = 0.1, eps = 1e-5}) */
+/* mp.batch_norm(x, running_mean, running_var [, w, b], {training = false, momentum = 0.1, eps = 1e-5,
+ * residual = z, activation = "relu"}): relu(batch_norm(x) + z) with those two, one op where the backend fuses them */
 static int f_batch_norm(lua_State *L)
 {
     const char *name = "mp.batch_norm";
-    mp_tensor *x = lt_check(L, 1), *t[4] = {NULL, NULL, NULL, NULL};
+    mp_tensor *x = lt_check(L, 1), *t[4] = {NULL, NULL, NULL, NULL}, *z = NULL;
     for (int i = 0; i < 4; i++)
         if (!lua_isnoneornil(L, 2 + i)) t[i] = lt_check(L, 2 + i);
-    bool training = false;
+    bool training = false, relu = false;
     double momentum = MP_BATCH_NORM_MOMENTUM, eps = MP_BATCH_NORM_EPS;
-    if (lb_check_options(L, 6, name, "training:boolean momentum:number eps:number", 1)) {
+    if (lb_check_options(L, 6, name,
+                         "training:boolean momentum:number eps:number residual:any activation:string", 1)) {
         lua_getfield(L, 6, "training");
         training = lua_toboolean(L, -1);
         lua_pop(L, 1);
         momentum = lb_number_field(L, 6, "momentum", momentum, name);
         eps = lb_number_field(L, 6, "eps", eps, name);
+        lua_getfield(L, 6, "residual");   /* the option table keeps it alive */
+        if (!lua_isnil(L, -1)) z = lb_tensor_arg(L, lua_gettop(L), "option 'residual'", name);
+        lua_pop(L, 1);
+        lua_getfield(L, 6, "activation");
+        const char *act = lua_tostring(L, -1);
+        if (act && strcmp(act, "relu") == 0) relu = true;
+        else if (act && strcmp(act, "none") != 0)
+            return luaL_error(L, "%s: option 'activation' must be \"relu\" or \"none\" (got \"%s\")", name, act);
+        lua_pop(L, 1);
     }
-    RETURN_TENSOR(L, name, mp_batch_norm(x, t[0], t[1], t[2], t[3], training, momentum, eps));
+    RETURN_TENSOR(L, name, mp_batch_norm_act(x, t[0], t[1], t[2], t[3], z, relu, training, momentum, eps));
 }
 
 /* mp.multinomial(probs, n [, {replacement = false}]) -> i32 categories (0-based) */

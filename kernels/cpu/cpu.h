@@ -212,6 +212,7 @@ mp_be_avg_pool2d_fn cpu_avg_pool2d;
 mp_be_avg_pool2d_grad_fn cpu_avg_pool2d_grad;
 mp_be_batch_norm_fn cpu_batch_norm;
 mp_be_batch_norm_grad_fn cpu_batch_norm_grad;
+mp_be_batch_norm_act_fn cpu_batch_norm_act;
 int cpu_batch_norm_wide_enable(int on);   /* 0: f16/bf16 channels widened blockwise, as before (tests) */
 
 mp_be_attention_fn cpu_attention;

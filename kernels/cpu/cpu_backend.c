@@ -188,6 +188,7 @@ const mp_backend mp_cpu_backend = {
     .avg_pool2d_grad = cpu_avg_pool2d_grad,
     .batch_norm = cpu_batch_norm,
     .batch_norm_grad = cpu_batch_norm_grad,
+    .batch_norm_act = cpu_batch_norm_act,
     .topk = cpu_topk,
     .attention_grad = cpu_attention_grad,
     .lstm_cell = cpu_lstm_cell,

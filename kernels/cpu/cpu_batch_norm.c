@@ -23,6 +23,15 @@
  * f32 rounding of the statistics (2^-24 relative), so the grouping changes a
  * statistic by at most one f32 ulp (and rarely by that); the bits stay the same
  * on every machine, clone and thread count.
+ *
+ * batch_norm_act is the forward with the block's next passes in its last one:
+ * y = relu(bn(x) + z) (z and the ReLU each optional), each piece finished while
+ * it is in L1, so the sum and the activation cost no pass of their own over
+ * memory. Its bits are those of the three kernels in turn: in f32 the same
+ * f32 operations (x a + b, then + z, then x < 0 ? 0 : x, as cpu_unary's ReLU);
+ * in f16/bf16 each step rounds into y as the separate kernels' outputs did
+ * (batch norm's y, then cpu_add_serial's sum, then the ReLU of the rounded
+ * sum, which keeps a -0 that the rounding made as cpu_unary does).
  */
 #include <math.h>
 #ifdef _OPENMP
@@ -145,15 +154,59 @@ MP_SIMD static void affine(float *y, const float *x, int64_t n, float a, float b
     for (int64_t j = 0; j < n; j++) y[j] = x[j] * a + b;
 }
 
+/* y = act(x a + b + z) over a piece, f32: the same operations as affine(),
+ * cpu_binary's add and cpu_unary's ReLU one after the other */
+MP_SIMD static void affine_act(float *y, const float *x, const float *z, int64_t n, float a, float b, int relu)
+{
+    if (z && relu)
+        for (int64_t j = 0; j < n; j++) { float v = x[j] * a + b; v = v + z[j]; y[j] = v < 0.0f ? 0.0f : v; }
+    else if (z)
+        for (int64_t j = 0; j < n; j++) { float v = x[j] * a + b; y[j] = v + z[j]; }
+    else if (relu)
+        for (int64_t j = 0; j < n; j++) { float v = x[j] * a + b; y[j] = v < 0.0f ? 0.0f : v; }
+    else
+        affine(y, x, n, a, b);
+}
+
+/* the ReLU of n f16/bf16 values in place, on their bits: a value below 0 (sign
+ * set, not -0, not NaN: magnitude bits in (0, inf]) becomes +0, the rest stay,
+ * as widening, x < 0 ? 0 : x and the exact rounding back give */
+MP_SIMD static void relu16(mp_dtype dt, uint16_t *p, int64_t n)
+{
+    const uint16_t inf = dt == MP_F16 ? 0x7c00 : 0x7f80;
+    for (int64_t j = 0; j < n; j++) {
+        uint16_t h = p[j], m = h & 0x7fff;
+        p[j] = (h & 0x8000) && m != 0 && m <= inf ? 0 : h;
+    }
+}
+
+/* f16/bf16: y's piece (batch norm's rounded output) plus z's, rounded, then
+ * its ReLU, in place: the separate kernels' roundings (the head comment) */
+static void act_lowp(mp_kctx *cx, mp_dtype dt, void *y, const void *z, int64_t off, int64_t len, int relu)
+{
+    uint16_t *yp = (uint16_t *)y + off;
+    if (z) cpu_add_serial(cx, dt, yp, yp, (const uint16_t *)z + off, 1, len);
+    if (!relu) return;
+    if (!cx || !cx->flush.on) { relu16(dt, yp, len); return; }
+    float v[MP_BLOCK];   /* flushes counted: through cpu_store, as cpu_unary's ReLU counts them then */
+    for (int64_t e = 0, k; e < len; e += k) {
+        k = len - e < MP_BLOCK ? len - e : MP_BLOCK;
+        cpu_load(dt, yp, e, v, k);
+        for (int64_t j = 0; j < k; j++) v[j] = v[j] < 0.0f ? 0.0f : v[j];
+        cpu_store(cx, dt, yp, e, v, k);   /* exact: each value is the rounded one or 0 */
+    }
+}
+
 /* gx = a g + b + k (x - m) over a piece */
 MP_SIMD static void grad_piece(float *gx, const float *g, const float *x, int64_t n, float a, float b, float k, float m)
 {
     for (int64_t j = 0; j < n; j++) gx[j] = a * g[j] + b + k * (x[j] - m);
 }
 
-int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,
-                   float *running_var, const void *x, const float *w, const float *b, int64_t n, int64_t c,
-                   int64_t hw, int training, float momentum, float eps)
+/* the forward, y = act(bn(x) + z) (z NULL: none; relu 0: no ReLU) */
+static int bn_forward(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,
+                      float *running_var, const void *x, const float *w, const float *b, const void *z, int64_t n,
+                      int64_t c, int64_t hw, int training, float momentum, float eps, int relu)
 {
     int64_t count = n * hw, per = 0;
     int par = n * c * hw >= MP_PAR_MIN;
@@ -182,12 +235,32 @@ int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, 
         float scale = w ? w[ch] * r : r, shift = (b ? b[ch] : 0.0f) - m * scale;
         FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
             const float *xp = wpiece(dt, x, wx, off, wo, len, buf);
-            if (dt == MP_F32) affine((float *)y + off, xp, len, scale, shift);
-            else if (!cpu_lowp_affine_store(cx, dt, y, off, xp, len, scale, shift))
+            if (dt == MP_F32) {
+                affine_act((float *)y + off, xp, z ? (const float *)z + off : NULL, len, scale, shift, relu);
+                continue;
+            }
+            if (!cpu_lowp_affine_store(cx, dt, y, off, xp, len, scale, shift))
                 affine(out, xp, len, scale, shift), cpu_store(cx, dt, y, off, out, len);
+            if (z || relu) act_lowp(cx, dt, y, z, off, len, relu);
         }
     }
     return 0;
+}
+
+int cpu_batch_norm(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,
+                   float *running_var, const void *x, const float *w, const float *b, int64_t n, int64_t c,
+                   int64_t hw, int training, float momentum, float eps)
+{
+    return bn_forward(cx, dt, y, mean, rstd, running_mean, running_var, x, w, b, NULL, n, c, hw, training, momentum,
+                      eps, 0);
+}
+
+int cpu_batch_norm_act(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rstd, float *running_mean,
+                       float *running_var, const void *x, const float *w, const float *b, const void *z, int64_t n,
+                       int64_t c, int64_t hw, int training, float momentum, float eps, int relu)
+{
+    return bn_forward(cx, dt, y, mean, rstd, running_mean, running_var, x, w, b, z, n, c, hw, training, momentum,
+                      eps, relu);
 }
 
 int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb, const void *gy, const void *x,

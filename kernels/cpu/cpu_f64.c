@@ -232,7 +232,7 @@ int cpu_layer_norm_grad_f64(double *gx, double *gw, double *gb, const double *gy
  * so ("conv2d is not available for f64 tensors on cpu (the backend declines
  * it)"). Every other op computes f64 in double. */
 static const char *const no_f64[] = {"conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "batch_norm",
-                                     "attention"};
+                                     "batch_norm_act", "attention"};
 
 bool cpu_supports(mp_kctx *cx, const char *op, mp_dtype dt)
 {

@@ -26,6 +26,10 @@
  *   ResNet-sized channels, a channel too large for the scratch), and the same
  *   bits on 1 and 2 threads. The numbers are the same sums over the same
  *   pieces in the same order, so nothing may differ: a bit-for-bit check.
+ * - cpu_batch_norm_act (the sum and ReLU in batch norm's output pass) against
+ *   cpu_batch_norm, cpu_binary's add and cpu_unary's ReLU in turn, f32, bf16
+ *   and f16, both paths, 1 and 2 threads, flushes counted or not; sums that
+ *   are infinite, NaN, -0 and underflowing.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -514,4 +518,65 @@ Test(batch_norm_lowp, no_weights_no_gx)
     cr_assert(!memcmp(out[0], out[1], sizeof out[0]));
     cr_assert(!memcmp(y[0], y[1], 2 * (size_t)total));
     free(x), free(gy), free(y[0]), free(y[1]);
+}
+
+/* batch_norm_act (relu(bn(x) + z) in batch norm's output pass) against the
+ * three kernels it stands in for, cpu_batch_norm, cpu_binary's add and
+ * cpu_unary's ReLU, in f32, bf16 and f16: with and without z, with and without
+ * the ReLU, the widened and blockwise paths, 1 and 2 threads, on values with
+ * zeros and sums that cancel to zero (z = -bias on a constant channel). The
+ * output, mean, rstd and running statistics bit for bit. */
+Test(batch_norm_lowp, act_is_the_three_kernels)
+{
+    static const int64_t shapes[][3] = { { 4, 3, 50 }, { 2, 5, 1500 }, { 32, 16, 1024 }, { 2, 2, 70000 } };
+    mp_dtype dts[] = { MP_F32, MP_BF16, MP_F16 };
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    unsigned seed = 11;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int d = 0; d < 3; d++) {
+            mp_dtype dt = dts[d];
+            int64_t n = shapes[s][0], c = shapes[s][1], hw = shapes[s][2], total = n * c * hw;
+            size_t es = mp_dtype_size(dt), bytes = es * (size_t)total;
+            float *xf = malloc(4 * (size_t)total), *zf = malloc(4 * (size_t)total);
+            float *w = malloc(4 * (size_t)c), *b = malloc(4 * (size_t)c);
+            for (int64_t i = 0; i < c; i++) w[i] = 0.5f + 0.25f * (float)i, b[i] = i == 1 ? 0.375f : -0.125f * (float)i;
+            for (int64_t i = 0; i < total; i++) {
+                int64_t ch = (i / hw) % c;
+                int r = rand_r(&seed) % 20001 - 10000;
+                xf[i] = ch == 1 ? 0.75f : r % 5 == 0 ? 0.0f : (float)r / 3000.0f;   /* channel 1 constant: bn gives b */
+                zf[i] = ch == 1 ? -b[1] : r % 7 == 0 ? 0.0f : (float)(rand_r(&seed) % 2001 - 1000) / 700.0f;
+            }
+            zf[0] = -INFINITY, zf[1] = INFINITY, zf[2] = NAN, zf[3] = -NAN, zf[4] = -0.0f, zf[5] = 1e-30f;
+            zf[6] = -1e-30f;   /* underflows to -0 in f16 (bf16: a subnormal) unless the sum is larger */
+            void *x = malloc(bytes), *z = malloc(bytes), *ya = malloc(bytes), *yr = malloc(bytes);
+            cpu_store(NULL, dt, x, 0, xf, total), cpu_store(NULL, dt, z, 0, zf, total);
+            mp_bcast bc = { .ndim = 1, .shape = { total }, .sa = { 1 }, .sb = { 1 } };
+            for (int mode = 1; mode < 4; mode++)   /* bit 0: z, bit 1: the ReLU */
+                for (int wide = 0; wide < 2; wide++)
+                    for (int threads = 1; threads <= 2; threads++)
+                    for (int flush = 0; flush < 2; flush++) {   /* flushes counted: the widening paths */
+                        int with_z = mode & 1, relu = mode >> 1, on = cx->flush.on;
+                        cx->flush.on = flush;
+                        float st[2][4][16] = { { { 0 } } };   /* mean, rstd, running mean, running var (c <= 16) */
+                        for (int k = 0; k < 2; k++)
+                            for (int64_t i = 0; i < c; i++) st[k][2][i] = 0.1f * (float)i, st[k][3][i] = 1.0f;
+                        int nt = omp_get_max_threads(), was = cpu_batch_norm_wide_enable(wide);
+                        omp_set_num_threads(threads);
+                        cr_assert_eq(cpu_batch_norm_act(cx, dt, ya, st[0][0], st[0][1], st[0][2], st[0][3], x, w, b,
+                                                        with_z ? z : NULL, n, c, hw, 1, 0.1f, 1e-5f, relu), 0);
+                        cr_assert_eq(cpu_batch_norm(cx, dt, yr, st[1][0], st[1][1], st[1][2], st[1][3], x, w, b, n, c,
+                                                    hw, 1, 0.1f, 1e-5f), 0);
+                        if (with_z) cpu_binary(cx, MP_ADD, dt, yr, yr, z, &bc);
+                        if (relu) cpu_unary(cx, MP_RELU, dt, yr, yr, total, 0.0);
+                        omp_set_num_threads(nt);
+                        cpu_batch_norm_wide_enable(was);
+                        cx->flush.on = on;
+                        cr_assert(!memcmp(ya, yr, bytes),
+                                  "dtype %d %ldx%ldx%ld z %d relu %d wide %d threads %d flush %d: y", (int)dt, (long)n,
+                                  (long)c, (long)hw, with_z, relu, wide, threads, flush);
+                        cr_assert(!memcmp(st[0], st[1], sizeof st[0]), "dtype %d %ldx%ldx%ld: statistics", (int)dt,
+                                  (long)n, (long)c, (long)hw);
+                    }
+            free(xf), free(zf), free(w), free(b), free(x), free(z), free(ya), free(yr);
+        }
 }

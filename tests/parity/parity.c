@@ -1022,6 +1022,26 @@ static void cases_cnn(void)
                 c.bound = bound_for(dt, 1e-10, 1e-5);
                 finish(&c);
             }
+        /* batch norm with the residual sum and the ReLU in its output pass, in
+         * training (the ResNet's); with and without the residual z */
+        for (size_t si = 0; si < sizeof bn / sizeof bn[0]; si++)
+            for (int with_z = 0; with_z <= 1; with_z++) {
+                int64_t n = bn[si][0], ch = bn[si][1], hw = bn[si][2];
+                snprintf(what, sizeof what, "{%lld, %lld, %lld}%s", (long long)n, (long long)ch, (long long)hw,
+                         with_z ? " + z" : "");
+                if (!DUT->batch_norm_act) { absent++; continue; }
+                if (!begin(&c, "batch_norm_act relu %s %s", dn, what)) continue;
+                int x = buf(&c, dt, n * ch * hw, 0, -2, 3), w = buf(&c, MP_F32, ch, 0, 0.5, 1.5);
+                int b = buf(&c, MP_F32, ch, 0, -1, 1), rm = buf(&c, MP_F32, ch, 1, 0, 0), rv = buf(&c, MP_F32, ch, 1, 0, 0);
+                int z = buf(&c, dt, n * ch * hw, 0, -1, 1), y = buf(&c, dt, n * ch * hw, 1, 0, 0);
+                int mean = buf(&c, MP_F32, ch, 1, 0, 0), rstd = buf(&c, MP_F32, ch, 1, 0, 0);
+                REF->batch_norm_act(REF->ctx, dt, c.ref[y], c.ref[mean], c.ref[rstd], c.ref[rm], c.ref[rv], c.ref[x],
+                                    c.ref[w], c.ref[b], with_z ? c.ref[z] : NULL, n, ch, hw, 1, 0.1f, 1e-5f, 1);
+                DUT->batch_norm_act(DUT->ctx, dt, c.dev[y], c.dev[mean], c.dev[rstd], c.dev[rm], c.dev[rv], c.dev[x],
+                                    c.dev[w], c.dev[b], with_z ? c.dev[z] : NULL, n, ch, hw, 1, 0.1f, 1e-5f, 1);
+                c.bound = bound_for(dt, 1e-10, 1e-5);
+                finish(&c);
+            }
     }
 }
 

@@ -119,16 +119,28 @@ function BatchNorm2d:init(num_features, opts)
   end
 end
 
-function BatchNorm2d:forward(x)
+-- bn(x [, {residual = z, activation = "relu"}]): relu(bn(x) + z) with those options
+-- (mp.batch_norm's: one op where the backend fuses them), checked before the
+-- running statistics move
+function BatchNorm2d:forward(x, opts)
+  local f = "mp.nn.BatchNorm2d"
   if is_tensor(x) and #x.shape ~= 4 then
-    raise(string.format("mp.nn.BatchNorm2d: expected a 4-d input {n, c, h, w} (got %s)", shape_str(x.shape)))
+    raise(string.format("%s: expected a 4-d input {n, c, h, w} (got %s)", f, shape_str(x.shape)))
+  end
+  opts = checked_options(f, opts, "residual:any activation:string")
+  if opts.residual ~= nil and not is_tensor(opts.residual) then
+    raise(string.format("%s: option 'residual' must be a tensor (got %s)", f, show(opts.residual)))
+  end
+  if opts.activation ~= nil and opts.activation ~= "relu" and opts.activation ~= "none" then
+    raise(string.format('%s: option \'activation\' must be "relu" or "none" (got %s)', f, show(opts.activation)))
   end
   local batch_stats = self.training or not self.track_running_stats
   if self.training and self.track_running_stats then
     self.num_batches_tracked = self.num_batches_tracked + 1
   end
   return core.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
-                         { training = batch_stats, momentum = self.momentum, eps = self.eps })
+                         { training = batch_stats, momentum = self.momentum, eps = self.eps,
+                           residual = opts.residual, activation = opts.activation })
 end
 
 function BatchNorm2d:extra_repr()
