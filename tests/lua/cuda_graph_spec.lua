@@ -69,6 +69,28 @@ local function batches(n)
   return t
 end
 
+-- four batches of B x T tokens (and their next-token targets) for a rig with idx and tgt
+-- input buffers; feed(r, i) copies batch i in. No token twice in a batch: the embedding's
+-- backward adds a repeated token's rows with float atomics, whose order (shuffled on the
+-- emulated device) changes the last bits between any two runs, eager or replayed.
+local function token_feed(B, T, V, seed)
+  local data = {}
+  for i = 1, 4 do
+    local ids = {}
+    for j = 1, V do ids[j] = j - 1 end
+    for j = V, 2, -1 do
+      seed = (seed * 1103515245 + 12345) % 2147483648
+      local k = seed % j + 1
+      ids[j], ids[k] = ids[k], ids[j]
+    end
+    data[i] = mp.tensor({table.unpack(ids, 1, B * T + 1)}, {dtype = "i32", device = "cpu"})
+  end
+  return function(r, i)
+    r.idx:copy_(data[i]:narrow(1, 1, B * T):reshape({B, T}))
+    r.tgt:copy_(data[i]:narrow(1, 2, B * T))
+  end
+end
+
 local function needs_graphs()
   if not graphs then pending(why_not) end
   return graphs
@@ -146,24 +168,7 @@ describe("mp.cuda.graph", function()
       end
       return r
     end
-    -- no token twice in a batch: the embedding's backward adds a repeated token's rows with
-    -- float atomics, whose order (shuffled on the emulated device) changes the last bits
-    -- between any two runs, eager or replayed
-    local data, rng = {}, 12345
-    for i = 1, 4 do
-      local ids = {}
-      for j = 1, V do ids[j] = j - 1 end
-      for j = V, 2, -1 do
-        rng = (rng * 1103515245 + 12345) % 2147483648
-        local k = rng % j + 1
-        ids[j], ids[k] = ids[k], ids[j]
-      end
-      data[i] = mp.tensor({table.unpack(ids, 1, B * T + 1)}, {dtype = "i32", device = "cpu"})
-    end
-    local function feed(r, i)
-      r.idx:copy_(data[i]:narrow(1, 1, B * T):reshape({B, T}))
-      r.tgt:copy_(data[i]:narrow(1, 2, B * T))
-    end
+    local feed = token_feed(B, T, V, 12345)
     local eager, le = gpt_rig(), {}
     for i = 1, 4 do feed(eager, i); le[i] = eager.step():item() end
     local r = gpt_rig()
@@ -400,22 +405,7 @@ describe("mp.cuda.graph", function()
       end
       return r
     end
-    -- no token twice in a batch (the embedding's backward adds a repeated token's rows with float atomics)
-    local data, seed = {}, 4242
-    for i = 1, 4 do
-      local ids = {}
-      for j = 1, V do ids[j] = j - 1 end
-      for j = V, 2, -1 do
-        seed = (seed * 1103515245 + 12345) % 2147483648
-        local k = seed % j + 1
-        ids[j], ids[k] = ids[k], ids[j]
-      end
-      data[i] = mp.tensor({table.unpack(ids, 1, B * T + 1)}, {dtype = "i32", device = "cpu"})
-    end
-    local function feed(r, i)
-      r.idx:copy_(data[i]:narrow(1, 1, B * T):reshape({B, T}))
-      r.tgt:copy_(data[i]:narrow(1, 2, B * T))
-    end
+    local feed = token_feed(B, T, V, 4242)
     local eager, le, se = gpt_rig(), {}, {}
     for i = 1, 4 do feed(eager, i); le[i] = eager.step():item(); se[i] = state() end
     assert.are.equal(B * T * T + B * T * D, se[3][2] - se[2][2], "a step draws the attention's and the dropout's")
