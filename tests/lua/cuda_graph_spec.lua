@@ -31,6 +31,23 @@ end
 -- a small MLP, Adam, an f16 autocast step through GradScaler{sync = false}
 -- (nothing read on the host) reading a fixed input buffer x; dropout: an
 -- nn.Dropout of that p after the ReLU
+-- the captured step of every rig: f16 autocast forward (forward(r) -> loss), scaled
+-- backward, the scaler's step and update; returns the loss
+local function amp_step(r, forward)
+  return function()
+    r.opt:zero_grad()
+    local loss
+    do
+      local _ <close> = mp.amp.autocast("f16")
+      loss = forward(r)
+    end
+    r.scaler:scale(loss):backward()
+    r.scaler:step(r.opt)
+    r.scaler:update()
+    return loss
+  end
+end
+
 local function rig(hidden, dropout)
   mp.manual_seed(7)
   local nin, nc, b = 20, 5, 16
@@ -47,18 +64,7 @@ local function rig(hidden, dropout)
   local labels = {}
   for i = 1, b do labels[i] = (i - 1) % nc end
   r.y = mp.tensor(labels, {dtype = "i32", device = "cuda"})
-  function r.step()
-    r.opt:zero_grad()
-    local loss
-    do
-      local _ <close> = mp.amp.autocast("f16")
-      loss = mp.cross_entropy(r.model(r.x), r.y)
-    end
-    r.scaler:scale(loss):backward()
-    r.scaler:step(r.opt)
-    r.scaler:update()
-    return loss
-  end
+  r.step = amp_step(r, function() return mp.cross_entropy(r.model(r.x), r.y) end)
   return r
 end
 
@@ -154,18 +160,7 @@ describe("mp.cuda.graph", function()
       r.scaler = mp.amp.GradScaler{sync = false}
       r.idx = mp.zeros({B, T}, {dtype = "i32", device = "cuda"})
       r.tgt = mp.zeros({B * T}, {dtype = "i32", device = "cuda"})
-      function r.step()
-        r.opt:zero_grad()
-        local loss
-        do
-          local _ <close> = mp.amp.autocast("f16")
-          loss = mp.cross_entropy(r.model(r.idx):reshape({B * T, V}), r.tgt)
-        end
-        r.scaler:scale(loss):backward()
-        r.scaler:step(r.opt)
-        r.scaler:update()
-        return loss
-      end
+      r.step = amp_step(r, function() return mp.cross_entropy(r.model(r.idx):reshape({B * T, V}), r.tgt) end)
       return r
     end
     local feed = token_feed(B, T, V, 12345)
@@ -386,23 +381,14 @@ describe("mp.cuda.graph", function()
       r.idx = mp.zeros({B, T}, {dtype = "i32", device = "cuda"})
       r.tgt = mp.zeros({B * T}, {dtype = "i32", device = "cuda"})
       r.pos = mp.arange(T, {dtype = "i32", device = "cuda"})
-      function r.step()
-        r.opt:zero_grad()
-        local loss
-        do
-          local _ <close> = mp.amp.autocast("f16")
-          local h = r.wte(r.idx) + r.wpe(r.pos)
-          local q, k, v = r.qkv(h):chunk(3, 3)
-          local function head(t) return t:reshape{B, 1, T, D} end
-          local y = mp.attention(head(q), head(k), head(v), {causal = true, dropout = 0.2})
-          h = h + r.drop(r.proj(y:reshape{B, T, D}))
-          loss = mp.cross_entropy(r.head(h):reshape{B * T, V}, r.tgt)
-        end
-        r.scaler:scale(loss):backward()
-        r.scaler:step(r.opt)
-        r.scaler:update()
-        return loss
-      end
+      r.step = amp_step(r, function()
+        local h = r.wte(r.idx) + r.wpe(r.pos)
+        local q, k, v = r.qkv(h):chunk(3, 3)
+        local function head(t) return t:reshape{B, 1, T, D} end
+        local y = mp.attention(head(q), head(k), head(v), {causal = true, dropout = 0.2})
+        h = h + r.drop(r.proj(y:reshape{B, T, D}))
+        return mp.cross_entropy(r.head(h):reshape{B * T, V}, r.tgt)
+      end)
       return r
     end
     local feed = token_feed(B, T, V, 4242)
