@@ -38,6 +38,10 @@ int mp_manual_seed(uint64_t seed);
  * where it was; each replay of the graph advances it (mp_rng_reserve) */
 void mp_rng_get(uint64_t *seed, uint64_t *offset);
 void mp_rng_set(uint64_t seed, uint64_t offset);
+/* mp_rng_set for a user's state (mp.set_rng_state): -1 inside a capture, as
+ * mp_manual_seed; the engine's own host draws (a loader's shuffle) use
+ * mp_rng_set, which a capture allows */
+int mp_rng_restore(uint64_t seed, uint64_t offset);
 /* n counters of the stream for one draw on a device: false with the stream's
  * (seed, offset), which then moves on by n; true inside a capture, with offset
  * relative to the capture's start (its own count) and the stream unmoved: each

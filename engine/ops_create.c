@@ -50,6 +50,15 @@ int mp_manual_seed(uint64_t seed)
 void mp_rng_get(uint64_t *seed, uint64_t *offset) { *seed = rng_seed, *offset = rng_offset; }
 void mp_rng_set(uint64_t seed, uint64_t offset) { rng_seed = seed, rng_offset = offset; }
 
+int mp_rng_restore(uint64_t seed, uint64_t offset)
+{
+    if (mp_capture_refuse("set the random generator's state",
+                          "the replays would not set it again (set it before the capture, or between replays)"))
+        return -1;
+    mp_rng_set(seed, offset);
+    return 0;
+}
+
 bool mp_rng_reserve(uint64_t n, uint64_t *seed, uint64_t *offset)
 {
     *seed = rng_seed;

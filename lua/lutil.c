@@ -5,7 +5,6 @@
  */
 #include <time.h>
 #include <unistd.h>
-#include "engine/capture_guard.h"
 #include "engine/error.h"
 #include "lua/lbind.h"
 #include "lua/lcore.h"
@@ -47,10 +46,8 @@ static int u_set_rng_state(lua_State *L)
     if (!lua_isinteger(L, -2) || !lua_isinteger(L, -1))
         return luaL_error(L, "mp.set_rng_state: expected {seed = integer, offset = integer}");
     mp_clear_error();
-    if (mp_capture_refuse("set the random generator's state",
-                          "the replays would not set it again (set it before the capture, or between replays)"))
+    if (mp_rng_restore((uint64_t)lua_tointeger(L, -2), (uint64_t)lua_tointeger(L, -1)))
         return lt_error(L, "mp.set_rng_state");
-    mp_rng_set((uint64_t)lua_tointeger(L, -2), (uint64_t)lua_tointeger(L, -1));
     return 0;
 }
 
