@@ -30,8 +30,14 @@ static const char *launcher_size(void)
 
 /* a script that ends (its last line, os.exit, a caught error) without
  * mp.dist.finalize() still leaves the world the same way: a rank waiting for
- * it in a collective learns that it left */
-static void finalize_at_exit(void)
+ * it in a collective learns that it left. A host calls this before it exits
+ * (mpengine does); the atexit hook is the fallback for one that does not, and
+ * it comes late: handlers run in the reverse order of their registration, so
+ * every C++ static made after mp.dist.init (oneDNN's JIT GEMM kernels, which
+ * the emulated device's queued matmuls run through when the device leaves;
+ * likely too, unchecked without a GPU, the CUDA runtime's own teardown when
+ * its first call came after init) is gone by then */
+void mp_dist_finalize_at_exit(void)
 {
     if (!world.comm || world.finalized) return;
     mp_clear_error();
@@ -58,7 +64,7 @@ int mp_dist_init(bool device_self)
         world.comm = c;
         world.rank = c->rank, world.size = c->size, world.local_rank = c->local_rank, world.local_size = c->local_size;
         snprintf(world.name, sizeof world.name, "%s", c->name);
-        atexit(finalize_at_exit);
+        atexit(mp_dist_finalize_at_exit);
     } else {
         snprintf(world.name, sizeof world.name, "a world of one (no launcher: MPI not loaded)");
     }

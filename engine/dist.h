@@ -61,6 +61,12 @@ int mp_dist_barrier(void);
  * MPI cannot finalize (a rank may never come): an error, and the job ends at
  * exit (MPI_Abort). */
 int mp_dist_finalize(void);
+/* what a script's end does when it did not finalize (no-op once finalized, or
+ * without MPI): finalize, an error printed on stderr ("mp.dist.finalize at
+ * exit: ..."), MPI_Abort when MPI cannot finalize. Also an atexit hook, but a
+ * host should call it before it exits: the hook runs after the destructors of
+ * every static made since mp.dist.init, which the device's leaving may need */
+void mp_dist_finalize_at_exit(void);
 /* end the whole job at once: a script failed on this rank, and the others
  * would wait for it in their next collective until the timeout (no-op
  * without MPI). After a rank left, which every rank saw, this rank only

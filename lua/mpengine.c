@@ -368,6 +368,28 @@ static void doREPL(lua_State *L) {
 
 /* ------------------------------------------------------------------ main */
 
+/* os.exit leaves mp.dist's world first, as the script's end does (main): C's
+   exit handlers, mp.dist's among them, run after the destructors of statics
+   made since mp.dist.init, which the device's leaving may still run through
+   (the emulated device's queued matmuls through oneDNN's JIT kernels: a
+   segfault) */
+static int os_exit_leaving(lua_State *L) {
+  if (!lua_isboolean(L, 1)) luaL_optinteger(L, 1, EXIT_SUCCESS); /* os.exit's own refusal, before leaving */
+  mp_dist_finalize_at_exit();
+  lua_pushvalue(L, lua_upvalueindex(1));
+  lua_insert(L, 1);
+  lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+  return lua_gettop(L);
+}
+
+static void wrap_os_exit(lua_State *L) {
+  lua_getglobal(L, "os");
+  lua_getfield(L, -1, "exit");
+  lua_pushcclosure(L, os_exit_leaving, 1);
+  lua_setfield(L, -2, "exit");
+  lua_pop(L, 1);
+}
+
 static int pmain(lua_State *L) {
   int argc = (int)lua_tointeger(L, 1);
   char **argv = (char **)lua_touserdata(L, 2);
@@ -389,6 +411,7 @@ static int pmain(lua_State *L) {
     lua_setfield(L, LUA_REGISTRYINDEX, "LUA_NOENV");
   }
   luaL_openlibs(L);
+  wrap_os_exit(L);
   createargtable(L, argv, argc, script);
   lua_gc(L, LUA_GCRESTART);
   lua_gc(L, LUA_GCGEN, 0, 0);
@@ -430,6 +453,10 @@ int main(int argc, char **argv) {
      for it in their next collective; end them all (MPI_Abort), as PyTorch's
      elastic launcher ends its workers when one fails */
   if (!(result && status == LUA_OK)) mp_dist_abort(1);
+  /* a script that ended without mp.dist.finalize() leaves here, while its
+     tensors and every library's statics are alive, not in the atexit hook
+     (engine/dist.h) */
+  else mp_dist_finalize_at_exit();
   lua_close(L);
   return (result && status == LUA_OK) ? EXIT_SUCCESS : EXIT_FAILURE;
 }
