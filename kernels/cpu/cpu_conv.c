@@ -19,8 +19,10 @@
  * Images go through in chunks whose columns fit in COL_FLOATS, so the working
  * memory is bounded whatever the batch; the sums are the same for any chunking
  * and thread count (each output element is one GEMM dot product, gw adds the
- * images in order).
+ * images in order, and each GEMM runs on one thread: gemm_1). The copies,
+ * col2im, bias and roundings around the GEMMs run on threads.
  */
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 #include "kernels/cpu/cpu_dnnl.h"
@@ -110,17 +112,34 @@ static inline const void *at(const void *p, int64_t i, size_t es) { return (cons
 /* the elements an operand of batch items (stride s, 0 shared) spans */
 static int64_t span(int64_t batch, int64_t s, int64_t item) { return s ? (batch - 1) * s + item : item; }
 
+/* The GEMM itself on one thread. oneDNN's GEMM kernels split a product's
+ * sum among the threads of the count they run under (gemm:jit on AVX2 cuts K
+ * for small m n: a ResNet stage's y {64, 64} over K = 576 and the stem's gw
+ * {16, 27} over K = 1024 came out with other bits on 2 threads than on 1),
+ * so on threads this path's bits would follow the thread count. On one
+ * thread they are those it gave on one before, whatever the count. */
+static int gemm_1(mp_kctx *cx, int lowp, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
+                  const void *a, int64_t sa, const void *b, int64_t sb, float beta, float *c, int64_t sc)
+{
+    int was = omp_get_max_threads();
+    if (was > 1) omp_set_num_threads(1);
+    int r = lowp ? cpu_gemm_dnnl_f32out(cx, ta, tb, batch, m, n, k, 1.0f, a, sa, b, sb, beta, c, sc)
+                 : cpu_gemm(cx, MP_F32, ta, tb, batch, m, n, k, 1.0f, a, sa, b, sb, beta, c, sc);
+    if (was > 1) omp_set_num_threads(was);
+    return r;
+}
+
 /* C (f32) = op(A) op(B) + beta C over a batch (the engine's GEMM arguments):
  * f32 operands through cpu_gemm; bf16 ones (lowp) through oneDNN's bf16 GEMM
- * with f32 results, or widened into S_WA/S_WB and then cpu_gemm */
+ * with f32 results, or widened into S_WA/S_WB (on threads) and then cpu_gemm */
 static int gemm_f32out(mp_kctx *cx, int lowp, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
                        const void *a, int64_t sa, const void *b, int64_t sb, float beta, float *c, int64_t sc)
 {
-    if (!lowp) return cpu_gemm(cx, MP_F32, ta, tb, batch, m, n, k, 1.0f, a, sa, b, sb, beta, c, sc);
-    if (cpu_gemm_dnnl_f32out(cx, ta, tb, batch, m, n, k, 1.0f, a, sa, b, sb, beta, c, sc) == 0) return 0;
+    if (!lowp) return gemm_1(cx, 0, ta, tb, batch, m, n, k, a, sa, b, sb, beta, c, sc);
+    if (gemm_1(cx, 1, ta, tb, batch, m, n, k, a, sa, b, sb, beta, c, sc) == 0) return 0;
     const float *fa = cpu_scratch_f32(cx, S_WA, MP_BF16, a, span(batch, sa, m * k));
     const float *fb = fa ? cpu_scratch_f32(cx, S_WB, MP_BF16, b, span(batch, sb, k * n)) : NULL;
-    return fb ? cpu_gemm(cx, MP_F32, ta, tb, batch, m, n, k, 1.0f, fa, sa, fb, sb, beta, c, sc) : -1;
+    return fb ? gemm_1(cx, 0, ta, tb, batch, m, n, k, fa, sa, fb, sb, beta, c, sc) : -1;
 }
 
 int cpu_conv2d(mp_kctx *cx, mp_dtype dt, void *y, const void *x, const void *w, const void *b, const mp_conv_args *a)

@@ -668,6 +668,48 @@ static int weights(struct cpu_dnnl *d, const wplan *w, const void *x, const void
     return blocked && reorder(d, &pf->op[2], 1, sum, gw, part);
 }
 
+/* tests: 0 declines every convolution here (cpu_conv.c's im2col path runs,
+ * its GEMMs still on oneDNN); returns the previous setting */
+static int convs_on = 1;
+int cpu_conv_dnnl_convs(int on)
+{
+    int was = convs_on;
+    convs_on = on;
+    return was;
+}
+
+/* the engine (its plans' cache ready) when a convolution of dt over a may go
+ * to oneDNN at all, else NULL: the checks every entry makes before its plans */
+static struct cpu_dnnl *usable(mp_kctx *cx, mp_dtype dt, const mp_conv_args *a)
+{
+    struct cpu_dnnl *d = convs_on ? cpu_dnnl_of(cx) : NULL;
+    if (!d || (dt != MP_F32 && dt != MP_BF16 && dt != MP_F16) || a->n == 0 || a->c == 0 || a->k == 0) return NULL;
+    if (!d->conv && !(d->conv = calloc(1, sizeof *d->conv))) return NULL;
+    return d;
+}
+
+/* tests: 1 when direction dir of a in dt (with a bias: forward) would run on
+ * oneDNN's primitives here, 0 when cpu_conv_dnnl declines it (oneDNN off,
+ * no images, only a reference kernel: bf16 on a processor without AVX-512).
+ * The same plans as the entries' (made here if new), so the answer is
+ * theirs. */
+int cpu_conv_dnnl_takes(mp_kctx *cx, int dir, mp_dtype dt, int bias, const mp_conv_args *a)
+{
+    struct cpu_dnnl *d = usable(cx, dt, a);
+    if (!d) return 0;
+    int kdt = dt == MP_BF16 ? dnnl_bf16 : dnnl_f32, odt = dt == MP_BF16 && !cx->flush.on ? dnnl_bf16 : dnnl_f32;
+    if (dir == BWD_WEIGHTS) {
+        wplan w;
+        return !weight_plans(d, kdt, a, &w);
+    }
+    cplan cp;
+    if (!chunk_plans(d, dir, kdt, odt, dir == FWD && bias, a, &cp)) return 1;
+    conv_key key;
+    key_of(&key, dir, kdt, odt, a->n, a);
+    key.bias = dir == FWD && bias;
+    return find(d->conv, d, &key)->used == 1;
+}
+
 /* the gradients of a convolution through oneDNN (dt: the tensors' dtype):
  * gx from gy and w, gw from x and gy (either NULL: not wanted). gy goes into
  * oneDNN's layout once when both primitives take the same one. Returns -1
@@ -676,9 +718,8 @@ static int weights(struct cpu_dnnl *d, const wplan *w, const void *x, const void
 int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void *gy, const void *x, const void *w,
                        const mp_conv_args *a)
 {
-    struct cpu_dnnl *d = cpu_dnnl_of(cx);
-    if (!d || (dt != MP_F32 && dt != MP_BF16 && dt != MP_F16) || a->n == 0 || a->c == 0 || a->k == 0) return 0;
-    if (!d->conv && !(d->conv = calloc(1, sizeof *d->conv))) return 0;
+    struct cpu_dnnl *d = usable(cx, dt, a);
+    if (!d) return 0;
     int kdt = dt == MP_BF16 ? dnnl_bf16 : dnnl_f32;
     /* gx in bf16 straight from the primitive except while flush counting is
      * on (cpu_store counts); gw's f32 sums rounded here */
@@ -765,9 +806,8 @@ int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0,
                                 : cpu_conv_dnnl_grad(cx, dt, NULL, out, in1, in0, NULL, a);
         return r < 0 ? -1 : !r;
     }
-    struct cpu_dnnl *d = cpu_dnnl_of(cx);
-    if (!d || (dt != MP_F32 && dt != MP_BF16 && dt != MP_F16) || a->n == 0 || a->c == 0 || a->k == 0) return 1;
-    if (!d->conv && !(d->conv = calloc(1, sizeof *d->conv))) return 1;
+    struct cpu_dnnl *d = usable(cx, dt, a);
+    if (!d) return 1;
     int kdt = dt == MP_BF16 ? dnnl_bf16 : dnnl_f32;
     /* bf16 results straight from the primitive, except while flush counting
      * is on (cpu_store counts) */

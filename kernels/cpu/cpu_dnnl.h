@@ -35,6 +35,13 @@ int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0,
  * written (1 gx, 2 gw): the caller takes its own path for the others. */
 int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void *gy, const void *x, const void *w,
                        const mp_conv_args *a);
+/* tests: 1 when direction dir of a in dt (bias: forward with one) runs on
+ * oneDNN's primitives here, 0 when cpu_conv_dnnl declines it (bf16 has only
+ * reference kernels without AVX-512). cpu_conv_dnnl_convs(0) declines every
+ * convolution (cpu_conv.c's im2col path, GEMMs still on oneDNN); returns the
+ * previous setting. */
+int cpu_conv_dnnl_takes(mp_kctx *cx, int dir, mp_dtype dt, int bias, const mp_conv_args *a);
+int cpu_conv_dnnl_convs(int on);
 /* tests: 0 makes the weight gradient's chunks reorder their own x and gy and
  * add their partials in the plain layout (the blocked path's bits must be the
  * same); returns the previous setting */

@@ -16,12 +16,19 @@
  * relative, to first order). The one rounding into f16/bf16 adds half an ulp
  * of the result (2^-11, 2^-8 relative), and the exact value may sit on the
  * other side of a rounding boundary: one ulp allowed. Also: the bits of every
- * output do not depend on the thread count (1 or 2), and oneDNN's path is the
- * one taken on the ResNet's shapes.
+ * output do not depend on the thread count (1 or 2) on every path - oneDNN's
+ * primitives, the im2col path on oneDNN's GEMMs and on OpenBLAS - and
+ * oneDNN's path is the one taken on the ResNet's shapes. The properties of
+ * oneDNN's path itself (chunks, blocked weight gradient, own reorders) are
+ * checked where oneDNN takes the shape (cpu_conv_dnnl_takes): f32 and f16
+ * always (x86-64's JIT kernels), bf16 where the processor has AVX-512;
+ * without it oneDNN has only reference bf16 kernels, declines them, and those
+ * checks say so in the log and skip bf16.
  */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/cpu/cpu_dnnl.h"
@@ -149,6 +156,36 @@ Test(conv, matches_the_exact_convolution_without_onednn)
     cpu_dnnl_enable(was);
 }
 
+/* 1 when oneDNN's primitives take every direction of a (with a bias
+ * forward) in dt here, else 0 with the reason in the log. f32 and f16 must be
+ * taken, and bf16 where the processor has AVX-512 (oneDNN's bf16 kernels); a
+ * direction said to be declined must be declined by cpu_conv_dnnl. */
+static int onednn_takes(mp_dtype dt, const mp_conv_args *a, const char *test, size_t s)
+{
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    static const char *dirs[3] = {"forward", "backward data", "backward weights"};
+    char said[64] = "";
+    int t[3], all = 1;
+    for (int dir = 0; dir < 3; dir++) all &= t[dir] = cpu_conv_dnnl_takes(cx, dir, dt, dir == CPU_CONV_FWD, a);
+    if (all) return 1;
+    int64_t nx = a->n * a->c * a->h * a->w, nw = a->k * a->c / a->groups * a->r * a->s, ny = a->n * a->k * a->oh * a->ow;
+    void *x = calloc((size_t)nx, 4), *w = calloc((size_t)nw, 4), *y = calloc((size_t)ny, 4), *b = calloc((size_t)a->k, 4);
+    for (int dir = 0; dir < 3; dir++) {
+        cr_assert(t[dir] || (dt == MP_BF16 && !cpu_conv_layout_ok()), "%s %s shape %zu: oneDNN declines %s", test, dn(dt),
+                  s, dirs[dir]);
+        if (t[dir]) continue;
+        void *out = dir == CPU_CONV_FWD ? y : dir == CPU_CONV_BWD_DATA ? x : w;
+        const void *in0 = dir == CPU_CONV_BWD_DATA ? y : x, *in1 = dir == CPU_CONV_BWD_WEIGHTS ? y : w;
+        cr_assert_eq(cpu_conv_dnnl(cx, dir, dt, out, in0, in1, dir == CPU_CONV_FWD ? b : NULL, a), 1,
+                     "%s %s shape %zu: %s said declined, but taken", test, dn(dt), s, dirs[dir]);
+        snprintf(said + strlen(said), sizeof said - strlen(said), "%s%s", *said ? ", " : "", dirs[dir]);
+    }
+    cr_log_info("%s: %s shape %zu: oneDNN declines %s here (no AVX-512: reference kernels only); skipped", test, dn(dt),
+                s, said);
+    free(x), free(w), free(y), free(b);
+    return 0;
+}
+
 /* the ResNet's shapes (bench_resnet.lua), the outputs in 1 and in 2 threads */
 static const mp_conv_args resnet[] = {
     {.n = 32, .c = 3, .h = 32, .w = 32, .k = 16, .r = 3, .s = 3, .sh = 1, .sw = 1, .ph = 1, .pw = 1, .dh = 1, .dw = 1, .groups = 1},
@@ -193,6 +230,8 @@ static void same_bits_in_1_and_2_threads(void)
             a.oh = (a.h + 2 * a.ph - a.dh * (a.r - 1) - 1) / a.sh + 1;
             a.ow = (a.w + 2 * a.pw - a.dw * (a.s - 1) - 1) / a.sw + 1;
             int64_t nx = a.n * a.c * a.h * a.w, nw = a.k * a.c * a.r * a.s, ny = a.n * a.k * a.oh * a.ow;
+            if (!cpu_conv_dnnl_takes(mp_cpu_backend.ctx, CPU_CONV_FWD, dt, 1, &a))
+                cr_log_info("%s shape %zu: on cpu_conv.c's im2col path", dn(dt), s);
             unsigned seed = (unsigned)s + 1;
             void *x = rand_buf(dt, nx, &seed), *w = rand_buf(dt, nw, &seed), *b = rand_buf(dt, a.k, &seed);
             void *gy = rand_buf(dt, ny, &seed);
@@ -211,6 +250,17 @@ static void same_bits_in_1_and_2_threads(void)
 }
 
 Test(conv, same_bits_whatever_the_thread_count_with_onednn) { same_bits_in_1_and_2_threads(); }
+
+/* the im2col path on oneDNN's GEMMs, every dtype (bf16 on its bf16 GEMM
+ * where the processor has one, else widened): oneDNN's GEMM kernels split a
+ * sum among threads (AVX2: K cut for small outputs), so cpu_conv.c runs them
+ * on one thread */
+Test(conv, same_bits_whatever_the_thread_count_on_im2col_with_onednn_gemms)
+{
+    int was = cpu_conv_dnnl_convs(0);
+    same_bits_in_1_and_2_threads();
+    cpu_conv_dnnl_convs(was);
+}
 
 Test(conv, same_bits_whatever_the_thread_count_without_onednn)
 {
@@ -250,6 +300,10 @@ Test(conv, blocked_weight_gradient_has_the_plain_paths_bits)
             void *x = rand_buf(dt, nx, &seed), *w = rand_buf(dt, nw, &seed), *gy = rand_buf(dt, ny, &seed);
             void *gx = malloc(es * (size_t)nx), *gw = malloc(es * (size_t)nw);
             void *gx0 = malloc(es * (size_t)nx), *gw0 = malloc(es * (size_t)nw);
+            if (!onednn_takes(dt, &a, "blocked weight gradient", s)) {
+                free(x), free(w), free(gy), free(gx), free(gw), free(gx0), free(gw0);
+                continue;
+            }
             poison_scratch();
             cr_assert_eq(cpu_conv_dnnl_grad(cx, dt, gx, gw, gy, x, w, &a), 3, "%s shape %zu", dn(dt), s);
             int was = cpu_conv_dnnl_blocked(0);
@@ -288,6 +342,10 @@ Test(conv, chunked_forward_and_backward_data_have_the_whole_batchs_bits)
             unsigned seed = (unsigned)s + 23;
             void *x = rand_buf(dt, nx, &seed), *w = rand_buf(dt, nw, &seed), *b = rand_buf(dt, a.k, &seed);
             void *gy = rand_buf(dt, ny, &seed);
+            if (!onednn_takes(dt, &a, "chunks", s)) {
+                free(x), free(w), free(b), free(gy);
+                continue;
+            }
             long runs = cpu_conv_dnnl_chunk_runs();
             char *chunked[4], *whole[4];
             poison_scratch();
@@ -404,6 +462,10 @@ Test(conv, own_layout_reorders_give_the_same_convolutions)
 {
     static const mp_dtype dts[] = {MP_F32, MP_F16, MP_BF16};
     mp_kctx *cx = mp_cpu_backend.ctx;
+    if (!cpu_conv_layout_ok()) {   /* no AVX-512: the own reorders never run, oneDNN's stay */
+        cr_log_info("own reorders: no AVX-512 here, cpu_conv_layout.c's transposes do not run; skipped");
+        return;
+    }
     for (size_t d = 0; d < 3; d++)
         for (size_t s = 0; s < MORE_SHAPES; s++) {
             mp_conv_args a = more_shape(s);
@@ -413,6 +475,10 @@ Test(conv, own_layout_reorders_give_the_same_convolutions)
             unsigned seed = (unsigned)s + 21;
             void *x = rand_buf(dt, nx, &seed), *w = rand_buf(dt, nw, &seed), *gy = rand_buf(dt, ny, &seed);
             void *b = rand_buf(dt, a.k, &seed);
+            if (!onednn_takes(dt, &a, "own reorders", s)) {
+                free(x), free(w), free(gy), free(b);
+                continue;
+            }
             char *out[2][3];
             for (int own = 0; own < 2; own++) {
                 int was = cpu_conv_dnnl_own_reorders(own);
