@@ -8,7 +8,8 @@
  *         (cpu_add_widened: a cast's gradient into its leaf's .grad).
  * With the widened operands and without; sizes past the passes' thread split
  * (2^15) and not multiples of the 1024-blocks; biases and products with
- * signed zeros, f16 subnormals, infinities and a NaN.
+ * signed zeros, f16 subnormals, infinities and a NaN. And both ways of the
+ * bias against the exact sum rounded once, on inputs whose f32 sums are exact.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -104,6 +105,55 @@ Test(gemm_wide, acc_epilogue_is_the_product_then_the_widened_add)
         check_acc(300, 257, 128, w & 1, w >> 1);   /* past the thread split, blocks with a tail */
     }
     check_acc(1, 1, 1, 1, 0);
+}
+
+/* C{m,n} = A{m,k} @ B{n,k}^T + bias in f16 against the exact sum rounded once,
+ * through the engine's two ways (fill + gemm, the bias epilogue with operands
+ * widened or not). The inputs are multiples of 1/32 in [-1, 1]: the products
+ * multiples of 2^-10 of at most 1, every partial sum (bias included) one
+ * below (k + 1) 2^10 < 2^24 units, exact in f32 in any order of summing, and
+ * in double here: each path, whatever its kernel's order on this processor
+ * (AVX2 or AVX-512), must give the exact sum's one rounding; a rounding
+ * before the bias is added, or an accumulator of fewer bits, misses it */
+static void check_exact(int64_t m, int64_t n, int64_t k)
+{
+    unsigned seed = (unsigned)(m * 13 + n * 5 + k);
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    uint16_t *a = malloc(2 * (size_t)(m * k)), *b = malloc(2 * (size_t)(n * k)), *bias = malloc(2 * (size_t)n);
+    uint16_t *all[3] = {a, b, bias};
+    int64_t len[3] = {m * k, n * k, n};
+    for (int q = 0; q < 3; q++)
+        for (int64_t i = 0; i < len[q]; i++) all[q][i] = mp_f32_to_f16((float)(rand_r(&seed) % 65 - 32) / 32.0f);
+    float *fa = widened(a, m * k), *fb = widened(b, n * k);
+    uint16_t *want = malloc(2 * (size_t)(m * n)), *got[3];
+    for (int p = 0; p < 3; p++) got[p] = malloc(2 * (size_t)(m * n));
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t q = 0; q < n; q++) {
+            double sum = mp_f16_to_f32(bias[q]);
+            for (int64_t l = 0; l < k; l++) sum += (double)fa[r * k + l] * fb[q * k + l];
+            want[r * n + q] = mp_f32_to_f16((float)sum);   /* (float)sum is exact: one rounding */
+            got[0][r * n + q] = bias[q];
+        }
+    cr_assert_eq(cpu_gemm(cx, MP_F16, 0, 1, 1, m, n, k, 1.0f, a, 0, b, 0, 1.0f, got[0], m * n), 0);
+    cr_assert_eq(cpu_gemm_wide(cx, MP_F16, 0, 1, 1, m, n, k, 1.0f, a, 0, 0, b, 0, 0, 0.0f, got[1], m * n, bias, NULL), 0);
+    cr_assert_eq(cpu_gemm_wide(cx, MP_F16, 0, 1, 1, m, n, k, 1.0f, fa, 1, 0, fb, 1, 0, 0.0f, got[2], m * n, bias, NULL), 0);
+    static const char *way[3] = {"fill + gemm", "bias epilogue", "bias epilogue, widened"};
+    for (int p = 0; p < 3; p++)
+        for (int64_t i = 0; i < m * n; i++)
+            cr_assert_eq(got[p][i], want[i], "%s %ldx%ldx%ld at %ld: got 0x%04x, want 0x%04x", way[p], (long)m, (long)n,
+                         (long)k, (long)i, got[p][i], want[i]);
+    for (int p = 0; p < 3; p++) free(got[p]);
+    free(a), free(b), free(bias), free(fa), free(fb), free(want);
+}
+
+Test(gemm_wide, f16_linear_is_the_exact_sum_rounded_once)
+{
+    check_exact(37, 29, 53);
+    check_exact(64, 114, 128);
+    check_exact(7, 1000, 300);
+    check_exact(64, 512, 784);
+    check_exact(24, 40, 4096);
+    check_exact(1, 1, 1);
 }
 
 /* what the epilogues do not take is declined, nothing written: a batch, bf16 */
