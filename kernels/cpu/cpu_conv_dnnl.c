@@ -745,6 +745,8 @@ static int plans_of(struct cpu_dnnl *d, int dir, int kdt, int odt, int bias, con
     if ((*p)->used == 1) return 0;
     *p = NULL;
     return 1;
+}
+
 /* tests: 1 when direction dir of a in dt (with a bias: forward) would run on
  * oneDNN's primitives here (bf16 as it is or on the f16 route), 0 when
  * cpu_conv_dnnl declines it (oneDNN off, no images, only a reference kernel
@@ -761,13 +763,12 @@ int cpu_conv_dnnl_takes(mp_kctx *cx, int dir, mp_dtype dt, int bias, const mp_co
         cplan cp;
         plan *p;
         conv_key key;
-        if (dir == BWD_WEIGHTS ? !weight_plans(d, kdt, a, &w) : !plans_of(d, dir, kdt, odt, dir == FWD && bias, a, &cp, &chunks, &p, &key))
+        if (dir == BWD_WEIGHTS ? !weight_plans(d, kdt, a, &w)
+                               : !plans_of(d, dir, kdt, odt, dir == FWD && bias, a, &cp, &chunks, &p, &key))
             return 1;
         if (dt != MP_BF16) break;   /* only bf16 has a second way */
     }
     return 0;
-}
-
 }
 
 /* the gradients of a convolution through oneDNN (dt: the tensors' dtype):
