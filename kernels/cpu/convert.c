@@ -16,7 +16,9 @@
  *
  * bf16 needs no special instructions: its rounding is a few integer
  * operations with no branches. The C loops are the portable path; on AVX-512
- * the same steps are written out with 512-bit registers (below).
+ * and on AVX2 the same steps are written out with 512- and 256-bit registers
+ * (below; tests/c/test_half.c checks them against the C loops on every bf16
+ * and every f32).
  *
  * Long arrays are split over threads with OpenMP; the conversion is memory
  * bound, so short ones stay on one thread where fork/join would cost more
@@ -169,6 +171,66 @@ AVX512_FN static void f32_to_bf16_avx512(void *dst, const void *src, int64_t n)
     for (; i < n; i++) d[i] = to_bf16(s[i]);
 }
 
+/* bf16 with AVX2 written out, for processors without AVX-512 (AMD Zen 2/3):
+ * the same integer steps as to_bf16, eight values a register (the NaN test
+ * a signed compare: both sides lie in 0..0x7fffffff), two registers narrowed
+ * with one vpackusdw (its saturation keeps 0..0xffff as they are) and their
+ * 128-bit halves put back in order. gcc's avx2 clone of the C loop packed
+ * twice per sixteen values, around its select as well as for the store. */
+#define AVX2_FN __attribute__((target("avx2")))
+
+AVX2_FN static inline __m256i f32x8_to_bf16_lanes(__m256i x)
+{
+    const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
+    const __m256i abs = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i quiet = _mm256_set1_epi32(0x0040);
+    __m256i hi = _mm256_srli_epi32(x, 16);
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, half), _mm256_and_si256(hi, one)), 16);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, abs), inf);
+    return _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), nan);
+}
+
+/* sixteen f32 at s rounded to bf16 at d */
+AVX2_FN static inline void f32x16_to_bf16_avx2(uint16_t *d, const float *s)
+{
+    __m256i a = f32x8_to_bf16_lanes(_mm256_loadu_si256((const __m256i *)s));
+    __m256i b = f32x8_to_bf16_lanes(_mm256_loadu_si256((const __m256i *)(s + 8)));
+    _mm256_storeu_si256((__m256i *)d, _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8));
+}
+
+AVX2_FN static void bf16_to_f32_avx2(void *dst, const void *src, int64_t n)
+{
+    float *d = dst;
+    const uint16_t *s = src;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(s + i)));
+        _mm256_storeu_si256((__m256i *)(d + i), _mm256_slli_epi32(h, 16));
+    }
+    for (; i < n; i++) d[i] = mp_bf16_to_f32(s[i]);
+}
+
+AVX2_FN static void f32_to_bf16_avx2(void *dst, const void *src, int64_t n)
+{
+    uint16_t *d = dst;
+    const float *s = src;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) f32x16_to_bf16_avx2(d + i, s + i);
+    for (; i < n; i++) d[i] = to_bf16(s[i]);
+}
+
+int mp_cpu_has_avx2(void)
+{
+    static int has = -1;   /* racing threads all store the same answer */
+    int h = __atomic_load_n(&has, __ATOMIC_RELAXED);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx2");
+        __atomic_store_n(&has, h, __ATOMIC_RELAXED);
+    }
+    return h;
+}
+
 int mp_cpu_has_avx512bw(void)
 {
     static int has = -1;   /* racing threads all store the same answer */
@@ -182,18 +244,33 @@ int mp_cpu_has_avx512bw(void)
 }
 #else
 int mp_cpu_has_avx512bw(void) { return 0; }
+int mp_cpu_has_avx2(void) { return 0; }
 #define bf16_to_f32_avx512 bf16_to_f32_c
 #define f32_to_bf16_avx512 f32_to_bf16_c
+#define bf16_to_f32_avx2 bf16_to_f32_c
+#define f32_to_bf16_avx2 f32_to_bf16_c
 #endif
 
 void mp_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n)
 {
-    run_split(mp_cpu_has_avx512bw() ? bf16_to_f32_avx512 : bf16_to_f32_c, dst, sizeof *dst, src, sizeof *src, n);
+    run_split(mp_cpu_has_avx512bw() ? bf16_to_f32_avx512 : mp_cpu_has_avx2() ? bf16_to_f32_avx2 : bf16_to_f32_c, dst,
+              sizeof *dst, src, sizeof *src, n);
 }
 
 void mp_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n)
 {
-    run_split(mp_cpu_has_avx512bw() ? f32_to_bf16_avx512 : f32_to_bf16_c, dst, sizeof *dst, src, sizeof *src, n);
+    run_split(mp_cpu_has_avx512bw() ? f32_to_bf16_avx512 : mp_cpu_has_avx2() ? f32_to_bf16_avx2 : f32_to_bf16_c, dst,
+              sizeof *dst, src, sizeof *src, n);
+}
+
+void mp_cpu_bf16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n)
+{
+    run_split(bf16_to_f32_avx2, dst, sizeof *dst, src, sizeof *src, n);
+}
+
+void mp_cpu_f32_to_bf16_avx2(uint16_t *dst, const float *src, int64_t n)
+{
+    run_split(f32_to_bf16_avx2, dst, sizeof *dst, src, sizeof *src, n);
 }
 
 void mp_cpu_bf16_to_f32_portable(float *dst, const uint16_t *src, int64_t n)

@@ -19,9 +19,13 @@ void mp_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n);
 void mp_cpu_bf16_to_f32(float *dst, const uint16_t *src, int64_t n);
 void mp_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n);
 
-/* bf16: the C loops (the entry points above take AVX-512 where it is) */
+/* bf16: the C loops (the entry points above take AVX-512 where it is, else AVX2) */
 void mp_cpu_bf16_to_f32_portable(float *dst, const uint16_t *src, int64_t n);
 void mp_cpu_f32_to_bf16_portable(uint16_t *dst, const float *src, int64_t n);
+/* bf16 in AVX2 registers; only call these when mp_cpu_has_avx2() */
+int mp_cpu_has_avx2(void);
+void mp_cpu_bf16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n);
+void mp_cpu_f32_to_bf16_avx2(uint16_t *dst, const float *src, int64_t n);
 void mp_cpu_f16_to_f32_portable(float *dst, const uint16_t *src, int64_t n);
 void mp_cpu_f32_to_f16_portable(uint16_t *dst, const float *src, int64_t n);
 /* only call these when mp_cpu_has_f16c() */

@@ -2,7 +2,8 @@
  * cpu_conv.c: 2-d convolution, forward and backward, for every float dtype:
  * products accumulate in f32 and results are rounded once. Each direction
  * goes first to oneDNN's convolution primitives (cpu_conv_dnnl.c: twice as
- * fast on the ResNet); what they decline (oneDNN off, a shape with only a
+ * fast on the ResNet; f16, and bf16 where oneDNN has no bf16 kernel, widened
+ * to f32 for its f32 ones); what they decline (oneDNN off, a shape with only a
  * reference kernel, no images) takes the im2col + GEMM path here. The bias
  * gradient is always summed here (f64, in order).
  * f32 and f16 run through the engine's f32 GEMM (oneDNN, else OpenBLAS; f16

@@ -5,9 +5,14 @@
  * operands go in as they are (bf16 products summed in f32 - AMX or
  * AVX512-BF16 where the processor has them - results rounded once); f16
  * operands are widened to f32 once and take the f32 primitive, rounded once
- * into f16. The bias is added inside the forward primitive, to the f32 sums
- * before their rounding. The weight gradient comes out in f32 and is rounded
- * here (so is every bf16 output while flush counting is on: cpu_store counts).
+ * into f16 (the f16 route). bf16 takes the f16 route too, per shape and
+ * direction, where oneDNN has no bf16 primitive but a reference one: oneDNN
+ * 2.6 makes none without AVX512-BF16 (on AVX2 it has only f32 kernels), and
+ * cpu_conv.c's im2col path, which would run instead, widened the columns of
+ * every GEMM again. The bias is added inside the forward primitive, to the
+ * f32 sums before their rounding. The weight gradient comes out in f32 and is
+ * rounded here, as is every output of the f16 route and every bf16 output
+ * while flush counting is on (cpu_store counts).
  *
  * Layouts: the tensors are NCHW. With NCHW throughout oneDNN offers only its
  * own im2col + GEMM (x64:gemm:jit), slower than cpu_conv.c's (ResNet step,
@@ -42,7 +47,14 @@
  * chunks of images, see weights()): |sum - exact| <= (K + 2) 2^-24 sum |terms|
  * (K - 1 additions and one rounding per product, whatever the order), plus
  * one rounding into the output dtype; tests/c/test_conv.c checks it against
- * the exact convolution. Thread count: the forward and backward-data kernels
+ * the exact convolution. The f16 route keeps that contract: widening to f32
+ * is exact, and so is the product of two f16 or two bf16 values in f32 (11 +
+ * 11 or 8 + 8 significant bits of 24; bf16 shares f32's exponent range, so a
+ * product can still underflow or overflow it, as on the bf16 primitives), so
+ * the f32 primitive sums the very products a bf16 primitive would, in f32,
+ * and each output is rounded once from its f32 sum (nearest even, NaN kept:
+ * cpu_store). Its bits are the f32 convolution's of the widened operands,
+ * rounded once (tested). Thread count: the forward and backward-data kernels
  * give each output element to one thread, whole; the weight gradient's
  * kernels split the sum over images among threads, so it runs on
  * single-threaded plans over a chunking fixed by the shape (weights()), and
@@ -53,7 +65,10 @@
 #include <string.h>
 #include "kernels/cpu/cpu_dnnl.h"
 
-#define PLANS 128  /* a ResNet step has ~30 distinct (shape, direction) pairs, each with up to 2 chunk plans */
+/* a ResNet step has ~30 distinct (shape, direction) pairs, each with up to 2
+ * chunk plans, and in bf16 without bf16 primitives up to 2 declined ones
+ * (kept, so that oneDNN is asked once): 59 in the wide ResNet's bf16 step */
+#define PLANS 192
 /* the weight gradient's chunks of images, at most (fewer where their partial
  * sums would pass WBYTES): weights() */
 #define WCHUNKS 8   /* 16 chunks of 2 images (batch 32) were 6% slower on a bf16 ResNet step */
@@ -688,61 +703,113 @@ static struct cpu_dnnl *usable(mp_kctx *cx, mp_dtype dt, const mp_conv_args *a)
     return d;
 }
 
+/* bf16 where oneDNN has no bf16 primitive for a shape and direction (no
+ * AVX512-BF16 or AMX: oneDNN 2.6 makes none on AVX2) takes the f16 route:
+ * operands widened to f32 once, the f32 primitive, outputs rounded once. A
+ * tests' switch (1) takes that route for every bf16 convolution, so that it
+ * is tested on processors with bf16 primitives too; widened_runs counts the
+ * directions run on it. */
+static int widen_all;
+static long widened_runs;
+int cpu_conv_dnnl_bf16_widen(int on)
+{
+    int was = widen_all;
+    widen_all = on;
+    return was;
+}
+long cpu_conv_dnnl_widened_runs(void) { return widened_runs; }
+
+/* the primitive's operand dtype (kdt) and output dtype (odt) for tensors of
+ * dt; wide: operands widened to f32 (f16 always, bf16 on the f16 route).
+ * bf16 results come straight from the primitive except while flush counting
+ * is on (cpu_store counts); the weight gradient's f32 sums are always
+ * rounded here (weight_plans). */
+static void dtypes(mp_kctx *cx, mp_dtype dt, int wide, int *kdt, int *odt)
+{
+    *kdt = dt == MP_BF16 && !wide ? dnnl_bf16 : dnnl_f32;
+    *odt = *kdt == dnnl_bf16 && !cx->flush.on ? dnnl_bf16 : dnnl_f32;
+}
+
+/* direction dir's (FWD, BWD_DATA) plans for operands of oneDNN dtype kdt and
+ * output odt: in chunks (*chunks, cp) or on the whole batch (*p, its key).
+ * 0, or 1 where oneDNN has no (non-reference) primitive for them. */
+static int plans_of(struct cpu_dnnl *d, int dir, int kdt, int odt, int bias, const mp_conv_args *a, cplan *cp,
+                    int *chunks, plan **p, conv_key *key)
+{
+    *p = NULL;
+    *chunks = !chunk_plans(d, dir, kdt, odt, bias, a, cp);
+    if (*chunks) return 0;
+    key_of(key, dir, kdt, odt, a->n, a);
+    key->bias = bias;
+    *p = find(d->conv, d, key);
+    if ((*p)->used == 1) return 0;
+    *p = NULL;
+    return 1;
+}
+
 /* tests: 1 when direction dir of a in dt (with a bias: forward) would run on
- * oneDNN's primitives here, 0 when cpu_conv_dnnl declines it (oneDNN off,
- * no images, only a reference kernel: bf16 on a processor without AVX-512).
- * The same plans as the entries' (made here if new), so the answer is
- * theirs. */
+ * oneDNN's primitives here (bf16 as it is or on the f16 route), 0 when
+ * cpu_conv_dnnl declines it (oneDNN off, no images, only a reference kernel
+ * in f32 too). The same plans as the entries', tried in their order (made
+ * here if new), so the answer is theirs. */
 int cpu_conv_dnnl_takes(mp_kctx *cx, int dir, mp_dtype dt, int bias, const mp_conv_args *a)
 {
     struct cpu_dnnl *d = usable(cx, dt, a);
     if (!d) return 0;
-    int kdt = dt == MP_BF16 ? dnnl_bf16 : dnnl_f32, odt = dt == MP_BF16 && !cx->flush.on ? dnnl_bf16 : dnnl_f32;
-    if (dir == BWD_WEIGHTS) {
+    for (int wide = dt == MP_F16 || (dt == MP_BF16 && widen_all); wide < 2; wide++) {
+        int kdt, odt, chunks;
+        dtypes(cx, dt, wide, &kdt, &odt);
         wplan w;
-        return !weight_plans(d, kdt, a, &w);
+        cplan cp;
+        plan *p;
+        conv_key key;
+        if (dir == BWD_WEIGHTS ? !weight_plans(d, kdt, a, &w)
+                               : !plans_of(d, dir, kdt, odt, dir == FWD && bias, a, &cp, &chunks, &p, &key))
+            return 1;
+        if (dt != MP_BF16) break;   /* only bf16 has a second way */
     }
-    cplan cp;
-    if (!chunk_plans(d, dir, kdt, odt, dir == FWD && bias, a, &cp)) return 1;
-    conv_key key;
-    key_of(&key, dir, kdt, odt, a->n, a);
-    key.bias = dir == FWD && bias;
-    return find(d->conv, d, &key)->used == 1;
+    return 0;
 }
 
 /* the gradients of a convolution through oneDNN (dt: the tensors' dtype):
  * gx from gy and w, gw from x and gy (either NULL: not wanted). gy goes into
- * oneDNN's layout once when both primitives take the same one. Returns -1
- * when out of memory, else which gradients were written (1 gx, 2 gw); the
- * caller takes its own path for the others. */
+ * oneDNN's layout once when both primitives take the same one. Each gradient
+ * takes the f16 route (operands widened) on its own where oneDNN has no bf16
+ * primitive for its direction. Returns -1 when out of memory, else which
+ * gradients were written (1 gx, 2 gw); the caller takes its own path for the
+ * others. */
 int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void *gy, const void *x, const void *w,
                        const mp_conv_args *a)
 {
     struct cpu_dnnl *d = usable(cx, dt, a);
     if (!d) return 0;
-    int kdt = dt == MP_BF16 ? dnnl_bf16 : dnnl_f32;
-    /* gx in bf16 straight from the primitive except while flush counting is
-     * on (cpu_store counts); gw's f32 sums rounded here */
-    int odt = dt == MP_BF16 && !cx->flush.on ? dnnl_bf16 : dnnl_f32, direct = dt == MP_F32 || odt == dnnl_bf16;
+    /* xwide, wwide: backward data's, the weight gradient's operands widened */
+    int xwide = dt == MP_F16 || (dt == MP_BF16 && widen_all), wwide = xwide, kdt, odt;
+    dtypes(cx, dt, xwide, &kdt, &odt);
     int64_t nx = a->n * a->c * a->h * a->w, ny = a->n * a->k * a->oh * a->ow, nw = a->k * (a->c / a->groups) * a->r * a->s;
-    size_t es = dt == MP_BF16 ? 2 : 4;
     plan *p = NULL;
     conv_key key;
     cplan cp;
-    int chunks = gx && !chunk_plans(d, BWD_DATA, kdt, odt, 0, a, &cp);
-    if (gx && !chunks) {
-        key_of(&key, BWD_DATA, kdt, odt, a->n, a);
-        p = find(d->conv, d, &key);
-        if (p->used != 1) p = NULL;
+    int chunks = 0;
+    if (gx && plans_of(d, BWD_DATA, kdt, odt, 0, a, &cp, &chunks, &p, &key) && dt == MP_BF16 && !xwide) {
+        xwide = 1;
+        dtypes(cx, dt, xwide, &kdt, &odt);
+        plans_of(d, BWD_DATA, kdt, odt, 0, a, &cp, &chunks, &p, &key);
     }
+    int direct = dt == MP_F32 || odt == dnnl_bf16;
     wplan wp;
-    int wok = gw && !weight_plans(d, kdt, a, &wp);
+    int wkdt = dt == MP_BF16 && !wwide ? dnnl_bf16 : dnnl_f32, wok = gw && !weight_plans(d, wkdt, a, &wp);
+    if (gw && !wok && wkdt == dnnl_bf16) {
+        wwide = 1, wkdt = dnnl_f32;
+        wok = !weight_plans(d, wkdt, a, &wp);
+    }
     /* the weights' plans may have taken backward data's slots */
     if (p && memcmp(&p->key, &key, sizeof key)) p = NULL;
     if (chunks && !chunks_kept(&cp)) chunks = 0;
     if (!p && !chunks && !wok) return 0;
     /* gy's blocked copy, shared where backward data's layout is the weight
-     * gradient's chunks' (in chunks: each chunk's slice of it) */
+     * gradient's chunks' (in chunks: each chunk's slice of it; the layouts
+     * equal, so are their dtypes: both widened or neither) */
     int share = 0;
     if (p) share = wok && wp.whole[1] && p->op[0].reorder && dnnl_memory_desc_equal(&p->op[0].inner, &wp.pf->whole[1].inner);
     if (chunks && wok && wp.whole[1] && cp.pf->op[0].reorder) {
@@ -757,37 +824,40 @@ int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void 
         need = whole_bytes(&wp, 0) + whole_bytes(&wp, 1) + (wp.wb + wp.part) * (size_t)wp.chunks;
     /* laid out [gy's copy | the rest]: backward data's work, then the weights' */
     char *buf = cpu_scratch(cx, S_R0, need + 64);
-    const void *gy32 = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN0, dt, gy, ny) : gy;
+    /* gy widened once for whichever direction takes it so */
+    const void *gy32 = ((p || chunks) && xwide) || (wok && wwide) ? cpu_scratch_f32(cx, S_IN0, dt, gy, ny) : gy;
     if (!buf || !gy32) return -1;
     int wrote = 0;
     if (p || chunks) {
-        const void *w32 = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN1, dt, w, nw) : w;
+        const void *gyx = xwide ? gy32 : gy, *w32 = xwide ? cpu_scratch_f32(cx, S_IN1, dt, w, nw) : w;
         void *out = direct ? gx : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)nx);
         if (!w32 || !out) return -1;
         int failed;
         if (chunks) {
             size_t img = share ? dnnl_memory_desc_get_size(&wp.pf->whole[1].inner) / (size_t)a->n : 0;
-            failed = chunked(d, &cp, gy32, w32, out, (size_t)(a->k * a->oh * a->ow) * (kdt == dnnl_bf16 ? 2 : 4),
+            failed = chunked(d, &cp, gyx, w32, out, (size_t)(a->k * a->oh * a->ow) * (kdt == dnnl_bf16 ? 2 : 4),
                              (size_t)(a->c * a->h * a->w) * (odt == dnnl_bf16 ? 2 : 4), NULL, buf + gyb,
                              share ? buf : NULL, img);
             /* a failed chunk may have left its slice of gy's copy unwritten */
             if (failed) share = 0;
         } else {
-            void *ptr[3] = {(void *)gy32, (void *)w32, out}, *blk[3] = {share ? buf : NULL, NULL, NULL};
-            if (share && reorder(d, &p->op[0], 0, (void *)gy32, buf, buf + gyb)) share = 0, blk[0] = NULL;
+            void *ptr[3] = {(void *)gyx, (void *)w32, out}, *blk[3] = {share ? buf : NULL, NULL, NULL};
+            if (share && reorder(d, &p->op[0], 0, (void *)gyx, buf, buf + gyb)) share = 0, blk[0] = NULL;
             failed = run(d, d->stream, p, ptr, blk, NULL, buf + gyb);
         }
         if (!failed) {
             if (!direct) cpu_store_f32(cx, dt, gx, out, nx);
+            if (dt == MP_BF16 && xwide) widened_runs++;
             wrote |= 1;
         }
     }
     if (wok) {
-        const void *x32 = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN1, dt, x, nx) : x;
+        const void *gyw = wwide ? gy32 : gy, *x32 = wwide ? cpu_scratch_f32(cx, S_IN1, dt, x, nx) : x;
         float *out = dt == MP_F32 ? gw : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)nw);
         if (!x32 || !out) return -1;
-        if (!weights(d, &wp, x32, gy32, share, out, buf, a, es)) {
+        if (!weights(d, &wp, x32, gyw, share, out, buf, a, wkdt == dnnl_bf16 ? 2 : 4)) {
             if (dt != MP_F32) cpu_store_f32(cx, dt, gw, out, nw);
+            if (dt == MP_BF16 && wwide) widened_runs++;
             wrote |= 2;
         }
     }
@@ -808,21 +878,23 @@ int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0,
     }
     struct cpu_dnnl *d = usable(cx, dt, a);
     if (!d) return 1;
-    int kdt = dt == MP_BF16 ? dnnl_bf16 : dnnl_f32;
-    /* bf16 results straight from the primitive, except while flush counting
-     * is on (cpu_store counts) */
-    int odt = dt == MP_BF16 && !cx->flush.on ? dnnl_bf16 : dnnl_f32, direct = dt == MP_F32 || odt == dnnl_bf16;
-    int64_t nx = a->n * a->c * a->h * a->w, ny = a->n * a->k * a->oh * a->ow, nw = a->k * (a->c / a->groups) * a->r * a->s;
+    int wide = dt == MP_F16 || (dt == MP_BF16 && widen_all), kdt, odt, chunks;
+    dtypes(cx, dt, wide, &kdt, &odt);
     cplan cp;
-    int chunks = !chunk_plans(d, FWD, kdt, odt, b != NULL, a, &cp);
     conv_key key;
-    key_of(&key, FWD, kdt, odt, a->n, a);
-    key.bias = b != NULL;
-    plan *p = chunks ? NULL : find(d->conv, d, &key);
-    if (p && p->used != 1) return 1;
+    plan *p;
+    if (plans_of(d, FWD, kdt, odt, b != NULL, a, &cp, &chunks, &p, &key)) {
+        /* no bf16 primitive for this shape: the f16 route */
+        if (dt != MP_BF16 || wide) return 1;
+        wide = 1;
+        dtypes(cx, dt, wide, &kdt, &odt);
+        if (plans_of(d, FWD, kdt, odt, b != NULL, a, &cp, &chunks, &p, &key)) return 1;
+    }
+    int direct = dt == MP_F32 || odt == dnnl_bf16;
+    int64_t nx = a->n * a->c * a->h * a->w, ny = a->n * a->k * a->oh * a->ow, nw = a->k * (a->c / a->groups) * a->r * a->s;
     void *ptr[3];
-    ptr[0] = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN0, dt, in0, nx) : (void *)in0;
-    ptr[1] = dt == MP_F16 ? cpu_scratch_f32(cx, S_IN1, dt, in1, nw) : (void *)in1;
+    ptr[0] = wide ? cpu_scratch_f32(cx, S_IN0, dt, in0, nx) : (void *)in0;
+    ptr[1] = wide ? cpu_scratch_f32(cx, S_IN1, dt, in1, nw) : (void *)in1;
     ptr[2] = direct ? out : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)ny);
     if (!ptr[0] || !ptr[1] || !ptr[2]) return -1;
     float *bias = NULL;
@@ -839,5 +911,6 @@ int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0,
                : run(d, d->stream, p, ptr, NULL, bias, work))
         return 1;
     if (!direct) cpu_store_f32(cx, dt, out, ptr[2], ny);
+    if (dt == MP_BF16 && wide) widened_runs++;
     return 0;
 }

@@ -36,8 +36,8 @@ int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0,
 int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void *gy, const void *x, const void *w,
                        const mp_conv_args *a);
 /* tests: 1 when direction dir of a in dt (bias: forward with one) runs on
- * oneDNN's primitives here, 0 when cpu_conv_dnnl declines it (bf16 has only
- * reference kernels without AVX-512). cpu_conv_dnnl_convs(0) declines every
+ * oneDNN's primitives here (bf16 on the f32 ones where it has no bf16
+ * kernel, as without AVX-512), 0 when cpu_conv_dnnl declines it. cpu_conv_dnnl_convs(0) declines every
  * convolution (cpu_conv.c's im2col path, GEMMs still on oneDNN); returns the
  * previous setting. */
 int cpu_conv_dnnl_takes(mp_kctx *cx, int dir, mp_dtype dt, int bias, const mp_conv_args *a);
@@ -51,6 +51,12 @@ int cpu_conv_dnnl_blocked(int on);
  * cpu_conv_dnnl_chunk_runs: how many runs went in chunks so far. */
 int cpu_conv_dnnl_chunks(int on);
 long cpu_conv_dnnl_chunk_runs(void);
+/* tests: 1 sends every bf16 convolution the f16 route (operands widened to
+ * f32, the f32 primitive, outputs rounded once), which bf16 otherwise takes
+ * only where oneDNN has no bf16 primitive; returns the previous setting.
+ * cpu_conv_dnnl_widened_runs: how many bf16 directions ran on it so far. */
+int cpu_conv_dnnl_bf16_widen(int on);
+long cpu_conv_dnnl_widened_runs(void);
 
 /* cpu_conv_layout.c: the activations' reorders between NCHW and oneDNN's
  * nChw16c / nhwc, as AVX-512 transposes. Element (i, c, p) of the layout

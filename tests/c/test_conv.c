@@ -500,3 +500,148 @@ Test(conv, own_layout_reorders_give_the_same_convolutions)
             free(x), free(w), free(gy), free(b);
         }
 }
+
+/* bf16 where oneDNN has no bf16 primitive (oneDNN 2.6 makes none on AVX2)
+ * takes the f16 route: operands widened to f32, the f32 primitive, each
+ * output rounded once. Its bits must be those of the f32 convolution of the
+ * widened operands (the same f32 primitives, called in f32) rounded once -
+ * forward with bias, backward data, backward weights, each alone and both
+ * gradients together - in 1 and in 2 threads; with flush counting on, the
+ * same bits and each output counted once, with its rounding's flushes. Checked
+ * wherever the route runs by itself (cpu_conv_dnnl_widened_runs tells), and
+ * with the tests' switch that sends every bf16 convolution there (processors
+ * with bf16 primitives), on the ResNet's shapes, a shorter last chunk, padded
+ * channel blocks, groups with strides and dilation, and depthwise. */
+static uint16_t *rounded_bf16(const float *f, int64_t n)
+{
+    uint16_t *h = malloc(2 * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) h[i] = mp_f32_to_bf16(f[i]);
+    return h;
+}
+
+static float *widened_bf16(const uint16_t *h, int64_t n)
+{
+    float *f = malloc(4 * (size_t)(n ? n : 1));
+    for (int64_t i = 0; i < n; i++) f[i] = mp_bf16_to_f32(h[i]);
+    return f;
+}
+
+/* the three directions of a in bf16, one cpu_conv_dnnl call each, into out
+ * (each its own call: routed[dir] 1 where it took the f16 route) */
+static void bf16_directions(const mp_conv_args *a, const void *x, const void *w, const void *b, const void *gy,
+                            char *out[3], int routed[3])
+{
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    const void *in0[3] = {x, gy, x}, *in1[3] = {w, w, gy};
+    for (int dir = 0; dir < 3; dir++) {
+        long r0 = cpu_conv_dnnl_widened_runs();
+        int got = cpu_conv_dnnl(cx, dir, MP_BF16, out[dir], in0[dir], in1[dir], dir == CPU_CONV_FWD ? b : NULL, a);
+        routed[dir] = (int)(cpu_conv_dnnl_widened_runs() - r0);
+        cr_assert(routed[dir] == 0 || (routed[dir] == 1 && got == 0), "direction %d: %d runs, returned %d", dir,
+                  routed[dir], got);
+    }
+}
+
+Test(conv, bf16_without_bf16_primitives_is_the_f32_convolution_rounded_once)
+{
+    mp_kctx *cx = mp_cpu_backend.ctx;
+    int threads = omp_get_max_threads();
+    cpu_flush saved = cx->flush;
+    mp_conv_args cases[MORE_SHAPES + 2];
+    for (size_t s = 0; s < MORE_SHAPES; s++) cases[s] = more_shape(s);
+    cases[MORE_SHAPES] = shapes[1], cases[MORE_SHAPES + 1] = shapes[2];   /* groups, depthwise */
+    for (size_t s = MORE_SHAPES; s < MORE_SHAPES + 2; s++) {
+        mp_conv_args *a = &cases[s];
+        a->oh = (a->h + 2 * a->ph - a->dh * (a->r - 1) - 1) / a->sh + 1;
+        a->ow = (a->w + 2 * a->pw - a->dw * (a->s - 1) - 1) / a->sw + 1;
+    }
+    long checked[2] = {0, 0};
+    for (int forced = 0; forced < 2; forced++) {
+        int was = cpu_conv_dnnl_bf16_widen(forced);
+        for (size_t s = 0; s < MORE_SHAPES + 2; s++) {
+            const mp_conv_args *a = &cases[s];
+            int64_t nx = a->n * a->c * a->h * a->w, nw = a->k * a->c / a->groups * a->r * a->s;
+            int64_t ny = a->n * a->k * a->oh * a->ow, n[3] = {ny, nx, nw};
+            unsigned seed = (unsigned)s + 31;
+            uint16_t *x = rand_buf(MP_BF16, nx, &seed), *w = rand_buf(MP_BF16, nw, &seed);
+            uint16_t *b = rand_buf(MP_BF16, a->k, &seed), *gy = rand_buf(MP_BF16, ny, &seed);
+            float *xf = widened_bf16(x, nx), *wf = widened_bf16(w, nw), *bf = widened_bf16(b, a->k);
+            float *gyf = widened_bf16(gy, ny);
+            char *first[3] = {NULL, NULL, NULL};   /* 1 thread's outputs */
+            for (int t = 1; t <= 2; t++) {
+                omp_set_num_threads(t);
+                /* the f32 convolution of the widened operands, rounded once */
+                float *ref[3];
+                int has[3];
+                const float *in0[3] = {xf, gyf, xf}, *in1[3] = {wf, wf, gyf};
+                for (int dir = 0; dir < 3; dir++) {
+                    ref[dir] = malloc(4 * (size_t)n[dir]);
+                    has[dir] = cpu_conv_dnnl(cx, dir, MP_F32, ref[dir], in0[dir], in1[dir], dir ? NULL : bf, a) == 0;
+                }
+                char *out[3], *both[2];
+                for (int dir = 0; dir < 3; dir++) out[dir] = malloc(2 * (size_t)n[dir]);
+                both[0] = malloc(2 * (size_t)nx), both[1] = malloc(2 * (size_t)nw);
+                int routed[3];
+                bf16_directions(a, x, w, b, gy, out, routed);
+                static const char *names[3] = {"y", "gx", "gw"};
+                for (int dir = 0; dir < 3; dir++) {
+                    /* the switch sends every direction that has an f32 primitive */
+                    if (forced) cr_assert_eq(routed[dir], has[dir], "shape %zu %s: routed %d", s, names[dir], routed[dir]);
+                    if (!routed[dir]) continue;
+                    cr_assert(has[dir], "shape %zu %s: widened without an f32 primitive", s, names[dir]);
+                    uint16_t *want = rounded_bf16(ref[dir], n[dir]);
+                    for (int64_t i = 0; i < n[dir]; i++)
+                        cr_assert_eq(((uint16_t *)out[dir])[i], want[i],
+                                     "shape %zu %s[%ld] in %d threads: 0x%04x, the f32 convolution's rounded 0x%04x", s,
+                                     names[dir], (long)i, t, ((uint16_t *)out[dir])[i], want[i]);
+                    if (t == 2)
+                        cr_assert(!memcmp(first[dir], out[dir], 2 * (size_t)n[dir]),
+                                  "shape %zu %s differs between 1 and 2 threads", s, names[dir]);
+                    checked[forced]++;
+                    free(want);
+                }
+                /* both gradients in one call (gy widened once, its blocked copy shared) */
+                int got = cpu_conv_dnnl_grad(cx, MP_BF16, both[0], both[1], gy, x, w, a);
+                for (int g = 0; g < 2; g++)
+                    if (routed[g + 1]) {
+                        cr_assert(got & (1 << g), "shape %zu: %s declined with the other gradient", s, names[g + 1]);
+                        cr_assert(!memcmp(both[g], out[g + 1], 2 * (size_t)n[g + 1]),
+                                  "shape %zu: %s differs when computed with the other gradient", s, names[g + 1]);
+                    }
+                /* flush counting on: the same bits, each output counted once with its rounding's flushes */
+                if (routed[0] && routed[1] && routed[2]) {
+                    char *counted[3];
+                    for (int dir = 0; dir < 3; dir++) counted[dir] = malloc(2 * (size_t)n[dir]);
+                    cpu_flush_select(&cx->flush, 0);
+                    cpu_flush_take(&cx->flush, NULL, true);
+                    int again[3];
+                    bf16_directions(a, x, w, b, gy, counted, again);
+                    int64_t counts[MP_FLUSH_SLOTS][3];
+                    cpu_flush_take(&cx->flush, counts, true);
+                    cpu_flush want = {.on = true};
+                    for (int dir = 0; dir < 3; dir++) {
+                        cr_assert(again[dir] && !memcmp(counted[dir], out[dir], 2 * (size_t)n[dir]),
+                                  "shape %zu %s differs with flush counting on", s, names[dir]);
+                        cpu_flush_count(&want, MP_BF16, ref[dir], (const uint16_t *)out[dir], n[dir]);
+                        free(counted[dir]);
+                    }
+                    cr_assert_eq(counts[0][0], nx + ny + nw, "shape %zu: %ld roundings counted", s, (long)counts[0][0]);
+                    for (int c = 0; c < 3; c++) cr_assert_eq(counts[0][c], want.counts[0][c], "shape %zu: count %d", s, c);
+                    cx->flush = saved;
+                }
+                for (int dir = 0; dir < 3; dir++) {
+                    free(ref[dir]);
+                    if (t == 1) first[dir] = out[dir];
+                    else free(out[dir]), free(first[dir]);
+                }
+                free(both[0]), free(both[1]);
+            }
+            omp_set_num_threads(threads);
+            free(x), free(w), free(b), free(gy), free(xf), free(wf), free(bf), free(gyf);
+        }
+        cpu_conv_dnnl_bf16_widen(was);
+    }
+    /* with the switch every shape's every direction took the route (all have f32 primitives here) */
+    cr_assert_eq(checked[1], 2 * 3 * (long)(MORE_SHAPES + 2), "%ld directions checked with the switch", checked[1]);
+    cr_log_info("bf16 directions on the f16 route by themselves: %ld of %ld", checked[0], checked[1]);
+}

@@ -680,3 +680,41 @@ Test(bf16, bulk_paths_match_the_scalar_functions)
     cr_assert_eq(bad, 0, "%lld of %lld bf16 -> f32 differ", (long long)bad, (long long)n);
     free(xs), free(back), free(back2), free(bulk), free(port);
 }
+
+/* The AVX2 bf16 paths (the entry points' on processors without AVX-512)
+ * against the scalar definition on every bf16 and against the C loops on
+ * every f32 bit pattern (every rounding tie and boundary, every NaN payload,
+ * both signs), each chunk at an odd offset so that tails of 1..15 run too */
+Test(bf16, avx2_paths_match_on_every_bf16_and_every_f32, .timeout = 120)
+{
+    if (!mp_cpu_has_avx2()) cr_skip_test("no AVX2");
+    enum { CHUNK = 1 << 20 };
+    static float xs[CHUNK + 7], wide[65536 + 7];
+    static uint16_t got[CHUNK + 7], want[CHUNK + 7], hs[65536 + 7];
+    for (int off = 0; off < 2; off++) {
+        for (uint32_t h = 0; h < 65536; h++) hs[off + h] = (uint16_t)h;
+        mp_cpu_bf16_to_f32_avx2(wide + off, hs + off, 65536 - off);
+        for (uint32_t h = 0; h < 65536 - (uint32_t)off; h++) {
+            float s = mp_bf16_to_f32(hs[off + h]);
+            cr_assert(!memcmp(&wide[off + h], &s, 4), "bf16 0x%04x widened to 0x%08x, want 0x%08x", hs[off + h],
+                      bits(wide[off + h]), bits(s));
+        }
+    }
+    int64_t bad = 0;
+    uint32_t first = 0;
+    for (uint64_t base = 0; base < ((uint64_t)1 << 32); base += CHUNK) {
+        int off = (int)(base >> 20) % 7;   /* misaligned by 0..6 elements */
+        int64_t n = CHUNK - (base >> 20) % 16;
+        for (int64_t i = 0; i < CHUNK; i++) xs[off + i] = from_bits((uint32_t)(base + (uint64_t)i));
+        mp_cpu_f32_to_bf16_avx2(got + off, xs + off, n);
+        mp_cpu_f32_to_bf16_portable(want + off, xs + off, n);
+        for (int64_t i = 0; i < n; i++)
+            if (got[off + i] != want[off + i] && !bad++) first = (uint32_t)(base + (uint64_t)i);
+        /* the chunk's last values, past n, one at a time through the scalar path */
+        mp_cpu_f32_to_bf16_avx2(got + off + n, xs + off + n, CHUNK - n);
+        for (int64_t i = n; i < CHUNK; i++)
+            if (got[off + i] != mp_f32_to_bf16(xs[off + i]) && !bad++) first = (uint32_t)(base + (uint64_t)i);
+    }
+    cr_assert_eq(bad, 0, "%lld f32 round differently on AVX2 than in the C loop; first 0x%08x (C: 0x%04x)",
+                 (long long)bad, first, mp_f32_to_bf16(from_bits(first)));
+}
