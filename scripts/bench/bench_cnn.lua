@@ -6,6 +6,9 @@
 -- bf16 only), each configuration in its own process. Also the GEMM floor: the
 -- step's conv and linear FLOPs (forward multiply-adds x 2 x 3) at the GEMM rate
 -- measured in the same run (f32; bf16 for bf16 autocast), and the step's ratio to it.
+-- MP_BENCH_ROUNDS=N alternates mpengine's and PyTorch's runs N times and reports
+-- medians and the per-round speed's spread (for a noisy machine); PyTorch's bf16
+-- runs 2 steps where the processor has no AVX512-BF16 (seconds a step there).
 -- Figures, not tests: nothing here fails on speed.
 local mp = mp or require "mp"
 
@@ -30,7 +33,10 @@ if mode then
 end
 
 local function child(m) return bc.mpengine("MP_BENCH_CNN_MODE", m, STEPS, exe, here .. "bench_cnn.lua") end
-local function torch(m) return bc.torch(string.format("/usr/bin/python3 %sbench_cnn_torch.py %d %d %%d %s %d", here, STEPS, WARMUP, m, BATCH)) end
+local function torch(m)
+  local steps, warmup, capped = bc.torch_steps(m, STEPS, WARMUP)
+  return string.format("/usr/bin/python3 %sbench_cnn_torch.py %d %d %%d %s %d", here, steps, warmup, m, BATCH), capped and steps
+end
 
 -- forward multiply-adds per sample: conv 1->32 at 28x28, conv 32->64 at 14x14, 3136x128, 128x10
 local MACS = 28 * 28 * 1 * 32 * 9 + 14 * 14 * 32 * 64 * 9 + 3136 * 128 + 128 * 10
@@ -39,15 +45,16 @@ local fl, flb = 6 * BATCH * MACS / (gflops * 1e9) * 1000, 6 * BATCH * MACS / (gf
 print(string.format("cnn train step (conv 1-32-64 with batch norm and pooling, 3136-128-10, batch %d of 1x28x28, Adam): GEMM f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s here; conv/linear floor f32 %.2f ms, bf16 %.2f ms",
   BATCH, gflops, gflopsb, fl, flb))
 for _, m in ipairs { "f32", "bf16", "f16" } do
-  local ms, rss, out = child(m)
   local floor = m == "bf16" and flb or fl   -- f16 autocast: no f16 GEMM rate measured, the f32 floor
-  local tms, trss, th = nil, nil, nil
-  if m ~= "f16" then tms, trss, th = torch(m) end
+  local cmd, capped = nil, nil
+  if m ~= "f16" then cmd, capped = torch(m) end
+  local ms, rss, tms, trss, th, spread, out = bc.side_by_side(function() return child(m) end, cmd)
   if not ms then
     print("cnn " .. m .. ": mpengine run failed: " .. tostring(out))
   elseif tms then
-    print(string.format("cnn %-4s  mpengine %.1f ms %6.0f samples/s %5.0f MiB | pytorch %.1f ms %6.0f samples/s %5.0f MiB (threads=%d) | speed %.2fx (target >= 1.0x) | %.2fx floor",
-      m, ms, BATCH / ms * 1000, rss, tms, BATCH / tms * 1000, trss, th, tms / ms, ms / floor))
+    print(string.format("cnn %-4s  mpengine %.1f ms %6.0f samples/s %5.0f MiB | pytorch %.1f ms %6.0f samples/s %5.0f MiB (threads=%d%s) | speed %.2fx%s (target >= 1.0x) | %.2fx floor",
+      m, ms, BATCH / ms * 1000, rss, tms, BATCH / tms * 1000, trss, th, capped and string.format(", %d steps", capped) or "",
+      tms / ms, spread and " (rounds " .. spread .. ")" or "", ms / floor))
   else
     print(string.format("cnn %-4s  mpengine %.1f ms %6.0f samples/s %5.0f MiB | pytorch: %s | %.2fx %s floor", m, ms, BATCH / ms * 1000, rss,
       m == "f16" and "no f16 CPU autocast in 1.13" or "not available", ms / floor, m == "f16" and "the f32" or "its"))

@@ -5,6 +5,9 @@
 -- and peak RSS, in f32 and under bf16 and f16 autocast (PyTorch 1.13's CPU autocast
 -- has bf16 only), each configuration in its own process. Also the floor no engine
 -- passes: the step's matmul FLOPs over the GEMM rate (f32 and bf16) measured in the same run.
+-- MP_BENCH_ROUNDS=N alternates mpengine's and PyTorch's runs N times and reports
+-- medians and the per-round speed's spread (for a noisy machine); PyTorch's bf16
+-- runs 2 steps where the processor has no AVX512-BF16 (seconds a step there).
 -- Figures, not tests: nothing here fails on speed.
 local mp = mp or require "mp"
 
@@ -52,7 +55,10 @@ if mode then
 end
 
 local function child(m) return bc.mpengine("MP_BENCH_GPT_MODE", m, STEPS, exe, here .. "bench_gpt.lua") end
-local function torch(m) return bc.torch(string.format("/usr/bin/python3 %sbench_gpt_torch.py %d %d %%d %s", here, STEPS, WARMUP, m)) end
+local function torch(m)
+  local steps, warmup, capped = bc.torch_steps(m, STEPS, WARMUP)
+  return string.format("/usr/bin/python3 %sbench_gpt_torch.py %d %d %%d %s", here, steps, warmup, m), capped and steps
+end
 
 -- the floor: forward + backward matmul FLOPs (3x the forward's) at the GEMM rate
 -- measured here for the dtype (f32; bf16 for bf16 autocast, whose products are bf16)
@@ -70,15 +76,16 @@ local flb, gflopsb = floor_ms("bf16")
 print(string.format("gpt train step (2 layers, d %d, ctx %d, batch %d = %d tokens): GEMM f32 %.1f GFLOP/s, bf16 %.1f GFLOP/s here; matmul floor f32 %.2f ms, bf16 %.2f ms",
   D, T, B, tokens, gflops, gflopsb, fl, flb))
 for _, m in ipairs { "f32", "bf16", "f16" } do
-  local ms, rss = child(m)
   local floor = m == "bf16" and flb or fl   -- f16 autocast: no f16 GEMM rate measured, the f32 floor
-  local tms, trss, th = nil, nil, nil
-  if m ~= "f16" then tms, trss, th = torch(m) end
+  local cmd, capped = nil, nil
+  if m ~= "f16" then cmd, capped = torch(m) end
+  local ms, rss, tms, trss, th, spread = bc.side_by_side(function() return child(m) end, cmd)
   if not ms then
     print("gpt " .. m .. ": mpengine run failed")
   elseif tms then
-    print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch %.1f ms %6.0f tokens/s %5.0f MiB (threads=%d) | speed %.2fx (target >= 1.2x) | %.2fx floor",
-      m, ms, tokens / ms * 1000, rss, tms, tokens / tms * 1000, trss, th, tms / ms, ms / floor))
+    print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch %.1f ms %6.0f tokens/s %5.0f MiB (threads=%d%s) | speed %.2fx%s (target >= 1.2x) | %.2fx floor",
+      m, ms, tokens / ms * 1000, rss, tms, tokens / tms * 1000, trss, th, capped and string.format(", %d steps", capped) or "",
+      tms / ms, spread and " (rounds " .. spread .. ")" or "", ms / floor))
   else
     print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch: %s | %.2fx %s floor", m, ms, tokens / ms * 1000, rss,
       m == "f16" and "no f16 CPU autocast in 1.13" or "not available", ms / floor, m == "f16" and "the f32" or "its"))

@@ -11,6 +11,9 @@
 -- same run (f32; bf16 for bf16 autocast), and the step's ratio to it.
 -- MP_BENCH_STEPS=N runs N steps in every configuration (the defaults: fewer for the
 -- bigger ones, so that the whole run stays within a few minutes on 2 cores).
+-- MP_BENCH_ROUNDS=N alternates mpengine's and PyTorch's runs N times and reports
+-- medians and the per-round speed's spread (for a noisy machine). PyTorch's bf16
+-- runs 2 steps where the processor has no AVX512-BF16 (seconds a step there).
 -- Figures, not tests: nothing here fails on speed.
 local mp = mp or require "mp"
 
@@ -54,17 +57,20 @@ for _, c in ipairs(configs) do
   local steps, wl = STEPS or c.steps, table.concat(c.widths, "-")
   local label = string.format("%-11s %s x%d b%-3d", c.name, wl, c.blocks, c.batch)
   for _, m in ipairs { "f32", "bf16" } do
-    local ms, rss, out = bc.mpengine("MP_BENCH_RESNET_MODE", string.format("%s_%s_%d_%d_%d", m, wl, c.blocks, c.batch, c.warmup),
-      steps, exe, here .. "bench_resnet.lua")
-    local tms, trss, th = bc.torch(string.format("/usr/bin/python3 %sbench_resnet_torch.py %d %d %%d %s %d %s %d", here, steps,
-      c.warmup, m, c.batch, table.concat(c.widths, ","), c.blocks))
+    local tsteps, twarm, capped = bc.torch_steps(m, steps, c.warmup)
+    local ms, rss, tms, trss, th, spread, out = bc.side_by_side(function()
+        return bc.mpengine("MP_BENCH_RESNET_MODE", string.format("%s_%s_%d_%d_%d", m, wl, c.blocks, c.batch, c.warmup),
+          steps, exe, here .. "bench_resnet.lua")
+      end, string.format("/usr/bin/python3 %sbench_resnet_torch.py %d %d %%d %s %d %s %d", here, tsteps, twarm, m, c.batch,
+        table.concat(c.widths, ","), c.blocks))
     local flops = 6 * c.batch * ResNet.macs({ widths = c.widths, blocks = c.blocks }, 32)
     local floor = flops / (gflops[m] * 1e9) * 1000
     if not ms then
       print(label .. " " .. m .. ": mpengine run failed: " .. tostring(out))
     elseif tms then
-      print(string.format("%s %-4s  mpengine %7.1f ms %5.0f MiB | pytorch %7.1f ms %5.0f MiB (threads=%d) | speed %.2fx | floor %6.1f ms (%.2f GFLOP): mpengine %.2fx, pytorch %.2fx",
-        label, m, ms, rss, tms, trss, th, tms / ms, floor, flops / 1e9, ms / floor, tms / floor))
+      print(string.format("%s %-4s  mpengine %7.1f ms %5.0f MiB | pytorch %7.1f ms %5.0f MiB (threads=%d%s) | speed %.2fx%s | floor %6.1f ms (%.2f GFLOP): mpengine %.2fx, pytorch %.2fx",
+        label, m, ms, rss, tms, trss, th, capped and string.format(", %d steps", tsteps) or "", tms / ms,
+        spread and " (rounds " .. spread .. ")" or "", floor, flops / 1e9, ms / floor, tms / floor))
     else
       print(string.format("%s %-4s  mpengine %7.1f ms %5.0f MiB | pytorch: not available | floor %6.1f ms (%.2f GFLOP): mpengine %.2fx",
         label, m, ms, rss, floor, flops / 1e9, ms / floor))

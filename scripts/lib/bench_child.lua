@@ -6,6 +6,8 @@
 --   bc.report(mode, times)                     -- in the child: the median and VmHWM
 --   bc.mpengine(env_var, mode, steps, exe, script) -> ms, rss, output
 --   bc.torch(command_without_threads, threads_list) -> best ms, its rss, its threads, output
+--   bc.side_by_side(run_mpengine, torch_command) -> ms, rss, torch ms, rss, threads, speed spread, output
+--   bc.cpu_flag(flag), bc.torch_steps(dtype, steps, warmup) -> PyTorch's steps, warm-up, capped
 --   bc.gemm_gflops(dtype) -> the GEMM rate here (mp.matmul 2048x512 by 512x512, best of 5)
 local mp = mp or require "mp"
 local bc = {}
@@ -45,6 +47,66 @@ function bc.torch(fmt, threads)
     if not best or ms < best then best, rss, th = ms, r, t end
   end
   return best, rss, th
+end
+
+local function median(t)
+  local c = {}
+  for i, v in ipairs(t) do c[i] = v end
+  table.sort(c)
+  return c[(#c + 1) // 2]
+end
+
+-- mpengine's child (run_mpengine() -> ms, rss, output) and a PyTorch command (as
+-- bc.torch's) side by side, MP_BENCH_ROUNDS times (default 1) in turn, so that a
+-- neighbour that slows the machine for a while slows both sides alike: each side's
+-- figure is its median over the rounds (PyTorch's at each thread setting, then the
+-- fastest), peak RSS the largest; also the spread of the per-round speed
+-- (PyTorch's fastest / mpengine's) as "lo..hi" (nil with one round). torch_command
+-- nil: mpengine's figures only. nil and the output when mpengine's run fails.
+function bc.side_by_side(run_mpengine, torch_command, threads)
+  local rounds = math.max(1, tonumber(os.getenv("MP_BENCH_ROUNDS")) or 1)
+  local ms, rss, tms, trss, speeds = {}, 0, {}, {}, {}
+  for _ = 1, rounds do
+    local m, r, out = run_mpengine()
+    if not m then return nil, nil, nil, nil, nil, nil, out end
+    ms[#ms + 1], rss = m, math.max(rss, r or 0)
+    local best
+    for _, t in ipairs(torch_command and (threads or {1, 2}) or {}) do
+      local tm, tr = bc.torch(torch_command, {t})
+      if tm then
+        tms[t] = tms[t] or {}
+        table.insert(tms[t], tm)
+        trss[t] = math.max(trss[t] or 0, tr or 0)
+        best = math.min(best or math.huge, tm)
+      end
+    end
+    if best then speeds[#speeds + 1] = best / m end
+  end
+  local tbest, tth
+  for t, list in pairs(tms) do
+    if not tbest or median(list) < tbest then tbest, tth = median(list), t end
+  end
+  table.sort(speeds)
+  local spread = #speeds > 1 and string.format("%.2f..%.2f", speeds[1], speeds[#speeds]) or nil
+  return median(ms), rss, tbest, tth and trss[tth], tth, spread
+end
+
+-- true when the processor lists flag (as /proc/cpuinfo spells it, e.g. "avx512_bf16")
+function bc.cpu_flag(flag)
+  local f = io.open("/proc/cpuinfo")
+  if not f then return false end
+  local text = f:read("a")
+  f:close()
+  local flags = text:match("\nflags%s*:([^\n]*)") or ""
+  return (" " .. flags .. " "):find(" " .. flag .. " ", 1, true) ~= nil
+end
+
+-- PyTorch's steps for a dtype: bf16 autocast without AVX512-BF16 runs ATen's
+-- scalar bf16 kernels, tens of times slower than its f32 (seconds a step), so
+-- 2 steps after 1 of warm-up are plenty to place it
+function bc.torch_steps(dtype, steps, warmup)
+  if dtype == "bf16" and not bc.cpu_flag("avx512_bf16") then return math.min(steps, 2), math.min(warmup, 1), true end
+  return steps, warmup, false
 end
 
 -- the GEMM rate measured here for dtype ("f32", "bf16"), in GFLOP/s: the best of 5
