@@ -77,6 +77,12 @@
  * output take at most CBYTES together, so that they stay in a core's L2
  * between the reorders and the kernel (chunked()) */
 #define CBYTES ((size_t)1 << 20)
+/* on more than one thread: at least FINE_PER chunks a thread, down to FINE_MIN images
+ * a chunk (chunk_plans(); the wide ResNet's 8 x 8 stage at batch 32: 8 chunks
+ * of 4 images, not 2 of 16, which left one thread waiting for the other's
+ * whole chunk) */
+#define FINE_MIN 4
+#define FINE_PER 4
 #define CTHREADS 64   /* the most threads chunked() runs on (more: the whole batch) */
 
 /* scratch slots (cpu.h: 4-12 are convolution's; cpu_conv.c's im2col path
@@ -503,6 +509,11 @@ static int chunk_plans(struct cpu_dnnl *d, int dir, int dt, int odt, int bias, c
     int64_t per = 1;
     while (per < a->n && (size_t)(2 * per) * img <= CBYTES) per *= 2;
     if (!chunks_on || nt > CTHREADS || per >= a->n || (a->n + per - 1) / per < nt) return 1;
+    /* where each thread would get few chunks, smaller ones, so that the
+     * dynamic hand-out can even out threads running at different speeds
+     * (measured on AVX2 only: AVX-512 machines keep their chunks) */
+    if (nt > 1 && !__builtin_cpu_supports("avx512f"))
+        while (per > FINE_MIN && (a->n + per - 1) / per < FINE_PER * nt) per /= 2;
     cp->per = per, cp->chunks = (a->n + per - 1) / per;
     int64_t last = cp->last = a->n - (cp->chunks - 1) * per;
     conv_key *kf = &cp->kf, *kl = &cp->kl;
@@ -542,7 +553,12 @@ static int chunked(struct cpu_dnnl *d, const cplan *cp, const void *in0, const v
     if (cp->wb && reorder(d, &cp->pf->op[1], 0, (void *)in1, wblk, work)) return 1;
     int failed = 0;
     chunk_runs++;
-    #pragma omp parallel for schedule(static) reduction(|: failed)
+    /* handed out one at a time: a thread slowed by anything (the other
+     * process on its core, its caches) takes fewer chunks instead of the
+     * other waiting for it at the end (static halves left one thread idle
+     * ~1/4 of a 2-thread step's convolution time on a shared VM). The bits
+     * do not depend on which thread runs a chunk. */
+    #pragma omp parallel for schedule(dynamic, 1) reduction(|: failed)
     for (int64_t i = 0; i < cp->chunks; i++) {
         int t = omp_get_thread_num();
         plan *p = i == cp->chunks - 1 ? cp->pl : cp->pf;
@@ -653,7 +669,9 @@ static int weights(struct cpu_dnnl *d, const wplan *w, const void *x, const void
     for (int i = 0; i < 2; i++)
         if (w->whole[i]) img[i] = dnnl_memory_desc_get_size(&pf->whole[i].inner) / (size_t)a->n;
     int blocked = w->sum != &pf->op[2].user, failed = 0;
-    #pragma omp parallel for schedule(static) reduction(|: failed)
+    /* dynamic, as in chunked(): each chunk has its own stream and partial,
+     * so the sums are the same whichever thread runs it */
+    #pragma omp parallel for schedule(dynamic, 1) reduction(|: failed)
     for (int64_t i = 0; i < w->chunks; i++) {
         char *mine = part + (size_t)i * each;
         plan *p = i == w->chunks - 1 ? pl : pf;
