@@ -512,6 +512,49 @@ void mp_cpu_f32_to_f16_f16c(uint16_t *dst, const float *src, int64_t n)
               sizeof *src, n);
 }
 
+
+/* ---- rounded and widened in one pass ------------------------------------ */
+
+/* The f16 step keeps an f16 value and its f32 widening side by side (a weight's
+ * working copy and the copy the GEMMs read; a weight gradient rounded and added
+ * into its f32 .grad). Rounding, storing, loading back and widening is two
+ * passes and a reload from L1 for what one register holds: vcvtps2ph, then
+ * vcvtph2ps of that same register. The instructions are the bulk paths', so
+ * the bits are those of mp_cpu_f32_to_f16 followed by mp_cpu_f16_to_f32. One
+ * thread, no split: the callers hand over blocks from inside their own
+ * parallel loops. */
+F16C_FN static void f32_to_f16_widened_hw(uint16_t *d, float *w, const float *s, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT);
+        __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(s + i + 8), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128((__m128i *)(d + i), a);
+        _mm_storeu_si128((__m128i *)(d + i + 8), b);
+        _mm256_storeu_ps(w + i, _mm256_cvtph_ps(a));
+        _mm256_storeu_ps(w + i + 8, _mm256_cvtph_ps(b));
+    }
+    for (; i < n; i++) {
+        d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+        w[i] = _cvtsh_ss(d[i]);
+    }
+}
+
+/* acc + (s rounded to f16 and widened), added in that order as add_f32's
+ * acc[q] + y[q] */
+F16C_FN static void f16_round_add_hw(float *acc, const float *s, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+        __m256 b = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(s + i + 8), _MM_FROUND_TO_NEAREST_INT));
+        _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), a));
+        _mm256_storeu_ps(acc + i + 8, _mm256_add_ps(_mm256_loadu_ps(acc + i + 8), b));
+    }
+    for (; i < n; i++)
+        acc[i] = acc[i] + _cvtsh_ss(_cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT));
+}
+
 #else /* not x86: no F16C; the explicit entry points fall back */
 
 int mp_cpu_has_f16c(void) { return 0; }
@@ -559,4 +602,40 @@ void mp_cpu_f32_to_f16(uint16_t *dst, const float *src, int64_t n)
         mp_cpu_f32_to_f16_f16c(dst, src, n);
     else
         mp_cpu_f32_to_f16_portable(dst, src, n);
+}
+
+void mp_cpu_f32_to_f16_widened_portable(uint16_t *dst, float *wide, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        dst[i] = mp_f32_to_f16(src[i]);
+        wide[i] = mp_f16_to_f32(dst[i]);
+    }
+}
+
+void mp_cpu_f16_round_add_portable(float *acc, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        acc[i] = acc[i] + mp_f16_to_f32(mp_f32_to_f16(src[i]));
+}
+
+void mp_cpu_f32_to_f16_widened(uint16_t *dst, float *wide, const float *src, int64_t n)
+{
+#ifdef MP_X86
+    if (mp_cpu_has_f16c()) {
+        f32_to_f16_widened_hw(dst, wide, src, n);
+        return;
+    }
+#endif
+    mp_cpu_f32_to_f16_widened_portable(dst, wide, src, n);
+}
+
+void mp_cpu_f16_round_add(float *acc, const float *src, int64_t n)
+{
+#ifdef MP_X86
+    if (mp_cpu_has_f16c()) {
+        f16_round_add_hw(acc, src, n);
+        return;
+    }
+#endif
+    mp_cpu_f16_round_add_portable(acc, src, n);
 }

@@ -37,4 +37,15 @@ int mp_cpu_has_avx512_f16c(void);
 void mp_cpu_f16_to_f32_avx512(float *dst, const uint16_t *src, int64_t n);
 void mp_cpu_f32_to_f16_avx512(uint16_t *dst, const float *src, int64_t n);
 
+/* src rounded to f16 into dst and those f16 values widened into wide: the bits
+ * of mp_cpu_f32_to_f16 then mp_cpu_f16_to_f32 of dst, in one pass (F16C: the
+ * rounded register widened as it is stored); on the calling thread, for blocks */
+void mp_cpu_f32_to_f16_widened(uint16_t *dst, float *wide, const float *src, int64_t n);
+/* acc[i] = acc[i] + src[i] rounded to f16 and widened, in one pass on the
+ * calling thread (the bits of rounding into f16, widening, then the f32 add) */
+void mp_cpu_f16_round_add(float *acc, const float *src, int64_t n);
+/* the same as plain C loops (the definition; tests hold the above to them) */
+void mp_cpu_f32_to_f16_widened_portable(uint16_t *dst, float *wide, const float *src, int64_t n);
+void mp_cpu_f16_round_add_portable(float *acc, const float *src, int64_t n);
+
 #endif

@@ -101,9 +101,17 @@ MP_SIMD static void add_f32(float *restrict acc, const float *restrict y, int64_
 
 /* acc{n} += fc rounded to dt and widened, block by block through L1: the
  * rounding is narrow_to's (cpu_store, flushes counted as there) and the add
- * cpu_add_widened's f32 add, so acc gets the bits of C written then added */
+ * cpu_add_widened's f32 add, so acc gets the bits of C written then added;
+ * f16 with no flushes to count does all three in registers (convert.h
+ * mp_cpu_f16_round_add) in pieces of 16 blocks, as narrow_to splits */
 static void add_rounded(mp_kctx *cx, mp_dtype dt, const float *fc, float *acc, int64_t n)
 {
+    if (dt == MP_F16 && !cx->flush.on) {   /* nothing to count: one pass in registers, the same bits */
+        #pragma omp parallel for if (n > MP_PAR_MIN_MEM) schedule(static)
+        for (int64_t i = 0; i < n; i += 16 * MP_BLOCK)
+            mp_cpu_f16_round_add(acc + i, fc + i, n - i < 16 * MP_BLOCK ? n - i : 16 * MP_BLOCK);
+        return;
+    }
     #pragma omp parallel for if (n > MP_PAR_MIN_MEM) schedule(static)
     for (int64_t i = 0; i < n; i += MP_BLOCK) {
         int64_t len = n - i < MP_BLOCK ? n - i : MP_BLOCK;

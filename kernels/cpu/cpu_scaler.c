@@ -21,12 +21,15 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/step_rules.h"
 
-MP_SIMD static void unscale_plain(float *restrict g, int64_t n, float inv, float *amax, int64_t *nonfinite)
+/* n is a piece (at most UNSCALE_PIECE): the count fits 32-bit lanes, which
+ * keep it in the float lanes' registers (a 64-bit count widened every mask
+ * into two registers: a third of the loop's instructions) */
+MP_SIMD static void unscale_plain(float *restrict g, int n, float inv, float *amax, int *nonfinite)
 {
     float m = 0.0f;
-    int64_t bad = 0;
+    int bad = 0;
     #pragma omp simd reduction(max:m) reduction(+:bad)
-    for (int64_t i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++) {
         float x = g[i], a = fabsf(x), y = x * inv;
         bad += !(fabsf(y) <= 3.4028235e38f);   /* inf or NaN after unscaling */
         float v = a <= 3.4028235e38f ? a : 0.0f;
@@ -146,8 +149,8 @@ void cpu_unscale(mp_kctx *cx, float *g, int64_t n, mp_scale_state *st, int slot,
     #pragma omp parallel for if (n >= MP_PAR_MIN_MEM) schedule(static) reduction(max:amax) reduction(+:bad)
     for (int64_t i = 0; i < n; i += UNSCALE_PIECE) {
         float m;
-        int64_t b;
-        unscale_plain(g + i, n - i < UNSCALE_PIECE ? n - i : UNSCALE_PIECE, inv, &m, &b);
+        int b;
+        unscale_plain(g + i, (int)(n - i < UNSCALE_PIECE ? n - i : UNSCALE_PIECE), inv, &m, &b);
         amax = m > amax ? m : amax;
         bad += b;
     }
