@@ -33,7 +33,14 @@
  * the same layout (backward data's chunks writing their slices of the weight
  * gradient's copy); the weight gradient's chunks reorder their slices of x
  * and gy and keep their partial sums in the blocked layout, with one reorder
- * of their sum (weights()).
+ * of their sum.
+ *
+ * Files: this one makes the plans (and keeps them), runs forward and backward
+ * data and holds the entries (cpu_conv_dnnl, cpu_conv_dnnl_grad); the weight
+ * gradient's chunked computation - its chunking, plans and partial sums - is
+ * cpu_conv_dnnl_weights.c's, called from cpu_conv_dnnl_grad; what the two
+ * share (the plans' types and cache, finding, running and reordering a plan:
+ * the cpu_conv_ helpers here) is in cpu_conv_dnnl_plan.h.
  *
  * A plan (the primitive, its reorders, their buffer sizes) is made once per
  * shape, dtype, direction and thread count and kept in the CPU context. Where
@@ -44,7 +51,7 @@
  * Numerics: each output element is one f32 sum of its K products (K = cg r s
  * forward, kg r s backward data, n oh ow backward weights) in oneDNN's order
  * (blocks of channels, taps, channels within a block; for the weight gradient
- * chunks of images, see weights()): |sum - exact| <= (K + 2) 2^-24 sum |terms|
+ * chunks of images, see cpu_conv_dnnl_weights.c): |sum - exact| <= (K + 2) 2^-24 sum |terms|
  * (K - 1 additions and one rounding per product, whatever the order), plus
  * one rounding into the output dtype; tests/c/test_conv.c checks it against
  * the exact convolution. The f16 route keeps that contract: widening to f32
@@ -57,22 +64,15 @@
  * rounded once (tested). Thread count: the forward and backward-data kernels
  * give each output element to one thread, whole; the weight gradient's
  * kernels split the sum over images among threads, so it runs on
- * single-threaded plans over a chunking fixed by the shape (weights()), and
+ * single-threaded plans over a chunking fixed by the shape
+ * (cpu_conv_dnnl_weights.c), and
  * every output's bits are the same in 1 or 2 threads (tested).
  */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
-#include "kernels/cpu/cpu_dnnl.h"
+#include "kernels/cpu/cpu_conv_dnnl_plan.h"
 
-/* a ResNet step has ~30 distinct (shape, direction) pairs, each with up to 2
- * chunk plans, and in bf16 without bf16 primitives up to 2 declined ones
- * (kept, so that oneDNN is asked once): 59 in the wide ResNet's bf16 step */
-#define PLANS 192
-/* the weight gradient's chunks of images, at most (fewer where their partial
- * sums would pass WBYTES): weights() */
-#define WCHUNKS 8   /* 16 chunks of 2 images (batch 32) were 6% slower on a bf16 ResNet step */
-#define WBYTES ((size_t)64 << 20)
 /* forward and backward data run on chunks of images whose blocked input and
  * output take at most CBYTES together, so that they stay in a core's L2
  * between the reorders and the kernel (chunked()) */
@@ -83,48 +83,10 @@
  * whole chunk) */
 #define FINE_MIN 4
 #define FINE_PER 4
-#define CTHREADS 64   /* the most threads chunked() runs on (more: the whole batch) */
 
 /* scratch slots (cpu.h: 4-12 are convolution's; cpu_conv.c's im2col path
  * uses them only when this file declined) */
 enum { S_IN0 = 4, S_IN1, S_OUT, S_R0, S_BIAS };
-
-enum { FWD = CPU_CONV_FWD, BWD_DATA = CPU_CONV_BWD_DATA, BWD_WEIGHTS = CPU_CONV_BWD_WEIGHTS };
-
-typedef struct {
-    int dir, dt, odt, bias;   /* dt: the operands' oneDNN dtype; odt: the output's */
-    int threads;              /* oneDNN splits the work for the thread count it was made under */
-    int64_t batch;            /* weight-gradient chunk plans: the whole batch (their whole-batch reorders) */
-    int64_t n, c, h, w, k, r, s, sh, sw, ph, pw, dh, dw, groups, oh, ow;
-} conv_key;
-
-/* an operand of the primitive: the tensor's plain layout, the primitive's, and
- * the reorder between them (NULL when they are the same) */
-typedef struct {
-    dnnl_memory_desc_t user, inner, pad;   /* pad: the reorder's scratchpad */
-    dnnl_primitive_t reorder;
-    int arg;                  /* DNNL_ARG_... */
-    int own;                  /* 1: the reorder is cpu_conv_layout.c's transposes over layout */
-    cpu_conv_layout layout;
-} operand;
-
-typedef struct {
-    conv_key key;
-    int used;                 /* 1: a plan; -1: oneDNN cannot do this shape well */
-    dnnl_primitive_t prim;
-    operand op[3];            /* the two inputs, then the output */
-    operand whole[2];         /* weight-gradient chunk plans: x and gy of the whole batch into op[0..1]'s
-                                 layout (with_images), or no reorder where images are not outermost */
-    dnnl_memory_desc_t bias, pad;   /* pad: the primitive's scratchpad */
-    size_t pad_bytes;         /* the largest scratchpad of the primitive and its reorders */
-} plan;
-
-struct cpu_conv_plans {
-    plan plans[PLANS];
-    int next;
-    dnnl_stream_t streams[WCHUNKS];   /* one per chunk of the weight gradient (WCHUNKS) */
-    dnnl_stream_t tstreams[CTHREADS]; /* one per thread of chunked() */
-};
 
 /* NCHW {n, c, h, w} and weights {k, c/g, r, s} (grouped: {g, k/g, c/g, r, s}) */
 static int md_act(dnnl_memory_desc_t *md, int dt, int64_t n, int64_t c, int64_t h, int64_t w, int any)
@@ -181,7 +143,7 @@ static int make_reorder(struct cpu_dnnl *d, operand *o, int out, const_dnnl_prim
 /* m (an activation's layout) with n images: 1 when images are outermost in
  * it - each image one contiguous slice of the same bytes, so that a chunk of
  * images is a slice of the whole batch's copy - else 0 */
-static int with_images(const dnnl_memory_desc_t *m, int64_t n, dnnl_memory_desc_t *out)
+int cpu_conv_with_images(const dnnl_memory_desc_t *m, int64_t n, dnnl_memory_desc_t *out)
 {
     const dnnl_blocking_desc_t *b = &m->format_desc.blocking;
     if (m->format_kind != dnnl_blocked || m->ndims != 4 || m->offset0 || m->padded_offsets[0] ||
@@ -212,7 +174,7 @@ static void make_whole(struct cpu_dnnl *d, plan *p)
             operand *o = &p->whole[i], *c = &p->op[i];
             int64_t ch = i ? k->k : k->c, hh = i ? k->oh : k->h, ww = i ? k->ow : k->w;
             o->arg = c->arg;
-            if (!c->reorder || !with_images(&c->inner, k->batch, &o->inner) ||
+            if (!c->reorder || !cpu_conv_with_images(&c->inner, k->batch, &o->inner) ||
                 md_act(&o->user, c->user.data_type, k->batch, ch, hh, ww, 0) || make_reorder(d, o, 0, attr)) {
                 memset(o, 0, sizeof *o);
                 continue;
@@ -322,7 +284,7 @@ static void drop(plan *p)
     for (int i = 0; i < 2; i++) if (p->whole[i].reorder) dnnl_primitive_destroy(p->whole[i].reorder);
 }
 
-static plan *find(struct cpu_conv_plans *c, struct cpu_dnnl *d, const conv_key *key)
+plan *cpu_conv_find(struct cpu_conv_plans *c, struct cpu_dnnl *d, const conv_key *key)
 {
     for (int i = 0; i < PLANS; i++)
         if (c->plans[i].used && !memcmp(&c->plans[i].key, key, sizeof *key)) return &c->plans[i];
@@ -380,13 +342,8 @@ static int exec_reorder(struct cpu_dnnl *d, dnnl_stream_t st, operand *o, int ou
     return exec(d, st, o->reorder, 2, args, &o->pad, pad);
 }
 
-/* the bytes of a plan's working buffers (the operands in its layouts), each
- * rounded up to 64 */
-static size_t inner_bytes(const plan *p, int i)
-{
-    return p->op[i].reorder ? (dnnl_memory_desc_get_size(&p->op[i].inner) + 63) & ~(size_t)63 : 0;
-}
-static size_t pad_bytes(const plan *p) { return (p->pad_bytes + 63) & ~(size_t)63; }
+/* the bytes of a plan's working buffers: the operands in its layouts
+ * (inner_bytes) and the scratchpads (pad_bytes), each rounded up to 64 */
 static size_t work_bytes(const plan *p) { return inner_bytes(p, 0) + inner_bytes(p, 1) + inner_bytes(p, 2) + pad_bytes(p); }
 
 /* run a plan on stream st over the operands' plain buffers ptr[0..2] and the
@@ -394,7 +351,8 @@ static size_t work_bytes(const plan *p) { return inner_bytes(p, 0) + inner_bytes
  * when oneDNN failed. blk (or NULL): operands already in the plan's layout
  * elsewhere - an input there, reordered by the caller; the output left there
  * in the plan's layout - or NULL where run reorders. */
-static int run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], void *const *blk, const float *bias, char *work)
+int cpu_conv_run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], void *const *blk, const float *bias,
+                 char *work)
 {
     dnnl_memory_t user[3] = {NULL, NULL, NULL}, inner[3] = {NULL, NULL, NULL}, bm = NULL;
     char *pad = work;   /* the scratchpads first, then the operands */
@@ -431,7 +389,7 @@ static int run(struct cpu_dnnl *d, dnnl_stream_t st, plan *p, void *ptr[3], void
 }
 
 /* a reorder (operand o's, either way) between buffers from and to over pad, on stream st */
-static int reorder_on(struct cpu_dnnl *d, dnnl_stream_t st, operand *o, int out, void *from, void *to, void *pad)
+int cpu_conv_reorder_on(struct cpu_dnnl *d, dnnl_stream_t st, operand *o, int out, void *from, void *to, void *pad)
 {
     dnnl_memory_t f = NULL, t = NULL;
     int ok = !mem(&f, out ? &o->inner : &o->user, d, from) && !mem(&t, out ? &o->user : &o->inner, d, to) &&
@@ -441,12 +399,12 @@ static int reorder_on(struct cpu_dnnl *d, dnnl_stream_t st, operand *o, int out,
     return !ok;
 }
 
-static int reorder(struct cpu_dnnl *d, operand *o, int out, void *from, void *to, void *pad)
+int cpu_conv_reorder(struct cpu_dnnl *d, operand *o, int out, void *from, void *to, void *pad)
 {
-    return reorder_on(d, d->stream, o, out, from, to, pad);
+    return cpu_conv_reorder_on(d, d->stream, o, out, from, to, pad);
 }
 
-static void key_of(conv_key *key, int dir, int dt, int odt, int64_t n, const mp_conv_args *a)
+void cpu_conv_key_of(conv_key *key, int dir, int dt, int odt, int64_t n, const mp_conv_args *a)
 {
     memset(key, 0, sizeof *key);   /* the padding too: keys are compared whole */
     key->dir = dir, key->dt = dt, key->odt = odt, key->n = n;
@@ -517,10 +475,10 @@ static int chunk_plans(struct cpu_dnnl *d, int dir, int dt, int odt, int bias, c
     cp->per = per, cp->chunks = (a->n + per - 1) / per;
     int64_t last = cp->last = a->n - (cp->chunks - 1) * per;
     conv_key *kf = &cp->kf, *kl = &cp->kl;
-    key_of(kf, dir, dt, odt, per, a);
-    key_of(kl, dir, dt, odt, last, a);
+    cpu_conv_key_of(kf, dir, dt, odt, per, a);
+    cpu_conv_key_of(kl, dir, dt, odt, last, a);
     kf->threads = kl->threads = 1, kf->bias = kl->bias = bias;
-    plan *pf = cp->pf = find(c, d, kf), *pl = cp->pl = last == per ? pf : find(c, d, kl);
+    plan *pf = cp->pf = cpu_conv_find(c, d, kf), *pl = cp->pl = last == per ? pf : cpu_conv_find(c, d, kl);
     /* the second find may have taken the first's slot */
     if (pf->used != 1 || pl->used != 1 || !chunks_kept(cp) ||
         !pf->op[1].reorder != !pl->op[1].reorder || !dnnl_memory_desc_equal(&pf->op[1].inner, &pl->op[1].inner))
@@ -550,7 +508,7 @@ static int chunked(struct cpu_dnnl *d, const cplan *cp, const void *in0, const v
 {
     struct cpu_conv_plans *c = d->conv;
     char *wblk = buf, *work = buf + cp->wb;
-    if (cp->wb && reorder(d, &cp->pf->op[1], 0, (void *)in1, wblk, work)) return 1;
+    if (cp->wb && cpu_conv_reorder(d, &cp->pf->op[1], 0, (void *)in1, wblk, work)) return 1;
     int failed = 0;
     chunk_runs++;
     /* handed out one at a time: a thread slowed by anything (the other
@@ -566,139 +524,13 @@ static int chunked(struct cpu_dnnl *d, const cplan *cp, const void *in0, const v
         void *ptr[3] = {(char *)in0 + (size_t)(i * cp->per) * in_img, (void *)in1,
                         (char *)out + (size_t)(i * cp->per) * out_img};
         void *blk[3] = {share ? share + (size_t)(i * cp->per) * share_img : NULL, cp->wb ? wblk : NULL, NULL};
-        if (share && reorder_on(d, c->tstreams[t], &p->op[0], 0, ptr[0], blk[0], mine)) {
+        if (share && cpu_conv_reorder_on(d, c->tstreams[t], &p->op[0], 0, ptr[0], blk[0], mine)) {
             failed |= 1;
             continue;
         }
-        failed |= run(d, c->tstreams[t], p, ptr, blk, bias, mine);
+        failed |= cpu_conv_run(d, c->tstreams[t], p, ptr, blk, bias, mine);
     }
     return failed;
-}
-
-/* The weight gradient: oneDNN's kernels split the sum over images among the
- * threads they were made for, so their bits would depend on the thread
- * count. Instead the images go in WCHUNKS chunks (fewer when the partial sums
- * would pass WBYTES), each summed by a single-threaded plan into its own f32
- * partial, the chunks in parallel; the partials are then added in chunk
- * order. The chunking depends on the shape only.
- * Where images are outermost in the chunk plans' layouts (with_images), x and
- * gy have copies for the whole batch in them (gy's may come from backward
- * data), each chunk reordering its slice just before its kernel reads it,
- * while it is in cache (one threaded reorder of the whole batch before the
- * chunks went through memory at batch 128). The partials stay in
- * the plans' blocked layout of the gradient, are added there element by
- * element (the same f32 additions in the same order as in the plain layout:
- * the same bits; padding lanes are added too, and dropped by the one reorder
- * of the sum into the plain gradient). */
-typedef struct {
-    plan *pf, *pl;            /* the chunks' plans: the first ones, the last (pf when as long) */
-    int64_t chunks, per, last;
-    int whole[2];             /* x, gy: reordered for the whole batch (pf->whole) */
-    const dnnl_memory_desc_t *sum;   /* the partials' layout: pf's blocked one, or the plain one */
-    size_t wb, part;          /* a chunk's work bytes (scratchpad and its own blocked copies); a partial's */
-} wplan;
-
-static size_t up64(size_t b) { return (b + 63) & ~(size_t)63; }
-
-/* tests: 0 takes the plain path (each chunk reorders its own x and gy, and
- * its partial into the plain layout, where the partials are added; gy not
- * shared), whose bits the blocked path must give */
-static int blocked_on = 1;
-int cpu_conv_dnnl_blocked(int on)
-{
-    int was = blocked_on;
-    blocked_on = on;
-    return was;
-}
-
-/* the chunking of a's weight gradient and its plans: 0, or 1 (decline) */
-static int weight_plans(struct cpu_dnnl *d, int dt, const mp_conv_args *a, wplan *w)
-{
-    struct cpu_conv_plans *c = d->conv;
-    int64_t nw = a->k * (a->c / a->groups) * a->r * a->s;
-    int64_t chunks = a->n < WCHUNKS ? a->n : WCHUNKS;
-    while (chunks > 1 && (size_t)chunks * (size_t)nw * 4 > WBYTES) chunks--;
-    int64_t per = (a->n + chunks - 1) / chunks;
-    w->chunks = (a->n + per - 1) / per, w->per = per, w->last = a->n - (w->chunks - 1) * per;
-    conv_key kf, kl;
-    key_of(&kf, BWD_WEIGHTS, dt, dnnl_f32, per, a);
-    key_of(&kl, BWD_WEIGHTS, dt, dnnl_f32, w->last, a);
-    w->pf = find(c, d, &kf), w->pl = w->last == per ? w->pf : find(c, d, &kl);
-    /* the second find may have taken the first's slot */
-    if (w->pf->used != 1 || w->pl->used != 1 || memcmp(&w->pf->key, &kf, sizeof kf)) return 1;
-    for (int64_t i = 0; i < w->chunks; i++)
-        if (!c->streams[i] && dnnl_stream_create(&c->streams[i], d->engine, dnnl_stream_default_flags) != dnnl_success)
-            return 1;
-    plan *pf = w->pf, *pl = w->pl;
-    for (int i = 0; i < 2; i++) {
-        dnnl_memory_desc_t m;
-        w->whole[i] = blocked_on && pf->whole[i].reorder && (pl == pf || (with_images(&pf->whole[i].inner, w->last, &m) &&
-                                                            dnnl_memory_desc_equal(&m, &pl->op[i].inner)));
-    }
-    int blocked = blocked_on && pf->op[2].reorder && (pl == pf || dnnl_memory_desc_equal(&pf->op[2].inner, &pl->op[2].inner));
-    w->sum = blocked ? &pf->op[2].inner : &pf->op[2].user;
-    w->part = up64(dnnl_memory_desc_get_size(w->sum));
-    w->wb = 0;
-    for (int j = 0; j < 2; j++) {
-        plan *p = j ? pl : pf;
-        size_t b = pad_bytes(p) + (w->whole[0] ? 0 : inner_bytes(p, 0)) + (w->whole[1] ? 0 : inner_bytes(p, 1)) +
-                   (blocked ? 0 : inner_bytes(p, 2));
-        if (b > w->wb) w->wb = b;
-    }
-    return 0;
-}
-
-/* the bytes of x's and gy's whole-batch copies (0 where chunks reorder their own) */
-static size_t whole_bytes(const wplan *w, int i)
-{
-    return w->whole[i] ? up64(dnnl_memory_desc_get_size(&w->pf->whole[i].inner)) : 0;
-}
-
-/* the weight gradient gw (plain f32) of x and gy (plain) over buf: gy's and
- * x's whole-batch copies (whole_bytes; gy_there: gy's is there already), then
- * each chunk's work and partial (wb + part). 0, or 1 when oneDNN failed. */
-static int weights(struct cpu_dnnl *d, const wplan *w, const void *x, const void *gy, int gy_there, float *gw,
-                   char *buf, const mp_conv_args *a, size_t es)
-{
-    struct cpu_conv_plans *c = d->conv;
-    plan *pf = w->pf, *pl = w->pl;
-    int64_t chw = a->c * a->h * a->w, kohw = a->k * a->oh * a->ow;
-    size_t each = w->wb + w->part;
-    char *whole[2] = {buf + whole_bytes(w, 1), buf}, *part = whole[0] + whole_bytes(w, 0);
-    size_t img[2];   /* an image's bytes in the whole-batch copies */
-    for (int i = 0; i < 2; i++)
-        if (w->whole[i]) img[i] = dnnl_memory_desc_get_size(&pf->whole[i].inner) / (size_t)a->n;
-    int blocked = w->sum != &pf->op[2].user, failed = 0;
-    /* dynamic, as in chunked(): each chunk has its own stream and partial,
-     * so the sums are the same whichever thread runs it */
-    #pragma omp parallel for schedule(dynamic, 1) reduction(|: failed)
-    for (int64_t i = 0; i < w->chunks; i++) {
-        char *mine = part + (size_t)i * each;
-        plan *p = i == w->chunks - 1 ? pl : pf;
-        void *ptr[3] = {(char *)x + (size_t)(i * w->per * chw) * es, (char *)gy + (size_t)(i * w->per * kohw) * es, mine + w->wb};
-        void *blk[3] = {w->whole[0] ? whole[0] + (size_t)(i * w->per) * img[0] : NULL,
-                        w->whole[1] ? whole[1] + (size_t)(i * w->per) * img[1] : NULL, blocked ? mine + w->wb : NULL};
-        /* the chunk's slices of the copies, just before its kernel reads them */
-        int bad = 0;
-        for (int j = 0; j < 2 && !bad; j++)
-            bad = blk[j] && !(j == 1 && gy_there) && reorder_on(d, c->streams[i], &p->op[j], 0, ptr[j], blk[j], mine);
-        failed |= bad || run(d, c->streams[i], p, ptr, blk, NULL, mine);
-    }
-    if (failed) return 1;
-    /* the partials added in chunk order, into the first (blocked) or into gw */
-    int64_t nw = (int64_t)(dnnl_memory_desc_get_size(w->sum) / 4);
-    float *sum = blocked ? (float *)(part + w->wb) : gw;
-    #pragma omp parallel for if (nw * w->chunks >= MP_PAR_MIN) schedule(static)
-    for (int64_t e = 0; e < nw; e += MP_BLOCK) {
-        int64_t len = nw - e < MP_BLOCK ? nw - e : MP_BLOCK;
-        float *s = sum + e;
-        if (!blocked) memcpy(s, part + w->wb + e * 4, sizeof(float) * (size_t)len);
-        for (int64_t i = 1; i < w->chunks; i++) {
-            const float *q = (const float *)(part + (size_t)i * each + w->wb) + e;
-            for (int64_t l = 0; l < len; l++) s[l] += q[l];
-        }
-    }
-    return blocked && reorder(d, &pf->op[2], 1, sum, gw, part);
 }
 
 /* tests: 0 declines every convolution here (cpu_conv.c's im2col path runs,
@@ -741,7 +573,7 @@ long cpu_conv_dnnl_widened_runs(void) { return widened_runs; }
  * dt; wide: operands widened to f32 (f16 always, bf16 on the f16 route).
  * bf16 results come straight from the primitive except while flush counting
  * is on (cpu_store counts); the weight gradient's f32 sums are always
- * rounded here (weight_plans). */
+ * rounded here (cpu_conv_weight_plans). */
 static void dtypes(mp_kctx *cx, mp_dtype dt, int wide, int *kdt, int *odt)
 {
     *kdt = dt == MP_BF16 && !wide ? dnnl_bf16 : dnnl_f32;
@@ -757,9 +589,9 @@ static int plans_of(struct cpu_dnnl *d, int dir, int kdt, int odt, int bias, con
     *p = NULL;
     *chunks = !chunk_plans(d, dir, kdt, odt, bias, a, cp);
     if (*chunks) return 0;
-    key_of(key, dir, kdt, odt, a->n, a);
+    cpu_conv_key_of(key, dir, kdt, odt, a->n, a);
     key->bias = bias;
-    *p = find(d->conv, d, key);
+    *p = cpu_conv_find(d->conv, d, key);
     if ((*p)->used == 1) return 0;
     *p = NULL;
     return 1;
@@ -781,7 +613,7 @@ int cpu_conv_dnnl_takes(mp_kctx *cx, int dir, mp_dtype dt, int bias, const mp_co
         cplan cp;
         plan *p;
         conv_key key;
-        if (dir == BWD_WEIGHTS ? !weight_plans(d, kdt, a, &w)
+        if (dir == BWD_WEIGHTS ? !cpu_conv_weight_plans(d, kdt, a, &w)
                                : !plans_of(d, dir, kdt, odt, dir == FWD && bias, a, &cp, &chunks, &p, &key))
             return 1;
         if (dt != MP_BF16) break;   /* only bf16 has a second way */
@@ -816,10 +648,10 @@ int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void 
     }
     int direct = dt == MP_F32 || odt == dnnl_bf16;
     wplan wp;
-    int wkdt = dt == MP_BF16 && !wwide ? dnnl_bf16 : dnnl_f32, wok = gw && !weight_plans(d, wkdt, a, &wp);
+    int wkdt = dt == MP_BF16 && !wwide ? dnnl_bf16 : dnnl_f32, wok = gw && !cpu_conv_weight_plans(d, wkdt, a, &wp);
     if (gw && !wok && wkdt == dnnl_bf16) {
         wwide = 1, wkdt = dnnl_f32;
-        wok = !weight_plans(d, wkdt, a, &wp);
+        wok = !cpu_conv_weight_plans(d, wkdt, a, &wp);
     }
     /* the weights' plans may have taken backward data's slots */
     if (p && memcmp(&p->key, &key, sizeof key)) p = NULL;
@@ -832,14 +664,16 @@ int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void 
     if (p) share = wok && wp.whole[1] && p->op[0].reorder && dnnl_memory_desc_equal(&p->op[0].inner, &wp.pf->whole[1].inner);
     if (chunks && wok && wp.whole[1] && cp.pf->op[0].reorder) {
         dnnl_memory_desc_t m;
-        share = with_images(&wp.pf->whole[1].inner, cp.per, &m) && dnnl_memory_desc_equal(&m, &cp.pf->op[0].inner) &&
-                with_images(&wp.pf->whole[1].inner, cp.last, &m) && dnnl_memory_desc_equal(&m, &cp.pl->op[0].inner);
+        share = cpu_conv_with_images(&wp.pf->whole[1].inner, cp.per, &m) &&
+                dnnl_memory_desc_equal(&m, &cp.pf->op[0].inner) &&
+                cpu_conv_with_images(&wp.pf->whole[1].inner, cp.last, &m) &&
+                dnnl_memory_desc_equal(&m, &cp.pl->op[0].inner);
     }
-    size_t gyb = share ? whole_bytes(&wp, 1) : 0, need = 0;
+    size_t gyb = share ? cpu_conv_whole_bytes(&wp, 1) : 0, need = 0;
     if (p) need = gyb + pad_bytes(p) + (share ? 0 : inner_bytes(p, 0)) + inner_bytes(p, 1) + inner_bytes(p, 2);
     if (chunks) need = gyb + chunk_bytes(&cp);
-    if (wok && whole_bytes(&wp, 0) + whole_bytes(&wp, 1) + (wp.wb + wp.part) * (size_t)wp.chunks > need)
-        need = whole_bytes(&wp, 0) + whole_bytes(&wp, 1) + (wp.wb + wp.part) * (size_t)wp.chunks;
+    if (wok && cpu_conv_whole_bytes(&wp, 0) + cpu_conv_whole_bytes(&wp, 1) + (wp.wb + wp.part) * (size_t)wp.chunks > need)
+        need = cpu_conv_whole_bytes(&wp, 0) + cpu_conv_whole_bytes(&wp, 1) + (wp.wb + wp.part) * (size_t)wp.chunks;
     /* laid out [gy's copy | the rest]: backward data's work, then the weights' */
     char *buf = cpu_scratch(cx, S_R0, need + 64);
     /* gy widened once for whichever direction takes it so */
@@ -860,8 +694,8 @@ int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void 
             if (failed) share = 0;
         } else {
             void *ptr[3] = {(void *)gyx, (void *)w32, out}, *blk[3] = {share ? buf : NULL, NULL, NULL};
-            if (share && reorder(d, &p->op[0], 0, (void *)gyx, buf, buf + gyb)) share = 0, blk[0] = NULL;
-            failed = run(d, d->stream, p, ptr, blk, NULL, buf + gyb);
+            if (share && cpu_conv_reorder(d, &p->op[0], 0, (void *)gyx, buf, buf + gyb)) share = 0, blk[0] = NULL;
+            failed = cpu_conv_run(d, d->stream, p, ptr, blk, NULL, buf + gyb);
         }
         if (!failed) {
             if (!direct) cpu_store_f32(cx, dt, gx, out, nx);
@@ -873,7 +707,7 @@ int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void 
         const void *gyw = wwide ? gy32 : gy, *x32 = wwide ? cpu_scratch_f32(cx, S_IN1, dt, x, nx) : x;
         float *out = dt == MP_F32 ? gw : cpu_scratch(cx, S_OUT, sizeof(float) * (size_t)nw);
         if (!x32 || !out) return -1;
-        if (!weights(d, &wp, x32, gyw, share, out, buf, a, wkdt == dnnl_bf16 ? 2 : 4)) {
+        if (!cpu_conv_weights(d, &wp, x32, gyw, share, out, buf, a, wkdt == dnnl_bf16 ? 2 : 4)) {
             if (dt != MP_F32) cpu_store_f32(cx, dt, gw, out, nw);
             if (dt == MP_BF16 && wwide) widened_runs++;
             wrote |= 2;
@@ -926,7 +760,7 @@ int cpu_conv_dnnl(mp_kctx *cx, int dir, mp_dtype dt, void *out, const void *in0,
     size_t ies = kdt == dnnl_bf16 ? 2 : 4, oes = odt == dnnl_bf16 ? 2 : 4;
     if (chunks ? chunked(d, &cp, ptr[0], ptr[1], ptr[2], (size_t)(a->c * a->h * a->w) * ies,
                          (size_t)(a->k * a->oh * a->ow) * oes, bias, work, NULL, 0)
-               : run(d, d->stream, p, ptr, NULL, bias, work))
+               : cpu_conv_run(d, d->stream, p, ptr, NULL, bias, work))
         return 1;
     if (!direct) cpu_store_f32(cx, dt, out, ptr[2], ny);
     if (dt == MP_BF16 && wide) widened_runs++;

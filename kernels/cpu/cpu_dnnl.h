@@ -2,8 +2,9 @@
  * cpu_dnnl.h: what the oneDNN kernel files share: one engine and stream per
  * CPU context, made on first use, and each file's cache of primitives made
  * once per shape (cpu_gemm_dnnl.c: matmul plans; cpu_conv_dnnl.c: convolution
- * plans). cpu_dnnl_enable(0) turns every oneDNN path off (tests reach the
- * paths that stand in for it).
+ * plans, the weight gradient's run in cpu_conv_dnnl_weights.c).
+ * cpu_dnnl_enable(0) turns every oneDNN path off (tests reach the paths that
+ * stand in for it).
  */
 #ifndef MP_CPU_DNNL_H
 #define MP_CPU_DNNL_H
@@ -16,7 +17,7 @@ struct cpu_dnnl {
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     struct cpu_gemm_plans *gemm;    /* cpu_gemm_dnnl.c's, made on first use */
-    struct cpu_conv_plans *conv;    /* cpu_conv_dnnl.c's, made on first use */
+    struct cpu_conv_plans *conv;    /* cpu_conv_dnnl.c's (cpu_conv_dnnl_plan.h), made on first use */
 };
 
 /* the context's engine and stream, or NULL when oneDNN is off or failed */
@@ -42,9 +43,9 @@ int cpu_conv_dnnl_grad(mp_kctx *cx, mp_dtype dt, void *gx, void *gw, const void 
  * previous setting. */
 int cpu_conv_dnnl_takes(mp_kctx *cx, int dir, mp_dtype dt, int bias, const mp_conv_args *a);
 int cpu_conv_dnnl_convs(int on);
-/* tests: 0 makes the weight gradient's chunks reorder their own x and gy and
- * add their partials in the plain layout (the blocked path's bits must be the
- * same); returns the previous setting */
+/* tests (cpu_conv_dnnl_weights.c): 0 makes the weight gradient's chunks
+ * reorder their own x and gy and add their partials in the plain layout (the
+ * blocked path's bits must be the same); returns the previous setting */
 int cpu_conv_dnnl_blocked(int on);
 /* tests: 0 runs forward and backward data on the whole batch instead of in
  * chunks of images (the bits must be the same); returns the previous setting.
