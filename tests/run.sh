@@ -109,14 +109,16 @@ lua_pass "the default device"
 FAKE="MP_DEVICE=cuda MP_CUDA_BACKEND=$PWD/$BUILD/tests/fake_cuda.so"
 # The specs that only run child processes (which stay on the cpu) are left out.
 lua_pass "cuda on the fake device" $FAKE MP_FAKE_CUDA_PROTECT=1 -- --exclude-pattern=memory_spec \
-  --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec --exclude-pattern=repl_spec
+  --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec --exclude-pattern=repl_spec \
+  --exclude-pattern=thread_bits_spec
 lua_pass "cuda on the fake device, memory_spec" $FAKE -- --pattern=memory_spec
 # and on the emulated device: the backend's own kernels, runtime and library
 # calls (threads in a shuffled order), memory_spec included; dist_spec's
 # emulated-device cases run in the first pass (they start their own processes)
 if [ -n "$EMU" ]; then
   lua_pass "cuda on the emulated device" MP_DEVICE=cuda $EMU_ENV MP_EMU_ORDER=shuffle -- \
-    --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec --exclude-pattern=repl_spec
+    --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec --exclude-pattern=repl_spec \
+    --exclude-pattern=thread_bits_spec
   # which of the backend's kernels and launch sites the passes ran, of all
   env -u LD_PRELOAD sh tests/emu/coverage.sh "$EMU_COV"   # (make test SAN=1: not the sanitizers' runtimes)
 else

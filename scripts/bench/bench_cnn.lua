@@ -9,6 +9,8 @@
 -- MP_BENCH_ROUNDS=N alternates mpengine's and PyTorch's runs N times and reports
 -- medians and the per-round speed's spread (for a noisy machine); PyTorch's bf16
 -- runs 2 steps where the processor has no AVX512-BF16 (seconds a step there).
+-- The f16 / f32 step ratio (target <= 1.1x) is also measured with both in one process,
+-- their steps alternating (bc.f16_vs_f32), which this VM's noise moves far less.
 -- Figures, not tests: nothing here fails on speed.
 local mp = mp or require "mp"
 
@@ -21,14 +23,20 @@ local bc = dofile(here .. "../lib/bench_child.lua")
 local mode = os.getenv("MP_BENCH_CNN_MODE")
 if mode then
   local CNN = dofile(here .. "../models/cnn.lua")
-  mp.manual_seed(0)
-  local model = CNN {}
-  local opt = mp.optim.Adam(model:parameters(), { lr = 1e-3 })
-  local scaler = mode == "f16" and mp.amp.GradScaler {} or nil
   local xs, ys = mp.rand { 8, BATCH, 1, 28, 28 }, mp.randint(0, 10, { 8, BATCH })
-  local times = bc.time_steps { model = model, opt = opt, xs = xs, ys = ys, mode = mode, steps = STEPS,
-                                warmup = WARMUP, scaler = scaler }
-  bc.report(mode, times)
+  local function setup(m)
+    mp.manual_seed(0)
+    local model = CNN {}
+    return { model = model, opt = mp.optim.Adam(model:parameters(), { lr = 1e-3 }), xs = xs, ys = ys, mode = m,
+             scaler = m == "f16" and mp.amp.GradScaler {} or nil, steps = STEPS, warmup = WARMUP }
+  end
+  if mode == "f16_vs_f32" then   -- both in this process, alternating (bc.alternate)
+    local a, b = setup("f32"), setup("f16")
+    local ta, tb = bc.alternate(function(s) return bc.step(a, s) end, function(s) return bc.step(b, s) end, WARMUP, STEPS)
+    print(string.format("f32_ms=%.3f f16_ms=%.3f", ta * 1000, tb * 1000))
+    return
+  end
+  bc.report(mode, bc.time_steps(setup(mode)))
   return
 end
 
@@ -60,3 +68,4 @@ for _, m in ipairs { "f32", "bf16", "f16" } do
       m == "f16" and "no f16 CPU autocast in 1.13" or "not available", ms / floor, m == "f16" and "the f32" or "its"))
   end
 end
+print(bc.f16_vs_f32("cnn", "MP_BENCH_CNN_MODE", STEPS, exe, here .. "bench_cnn.lua"))

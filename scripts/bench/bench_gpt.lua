@@ -8,6 +8,8 @@
 -- MP_BENCH_ROUNDS=N alternates mpengine's and PyTorch's runs N times and reports
 -- medians and the per-round speed's spread (for a noisy machine); PyTorch's bf16
 -- runs 2 steps where the processor has no AVX512-BF16 (seconds a step there).
+-- The f16 / f32 step ratio (target <= 1.1x) is also measured with both in one process,
+-- their steps alternating (bc.f16_vs_f32), which this VM's noise moves far less.
 -- Figures, not tests: nothing here fails on speed.
 local mp = mp or require "mp"
 
@@ -22,33 +24,46 @@ local mode = os.getenv("MP_BENCH_GPT_MODE")
 if mode then
   local GPT = dofile(here .. "../models/gpt.lua")
   mp.manual_seed(0)
-  local model = GPT { vocab = V, ctx = T, layers = L, dim = D, heads = H }
-  local opt = mp.optim.AdamW(mp.optim.decay_groups(model, 0.1), { lr = 3e-3 })
-  local scaler = mode == "f16" and mp.amp.GradScaler {} or nil
   local ids = mp.randint(0, V, { 2300000 }, { device = "cpu" })
-  local times = {}
+  -- a model of its own for mode m, and its timed step (seconds)
+  local function setup(m)
+    mp.manual_seed(0)
+    local model = GPT { vocab = V, ctx = T, layers = L, dim = D, heads = H }
+    local opt = mp.optim.AdamW(mp.optim.decay_groups(model, 0.1), { lr = 3e-3 })
+    local scaler = m == "f16" and mp.amp.GradScaler {} or nil
+    return function()
+      local x, y = mp.data.windows(ids, B, T)
+      local t0 = mp.clock()
+      opt:zero_grad()
+      local loss
+      do
+        local _ <close> = m ~= "f32" and mp.amp.autocast(m) or nil
+        loss = mp.cross_entropy(model(x):reshape { -1, V }, y:reshape { -1 })
+      end
+      if scaler then
+        scaler:scale(loss):backward()
+        scaler:unscale(opt)
+        mp.optim.clip_grad_norm(model:parameters(), 1.0)
+        scaler:step(opt)
+        scaler:update()
+      else
+        loss:backward()
+        mp.optim.clip_grad_norm(model:parameters(), 1.0)
+        opt:step()
+      end
+      loss:item()
+      return mp.clock() - t0
+    end
+  end
+  if mode == "f16_vs_f32" then   -- both in this process, alternating (bc.alternate)
+    local a, b = bc.alternate(setup("f32"), setup("f16"), WARMUP, STEPS)
+    print(string.format("f32_ms=%.3f f16_ms=%.3f", a * 1000, b * 1000))
+    return
+  end
+  local step, times = setup(mode), {}
   for s = 1, WARMUP + STEPS do
-    local x, y = mp.data.windows(ids, B, T)
-    local t0 = mp.clock()
-    opt:zero_grad()
-    local loss
-    do
-      local _ <close> = mode ~= "f32" and mp.amp.autocast(mode) or nil
-      loss = mp.cross_entropy(model(x):reshape { -1, V }, y:reshape { -1 })
-    end
-    if scaler then
-      scaler:scale(loss):backward()
-      scaler:unscale(opt)
-      mp.optim.clip_grad_norm(model:parameters(), 1.0)
-      scaler:step(opt)
-      scaler:update()
-    else
-      loss:backward()
-      mp.optim.clip_grad_norm(model:parameters(), 1.0)
-      opt:step()
-    end
-    loss:item()
-    if s > WARMUP then times[#times + 1] = mp.clock() - t0 end
+    local t = step()
+    if s > WARMUP then times[#times + 1] = t end
   end
   bc.report(mode, times)
   return
@@ -91,3 +106,4 @@ for _, m in ipairs { "f32", "bf16", "f16" } do
       m == "f16" and "no f16 CPU autocast in 1.13" or "not available", ms / floor, m == "f16" and "the f32" or "its"))
   end
 end
+print(bc.f16_vs_f32("gpt", "MP_BENCH_GPT_MODE", STEPS, exe, here .. "bench_gpt.lua"))
