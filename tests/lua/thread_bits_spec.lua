@@ -12,14 +12,6 @@ local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
 
 local function tmp(name) local b = os.tmpname(); os.remove(b); return b .. "-" .. name end
 
-local function slurp(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("a")
-  f:close()
-  return s
-end
-
 -- the state after three steps of kind in mode, trained in a child process on threads threads
 local function train(kind, mode, threads)
   local out = tmp(kind .. "-" .. mode .. ".st")
@@ -28,9 +20,9 @@ local function train(kind, mode, threads)
   local log = p:read("a")
   p:close()
   assert.are.equal("0", log:match("exit=(%d+)%s*$"), log)
-  local bytes = slurp(out)
+  local bytes = H.slurp(out)
   os.remove(out)
-  assert.is_truthy(bytes and #bytes > 1000, log)
+  assert.is_true(#bytes > 1000, log)
   return bytes
 end
 
