@@ -1,10 +1,10 @@
 /*
- * cpu_conv_dnnl_plan.h: what the two files of oneDNN's convolutions share,
- * and no other file includes: cpu_conv_dnnl.c (the plans, forward and
- * backward data, the entries) and cpu_conv_dnnl_weights.c (the weight
- * gradient's chunks). The plans' types and their cache, and the helpers that
- * find a plan, run it and reorder its operands (defined in cpu_conv_dnnl.c,
- * where each says more).
+ * cpu_conv_dnnl_plan.h: what the files of oneDNN's convolutions share, and
+ * no other file includes: cpu_conv_dnnl.c (forward and backward data, the
+ * entries), cpu_conv_dnnl_weights.c (the weight gradient's chunks) and
+ * cpu_conv_dnnl_plan.c (the plans). The plans' types and their cache, and the
+ * helpers that find a plan, run it and reorder its operands (defined in
+ * cpu_conv_dnnl_plan.c, where each says more).
  */
 #ifndef MP_CPU_CONV_DNNL_PLAN_H
 #define MP_CPU_CONV_DNNL_PLAN_H
@@ -64,8 +64,10 @@ static inline size_t inner_bytes(const plan *p, int i)
     return p->op[i].reorder ? (dnnl_memory_desc_get_size(&p->op[i].inner) + 63) & ~(size_t)63 : 0;
 }
 static inline size_t pad_bytes(const plan *p) { return (p->pad_bytes + 63) & ~(size_t)63; }
+/* the work bytes of a plan run on its own (cpu_conv_run): its operands in its layouts and its scratchpad */
+static inline size_t work_bytes(const plan *p) { return inner_bytes(p, 0) + inner_bytes(p, 1) + inner_bytes(p, 2) + pad_bytes(p); }
 
-/* cpu_conv_dnnl.c: the key of direction dir over a with n images (threads:
+/* cpu_conv_dnnl_plan.c: the key of direction dir over a with n images (threads:
  * the caller's, 1 for the weight gradient); the plan of a key, made if new
  * (its used: 1 a plan, -1 declined; a later find may take its slot); 1 (and
  * *out: m with n images) where images are outermost in activation layout m;

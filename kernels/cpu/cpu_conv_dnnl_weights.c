@@ -1,9 +1,10 @@
 /*
  * cpu_conv_dnnl_weights.c: a convolution's weight gradient on oneDNN's
- * backward-weights primitives, in chunks of images. cpu_conv_dnnl.c makes the
- * plans, runs the other directions and calls in here from cpu_conv_dnnl_grad;
- * its head comment gives the layouts, reorders and numerics. What the two
- * files share is in cpu_conv_dnnl_plan.h.
+ * backward-weights primitives, in chunks of images. Its plans come from
+ * cpu_conv_dnnl_plan.c; cpu_conv_dnnl.c runs the other directions and calls
+ * in here from cpu_conv_dnnl_grad, and its head comment gives the layouts,
+ * reorders and numerics. What the three files share is in
+ * cpu_conv_dnnl_plan.h.
  *
  * Why chunks: oneDNN's kernels split the sum over images among the
  * threads they were made for, so their bits would depend on the thread

@@ -17,7 +17,7 @@ struct cpu_dnnl {
     dnnl_engine_t engine;
     dnnl_stream_t stream;
     struct cpu_gemm_plans *gemm;    /* cpu_gemm_dnnl.c's, made on first use */
-    struct cpu_conv_plans *conv;    /* cpu_conv_dnnl.c's (cpu_conv_dnnl_plan.h), made on first use */
+    struct cpu_conv_plans *conv;    /* cpu_conv_dnnl_plan.c's (cpu_conv_dnnl_plan.h), made on first use */
 };
 
 /* the context's engine and stream, or NULL when oneDNN is off or failed */
