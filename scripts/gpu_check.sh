@@ -112,10 +112,10 @@ SLOW=1
 if [ -z "$HAVE_GPU" ]; then   # MP_GPU_CHECK_FORCE without a GPU: the emulated device stands in
   export MP_BENCH_SMOKE=1
   # the emulator runs the steps several times slower than a GPU (the Lua specs alone
-  # take ~4 minutes on it): every step's timeout and the budget grow by this factor,
-  # so that a forced walk ends each step instead of timing it out (no device time is
-  # spent here)
-  SLOW=${MP_GPU_CHECK_SLOW:-4}
+  # take 7-8 minutes on it on a 2-core AVX2 VM, make test's emulated pass 436-441 s):
+  # every step's timeout and the budget grow by this factor, so that a forced walk
+  # ends each step instead of timing it out (no device time is spent here)
+  SLOW=${MP_GPU_CHECK_SLOW:-6}
   BUDGET=$((BUDGET * SLOW))
   if [ -f "$ROOT/build/tests/emu_cuda.so" ]; then
     export MP_CUDA_BACKEND="$ROOT/build/tests/emu_cuda.so" MP_NCCL_LIBRARY="$ROOT/build/tests/emu_cuda.so"
@@ -241,7 +241,7 @@ else
 fi
 step lua-cuda tap 120 env MP_DEVICE=cuda "$LUA" "$U/bin/busted" -o TAP -v --no-auto-insulate \
   --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec \
-  --exclude-pattern=repl_spec tests/lua
+  --exclude-pattern=repl_spec --exclude-pattern=thread_bits_spec tests/lua
 # NCCL with one rank (no mpirun there: a world of one whose device collectives
 # still go through NCCL)
 step nccl-one first 60 env MP_DEVICE=cuda sh -c \
