@@ -9,8 +9,10 @@
  *
  * The portable path, for processors without AVX512-BF16 and for tests, does the
  * instruction's arithmetic element by element in the same order (odd k of each
- * pair first, fused, subnormal inputs read as zero, subnormal sums flushed), so
- * the two paths agree bit for bit; test_block_gemm_bf16.c checks both.
+ * pair first, fused, subnormal inputs read as zero, subnormal sums flushed), and
+ * the AVX2 + FMA path does it eight columns at a time over a tile of rows, so
+ * all three paths agree bit for bit; test_block_gemm_bf16.c checks each the
+ * processor has against the portable one.
  */
 #include <math.h>
 #include <string.h>
@@ -132,24 +134,118 @@ BF16_FN static void block_gemm_bf16_avx512(int at, int64_t m, int64_t n, int64_t
 }
 
 static int has_avx512bf16(void) { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
+
+/* AVX2 + FMA: the portable path's operations, eight columns to a register,
+ * on a tile of up to 4 rows x 2 vectors of C (8 accumulators: each pair of B's
+ * words, widened and read-as-zero once, serves every row of the tile, where the
+ * portable row loop read B again for every row and its compiled clone spent a
+ * third of a bf16 GPT step there). Widening a bf16 is a shift into the high
+ * half of an f32; the subnormal rules are masks on the exponent bits: an input
+ * or a sum whose exponent field is 0 keeps only its sign, which is daz()'s and
+ * ftz()'s result (|x| < 2^-126 exactly when that field is 0, NaN and infinity
+ * excepted). Each fused product is _mm256_fmadd_ps, fmaf's one rounding: the
+ * same bits as the portable path (test_block_gemm_bf16.c). */
+#define AVX2_FN __attribute__((target("avx2,fma")))
+
+/* x with its magnitude dropped where its exponent field is 0 */
+static inline __attribute__((always_inline)) AVX2_FN __m256i zero_tiny(__m256i x)
+{
+    __m256i z = _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
+    return _mm256_andnot_si256(_mm256_and_si256(z, _mm256_set1_epi32(0x7fffffff)), x);
+}
+
+static inline __attribute__((always_inline)) AVX2_FN __m256 fma_ftz(__m256 a, __m256 b, __m256 acc)
+{
+    return _mm256_castsi256_ps(zero_tiny(_mm256_castps_si256(_mm256_fmadd_ps(a, b, acc))));
+}
+
+/* one tile: RB rows (up to 4) x NV vectors of 8 columns (up to 2), the last
+ * loaded and stored under mask `last` */
+static inline __attribute__((always_inline)) AVX2_FN void tile8(int at, int rb, int nv, __m256i last, int64_t kp,
+                                                                float alpha, const uint16_t *a, int64_t lda,
+                                                                const uint16_t *b, int64_t ldb, float beta, float *c,
+                                                                int64_t ldc)
+{
+    __m256 acc[4][2], be[2], bo[2];
+    for (int r = 0; r < rb; r++)
+        for (int v = 0; v < nv; v++) acc[r][v] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < kp; p++) {
+        const uint16_t *bp = b + 2 * p * ldb;
+        for (int v = 0; v < nv; v++) {
+            __m256i w = v == nv - 1 ? _mm256_maskload_epi32((const int *)(bp + 16 * v), last)
+                                    : _mm256_loadu_si256((const __m256i *)(bp + 16 * v));
+            be[v] = _mm256_castsi256_ps(zero_tiny(_mm256_slli_epi32(w, 16)));
+            bo[v] = _mm256_castsi256_ps(zero_tiny(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u))));
+        }
+        for (int r = 0; r < rb; r++) {
+            const uint16_t *ap = at ? a + 2 * (p * lda + r) : a + r * lda + 2 * p;
+            __m256 a0 = _mm256_set1_ps(daz(ap[0])), a1 = _mm256_set1_ps(daz(ap[1]));
+            for (int v = 0; v < nv; v++) acc[r][v] = fma_ftz(a0, be[v], fma_ftz(a1, bo[v], acc[r][v]));
+        }
+    }
+    __m256 al = _mm256_set1_ps(alpha), bt = _mm256_set1_ps(beta);
+    __m256i all = _mm256_set1_epi32(-1);
+    for (int r = 0; r < rb; r++)
+        for (int v = 0; v < nv; v++) {
+            float *cp = c + r * ldc + 8 * v;
+            __m256i mk = v == nv - 1 ? last : all;
+            __m256 x = _mm256_mul_ps(al, acc[r][v]);
+            if (beta != 0.0f) x = _mm256_fmadd_ps(bt, _mm256_maskload_ps(cp, mk), x);
+            _mm256_maskstore_ps(cp, mk, x);
+        }
+}
+
+#define TILE8(AT, RB, NV) \
+    case (AT) * 8 + ((RB) - 1) * 2 + (NV) - 1: tile8(AT, RB, NV, last, kp, alpha, ap, lda, b + 2 * j0, ldb, beta, cp, ldc); break
+#define TILES8(AT) TILE8(AT, 1, 1); TILE8(AT, 1, 2); TILE8(AT, 2, 1); TILE8(AT, 2, 2); \
+                   TILE8(AT, 3, 1); TILE8(AT, 3, 2); TILE8(AT, 4, 1); TILE8(AT, 4, 2)
+
+AVX2_FN static void block_gemm_bf16_avx2(int at, int64_t m, int64_t n, int64_t kp, float alpha, const uint16_t *a,
+                                         int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
+                                         int64_t ldc)
+{
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        int64_t nc = n - j0 < 16 ? n - j0 : 16;
+        int nv = (int)((nc + 7) / 8), tail = (int)(nc - 8 * (nv - 1));
+        __m256i last = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (int64_t i0 = 0; i0 < m; i0 += 4) {
+            int rb = m - i0 < 4 ? (int)(m - i0) : 4;
+            const uint16_t *ap = at ? a + 2 * i0 : a + i0 * lda;
+            float *cp = c + i0 * ldc + j0;
+            switch ((at ? 8 : 0) + (rb - 1) * 2 + nv - 1) {
+                TILES8(0);
+                TILES8(1);
+            }
+        }
+    }
+}
+
+static int has_avx2_fma(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 #else
 #define block_gemm_bf16_avx512 block_gemm_bf16_portable
+#define block_gemm_bf16_avx2 block_gemm_bf16_portable
 static int has_avx512bf16(void) { return 0; }
+static int has_avx2_fma(void) { return 0; }
 #endif
 
 typedef void (*gemm_fn)(int, int64_t, int64_t, int64_t, float, const uint16_t *, int64_t, const uint16_t *, int64_t,
                         float, float *, int64_t);
-static const struct { const char *name; gemm_fn fn; } paths[] = {
-    { "avx512bf16", block_gemm_bf16_avx512 },
-    { "portable", block_gemm_bf16_portable },
+static const struct { const char *name; gemm_fn fn; int (*has)(void); } paths[] = {
+    { "avx512bf16", block_gemm_bf16_avx512, has_avx512bf16 },
+    { "avx2", block_gemm_bf16_avx2, has_avx2_fma },
+    { "portable", block_gemm_bf16_portable, NULL },
 };
+#define NPATHS ((int)(sizeof paths / sizeof *paths))
 /* the chosen path; -1 until the first call (every racing thread chooses the same) */
 static int chosen = -1;
 
 static int pick(void)
 {
     int i = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
-    if (i < 0) __atomic_store_n(&chosen, i = has_avx512bf16() ? 0 : 1, __ATOMIC_RELAXED);
+    if (i < 0) {   /* the first path the processor has */
+        for (i = 0; paths[i].has && !paths[i].has(); i++) {}
+        __atomic_store_n(&chosen, i, __ATOMIC_RELAXED);
+    }
     return i;
 }
 
@@ -165,9 +261,12 @@ const char *cpu_block_gemm_bf16_path(void) { return paths[pick()].name; }
 int cpu_block_gemm_bf16_use(const char *path)
 {
     if (!path) { __atomic_store_n(&chosen, -1, __ATOMIC_RELAXED); pick(); return 0; }
-    if (!strcmp(path, "avx512bf16") && !has_avx512bf16()) return -1;
-    for (int i = 0; i < 2; i++)
-        if (!strcmp(paths[i].name, path)) { __atomic_store_n(&chosen, i, __ATOMIC_RELAXED); return 0; }
+    for (int i = 0; i < NPATHS; i++)
+        if (!strcmp(paths[i].name, path)) {
+            if (paths[i].has && !paths[i].has()) return -1;   /* this processor lacks it */
+            __atomic_store_n(&chosen, i, __ATOMIC_RELAXED);
+            return 0;
+        }
     return -1;
 }
 

@@ -11,8 +11,8 @@
  * acc = fma(a[2p], b[2p], acc), each rounded to nearest even, with bf16
  * subnormal inputs read as zero and f32 subnormal sums flushed to zero, which is
  * what vdpbf16ps does (checked bit for bit on random and tiny values). The
- * portable path does exactly these operations, so both paths give the same bits,
- * on every thread count. Against the exact sum of the same bf16 values,
+ * AVX2 and portable paths do exactly these operations, so every path gives the
+ * same bits, on every thread count. Against the exact sum of the same bf16 values,
  * |C - alpha sum a b| <= |alpha| ((k + 2) 2^-24 sum |a b| + k 2^-126) (+ the
  * beta term's rounding) when no operand is a bf16 subnormal (those count as 0).
  */
@@ -41,7 +41,8 @@ void cpu_bf16_pack_rows(uint16_t *dst, int64_t ldd, const uint16_t *x, int64_t l
  * cols is odd. The B operand of X^T (keys for the scores). */
 void cpu_bf16_pack_cols(uint16_t *dst, int64_t ldd, const uint16_t *x, int64_t ldx, int64_t rows, int64_t cols);
 
-/* the path in use, "avx512bf16" or "portable"; cpu_block_gemm_bf16_use picks one
+/* the path in use, "avx512bf16", "avx2" (AVX2 + FMA) or "portable";
+ * cpu_block_gemm_bf16_use picks one
  * (tests): 0, or -1 when this processor lacks it; NULL goes back to the best */
 const char *cpu_block_gemm_bf16_path(void);
 int cpu_block_gemm_bf16_use(const char *path);

@@ -7,9 +7,10 @@
  * dimensions wider than the matrix, alpha, beta 0 (C never read: it holds NaN),
  * 1 and 0.5, and the elements just past C untouched. Against the exact product of
  * the same bf16 values (double): f32 accumulation's bound, (k + 2) 2^-24 of the
- * terms' magnitudes summed, plus 2^-24 of the beta term. Where the processor has
- * AVX512-BF16, its path and the portable one agree bit for bit, on ordinary
- * values and on values that meet subnormals (inputs read as zero, sums flushed).
+ * terms' magnitudes summed, plus 2^-24 of the beta term. Each vector path the
+ * processor has (AVX512-BF16, AVX2 + FMA) agrees with the portable one bit for
+ * bit, on ordinary values and on values that meet subnormals (inputs read as
+ * zero, sums flushed).
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -18,11 +19,14 @@
 #include "kernels/cpu/block_gemm_bf16.h"
 #include "kernels/half.h"
 
-/* a bf16 in [-2, 2]; tiny = 1: also values near and under 2^-126 */
+/* a bf16 in [-2, 2]; tiny = 1: also values near and under 2^-126 (inputs read
+ * as zero); tiny = 2: every value near 2^-63, so that products and their sums
+ * fall on both sides of 2^-126 (sums flushed) */
 static uint16_t rnd(unsigned *seed, int tiny)
 {
     float f = (float)(rand_r(seed) % 2001 - 1000) / 500.0f;
-    if (tiny && rand_r(seed) % 3 == 0) f *= ldexpf(1.0f, -120 - rand_r(seed) % 12);
+    if (tiny == 1 && rand_r(seed) % 3 == 0) f *= ldexpf(1.0f, -120 - rand_r(seed) % 12);
+    if (tiny == 2) f *= ldexpf(1.0f, -60 - rand_r(seed) % 7);
     return mp_f32_to_bf16(f);
 }
 
@@ -125,7 +129,7 @@ static void sweep(void)
 
 Test(block_gemm_bf16, every_path_matches_the_exact_product)
 {
-    static const char *paths[] = { "avx512bf16", "portable" };
+    static const char *paths[] = { "avx512bf16", "avx2", "portable" };
     int ran = 0;
     for (int p = 0; p < 2; p++) {
         if (cpu_block_gemm_bf16_use(paths[p]) != 0) continue;   /* this processor lacks it */
@@ -139,29 +143,39 @@ Test(block_gemm_bf16, every_path_matches_the_exact_product)
     cpu_block_gemm_bf16_use(NULL);
 }
 
-Test(block_gemm_bf16, the_paths_agree_bit_for_bit)
+/* path's bits against the portable path's, every shape, both forms of A,
+ * beta 0 and 0.5, ordinary and tiny values; 0 when this processor lacks it */
+static int agree_with_portable(const char *path)
 {
-    if (cpu_block_gemm_bf16_use("avx512bf16") != 0) cr_skip_test("no AVX512-BF16: only the portable path");
-    static const int64_t shapes[][3] = { { 64, 64, 32 }, { 64, 32, 64 }, { 67, 65, 33 }, { 5, 17, 7 }, { 9, 130, 128 } };
-    for (int tiny = 0; tiny < 2; tiny++)
+    if (cpu_block_gemm_bf16_use(path) != 0) return 0;
+    static const int64_t shapes[][3] = { { 64, 64, 32 }, { 64, 32, 64 }, { 67, 65, 33 }, { 5, 17, 7 }, { 9, 130, 128 },
+                                         { 3, 9, 5 }, { 7, 23, 64 } };
+    for (int tiny = 0; tiny < 3; tiny++)
         for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
             for (int at = 0; at < 2; at++)
                 for (int bi = 0; bi < 2; bi++) {
                     float beta = bi ? 0.5f : 0.0f;
                     int64_t m = shapes[s][0], n = shapes[s][1], k = shapes[s][2];
                     operands o = make(at, (int)s & 1, m, n, k, beta, tiny, (unsigned)(s * 31 + at + 7 * tiny));
-                    cpu_block_gemm_bf16_use("avx512bf16");
+                    cpu_block_gemm_bf16_use(path);
                     float *hw = run(at, &o, 0.75f, beta);
                     cpu_block_gemm_bf16_use("portable");
                     float *sw = run(at, &o, 0.75f, beta);
                     for (int64_t i = 0; i < m * o.ldc; i++)
                         cr_assert(memcmp(hw + i, sw + i, sizeof(float)) == 0,
-                                  "tiny %d %ldx%ldx%ld at=%d beta %g: element %ld is %a on avx512bf16, %a portable", tiny,
-                                  (long)m, (long)n, (long)k, at, beta, (long)i, hw[i], sw[i]);
+                                  "tiny %d %ldx%ldx%ld at=%d beta %g: element %ld is %a on %s, %a portable", tiny,
+                                  (long)m, (long)n, (long)k, at, beta, (long)i, hw[i], path, sw[i]);
                     free(hw), free(sw);
                     release(&o);
                 }
     cpu_block_gemm_bf16_use(NULL);
+    return 1;
+}
+
+Test(block_gemm_bf16, the_paths_agree_bit_for_bit)
+{
+    int ran = agree_with_portable("avx512bf16") + agree_with_portable("avx2");
+    if (!ran) cr_skip_test("neither AVX512-BF16 nor AVX2 + FMA: only the portable path");
 }
 
 Test(block_gemm_bf16, packers_pair_along_k_with_a_zero_after_an_odd_k)
