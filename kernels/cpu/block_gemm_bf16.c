@@ -136,85 +136,142 @@ BF16_FN static void block_gemm_bf16_avx512(int at, int64_t m, int64_t n, int64_t
 static int has_avx512bf16(void) { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
 
 /* AVX2 + FMA: the portable path's operations, eight columns to a register,
- * on a tile of up to 4 rows x 2 vectors of C (8 accumulators: each pair of B's
- * words, widened and read-as-zero once, serves every row of the tile, where the
- * portable row loop read B again for every row and its compiled clone spent a
- * third of a bf16 GPT step there). Widening a bf16 is a shift into the high
- * half of an f32; the subnormal rules are masks on the exponent bits: an input
- * or a sum whose exponent field is 0 keeps only its sign, which is daz()'s and
- * ftz()'s result (|x| < 2^-126 exactly when that field is 0, NaN and infinity
- * excepted). Each fused product is _mm256_fmadd_ps, fmaf's one rounding: the
- * same bits as the portable path (test_block_gemm_bf16.c). */
+ * on a tile of up to 4 rows x 2 vectors of C (8 accumulators): each pair of
+ * B's words, widened once (a shift into the high half of an f32), serves every
+ * row of the tile, and A's tile is widened once into a small f32 buffer for all
+ * column panels, where the portable row loop read and widened B again for
+ * every row (its compiled clone spent a third of a bf16 GPT step there).
+ *
+ * The subnormal rules cost nothing inside the loop: it runs with MXCSR.DAZ set
+ * (FTZ clear), so every FMA reads a subnormal input as a zero of its sign. That
+ * is daz() for the widened bf16 operands (a bf16 subnormal widens to an f32
+ * subnormal, a normal to a normal), and ftz() for the running sums: a sum that
+ * falls under 2^-126 is produced as the portable path's fmaf produces it (one
+ * rounding, gradual underflow) and read as a zero of its sign by the next FMA,
+ * where the portable path flushed it first; the last one is flushed explicitly
+ * (an exponent-field mask) before the epilogue. MXCSR is set and restored
+ * around a call that does only the products (sums_daz, not inlined, so no
+ * other floating-point work moves into or out of the DAZ stretch), and the
+ * alpha / beta epilogue runs after the restore, as the portable path's does
+ * (a subnormal C or alpha sum is used as it is). Each fused product is
+ * _mm256_fmadd_ps, fmaf's one rounding: the same bits as the portable path
+ * (test_block_gemm_bf16.c, sums crossing 2^-126 included). */
 #define AVX2_FN __attribute__((target("avx2,fma")))
+#define KPC 128   /* pairs of k per pass over a tile (A's widened tile: 4 x 2 KPC floats) */
+#define NBC 256   /* columns of C per block */
+#define RGC 16    /* rows of C per group: the sums' buffer, RGC x NBC floats, goes under DAZ and back once */
 
 /* x with its magnitude dropped where its exponent field is 0 */
-static inline __attribute__((always_inline)) AVX2_FN __m256i zero_tiny(__m256i x)
+static inline __attribute__((always_inline)) AVX2_FN __m256 zero_tiny(__m256 x)
 {
-    __m256i z = _mm256_cmpeq_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
-    return _mm256_andnot_si256(_mm256_and_si256(z, _mm256_set1_epi32(0x7fffffff)), x);
+    __m256i xi = _mm256_castps_si256(x);
+    __m256i z = _mm256_cmpeq_epi32(_mm256_and_si256(xi, _mm256_set1_epi32(0x7f800000)), _mm256_setzero_si256());
+    return _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_and_si256(z, _mm256_set1_epi32(0x7fffffff)), xi));
 }
 
-static inline __attribute__((always_inline)) AVX2_FN __m256 fma_ftz(__m256 a, __m256 b, __m256 acc)
-{
-    return _mm256_castsi256_ps(zero_tiny(_mm256_castps_si256(_mm256_fmadd_ps(a, b, acc))));
-}
-
-/* one tile: RB rows (up to 4) x NV vectors of 8 columns (up to 2), the last
- * loaded and stored under mask `last` */
-static inline __attribute__((always_inline)) AVX2_FN void tile8(int at, int rb, int nv, __m256i last, int64_t kp,
-                                                                float alpha, const uint16_t *a, int64_t lda,
-                                                                const uint16_t *b, int64_t ldb, float beta, float *c,
-                                                                int64_t ldc)
+/* one tile under DAZ: RB rows (up to 4) x NV vectors of 8 columns (up to 2),
+ * the last loaded and stored under mask `last`; the sums start from s (cont)
+ * or zero and go back to s (row r at s + r NBC), flushed. aw: A's tile widened,
+ * A(r, 2p) and A(r, 2p + 1) at aw[r rs + p ps] and the float after it */
+static inline __attribute__((always_inline)) AVX2_FN void tile8(int rb, int nv, __m256i last, int64_t kp, int cont,
+                                                                const float *aw, int64_t rs, int64_t ps,
+                                                                const uint16_t *b, int64_t ldb, float *s)
 {
     __m256 acc[4][2], be[2], bo[2];
+    __m256i all = _mm256_set1_epi32(-1);
     for (int r = 0; r < rb; r++)
-        for (int v = 0; v < nv; v++) acc[r][v] = _mm256_setzero_ps();
+        for (int v = 0; v < nv; v++)
+            acc[r][v] = cont ? _mm256_maskload_ps(s + r * NBC + 8 * v, v == nv - 1 ? last : all) : _mm256_setzero_ps();
     for (int64_t p = 0; p < kp; p++) {
         const uint16_t *bp = b + 2 * p * ldb;
         for (int v = 0; v < nv; v++) {
             __m256i w = v == nv - 1 ? _mm256_maskload_epi32((const int *)(bp + 16 * v), last)
                                     : _mm256_loadu_si256((const __m256i *)(bp + 16 * v));
-            be[v] = _mm256_castsi256_ps(zero_tiny(_mm256_slli_epi32(w, 16)));
-            bo[v] = _mm256_castsi256_ps(zero_tiny(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u))));
+            be[v] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+            bo[v] = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u)));
         }
         for (int r = 0; r < rb; r++) {
-            const uint16_t *ap = at ? a + 2 * (p * lda + r) : a + r * lda + 2 * p;
-            __m256 a0 = _mm256_set1_ps(daz(ap[0])), a1 = _mm256_set1_ps(daz(ap[1]));
-            for (int v = 0; v < nv; v++) acc[r][v] = fma_ftz(a0, be[v], fma_ftz(a1, bo[v], acc[r][v]));
+            const float *ar = aw + r * rs + p * ps;
+            __m256 a0 = _mm256_broadcast_ss(ar), a1 = _mm256_broadcast_ss(ar + 1);
+            for (int v = 0; v < nv; v++) acc[r][v] = _mm256_fmadd_ps(a0, be[v], _mm256_fmadd_ps(a1, bo[v], acc[r][v]));
         }
     }
-    __m256 al = _mm256_set1_ps(alpha), bt = _mm256_set1_ps(beta);
-    __m256i all = _mm256_set1_epi32(-1);
     for (int r = 0; r < rb; r++)
-        for (int v = 0; v < nv; v++) {
-            float *cp = c + r * ldc + 8 * v;
-            __m256i mk = v == nv - 1 ? last : all;
-            __m256 x = _mm256_mul_ps(al, acc[r][v]);
-            if (beta != 0.0f) x = _mm256_fmadd_ps(bt, _mm256_maskload_ps(cp, mk), x);
-            _mm256_maskstore_ps(cp, mk, x);
-        }
+        for (int v = 0; v < nv; v++)
+            _mm256_maskstore_ps(s + r * NBC + 8 * v, v == nv - 1 ? last : all, zero_tiny(acc[r][v]));
 }
 
-#define TILE8(AT, RB, NV) \
-    case (AT) * 8 + ((RB) - 1) * 2 + (NV) - 1: tile8(AT, RB, NV, last, kp, alpha, ap, lda, b + 2 * j0, ldb, beta, cp, ldc); break
-#define TILES8(AT) TILE8(AT, 1, 1); TILE8(AT, 1, 2); TILE8(AT, 2, 1); TILE8(AT, 2, 2); \
-                   TILE8(AT, 3, 1); TILE8(AT, 3, 2); TILE8(AT, 4, 1); TILE8(AT, 4, 2)
+#define TILE8(RB, NV) \
+    case ((RB) - 1) * 2 + (NV) - 1: tile8(RB, NV, last, kp, cont, aw, rs, ps, b + 2 * j0, ldb, s + j0); break
+
+/* the sums of rows 0..rb-1 of op(A) (pairs p0..p0+kp-1) against columns
+ * 0..nb-1 of B, into s, under DAZ (the caller sets it) */
+AVX2_FN __attribute__((noinline)) static void sums_daz(int at, int rb, int64_t nb, int64_t p0, int64_t kp, int cont,
+                                                       const uint16_t *a, int64_t lda, const uint16_t *b, int64_t ldb,
+                                                       float *s)
+{
+    /* A's tile widened, in the order it lies: a row's pairs one after another
+     * (at 0), or the tile's rows side by side for each pair (at 1) */
+    float aw[8 * KPC];
+    int64_t rs = at ? 2 : 2 * KPC, ps = at ? 8 : 2;
+    for (int64_t o = 0; o < (at ? kp : rb); o++) {
+        const uint16_t *src = at ? a + 2 * (p0 + o) * lda : a + o * lda + 2 * p0;
+        float *dst = at ? aw + o * ps : aw + o * rs;
+        int64_t len = at ? 2 * rb : 2 * kp, q = 0;
+        for (; q + 8 <= len; q += 8)
+            _mm256_storeu_ps(dst + q, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + q))), 16)));
+        for (; q < len; q++) {
+            uint32_t u = (uint32_t)src[q] << 16;
+            memcpy(dst + q, &u, 4);
+        }
+    }
+    b += 2 * p0 * ldb;
+    for (int64_t j0 = 0; j0 < nb; j0 += 16) {
+        int64_t nc = nb - j0 < 16 ? nb - j0 : 16;
+        int nv = (int)((nc + 7) / 8), tail = (int)(nc - 8 * (nv - 1));
+        __m256i last = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        switch ((rb - 1) * 2 + nv - 1) {
+            TILE8(1, 1); TILE8(1, 2); TILE8(2, 1); TILE8(2, 2);
+            TILE8(3, 1); TILE8(3, 2); TILE8(4, 1); TILE8(4, 2);
+        }
+    }
+}
 
 AVX2_FN static void block_gemm_bf16_avx2(int at, int64_t m, int64_t n, int64_t kp, float alpha, const uint16_t *a,
                                          int64_t lda, const uint16_t *b, int64_t ldb, float beta, float *c,
                                          int64_t ldc)
 {
-    for (int64_t j0 = 0; j0 < n; j0 += 16) {
-        int64_t nc = n - j0 < 16 ? n - j0 : 16;
-        int nv = (int)((nc + 7) / 8), tail = (int)(nc - 8 * (nv - 1));
-        __m256i last = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        for (int64_t i0 = 0; i0 < m; i0 += 4) {
-            int rb = m - i0 < 4 ? (int)(m - i0) : 4;
-            const uint16_t *ap = at ? a + 2 * i0 : a + i0 * lda;
-            float *cp = c + i0 * ldc + j0;
-            switch ((at ? 8 : 0) + (rb - 1) * 2 + nv - 1) {
-                TILES8(0);
-                TILES8(1);
+    float s[RGC * NBC];
+    unsigned csr = _mm_getcsr(), daz = (csr | 0x0040u) & ~0x8000u;   /* DAZ on, FTZ off */
+    __m256 al = _mm256_set1_ps(alpha), bt = _mm256_set1_ps(beta);
+    for (int64_t g0 = 0; g0 < m; g0 += RGC) {   /* a group of rows: its sums under DAZ, then its epilogue */
+        int64_t rg = m - g0 < RGC ? m - g0 : RGC;
+        for (int64_t jb = 0; jb < n; jb += NBC) {
+            int64_t nb = n - jb < NBC ? n - jb : NBC;
+            _mm_setcsr(daz);
+            for (int64_t i0 = g0; i0 < g0 + rg; i0 += 4) {
+                int rb = g0 + rg - i0 < 4 ? (int)(g0 + rg - i0) : 4;
+                const uint16_t *ap = at ? a + 2 * i0 : a + i0 * lda;
+                for (int64_t p0 = 0; p0 < kp || p0 == 0; p0 += KPC)
+                    sums_daz(at, rb, nb, p0, kp - p0 < KPC ? kp - p0 : KPC, p0 > 0, ap, lda, b + 2 * jb, ldb,
+                             s + (i0 - g0) * NBC);
+            }
+            _mm_setcsr(csr);
+            __asm__ __volatile__("" ::: "memory");   /* the epilogue reads s after the restore */
+            for (int64_t r = 0; r < rg; r++) {
+                float *cr = c + (g0 + r) * ldc + jb;
+                const float *sr = s + r * NBC;
+                int64_t j = 0;
+                for (; j + 8 <= nb; j += 8) {
+                    __m256 x = _mm256_mul_ps(al, _mm256_loadu_ps(sr + j));
+                    if (beta != 0.0f) x = _mm256_fmadd_ps(bt, _mm256_loadu_ps(cr + j), x);
+                    _mm256_storeu_ps(cr + j, x);
+                }
+                for (; j < nb; j++) {
+                    float x = alpha * sr[j];
+                    cr[j] = beta != 0.0f ? fmaf(beta, cr[j], x) : x;
+                }
             }
         }
     }
