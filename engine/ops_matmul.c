@@ -10,7 +10,8 @@
  * An autocast weight (a cast the cast cache made: its storage's keep_wide) is
  * widened once per version of its values, into an f32 copy kept with its
  * storage, and handed to the backend's gemm_wide already widened, where the
- * backend's GEMM widens f16 operands (supports "gemm_wide"). Without it the
+ * backend's GEMM widens the dtype's operands (supports "gemm_wide": the CPU's
+ * f16, and its bf16 below AVX512-core). Without it the
  * forward and the backward GEMM each widened the weight again (the MLP's
  * 784x512 weight: 1.6 MB written and read back per use). The copy costs 4
  * bytes per element of the cast's storage (for an optimizer's arena, its

@@ -219,6 +219,35 @@ AVX2_FN static void f32_to_bf16_avx2(void *dst, const void *src, int64_t n)
     for (; i < n; i++) d[i] = to_bf16(s[i]);
 }
 
+/* the one-pass forms of the bf16 step (see f32_to_f16_widened_hw below): the
+ * rounded lanes widened by a shift as they are stored, or added into acc */
+AVX2_FN static void f32_to_bf16_widened_avx2(uint16_t *d, float *w, const float *s, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i a = f32x8_to_bf16_lanes(_mm256_loadu_si256((const __m256i *)(s + i)));
+        __m256i b = f32x8_to_bf16_lanes(_mm256_loadu_si256((const __m256i *)(s + i + 8)));
+        _mm256_storeu_si256((__m256i *)(d + i), _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8));
+        _mm256_storeu_si256((__m256i *)(w + i), _mm256_slli_epi32(a, 16));
+        _mm256_storeu_si256((__m256i *)(w + i + 8), _mm256_slli_epi32(b, 16));
+    }
+    for (; i < n; i++) {
+        d[i] = to_bf16(s[i]);
+        w[i] = mp_bf16_to_f32(d[i]);
+    }
+}
+
+AVX2_FN static void bf16_round_add_avx2(float *acc, const float *s, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256i r = f32x8_to_bf16_lanes(_mm256_loadu_si256((const __m256i *)(s + i)));
+        __m256 y = _mm256_castsi256_ps(_mm256_slli_epi32(r, 16));
+        _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), y));
+    }
+    for (; i < n; i++) acc[i] = acc[i] + mp_bf16_to_f32(to_bf16(s[i]));
+}
+
 int mp_cpu_has_avx2(void)
 {
     static int has = -1;   /* racing threads all store the same answer */
@@ -261,6 +290,41 @@ void mp_cpu_f32_to_bf16(uint16_t *dst, const float *src, int64_t n)
 {
     run_split(mp_cpu_has_avx512bw() ? f32_to_bf16_avx512 : mp_cpu_has_avx2() ? f32_to_bf16_avx2 : f32_to_bf16_c, dst,
               sizeof *dst, src, sizeof *src, n);
+}
+
+void mp_cpu_f32_to_bf16_widened_portable(uint16_t *dst, float *wide, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        dst[i] = mp_f32_to_bf16(src[i]);
+        wide[i] = mp_bf16_to_f32(dst[i]);
+    }
+}
+
+void mp_cpu_bf16_round_add_portable(float *acc, const float *src, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) acc[i] = acc[i] + mp_bf16_to_f32(mp_f32_to_bf16(src[i]));
+}
+
+void mp_cpu_f32_to_bf16_widened(uint16_t *dst, float *wide, const float *src, int64_t n)
+{
+#if defined(MP_X86) && defined(__GNUC__)
+    if (mp_cpu_has_avx2()) {
+        f32_to_bf16_widened_avx2(dst, wide, src, n);
+        return;
+    }
+#endif
+    mp_cpu_f32_to_bf16_widened_portable(dst, wide, src, n);
+}
+
+void mp_cpu_bf16_round_add(float *acc, const float *src, int64_t n)
+{
+#if defined(MP_X86) && defined(__GNUC__)
+    if (mp_cpu_has_avx2()) {
+        bf16_round_add_avx2(acc, src, n);
+        return;
+    }
+#endif
+    mp_cpu_bf16_round_add_portable(acc, src, n);
 }
 
 void mp_cpu_bf16_to_f32_avx2(float *dst, const uint16_t *src, int64_t n)

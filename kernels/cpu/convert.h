@@ -47,5 +47,10 @@ void mp_cpu_f16_round_add(float *acc, const float *src, int64_t n);
 /* the same as plain C loops (the definition; tests hold the above to them) */
 void mp_cpu_f32_to_f16_widened_portable(uint16_t *dst, float *wide, const float *src, int64_t n);
 void mp_cpu_f16_round_add_portable(float *acc, const float *src, int64_t n);
+/* the same two for bf16 (AVX2 where there is, else the plain loops) */
+void mp_cpu_f32_to_bf16_widened(uint16_t *dst, float *wide, const float *src, int64_t n);
+void mp_cpu_bf16_round_add(float *acc, const float *src, int64_t n);
+void mp_cpu_f32_to_bf16_widened_portable(uint16_t *dst, float *wide, const float *src, int64_t n);
+void mp_cpu_bf16_round_add_portable(float *acc, const float *src, int64_t n);
 
 #endif

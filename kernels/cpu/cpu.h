@@ -155,6 +155,8 @@ mp_be_gemm_bias_fn cpu_gemm_bias;
 int cpu_gemm_dnnl(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
                   const void *a, int64_t sa, const void *b, int64_t sb, float beta, void *c, int64_t sc);
 int cpu_dnnl_enable(int on);   /* 0: every oneDNN path declines (tests); returns the previous setting */
+int cpu_gemm_dnnl_has_bf16(void);   /* oneDNN has bf16 GEMM kernels on this processor (AVX512-core) */
+int cpu_gemm_widens(mp_dtype dt);   /* cpu_gemm widens dt's operands whole: gemm_wide takes dt */
 int cpu_gemm_dnnl_f32out(mp_kctx *cx, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k, float alpha,
                          const void *a, int64_t sa, const void *b, int64_t sb, float beta, float *c, int64_t sc);
 mp_be_gemm_fn cpu_gemm;

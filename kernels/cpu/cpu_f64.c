@@ -236,9 +236,9 @@ static const char *const no_f64[] = {"conv2d", "max_pool2d", "avg_pool2d", "adap
 
 bool cpu_supports(mp_kctx *cx, const char *op, mp_dtype dt)
 {
-    /* the dtype whose GEMM widens its operands whole (cpu_gemm.c): the engine
-     * keeps autocast weights widened for it (kernels/backend.h gemm_wide) */
-    if (strcmp(op, "gemm_wide") == 0) return dt == MP_F16;
+    /* the dtypes whose GEMM widens its operands whole (cpu_gemm.c): the engine
+     * keeps autocast weights widened for them (kernels/backend.h gemm_wide) */
+    if (strcmp(op, "gemm_wide") == 0) return cpu_gemm_widens(dt);
     if (dt != MP_F64) return true;
     for (size_t i = 0; i < sizeof no_f64 / sizeof *no_f64; i++)
         if (strcmp(op, no_f64[i]) == 0) return false;

@@ -4,7 +4,8 @@
  * the output: the numerics of a GPU GEMM with CUBLAS_COMPUTE_32F. f64 goes
  * through dgemm as it is.
  *
- * cpu_gemm_wide is the same f16 product with an operand the engine has
+ * cpu_gemm_wide is the same f16 product (bf16 too where oneDNN has no bf16
+ * kernels, so that cpu_gemm widens bf16 whole as well) with an operand the engine has
  * already widened (an autocast weight, widened once per version of its values
  * instead of in every forward and backward GEMM that reads it: 1.6 MB of f32
  * written and read again per use for the MLP's 784x512 weight). The widened
@@ -102,14 +103,16 @@ MP_SIMD static void add_f32(float *restrict acc, const float *restrict y, int64_
 /* acc{n} += fc rounded to dt and widened, block by block through L1: the
  * rounding is narrow_to's (cpu_store, flushes counted as there) and the add
  * cpu_add_widened's f32 add, so acc gets the bits of C written then added;
- * f16 with no flushes to count does all three in registers (convert.h
- * mp_cpu_f16_round_add) in pieces of 16 blocks, as narrow_to splits */
+ * with no flushes to count all three go in registers (convert.h
+ * mp_cpu_f16_round_add, mp_cpu_bf16_round_add) in pieces of 16 blocks, as
+ * narrow_to splits */
 static void add_rounded(mp_kctx *cx, mp_dtype dt, const float *fc, float *acc, int64_t n)
 {
-    if (dt == MP_F16 && !cx->flush.on) {   /* nothing to count: one pass in registers, the same bits */
+    if ((dt == MP_F16 || dt == MP_BF16) && !cx->flush.on) {   /* nothing to count: one pass in registers, the same bits */
+        void (*round_add)(float *, const float *, int64_t) = dt == MP_F16 ? mp_cpu_f16_round_add : mp_cpu_bf16_round_add;
         #pragma omp parallel for if (n > MP_PAR_MIN_MEM) schedule(static)
         for (int64_t i = 0; i < n; i += 16 * MP_BLOCK)
-            mp_cpu_f16_round_add(acc + i, fc + i, n - i < 16 * MP_BLOCK ? n - i : 16 * MP_BLOCK);
+            round_add(acc + i, fc + i, n - i < 16 * MP_BLOCK ? n - i : 16 * MP_BLOCK);
         return;
     }
     #pragma omp parallel for if (n > MP_PAR_MIN_MEM) schedule(static)
@@ -152,15 +155,19 @@ static int gemm_16(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int6
     return 0;
 }
 
-/* the backend's gemm_wide: f16 only (supports says so), the dtype whose
- * product cpu_gemm widens whole; bf16 goes to oneDNN's own bf16 kernels there,
- * so a widened bf16 operand is declined rather than summed another way */
+/* the dtypes whose product cpu_gemm widens whole: f16 always; bf16 where
+ * oneDNN has no bf16 kernels of its own (below AVX512-core: AVX2 processors).
+ * Where it has them, bf16 goes to them, so a widened bf16 operand is declined
+ * there rather than summed another way. */
+int cpu_gemm_widens(mp_dtype dt) { return dt == MP_F16 || (dt == MP_BF16 && !cpu_gemm_dnnl_has_bf16()); }
+
+/* the backend's gemm_wide: the dtypes of cpu_gemm_widens (supports says so) */
 int cpu_gemm_wide(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
                   float alpha, const void *a, int wa, int64_t sa, const void *b, int wb, int64_t sb, float beta,
                   void *c, int64_t sc, const void *bias, float *acc)
 {
     /* while flushes are counted, the bias goes the engine's way, whose fill of C
      * in dt is counted as a store like any other */
-    if (dt != MP_F16 || ((bias || acc) && batch != 1) || (bias && cx->flush.on)) return 1;
+    if (!cpu_gemm_widens(dt) || ((bias || acc) && batch != 1) || (bias && cx->flush.on)) return 1;
     return gemm_16(cx, dt, ta, tb, batch, m, n, k, alpha, a, wa, sa, b, wb, sb, beta, c, sc, bias, acc);
 }

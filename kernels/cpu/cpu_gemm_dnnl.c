@@ -58,6 +58,21 @@ struct cpu_dnnl *cpu_dnnl_of(mp_kctx *cx)
     return d->state == 1 ? d : NULL;
 }
 
+/* whether oneDNN multiplies bf16 on this processor with kernels of its own:
+ * its bf16 GEMMs need AVX512-core (vdpbf16ps where there is AVX512-BF16,
+ * emulated without), and below that it offers only reference kernels, which
+ * cpu_gemm_dnnl declines shape by shape; cpu_gemm then widens the operands
+ * whole, as it does for f16 (cpu_gemm.c gemm_16) */
+int cpu_gemm_dnnl_has_bf16(void)
+{
+    static int has = -1;
+    if (has < 0) {
+        dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+        has = ((unsigned)isa & (unsigned)dnnl_cpu_isa_avx512_core) == (unsigned)dnnl_cpu_isa_avx512_core;
+    }
+    return has;
+}
+
 /* the engine with the GEMM's plans */
 static struct cpu_dnnl *dnnl_of(mp_kctx *cx)
 {

@@ -12,13 +12,14 @@
  * memory (that pass was 3% of the f16 MLP step). The rounding is the cast
  * kernel's (convert.c), so the copy is bit-identical to a cast after the step.
  *
- * Given wide (an f16 working copy's f32 widening, which the engine keeps for
+ * Given wide (a working copy's f32 widening, which the engine keeps for
  * the GEMMs: kernels/backend.h gemm_wide), the block's rounded values are
  * widened into it right away, from L1, by the cast kernel's widening: the same
  * bits as the GEMM's own widening of the copy, which the next forward then
  * skips (that pass read the copy back from memory: 157 us of the f16 MLP step).
- * For f16 the two are one pass (convert.h mp_cpu_f32_to_f16_widened: each
- * rounded register widened as it is stored, no reload of the copy).
+ * The two are one pass (convert.h mp_cpu_f32_to_f16_widened and
+ * mp_cpu_f32_to_bf16_widened: each rounded register widened as it is stored,
+ * no reload of the copy).
  */
 #include <math.h>
 #include "kernels/cpu/cpu.h"
@@ -30,13 +31,13 @@ static inline void lowp_block(void *lowp, mp_dtype dt, float *wide, const float 
 {
     if (!lowp) return;
     uint16_t *l = (uint16_t *)lowp + b;
-    if (dt == MP_F16 && wide) {   /* each rounded register widened as it is stored */
-        mp_cpu_f32_to_f16_widened(l, wide + b, p + b, e - b);
+    if (wide) {   /* each rounded register widened as it is stored */
+        if (dt == MP_F16) mp_cpu_f32_to_f16_widened(l, wide + b, p + b, e - b);
+        else mp_cpu_f32_to_bf16_widened(l, wide + b, p + b, e - b);
         return;
     }
     if (dt == MP_BF16) mp_cpu_f32_to_bf16(l, p + b, e - b);
     else mp_cpu_f32_to_f16(l, p + b, e - b);
-    if (wide) mp_cpu_bf16_to_f32(wide + b, l, e - b);   /* bf16 (f16 went above); from L1 */
 }
 
 /* for (i in [0, n)) BODY, as blocks of MP_BLOCK split over threads, each block's

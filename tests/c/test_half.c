@@ -719,11 +719,15 @@ Test(bf16, avx2_paths_match_on_every_bf16_and_every_f32, .timeout = 120)
                  (long long)bad, first, mp_f32_to_bf16(from_bits(first)));
 }
 
-/* The one-pass forms the f16 step uses (the working copy with its widening,
+/* The one-pass forms the f16 and bf16 steps use (the working copy with its widening,
  * a weight gradient rounded and added into f32): against the scalar rounding
  * and widening, element by element, at every length of the bulk checks and
  * one element off alignment; nothing outside [0, n) written. */
-static void check_widened(const char *name, void (*fn)(uint16_t *, float *, const float *, int64_t))
+/* the scalar rounding and widening of f16 (bf = 0) or bf16 (bf = 1) */
+static uint16_t round_to(int bf, float f) { return bf ? mp_f32_to_bf16(f) : mp_f32_to_f16(f); }
+static float widen_from(int bf, uint16_t h) { return bf ? mp_bf16_to_f32(h) : mp_f16_to_f32(h); }
+
+static void check_widened(const char *name, int bf, void (*fn)(uint16_t *, float *, const float *, int64_t))
 {
     static uint16_t lo[MAXLEN + 2 * GUARD + 1];
     static float wide[MAXLEN + 2 * GUARD + 1];
@@ -736,8 +740,8 @@ static void check_widened(const char *name, void (*fn)(uint16_t *, float *, cons
             for (int64_t i = 0; i < (int64_t)(sizeof lo / sizeof *lo); i++) {
                 int64_t j = i - GUARD - off;
                 int in = j >= 0 && j < n;
-                uint16_t h = in ? mp_f32_to_f16(xs_bulk[off + j]) : 0xa5a5;
-                uint32_t w = in ? bits(mp_f16_to_f32(h)) : 0xa5a5a5a5u;
+                uint16_t h = in ? round_to(bf, xs_bulk[off + j]) : 0xa5a5;
+                uint32_t w = in ? bits(widen_from(bf, h)) : 0xa5a5a5a5u;
                 if (lo[i] != h || bits(wide[i]) != w)
                     cr_assert_fail("%s n=%lld offset %d: element %lld is 0x%04x / 0x%08x, want 0x%04x / 0x%08x",
                                    name, (long long)n, off, (long long)j, lo[i], bits(wide[i]), h, w);
@@ -746,7 +750,7 @@ static void check_widened(const char *name, void (*fn)(uint16_t *, float *, cons
     }
 }
 
-static void check_round_add(const char *name, void (*fn)(float *, const float *, int64_t))
+static void check_round_add(const char *name, int bf, void (*fn)(float *, const float *, int64_t))
 {
     static float acc[MAXLEN + 2 * GUARD + 1];
     for (size_t li = 0; li < sizeof lengths / sizeof *lengths; li++) {
@@ -758,7 +762,7 @@ static void check_round_add(const char *name, void (*fn)(float *, const float *,
             for (int64_t i = 0; i < (int64_t)(sizeof acc / sizeof *acc); i++) {
                 int64_t j = i - GUARD - off;
                 float a = from_bits((uint32_t)hs_bulk[i % MAXLEN] * 0x10001u);
-                float want = j >= 0 && j < n ? a + mp_f16_to_f32(mp_f32_to_f16(xs_bulk[off + j])) : a;
+                float want = j >= 0 && j < n ? a + widen_from(bf, round_to(bf, xs_bulk[off + j])) : a;
                 /* NaN + NaN: which payload survives is the add's operand order, not the rounding's */
                 int both_nan = isnan(want) && isnan(acc[i]) && isnan(a);
                 if (bits(acc[i]) != bits(want) && !both_nan)
@@ -771,8 +775,16 @@ static void check_round_add(const char *name, void (*fn)(float *, const float *,
 
 Test(bulk, f16_widened_and_round_add_match_scalar)
 {
-    check_widened("mp_cpu_f32_to_f16_widened", mp_cpu_f32_to_f16_widened);
-    check_widened("mp_cpu_f32_to_f16_widened_portable", mp_cpu_f32_to_f16_widened_portable);
-    check_round_add("mp_cpu_f16_round_add", mp_cpu_f16_round_add);
-    check_round_add("mp_cpu_f16_round_add_portable", mp_cpu_f16_round_add_portable);
+    check_widened("mp_cpu_f32_to_f16_widened", 0, mp_cpu_f32_to_f16_widened);
+    check_widened("mp_cpu_f32_to_f16_widened_portable", 0, mp_cpu_f32_to_f16_widened_portable);
+    check_round_add("mp_cpu_f16_round_add", 0, mp_cpu_f16_round_add);
+    check_round_add("mp_cpu_f16_round_add_portable", 0, mp_cpu_f16_round_add_portable);
+}
+
+Test(bulk, bf16_widened_and_round_add_match_scalar)
+{
+    check_widened("mp_cpu_f32_to_bf16_widened", 1, mp_cpu_f32_to_bf16_widened);
+    check_widened("mp_cpu_f32_to_bf16_widened_portable", 1, mp_cpu_f32_to_bf16_widened_portable);
+    check_round_add("mp_cpu_bf16_round_add", 1, mp_cpu_bf16_round_add);
+    check_round_add("mp_cpu_bf16_round_add_portable", 1, mp_cpu_bf16_round_add_portable);
 }
