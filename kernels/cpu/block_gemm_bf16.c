@@ -170,23 +170,23 @@ static inline __attribute__((always_inline)) AVX2_FN __m256 zero_tiny(__m256 x)
 }
 
 /* one tile under DAZ: RB rows (up to 4) x NV vectors of 8 columns (up to 2),
- * the last loaded and stored under mask `last`; the sums start from s (cont)
+ * the last loaded under mask `last` where partial (part; masked stores are
+ * slow on AMD, masked loads less so); the sums start from s (cont)
  * or zero and go back to s (row r at s + r NBC), flushed. aw: A's tile widened,
  * A(r, 2p) and A(r, 2p + 1) at aw[r rs + p ps] and the float after it */
-static inline __attribute__((always_inline)) AVX2_FN void tile8(int rb, int nv, __m256i last, int64_t kp, int cont,
+static inline __attribute__((always_inline)) AVX2_FN void tile8(int rb, int nv, int part, __m256i last, int64_t kp, int cont,
                                                                 const float *aw, int64_t rs, int64_t ps,
                                                                 const uint16_t *b, int64_t ldb, float *s)
 {
     __m256 acc[4][2], be[2], bo[2];
-    __m256i all = _mm256_set1_epi32(-1);
     for (int r = 0; r < rb; r++)
         for (int v = 0; v < nv; v++)
-            acc[r][v] = cont ? _mm256_maskload_ps(s + r * NBC + 8 * v, v == nv - 1 ? last : all) : _mm256_setzero_ps();
+            acc[r][v] = cont ? _mm256_loadu_ps(s + r * NBC + 8 * v) : _mm256_setzero_ps();   /* s is NBC wide */
     for (int64_t p = 0; p < kp; p++) {
         const uint16_t *bp = b + 2 * p * ldb;
         for (int v = 0; v < nv; v++) {
-            __m256i w = v == nv - 1 ? _mm256_maskload_epi32((const int *)(bp + 16 * v), last)
-                                    : _mm256_loadu_si256((const __m256i *)(bp + 16 * v));
+            __m256i w = v == nv - 1 && part ? _mm256_maskload_epi32((const int *)(bp + 16 * v), last)
+                                            : _mm256_loadu_si256((const __m256i *)(bp + 16 * v));
             be[v] = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
             bo[v] = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u)));
         }
@@ -198,11 +198,11 @@ static inline __attribute__((always_inline)) AVX2_FN void tile8(int rb, int nv, 
     }
     for (int r = 0; r < rb; r++)
         for (int v = 0; v < nv; v++)
-            _mm256_maskstore_ps(s + r * NBC + 8 * v, v == nv - 1 ? last : all, zero_tiny(acc[r][v]));
+            _mm256_storeu_ps(s + r * NBC + 8 * v, zero_tiny(acc[r][v]));   /* past nb: unread */
 }
 
 #define TILE8(RB, NV) \
-    case ((RB) - 1) * 2 + (NV) - 1: tile8(RB, NV, last, kp, cont, aw, rs, ps, b + 2 * j0, ldb, s + j0); break
+    case ((RB) - 1) * 2 + (NV) - 1: tile8(RB, NV, part, last, kp, cont, aw, rs, ps, b + 2 * j0, ldb, s + j0); break
 
 /* the sums of rows 0..rb-1 of op(A) (pairs p0..p0+kp-1) against columns
  * 0..nb-1 of B, into s, under DAZ (the caller sets it) */
@@ -229,7 +229,7 @@ AVX2_FN __attribute__((noinline)) static void sums_daz(int at, int rb, int64_t n
     b += 2 * p0 * ldb;
     for (int64_t j0 = 0; j0 < nb; j0 += 16) {
         int64_t nc = nb - j0 < 16 ? nb - j0 : 16;
-        int nv = (int)((nc + 7) / 8), tail = (int)(nc - 8 * (nv - 1));
+        int nv = (int)((nc + 7) / 8), tail = (int)(nc - 8 * (nv - 1)), part = tail < 8;
         __m256i last = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
         switch ((rb - 1) * 2 + nv - 1) {
             TILE8(1, 1); TILE8(1, 2); TILE8(2, 1); TILE8(2, 2);
