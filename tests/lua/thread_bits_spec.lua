@@ -6,9 +6,8 @@
 -- schedules feeding a sum, float atomics) would fail here. Bits across thread
 -- counts are not promised where oneDNN's GEMM splits a sum among its threads;
 -- the convolutions' are, and tests/c/test_conv.c checks them in 1 and 2 threads.
-local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
-
 local here = debug.getinfo(1, "S").source:match("^@(.*/)") or "./"
+local H = dofile(here .. "helpers.lua")
 
 local function tmp(name) local b = os.tmpname(); os.remove(b); return b .. "-" .. name end
 
