@@ -155,13 +155,8 @@ static int gemm_16(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int6
     return 0;
 }
 
-/* the dtypes whose product cpu_gemm widens whole: f16 always; bf16 where
- * oneDNN has no bf16 kernels of its own (below AVX512-core: AVX2 processors).
- * Where it has them, bf16 goes to them, so a widened bf16 operand is declined
- * there rather than summed another way. */
-int cpu_gemm_widens(mp_dtype dt) { return dt == MP_F16 || (dt == MP_BF16 && !cpu_gemm_dnnl_has_bf16()); }
-
-/* the backend's gemm_wide: the dtypes of cpu_gemm_widens (supports says so) */
+/* the backend's gemm_wide: the dtypes of cpu_gemm_widens (cpu_gemm_dnnl.c;
+ * supports says so) */
 int cpu_gemm_wide(mp_kctx *cx, mp_dtype dt, int ta, int tb, int64_t batch, int64_t m, int64_t n, int64_t k,
                   float alpha, const void *a, int wa, int64_t sa, const void *b, int wb, int64_t sb, float beta,
                   void *c, int64_t sc, const void *bias, float *acc)

@@ -73,6 +73,15 @@ int cpu_gemm_dnnl_has_bf16(void)
     return has;
 }
 
+/* the dtypes whose product cpu_gemm widens whole: f16 always; bf16 where
+ * oneDNN has no bf16 kernels of its own (below AVX512-core: AVX2 processors).
+ * Where it has them, bf16 goes to them, so a widened bf16 operand is declined
+ * there (cpu_gemm_wide) rather than summed another way. Here, beside the
+ * question it turns on, so that cpu_supports asks it without reaching into
+ * cpu_gemm.c (whose scratch comes from the backend, which includes
+ * cpu_supports' file: a circle). */
+int cpu_gemm_widens(mp_dtype dt) { return dt == MP_F16 || (dt == MP_BF16 && !cpu_gemm_dnnl_has_bf16()); }
+
 /* the engine with the GEMM's plans */
 static struct cpu_dnnl *dnnl_of(mp_kctx *cx)
 {
