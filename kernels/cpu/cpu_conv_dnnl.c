@@ -24,8 +24,8 @@
  * included; 20 / 18 ms with the weight gradient's fixed chunking below). An
  * NCHW destination with blocked sources (oneDNN 2.6) also gets only the
  * im2col GEMM, so the output's reorder stays. The activations' reorders
- * (NCHW <-> nChw16c, nhwc) are cpu_conv_layout.c's AVX-512 transposes, the
- * same bits as oneDNN's (exec_reorder). The blocked copies live in scratch (cpu_scratch), as do the
+ * (NCHW <-> nChw16c, nhwc; nChw8c on AVX2) are cpu_conv_layout.c's
+ * transposes, the same bits as oneDNN's (exec_reorder). The blocked copies live in scratch (cpu_scratch), as do the
  * primitives' scratchpads (user mode: oneDNN's own is shared between threads).
  * Forward and backward data run on chunks of images small enough that each
  * chunk's blocked copies stay in a core's L2 (chunk_plans()). The gradients
@@ -77,7 +77,10 @@
 
 /* forward and backward data run on chunks of images whose blocked input and
  * output take at most CBYTES together, so that they stay in a core's L2
- * between the reorders and the kernel (chunked()) */
+ * between the reorders and the kernel (chunked()). 1 MB is more than a Zen 3
+ * core's L2 (512 KB), but 512 KB there, twice the chunks and reorder calls,
+ * measured no faster on the wide ResNet (batch 32 and 128, alternating runs
+ * within the machine's noise), so one figure serves both kinds of machine */
 #define CBYTES ((size_t)1 << 20)
 /* on more than one thread: at least FINE_PER chunks a thread, down to FINE_MIN images
  * a chunk (chunk_plans(); the wide ResNet's 8 x 8 stage at batch 32: 8 chunks

@@ -241,14 +241,17 @@ static int exec(struct cpu_dnnl *d, dnnl_stream_t st, dnnl_primitive_t prim, int
     return !ok;
 }
 
-/* tests: 0 runs oneDNN's reorders where cpu_conv_layout.c's would run */
+/* tests: 0 runs oneDNN's reorders where cpu_conv_layout.c's would run; the
+ * count of those that ran */
 static int own_on = 1;
+static long own_runs;
 int cpu_conv_dnnl_own_reorders(int on)
 {
     int was = own_on;
     own_on = on;
     return was;
 }
+long cpu_conv_dnnl_own_runs(void) { return __atomic_load_n(&own_runs, __ATOMIC_RELAXED); }
 
 /* operand o's reorder (out: out of the primitive's layout) from -> to */
 static int exec_reorder(struct cpu_dnnl *d, dnnl_stream_t st, operand *o, int out, dnnl_memory_t from, dnnl_memory_t to,
@@ -261,6 +264,7 @@ static int exec_reorder(struct cpu_dnnl *d, dnnl_stream_t st, operand *o, int ou
             dnnl_memory_get_data_handle(to, &t) != dnnl_success)
             return 1;
         cpu_conv_layout_move(out, dnnl_data_type_size(o->user.data_type), f, t, &o->layout);
+        __atomic_add_fetch(&own_runs, 1, __ATOMIC_RELAXED);
         return 0;
     }
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};

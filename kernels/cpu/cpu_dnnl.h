@@ -60,15 +60,19 @@ int cpu_conv_dnnl_bf16_widen(int on);
 long cpu_conv_dnnl_widened_runs(void);
 
 /* cpu_conv_layout.c: the activations' reorders between NCHW and oneDNN's
- * nChw16c / nhwc, as AVX-512 transposes. Element (i, c, p) of the layout
- * lies at i sn + (c / 16) scb + p sp + c % 16 (elements); padded: its last
- * channel block holds 16 lanes (zeros past c). */
+ * nChw16c / nhwc (AVX-512 transposes) and nChw8c (f32, AVX2 transposes).
+ * Element (i, c, p) of the layout lies at i sn + (c / blk) scb + p sp +
+ * c % blk (elements); padded: its last channel block holds blk lanes (zeros
+ * past c). */
 typedef struct {
     int64_t n, c, hw, sn, scb, sp;
+    int blk;   /* 16 or 8 channels a block (nhwc: 16, its tiles) */
     int padded;
 } cpu_conv_layout;
-/* 1 when the processor has what the transposes need (AVX-512 F, BW, VL) */
+/* 1 when the processor has what the 16-lane transposes need (AVX-512 F, BW,
+ * VL); cpu_conv_layout8_ok: what the 8-lane ones need (AVX2) */
 int cpu_conv_layout_ok(void);
+int cpu_conv_layout8_ok(void);
 /* 1 (and *l) when layout m is one of those of the plain NCHW layout u, same
  * dtype (f32, bf16) and dims; else 0 (oneDNN's reorder stays) */
 int cpu_conv_layout_of(const dnnl_memory_desc_t *m, const dnnl_memory_desc_t *u, cpu_conv_layout *l);
@@ -77,5 +81,7 @@ void cpu_conv_layout_move(int to_plain, size_t es, const void *from, void *to, c
 /* tests: 0 runs oneDNN's reorders instead (the results must be the same
  * bits); returns the previous setting */
 int cpu_conv_dnnl_own_reorders(int on);
+/* tests: how many of those reorders ran so far */
+long cpu_conv_dnnl_own_runs(void);
 
 #endif

@@ -370,11 +370,11 @@ Test(conv, resnet_shapes_take_onednn_primitives)
 }
 
 /* cpu_conv_layout.c's transposes against oneDNN's reorder primitives, both
- * ways, in nChw16c and nhwc, f32 and bf16, on odd shapes (channels not a
- * multiple of 16, positions not a multiple of 16 or 32, one image) and on
- * one big enough to run threaded (1 and 2 threads): the same bits, padding
- * lanes included (zeros), from buffers of random bits (NaNs too: a reorder
- * moves bits) */
+ * ways, in nChw16c and nhwc (f32 and bf16, AVX-512) and nChw8c (f32, AVX2),
+ * on odd shapes (channels not a multiple of 8 or 16, positions not a
+ * multiple of 8, 16 or 32, one image) and on one big enough to run threaded
+ * (1 and 2 threads): the same bits, padding lanes included (zeros), from
+ * buffers of random bits (NaNs too: a reorder moves bits) */
 static void onednn_move(struct cpu_dnnl *d, const dnnl_memory_desc_t *from, void *f, const dnnl_memory_desc_t *to, void *t)
 {
     dnnl_primitive_desc_t pd;
@@ -394,15 +394,18 @@ Test(conv, own_layout_reorders_move_the_bits_as_onednn_does)
 {
     struct cpu_dnnl *d = cpu_dnnl_of(mp_cpu_backend.ctx);
     cr_assert(d);
-    if (!cpu_conv_layout_ok()) return;   /* no AVX-512: oneDNN's reorders stay */
+    if (!cpu_conv_layout_ok() && !cpu_conv_layout8_ok()) return;   /* neither: oneDNN's reorders stay */
     static const int64_t dims[][4] = {{1, 3, 5, 7}, {2, 17, 3, 5}, {3, 32, 4, 4}, {1, 40, 1, 33}, {2, 16, 6, 6},
-                                      {1, 1, 2, 17}, {4, 33, 64, 64}};
+                                      {1, 1, 2, 17}, {2, 9, 3, 3}, {4, 33, 64, 64}};
     static const int dts[2] = {dnnl_f32, dnnl_bf16};
-    static const int tags[2] = {dnnl_aBcd16b, dnnl_acdb};
+    static const int tags[3] = {dnnl_aBcd16b, dnnl_acdb, dnnl_aBcd8b};
     unsigned seed = 7;
+    int moved = 0;
     for (size_t s = 0; s < sizeof dims / sizeof dims[0]; s++)
         for (int di = 0; di < 2; di++)
-            for (int ti = 0; ti < 2; ti++) {
+            for (int ti = 0; ti < 3; ti++) {
+                /* what this processor's transposes cover: 16 lanes on AVX-512, 8 (f32) on AVX2 */
+                if (ti < 2 ? !cpu_conv_layout_ok() : !cpu_conv_layout8_ok() || dts[di] != dnnl_f32) continue;
                 dnnl_memory_desc_t u, m;
                 cr_assert_eq(dnnl_memory_desc_init_by_tag(&u, 4, dims[s], dts[di], dnnl_nchw), dnnl_success);
                 cr_assert_eq(dnnl_memory_desc_init_by_tag(&m, 4, dims[s], dts[di], tags[ti]), dnnl_success);
@@ -431,8 +434,11 @@ Test(conv, own_layout_reorders_move_the_bits_as_onednn_does)
                               ti, threads);
                     omp_set_num_threads(was);
                 }
+                moved++;
                 free(plain), free(blk), free(a), free(b);
             }
+    /* every case that this processor's transposes cover ran */
+    cr_assert_eq(moved, (int)(sizeof dims / sizeof dims[0]) * ((cpu_conv_layout_ok() ? 4 : 0) + (cpu_conv_layout8_ok() ? 1 : 0)));
 }
 
 /* the convolutions with the own reorders give oneDNN's reorders' bits, every
@@ -441,11 +447,12 @@ Test(conv, own_layout_reorders_give_the_same_convolutions)
 {
     static const mp_dtype dts[] = {MP_F32, MP_F16, MP_BF16};
     mp_kctx *cx = mp_cpu_backend.ctx;
-    if (!cpu_conv_layout_ok()) {   /* no AVX-512: the own reorders never run, oneDNN's stay */
-        cr_log_info("own reorders: no AVX-512 here, cpu_conv_layout.c's transposes do not run; skipped");
+    if (!cpu_conv_layout_ok() && !cpu_conv_layout8_ok()) {   /* neither: the own reorders never run, oneDNN's stay */
+        cr_log_info("own reorders: neither AVX-512 nor AVX2 here, cpu_conv_layout.c's transposes do not run; skipped");
         return;
     }
-    for (size_t d = 0; d < 3; d++)
+    for (size_t d = 0; d < 3; d++) {
+        long runs0 = 0;
         for (size_t s = 0; s < MORE_SHAPES; s++) {
             mp_conv_args a = more_shape(s);
             mp_dtype dt = dts[d];
@@ -456,6 +463,8 @@ Test(conv, own_layout_reorders_give_the_same_convolutions)
             void *b = rand_buf(dt, a.k, &seed);
             onednn_takes(dt, &a, "own reorders", s);
             char *out[2][3];
+            long runs = cpu_conv_dnnl_own_runs();
+            if (s == 0) runs0 = runs;
             for (int own = 0; own < 2; own++) {
                 int was = cpu_conv_dnnl_own_reorders(own);
                 out[own][0] = malloc(es * (size_t)ny), out[own][1] = malloc(es * (size_t)nx);
@@ -465,6 +474,8 @@ Test(conv, own_layout_reorders_give_the_same_convolutions)
                 poison_scratch();
                 cr_assert_eq(cpu_conv_dnnl_grad(cx, dt, out[own][1], out[own][2], gy, x, w, &a), 3);
                 cpu_conv_dnnl_own_reorders(was);
+                /* oneDNN's only while off */
+                if (own == 0) cr_assert_eq(cpu_conv_dnnl_own_runs(), runs, "%s shape %zu: own reorders ran while off", dn(dt), s);
             }
             size_t bytes[3] = {es * (size_t)ny, es * (size_t)nx, es * (size_t)nw};
             static const char *names[3] = {"y", "gx", "gw"};
@@ -475,6 +486,9 @@ Test(conv, own_layout_reorders_give_the_same_convolutions)
             }
             free(x), free(w), free(gy), free(b);
         }
+        /* the comparison meant something: the own reorders ran for this dtype's shapes */
+        cr_assert_gt(cpu_conv_dnnl_own_runs(), runs0, "%s: no own reorder ran on any shape", dn(dts[d]));
+    }
 }
 
 /* bf16 where oneDNN has no bf16 primitive (oneDNN 2.6 makes none on AVX2)
