@@ -5,9 +5,10 @@
  * and nChw8c (f32 on AVX2) - done here with 16 x 16 (AVX-512) and 8 x 8
  * (AVX2) transposes of 32-bit words instead of oneDNN's reorder primitives.
  * Those ran the blocked -> plain way at ~11 GB/s (f32) and ~4 GB/s (bf16
- * nhwc -> nchw) on the ResNets' shapes, a tenth of a training step; on an
- * AVX2 machine (Zen 3) their nChw8c reorders took a fifth of the wide
- * ResNet's convolution time (DNNL_VERBOSE).
+ * nhwc -> nchw) on the ResNets' shapes, a tenth of a training step. On an
+ * AVX2 machine (Zen 3) oneDNN's nChw8c reorders are better (18-38 GB/s on
+ * the wide ResNet's shapes, in L2) and these 34-60 GB/s: the convolutions
+ * run 1-2% faster with them (tests/c/test_conv.c's switch, alternating).
  *
  * The layouts are one form: element (image i, channel c, position p) at
  * i sn + (c / B) scb + p sp + c % B, B the block (16 or 8; nChw16c: sn =
