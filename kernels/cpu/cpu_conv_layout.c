@@ -177,6 +177,18 @@ AVX2_FN static inline void tr8(__m256 r[8])
     }
 }
 
+/* a whole 8 x 8 tile: 8 rows of 8 floats from s (rows ss apart) transposed
+ * into 8 rows at d (rows ds apart), in registers; both directions' tiles */
+AVX2_FN static inline void tile8(const float *s, int64_t ss, float *d, int64_t ds)
+{
+    __m256 r[8];
+    _Pragma("GCC unroll 8")
+    for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(s + k * ss);
+    tr8(r);
+    _Pragma("GCC unroll 8")
+    for (int j = 0; j < 8; j++) _mm256_storeu_ps(d + j * ds, r[j]);
+}
+
 /* nChw8c: one image's channel block -> plain rows. Whole tiles (8 channels,
  * 8 positions) go straight through registers; a tile with fewer channels or
  * positions loads all 8 lanes of its positions (the padding lanes lie inside
@@ -187,12 +199,7 @@ AVX2_FN static void to_plain_f32_8(const float *src, float *dst, int64_t cval, i
     int64_t p = 0;
     if (cval == 8)
         for (; p + 8 <= hw; p += 8) {
-            __m256 r[8];
-            _Pragma("GCC unroll 8")
-            for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(src + (p + k) * 8);
-            tr8(r);
-            _Pragma("GCC unroll 8")
-            for (int j = 0; j < 8; j++) _mm256_storeu_ps(dst + j * hw + p, r[j]);
+            tile8(src + p * 8, 8, dst + p, hw);
         }
     for (; p < hw; p += 8) {
         int64_t t = hw - p < 8 ? hw - p : 8;
@@ -214,12 +221,7 @@ AVX2_FN static void to_blk_f32_8(const float *src, float *dst, int64_t cval, int
     int64_t p = 0;
     if (cval == 8)
         for (; p + 8 <= hw; p += 8) {
-            __m256 r[8];
-            _Pragma("GCC unroll 8")
-            for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(src + j * hw + p);
-            tr8(r);
-            _Pragma("GCC unroll 8")
-            for (int k = 0; k < 8; k++) _mm256_storeu_ps(dst + (p + k) * 8, r[k]);
+            tile8(src + p, hw, dst + p * 8, 8);
         }
     for (; p < hw; p += 8) {
         int64_t t = hw - p < 8 ? hw - p : 8;
