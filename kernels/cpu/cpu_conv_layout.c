@@ -7,8 +7,9 @@
  * Those ran the blocked -> plain way at ~11 GB/s (f32) and ~4 GB/s (bf16
  * nhwc -> nchw) on the ResNets' shapes, a tenth of a training step. On an
  * AVX2 machine (Zen 3) oneDNN's nChw8c reorders are better (18-38 GB/s on
- * the wide ResNet's shapes, in L2) and these 34-60 GB/s: the convolutions
- * run 1-2% faster with them (tests/c/test_conv.c's switch, alternating).
+ * the wide ResNet's shapes, in L2) and these 29-60 GB/s, but the
+ * convolutions gain little: 0.997-1.026x, mostly under 1%
+ * (scripts/bench/bench_conv_layout.c, both in one process, alternating).
  *
  * The layouts are one form: element (image i, channel c, position p) at
  * i sn + (c / B) scb + p sp + c % B, B the block (16 or 8; nChw16c: sn =

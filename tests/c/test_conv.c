@@ -452,7 +452,7 @@ Test(conv, own_layout_reorders_give_the_same_convolutions)
         return;
     }
     for (size_t d = 0; d < 3; d++) {
-        long runs0 = 0;
+        long runs0 = cpu_conv_dnnl_own_runs();
         for (size_t s = 0; s < MORE_SHAPES; s++) {
             mp_conv_args a = more_shape(s);
             mp_dtype dt = dts[d];
@@ -464,7 +464,6 @@ Test(conv, own_layout_reorders_give_the_same_convolutions)
             onednn_takes(dt, &a, "own reorders", s);
             char *out[2][3];
             long runs = cpu_conv_dnnl_own_runs();
-            if (s == 0) runs0 = runs;
             for (int own = 0; own < 2; own++) {
                 int was = cpu_conv_dnnl_own_reorders(own);
                 out[own][0] = malloc(es * (size_t)ny), out[own][1] = malloc(es * (size_t)nx);
