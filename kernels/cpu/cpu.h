@@ -216,6 +216,7 @@ mp_be_batch_norm_fn cpu_batch_norm;
 mp_be_batch_norm_grad_fn cpu_batch_norm_grad;
 mp_be_batch_norm_act_fn cpu_batch_norm_act;
 int cpu_batch_norm_wide_enable(int on);   /* 0: f16/bf16 channels widened blockwise, as before (tests) */
+int cpu_pool_avx512_enable(int on);        /* 0: max pooling's 2 x 2 rows without the AVX-512 form (tests) */
 
 mp_be_attention_fn cpu_attention;
 mp_be_attention_grad_fn cpu_attention_grad;
