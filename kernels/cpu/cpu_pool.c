@@ -6,7 +6,9 @@
  * thread count. Max pooling's common window, 2 x 2 at stride 2 unpadded, takes
  * a row kernel of its own (max2x2_row, and its AVX-512 form with masked tails):
  * with the general loop it was 22% of the bf16 CNN step's perf samples, with
- * the row kernel 2.9%.
+ * the row kernel 2.9%; its backward writes planes such windows tile row pair
+ * by row pair (max2x2_grad_row). Max pooling reads and writes f32 planes in
+ * place (no copy through scratch).
  */
 #include <math.h>
 #include <omp.h>
@@ -89,6 +91,21 @@ MP_SIMD static void max2x2_row(const float *x0, const float *x1, int64_t n, int3
     }
 }
 
+/* max2x2_row's backward: rows x0 and x1 = x0 + w of the gradient (all 2n
+ * values written) from n windows' gradients g and positions at: each value
+ * 0 + g where the window's maximum was, else 0, which is what zeroing the plane
+ * and adding g at the position gives (-0 becomes +0 either way) */
+MP_SIMD static void max2x2_grad_row(float *x0, float *x1, int64_t n, int32_t base, int32_t w, const float *g,
+                                    const int32_t *at)
+{
+    for (int64_t j = 0; j < n; j++) {
+        int32_t pa = base + 2 * (int32_t)j, pc = pa + w, p = at[j];
+        float v = g[j];
+        x0[2 * j] = 0.0f + (p == pa ? v : 0.0f), x0[2 * j + 1] = 0.0f + (p == pa + 1 ? v : 0.0f);
+        x1[2 * j] = 0.0f + (p == pc ? v : 0.0f), x1[2 * j + 1] = 0.0f + (p == pc + 1 ? v : 0.0f);
+    }
+}
+
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
 #define POOL_FN __attribute__((target("avx512f")))
@@ -131,6 +148,33 @@ POOL_FN static void max2x2_row_avx512(const float *x0, const float *x1, int64_t 
     }
 }
 
+/* max2x2_grad_row in 16 windows at a time, tails through masks */
+POOL_FN static void max2x2_grad_row_avx512(float *x0, float *x1, int64_t n, int32_t base, int32_t w, const float *g,
+                                           const int32_t *at)
+{
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8)), one = _mm512_set1_epi32(1);
+    const __m512 zero = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) {
+        int k = n - j < 16 ? (int)(n - j) : 16;
+        __mmask16 mo = (__mmask16)((1u << k) - 1), ml = k >= 8 ? 0xffff : (__mmask16)((1u << 2 * k) - 1);
+        __mmask16 mh = k > 8 ? (__mmask16)((1u << (2 * k - 16)) - 1) : 0;
+        __m512 v = _mm512_maskz_loadu_ps(mo, g + j);
+        __m512i p = _mm512_maskz_loadu_epi32(mo, at + j);
+        __m512i pa = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * (int32_t)j), even);
+        __m512i pc = _mm512_add_epi32(pa, _mm512_set1_epi32(w));
+        __m512 a = _mm512_add_ps(zero, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(p, pa), v));
+        __m512 b = _mm512_add_ps(zero, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(p, _mm512_add_epi32(pa, one)), v));
+        __m512 c = _mm512_add_ps(zero, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(p, pc), v));
+        __m512 d = _mm512_add_ps(zero, _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(p, _mm512_add_epi32(pc, one)), v));
+        _mm512_mask_storeu_ps(x0 + 2 * j, ml, _mm512_permutex2var_ps(a, lo, b));
+        _mm512_mask_storeu_ps(x0 + 2 * j + 16, mh, _mm512_permutex2var_ps(a, hi, b));
+        _mm512_mask_storeu_ps(x1 + 2 * j, ml, _mm512_permutex2var_ps(c, lo, d));
+        _mm512_mask_storeu_ps(x1 + 2 * j + 16, mh, _mm512_permutex2var_ps(c, hi, d));
+    }
+}
+
 static int has_avx512(void)
 {
     static int has = -1;
@@ -142,6 +186,11 @@ static void max2x2_row_avx512(const float *x0, const float *x1, int64_t n, int32
                               int32_t *idx)
 {
     max2x2_row(x0, x1, n, base, w, y, idx);
+}
+static void max2x2_grad_row_avx512(float *x0, float *x1, int64_t n, int32_t base, int32_t w, const float *g,
+                                   const int32_t *at)
+{
+    max2x2_grad_row(x0, x1, n, base, w, g, at);
 }
 static int has_avx512(void) { return 0; }
 #endif
@@ -166,8 +215,10 @@ int cpu_max_pool2d(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *
         avx512_on && has_avx512() ? max2x2_row_avx512 : max2x2_row;
     #pragma omp parallel for if (threads > 1) num_threads(threads) schedule(static)
     for (int64_t p = 0; p < a->planes; p++) {
-        float *xf = base + stride * omp_get_thread_num(), *yf = xf + hw;
-        cpu_load(dt, x, p * hw, xf, hw);
+        float *xs = base + stride * omp_get_thread_num(), *yf = xs + hw;
+        const float *xf = xs;
+        if (dt == MP_F32) xf = (const float *)x + p * hw, yf = (float *)y + p * ohw;   /* read and written in place */
+        else cpu_load(dt, x, p * hw, xs, hw);
         for (int64_t i = 0; i < a->oh; i++) {
             int64_t r0, r1, c0, c1, j = 0;
             window(a, i, a->h, a->oh, a->kh, a->sh, a->ph, &r0, &r1);
@@ -189,7 +240,7 @@ int cpu_max_pool2d(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *
                 idx[p * ohw + i * a->ow + j] = at;
             }
         }
-        cpu_store(cx, dt, y, p * ohw, yf, ohw);
+        if (dt != MP_F32) cpu_store(cx, dt, y, p * ohw, yf, ohw);
     }
     return 0;
 }
@@ -200,16 +251,34 @@ int cpu_max_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, cons
     int threads;
     float *base = planes(cx, a, &stride, &threads);
     if (!base) return -1;
+    /* 2 x 2 windows at stride 2 tiling the plane (a last odd row or column left
+     * out): each value of gx written once, row pair by row pair */
+    int tiled = !a->adaptive && a->kh == 2 && a->kw == 2 && a->sh == 2 && a->sw == 2 && a->ph == 0 && a->pw == 0 &&
+                a->oh == a->h / 2 && a->ow == a->w / 2;
+    void (*row)(float *, float *, int64_t, int32_t, int32_t, const float *, const int32_t *) =
+        avx512_on && has_avx512() ? max2x2_grad_row_avx512 : max2x2_grad_row;
     #pragma omp parallel for if (threads > 1) num_threads(threads) schedule(static)
     for (int64_t p = 0; p < a->planes; p++) {
-        float *gxf = base + stride * omp_get_thread_num(), *gyf = gxf + hw;
-        cpu_load(dt, gy, p * ohw, gyf, ohw);
-        memset(gxf, 0, sizeof(float) * (size_t)hw);
-        for (int64_t o = 0; o < ohw; o++) {   /* overlapping windows add in output order */
-            int32_t at = idx[p * ohw + o];
-            if (at >= 0) gxf[at] += gyf[o];
+        float *gxf = base + stride * omp_get_thread_num(), *gys = gxf + hw;
+        const float *gyf = gys;
+        if (dt == MP_F32) gxf = (float *)gx + p * hw, gyf = (const float *)gy + p * ohw;   /* in place */
+        else cpu_load(dt, gy, p * ohw, gys, ohw);
+        if (tiled) {
+            for (int64_t i = 0; i < a->oh; i++) {
+                float *r0 = gxf + 2 * i * a->w;
+                row(r0, r0 + a->w, a->ow, (int32_t)(2 * i * a->w), (int32_t)a->w, gyf + i * a->ow,
+                    idx + p * ohw + i * a->ow);
+                if (a->w & 1) r0[a->w - 1] = 0.0f, r0[2 * a->w - 1] = 0.0f;
+            }
+            if (a->h & 1) memset(gxf + (a->h - 1) * a->w, 0, sizeof(float) * (size_t)a->w);
+        } else {
+            memset(gxf, 0, sizeof(float) * (size_t)hw);
+            for (int64_t o = 0; o < ohw; o++) {   /* overlapping windows add in output order */
+                int32_t at = idx[p * ohw + o];
+                if (at >= 0) gxf[at] += gyf[o];
+            }
         }
-        cpu_store(cx, dt, gx, p * hw, gxf, hw);
+        if (dt != MP_F32) cpu_store(cx, dt, gx, p * hw, gxf, hw);
     }
     return 0;
 }

@@ -2,10 +2,11 @@
  * test_pool.c: max pooling against an oracle written here from PyTorch's rule
  * (each window scanned in row order from -inf: the first of equal maxima wins;
  * a window holding a NaN gives its last NaN, payload and all), value and
- * position bit for bit, forward and backward, f32/f16/bf16, on 1 and 2 threads.
+ * position bit for bit, forward and backward (gradients added at the positions
+ * into zeros: -0 gives +0, NaNs pass), f32/f16/bf16, on 1 and 2 threads.
  *
- * The 2 x 2, stride 2 windows take a row kernel (cpu_pool.c: max2x2_row and
- * its AVX-512 form, both run here) and everything else the general loop, so
+ * The 2 x 2, stride 2 windows take row kernels (cpu_pool.c: max2x2_row and
+ * max2x2_grad_row, and their AVX-512 forms, both run here) and everything else the general loop, so
  * the shapes here have rows of 1 to 9, 14, 17, 20, 33 and 65 windows (every
  * mask of the AVX-512 form, the vectoriser's body and tails), odd widths and heights
  * (a last column or row no whole window covers), output sizes past
@@ -93,7 +94,10 @@ static void check(mp_dtype dt, int64_t planes, int64_t h, int64_t w, int64_t k, 
     void *x = alloc(esize(dt) * n), *gy = alloc(esize(dt) * on), *y[2], *gx[2];
     int32_t *idx[2];
     fill(dt, x, n, &seed, nans);
-    for (int64_t i = 0; i < on; i++) put(dt, gy, i, (float)(rand_r(&seed) % 9 + 1) / 8.0f);
+    for (int64_t i = 0; i < on; i++) {   /* eighths, some -0 (0 + -0 is +0) and NaNs */
+        int r = rand_r(&seed) % 32;
+        put(dt, gy, i, r == 0 ? -0.0f : r == 1 ? -NAN : (float)(rand_r(&seed) % 17 - 8) / 8.0f);
+    }
     mp_kctx *cx = mp_cpu_backend.ctx;
     int was = omp_get_max_threads();
     for (int t = 0; t < 2; t++) {
@@ -123,7 +127,9 @@ static void check(mp_dtype dt, int64_t planes, int64_t h, int64_t w, int64_t k, 
     cr_assert(memcmp(gx[0], gx[1], esize(dt) * (size_t)n) == 0, "gx differs between 1 and 2 threads");
     for (int64_t i = 0; i < n; i++) {   /* gy is a few eighths: the sums are exact in every dtype */
         float got = get(dt, gx[0], i);
-        cr_assert(got == want_gx[i], "dtype %d: gx[%ld] %g, want %g", dt, (long)i, got, want_gx[i]);
+        uint32_t gb, wb;
+        memcpy(&gb, &got, 4), memcpy(&wb, &want_gx[i], 4);
+        cr_assert(gb == wb, "dtype %d: gx[%ld] %g (0x%08x), want %g (0x%08x)", dt, (long)i, got, gb, want_gx[i], wb);
     }
     for (int t = 0; t < 2; t++) free(y[t]), free(gx[t]), free(idx[t]);
     free(x), free(gy), free(want_gx);
