@@ -197,6 +197,12 @@ static int has_avx512(void) { return 0; }
 
 static int avx512_on = 1;
 
+/* the windows the row kernels take: 2 x 2 at stride 2, unpadded */
+static int two_by_two(const mp_pool_args *a)
+{
+    return !a->adaptive && a->kh == 2 && a->kw == 2 && a->sh == 2 && a->sw == 2 && a->ph == 0 && a->pw == 0;
+}
+
 int cpu_pool_avx512_enable(int on)
 {
     int was = avx512_on;
@@ -210,7 +216,7 @@ int cpu_max_pool2d(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *
     int threads;
     float *base = planes(cx, a, &stride, &threads);
     if (!base) return -1;
-    int two = !a->adaptive && a->kh == 2 && a->kw == 2 && a->sh == 2 && a->sw == 2 && a->ph == 0 && a->pw == 0;
+    int two = two_by_two(a);
     void (*row)(const float *, const float *, int64_t, int32_t, int32_t, float *, int32_t *) =
         avx512_on && has_avx512() ? max2x2_row_avx512 : max2x2_row;
     #pragma omp parallel for if (threads > 1) num_threads(threads) schedule(static)
@@ -224,8 +230,8 @@ int cpu_max_pool2d(mp_kctx *cx, mp_dtype dt, void *y, int32_t *idx, const void *
             window(a, i, a->h, a->oh, a->kh, a->sh, a->ph, &r0, &r1);
             if (two && r1 - r0 == 2) {   /* the whole windows of this row; the rest below */
                 j = a->ow < a->w / 2 ? a->ow : a->w / 2;
-                row(xf + r0 * a->w, xf + r1 * a->w - a->w, j, (int32_t)(r0 * a->w), (int32_t)a->w,
-                           yf + i * a->ow, idx + p * ohw + i * a->ow);
+                row(xf + r0 * a->w, xf + (r0 + 1) * a->w, j, (int32_t)(r0 * a->w), (int32_t)a->w, yf + i * a->ow,
+                    idx + p * ohw + i * a->ow);
             }
             for (; j < a->ow; j++) {
                 window(a, j, a->w, a->ow, a->kw, a->sw, a->pw, &c0, &c1);
@@ -253,8 +259,7 @@ int cpu_max_pool2d_grad(mp_kctx *cx, mp_dtype dt, void *gx, const void *gy, cons
     if (!base) return -1;
     /* 2 x 2 windows at stride 2 tiling the plane (a last odd row or column left
      * out): each value of gx written once, row pair by row pair */
-    int tiled = !a->adaptive && a->kh == 2 && a->kw == 2 && a->sh == 2 && a->sw == 2 && a->ph == 0 && a->pw == 0 &&
-                a->oh == a->h / 2 && a->ow == a->w / 2;
+    int tiled = two_by_two(a) && a->oh == a->h / 2 && a->ow == a->w / 2;
     void (*row)(float *, float *, int64_t, int32_t, int32_t, const float *, const int32_t *) =
         avx512_on && has_avx512() ? max2x2_grad_row_avx512 : max2x2_grad_row;
     #pragma omp parallel for if (threads > 1) num_threads(threads) schedule(static)

@@ -147,7 +147,8 @@ Test(pool, max_2x2_stride_2_matches_the_rule)
         check(dts[d], 3, 9, 67, 2, 2, 0, 0, 1);     /* odd: a last row and column left out */
         check(dts[d], 3, 9, 67, 2, 2, 0, 1, 1);     /* ceil_mode: a clipped last window */
         check(dts[d], 2, 4, 130, 2, 2, 0, 0, 0);    /* ties only, no NaN */
-        check(dts[d], 200, 6, 40, 2, 2, 0, 0, 1);   /* enough planes for both threads */
+        check(dts[d], 1100, 6, 40, 2, 2, 0, 0, 1);  /* enough planes for both threads: */
+        cr_assert(1100 * 6 * 40 >= MP_PAR_MIN, "the shape above no longer splits over threads");
         check(dts[d], 2, 8, 66, 2, 2, 0, 0, 1);     /* 33 windows: two whole vectors and one */
         check(dts[d], 2, 8, 34, 2, 2, 0, 0, 1);     /* 17, and rows of 1 to 9 windows: */
         for (int64_t w = 2; w <= 19; w++) check(dts[d], 2, 6, w, 2, 2, 0, 0, 1);   /* every mask */
@@ -162,5 +163,7 @@ Test(pool, max_other_windows_match_the_rule)
         check(dts[d], 3, 11, 37, 3, 2, 1, 0, 1);    /* overlapping windows */
         check(dts[d], 3, 11, 37, 2, 1, 0, 0, 1);
         check(dts[d], 3, 12, 36, 3, 3, 0, 1, 1);
+        check(dts[d], 700, 11, 37, 3, 2, 1, 0, 1);  /* enough planes for both threads: */
+        cr_assert(700 * 11 * 37 >= MP_PAR_MIN, "the shape above no longer splits over threads");
     }
 }
