@@ -185,12 +185,22 @@ int cpu_lowp_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, cons
 int cpu_lowp_gelu(mp_kctx *cx, mp_dtype dt, uint16_t *out, const uint16_t *a, int64_t n, const uint16_t *table);
 int cpu_lowp_gelu_grad(mp_kctx *cx, mp_dtype dt, uint16_t *gin, const uint16_t *gout, const uint16_t *x, int64_t n,
                        const float *slope);
-/* batch norm's y = x a + b and gx = a g + b + k (x - m) from f32 pieces,
- * rounded into dt in registers (cpu_batch_norm.c); 1 when done, as above */
-int cpu_lowp_affine_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *x, int64_t n, float a,
-                          float b);
-int cpu_lowp_bn_grad_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *g, const float *x,
-                           int64_t n, float a, float b, float k, float m);
+/* 1 where the fused 16-bit kernels run for dt: AVX-512BW (and its f16
+ * conversions for f16), flush counting off, not switched off */
+int cpu_lowp_usable(mp_kctx *cx, mp_dtype dt);
+/* batch norm's passes over a piece of n f16/bf16 values widened in registers
+ * (cpu_batch_norm_lowp.c): the sums of cpu_batch_norm.c's lanes (x; (x - m)^2;
+ * g and g (x - m), added into *sg and *sgd), y = x a + b and
+ * gx = a g + b + k (x - m) rounded into the dtype; cpu_lowp_bn gives the
+ * dtype's, or NULL where cpu_lowp_usable does not hold */
+typedef struct {
+    double (*sum)(const uint16_t *x, int64_t n);
+    double (*sumsq_dev)(const uint16_t *x, int64_t n, float m);
+    void (*sum_dot_dev)(const uint16_t *g, const uint16_t *x, int64_t n, float m, double *sg, double *sgd);
+    void (*affine)(uint16_t *y, const uint16_t *x, int64_t n, float a, float b);
+    void (*grad)(uint16_t *gx, const uint16_t *g, const uint16_t *x, int64_t n, float a, float b, float k, float m);
+} cpu_bn_lowp;
+const cpu_bn_lowp *cpu_lowp_bn(mp_kctx *cx, mp_dtype dt);
 int cpu_lowp_fused_enable(int on);   /* 0: every fused path declines (tests); returns the previous setting */
 mp_be_clamp_fn cpu_clamp;
 mp_be_where_fn cpu_where;

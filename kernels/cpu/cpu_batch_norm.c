@@ -7,14 +7,18 @@
  * f32 runs are read in place; f16/bf16 ones (a low-precision activation under
  * autocast) are widened exactly, and y and the gradient of x are rounded once.
  * The forward reads x three times (mean, variance, normalise) and the backward
- * x and the gradient twice each: where a channel has at most BN_WIDE_MAX values
+ * x and the gradient twice each. Where the processor has AVX-512BW every pass
+ * reads the 16-bit values and widens them in registers (cpu_batch_norm_lowp.c,
+ * through cpu_lowp_bn): a channel's 16-bit runs stay in L2 between passes,
+ * half the bytes of an f32 copy, and no widening pass runs at all. Elsewhere
+ * (or with flush counting on), where a channel has at most BN_WIDE_MAX values
  * it is widened once, whole, into the thread's f32 scratch (cx's slot 3; 512 KB
  * a channel, L2-resident) and every pass reads that; otherwise each pass widens
  * a block at a time again (widening was a fifth of a 1-thread bf16 ResNet step,
- * three quarters of it here). The sums run over the same pieces either way
+ * three quarters of it here). The sums run over the same pieces every way
  * (whole runs for f32, blocks of MP_BLOCK of a run otherwise), so where the
- * widened values live changes no bit (tests/c/test_elementwise_lowp.c compares
- * both ways, f16 and bf16, on 1 and 2 threads).
+ * widening happens changes no bit (tests/c/test_elementwise_lowp.c compares
+ * the three ways, f16 and bf16, on 1 and 2 threads).
  *
  * The sums: BN_LANES = 32 f64 lanes, each lane in order and the lanes added in
  * order at the end (four independent vectors of eight doubles, so the adds do not
@@ -102,6 +106,24 @@ static inline const float *wpiece(mp_dtype dt, const void *src, const float *wid
         for (int64_t e_ = 0, len = 0, off = 0, wo = 0; e_ < (hw); e_ += len)              \
             if ((len = (hw) - e_ < PIECE(dt, hw) ? (hw) - e_ : PIECE(dt, hw)),             \
                 (off = (i_ * (c) + (ch)) * (hw) + e_), (wo = i_ * (hw) + e_), 1)
+
+/* The first pass over a channel reads it from memory run by run, each run
+ * (hw values) a stride of c hw from the last. Where the 16-bit passes read the
+ * runs themselves (cpu_batch_norm_lowp.c), a ResNet's runs are 0.1-2 KB, too
+ * short for the hardware's stream prefetch to start before each is over: the
+ * first pass asks for the next run's piece (its first RUN_AHEAD bytes) before
+ * summing this one's (step c hw, total n c hw values). On a 1-thread bf16 wide
+ * ResNet step the first passes' samples fell by a sixth (805 -> 675, the
+ * asking included). f32 runs (4 KB there) measured no gain (their sums are bound by
+ * the f64 adds), so they go without. */
+#define RUN_AHEAD 4096
+static inline void fetch_next_run(mp_dtype dt, const void *src, int64_t off, int64_t len, int64_t step, int64_t total)
+{
+    if (off + step >= total) return;
+    size_t es = mp_dtype_size(dt), bytes = (size_t)len * es;
+    const char *p = (const char *)src + (size_t)(off + step) * es;
+    for (size_t o = 0; o < bytes && o < RUN_AHEAD; o += 64) __builtin_prefetch(p + o);
+}
 
 /* A low-precision channel of at most this many values is widened once (the
  * head comment); per thread the scratch holds one channel (forward) or two
@@ -210,8 +232,10 @@ static int bn_forward(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rst
 {
     int64_t count = n * hw, per = 0;
     int par = n * c * hw >= MP_PAR_MIN;
+    const cpu_bn_lowp *lp = dt != MP_F32 ? cpu_lowp_bn(cx, dt) : NULL;   /* the passes widen in registers */
+    const uint16_t *x16 = x;
     /* out of training x is read once: nothing to gain from a widened copy */
-    float *wbase = training ? wide_scratch(cx, dt, count, 1, par, &per) : NULL;
+    float *wbase = training && !lp ? wide_scratch(cx, dt, count, 1, par, &per) : NULL;
     #pragma omp parallel for if (par) schedule(static)
     for (int64_t ch = 0; ch < c; ch++) {
         float buf[MP_BLOCK], out[MP_BLOCK], *wx = thread_part(wbase, per);
@@ -219,10 +243,14 @@ static int bn_forward(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rst
         if (wx) widen_channel(dt, x, wx, n, c, hw, ch);
         if (training) {
             double s = 0, q = 0;
-            FOR_PIECES(dt, n, c, hw, ch, off, len, wo) s += bn_sum(wpiece(dt, x, wx, off, wo, len, buf), len);
+            FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
+                if (lp) fetch_next_run(dt, x, off, len, c * hw, n * c * hw);
+                s += lp ? lp->sum(x16 + off, len) : bn_sum(wpiece(dt, x, wx, off, wo, len, buf), len);
+            }
             mu = count ? s / (double)count : 0;
             FOR_PIECES(dt, n, c, hw, ch, off, len, wo)
-                q += bn_sumsq_dev(wpiece(dt, x, wx, off, wo, len, buf), len, (float)mu);
+                q += lp ? lp->sumsq_dev(x16 + off, len, (float)mu)
+                        : bn_sumsq_dev(wpiece(dt, x, wx, off, wo, len, buf), len, (float)mu);
             var = count ? q / (double)count : 0;
             if (running_mean) running_mean[ch] = (float)((1.0 - momentum) * running_mean[ch] + momentum * mu);
             if (running_var && count > 1)
@@ -234,13 +262,17 @@ static int bn_forward(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rst
         mean[ch] = m, rstd[ch] = r;
         float scale = w ? w[ch] * r : r, shift = (b ? b[ch] : 0.0f) - m * scale;
         FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
+            if (lp) {
+                lp->affine((uint16_t *)y + off, x16 + off, len, scale, shift);
+                if (z || relu) act_lowp(cx, dt, y, z, off, len, relu);
+                continue;
+            }
             const float *xp = wpiece(dt, x, wx, off, wo, len, buf);
             if (dt == MP_F32) {
                 affine_act((float *)y + off, xp, z ? (const float *)z + off : NULL, len, scale, shift, relu);
                 continue;
             }
-            if (!cpu_lowp_affine_store(cx, dt, y, off, xp, len, scale, shift))
-                affine(out, xp, len, scale, shift), cpu_store(cx, dt, y, off, out, len);
+            affine(out, xp, len, scale, shift), cpu_store(cx, dt, y, off, out, len);
             if (z || relu) act_lowp(cx, dt, y, z, off, len, relu);
         }
     }
@@ -269,8 +301,10 @@ int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
 {
     int64_t count = n * hw, per = 0;
     int par = n * c * hw >= MP_PAR_MIN;
+    const cpu_bn_lowp *lp = dt != MP_F32 ? cpu_lowp_bn(cx, dt) : NULL;   /* the passes widen in registers */
+    const uint16_t *x16 = x, *g16 = gy;
     /* without gx, x and gy are read once: nothing to gain from widened copies */
-    float *wbase = gx ? wide_scratch(cx, dt, count, 2, par, &per) : NULL;
+    float *wbase = gx && !lp ? wide_scratch(cx, dt, count, 2, par, &per) : NULL;
     #pragma omp parallel for if (par) schedule(static)
     for (int64_t ch = 0; ch < c; ch++) {
         float gbuf[MP_BLOCK], xbuf[MP_BLOCK], out[MP_BLOCK];
@@ -279,6 +313,12 @@ int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
         double sg = 0, sgd = 0;   /* sum gy, sum gy (x - mean) */
         if (wg) widen_channel(dt, gy, wg, n, c, hw, ch), widen_channel(dt, x, wx, n, c, hw, ch);
         FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
+            if (lp) {
+                fetch_next_run(dt, gy, off, len, c * hw, n * c * hw);
+                fetch_next_run(dt, x, off, len, c * hw, n * c * hw);
+                lp->sum_dot_dev(g16 + off, x16 + off, len, m, &sg, &sgd);
+                continue;
+            }
             const float *g = wpiece(dt, gy, wg, off, wo, len, gbuf), *xp = wpiece(dt, x, wx, off, wo, len, xbuf);
             bn_sum_dot_dev(g, xp, len, m, &sg, &sgd);
         }
@@ -290,10 +330,12 @@ int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
         float k = wc * r, mg = training && count ? (float)(sg / (double)count) : 0.0f;
         float mgx = training && count ? (float)(sgx / (double)count) : 0.0f;
         FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
+            if (lp) {
+                lp->grad((uint16_t *)gx + off, g16 + off, x16 + off, len, k, -k * mg, -k * r * mgx, m);
+                continue;
+            }
             const float *g = wpiece(dt, gy, wg, off, wo, len, gbuf), *xp = wpiece(dt, x, wx, off, wo, len, xbuf);
             float *o = dt == MP_F32 ? (float *)gx + off : out;
-            if (dt != MP_F32 && cpu_lowp_bn_grad_store(cx, dt, gx, off, g, xp, len, k, -k * mg, -k * r * mgx, m))
-                continue;   /* computed and rounded in registers, the same bits (cpu_elementwise_lowp.c) */
             grad_piece(o, g, xp, len, k, -k * mg, -k * r * mgx, m);
             if (dt != MP_F32) cpu_store(cx, dt, gx, off, out, len);
         }

@@ -28,9 +28,9 @@
  * operand here in registers (cpu_binary_mixed) instead of a cast pass into
  * an f32 tensor first: the same exact widening and the same f32 op.
  *
- * Batch norm's normalised output and gradient (computed from f32 pieces,
- * cpu_batch_norm.c) are rounded here the same way, in the registers that
- * computed them, rather than through an f32 block and cpu_store.
+ * The register steps (widen, round, loads and stores with tails) are
+ * lowp_regs.h's, shared with batch norm's 16-bit passes
+ * (cpu_batch_norm_lowp.c); cpu_lowp_usable() says where both run.
  *
  * Each entry returns 1 when it did the op, 0 when it declines and the caller
  * takes the general path: another dtype or op, strided or broadcast operands
@@ -40,7 +40,7 @@
  */
 #include <string.h>
 #include "kernels/cpu/cpu.h"
-#include "kernels/cpu/convert_avx512.h"
+#include "kernels/cpu/lowp_regs.h"
 
 static int fused_on = 1;
 
@@ -53,10 +53,6 @@ int cpu_lowp_fused_enable(int on)
 
 #ifdef MP_HAVE_AVX512_CONVERT
 
-#define LOWP_FN __attribute__((target(MP_AVX512BW_TARGET)))
-/* the loops are inlined into one copy per dtype and op (the SPECIALISE
- * switches below), so no branch on either is left inside them */
-#define LOWP_INLINE __attribute__((target(MP_AVX512BW_TARGET), always_inline)) static inline
 /* elements a thread takes at a time when an op is split over threads */
 #define CHUNK 4096
 
@@ -68,41 +64,7 @@ static int usable(mp_kctx *cx, mp_dtype dt)
     return 0;
 }
 
-LOWP_FN static inline __m512 widen(int f16, __m256i h)
-{
-    return f16 ? _mm512_cvtph_ps(h) : mp_bf16x16_widen(h);
-}
-
-LOWP_FN static inline __m256i narrow(int f16, __m512 v)
-{
-    return f16 ? _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : mp_f32x16_to_bf16(v);
-}
-
-LOWP_FN static inline __m512 load16(int f16, const uint16_t *p)
-{
-    return widen(f16, _mm256_loadu_si256((const __m256i *)p));
-}
-
-LOWP_FN static inline void store16(int f16, uint16_t *p, __m512 v)
-{
-    _mm256_storeu_si256((__m256i *)p, narrow(f16, v));
-}
-
-/* a tail of k < 16 values goes through a zeroed 16-value copy: lanes past k
- * compute on zeros and are not stored */
-LOWP_FN static inline __m512 load_tail(int f16, const uint16_t *p, int64_t k)
-{
-    uint16_t t[16] = {0};
-    memcpy(t, p, sizeof(uint16_t) * (size_t)k);
-    return load16(f16, t);
-}
-
-LOWP_FN static inline void store_tail(int f16, uint16_t *p, __m512 v, int64_t k)
-{
-    uint16_t t[16];
-    store16(f16, t, v);
-    memcpy(p, t, sizeof(uint16_t) * (size_t)k);
-}
+int cpu_lowp_usable(mp_kctx *cx, mp_dtype dt) { return usable(cx, dt); }
 
 /* ---- unary ------------------------------------------------------------- */
 
@@ -432,92 +394,9 @@ int cpu_lowp_add_serial(mp_kctx *cx, mp_dtype dt, void *out, const void *a, cons
     return 1;
 }
 
-/* ---- batch norm's outputs ----------------------------------------------- */
-
-/* cpu_batch_norm.c's affine() and grad_piece() with the rounding into dt in
- * the same registers: the same f32 operations in the same order (no FMA: the
- * kernels build with -ffp-contract=off), so the same bits as the f32 block
- * that cpu_store would round */
-LOWP_INLINE void affine_run(int f16, uint16_t *o, const float *x, int64_t n, float a, float b)
-{
-    __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b);
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) store16(f16, o + j, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + j), va), vb));
-    if (j < n) {
-        float t[16] = {0};
-        memcpy(t, x + j, sizeof(float) * (size_t)(n - j));
-        store_tail(f16, o + j, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(t), va), vb), n - j);
-    }
-}
-
-LOWP_INLINE __m512 bn_grad16(__m512 g, __m512 x, __m512 a, __m512 b, __m512 k, __m512 m)
-{
-    return _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(a, g), b), _mm512_mul_ps(k, _mm512_sub_ps(x, m)));
-}
-
-LOWP_INLINE void bn_grad_run(int f16, uint16_t *o, const float *g, const float *x, int64_t n, float a, float b,
-                             float k, float m)
-{
-    __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vk = _mm512_set1_ps(k), vm = _mm512_set1_ps(m);
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16)
-        store16(f16, o + j, bn_grad16(_mm512_loadu_ps(g + j), _mm512_loadu_ps(x + j), va, vb, vk, vm));
-    if (j < n) {
-        float tg[16] = {0}, tx[16] = {0};
-        memcpy(tg, g + j, sizeof(float) * (size_t)(n - j));
-        memcpy(tx, x + j, sizeof(float) * (size_t)(n - j));
-        store_tail(f16, o + j, bn_grad16(_mm512_loadu_ps(tg), _mm512_loadu_ps(tx), va, vb, vk, vm), n - j);
-    }
-}
-
-LOWP_FN static void affine_bf16(uint16_t *o, const float *x, int64_t n, float a, float b)
-{
-    affine_run(0, o, x, n, a, b);
-}
-LOWP_FN static void affine_f16(uint16_t *o, const float *x, int64_t n, float a, float b)
-{
-    affine_run(1, o, x, n, a, b);
-}
-LOWP_FN static void bn_grad_bf16(uint16_t *o, const float *g, const float *x, int64_t n, float a, float b, float k,
-                                 float m)
-{
-    bn_grad_run(0, o, g, x, n, a, b, k, m);
-}
-LOWP_FN static void bn_grad_f16(uint16_t *o, const float *g, const float *x, int64_t n, float a, float b, float k,
-                                float m)
-{
-    bn_grad_run(1, o, g, x, n, a, b, k, m);
-}
-
-int cpu_lowp_affine_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *x, int64_t n, float a,
-                          float b)
-{
-    if (!usable(cx, dt)) return 0;
-    (dt == MP_F16 ? affine_f16 : affine_bf16)((uint16_t *)dst + off, x, n, a, b);
-    return 1;
-}
-
-int cpu_lowp_bn_grad_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *g, const float *x,
-                           int64_t n, float a, float b, float k, float m)
-{
-    if (!usable(cx, dt)) return 0;
-    (dt == MP_F16 ? bn_grad_f16 : bn_grad_bf16)((uint16_t *)dst + off, g, x, n, a, b, k, m);
-    return 1;
-}
-
 #else   /* no AVX-512 intrinsics: every op takes the general path */
 
-int cpu_lowp_affine_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *x, int64_t n, float a,
-                          float b)
-{
-    return 0;
-}
-
-int cpu_lowp_bn_grad_store(mp_kctx *cx, mp_dtype dt, void *dst, int64_t off, const float *g, const float *x,
-                           int64_t n, float a, float b, float k, float m)
-{
-    return 0;
-}
+int cpu_lowp_usable(mp_kctx *cx, mp_dtype dt) { return 0; }
 
 
 int cpu_unary_lowp(mp_kctx *cx, mp_unop op, mp_dtype dt, void *out, const void *a, int64_t n, double p)

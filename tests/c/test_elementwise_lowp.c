@@ -18,10 +18,12 @@
  *   widened in registers (cpu_binary_mixed) against the cast then cpu_binary's
  *   f32 op: every low pattern against random and special f32 values, tails,
  *   2 threads.
- * - cpu_batch_norm.c's channels widened once into scratch, y and the gradient
- *   rounded in registers, against the same kernel widening block by block and
+ * - cpu_batch_norm.c's passes reading the 16-bit runs and widening in
+ *   registers (cpu_batch_norm_lowp.c), and its channels widened once into
+ *   scratch, each against the same kernel widening block by block and
  *   rounding through cpu_store (both switched off): y, the
  *   statistics, the running statistics and every gradient, bf16 and f16,
+ *   values with -0, inf and NaN among them,
  *   training and not, several shapes (runs shorter and longer than a block,
  *   ResNet-sized channels, a channel too large for the scratch), and the same
  *   bits on 1 and 2 threads. The numbers are the same sums over the same
@@ -423,11 +425,13 @@ static void bn_free(bn_out *o)
 }
 
 static void bn_run(bn_out *o, mp_dtype dt, const uint16_t *x, const uint16_t *gy, const float *w, const float *b,
-                   int64_t n, int64_t c, int64_t hw, int training, int wide, int threads)
+                   int64_t n, int64_t c, int64_t hw, int training, int wide, int direct, int threads)
 {
     mp_kctx *cx = mp_cpu_backend.ctx;
-    /* the reference: widened block by block, y and gx rounded by cpu_store */
-    int nt = omp_get_max_threads(), was = cpu_batch_norm_wide_enable(wide), fused = cpu_lowp_fused_enable(wide);
+    /* wide 0, direct 0 (the reference): widened block by block, y and gx
+     * rounded by cpu_store; wide 1: each channel widened once into scratch;
+     * direct 1: every pass widening in registers (cpu_batch_norm_lowp.c) */
+    int nt = omp_get_max_threads(), was = cpu_batch_norm_wide_enable(wide), fused = cpu_lowp_fused_enable(direct);
     omp_set_num_threads(threads);
     cr_assert_eq(cpu_batch_norm(cx, dt, o->y, o->mean, o->rstd, o->rm, o->rv, x, w, b, n, c, hw, training, 0.1f,
                                 1e-5f), 0);
@@ -435,6 +439,15 @@ static void bn_run(bn_out *o, mp_dtype dt, const uint16_t *x, const uint16_t *gy
                  0);
     omp_set_num_threads(nt);
     cpu_batch_norm_wide_enable(was), cpu_lowp_fused_enable(fused);
+}
+
+/* 1 where batch norm's passes widen in registers (cpu_batch_norm_lowp.c): they
+ * must wherever the processor has the instructions */
+static int bn_direct_runs(mp_dtype dt)
+{
+    int runs = cpu_lowp_bn(mp_cpu_backend.ctx, dt) != NULL;
+    cr_assert_eq(runs, mp_cpu_has_avx512bw() && (dt == MP_BF16 || mp_cpu_has_avx512_f16c()));
+    return runs;
 }
 
 static void bn_same(const bn_out *p, const bn_out *q, int64_t total, int64_t c, const char *what)
@@ -472,13 +485,25 @@ Test(batch_norm_lowp, widened_once_same_bits)
                 x[i] = dt == MP_F16 ? mp_f32_to_f16(v) : mp_f32_to_bf16(v);
                 gy[i] = dt == MP_F16 ? mp_f32_to_f16(g) : mp_f32_to_bf16(g);
             }
+            if (c >= 4) {
+                /* image 0: -0 and +inf in channel 1's x (an infinite mean, NaN
+                 * statistics), one NaN in channel 2's x, +inf and -0 in
+                 * channel 3's gradient */
+                int f = dt == MP_F16;
+                x[hw] = 0x8000, x[hw + 1] = f ? 0x7c00 : 0x7f80;
+                x[2 * hw + hw / 2] = f ? 0x7e01 : 0x7fc1;
+                gy[3 * hw + 2] = f ? 0x7c00 : 0x7f80, gy[3 * hw + 3] = 0x8000;
+            }
             for (int64_t i = 0; i < c; i++) w[i] = 0.5f + 0.25f * (float)i, b[i] = -0.125f * (float)i;
             for (int training = 0; training < 2; training++) {
-                bn_out ref, once, two;
+                bn_out ref, once, two, reg, reg2;
                 bn_alloc(&ref, total, c), bn_alloc(&once, total, c), bn_alloc(&two, total, c);
-                bn_run(&ref, dt, x, gy, w, b, n, c, hw, training, 0, 1);
-                bn_run(&once, dt, x, gy, w, b, n, c, hw, training, 1, 1);
-                bn_run(&two, dt, x, gy, w, b, n, c, hw, training, 1, 2);
+                bn_alloc(&reg, total, c), bn_alloc(&reg2, total, c);
+                bn_run(&ref, dt, x, gy, w, b, n, c, hw, training, 0, 0, 1);
+                bn_run(&once, dt, x, gy, w, b, n, c, hw, training, 1, 0, 1);
+                bn_run(&two, dt, x, gy, w, b, n, c, hw, training, 1, 0, 2);
+                bn_run(&reg, dt, x, gy, w, b, n, c, hw, training, 1, 1, 1);
+                bn_run(&reg2, dt, x, gy, w, b, n, c, hw, training, 0, 1, 2);
                 char what[96];
                 snprintf(what, sizeof what, "%s %ldx%ldx%ld training %d, widened once", dn(dt), (long)n, (long)c,
                          (long)hw, training);
@@ -486,7 +511,15 @@ Test(batch_norm_lowp, widened_once_same_bits)
                 snprintf(what, sizeof what, "%s %ldx%ldx%ld training %d, 2 threads", dn(dt), (long)n, (long)c,
                          (long)hw, training);
                 bn_same(&two, &ref, total, c, what);
-                bn_free(&ref), bn_free(&once), bn_free(&two);
+                if (bn_direct_runs(dt)) {
+                    snprintf(what, sizeof what, "%s %ldx%ldx%ld training %d, in registers", dn(dt), (long)n, (long)c,
+                             (long)hw, training);
+                    bn_same(&reg, &ref, total, c, what);
+                    snprintf(what, sizeof what, "%s %ldx%ldx%ld training %d, in registers, 2 threads", dn(dt),
+                             (long)n, (long)c, (long)hw, training);
+                    bn_same(&reg2, &ref, total, c, what);
+                }
+                bn_free(&ref), bn_free(&once), bn_free(&two), bn_free(&reg), bn_free(&reg2);
             }
             free(x), free(gy), free(w), free(b);
         }
