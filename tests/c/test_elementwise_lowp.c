@@ -573,11 +573,18 @@ Test(batch_norm_lowp, act_is_the_three_kernels)
             float *xf = malloc(4 * (size_t)total), *zf = malloc(4 * (size_t)total);
             float *w = malloc(4 * (size_t)c), *b = malloc(4 * (size_t)c);
             for (int64_t i = 0; i < c; i++) w[i] = 0.5f + 0.25f * (float)i, b[i] = i == 1 ? 0.375f : -0.125f * (float)i;
+            /* channel 2: weight 0, bias -0, a positive mean: y is +0 or -0
+             * (x < 0), the sum with a -0 of z -0, and the ReLU must keep it;
+             * channel 3: weight 0, bias -1e-9: y rounds to -0 in f16 before
+             * the ReLU sees it */
+            if (c > 2) w[2] = 0.0f, b[2] = -0.0f;
+            if (c > 3) w[3] = 0.0f, b[3] = -1e-9f;
             for (int64_t i = 0; i < total; i++) {
                 int64_t ch = (i / hw) % c;
                 int r = rand_r(&seed) % 20001 - 10000;
-                xf[i] = ch == 1 ? 0.75f : r % 5 == 0 ? 0.0f : (float)r / 3000.0f;   /* channel 1 constant: bn gives b */
-                zf[i] = ch == 1 ? -b[1] : r % 7 == 0 ? 0.0f : (float)(rand_r(&seed) % 2001 - 1000) / 700.0f;
+                xf[i] = ch == 1 ? 0.75f : ch == 2 ? (float)r / 3000.0f + 2.0f : r % 5 == 0 ? 0.0f : (float)r / 3000.0f;
+                float zr = (float)(rand_r(&seed) % 2001 - 1000) / 700.0f;
+                zf[i] = ch == 1 ? -b[1] : ch == 2 && r % 3 == 0 ? -0.0f : r % 7 == 0 ? 0.0f : zr;
             }
             zf[0] = -INFINITY, zf[1] = INFINITY, zf[2] = NAN, zf[3] = -NAN, zf[4] = -0.0f, zf[5] = 1e-30f;
             zf[6] = -1e-30f;   /* underflows to -0 in f16 (bf16: a subnormal) unless the sum is larger */
