@@ -108,21 +108,24 @@ static inline const float *wpiece(mp_dtype dt, const void *src, const float *wid
                 (off = (i_ * (c) + (ch)) * (hw) + e_), (wo = i_ * (hw) + e_), 1)
 
 /* The first pass over a channel reads it from memory run by run, each run
- * (hw values) a stride of c hw from the last. Where the 16-bit passes read the
- * runs themselves (cpu_batch_norm_lowp.c), a ResNet's runs are 0.1-2 KB, too
- * short for the hardware's stream prefetch to start before each is over: the
- * first pass asks for the next run's piece (its first RUN_AHEAD bytes) before
- * summing this one's (step c hw, total n c hw values). On a 1-thread bf16 wide
- * ResNet step the first passes' samples fell by a sixth (805 -> 675, the
- * asking included). f32 runs (4 KB there) measured no gain (their sums are bound by
- * the f64 adds), so they go without. */
-#define RUN_AHEAD 4096
+ * (hw values) a stride of c hw from the last: a ResNet's runs are 0.1-4 KB,
+ * too short for the hardware's stream prefetch to get going before each is
+ * over, so that pass waited on memory at each run's start. It asks for the
+ * start of the next run's piece before summing this one's (step c hw, total
+ * n c hw values): the first KB of an f32 run, enough for the hardware to go
+ * on from (the whole run, 4 KB in the wide ResNet's first stage, cost more
+ * requests than it saved), the whole piece of a 16-bit run (at most 2 KB,
+ * read by cpu_batch_norm_lowp.c's passes). 1-thread wide ResNet steps, perf
+ * samples of the first passes and their loops: f32 456 -> 415 and 458 -> 422
+ * (two more pairs of runs on a noisier machine: 510 -> 472, 466 -> 459), bf16
+ * 805 -> 675. A channel widened into scratch reads its runs in widen_channel, not
+ * here, and goes without. */
 static inline void fetch_next_run(mp_dtype dt, const void *src, int64_t off, int64_t len, int64_t step, int64_t total)
 {
     if (off + step >= total) return;
-    size_t es = mp_dtype_size(dt), bytes = (size_t)len * es;
+    size_t es = mp_dtype_size(dt), bytes = (size_t)len * es, ahead = dt == MP_F32 ? 1024 : 4096;
     const char *p = (const char *)src + (size_t)(off + step) * es;
-    for (size_t o = 0; o < bytes && o < RUN_AHEAD; o += 64) __builtin_prefetch(p + o);
+    for (size_t o = 0; o < bytes && o < ahead; o += 64) __builtin_prefetch(p + o);
 }
 
 /* A low-precision channel of at most this many values is widened once (the
@@ -244,7 +247,7 @@ static int bn_forward(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rst
         if (training) {
             double s = 0, q = 0;
             FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
-                if (lp) fetch_next_run(dt, x, off, len, c * hw, n * c * hw);
+                if (!wx) fetch_next_run(dt, x, off, len, c * hw, n * c * hw);
                 s += lp ? lp->sum(x16 + off, len) : bn_sum(wpiece(dt, x, wx, off, wo, len, buf), len);
             }
             mu = count ? s / (double)count : 0;
@@ -313,9 +316,11 @@ int cpu_batch_norm_grad(mp_kctx *cx, mp_dtype dt, void *gx, float *gw, float *gb
         double sg = 0, sgd = 0;   /* sum gy, sum gy (x - mean) */
         if (wg) widen_channel(dt, gy, wg, n, c, hw, ch), widen_channel(dt, x, wx, n, c, hw, ch);
         FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
-            if (lp) {
+            if (!wg) {
                 fetch_next_run(dt, gy, off, len, c * hw, n * c * hw);
                 fetch_next_run(dt, x, off, len, c * hw, n * c * hw);
+            }
+            if (lp) {
                 lp->sum_dot_dev(g16 + off, x16 + off, len, m, &sg, &sgd);
                 continue;
             }
