@@ -117,9 +117,9 @@ static inline const float *wpiece(mp_dtype dt, const void *src, const float *wid
  * requests than it saved), the whole piece of a 16-bit run (at most 2 KB,
  * read by cpu_batch_norm_lowp.c's passes). 1-thread wide ResNet steps, perf
  * samples of the first passes and their loops: f32 456 -> 415 and 458 -> 422
- * (two more pairs of runs on a noisier machine: 510 -> 472, 466 -> 459), bf16
- * 805 -> 675. A channel widened into scratch reads its runs in widen_channel, not
- * here, and goes without. */
+ * (two more pairs of runs on a noisier machine: 510 -> 472, 466 -> 459),
+ * bf16 805 -> 675. A channel widened into scratch reads its runs in
+ * widen_channel, not here, and goes without. */
 static inline void fetch_next_run(mp_dtype dt, const void *src, int64_t off, int64_t len, int64_t step, int64_t total)
 {
     if (off + step >= total) return;

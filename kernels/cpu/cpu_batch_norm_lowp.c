@@ -1,11 +1,11 @@
 /*
  * cpu_batch_norm_lowp.c: batch norm's passes over f16/bf16 runs with the
  * values widened in AVX-512 registers as they are read, and the outputs
- * rounded in the registers that computed them (cpu_batch_norm.c calls these
- * through cpu_lowp_bn(), where cpu_lowp_usable() says so). Before, each channel was first widened
- * into an f32 copy in scratch and every pass read that: on a bf16 wide ResNet
- * step at 2 threads the widening alone (bf16_to_f32) was 3.4% of the samples,
- * more than any of the passes that read its copy.
+ * rounded in the registers that computed them. cpu_batch_norm.c calls them
+ * through cpu_lowp_bn(), where cpu_lowp_usable() says they run. Before, each
+ * channel was first widened into an f32 copy in scratch and every pass read
+ * that: on a bf16 wide ResNet step at 2 threads the widening alone
+ * (bf16_to_f32) was 3.4% of the samples, more than any pass that read it.
  *
  * Same bits as the widened path, value for value: widening is exact, so
  * each sum adds the same f64 terms in the same order, and each output is the
@@ -22,8 +22,8 @@
 
 #ifdef MP_HAVE_AVX512_CONVERT
 
-/* 32 values (lanes 0..31) as four registers of f64 lanes, each value first
- * reduced by op in f32: none, or - m (cpu_batch_norm.c's difference in f32) */
+/* 32 f32 values (lo: lanes 0..15, hi: 16..31) as four registers of f64
+ * lanes, exactly */
 LOWP_INLINE void lanes32(__m512 lo, __m512 hi, __m512d d[4])
 {
     d[0] = _mm512_cvtps_pd(_mm512_castps512_ps256(lo));
@@ -113,7 +113,7 @@ LOWP_INLINE void affine_run(int f16, uint16_t *y, const uint16_t *x, int64_t n, 
 }
 
 /* gx = a g + b + k (x - m), rounded into dt */
-LOWP_INLINE __m512 grad16(__m512 g, __m512 x, __m512 a, __m512 b, __m512 k, __m512 m)
+LOWP_INLINE __m512 bn_grad16(__m512 g, __m512 x, __m512 a, __m512 b, __m512 k, __m512 m)
 {
     return _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(a, g), b), _mm512_mul_ps(k, _mm512_sub_ps(x, m)));
 }
@@ -123,10 +123,11 @@ LOWP_INLINE void grad_run(int f16, uint16_t *gx, const uint16_t *g, const uint16
 {
     __m512 va = _mm512_set1_ps(a), vb = _mm512_set1_ps(b), vk = _mm512_set1_ps(k), vm = _mm512_set1_ps(m);
     int64_t j = 0;
-    for (; j + 16 <= n; j += 16) store16(f16, gx + j, grad16(load16(f16, g + j), load16(f16, x + j), va, vb, vk, vm));
+    for (; j + 16 <= n; j += 16)
+        store16(f16, gx + j, bn_grad16(load16(f16, g + j), load16(f16, x + j), va, vb, vk, vm));
     if (j < n)
-        store_tail(f16, gx + j, grad16(load_tail(f16, g + j, n - j), load_tail(f16, x + j, n - j), va, vb, vk, vm),
-                   n - j);
+        store_tail(f16, gx + j,
+                   bn_grad16(load_tail(f16, g + j, n - j), load_tail(f16, x + j, n - j), va, vb, vk, vm), n - j);
 }
 
 /* one copy of each per dtype, the dtype a constant inside */
