@@ -195,8 +195,7 @@ static mp_tensor *matmul_fwd(mp_op_ctx *c)
         if (r == -1) return mp_fail(MP_EOOM, "out of memory"), NULL;
         return mp_fail(MP_EINVAL, "the %s backend cannot compute this product (%s; k = %lld)", mp_device_name(a->dev),
                        g->acc_bits ? "the modelled accumulator runs on the cpu only"
-                                   : "its FP8 GEMM declined: two e5m2 operands, k not a multiple of 16, or no FP8 "
-                                     "tensor cores",
+                                   : "its FP8 GEMM takes m, n and k below 2^31",
                        (long long)k), NULL;
     }
     return o;

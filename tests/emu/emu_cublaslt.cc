@@ -55,7 +55,8 @@
  *
  * FP8 (e4m3 / e5m2 A and B): the manual's rules for sm_89 / sm_90 are checked
  * (check_fp8: the TN form only, not two e5m2, leading dimensions of 16, f32 /
- * bf16 / f16 C = D), the A and B scale pointers and AMAX_D are honoured, and
+ * bf16 / f16 C = D whose rows and leading dimension span multiples of 16
+ * bytes), the A and B scale pointers and AMAX_D are honoured, and
  * the product is the CPU's FP8 GEMM (run_fp8), FAST_ACCUM answered with its
  * modelled 14-bit accumulator.
  */
@@ -184,7 +185,9 @@ struct problem {
 /* the manual's FP8 rules (sm_89 / sm_90): A and B FP8, not both e5m2, the TN
  * form only (TRANSA T, TRANSB N), leading dimensions of A and B multiples of
  * 16 bytes, f32 compute and scale, C and D f32 / bf16 / f16 of one type (FP8
- * D, beta != 0 with FP8 and the other epilogues are not emulated) */
+ * D, beta != 0 with FP8 and the other epilogues are not emulated), and every
+ * matrix 16-byte aligned, D's rows and leading dimension included (what an
+ * H200 did: 136 rows of f32 or bf16 ran, 5 or 130 rows of f32 were declined) */
 cublasStatus_t check_fp8(const char *call, const desc *op, const layout *A, const layout *B, const layout *C,
                          const layout *D, problem *p)
 {
@@ -203,6 +206,9 @@ cublasStatus_t check_fp8(const char *call, const desc *op, const layout *A, cons
     if (!type_ok(D->type) || C->type != D->type)
         return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8: C %d and D %d must be one of f32, bf16, f16 (FP8 D is not "
                    "emulated)", (int)C->type, (int)D->type);
+    if ((D->rows * elem_size(D->type)) % 16 || ((uint64_t)D->ld * elem_size(D->type)) % 16)
+        return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8: D's %llu rows and leading dimension %lld of type %d must "
+                   "span multiples of 16 bytes", (unsigned long long)D->rows, (long long)D->ld, (int)D->type);
     if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT)
         return bad(CUBLAS_STATUS_NOT_SUPPORTED, call, "FP8: epilogue %u is not emulated", op->epilogue);
     if (op->scale_d)

@@ -1706,11 +1706,19 @@ static void cases_fp8(void)
 /* Scaled FP8 (kernels/fp8_scaled.h): the quantizer's codes, scales and
  * statistics words byte for byte (both backends take the same f32 steps and
  * kernels/fp8.h's conversion), for both formats and every granularity; and
- * the GEMM of the CPU's quantized operands, f32 sums in another order (f32
- * C: nmse 1e-10; bf16 C: one ulp; MX: the CUDA side's own bf16 decoding and
- * cuBLAS bf16 GEMM against the CPU's), and the fast accumulation (the emulated
- * cuBLASLt answers it with the CPU's 14-bit model: the same bits there; a GPU's
- * own accumulator within nmse 1e-4). */
+ * the GEMM of the CPU's quantized operands against the CPU's f32 sums. The
+ * tensor and tile/block cases run on the device's FP8 tensor cores, whose sums
+ * are not f32 even in cuBLASLt's precise mode (FAST_ACCUM 0: partial sums are
+ * promoted to f32, but each tensor-core step adds its products with fewer
+ * bits): an H200 gave nmse 1.16e-8 (tensor scales) and 1.21e-8 (1x128 by
+ * 128x128) on these shapes, an rms error of about 2^-13 of the outputs, and a
+ * bf16 C 2 ulps from the CPU's where an output cancels towards zero. So f32 C:
+ * nmse 1e-6 (a wrong scale, chunk or layout gives 0.1 and more); bf16 C: nmse
+ * 1e-5, no ulp test. The emulated device sums in f32, and test_fp8_cuda.c holds
+ * it to the f32 bound element by element. MX: the CUDA side's own bf16 decoding
+ * and cuBLAS bf16 GEMM (f32 sums in another order: nmse 1e-10, one bf16 ulp).
+ * The fast accumulation: the emulated cuBLASLt answers it with the CPU's 14-bit
+ * model (the same bits there: test_fp8_cuda.c); a GPU's own within nmse 1e-4. */
 static void cases_fp8_scaled(void)
 {
     static const struct { mp_fp8_gran g; const char *name; } G[] = {
@@ -1754,8 +1762,9 @@ static void cases_fp8_scaled(void)
         REF->fp8_gemm(REF->ctx, m, n, kk, &ra, &rb, 0, 0, MP_FP8_ACC_NEAREST, P[pi].fast, P[pi].out, c.ref[o]);
         if (DUT->fp8_gemm(DUT->ctx, m, n, kk, &da, &db, 0, 0, MP_FP8_ACC_NEAREST, P[pi].fast, P[pi].out, c.dev[o]))
             c.rc_fail = "fp8_gemm";
-        c.bound = P[pi].fast ? 1e-4 : P[pi].out == MP_F32 ? 1e-10 : 1e-5;
-        c.max_ulps = P[pi].out == MP_BF16 ? 1 : 0;
+        const int mx = P[pi].ga == MP_FP8_MX;   /* f32 sums of exact bf16 products; the others: tensor cores */
+        c.bound = P[pi].fast ? 1e-4 : P[pi].out == MP_BF16 ? 1e-5 : mx ? 1e-10 : 1e-6;
+        c.max_ulps = mx && P[pi].out == MP_BF16 ? 1 : 0;
         finish(&c);
     }
 }
