@@ -19,21 +19,29 @@
 #           which comes back)
 #
 # Steps, most informative first, each under its own timeout and all of them
-# under one budget (MP_GPU_CHECK_BUDGET, 290 s):
+# under one budget (MP_GPU_CHECK_BUDGET, 360 s):
 #   nvidia-smi, cuda-load (the backend loads, or why not; one op round trip),
 #   parity (CUDA against the CPU, op by op), then compute-sanitizer where the
 #   machine has it: memcheck over every parity case, racecheck (shared memory
-#   hazards) and synccheck (barriers and warp operations misused) over the cases
-#   of the kernels with shared memory and barriers; lua-cuda (the Lua specs with
-#   MP_DEVICE=cuda, TAP: one line per test even when killed; the specs that only
-#   start CPU child processes are CI's), nccl-one (mp.dist's NCCL path with one
-#   rank: the collectives on every dtype, and a data-parallel f16 step without a
-#   host read; multi-GPU runs need a machine with more than one GPU), bench-gpu,
+#   hazards; scripts/gpu_racecheck.sh sorts them into mpengine's kernels and
+#   NVIDIA's libraries') and synccheck (barriers and warp operations misused)
+#   over the cases of the kernels with shared memory and barriers; lua-cuda
+#   (the Lua specs with MP_DEVICE=cuda, scripts/gpu_specs.sh: one busted run
+#   per file, the device's files first, as many as fit in MP_GPU_CHECK_SPECS
+#   seconds (200), the others named; TAP: one line per test even when killed;
+#   the specs that only start CPU child processes are CI's), nccl-one (mp.dist's
+#   NCCL path with one rank: the collectives on every dtype, and a data-parallel
+#   f16 step without a host read; multi-GPU runs need a machine with more than
+#   one GPU), bench-gpu,
 #   bench-gpt (GPT-2 small at batch 4, 3 steps, eager PyTorch only: a size that
 #   fits what is left of the budget; `make bench-gpu` runs the whole table).
 # Each step writes $OUT/<step>.txt (default: build/gpu-results) beginning with
 # the command it ran; $OUT/summary.txt gets one line per step as it ends:
 #   step, rc, seconds, passed/failed/skipped, the first failure's text.
+# MP_GPU_CHECK_SKIP="STEP ...": leaves those steps out (a rerun that needs only
+# some of them, in what is left of a lease). MP_GPU_CHECK_NCU=1 adds a last
+# step, ncu-attention: Nsight Compute's speed-of-light, launch and occupancy
+# sections for the first attention kernels of bench_gpu.lua's attention row.
 # Exit status: 0 when every step passed (or there is no GPU), else 1.
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -41,7 +49,8 @@ OUT=${OUT:-$ROOT/build/gpu-results}   # under build/: git-ignored
 case "$OUT" in /*) ;; *) OUT=$ROOT/$OUT ;; esac
 mkdir -p "$OUT" || exit 1
 G=$ROOT/gpu-libs
-BUDGET=${MP_GPU_CHECK_BUDGET:-290}
+BUDGET=${MP_GPU_CHECK_BUDGET:-360}
+SPECS_S=${MP_GPU_CHECK_SPECS:-200}
 START=$(date +%s)
 : >"$OUT/summary.txt"
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
@@ -151,8 +160,10 @@ counts() {
     criterion) grep -a 'Synthesis:' "$2" | tail -n 1 |
       sed -n 's/.*Passing: \([0-9]*\).*Failing: \([0-9]*\).*Crashing: \([0-9]*\).*/\1 \2 \3/p' |
       awk '{ printf "%d passed, %d failed, 0 skipped\n", $1, $2 + $3 }' ;;
-    tap) awk '/^ok [0-9]+ - # SKIP/ { s++; next } /^ok [0-9]/ { p++ } /^not ok [0-9]/ { f++ }
-              END { if (p + f + s) printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$2" ;;
+    tap) { awk '/^ok [0-9]+ - # SKIP/ { s++; next } /^ok [0-9]/ { p++ } /^not ok [0-9]/ { f++ }
+                END { if (p + f + s) printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$2"
+           grep -a '^# lua-cuda: ' "$2" | tail -n 1 | sed 's/^# lua-cuda: /; /'; } | tr -d '\n' ;;
+    racecheck) grep -a '^racecheck: ' "$2" | tail -n 1 | sed 's/^racecheck: //' ;;
     memcheck) grep -a -E 'ERROR SUMMARY:|RACECHECK SUMMARY:' "$2" | tail -n 1 | sed 's/^=* *//' ;;
     bench) awk '/^== bench-gpu table/ { t = 1 } t && / met$/ { m++ } t && / MISSED$/ { x++ }
                 END { if (t) printf "%d targets met, %d missed\n", m, x }' "$2" ;;
@@ -166,7 +177,9 @@ first_failure() {
     parity) grep -a -m 1 -E '^FAIL |^parity: the device is lost' "$2" ;;
     criterion) grep -a -m 1 -E '\[FAIL\]|Assertion Failed|CRASH|[Ss]ignal' "$2" ;;
     tap) awk '/^not ok/ { if (!f) { f = $0; want = 1; next } } want && /^# Failure message:/ { print f " | " $0; done = 1; exit }
-              END { if (f && !done) print f }' "$2" ;;
+              /^# spec .*: rc [1-9]/ && !crash { crash = $0 }
+              END { if (f && !done) print f; else if (!f && crash) print crash }' "$2" ;;
+    racecheck) grep -a -m 1 -E '^racecheck: ' "$2" ;;
     memcheck) grep -a -m 1 -E 'Invalid|Error:|error' "$2" | grep -v 'ERROR SUMMARY: 0 errors' ;;
     *) grep -a -m 1 -iE 'error|fail|!!' "$2" ;;
   esac
@@ -177,6 +190,9 @@ failed=0
 step() {
   name=$1 kind=$2 secs=$(($3 * SLOW))
   shift 3
+  case " ${MP_GPU_CHECK_SKIP:-} " in
+    *" $name "*) say "$(printf '%-16s skipped: MP_GPU_CHECK_SKIP' "$name")"; return ;;
+  esac
   left=$((BUDGET - ($(date +%s) - START)))
   if [ "$left" -lt 10 ]; then
     say "$(printf '%-16s skipped: the %ss budget is spent' "$name" "$BUDGET")"
@@ -228,8 +244,7 @@ step parity parity 60 "$B/tests/parity"
 SHARED_CASES="reduce sum,reduce argmax,softmax,layer_norm,cross_entropy,attention,telemetry,topk,batch_norm,conv2d"
 if [ -n "$SANITIZER" ] && [ -n "$HAVE_GPU" ]; then
   step parity-memcheck memcheck 75 "$SANITIZER" --tool memcheck --error-exitcode 3 --print-limit 20 "$B/tests/parity"
-  step parity-racecheck memcheck 45 "$SANITIZER" --tool racecheck --error-exitcode 3 --print-limit 20 \
-    "$B/tests/parity" --only "$SHARED_CASES"
+  step parity-racecheck racecheck 45 sh scripts/gpu_racecheck.sh "$SANITIZER" "$B/tests/parity" --only "$SHARED_CASES"
   step parity-synccheck memcheck 30 "$SANITIZER" --tool synccheck --error-exitcode 3 --print-limit 20 \
     "$B/tests/parity" --only "$SHARED_CASES"
 else
@@ -239,9 +254,11 @@ else
     skip parity-$tool "$why" compute-sanitizer --tool $tool "$B/tests/parity"
   done
 fi
-step lua-cuda tap 120 env MP_DEVICE=cuda "$LUA" "$U/bin/busted" -o TAP -v --no-auto-insulate \
-  --exclude-pattern=amp_scripts_spec --exclude-pattern=train_spec --exclude-pattern=cli_spec \
-  --exclude-pattern=repl_spec --exclude-pattern=thread_bits_spec tests/lua
+# the specs that fit in SPECS_S seconds (x SLOW) of what is left, the device's first
+specs_s=$((SPECS_S * SLOW))
+left=$((BUDGET - ($(date +%s) - START) - 15))
+[ "$specs_s" -gt "$left" ] && specs_s=$left
+step lua-cuda tap $(((specs_s + 15) / SLOW + 1)) sh scripts/gpu_specs.sh "$specs_s"
 # NCCL with one rank (no mpirun there: a world of one whose device collectives
 # still go through NCCL)
 step nccl-one first 60 env MP_DEVICE=cuda sh -c \
@@ -254,7 +271,19 @@ step bench-gpu bench 150 env BUILD="$B" MP_BENCH_GPT=0 sh scripts/bench/gpu/run.
 # the GPT-2-small rows last, at a size that fits what is left of the budget
 step bench-gpt bench 120 env BUILD="$B" MP_BENCH_GPT=only MP_BENCH_GPT_BATCH=4 MP_BENCH_GPT_STEPS=1,3,1 \
   MP_BENCH_GPT_COMPILED=0 sh scripts/bench/gpu/run.sh
-say "== gpu_check done in $(($(date +%s) - START))s: $([ "$failed" = 0 ] && echo "all steps passed" || echo "SOME STEPS FAILED (see the files in $OUT)")"
+if [ -n "${MP_GPU_CHECK_NCU:-}" ] && [ -n "$HAVE_GPU" ]; then
+  NCU=$(command -v ncu 2>/dev/null)
+  for c in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do [ -z "$NCU" ] && [ -x "$c" ] && NCU=$c; done
+  if [ -n "$NCU" ]; then
+    step ncu-attention first 120 "$NCU" --clock-control none --section SpeedOfLight --section LaunchStats \
+      --section Occupancy -k 'regex:flash|attention' --launch-count 8 "$B/mpengine" scripts/bench/gpu/bench_gpu.lua attention
+  else
+    skip ncu-attention "no ncu on this machine" ncu
+  fi
+fi
+partial=$(grep -a '^# lua-cuda: ' "$OUT/lua-cuda.txt" 2>/dev/null | grep -v ' 0 cut off by the time limit, 0 not reached' |
+          sed 's/^# lua-cuda: /; lua-cuda: only /')
+say "== gpu_check done in $(($(date +%s) - START))s: $([ "$failed" = 0 ] && echo "all steps passed" || echo "SOME STEPS FAILED (see the files in $OUT)")$partial"
 echo
 for f in "$OUT/bench-gpu.txt" "$OUT/bench-gpt.txt"; do sed -n '/^== bench-gpu table/,$p' "$f" 2>/dev/null; done
 exit "$failed"
