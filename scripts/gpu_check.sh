@@ -39,9 +39,11 @@
 # the command it ran; $OUT/summary.txt gets one line per step as it ends:
 #   step, rc, seconds, passed/failed/skipped, the first failure's text.
 # MP_GPU_CHECK_SKIP="STEP ...": leaves those steps out (a rerun that needs only
-# some of them, in what is left of a lease). MP_GPU_CHECK_NCU=1 adds a last
-# step, ncu-attention: Nsight Compute's speed-of-light, launch and occupancy
-# sections for the first attention kernels of bench_gpu.lua's attention row.
+# some of them, in what is left of a lease). MP_GPU_CHECK_NCU=1 adds two last
+# steps: ncu-attention, Nsight Compute's speed-of-light, launch and occupancy
+# sections for the first attention kernels of bench_gpu.lua's attention row;
+# ncu-cnn, every kernel's time (gpu__time_duration) over 300 launches of the
+# CNN row's steps after its first 300, summed per kernel.
 # Exit status: 0 when every step passed (or there is no GPU), else 1.
 cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
@@ -277,6 +279,8 @@ if [ -n "${MP_GPU_CHECK_NCU:-}" ] && [ -n "$HAVE_GPU" ]; then
   if [ -n "$NCU" ]; then
     step ncu-attention first 120 "$NCU" --clock-control none --section SpeedOfLight --section LaunchStats \
       --section Occupancy -k 'regex:flash|attention' --launch-count 8 "$B/mpengine" scripts/bench/gpu/bench_gpu.lua attention
+    step ncu-cnn first 120 "$NCU" --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+      --launch-skip 300 --launch-count 300 "$B/mpengine" scripts/bench/gpu/bench_gpu.lua cnn
   else
     skip ncu-attention "no ncu on this machine" ncu
   fi
