@@ -166,6 +166,7 @@ counts() {
                 END { if (p + f + s) printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$2"
            grep -a '^# lua-cuda: ' "$2" | tail -n 1 | sed 's/^# lua-cuda: /; /'; } | tr -d '\n' ;;
     racecheck) grep -a '^racecheck: ' "$2" | tail -n 1 | sed 's/^racecheck: //' ;;
+    ncu) printf '%d kernel launches profiled\n' "$(grep -a -c '^==PROF== Profiling' "$2")" ;;
     memcheck) grep -a -E 'ERROR SUMMARY:|RACECHECK SUMMARY:' "$2" | tail -n 1 | sed 's/^=* *//' ;;
     bench) awk '/^== bench-gpu table/ { t = 1 } t && / met$/ { m++ } t && / MISSED$/ { x++ }
                 END { if (t) printf "%d targets met, %d missed\n", m, x }' "$2" ;;
@@ -182,6 +183,7 @@ first_failure() {
               /^# spec .*: rc [1-9]/ && !crash { crash = $0 }
               END { if (f && !done) print f; else if (!f && crash) print crash }' "$2" ;;
     racecheck) grep -a -m 1 -E '^racecheck: ' "$2" ;;
+    ncu) grep -a -m 1 -E '^==ERROR==|rror' "$2" ;;
     memcheck) grep -a -m 1 -E 'Invalid|Error:|error' "$2" | grep -v 'ERROR SUMMARY: 0 errors' ;;
     *) grep -a -m 1 -iE 'error|fail|!!' "$2" ;;
   esac
@@ -277,9 +279,9 @@ if [ -n "${MP_GPU_CHECK_NCU:-}" ] && [ -n "$HAVE_GPU" ]; then
   NCU=$(command -v ncu 2>/dev/null)
   for c in /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do [ -z "$NCU" ] && [ -x "$c" ] && NCU=$c; done
   if [ -n "$NCU" ]; then
-    step ncu-attention first 120 "$NCU" --clock-control none --section SpeedOfLight --section LaunchStats \
+    step ncu-attention ncu 120 "$NCU" --clock-control none --section SpeedOfLight --section LaunchStats \
       --section Occupancy -k 'regex:flash|attention' --launch-count 8 "$B/mpengine" scripts/bench/gpu/bench_gpu.lua attention
-    step ncu-cnn first 120 "$NCU" --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
+    step ncu-cnn ncu 120 "$NCU" --clock-control none --metrics gpu__time_duration.sum --print-summary per-kernel \
       --launch-skip 300 --launch-count 300 "$B/mpengine" scripts/bench/gpu/bench_gpu.lua cnn
   else
     skip ncu-attention "no ncu on this machine" ncu
