@@ -41,7 +41,8 @@ void lt_set(lua_State *L, LTensor *u, mp_tensor *t, const char *name)
  * hands to Lua since the last full collection ("handed"), against a threshold
  * set at that collection:
  *   due = max(1 MiB, min(what the device held right after it,
- *                        64 x the Lua heap right after it))
+ *                        64 x the Lua heap right after it),
+ *             min(the Lua heap right after it, a quarter of the device's limit))
  * - at each optimizer step (the end of a training step, when that step's
  *   temporaries are garbage unless the script kept them), a full collection
  *   once handed reaches due;
@@ -52,9 +53,16 @@ void lt_set(lua_State *L, LTensor *u, mp_tensor *t, const char *name)
  * last collection. A collection traverses the Lua heap: the heap term makes
  * collections more frequent, and garbage smaller, where that heap is small
  * beside the device's bytes (a training script's: ~250 KB, 0.03 ms) at a cost
- * of one heap traversal per 64 bytes of tensors per byte of heap; a heap larger
- * than the device's bytes is traversed each time they are handed again, as
- * often as the incremental pacing before did. Because due is fixed between collections and a training step hands the same
+ * of one heap traversal per 64 bytes of tensors per byte of heap. The last
+ * term bounds the other way: a collection traverses the whole heap, so it
+ * comes at most once per (twice) the heap's bytes of tensors handed, as Lua's
+ * own pacing collects its objects when the heap has doubled. Without it a
+ * heap larger than what the device held was traversed every time those few
+ * bytes were handed again: a 44 MB heap (a vocabulary, a dataset's index in
+ * tables; busted's after 60 spec files) made a loop of 20,000 1 MiB tensors
+ * take 168 s instead of 0.8 s, a full collection every second tensor. The
+ * device's limit caps it, so that a small limit is not reached by garbage.
+ * Because due is fixed between collections and a training step hands the same
  * bytes every step, the collections fall at the same points of every period,
  * so the blocks the caching allocator holds cover every warm step and those
  * steps ask the system for nothing.
@@ -81,8 +89,10 @@ static void collect(lua_State *L, bool mark)
     lua_gc(L, LUA_GCCOLLECT);
     size_t heap = (size_t)lua_gc(L, LUA_GCCOUNT, 0) * 1024 + (size_t)lua_gc(L, LUA_GCCOUNTB, 0);
     for (int d = 0; d < MP_NDEVICES; d++) {
-        size_t due = mp_memory(d).in_use;
+        mp_memstats m = mp_memory(d);
+        size_t due = m.in_use, per_heap = heap < m.limit / 4 ? heap : m.limit / 4;
         if (due > HEAP_RATIO * heap) due = HEAP_RATIO * heap;
+        if (due < per_heap) due = per_heap;
         pace[d].handed = 0;
         pace[d].due = due > COLLECT_FLOOR ? due : COLLECT_FLOOR;
         if (mark) mp_mark_cache(d);
