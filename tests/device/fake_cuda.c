@@ -76,7 +76,8 @@ static void close_mem(void)
 static struct { size_t lo, hi; } holes[NHOLES];
 static int nholes;
 
-/* the pages of [lo, hi) mapped anew: their page tables go with them */
+/* the pages of [lo, hi) mapped anew: they go, and so do the page tables of
+ * the whole 2 MiB ranges within */
 static void drop_tables(size_t lo, size_t hi)
 {
     lo = (lo + PAGE - 1) & ~(PAGE - 1);
@@ -130,7 +131,11 @@ static void *sys_alloc(size_t nbytes)
     return arena + start;
 }
 
-static void sys_free(void *p, size_t nbytes) { hole_add((size_t)((char *)p - arena), (size_t)((char *)p - arena) + nbytes); }
+static void sys_free(void *p, size_t nbytes)
+{
+    size_t lo = (size_t)((char *)p - arena);
+    hole_add(lo, lo + nbytes);
+}
 
 static mp_block_cache cache = {.sys_alloc = sys_alloc, .sys_free = sys_free};
 
@@ -147,13 +152,13 @@ static void *f_alloc(mp_kctx *cx, size_t nbytes)
     }
     return p;
 }
-/* A freed block keeps its place in the cache but not its pages, nor the page
- * tables its pages fill (mapped anew, not madvise'd: mprotect walks every page
- * table present in its range, and its cost grows with them and with the pages
- * present), so that only live tensors keep any */
+/* A freed block keeps its place in the cache but not its pages: mprotect's cost
+ * grows with the pages present in the arena, so only live tensors keep any
+ * (with huge pages, mprotect's cost is per 2 MiB, and dropping 4 KiB pages
+ * would split them) */
 static void f_free(mp_kctx *cx, void *p, size_t nbytes)
 {
-    if (protect && !huge && p && nbytes >= PAGE) drop_tables((size_t)((char *)p - arena), (size_t)((char *)p - arena) + (nbytes & ~(PAGE - 1)));
+    if (protect && !huge && p && nbytes >= PAGE) madvise(p, nbytes & ~(PAGE - 1), MADV_DONTNEED);
     mp_cache_free(&cache, p, nbytes);
 }
 static size_t f_cached(mp_kctx *cx) { return cache.cached; }
