@@ -74,7 +74,7 @@ describe("a save killed at a random moment", function()
                         KILLS, leftovers))
   end)
 
-  it("a process that loads the path, or a training script saving to it, removes what a killed save left", function()
+  it("a process that loads the path removes what a killed save left", function()
     local dir = os.tmpname()
     os.remove(dir)
     assert(os.execute("mkdir -p " .. H.q(dir)))
@@ -107,8 +107,17 @@ describe("a save killed at a random moment", function()
     assert.are.equal(64, mp.load(path).w:numel())
     assert.are.equal(1, #mp.stale_saves(path))
     assert.are.equal(0, #mp.stale_saves(path, {before_start = true}), "a file newer than this process is not stale to it")
-    -- a training script removes its --save path's old temporary files at start, and says so
-    os.execute("touch -d '1 hour ago' " .. H.q(fresh))
+    H.raises(function() mp.stale_saves(path, {before_start = 1}) end, {"mp.stale_saves", "before_start"})
+    os.execute("rm -rf " .. H.q(dir))
+  end)
+
+  it("a training script saving to a path removes the old temporary files a killed save left, and says so", function()
+    if not H.have_fmnist then return pending(H.no_fmnist) end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. H.q(dir)))
+    local env = H.env{LUA_PATH = H.root .. "/lua/?.lua;" .. H.root .. "/lua/?/init.lua;;",
+                      LUA_CPATH = H.build .. "/?.so;;"}
     local ck = dir .. "/mlp.safetensors"
     H.spit(ck .. ".tmp-Abc123", "x")
     os.execute("touch -d '1 hour ago' " .. H.q(ck .. ".tmp-Abc123"))
@@ -121,7 +130,6 @@ describe("a save killed at a random moment", function()
     assert.is_truthy(out:find("removed 1 temporary file an interrupted save to " .. ck .. " left", 1, true), out)
     assert.are.same({}, mp.stale_saves(ck))
     assert.are.equal("not ours", H.slurp(ck .. ".tmp-toolong7"))
-    H.raises(function() mp.stale_saves(path, {before_start = 1}) end, {"mp.stale_saves", "before_start"})
     os.execute("rm -rf " .. H.q(dir))
   end)
 

@@ -12,8 +12,6 @@ local data = mp.data or require "mp.data"
 local H = dofile((debug.getinfo(1, "S").source:match("^@(.*/)") or "./") .. "helpers.lua")
 
 local DIR = data.FASHION_MNIST_DIR
-local have_fmnist = io.open(DIR .. "/train-images-idx3-ubyte.gz", "rb")
-if have_fmnist then have_fmnist:close() end
 
 -- each split read once for the whole file
 local cache = {}
@@ -104,7 +102,7 @@ end)
 
 describe("mp.data.fashion_mnist", function()
   it("has 60000 training and 10000 test examples of 28x28 u8 with i32 labels", function()
-    if not have_fmnist then return pending("dataset-fashion-mnist is not installed") end
+    if not H.have_fmnist then return pending(H.no_fmnist) end
     for split, n in pairs{train = 60000, test = 10000} do
       local ds = fmnist(split)
       assert.equal("u8", ds.images.dtype)
@@ -121,7 +119,7 @@ describe("mp.data.fashion_mnist", function()
   end)
 
   it("matches checksums read independently from the files", function()
-    if not have_fmnist then return pending("dataset-fashion-mnist is not installed") end
+    if not H.have_fmnist then return pending(H.no_fmnist) end
     local tr, te = fmnist("train"), fmnist("test")
     assert.same({9, 2, 1, 1, 6, 1, 4, 6, 5, 7}, te.labels:narrow(1, 1, 10):totable())
     assert.same({9, 0, 0, 3, 0, 2, 7, 2, 5, 5}, tr.labels:narrow(1, 1, 10):totable())
@@ -198,7 +196,7 @@ describe("mp.data.loader", function()
   end)
 
   it("gives f32 {B,28,28} in [0,1] and i32 {B}, with the last partial batch", function()
-    if not have_fmnist then return pending("dataset-fashion-mnist is not installed") end
+    if not H.have_fmnist then return pending(H.no_fmnist) end
     local te = fmnist("test")
     local l = data.loader(te, {batch = 128})
     assert.equal(79, #l)              -- 78 full batches and one of 16
@@ -271,7 +269,7 @@ describe("mp.data.loader", function()
   end)
 
   it("covers the whole training set once per epoch, shuffled", function()
-    if not have_fmnist then return pending("dataset-fashion-mnist is not installed") end
+    if not H.have_fmnist then return pending(H.no_fmnist) end
     local tr = fmnist("train")
     local count, label_sum, pixel_sum, classes = 0, 0, 0, {}
     for x, y in data.loader(tr, {batch = 128, shuffle = true, seed = 1}) do

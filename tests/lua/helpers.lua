@@ -138,6 +138,27 @@ function H.emu_env(envvars)
   return vars
 end
 
+-- whether this process's default device is a real GPU: "cuda" on mp/cuda.so
+-- itself, not on the emulated or the fake device (test backends loaded through
+-- MP_CUDA_BACKEND). The emulated device sums in the CPU's f32 order; a GPU's
+-- tensor cores and cuBLAS kernels do not, and the specs that bound a GPU's sums
+-- say where they widen for it.
+function H.gpu_hardware()
+  local mp = require "mp"
+  if mp.default_device() ~= "cuda" then return false end
+  local backend = os.getenv("MP_CUDA_BACKEND")
+  return not (backend and (backend:match("emu_cuda%.so$") or backend:match("fake_cuda%.so$")))
+end
+
+-- Debian's dataset-fashion-mnist, which the training scripts read (the Makefile
+-- installs it; a machine without it, such as the GPU machine, reports their
+-- specs pending with H.no_fmnist)
+local fm_dir = require("mp").data.FASHION_MNIST_DIR
+local fm_f = io.open(fm_dir .. "/train-images-idx3-ubyte.gz", "rb")
+if fm_f then fm_f:close() end
+H.have_fmnist = fm_f ~= nil
+H.no_fmnist = "dataset-fashion-mnist is not installed (" .. fm_dir .. ")"
+
 function H.spit(path, text)
   local f = assert(io.open(path, "wb"))
   f:write(text)

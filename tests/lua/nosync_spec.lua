@@ -124,16 +124,26 @@ describe("a training step without waiting for the device", function()
       for _, k in ipairs{"host_reads", "device_to_host", "device_waits", "device_mallocs"} do
         out[#out + 1] = k .. "=" .. (a[k] - b[k])
       end
-      -- and it computes what the CPU computes: 6 steps from the same start (after
-      -- many, Adam's sign-like updates of near-zero gradients drift apart)
+      -- and it computes what the CPU computes: 6 steps from the same start. Not
+      -- every element: the GPU's f16 GEMMs sum in another order, so a weight
+      -- gradient near zero can differ in sign, and Adam's first steps move such a
+      -- weight by about lr either way whatever the gradient's size (1e-3, ten
+      -- times the bound below). So per parameter, at most 1% of its elements may
+      -- be off; a wrong kernel is off in far more (a bias of 10 allows none).
       local c, d = R.rig("cpu", nil, false, R.MLP128), R.rig("cuda", nil, false, R.MLP128)
       for _ = 1, 6 do R.step(c); R.step(d) end
-      local pc, pg, worst = c.model:parameters(), d.model:parameters(), 0
+      local pc, pg, bad = c.model:parameters(), d.model:parameters(), {}
       for i = 1, #pc do
         local x, y = pg[i]:cpu():reshape{-1}:totable(), pc[i]:reshape{-1}:totable()
-        for j = 1, #y do worst = math.max(worst, math.abs(x[j] - y[j]) / (1e-4 + 1e-3 * math.abs(y[j]))) end
+        local off, worst = 0, 0
+        for j = 1, #y do
+          local e = math.abs(x[j] - y[j])
+          if e > 1e-4 + 1e-3 * math.abs(y[j]) then off = off + 1 end
+          worst = math.max(worst, e)
+        end
+        if off > #y // 100 then bad[#bad + 1] = ("param %d: %d of %d off, worst %.3g"):format(i, off, #y, worst) end
       end
-      out[#out + 1] = "close=" .. tostring(worst <= 1)
+      out[#out + 1] = "close=" .. (#bad == 0 and "true" or "false(" .. table.concat(bad, "; ") .. ")")
       out[#out + 1] = "same_scale=" .. tostring(c.scaler:get_scale() == d.scaler:get_scale())
       return table.concat(out, " ")]], false, { MP_DEVICE = "cuda" })
     assert.are.equal("OK:host_reads=0 device_to_host=0 device_waits=0 device_mallocs=0 close=true same_scale=true",

@@ -134,6 +134,7 @@ end)
 
 describe("scripts/policy_lab.lua", function()
   it("prints a row per policy from one trace, and writes the trajectories with --out", function()
+    if not H.have_fmnist then return pending(H.no_fmnist) end
     local tr = tmp("lab.jsonl")
     local out_path = tmp("lab-out.jsonl")
     local out, code = H.script("scripts/train_mlp.lua")("--max-steps 12 --amp f16 --trace " .. tr)

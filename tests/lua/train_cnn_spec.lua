@@ -26,6 +26,7 @@ end
 
 describe("train_cnn.lua", function()
   it("trains, prints its final accuracy last, and resumes mid-epoch bit-identically", function()
+    if not H.have_fmnist then return pending(H.no_fmnist) end
     local straight, half, resumed = tmp("s"), tmp("h"), tmp("r")
     local out, code = run("--max-steps 24 --seed 2 --save " .. straight)
     assert.are.equal(0, code, out)
@@ -45,6 +46,7 @@ describe("train_cnn.lua", function()
   -- Issue 24: the test set was evaluated in batches of 1000, which took the run's
   -- peak from 144 MB (training at batch 128) to 760 MB and its RSS to 1.1 GB
   it("evaluates in batches of the training batch and needs no more memory for it than training", function()
+    if not H.have_fmnist then return pending(H.no_fmnist) end
     local r = H.child([[
       local made, real = {}, mp.data.loader
       mp.data.loader = function(ds, o)
@@ -67,6 +69,7 @@ describe("train_cnn.lua", function()
   end)
 
   it("trains under f16 autocast with the loss scaler, and traces it with --trace", function()
+    if not H.have_fmnist then return pending(H.no_fmnist) end
     local trace = tmp("t.jsonl.gz")
     local out, code = run("--max-steps 6 --amp f16 --trace " .. trace)
     assert.are.equal(0, code, out)
@@ -84,6 +87,7 @@ describe("train_cnn.lua", function()
   end)
 
   it("--amp fp8 runs its linear layers in FP8 (block scaling) and saves the recipe's state", function()
+    if not H.have_fmnist then return pending(H.no_fmnist) end
     local ck = tmp("ck8")
     local out, code = run("--max-steps 3 --amp fp8 --recipe block --save " .. ck)
     assert.are.equal(0, code, out)
