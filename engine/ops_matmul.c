@@ -19,6 +19,10 @@
  * in-place write) makes the next GEMM widen it again. An optimizer step is the
  * exception: it writes a current copy along with the working copy
  * (engine/optim.c, backend optim_step's wide) and tags it current again.
+ * Two more operands are kept so (keep_widened): a recorded linear's input,
+ * which the weight gradient's GEMM reads again in the backward, and the
+ * gradient that dx's and dw's GEMMs both read; the copy goes with their
+ * storage (the saved input's at the end of its backward).
  */
 #include <string.h>
 #include "engine/ops.h"
@@ -33,7 +37,7 @@
 static const float *wide_operand(const mp_tensor *t)
 {
     mp_storage *st = t->st;
-    if (!st->keep_wide) return NULL;
+    if (!st->keep_wide || (st->wide && st->wide_dtype != (int)t->dtype)) return NULL;
     const mp_backend *be = mp_be(t);
     if (!be->gemm_wide || (be->supports && !be->supports(be->ctx, "gemm_wide", t->dtype))) return NULL;
     if (!st->wide || st->wide_version != st->version) {
@@ -43,10 +47,23 @@ static const float *wide_operand(const mp_tensor *t)
             st->keep_wide = false;   /* not tried again for every GEMM */
             return NULL;
         }
+        st->wide_dtype = (int)t->dtype;
         MP_K(t, cast, mp_data(st->wide), MP_F32, st->data, t->dtype, n, 0);
         st->wide_version = st->version;
     }
     return (const float *)mp_data(st->wide) + t->offset;
+}
+
+/* keep t's values widened with its storage from the next GEMM that reads it
+ * on, where the backend's GEMM widens t's dtype (gemm_wide): for an operand
+ * that a second GEMM reads again (linear's input, which the weight gradient
+ * reads in the backward; the gradient that dx's and dw's GEMMs both read) */
+static void keep_widened(mp_tensor *t)
+{
+    const mp_backend *be = mp_be(t);
+    if ((t->dtype == MP_F16 || t->dtype == MP_BF16) && be->gemm_wide &&
+        (!be->supports || be->supports(be->ctx, "gemm_wide", t->dtype)))
+        t->st->keep_wide = true;
 }
 
 /* C = alpha op(A) @ op(B) + beta C in dtype dt on c's backend, with the kept
@@ -349,6 +366,7 @@ static int linear_grads_graph(mp_node *nd, mp_tensor *x, mp_tensor *w, mp_tensor
 static int linear_grads(mp_node *nd, mp_tensor *x, mp_tensor *w, mp_tensor *g, mp_tensor **gin)
 {
     int64_t out = w->shape[0], in = w->shape[1], rows = x->numel / in;
+    if (mp_edge_wants(nd, 0) && mp_edge_wants(nd, 1)) keep_widened(g);   /* read by both GEMMs */
     if (mp_edge_wants(nd, 0)) {   /* dx{rows,in} = g{rows,out} @ w{out,in} */
         mp_tensor *d = gemm_new(g->dtype, g->dev, 0, 0, 0, rows, in, out, g, 0, w, 0);
         gin[0] = d ? mp_reshape(d, x->ndim, x->shape) : NULL;
@@ -456,7 +474,9 @@ static mp_tensor *linear_product(mp_tensor *x, mp_tensor *w, mp_tensor *b)
 
 static mp_tensor *linear_fwd(mp_op_ctx *c)
 {
-    mp_tensor *x = c->in[0], *w = c->in[1], *y = linear_product(x, w, c->in[2]);
+    mp_tensor *x = c->in[0], *w = c->in[1];
+    if (c->record && w->requires_grad) keep_widened(x);   /* the weight gradient's GEMM reads x again */
+    mp_tensor *y = linear_product(x, w, c->in[2]);
     if (y && (mp_keep(c, 0, x) || mp_keep(c, 1, w))) mp_release(y), y = NULL;
     return y;
 }

@@ -276,7 +276,7 @@ int mp_optim_step_if(mp_optim *o, const int32_t *skip)
      * finds it current instead of widening the whole copy again. Where a
      * parameter is left alone (no .grad, a skipped step) both stay as they were. */
     mp_storage *ls = mirror ? vs->lowp->st : NULL;
-    bool widen = ls && ls->wide && ls->wide_version == ls->version && be->gemm_wide &&
+    bool widen = ls && ls->wide && ls->wide_version == ls->version && ls->wide_dtype == (int)lpt && be->gemm_wide &&
                  (!be->supports || be->supports(be->ctx, "gemm_wide", lpt));
     float *wd = widen ? mp_data(ls->wide) : NULL;
     vs->version++;

@@ -201,11 +201,6 @@ mp_tensor *mp_view_dtype(mp_tensor *src, mp_dtype dt)
                        mp_dtype_name(dt), b), NULL;
     if (src->quant.kind != MP_QUANT_NONE)
         return mp_fail(MP_EINVAL, "a quantized tensor's values are not its bits alone (dequantize it first)"), NULL;
-    /* an autocast cast's storage keeps its values widened for the GEMMs, made
-     * from the bits as its own dtype: another dtype's view would read them */
-    if (src->st->keep_wide)
-        return mp_fail(MP_EINVAL, "the tensor is an autocast cast (its storage keeps widened values): clone it "
-                       "first"), NULL;
     mp_tensor *t = mp_view(src, src->ndim, src->shape, src->offset);
     if (t) t->dtype = dt;   /* same size: the same bytes, bounds and offset */
     return t;

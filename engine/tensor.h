@@ -37,6 +37,8 @@ typedef struct mp_storage {
     bool keep_wide;
     struct mp_tensor *wide;
     uint64_t wide_version;
+    int wide_dtype;                /* the mp_dtype wide was widened from: a view of the bytes as
+                                    * another dtype (mp_view_dtype) widens them itself */
 } mp_storage;
 
 /* What a tensor holds of the node that computed it: the head every graph node

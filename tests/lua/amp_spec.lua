@@ -357,6 +357,31 @@ describe("the autocast cast cache", function()
     H.assert_close(w.grad:totable(), want, 2e-3, 2e-3, "w.grad")
   end)
 
+  -- linear's f16 input is kept widened (f32) with its storage for the weight
+  -- gradient's GEMM; a view of the same bytes as bf16 must multiply as bf16, not
+  -- reuse the f16 widening. In a child with oneDNN held to AVX2, where the CPU
+  -- widens bf16 operands too (its gemm_wide) and the two could meet.
+  it("a view as bf16 of a linear input kept widened multiplies as bf16; the kept copy gives the same grads", function()
+    local code = [[
+      mp.manual_seed(3)
+      local w = mp.randn({4, 6}):requires_grad(true)
+      local h = mp.randn({5, 6}):to("f16")
+      local y
+      do local _ <close> = mp.amp.autocast("f16"); y = mp.linear(h, w) end
+      local v, m = h:view("bf16"), mp.randn({6, 3}):to("bf16")
+      local a, b = mp.matmul(v, m):f32():totable(), mp.matmul(v:clone(), m):f32():totable()
+      local same = true
+      for i = 1, 5 do for j = 1, 3 do same = same and string.pack("<f", a[i][j]) == string.pack("<f", b[i][j]) end end
+      y:sum():backward()
+      -- dw = 1^T h (f16 sums rounded once), the same bits as a fresh GEMM of the f16 values
+      local want = mp.matmul(mp.ones({4, 5}):to("f16"), h:clone()):f32():totable()
+      local g = w.grad:totable()
+      for i = 1, 4 do for j = 1, 6 do same = same and g[i][j] == want[i][j] end end
+      return tostring(same)]]
+    local r = H.child(code, false, {ONEDNN_MAX_CPU_ISA = "AVX2"})
+    assert.are.equal("OK:true", r.out, r.err)
+  end)
+
   -- an evaluation pass under no_grad, then a training pass, in one region: the
   -- cast made under no_grad has no autograd history and must not be reused when
   -- gradients are wanted (PyTorch issues 65766 / 112583, fixed there by PR 165068)
