@@ -57,11 +57,15 @@ static const float *wide_operand(const mp_tensor *t)
 /* keep t's values widened with its storage from the next GEMM that reads it
  * on, where the backend's GEMM widens t's dtype (gemm_wide): for an operand
  * that a second GEMM reads again (linear's input, which the weight gradient
- * reads in the backward; the gradient that dx's and dw's GEMMs both read) */
+ * reads in the backward; the gradient that dx's and dw's GEMMs both read).
+ * Only where t is its whole storage (an op's output): the copy widens the
+ * whole storage, and a batch that is a view of a dataset held in f16 would
+ * keep the whole dataset widened */
 static void keep_widened(mp_tensor *t)
 {
     const mp_backend *be = mp_be(t);
-    if ((t->dtype == MP_F16 || t->dtype == MP_BF16) && be->gemm_wide &&
+    if ((t->dtype == MP_F16 || t->dtype == MP_BF16) && t->offset == 0 &&
+        (size_t)t->numel * mp_dtype_size(t->dtype) == t->st->nbytes && be->gemm_wide &&
         (!be->supports || be->supports(be->ctx, "gemm_wide", t->dtype)))
         t->st->keep_wide = true;
 }

@@ -382,6 +382,21 @@ describe("the autocast cast cache", function()
     assert.are.equal("OK:true", r.out, r.err)
   end)
 
+  -- only an input that is its whole storage is kept widened: a batch that is a
+  -- view of a dataset held in f16 would otherwise keep the whole dataset widened
+  it("a linear input that is a view of a larger f16 tensor is not kept widened with its storage", function()
+    mp.manual_seed(4)
+    local data = mp.randn({20000, 64}):to("f16")   -- 2.5 MB in f16; 5 MB widened
+    local w = mp.randn({16, 64}):requires_grad(true)
+    local before = mp.memory().in_use
+    local y
+    do local _ <close> = amp.autocast("f16"); y = mp.linear(data:narrow(1, 1, 8), w) end
+    y:sum():backward()
+    local grew = mp.memory().in_use - before
+    assert.is_true(grew < 1e6, ("in use grew by %d bytes"):format(grew))
+    assert.are.equal("f32", w.grad.dtype)
+  end)
+
   -- an evaluation pass under no_grad, then a training pass, in one region: the
   -- cast made under no_grad has no autograd history and must not be reused when
   -- gradients are wanted (PyTorch issues 65766 / 112583, fixed there by PR 165068)
