@@ -145,9 +145,14 @@ static int chunk_plans(struct cpu_dnnl *d, int dir, int dt, int odt, int bias, c
     while (per < a->n && (size_t)(2 * per) * img <= CBYTES) per *= 2;
     if (!chunks_on || nt > CTHREADS || per >= a->n || (a->n + per - 1) / per < nt) return 1;
     /* where each thread would get few chunks, smaller ones, so that the
-     * dynamic hand-out can even out threads running at different speeds
-     * (measured on AVX2 only: AVX-512 machines keep their chunks) */
-    if (nt > 1 && !__builtin_cpu_supports("avx512f"))
+     * dynamic hand-out can even out threads running at different speeds.
+     * Measured first on AVX2; on AVX-512 (Zen 4 VM, 2 threads, steps of the
+     * bench's ResNets alternating in one process) the wide bf16 batch-32 step
+     * was 1.5-2% faster in four runs while the VM was slow (75 ms steps: the
+     * threads' speeds differ most then) and no different while it was quiet
+     * (61 ms: 1.002, 1.004), the other rows within +-1% (finer still: 2
+     * images, or 8 chunks a thread, was no better) */
+    if (nt > 1)
         while (per > FINE_MIN && (a->n + per - 1) / per < FINE_PER * nt) per /= 2;
     cp->per = per, cp->chunks = (a->n + per - 1) / per;
     int64_t last = cp->last = a->n - (cp->chunks - 1) * per;

@@ -301,10 +301,9 @@ Test(conv, blocked_weight_gradient_has_the_plain_paths_bits)
  * of the whole batch on threaded plans: the ResNet's shapes (bias, padding
  * lanes of 3 input channels; chunks of 8 images: 4 of them), a shorter last
  * chunk (37 images: 4 chunks of 8 and one of 5), depthwise (9 images: 4 + 4 +
- * 1), with the weight gradient sharing the chunks' gy copy. Without AVX-512
- * the chunks on 2 threads are finer (at least 4 a thread, down to 4 images:
- * 32 images in 8 of 4, 37 in 9 of 4 and one of 1), handed out dynamically,
- * so those are tested there too. */
+ * 1), with the weight gradient sharing the chunks' gy copy. On 2 threads
+ * (as here) the chunks are finer (at least 4 a thread, down to 4 images:
+ * 32 images in 8 of 4, 37 in 9 of 4 and one of 1), handed out dynamically. */
 Test(conv, chunked_forward_and_backward_data_have_the_whole_batchs_bits)
 {
     static const mp_dtype dts[] = {MP_F32, MP_F16, MP_BF16};
