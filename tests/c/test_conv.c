@@ -299,11 +299,10 @@ Test(conv, blocked_weight_gradient_has_the_plain_paths_bits)
 /* Forward and backward data run on chunks of images (single-threaded plans,
  * one chunk a thread) where the batch is big enough; the bits must be those
  * of the whole batch on threaded plans: the ResNet's shapes (bias, padding
- * lanes of 3 input channels; chunks of 8 images: 4 of them), a shorter last
- * chunk (37 images: 4 chunks of 8 and one of 5), depthwise (9 images: 4 + 4 +
- * 1), with the weight gradient sharing the chunks' gy copy. On 2 threads
- * (as here) the chunks are finer (at least 4 a thread, down to 4 images:
- * 32 images in 8 of 4, 37 in 9 of 4 and one of 1), handed out dynamically. */
+ * lanes of 3 input channels), a shorter last chunk (37 images), depthwise (9
+ * images: 4 + 4 + 1), with the weight gradient sharing the chunks' gy copy.
+ * On 2 threads, as here, the chunks are at least 4 a thread down to 4 images
+ * (32 images in 8 of 4, 37 in 9 of 4 and one of 1), handed out dynamically. */
 Test(conv, chunked_forward_and_backward_data_have_the_whole_batchs_bits)
 {
     static const mp_dtype dts[] = {MP_F32, MP_F16, MP_BF16};
