@@ -16,6 +16,14 @@ static inline void copy_run(char *o, const char *i, size_t n)
     if (j < n) memcpy(o + j, i + j, n - j);
 }
 
+/* [*a, *b): the calling thread's even share of total items, in a parallel
+ * region (cpu_permute's rows; the narrows' elements, below) */
+static void flat_split(int64_t total, int64_t *a, int64_t *b)
+{
+    int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    *a = total * t / nt, *b = total * (t + 1) / nt;
+}
+
 void cpu_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, const int64_t *shape, const int *perm)
 {
     size_t es = mp_dtype_size(dt);
@@ -35,8 +43,9 @@ void cpu_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, 
      * contiguous run: a memcpy. */
     #pragma omp parallel if (total >= MP_PAR_MIN)
     {
-        int nt = omp_get_num_threads(), t = omp_get_thread_num();
-        int64_t r0 = rows * t / nt, r1 = rows * (t + 1) / nt, idx[MP_MAXDIM] = {0}, src = 0, q = r0;
+        int64_t r0, r1, idx[MP_MAXDIM] = {0}, src = 0, q;
+        flat_split(rows, &r0, &r1);
+        q = r0;
         for (int d = ndim - 2; d >= 0; d--) {
             idx[d] = q % oshape[d], q /= oshape[d];
             src += idx[d] * ostride_in[d];
@@ -61,17 +70,12 @@ void cpu_permute(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int ndim, 
 }
 
 /* Narrow and its two inverses below split their output as one flat range of
- * elements, cut evenly among the threads, not by rows: their rows can be few
- * and long - the GPT's q, k and v are the three slabs of one {3, B, H, T, Dh}
- * tensor, so a slab's gradient is narrow_pad of one row - and a split by rows
- * left one thread doing all of it (1.2 ms of a 28 ms bf16 step, the other
- * thread waiting). Every element is still moved or added on its own, so the
- * split changes no bit. */
-static void flat_split(int64_t total, int64_t *a, int64_t *b)
-{
-    int nt = omp_get_num_threads(), t = omp_get_thread_num();
-    *a = total * t / nt, *b = total * (t + 1) / nt;
-}
+ * elements, cut evenly among the threads (flat_split), not by rows: their rows
+ * can be few and long - the GPT's q, k and v are the three slabs of one {3, B,
+ * H, T, Dh} tensor, so a slab's gradient is narrow_pad of one row - and a
+ * split by rows left one thread doing all of it (1.2 ms of a 28 ms bf16 step,
+ * the other thread waiting). Every element is still moved or added on its
+ * own, so the split changes no bit. */
 
 /* the contiguous side's elements [a, b) of a narrow: rows of w elements there,
  * of row elements on the narrowed side with the slice lo elements in; put:
@@ -179,8 +183,9 @@ static void pad_span(mp_kctx *cx, mp_dtype dt, char *o, const char *in, size_t e
 
 /* narrow's gradient (backend.h narrow_pad). The adds are cpu_binary's add
  * (cpu_add_serial) on each row's three runs (before, inside, after the
- * slice), so each element gets the add (and rounding, and flush count) the
- * whole padded tensor's add gave it, with out as the first operand as there. */
+ * slice), or the parts of them in a thread's share, so each element gets the
+ * add (and rounding, and flush count) the whole padded tensor's add gave it,
+ * with out as the first operand as there. */
 void cpu_narrow_pad(mp_kctx *cx, mp_dtype dt, void *out, const void *in, int64_t outer, int64_t n, int64_t start,
                     int64_t len, int64_t inner, int add)
 {

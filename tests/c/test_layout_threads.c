@@ -12,7 +12,7 @@
  * the end, a whole row, and many short rows. add 1 must add 0 outside the
  * slice (-0 + 0 is +0: -0 is planted in out) and in inside it; the loop
  * computes that in f32 and i32/u8 (their adds are exact C adds), and f16/bf16
- * are compared with 1 thread (whose runs are then whole rows).
+ * are compared with 1 thread (whose runs are each row's whole runs).
  */
 #include <criterion/criterion.h>
 #include <omp.h>
