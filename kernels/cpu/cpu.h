@@ -190,14 +190,15 @@ int cpu_lowp_gelu_grad(mp_kctx *cx, mp_dtype dt, uint16_t *gin, const uint16_t *
 int cpu_lowp_usable(mp_kctx *cx, mp_dtype dt);
 /* batch norm's passes over a piece of n f16/bf16 values widened in registers
  * (cpu_batch_norm_lowp.c): the sums of cpu_batch_norm.c's lanes (x; (x - m)^2;
- * g and g (x - m), added into *sg and *sgd), y = x a + b and
+ * g and g (x - m), added into *sg and *sgd), y = relu(x a + b + z) and
  * gx = a g + b + k (x - m) rounded into the dtype; cpu_lowp_bn gives the
  * dtype's, or NULL where cpu_lowp_usable does not hold */
 typedef struct {
     double (*sum)(const uint16_t *x, int64_t n);
     double (*sumsq_dev)(const uint16_t *x, int64_t n, float m);
     void (*sum_dot_dev)(const uint16_t *g, const uint16_t *x, int64_t n, float m, double *sg, double *sgd);
-    void (*affine)(uint16_t *y, const uint16_t *x, int64_t n, float a, float b);
+    /* z and the ReLU optional (NULL, 0); each step rounded as the separate kernels round it */
+    void (*affine_act)(uint16_t *y, const uint16_t *x, const uint16_t *z, int64_t n, float a, float b, int relu);
     void (*grad)(uint16_t *gx, const uint16_t *g, const uint16_t *x, int64_t n, float a, float b, float k, float m);
 } cpu_bn_lowp;
 const cpu_bn_lowp *cpu_lowp_bn(mp_kctx *cx, mp_dtype dt);

@@ -35,7 +35,9 @@
  * f32 operations (x a + b, then + z, then x < 0 ? 0 : x, as cpu_unary's ReLU);
  * in f16/bf16 each step rounds into y as the separate kernels' outputs did
  * (batch norm's y, then cpu_add_serial's sum, then the ReLU of the rounded
- * sum, which keeps a -0 that the rounding made as cpu_unary does).
+ * sum, which keeps a -0 that the rounding made as cpu_unary does): in
+ * registers where cpu_lowp_bn runs (affine_act), else piece by piece
+ * through act_lowp.
  *
  * The backward keeps batch_norm_act's ReLU gradient a pass of its own
  * (cpu_unary_grad, before cpu_batch_norm_grad). Forming it in the first pass
@@ -276,8 +278,8 @@ static int bn_forward(mp_kctx *cx, mp_dtype dt, void *y, float *mean, float *rst
         float scale = w ? w[ch] * r : r, shift = (b ? b[ch] : 0.0f) - m * scale;
         FOR_PIECES(dt, n, c, hw, ch, off, len, wo) {
             if (lp) {
-                lp->affine((uint16_t *)y + off, x16 + off, len, scale, shift);
-                if (z || relu) act_lowp(cx, dt, y, z, off, len, relu);
+                lp->affine_act((uint16_t *)y + off, x16 + off, z ? (const uint16_t *)z + off : NULL, len, scale,
+                               shift, relu);
                 continue;
             }
             const float *xp = wpiece(dt, x, wx, off, wo, len, buf);
