@@ -114,8 +114,7 @@ LOWP_INLINE void sum_dot_run(int f16, const uint16_t *g, const uint16_t *x, int6
 
 /* y = act(x a + b + z) on sixteen values, each step rounded into dt as the
  * separate kernels round it: batch norm's x a + b (no FMA), then cpu_binary's
- * add of the rounded y and z (y first: which NaN an add of two NaNs keeps
- * depends on the order), then cpu_unary's ReLU of the rounded sum, decided on
+ * add of the rounded y and z, then cpu_unary's ReLU of the rounded sum, decided on
  * its widened value (exact): below 0 becomes +0; -0 and NaN stay, as relu16
  * keeps them on the bits. with_z, relu: constants in each copy. */
 LOWP_INLINE __m256i affine_act16(int f16, int with_z, int relu, __m512 x, __m256i zh, __m512 a, __m512 b)
