@@ -60,9 +60,9 @@ for _, m in ipairs { "f32", "bf16", "f16" } do
   if not ms then
     print("cnn " .. m .. ": mpengine run failed: " .. tostring(out))
   elseif tms then
-    print(string.format("cnn %-4s  mpengine %.1f ms %6.0f samples/s %5.0f MiB | pytorch %.1f ms %6.0f samples/s %5.0f MiB (threads=%d%s) | speed %.2fx%s (target >= 1.0x) | %.2fx floor",
+    print(string.format("cnn %-4s  mpengine %.1f ms %6.0f samples/s %5.0f MiB | pytorch %.1f ms %6.0f samples/s %5.0f MiB (threads=%d%s) | speed %.2fx%s (target >= 1.2x) | x floor: mpengine %.2fx, pytorch %.2fx (target <= 1.5x)",
       m, ms, BATCH / ms * 1000, rss, tms, BATCH / tms * 1000, trss, th, capped and string.format(", %d steps", capped) or "",
-      tms / ms, spread and " (rounds " .. spread .. ")" or "", ms / floor))
+      tms / ms, spread and " (rounds " .. spread .. ")" or "", ms / floor, tms / floor))
   else
     print(string.format("cnn %-4s  mpengine %.1f ms %6.0f samples/s %5.0f MiB | pytorch: %s | %.2fx %s floor", m, ms, BATCH / ms * 1000, rss,
       m == "f16" and "no f16 CPU autocast in 1.13" or "not available", ms / floor, m == "f16" and "the f32" or "its"))

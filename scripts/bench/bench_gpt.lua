@@ -98,9 +98,9 @@ for _, m in ipairs { "f32", "bf16", "f16" } do
   if not ms then
     print("gpt " .. m .. ": mpengine run failed")
   elseif tms then
-    print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch %.1f ms %6.0f tokens/s %5.0f MiB (threads=%d%s) | speed %.2fx%s (target >= 1.2x) | %.2fx floor",
+    print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch %.1f ms %6.0f tokens/s %5.0f MiB (threads=%d%s) | speed %.2fx%s (target >= 1.2x) | x floor: mpengine %.2fx, pytorch %.2fx (target <= 1.5x)",
       m, ms, tokens / ms * 1000, rss, tms, tokens / tms * 1000, trss, th, capped and string.format(", %d steps", capped) or "",
-      tms / ms, spread and " (rounds " .. spread .. ")" or "", ms / floor))
+      tms / ms, spread and " (rounds " .. spread .. ")" or "", ms / floor, tms / floor))
   else
     print(string.format("gpt %-4s  mpengine %.1f ms %6.0f tokens/s %5.0f MiB | pytorch: %s | %.2fx %s floor", m, ms, tokens / ms * 1000, rss,
       m == "f16" and "no f16 CPU autocast in 1.13" or "not available", ms / floor, m == "f16" and "the f32" or "its"))
